@@ -1,0 +1,29 @@
+// Device: where a tensor lives and a rank runs (cpu or cuda:N); device-spec parsing.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshrt {
+
+enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu(int i = 0) { return {DeviceType::CPU, i}; }
+  static Device cuda(int i) { return {DeviceType::CUDA, i}; }
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;  // "cpu:0", "cuda:3"
+};
+
+// Parses a rank list: "cpu" (1 rank), "cpu:4" (4 host ranks), "cuda:0", "cuda:0-7", "cuda:0,2,5",
+// "cuda:all" (every visible GPU; needs a working CUDA runtime). Each entry is one rank's device.
+// Throws meshrt::Error saying what is accepted.
+std::vector<Device> parse_devices(std::string_view spec);
+
+}  // namespace meshrt

@@ -1,0 +1,40 @@
+// meshrt::Error and the check macros: every failure says what failed and the values involved.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace meshrt {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Raised when a collective times out or a communicator was aborted.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+[[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
+
+}  // namespace meshrt
+
+// MESHRT_CHECK(cond, "shape mismatch: a=" << a << " b=" << b)
+#define MESHRT_CHECK(cond, msg)                                          \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::ostringstream meshrt_os_;                                     \
+      meshrt_os_ << msg;                                                 \
+      ::meshrt::throw_error(__FILE__, __LINE__, meshrt_os_.str());       \
+    }                                                                    \
+  } while (0)
+
+#define MESHRT_FAIL(msg)                                                 \
+  do {                                                                   \
+    std::ostringstream meshrt_os_;                                       \
+    meshrt_os_ << msg;                                                   \
+    ::meshrt::throw_error(__FILE__, __LINE__, meshrt_os_.str());         \
+  } while (0)

@@ -1,0 +1,34 @@
+// Logging: spdlog behind a plain interface; each line carries the rank ("[rank 3/8]").
+#pragma once
+
+#include <sstream>
+#include <string>
+
+namespace meshrt {
+
+enum class LogLevel : int { Trace = 0, Debug, Info, Warn, Error, Off };
+
+// Level from MESHRT_LOG_LEVEL (trace|debug|info|warn|error|off; default warn), read once.
+LogLevel log_level();
+void set_log_level(LogLevel level);
+bool log_enabled(LogLevel level);
+// The calling thread's rank for log lines; stream workers inherit their creator's.
+void set_log_rank(int rank, int world);
+int log_rank();
+int log_world();
+void log_message(LogLevel level, const std::string& msg);
+
+}  // namespace meshrt
+
+#define MESHRT_LOG(level, msg)                                   \
+  do {                                                           \
+    if (::meshrt::log_enabled(level)) {                          \
+      std::ostringstream meshrt_log_os_;                         \
+      meshrt_log_os_ << msg;                                     \
+      ::meshrt::log_message(level, meshrt_log_os_.str());        \
+    }                                                            \
+  } while (0)
+#define MESHRT_LOG_DEBUG(msg) MESHRT_LOG(::meshrt::LogLevel::Debug, msg)
+#define MESHRT_LOG_INFO(msg) MESHRT_LOG(::meshrt::LogLevel::Info, msg)
+#define MESHRT_LOG_WARN(msg) MESHRT_LOG(::meshrt::LogLevel::Warn, msg)
+#define MESHRT_LOG_ERROR(msg) MESHRT_LOG(::meshrt::LogLevel::Error, msg)

@@ -1,0 +1,71 @@
+// Stream / Event: in-order asynchronous work queues and the points that order work across them.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "runtime/device.h"
+
+namespace meshrt {
+
+class Stream;
+
+// A point on a stream. Cheap to copy (shared state). Default-constructed events are "already
+// complete". An event records the error of the work before it, if any; synchronize() rethrows it.
+class Event {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual void synchronize() = 0;
+    virtual bool query() = 0;
+    // Milliseconds from `start` to this event; both must be complete and timing-enabled.
+    virtual float elapsed_ms_since(const Impl& start) const = 0;
+    virtual DeviceType device_type() const = 0;
+  };
+
+  Event() = default;
+  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+  void synchronize() const;
+  bool query() const;
+  bool valid() const { return impl_ != nullptr; }
+  // Milliseconds elapsed between `start` and this event (both recorded with timing).
+  float elapsed_ms(const Event& start) const;
+  Impl* impl() const { return impl_.get(); }
+  const std::shared_ptr<Impl>& shared_impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual Device device() const = 0;
+
+  // Runs fn on this stream in order. Host streams run it on their worker thread; CUDA streams run
+  // it as a host function once prior device work on the stream is done (fn must not call CUDA).
+  // An exception thrown by fn is captured: later events carry it and synchronize() rethrows it.
+  virtual void enqueue(std::function<void()> fn) = 0;
+  // Marks the current end of this stream.
+  virtual Event record() = 0;
+  // Work enqueued after this call starts only after `e` completes.
+  virtual void wait(const Event& e) = 0;
+  // Blocks until everything enqueued so far has run; rethrows the first captured error.
+  virtual void synchronize() = 0;
+  // cudaStream_t for CUDA streams, nullptr for host streams.
+  virtual void* native_handle() const = 0;
+  virtual std::string name() const = 0;
+};
+
+// A host stream: one worker thread draining a queue. `name` shows in logs and traces.
+// With MESHRT_STREAM_JITTER=1 in the environment (or jitter=true) every task is preceded by a
+// random short delay (0..200 us) so a missing wait shows up in tests as a wrong result.
+std::unique_ptr<Stream> make_host_stream(std::string name = "host", int device_index = 0);
+std::unique_ptr<Stream> make_host_stream_jitter(std::string name, bool jitter);
+
+// Whether MESHRT_STREAM_JITTER=1 is set (read once).
+bool stream_jitter_from_env();
+
+}  // namespace meshrt

@@ -12,12 +12,12 @@
 namespace meshrt {
 
 struct AllocatorStats {
-  int64_t allocated_bytes = 0;   // currently handed out (rounded sizes)
-  int64_t reserved_bytes = 0;    // held from the system, handed out or cached
+  int64_t allocated_bytes = 0;  // currently handed out (rounded sizes)
+  int64_t reserved_bytes = 0;   // held from the system, handed out or cached
   int64_t peak_allocated_bytes = 0;
-  int64_t alloc_count = 0;       // allocate() calls
-  int64_t cache_hits = 0;        // allocate() served from the cache
-  int64_t system_allocs = 0;     // calls to the underlying malloc / cudaMalloc
+  int64_t alloc_count = 0;    // allocate() calls
+  int64_t cache_hits = 0;     // allocate() served from the cache
+  int64_t system_allocs = 0;  // calls to the underlying malloc / cudaMalloc
   int64_t live_blocks = 0;
 };
 
@@ -32,7 +32,10 @@ class Allocator {
   // used on (its allocation stream and any passed to record_stream) has finished.
   virtual void deallocate(void* ptr) = 0;
   // Marks that ptr is also used on `stream` (stream-aware reuse, as torch's record_stream).
-  virtual void record_stream(void* ptr, Stream& stream) { (void)ptr; (void)stream; }
+  virtual void record_stream(void* ptr, Stream& stream) {
+    (void)ptr;
+    (void)stream;
+  }
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() {}
   // Gives cached, unused memory back to the system.

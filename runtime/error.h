@@ -23,18 +23,18 @@ class CommError : public Error {
 }  // namespace meshrt
 
 // MESHRT_CHECK(cond, "shape mismatch: a=" << a << " b=" << b)
-#define MESHRT_CHECK(cond, msg)                                          \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      std::ostringstream meshrt_os_;                                     \
-      meshrt_os_ << msg;                                                 \
-      ::meshrt::throw_error(__FILE__, __LINE__, meshrt_os_.str());       \
-    }                                                                    \
+#define MESHRT_CHECK(cond, msg)                                    \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      std::ostringstream meshrt_os_;                               \
+      meshrt_os_ << msg;                                           \
+      ::meshrt::throw_error(__FILE__, __LINE__, meshrt_os_.str()); \
+    }                                                              \
   } while (0)
 
-#define MESHRT_FAIL(msg)                                                 \
-  do {                                                                   \
-    std::ostringstream meshrt_os_;                                       \
-    meshrt_os_ << msg;                                                   \
-    ::meshrt::throw_error(__FILE__, __LINE__, meshrt_os_.str());         \
+#define MESHRT_FAIL(msg)                                         \
+  do {                                                           \
+    std::ostringstream meshrt_os_;                               \
+    meshrt_os_ << msg;                                           \
+    ::meshrt::throw_error(__FILE__, __LINE__, meshrt_os_.str()); \
   } while (0)

@@ -45,9 +45,9 @@ MESHRT_HD uint16_t f32_to_f16_bits(float f) {
   uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: Inf
-  if (ax < 0x38800000u) {                                                 // below 2^-14: subnormal
-    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);             // below 2^-25: zero
-    uint32_t e = ax >> 23;  // 102..112
+  if (ax < 0x38800000u) {                                               // below 2^-14: subnormal
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);           // below 2^-25: zero
+    uint32_t e = ax >> 23;                                              // 102..112
     uint32_t m = (ax & 0x7fffffu) | 0x800000u;
     uint32_t drop = 126u - e;  // value = m * 2^(e-150); the half subnormal unit is 2^-24
     uint32_t q = m >> drop;

@@ -20,13 +20,13 @@ void log_message(LogLevel level, const std::string& msg);
 
 }  // namespace meshrt
 
-#define MESHRT_LOG(level, msg)                                   \
-  do {                                                           \
-    if (::meshrt::log_enabled(level)) {                          \
-      std::ostringstream meshrt_log_os_;                         \
-      meshrt_log_os_ << msg;                                     \
-      ::meshrt::log_message(level, meshrt_log_os_.str());        \
-    }                                                            \
+#define MESHRT_LOG(level, msg)                            \
+  do {                                                    \
+    if (::meshrt::log_enabled(level)) {                   \
+      std::ostringstream meshrt_log_os_;                  \
+      meshrt_log_os_ << msg;                              \
+      ::meshrt::log_message(level, meshrt_log_os_.str()); \
+    }                                                     \
   } while (0)
 #define MESHRT_LOG_DEBUG(msg) MESHRT_LOG(::meshrt::LogLevel::Debug, msg)
 #define MESHRT_LOG_INFO(msg) MESHRT_LOG(::meshrt::LogLevel::Info, msg)

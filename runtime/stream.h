@@ -41,7 +41,13 @@ class Event {
 
 class Stream {
  public:
+  Stream() : alive_(std::make_shared<char>(0)) {}
   virtual ~Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  // Expires when the stream is destroyed (after its work drained), so holders of a Stream*
+  // (the allocators) can tell whether it still exists.
+  std::weak_ptr<const void> lifetime() const { return alive_; }
   virtual Device device() const = 0;
 
   // Runs fn on this stream in order. Host streams run it on their worker thread; CUDA streams run
@@ -57,6 +63,9 @@ class Stream {
   // cudaStream_t for CUDA streams, nullptr for host streams.
   virtual void* native_handle() const = 0;
   virtual std::string name() const = 0;
+
+ private:
+  std::shared_ptr<const void> alive_;
 };
 
 // A host stream: one worker thread draining a queue. `name` shows in logs and traces.

@@ -45,10 +45,10 @@ class Storage {
 struct PhiloxInit {
   enum class Dist : uint8_t { Uniform, Normal };
   uint64_t seed = 0;
-  uint64_t id = 0;      // tensor / parameter id
+  uint64_t id = 0;  // tensor / parameter id
   Dist dist = Dist::Uniform;
-  float a = 0.f;        // uniform: low;  normal: mean
-  float b = 1.f;        // uniform: high; normal: stddev
+  float a = 0.f;  // uniform: low;  normal: mean
+  float b = 1.f;  // uniform: high; normal: stddev
 };
 
 class Tensor {

@@ -1,0 +1,235 @@
+// The host DeviceBackend: streams are worker threads; copies, fills and Philox init run as tasks.
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "runtime/backend.h"
+#include "runtime/error.h"
+#include "runtime/half.h"
+#include "runtime/philox.h"
+
+namespace meshrt {
+
+namespace {
+
+template <class T>
+struct Elem {
+  using type = T;
+};
+
+// Calls f(Elem<T>{}) with T the storage type of `dt`.
+template <class F>
+void dispatch_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f(Elem<float>{});
+      return;
+    case DType::bf16:
+      f(Elem<bf16>{});
+      return;
+    case DType::f16:
+      f(Elem<f16>{});
+      return;
+    case DType::i32:
+      f(Elem<int32_t>{});
+      return;
+    case DType::i64:
+      f(Elem<int64_t>{});
+      return;
+    case DType::u8:
+      f(Elem<uint8_t>{});
+      return;
+  }
+}
+
+template <class T>
+constexpr bool kIsHalf = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+template <class D, class S>
+inline D convert(S v) {
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (kIsHalf<S>) {
+    return convert<D>(v.to_float());
+  } else if constexpr (kIsHalf<D>) {
+    return D::from_float(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// Visits every innermost row of an n-d iteration: f(dst_offset, src_offset, count, dst_inner,
+// src_inner) with offsets in elements.
+template <class F>
+void for_each_row(const TensorDesc& d, const int64_t* src_strides, F&& f) {
+  if (d.ndim == 0) {
+    f(0, 0, 1, 1, 1);
+    return;
+  }
+  const int last = d.ndim - 1;
+  int64_t idx[kMaxDims] = {};
+  int64_t rows = 1;
+  for (int i = 0; i < last; ++i) rows *= d.shape[i];
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t doff = 0, soff = 0;
+    for (int i = 0; i < last; ++i) {
+      doff += idx[i] * d.strides[i];
+      soff += idx[i] * src_strides[i];
+    }
+    f(doff, soff, d.shape[last], d.strides[last], src_strides[last]);
+    for (int i = last - 1; i >= 0; --i) {
+      if (++idx[i] < d.shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+bool contiguous_desc(const TensorDesc& d) {
+  int64_t expect = 1;
+  for (int i = d.ndim - 1; i >= 0; --i) {
+    if (d.shape[i] == 1) continue;
+    if (d.strides[i] != expect) return false;
+    expect *= d.shape[i];
+  }
+  return true;
+}
+
+void host_copy_strided(const TensorDesc& dst, const TensorDesc& src) {
+  if (dst.dtype == src.dtype && contiguous_desc(dst) && contiguous_desc(src)) {
+    std::memmove(dst.ptr, src.ptr, static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype));
+    return;
+  }
+  dispatch_dtype(dst.dtype, [&](auto de) {
+    using D = typename decltype(de)::type;
+    dispatch_dtype(src.dtype, [&](auto se) {
+      using S = typename decltype(se)::type;
+      D* dp = static_cast<D*>(dst.ptr);
+      const S* sp = static_cast<const S*>(src.ptr);
+      for_each_row(dst, src.strides,
+                   [&](int64_t doff, int64_t soff, int64_t n, int64_t ds, int64_t ss) {
+                     D* o = dp + doff;
+                     const S* in = sp + soff;
+                     if (ds == 1 && ss == 1) {
+                       for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(in[i]);
+                     } else {
+                       for (int64_t i = 0; i < n; ++i) o[i * ds] = convert<D>(in[i * ss]);
+                     }
+                   });
+    });
+  });
+}
+
+void host_fill(const TensorDesc& dst, double value) {
+  dispatch_dtype(dst.dtype, [&](auto de) {
+    using D = typename decltype(de)::type;
+    D v;
+    if constexpr (kIsHalf<D>) {
+      v = D::from_float(static_cast<float>(value));
+    } else {
+      v = static_cast<D>(value);
+    }
+    D* dp = static_cast<D*>(dst.ptr);
+    for_each_row(dst, dst.strides, [&](int64_t doff, int64_t, int64_t n, int64_t ds, int64_t) {
+      D* o = dp + doff;
+      for (int64_t i = 0; i < n; ++i) o[i * ds] = v;
+    });
+  });
+}
+
+void host_init_philox(const TensorDesc& dst, const PhiloxInit& init, const Shape& full,
+                      const Shape& offsets) {
+  Shape fstride = contiguous_strides(full);
+  dispatch_dtype(dst.dtype, [&](auto de) {
+    using D = typename decltype(de)::type;
+    if constexpr (std::is_integral_v<D>) {
+      MESHRT_FAIL("init_philox_: integer dtype " << dtype_name(dst.dtype));
+    } else {
+      D* dp = static_cast<D*>(dst.ptr);
+      const int nd = dst.ndim;
+      int64_t idx[kMaxDims] = {};
+      const int64_t n = dst.numel();
+      for (int64_t e = 0; e < n; ++e) {
+        int64_t doff = 0, g = 0;
+        for (int i = 0; i < nd; ++i) {
+          doff += idx[i] * dst.strides[i];
+          g += (idx[i] + offsets[i]) * fstride[i];
+        }
+        Philox4 r = philox_draw(init.seed, init.id, static_cast<uint64_t>(g));
+        float v = init.dist == PhiloxInit::Dist::Uniform
+                      ? init.a + (init.b - init.a) * philox_u01(r.v[0])
+                      : init.a + init.b * philox_normal(r.v[0], r.v[1]);
+        store_f32(dp, doff, v);
+        for (int i = nd - 1; i >= 0; --i) {
+          if (++idx[i] < dst.shape[i]) break;
+          idx[i] = 0;
+        }
+      }
+    }
+  });
+}
+
+class HostBackend final : public DeviceBackend {
+ public:
+  DeviceType type() const override { return DeviceType::CPU; }
+  int device_count(std::string*) const override {
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  std::unique_ptr<Stream> create_stream(int device, std::string name) const override {
+    return make_host_stream(std::move(name), device);
+  }
+  std::unique_ptr<Stream> wrap_stream(int, void*, std::string name) const override {
+    MESHRT_FAIL("wrap_stream(" << name << "): host streams cannot wrap a native handle");
+  }
+  std::shared_ptr<Allocator> create_caching_allocator(int device) const override {
+    return make_host_caching_allocator(device);
+  }
+  void memcpy_async(void* dst, Device dd, const void* src, Device sd, size_t bytes,
+                    Stream& s) const override {
+    MESHRT_CHECK(dd.is_cpu() && sd.is_cpu(),
+                 "host memcpy between " << sd.str() << " and " << dd.str());
+    s.enqueue([dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+  void copy_strided(const TensorDesc& dst, const TensorDesc& src, Stream& s) const override {
+    s.enqueue([dst, src] { host_copy_strided(dst, src); });
+  }
+  void fill(const TensorDesc& dst, double value, Stream& s) const override {
+    s.enqueue([dst, value] { host_fill(dst, value); });
+  }
+  void init_philox(const TensorDesc& dst, const PhiloxInit& init, const Shape& full,
+                   const Shape& offsets, Stream& s) const override {
+    s.enqueue([dst, init, full, offsets] { host_init_philox(dst, init, full, offsets); });
+  }
+  std::string versions() const override { return "host"; }
+};
+
+}  // namespace
+
+const DeviceBackend& host_backend() {
+  static const HostBackend be;
+  return be;
+}
+
+const DeviceBackend& backend_for(Device d) {
+  if (d.is_cpu()) return host_backend();
+  std::string why;
+  MESHRT_CHECK(cuda_available(&why), "device " << d.str() << " requested but CUDA is unavailable: "
+                                               << why << "; use cpu devices instead");
+  int n = cuda_backend()->device_count(nullptr);
+  MESHRT_CHECK(d.index < n,
+               "device " << d.str() << " does not exist: " << n << " CUDA device(s) visible");
+  return *cuda_backend();
+}
+
+bool cuda_available(std::string* why) {
+  const DeviceBackend* be = cuda_backend();
+  if (!be) {
+    if (why) *why = "meshrt was built without CUDA (configure with -DMESHRT_CUDA=ON)";
+    return false;
+  }
+  std::string reason;
+  int n = be->device_count(&reason);
+  if (n <= 0 && why) *why = reason;
+  return n > 0;
+}
+
+}  // namespace meshrt

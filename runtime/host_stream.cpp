@@ -1,0 +1,196 @@
+// Host streams: a worker thread per stream draining an in-order queue; events that really signal.
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "runtime/error.h"
+#include "runtime/logging.h"
+#include "runtime/stream.h"
+
+namespace meshrt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class HostEventImpl final : public Event::Impl {
+ public:
+  void signal(std::exception_ptr err) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      err_ = std::move(err);
+      time_ = Clock::now();
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Waits without throwing; returns the error carried by the event, if any.
+  std::exception_ptr wait() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return done_; });
+    return err_;
+  }
+  void synchronize() override {
+    if (auto e = wait()) std::rethrow_exception(e);
+  }
+  bool query() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return done_;
+  }
+  float elapsed_ms_since(const Impl& start) const override {
+    auto* s = dynamic_cast<const HostEventImpl*>(&start);
+    MESHRT_CHECK(s != nullptr, "Event::elapsed_ms: start event is not a host event");
+    std::scoped_lock lk(mu_, s->mu_);
+    MESHRT_CHECK(done_ && s->done_, "Event::elapsed_ms: both events must have completed");
+    return std::chrono::duration<float, std::milli>(time_ - s->time_).count();
+  }
+  DeviceType device_type() const override { return DeviceType::CPU; }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr err_;
+  Clock::time_point time_;
+};
+
+class HostStream final : public Stream {
+ public:
+  HostStream(std::string name, int device_index, bool jitter)
+      : name_(std::move(name)), device_index_(device_index), jitter_(jitter) {
+    int rank = log_rank(), world = log_world();
+    worker_ = std::thread([this, rank, world] {
+      set_log_rank(rank, world);
+      run();
+    });
+  }
+
+  ~HostStream() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  Device device() const override { return Device::cpu(device_index_); }
+  std::string name() const override { return name_; }
+  void* native_handle() const override { return nullptr; }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      MESHRT_CHECK(!stop_, "stream '" << name_ << "': enqueue after shutdown");
+      q_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+  Event record() override {
+    auto ev = std::make_shared<HostEventImpl>();
+    enqueue([this, ev] { ev->signal(current_error()); });
+    return Event(ev);
+  }
+
+  void wait(const Event& e) override {
+    if (!e.valid()) return;
+    auto impl = e.shared_impl();
+    if (auto* host = dynamic_cast<HostEventImpl*>(impl.get())) {
+      enqueue([this, impl, host] {
+        if (auto err = host->wait()) set_error(err);
+      });
+    } else {
+      // A device event: block this queue until it completes.
+      enqueue([impl] { impl->synchronize(); });
+    }
+  }
+
+  void synchronize() override {
+    Event e = record();
+    auto* host = static_cast<HostEventImpl*>(e.impl());
+    std::exception_ptr err = host->wait();
+    if (err) {
+      std::lock_guard<std::mutex> lk(err_mu_);
+      if (error_ == err) error_ = nullptr;  // reported once; the stream is usable again
+      std::rethrow_exception(err);
+    }
+  }
+
+ private:
+  std::exception_ptr current_error() {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    return error_;
+  }
+  void set_error(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    if (!error_) error_ = std::move(e);
+  }
+
+  void run() {
+    std::mt19937 rng(
+        static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+    std::uniform_int_distribution<int> delay_us(0, 200);
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;  // stop_ and drained
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      if (jitter_) std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+      try {
+        fn();
+      } catch (...) {
+        set_error(std::current_exception());
+      }
+      fn = nullptr;  // release captured tensors on the worker, before the next task
+    }
+  }
+
+  std::string name_;
+  int device_index_;
+  bool jitter_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+  std::mutex err_mu_;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
+}  // namespace
+
+void Event::synchronize() const {
+  if (impl_) impl_->synchronize();
+}
+bool Event::query() const { return !impl_ || impl_->query(); }
+float Event::elapsed_ms(const Event& start) const {
+  MESHRT_CHECK(impl_ && start.impl_, "Event::elapsed_ms needs two recorded events");
+  return impl_->elapsed_ms_since(*start.impl_);
+}
+
+bool stream_jitter_from_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("MESHRT_STREAM_JITTER");
+    return v && v[0] != '\0' && v[0] != '0';
+  }();
+  return on;
+}
+
+std::unique_ptr<Stream> make_host_stream(std::string name, int device_index) {
+  return std::make_unique<HostStream>(std::move(name), device_index, stream_jitter_from_env());
+}
+
+std::unique_ptr<Stream> make_host_stream_jitter(std::string name, bool jitter) {
+  return std::make_unique<HostStream>(std::move(name), 0, jitter);
+}
+
+}  // namespace meshrt

@@ -1,0 +1,70 @@
+#include "runtime/logging.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace meshrt {
+
+namespace {
+
+LogLevel parse_level(const char* v) {
+  if (!v || !*v) return LogLevel::Warn;
+  if (!std::strcmp(v, "trace")) return LogLevel::Trace;
+  if (!std::strcmp(v, "debug")) return LogLevel::Debug;
+  if (!std::strcmp(v, "info")) return LogLevel::Info;
+  if (!std::strcmp(v, "warn") || !std::strcmp(v, "warning")) return LogLevel::Warn;
+  if (!std::strcmp(v, "error")) return LogLevel::Error;
+  if (!std::strcmp(v, "off")) return LogLevel::Off;
+  std::fprintf(stderr,
+               "meshrt: MESHRT_LOG_LEVEL='%s' is not one of trace, debug, info, warn, "
+               "error, off; using warn\n",
+               v);
+  return LogLevel::Warn;
+}
+
+std::atomic<int>& level_store() {
+  static std::atomic<int> lvl{static_cast<int>(parse_level(std::getenv("MESHRT_LOG_LEVEL")))};
+  return lvl;
+}
+
+thread_local int tls_rank = 0;
+thread_local int tls_world = 1;
+
+std::shared_ptr<spdlog::logger> logger() {
+  static std::shared_ptr<spdlog::logger> lg = [] {
+    auto l = spdlog::stderr_color_mt("meshrt");
+    l->set_pattern("%H:%M:%S.%e %^%l%$ %v");
+    l->set_level(spdlog::level::trace);
+    return l;
+  }();
+  return lg;
+}
+
+}  // namespace
+
+LogLevel log_level() {
+  return static_cast<LogLevel>(level_store().load(std::memory_order_relaxed));
+}
+void set_log_level(LogLevel level) { level_store().store(static_cast<int>(level)); }
+bool log_enabled(LogLevel level) {
+  return level != LogLevel::Off && static_cast<int>(level) >= static_cast<int>(log_level());
+}
+void set_log_rank(int rank, int world) {
+  tls_rank = rank;
+  tls_world = world;
+}
+int log_rank() { return tls_rank; }
+int log_world() { return tls_world; }
+
+void log_message(LogLevel level, const std::string& msg) {
+  static const spdlog::level::level_enum map[] = {spdlog::level::trace, spdlog::level::debug,
+                                                  spdlog::level::info,  spdlog::level::warn,
+                                                  spdlog::level::err,   spdlog::level::off};
+  logger()->log(map[static_cast<int>(level)], "[rank {}/{}] {}", tls_rank, tls_world, msg);
+}
+
+}  // namespace meshrt

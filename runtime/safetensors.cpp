@@ -1,0 +1,224 @@
+#include "runtime/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "runtime/error.h"
+
+namespace meshrt {
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // as the reference implementation
+
+const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
+  }
+  return "?";
+}
+
+bool parse_st_dtype(const std::string& s, DType* out) {
+  static const std::pair<const char*, DType> map[] = {{"F32", DType::f32}, {"BF16", DType::bf16},
+                                                      {"F16", DType::f16}, {"I32", DType::i32},
+                                                      {"I64", DType::i64}, {"U8", DType::u8}};
+  for (auto& [n, d] : map)
+    if (s == n) {
+      *out = d;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+const Tensor& SafetensorsFile::at(const std::string& name) const {
+  for (auto& [n, t] : tensors)
+    if (n == name) return t;
+  MESHRT_FAIL("safetensors: no tensor named '" << name << "' (file has " << tensors.size()
+                                               << " tensors)");
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors, Stream& stream,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<Tensor> host;
+  auto host_alloc = make_host_plain_allocator();
+  uint64_t offset = 0;
+  for (auto& [name, t] : tensors) {
+    MESHRT_CHECK(t.defined(),
+                 "save_safetensors(" << path << "): tensor '" << name << "' is undefined");
+    MESHRT_CHECK(name != "__metadata__" && !name.empty(),
+                 "save_safetensors(" << path << "): invalid tensor name '" << name << "'");
+    MESHRT_CHECK(!header.contains(name),
+                 "save_safetensors(" << path << "): duplicate name '" << name << "'");
+    Tensor h =
+        t.device().is_cpu() ? t.contiguous(stream) : t.contiguous(stream).to(host_alloc, stream);
+    host.push_back(h);
+    uint64_t bytes = h.nbytes();
+    header[name] = {{"dtype", st_dtype(t.dtype())},
+                    {"shape", t.shape().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  stream.synchronize();
+  std::string hs = header.dump();
+  while (hs.size() % 8) hs.push_back(' ');
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    MESHRT_CHECK(f.good(), "save_safetensors: cannot open "
+                               << tmp << " for writing: " << std::strerror(errno));
+    uint64_t n = hs.size();
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
+    f.write(reinterpret_cast<const char*>(le), 8);
+    f.write(hs.data(), static_cast<std::streamsize>(hs.size()));
+    for (auto& h : host)
+      f.write(static_cast<const char*>(h.data_ptr()), static_cast<std::streamsize>(h.nbytes()));
+    f.flush();
+    MESHRT_CHECK(f.good(),
+                 "save_safetensors: write to " << tmp << " failed: " << std::strerror(errno));
+  }
+  MESHRT_CHECK(
+      std::rename(tmp.c_str(), path.c_str()) == 0,
+      "save_safetensors: rename " << tmp << " -> " << path << " failed: " << std::strerror(errno));
+}
+
+SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<Allocator>& host) {
+  std::ifstream f(path, std::ios::binary);
+  MESHRT_CHECK(f.good(), "load_safetensors: cannot open " << path << ": " << std::strerror(errno));
+  f.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  MESHRT_CHECK(file_size >= 8, "load_safetensors(" << path << "): file is " << file_size
+                                                   << " bytes, shorter than the 8-byte header "
+                                                      "length; not a safetensors file");
+  unsigned char le[8];
+  f.read(reinterpret_cast<char*>(le), 8);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(le[i]) << (8 * i);
+  MESHRT_CHECK(n <= kMaxHeaderBytes, "load_safetensors(" << path << "): header length " << n
+                                                         << " exceeds the " << kMaxHeaderBytes
+                                                         << "-byte limit");
+  MESHRT_CHECK(n <= file_size - 8, "load_safetensors(" << path << "): header length " << n
+                                                       << " runs past the end of the " << file_size
+                                                       << "-byte file (truncated?)");
+  std::string hs(n, '\0');
+  f.read(hs.data(), static_cast<std::streamsize>(n));
+  MESHRT_CHECK(f.good(), "load_safetensors(" << path << "): short read of the header");
+  nlohmann::json header = nlohmann::json::parse(hs, nullptr, /*allow_exceptions=*/false);
+  MESHRT_CHECK(!header.is_discarded() && header.is_object(),
+               "load_safetensors(" << path << "): header is not a JSON object");
+  const uint64_t data_size = file_size - 8 - n;
+
+  SafetensorsFile out;
+  struct Entry {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      MESHRT_CHECK(v.is_object(),
+                   "load_safetensors(" << path << "): __metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        MESHRT_CHECK(m.value().is_string(), "load_safetensors(" << path << "): metadata '"
+                                                                << m.key() << "' is not a string");
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = "load_safetensors(" + path + "): tensor '" + name + "'";
+    MESHRT_CHECK(
+        v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+        where << " needs dtype, shape and data_offsets");
+    MESHRT_CHECK(v["dtype"].is_string(), where << ": dtype is not a string");
+    Entry e;
+    e.name = name;
+    const std::string ds = v["dtype"].get<std::string>();
+    MESHRT_CHECK(parse_st_dtype(ds, &e.dtype), where << ": unsupported dtype '" << ds
+                                                     << "' (meshrt reads F32, BF16, F16, I32, "
+                                                     << "I64, U8)");
+    MESHRT_CHECK(v["shape"].is_array() && v["shape"].size() <= static_cast<size_t>(kMaxDims),
+                 where << ": shape must be an array of at most " << kMaxDims << " extents");
+    for (auto& d : v["shape"]) {
+      MESHRT_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                   where << ": shape has a non-integer or negative extent " << d.dump());
+      MESHRT_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+                   where << ": extent " << d.dump() << " too large");
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = v["data_offsets"];
+    MESHRT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                     off[1].is_number_unsigned(),
+                 where << ": data_offsets must be two non-negative integers");
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    MESHRT_CHECK(e.begin <= e.end && e.end <= data_size,
+                 where << ": data_offsets [" << e.begin << ", " << e.end << "] out of range of the "
+                       << data_size << "-byte data section");
+    Shape s(e.shape);
+    int64_t numel = s.numel();
+    uint64_t expect;
+    MESHRT_CHECK(
+        !__builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(e.dtype), &expect),
+        where << ": byte size overflows");
+    MESHRT_CHECK(expect == e.end - e.begin, where << ": shape " << s.str() << " of " << ds
+                                                  << " needs " << expect << " bytes but "
+                                                  << "data_offsets span " << e.end - e.begin);
+    entries.push_back(std::move(e));
+  }
+  // The data section must be covered exactly: no overlap, no gap (as the reference reader).
+  std::vector<const Entry*> sorted;
+  for (auto& e : entries) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t cursor = 0;
+  for (const Entry* e : sorted) {
+    MESHRT_CHECK(e->begin >= cursor, "load_safetensors(" << path << "): tensor '" << e->name
+                                                         << "' at [" << e->begin << ", " << e->end
+                                                         << "] overlaps the previous tensor "
+                                                            "(which ends at "
+                                                         << cursor << ")");
+    MESHRT_CHECK(e->begin == cursor, "load_safetensors(" << path << "): gap of "
+                                                         << e->begin - cursor << " bytes before "
+                                                         << "tensor '" << e->name << "'");
+    cursor = e->end;
+  }
+  MESHRT_CHECK(cursor == data_size, "load_safetensors(" << path << "): " << data_size - cursor
+                                                        << " trailing bytes after the last tensor");
+  // Tensors in file order.
+  for (const Entry* e : sorted) {
+    Tensor t = Tensor::empty(Shape(e->shape), e->dtype, host);
+    f.seekg(static_cast<std::streamoff>(8 + n + e->begin));
+    f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e->end - e->begin));
+    MESHRT_CHECK(f.good() || e->end == e->begin,
+                 "load_safetensors(" << path << "): short read of tensor '" << e->name << "'");
+    out.tensors.emplace_back(e->name, t);
+  }
+  return out;
+}
+
+}  // namespace meshrt

@@ -1,0 +1,385 @@
+#include "collectives/communicator.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "collectives/comm_detail.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+
+namespace meshrt {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(std::string_view s) {
+  if (s == "sum") return ReduceOp::Sum;
+  if (s == "avg" || s == "mean") return ReduceOp::Avg;
+  if (s == "max") return ReduceOp::Max;
+  if (s == "min") return ReduceOp::Min;
+  MESHRT_FAIL("unknown reduction '" << s << "': use one of sum, avg, max, min");
+}
+
+const char* comm_op_name(CommOp op) {
+  switch (op) {
+    case CommOp::AllReduce:
+      return "all_reduce";
+    case CommOp::AllGather:
+      return "all_gather";
+    case CommOp::ReduceScatter:
+      return "reduce_scatter";
+    case CommOp::Broadcast:
+      return "broadcast";
+    case CommOp::AllToAll:
+      return "all_to_all";
+    case CommOp::Send:
+      return "send";
+    case CommOp::Recv:
+      return "recv";
+    case CommOp::Barrier:
+      return "barrier";
+    case CommOp::Split:
+      return "split";
+  }
+  return "?";
+}
+
+CommOp parse_comm_op(std::string_view s) {
+  if (s == "all_reduce" || s == "allreduce") return CommOp::AllReduce;
+  if (s == "all_gather" || s == "allgather") return CommOp::AllGather;
+  if (s == "reduce_scatter" || s == "reducescatter") return CommOp::ReduceScatter;
+  if (s == "broadcast" || s == "bcast") return CommOp::Broadcast;
+  if (s == "all_to_all" || s == "alltoall") return CommOp::AllToAll;
+  MESHRT_FAIL("unknown collective '"
+              << s
+              << "': use one of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all");
+}
+
+const char* comm_backend_name(CommBackend b) {
+  switch (b) {
+    case CommBackend::Host:
+      return "host";
+    case CommBackend::Mpi:
+      return "mpi";
+    case CommBackend::Nccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+CommBackend parse_comm_backend(std::string_view s) {
+  if (s == "host") return CommBackend::Host;
+  if (s == "mpi") return CommBackend::Mpi;
+  if (s == "nccl") return CommBackend::Nccl;
+  MESHRT_FAIL("unknown communication backend '" << s << "': use host, mpi or nccl");
+}
+
+bool comm_dtype_supported(DType dt, bool reduction) {
+  switch (dt) {
+    case DType::f32:
+    case DType::bf16:
+    case DType::f16:
+    case DType::i32:
+    case DType::i64:
+      return true;
+    case DType::u8:
+      return !reduction;
+  }
+  return false;
+}
+
+CommConfig CommConfig::from_env() {
+  CommConfig c;
+  if (const char* t = std::getenv("MESHRT_COMM_TIMEOUT"); t && *t) {
+    char* end = nullptr;
+    double v = std::strtod(t, &end);
+    MESHRT_CHECK(end != t && *end == '\0' && v >= 0,
+                 "MESHRT_COMM_TIMEOUT='" << t
+                                         << "' is not a number of seconds >= 0 (0 disables the "
+                                            "watchdog; default 300)");
+    c.timeout_s = v;
+  }
+  if (const char* b = std::getenv("MESHRT_HOST_CHUNK_BYTES"); b && *b) {
+    char* end = nullptr;
+    long long v = std::strtoll(b, &end, 10);
+    MESHRT_CHECK(end != b && *end == '\0' && v >= 4096,
+                 "MESHRT_HOST_CHUNK_BYTES='" << b << "' must be a byte count >= 4096");
+    c.host_chunk_bytes = static_cast<size_t>(v);
+  }
+  if (const char* d = std::getenv("MESHRT_COMM_DEBUG"); d && *d) {
+    c.debug = d[0] != '0';
+  }
+  return c;
+}
+
+std::string Communicator::Call::str() const {
+  return detail::CallSig::make(op, dtype, redop, count, root, seq).str();
+}
+
+Communicator::Communicator(int rank, int size, std::string name, Device device, CommConfig config)
+    : rank_(rank), size_(size), name_(std::move(name)), device_(device), config_(config) {
+  MESHRT_CHECK(size >= 1 && rank >= 0 && rank < size,
+               "communicator '" << name_ << "': rank " << rank << " outside [0, " << size << ")");
+}
+
+Communicator::~Communicator() = default;
+
+void Communicator::check_tensor(const char* what, const char* role, const Tensor& t,
+                                bool reduction) const {
+  MESHRT_CHECK(t.defined(), what << " on group '" << name_ << "': " << role << " is undefined");
+  MESHRT_CHECK(comm_dtype_supported(t.dtype(), reduction),
+               what << " on group '" << name_ << "': dtype " << dtype_name(t.dtype()) << " of "
+                    << role << " is not supported"
+                    << (reduction ? " for reductions (use f32, bf16, f16, i32 or i64)"
+                                  : " (use f32, bf16, f16, i32, i64 or u8)"));
+  MESHRT_CHECK(t.is_contiguous(), what << " on group '" << name_ << "': " << role << " " << t.str()
+                                       << " with strides " << t.strides().str()
+                                       << " is not contiguous; call contiguous() first");
+  Device d = t.device();
+  MESHRT_CHECK(d.type == device_.type && (d.is_cpu() || d.index == device_.index),
+               what << " on group '" << name_ << "' (" << comm_backend_name(backend())
+                    << " backend, rank " << rank_ << " on " << device_.str() << "): " << role << " "
+                    << t.str() << " is on the wrong device");
+}
+
+namespace {
+
+const char* byte_ptr(const Tensor& t) { return static_cast<const char*>(t.data_ptr()); }
+
+// Whether [a, a+na) and [b, b+nb) overlap.
+bool overlaps(const char* a, size_t na, const char* b, size_t nb) {
+  return na > 0 && nb > 0 && a < b + nb && b < a + na;
+}
+
+}  // namespace
+
+Event Communicator::submit(Call call, Stream& stream, const EventList& after) {
+  Device sd = stream.device();
+  MESHRT_CHECK(sd.type == device_.type, comm_op_name(call.op)
+                                            << " on group '" << name_ << "': stream '"
+                                            << stream.name() << "' is on " << sd.str()
+                                            << " but the communicator runs on " << device_.str());
+  if (aborted()) {
+    throw CommError(std::string(comm_op_name(call.op)) + " on group '" + name_ +
+                    "': the communicator was aborted: " + abort_reason());
+  }
+  if (call.op == CommOp::Send || call.op == CommOp::Recv) {
+    std::lock_guard<std::mutex> lk(p2p_mu_);
+    auto& m = call.op == CommOp::Send ? send_seq_ : recv_seq_;
+    call.seq = ++m[call.peer];
+  } else {
+    call.seq = next_seq_.fetch_add(1);
+  }
+  for (const Event& e : after) stream.wait(e);
+  if (log_enabled(LogLevel::Trace)) {
+    MESHRT_LOG(LogLevel::Trace, "comm '" << name_ << "' issue seq " << call.seq << " " << call.str()
+                                         << " on stream '" << stream.name() << "'");
+  }
+  issue(std::move(call), stream);
+  return stream.record();
+}
+
+Event Communicator::all_reduce(const Tensor& t, ReduceOp op, Stream& stream,
+                               const EventList& after) {
+  return all_reduce(t, t, op, stream, after);
+}
+
+Event Communicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op, Stream& stream,
+                               const EventList& after) {
+  check_tensor("all_reduce", "input", in, true);
+  check_tensor("all_reduce", "output", out, true);
+  MESHRT_CHECK(in.dtype() == out.dtype(), "all_reduce on group '"
+                                              << name_ << "': input " << in.str() << " and output "
+                                              << out.str() << " differ in dtype");
+  MESHRT_CHECK(in.numel() == out.numel(), "all_reduce on group '"
+                                              << name_ << "': input has " << in.numel()
+                                              << " elements but output has " << out.numel());
+  Call c;
+  c.op = CommOp::AllReduce;
+  c.dtype = in.dtype();
+  c.redop = op;
+  c.count = in.numel();
+  c.in_place = in.numel() == 0 || in.data_ptr() == out.data_ptr();
+  MESHRT_CHECK(
+      c.in_place || !overlaps(byte_ptr(in), in.nbytes(), byte_ptr(out), out.nbytes()),
+      "all_reduce on group '" << name_ << "': input and output overlap without being the same");
+  c.in = in;
+  c.out = out;
+  return submit(std::move(c), stream, after);
+}
+
+Event Communicator::all_gather(const Tensor& in, const Tensor& out, Stream& stream,
+                               const EventList& after) {
+  check_tensor("all_gather", "input", in, false);
+  check_tensor("all_gather", "output", out, false);
+  MESHRT_CHECK(in.dtype() == out.dtype(), "all_gather on group '"
+                                              << name_ << "': input " << in.str() << " and output "
+                                              << out.str() << " differ in dtype");
+  MESHRT_CHECK(out.numel() == in.numel() * size_,
+               "all_gather on group '" << name_ << "': output has " << out.numel()
+                                       << " elements but needs size " << size_ << " x input "
+                                       << in.numel() << " = " << in.numel() * size_);
+  Call c;
+  c.op = CommOp::AllGather;
+  c.dtype = in.dtype();
+  c.count = in.numel();
+  const char* mine = byte_ptr(out) + static_cast<size_t>(rank_) * in.nbytes();
+  c.in_place = in.numel() == 0 || byte_ptr(in) == mine;
+  MESHRT_CHECK(c.in_place || !overlaps(byte_ptr(in), in.nbytes(), byte_ptr(out), out.nbytes()),
+               "all_gather on group '" << name_
+                                       << "': input overlaps the output without being this rank's "
+                                          "block of it (rank "
+                                       << rank_ << ")");
+  c.in = in;
+  c.out = out;
+  return submit(std::move(c), stream, after);
+}
+
+Event Communicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, Stream& stream,
+                                   const EventList& after) {
+  check_tensor("reduce_scatter", "input", in, true);
+  check_tensor("reduce_scatter", "output", out, true);
+  MESHRT_CHECK(in.dtype() == out.dtype(), "reduce_scatter on group '"
+                                              << name_ << "': input " << in.str() << " and output "
+                                              << out.str() << " differ in dtype");
+  MESHRT_CHECK(in.numel() == out.numel() * size_,
+               "reduce_scatter on group '" << name_ << "': input has " << in.numel()
+                                           << " elements but needs size " << size_ << " x output "
+                                           << out.numel() << " = " << out.numel() * size_);
+  Call c;
+  c.op = CommOp::ReduceScatter;
+  c.dtype = in.dtype();
+  c.redop = op;
+  c.count = out.numel();
+  const char* mine = byte_ptr(in) + static_cast<size_t>(rank_) * out.nbytes();
+  c.in_place = out.numel() == 0 || byte_ptr(out) == mine;
+  MESHRT_CHECK(c.in_place || !overlaps(byte_ptr(in), in.nbytes(), byte_ptr(out), out.nbytes()),
+               "reduce_scatter on group '" << name_
+                                           << "': output overlaps the input without being this "
+                                              "rank's block of it (rank "
+                                           << rank_ << ")");
+  c.in = in;
+  c.out = out;
+  return submit(std::move(c), stream, after);
+}
+
+Event Communicator::broadcast(const Tensor& t, int root, Stream& stream, const EventList& after) {
+  return broadcast(t, t, root, stream, after);
+}
+
+Event Communicator::broadcast(const Tensor& in, const Tensor& out, int root, Stream& stream,
+                              const EventList& after) {
+  MESHRT_CHECK(root >= 0 && root < size_, "broadcast on group '" << name_ << "': root " << root
+                                                                 << " outside [0, " << size_
+                                                                 << ")");
+  check_tensor("broadcast", "input", in, false);
+  check_tensor("broadcast", "output", out, false);
+  MESHRT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel(),
+               "broadcast on group '" << name_ << "': input " << in.str() << " and output "
+                                      << out.str() << " differ in dtype or element count");
+  Call c;
+  c.op = CommOp::Broadcast;
+  c.dtype = in.dtype();
+  c.count = in.numel();
+  c.root = root;
+  c.in_place = in.numel() == 0 || in.data_ptr() == out.data_ptr();
+  MESHRT_CHECK(
+      c.in_place || !overlaps(byte_ptr(in), in.nbytes(), byte_ptr(out), out.nbytes()),
+      "broadcast on group '" << name_ << "': input and output overlap without being the same");
+  c.in = in;
+  c.out = out;
+  return submit(std::move(c), stream, after);
+}
+
+Event Communicator::all_to_all(const Tensor& in, const Tensor& out, Stream& stream,
+                               const EventList& after) {
+  check_tensor("all_to_all", "input", in, false);
+  check_tensor("all_to_all", "output", out, false);
+  MESHRT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel(),
+               "all_to_all on group '" << name_ << "': input " << in.str() << " and output "
+                                       << out.str() << " differ in dtype or element count");
+  MESHRT_CHECK(in.numel() % size_ == 0, "all_to_all on group '" << name_ << "': " << in.numel()
+                                                                << " elements do not split into "
+                                                                << size_ << " equal blocks");
+  Call c;
+  c.op = CommOp::AllToAll;
+  c.dtype = in.dtype();
+  c.count = in.numel() / size_;
+  c.in_place = in.numel() == 0 || in.data_ptr() == out.data_ptr();
+  MESHRT_CHECK(
+      c.in_place || !overlaps(byte_ptr(in), in.nbytes(), byte_ptr(out), out.nbytes()),
+      "all_to_all on group '" << name_ << "': input and output overlap without being the same");
+  c.in = in;
+  c.out = out;
+  return submit(std::move(c), stream, after);
+}
+
+Event Communicator::send(const Tensor& t, int peer, Stream& stream, const EventList& after) {
+  MESHRT_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+               "send on group '" << name_ << "' from rank " << rank_ << ": peer " << peer
+                                 << " must be another rank in [0, " << size_ << ")");
+  check_tensor("send", "tensor", t, false);
+  Call c;
+  c.op = CommOp::Send;
+  c.dtype = t.dtype();
+  c.count = t.numel();
+  c.peer = peer;
+  c.in = t;
+  return submit(std::move(c), stream, after);
+}
+
+Event Communicator::recv(const Tensor& t, int peer, Stream& stream, const EventList& after) {
+  MESHRT_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+               "recv on group '" << name_ << "' at rank " << rank_ << ": peer " << peer
+                                 << " must be another rank in [0, " << size_ << ")");
+  check_tensor("recv", "tensor", t, false);
+  Call c;
+  c.op = CommOp::Recv;
+  c.dtype = t.dtype();
+  c.count = t.numel();
+  c.peer = peer;
+  c.out = t;
+  return submit(std::move(c), stream, after);
+}
+
+Event Communicator::barrier(Stream& stream, const EventList& after) {
+  Call c;
+  c.op = CommOp::Barrier;
+  return submit(std::move(c), stream, after);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {
+  if (aborted()) {
+    throw CommError("split on group '" + name_ +
+                    "': the communicator was aborted: " + abort_reason());
+  }
+  uint64_t seq = next_seq_.fetch_add(1);
+  std::string n = name;
+  if (n.empty() && color >= 0) n = name_ + "/split" + std::to_string(color);
+  return do_split(color < 0 ? kNoColor : color, key, n, seq);
+}
+
+void Communicator::abort(const std::string& reason) { do_abort(reason); }
+
+void Communicator::wait_idle() {
+  std::unordered_map<int, uint64_t> sent, received;
+  {
+    std::lock_guard<std::mutex> lk(p2p_mu_);
+    sent = send_seq_;
+    received = recv_seq_;
+  }
+  wait_issued(next_seq_.load() - 1, sent, received);
+}
+
+}  // namespace meshrt

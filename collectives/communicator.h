@@ -1,0 +1,172 @@
+// Communicator: a group of ranks and the collectives they run together, enqueued on streams.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+
+namespace meshrt {
+
+enum class ReduceOp : uint8_t { Sum = 0, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
+// Parses sum|avg|max|min (also "mean"); throws listing the accepted names.
+ReduceOp parse_reduce_op(std::string_view s);
+
+enum class CommOp : uint8_t {
+  AllReduce = 0,
+  AllGather,
+  ReduceScatter,
+  Broadcast,
+  AllToAll,
+  Send,
+  Recv,
+  Barrier,
+  Split
+};
+const char* comm_op_name(CommOp op);  // "all_reduce", ...
+// Parses all_reduce|all_gather|reduce_scatter|broadcast|all_to_all (also without '_').
+CommOp parse_comm_op(std::string_view s);
+
+enum class CommBackend : uint8_t { Host = 0, Mpi, Nccl };
+const char* comm_backend_name(CommBackend b);  // "host", "mpi", "nccl"
+CommBackend parse_comm_backend(std::string_view s);
+
+// Whether `dt` can be carried by collectives (f32, bf16, f16, i32, i64; u8 for data movement only).
+bool comm_dtype_supported(DType dt, bool reduction);
+
+// Behaviour read from the environment when a communicator is created.
+struct CommConfig {
+  // MESHRT_COMM_TIMEOUT (seconds, may be fractional; default 300; 0 disables): a collective not
+  // complete this long after it started aborts the communicators and raises CommError.
+  double timeout_s = 300.0;
+  // MESHRT_COMM_DEBUG=1: ranks compare (op, dtype, count, root, sequence number) before each
+  // collective and raise an error naming the differing ranks instead of hanging or corrupting.
+  bool debug = false;
+  // Host backend: bytes per all-reduce pipeline chunk (MESHRT_HOST_CHUNK_BYTES; default 1 MiB).
+  size_t host_chunk_bytes = size_t{1} << 20;
+  static CommConfig from_env();
+};
+
+using EventList = std::vector<Event>;
+
+// Colour that makes split() return no communicator for the calling rank.
+constexpr int kNoColor = -1;
+
+// One rank's handle on a group. Every operation is enqueued on `stream` after the events in
+// `after`, returns the event that marks its completion, and must be issued by all ranks of the
+// group in the same order (point-to-point: in the same order per pair of ranks). Tensors must be
+// contiguous, on the communicator's device; they are kept alive until the operation finishes.
+// Errors (including watchdog timeouts, raised as CommError) are carried by the returned event.
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The group's name in messages and logs: "world", "world/tp", ...
+  const std::string& name() const { return name_; }
+  Device device() const { return device_; }
+  virtual CommBackend backend() const = 0;
+  const CommConfig& config() const { return config_; }
+  // Sequence number the next collective on this communicator will carry (starts at 1).
+  uint64_t next_seq() const { return next_seq_.load(); }
+
+  // out = op over ranks of `in` (same count everywhere). In place when in and out are the same.
+  Event all_reduce(const Tensor& t, ReduceOp op, Stream& stream, const EventList& after = {});
+  Event all_reduce(const Tensor& in, const Tensor& out, ReduceOp op, Stream& stream,
+                   const EventList& after = {});
+  // out (size() x in.numel()) = concatenation of every rank's `in` in rank order. In place when
+  // `in` is this rank's block of `out`.
+  Event all_gather(const Tensor& in, const Tensor& out, Stream& stream,
+                   const EventList& after = {});
+  // out (in.numel() / size()) = this rank's block of op over ranks of `in`. In place when `out`
+  // is this rank's block of `in`.
+  Event reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, Stream& stream,
+                       const EventList& after = {});
+  // Every rank's `t` becomes root's `t`.
+  Event broadcast(const Tensor& t, int root, Stream& stream, const EventList& after = {});
+  // out = root's `in` (`in` is read on root only).
+  Event broadcast(const Tensor& in, const Tensor& out, int root, Stream& stream,
+                  const EventList& after = {});
+  // Block j of `in` goes to rank j; block i of `out` comes from rank i (numel divisible by
+  // size()). `in` and `out` may be the same tensor.
+  Event all_to_all(const Tensor& in, const Tensor& out, Stream& stream,
+                   const EventList& after = {});
+  // Point to point: completes when `peer` has received `t` (its recv must match count and dtype).
+  Event send(const Tensor& t, int peer, Stream& stream, const EventList& after = {});
+  Event recv(const Tensor& t, int peer, Stream& stream, const EventList& after = {});
+  Event barrier(Stream& stream, const EventList& after = {});
+
+  // Collective over this group, blocking the caller: ranks passing the same colour form a new
+  // group, ordered by (key, rank). Returns nullptr for kNoColor (any negative colour).
+  // `name` names the new group (default: "<this name>/split<colour>").
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name = "");
+
+  // Marks this communicator (and every communicator sharing its ranks in this process) failed:
+  // pending and later operations raise CommError with `reason`. Safe from any thread.
+  void abort(const std::string& reason = "aborted by the application");
+  // Whether this communicator was aborted (by abort(), a watchdog timeout or an error), and why.
+  virtual bool aborted() const = 0;
+  virtual std::string abort_reason() const = 0;
+
+  // Blocks until every operation issued so far on this communicator has finished on this rank.
+  void wait_idle();
+
+ protected:
+  // One validated call. `count` is the per-rank element count the ranks must agree on:
+  // all_reduce / broadcast: numel; all_gather: input numel; reduce_scatter: output numel;
+  // all_to_all: block numel; send / recv: numel.
+  struct Call {
+    CommOp op = CommOp::Barrier;
+    DType dtype = DType::f32;
+    ReduceOp redop = ReduceOp::Sum;
+    int64_t count = 0;
+    int root = -1;  // broadcast root
+    int peer = -1;  // send / recv peer
+    bool in_place = false;
+    Tensor in, out;
+    // Collectives: the group's sequence number (also their execution order on each rank).
+    // send / recv: the number of this message between the pair, in that direction.
+    uint64_t seq = 0;
+    std::string str() const;  // "all_reduce(f32, count=8, sum)"
+  };
+
+  Communicator(int rank, int size, std::string name, Device device, CommConfig config);
+
+  // Enqueues the call's work on `stream` (the base has already ordered `stream` after `after`).
+  virtual void issue(Call call, Stream& stream) = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
+                                                 uint64_t seq) = 0;
+  virtual void do_abort(const std::string& reason) = 0;
+  // Blocks until collectives 1..coll_seq and, per peer, messages 1..n sent / received finished
+  // on this rank.
+  virtual void wait_issued(uint64_t coll_seq, const std::unordered_map<int, uint64_t>& sent,
+                           const std::unordered_map<int, uint64_t>& received) = 0;
+
+ private:
+  Event submit(Call call, Stream& stream, const EventList& after);
+  void check_tensor(const char* what, const char* role, const Tensor& t, bool reduction) const;
+
+  int rank_;
+  int size_;
+  std::string name_;
+  Device device_;
+  CommConfig config_;
+  std::atomic<uint64_t> next_seq_{1};
+  std::mutex p2p_mu_;
+  std::unordered_map<int, uint64_t> send_seq_, recv_seq_;
+};
+
+}  // namespace meshrt

@@ -1,0 +1,655 @@
+#include "collectives/host_comm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#include <sched.h>
+
+#include "collectives/comm_detail.h"
+#include "collectives/host_reduce.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+
+namespace meshrt {
+
+namespace {
+
+using detail::CallSig;
+using detail::Deadline;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// A futex word that waiters sleep on and that every state change bumps. Waiters announce
+// themselves in `sleepers` so that notify() costs no system call when nobody sleeps.
+class WakeWord {
+ public:
+  void notify() {
+    word_.fetch_add(1);
+    if (sleepers_.load() > 0) wake_all();
+  }
+  uint32_t snapshot() const { return word_.load(); }
+  void begin_sleep() { sleepers_.fetch_add(1); }
+  void end_sleep() { sleepers_.fetch_sub(1); }
+  // Sleeps while the word still equals `seen`, at most `max_s` seconds.
+  void sleep(uint32_t seen, double max_s) {
+#if defined(__linux__)
+    if (max_s < 0) max_s = 0;
+    timespec ts;
+    ts.tv_sec = static_cast<time_t>(max_s);
+    ts.tv_nsec = static_cast<long>((max_s - static_cast<double>(ts.tv_sec)) * 1e9);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word_), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr,
+            0);
+#else
+    (void)seen;
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(static_cast<int64_t>(std::min(max_s, 0.0002) * 1e6)));
+#endif
+  }
+
+ private:
+  void wake_all() {
+#if defined(__linux__)
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+            nullptr, 0);
+#endif
+  }
+  alignas(64) std::atomic<uint32_t> word_{0};
+  alignas(64) std::atomic<int> sleepers_{0};
+};
+
+class HostGroup;
+
+// All groups split (transitively) from one world: a timeout or an error aborts all of them,
+// since a rank stuck in one group usually stalls the others too.
+class HostFamily {
+ public:
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  std::string reason() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return reason_;
+  }
+  void add(const std::shared_ptr<HostGroup>& g) {
+    std::lock_guard<std::mutex> lk(mu_);
+    groups_.push_back(g);
+  }
+  void abort(const std::string& why);
+
+ private:
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;
+  std::string reason_;
+  std::vector<std::weak_ptr<HostGroup>> groups_;
+};
+
+// What a rank published for the collective it entered.
+struct Desc {
+  CallSig sig;
+  const void* in = nullptr;
+  void* out = nullptr;
+  int key = 0;
+};
+
+struct alignas(64) Slot {
+  std::atomic<uint64_t> arrived{0};               // seq of the collective this rank entered
+  alignas(64) std::atomic<uint64_t> progress{0};  // (seq << 32) | steps done in that collective
+  alignas(64) std::atomic<uint64_t> left{0};      // seq of the collective this rank finished
+  alignas(64) Desc desc;
+  std::shared_ptr<HostGroup> split_out;  // set by a split leader for its colour
+};
+
+// One direction of a rank pair: the sender posts, the receiver copies and takes.
+struct alignas(64) Mailbox {
+  std::atomic<uint64_t> posted{0};
+  std::atomic<uint64_t> taken{0};
+  const void* ptr = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::f32;
+  // Filled by the receiver before `taken`: what it expected, and whether that matched.
+  int64_t want_count = 0;
+  DType want_dtype = DType::f32;
+  bool matched = true;
+};
+
+class HostGroup : public std::enable_shared_from_this<HostGroup> {
+ public:
+  HostGroup(int n, std::string name, std::shared_ptr<HostFamily> family, CommConfig cfg)
+      : n_(n),
+        name_(std::move(name)),
+        family_(std::move(family)),
+        cfg_(cfg),
+        slots_(new Slot[static_cast<size_t>(n)]),
+        mail_(new Mailbox[static_cast<size_t>(n) * static_cast<size_t>(n)]) {
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    // Spinning only helps when every rank can run at once; otherwise it steals the core from
+    // the rank being waited for.
+    spin_ = static_cast<unsigned>(n) <= hw ? 4000 : 64;
+  }
+
+  static std::shared_ptr<HostGroup> create(int n, std::string name,
+                                           std::shared_ptr<HostFamily> family, CommConfig cfg) {
+    auto g = std::make_shared<HostGroup>(n, std::move(name), family, cfg);
+    family->add(g);
+    return g;
+  }
+
+  int size() const { return n_; }
+  const std::string& name() const { return name_; }
+  const CommConfig& config() const { return cfg_; }
+  HostFamily& family() { return *family_; }
+  const std::shared_ptr<HostFamily>& family_ptr() const { return family_; }
+  Slot& slot(int r) { return slots_[static_cast<size_t>(r)]; }
+  Mailbox& mailbox(int src, int dst) {
+    return mail_[static_cast<size_t>(src) * static_cast<size_t>(n_) + static_cast<size_t>(dst)];
+  }
+  void notify() { wake_.notify(); }
+
+  // Waits until ready() holds. Spins briefly, yields, then sleeps on the futex word. Throws
+  // CommError when the family is aborted, or, after aborting it, when `deadline` passes
+  // (on_timeout() returns the message).
+  template <class Ready, class OnTimeout>
+  void wait(Ready ready, const Deadline& deadline, const std::string& context,
+            OnTimeout on_timeout) {
+    for (unsigned i = 0; i < spin_; ++i) {
+      if (ready()) return;
+      cpu_relax();
+    }
+    for (int yields = 0;; ++yields) {
+      if (ready()) return;
+      if (family_->aborted()) throw_aborted(context);
+      if (deadline.passed()) {
+        std::string msg = on_timeout();
+        family_->abort(msg);
+        throw CommError(msg);
+      }
+      if (yields < 8) {
+        sched_yield();
+        continue;
+      }
+      uint32_t seen = wake_.snapshot();
+      wake_.begin_sleep();
+      if (ready() || family_->aborted()) {
+        wake_.end_sleep();
+        continue;
+      }
+      wake_.sleep(seen, std::min(0.05, std::max(0.0, deadline.left_s())));
+      wake_.end_sleep();
+    }
+  }
+
+  [[noreturn]] void throw_aborted(const std::string& context) {
+    throw CommError(context + " failed: the communicator was aborted: " + family_->reason());
+  }
+
+ private:
+  int n_;
+  std::string name_;
+  std::shared_ptr<HostFamily> family_;
+  CommConfig cfg_;
+  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<Mailbox[]> mail_;
+  WakeWord wake_;
+  unsigned spin_;
+};
+
+void HostFamily::abort(const std::string& why) {
+  std::vector<std::shared_ptr<HostGroup>> live;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!aborted_.load()) {
+      reason_ = why;
+      aborted_.store(true, std::memory_order_release);
+      MESHRT_LOG_ERROR("host communicators aborted: " << why);
+    }
+    for (auto& w : groups_) {
+      if (auto g = w.lock()) live.push_back(std::move(g));
+    }
+  }
+  for (auto& g : live) g->notify();
+}
+
+constexpr int kStepBits = 24;  // progress = (seq << kStepBits) | steps
+
+std::string ranks_where(int n, const std::function<bool(int)>& pred) {
+  std::vector<int> r;
+  for (int j = 0; j < n; ++j) {
+    if (pred(j)) r.push_back(j);
+  }
+  return r.empty() ? std::string() : detail::format_ranks(r);
+}
+
+class HostComm final : public Communicator {
+ public:
+  HostComm(std::shared_ptr<HostGroup> g, int rank, Device dev)
+      : Communicator(rank, g->size(), g->name(), dev, g->config()),
+        e_(std::make_shared<Engine>(std::move(g), rank, dev)) {}
+
+  CommBackend backend() const override { return CommBackend::Host; }
+  bool aborted() const override { return e_->g->family().aborted(); }
+  std::string abort_reason() const override { return e_->g->family().reason(); }
+
+ protected:
+  void issue(Call call, Stream& stream) override {
+    std::shared_ptr<Engine> e = e_;
+    stream.enqueue([e, c = std::move(call)] { e->run(c); });
+  }
+  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
+                                         uint64_t seq) override {
+    return e_->split(color, key, name, seq);
+  }
+  void do_abort(const std::string& reason) override {
+    e_->g->family().abort("rank " + std::to_string(rank()) + " of group '" + name() +
+                          "': " + reason);
+  }
+  void wait_issued(uint64_t coll_seq, const std::unordered_map<int, uint64_t>& sent,
+                   const std::unordered_map<int, uint64_t>& received) override {
+    e_->orders.wait_issued(coll_seq, sent, received);
+  }
+
+ private:
+  // The rank's side of the group, shared with the work enqueued on streams.
+  struct Engine {
+    Engine(std::shared_ptr<HostGroup> group, int r, Device d)
+        : g(std::move(group)), rank(r), dev(d) {}
+
+    std::shared_ptr<HostGroup> g;
+    int rank;
+    Device dev;
+    detail::OrderBook orders;
+    std::vector<char> scratch;  // staging for in-place all_to_all
+
+    std::string context(const std::string& call, uint64_t seq) const {
+      return call + " on group '" + g->name() + "' (seq " + std::to_string(seq) + ", rank " +
+             std::to_string(rank) + ")";
+    }
+
+    std::string timeout(const std::string& call, uint64_t seq, const std::string& missing) const {
+      return detail::timeout_message(call, g->name(), seq, rank, g->config().timeout_s, missing);
+    }
+
+    void take_turn(detail::TicketOrder& order, const std::string& call, uint64_t seq,
+                   const Deadline& dl) {
+      if (!order.wait_turn(seq, dl)) {
+        std::string msg = timeout(call, seq,
+                                  "an earlier operation on this communicator never finished on "
+                                  "this rank (is its stream blocked?)");
+        g->family().abort(msg);
+        throw CommError(msg);
+      }
+    }
+
+    void run(const Call& c) {
+      Deadline dl = Deadline::after(g->config().timeout_s);
+      const std::string call = c.str();
+      detail::TicketOrder& order = orders.order(c.op, c.peer);
+      take_turn(order, call, c.seq, dl);
+      detail::TicketGuard guard(order, c.seq);
+      if (g->family().aborted()) g->throw_aborted(context(call, c.seq));
+      switch (c.op) {
+        case CommOp::AllReduce:
+          return all_reduce(c, call, dl);
+        case CommOp::AllGather:
+          return all_gather(c, call, dl);
+        case CommOp::ReduceScatter:
+          return reduce_scatter(c, call, dl);
+        case CommOp::Broadcast:
+          return broadcast(c, call, dl);
+        case CommOp::AllToAll:
+          return all_to_all(c, call, dl);
+        case CommOp::Send:
+          return send(c, call, dl);
+        case CommOp::Recv:
+          return recv(c, call, dl);
+        case CommOp::Barrier:
+          enter(sig_of(c), nullptr, nullptr, 0, call, dl);
+          return leave(c.seq, call, dl);
+        case CommOp::Split:
+          break;
+      }
+      MESHRT_FAIL("host communicator: unexpected operation " << comm_op_name(c.op));
+    }
+
+    static CallSig sig_of(const Call& c) {
+      return CallSig::make(c.op, c.dtype, c.redop, c.count, c.root, c.seq);
+    }
+
+    // Publishes this rank's call and waits until every rank entered the same collective; then
+    // compares the calls (always: it costs nothing here, and a mismatch would read out of bounds).
+    void enter(const CallSig& sig, const void* in, void* out, int key, const std::string& call,
+               const Deadline& dl) {
+      const uint64_t seq = static_cast<uint64_t>(sig.seq);
+      const int n = g->size();
+      Slot& me = g->slot(rank);
+      me.desc.sig = sig;
+      me.desc.in = in;
+      me.desc.out = out;
+      me.desc.key = key;
+      me.arrived.store(seq);
+      g->notify();
+      auto all_arrived = [&] {
+        for (int j = 0; j < n; ++j) {
+          if (g->slot(j).arrived.load() < seq) return false;
+        }
+        return true;
+      };
+      if (!all_arrived()) {
+        g->wait(all_arrived, dl, context(call, seq), [&] {
+          std::string who = ranks_where(n, [&](int j) { return g->slot(j).arrived.load() < seq; });
+          return timeout(call, seq, who + " never arrived");
+        });
+      }
+      std::vector<CallSig> sigs(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) sigs[static_cast<size_t>(j)] = g->slot(j).desc.sig;
+      std::string mm = detail::mismatch_message(g->name(), sigs);
+      if (!mm.empty()) {
+        // Everyone sees the same calls and fails the same way; leave together so that the next
+        // collective starts from a clean state.
+        leave(seq, call, dl);
+        throw CommError(mm);
+      }
+    }
+
+    // Waits until every rank finished this collective: after it, no rank reads our buffers.
+    void leave(uint64_t seq, const std::string& call, const Deadline& dl) {
+      const int n = g->size();
+      g->slot(rank).left.store(seq);
+      g->notify();
+      auto all_left = [&] {
+        for (int j = 0; j < n; ++j) {
+          if (g->slot(j).left.load() < seq) return false;
+        }
+        return true;
+      };
+      if (!all_left()) {
+        g->wait(all_left, dl, context(call, seq), [&] {
+          std::string who = ranks_where(n, [&](int j) { return g->slot(j).left.load() < seq; });
+          return timeout(call, seq, who + " did not finish");
+        });
+      }
+    }
+
+    void publish_progress(uint64_t seq, uint64_t steps) {
+      g->slot(rank).progress.store((seq << kStepBits) | steps);
+      g->notify();
+    }
+
+    void wait_progress(int j, uint64_t seq, uint64_t steps, const std::string& call,
+                       const Deadline& dl) {
+      const uint64_t want = (seq << kStepBits) | steps;
+      Slot& s = g->slot(j);
+      if (s.progress.load() >= want) return;
+      g->wait([&] { return s.progress.load() >= want; }, dl, context(call, seq),
+              [&] {
+                return timeout(call, seq,
+                               "rank " + std::to_string(j) +
+                                   " stalled inside the collective (step " + std::to_string(steps) +
+                                   ")");
+              });
+    }
+
+    void all_reduce(const Call& c, const std::string& call, const Deadline& dl) {
+      const int n = g->size();
+      const size_t es = dtype_size(c.dtype);
+      const int64_t N = c.count;
+      char* out = static_cast<char*>(c.out.data_ptr());
+      const char* in = static_cast<const char*>(c.in.data_ptr());
+      enter(sig_of(c), in, out, 0, call, dl);
+      if (n == 1) {
+        if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
+        return leave(c.seq, call, dl);
+      }
+      std::vector<const char*> ins(static_cast<size_t>(n));
+      std::vector<const char*> outs(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        ins[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in);
+        outs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.out);
+      }
+      // The chunk keeps each rank's reduced part in cache until the peers copy it.
+      // Chunk k of the buffer is split into n parts of `part` elements (cache-line multiples);
+      // rank r reduces part r of every chunk, then copies the peers' parts of the previous chunk.
+      const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
+      const int64_t target = std::max<int64_t>(
+          align * n, static_cast<int64_t>(std::max<size_t>(g->config().host_chunk_bytes, 64) / es));
+      int64_t part = (std::min(target, N) + n - 1) / n;
+      part = (part + align - 1) / align * align;
+      const int64_t chunk = part * n;
+      const int64_t nchunks = N == 0 ? 0 : (N + chunk - 1) / chunk;
+      MESHRT_CHECK(nchunks < (int64_t{1} << kStepBits),
+                   "host all_reduce: " << N << " elements need too many chunks");
+      std::vector<const void*> srcs(static_cast<size_t>(n));
+      auto gather = [&](int64_t k) {
+        for (int t = 1; t < n; ++t) {
+          const int j = (rank + t) % n;
+          const int64_t lo = k * chunk + j * part;
+          const int64_t hi = std::min(N, lo + part);
+          if (lo >= hi) continue;
+          wait_progress(j, c.seq, static_cast<uint64_t>(k + 1), call, dl);
+          std::memcpy(out + lo * static_cast<int64_t>(es),
+                      outs[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es),
+                      static_cast<size_t>(hi - lo) * es);
+        }
+      };
+      for (int64_t k = 0; k < nchunks; ++k) {
+        const int64_t lo = k * chunk + rank * part;
+        const int64_t hi = std::min(N, lo + part);
+        if (lo < hi) {
+          for (int j = 0; j < n; ++j) {
+            srcs[static_cast<size_t>(j)] =
+                ins[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es);
+          }
+          detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out + lo * static_cast<int64_t>(es),
+                              hi - lo, n);
+        }
+        publish_progress(c.seq, static_cast<uint64_t>(k + 1));
+        if (k > 0) gather(k - 1);
+      }
+      if (nchunks > 0) gather(nchunks - 1);
+      leave(c.seq, call, dl);
+    }
+
+    void reduce_scatter(const Call& c, const std::string& call, const Deadline& dl) {
+      const int n = g->size();
+      const size_t es = dtype_size(c.dtype);
+      const int64_t N = c.count;
+      char* out = static_cast<char*>(c.out.data_ptr());
+      const char* in = static_cast<const char*>(c.in.data_ptr());
+      enter(sig_of(c), in, out, 0, call, dl);
+      if (N > 0) {
+        std::vector<const void*> srcs(static_cast<size_t>(n));
+        for (int j = 0; j < n; ++j) {
+          srcs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in) +
+                                         static_cast<size_t>(rank) * static_cast<size_t>(N) * es;
+        }
+        detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, N, n);
+      }
+      leave(c.seq, call, dl);
+    }
+
+    void all_gather(const Call& c, const std::string& call, const Deadline& dl) {
+      const int n = g->size();
+      const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+      char* out = static_cast<char*>(c.out.data_ptr());
+      const char* in = static_cast<const char*>(c.in.data_ptr());
+      enter(sig_of(c), in, out, 0, call, dl);
+      if (bytes > 0) {
+        for (int t = 0; t < n; ++t) {
+          const int j = (rank + t) % n;
+          char* dst = out + static_cast<size_t>(j) * bytes;
+          const char* src = j == rank ? in : static_cast<const char*>(g->slot(j).desc.in);
+          if (dst != src) std::memcpy(dst, src, bytes);
+        }
+      }
+      leave(c.seq, call, dl);
+    }
+
+    void broadcast(const Call& c, const std::string& call, const Deadline& dl) {
+      const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+      char* out = static_cast<char*>(c.out.data_ptr());
+      const char* in = static_cast<const char*>(c.in.data_ptr());
+      enter(sig_of(c), in, out, 0, call, dl);
+      if (bytes > 0) {
+        const char* src = rank == c.root ? in : static_cast<const char*>(g->slot(c.root).desc.in);
+        if (src != out) std::memcpy(out, src, bytes);
+      }
+      leave(c.seq, call, dl);
+    }
+
+    void all_to_all(const Call& c, const std::string& call, const Deadline& dl) {
+      const int n = g->size();
+      const size_t block = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+      char* out = static_cast<char*>(c.out.data_ptr());
+      const char* in = static_cast<const char*>(c.in.data_ptr());
+      if (c.in_place && n > 1 && block > 0) {
+        // Peers read our blocks while we overwrite them: publish a staged copy instead.
+        scratch.resize(block * static_cast<size_t>(n));
+        std::memcpy(scratch.data(), in, scratch.size());
+        in = scratch.data();
+      }
+      enter(sig_of(c), in, out, 0, call, dl);
+      if (block > 0) {
+        for (int t = 0; t < n; ++t) {
+          const int j = (rank + t) % n;
+          const char* src = (j == rank ? in : static_cast<const char*>(g->slot(j).desc.in)) +
+                            static_cast<size_t>(rank) * block;
+          char* dst = out + static_cast<size_t>(j) * block;
+          if (dst != src) std::memcpy(dst, src, block);
+        }
+      }
+      leave(c.seq, call, dl);
+    }
+
+    std::string p2p_mismatch(const Mailbox& m, int sender, int receiver, uint64_t k) const {
+      std::ostringstream os;
+      os << "send/recv mismatch on group '" << g->name() << "': rank " << sender << " sends "
+         << dtype_name(m.dtype) << " count=" << m.count << " to rank " << receiver << " (message #"
+         << k << " between them) but rank " << receiver << " receives " << dtype_name(m.want_dtype)
+         << " count=" << m.want_count;
+      return os.str();
+    }
+
+    void send(const Call& c, const std::string& call, const Deadline& dl) {
+      Mailbox& m = g->mailbox(rank, c.peer);
+      const uint64_t k = c.seq;
+      m.ptr = c.in.data_ptr();
+      m.count = c.count;
+      m.dtype = c.dtype;
+      m.posted.store(k);
+      g->notify();
+      std::string what =
+          call + " to rank " + std::to_string(c.peer) + " (#" + std::to_string(k) + ")";
+      if (m.taken.load() < k) {
+        g->wait([&] { return m.taken.load() >= k; }, dl, context(what, k),
+                [&] {
+                  return timeout(
+                      what, k,
+                      "rank " + std::to_string(c.peer) + " never posted the matching recv");
+                });
+      }
+      if (!m.matched) throw CommError(p2p_mismatch(m, rank, c.peer, k));
+    }
+
+    void recv(const Call& c, const std::string& call, const Deadline& dl) {
+      Mailbox& m = g->mailbox(c.peer, rank);
+      const uint64_t k = c.seq;
+      std::string what =
+          call + " from rank " + std::to_string(c.peer) + " (#" + std::to_string(k) + ")";
+      if (m.posted.load() < k) {
+        g->wait([&] { return m.posted.load() >= k; }, dl, context(what, k),
+                [&] {
+                  return timeout(
+                      what, k,
+                      "rank " + std::to_string(c.peer) + " never posted the matching send");
+                });
+      }
+      m.want_count = c.count;
+      m.want_dtype = c.dtype;
+      m.matched = m.count == c.count && m.dtype == c.dtype;
+      if (m.matched && c.count > 0) {
+        std::memcpy(c.out.data_ptr(), m.ptr, static_cast<size_t>(c.count) * dtype_size(c.dtype));
+      }
+      const bool ok = m.matched;
+      std::string msg = ok ? std::string() : p2p_mismatch(m, c.peer, rank, k);
+      m.taken.store(k);
+      g->notify();
+      if (!ok) throw CommError(msg);
+    }
+
+    std::unique_ptr<Communicator> split(int color, int key, const std::string& name, uint64_t seq) {
+      Deadline dl = Deadline::after(g->config().timeout_s);
+      CallSig sig = CallSig::make(CommOp::Split, DType::f32, ReduceOp::Sum, 0, -1, seq);
+      sig.color = color;
+      const std::string call = sig.str();
+      detail::TicketOrder& order = orders.order(CommOp::Split, -1);
+      take_turn(order, call, seq, dl);
+      detail::TicketGuard guard(order, seq);
+      if (g->family().aborted()) g->throw_aborted(context(call, seq));
+      // CallSig::matches ignores the colour, which legitimately differs between ranks.
+      enter(sig, nullptr, nullptr, key, call, dl);
+      const int n = g->size();
+      Slot& me = g->slot(rank);
+      std::vector<std::pair<int, int>> members;  // (key, old rank)
+      for (int j = 0; j < n; ++j) {
+        if (color >= 0 && g->slot(j).desc.sig.color == color) {
+          members.push_back({g->slot(j).desc.key, j});
+        }
+      }
+      std::sort(members.begin(), members.end());
+      std::shared_ptr<HostGroup> ng;
+      int new_rank = -1;
+      int leader = -1;
+      if (color >= 0) {
+        leader = members.front().second;
+        for (size_t i = 0; i < members.size(); ++i) {
+          if (members[i].second == rank) new_rank = static_cast<int>(i);
+        }
+        if (leader == rank) {
+          me.split_out = HostGroup::create(static_cast<int>(members.size()), name, g->family_ptr(),
+                                           g->config());
+          publish_progress(seq, 1);
+          ng = me.split_out;
+        } else {
+          wait_progress(leader, seq, 1, call, dl);
+          ng = g->slot(leader).split_out;
+        }
+      }
+      leave(seq, call, dl);
+      if (leader == rank) me.split_out.reset();  // every member has its copy now
+      if (!ng) return nullptr;
+      return std::make_unique<HostComm>(ng, new_rank, dev);
+    }
+  };
+
+  std::shared_ptr<Engine> e_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_host_communicators(int n, const std::string& name,
+                                                                   CommConfig config) {
+  MESHRT_CHECK(n >= 1, "make_host_communicators: need at least one rank, got " << n);
+  auto family = std::make_shared<HostFamily>();
+  auto g = HostGroup::create(n, name, family, config);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.reserve(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<HostComm>(g, r, Device::cpu(r)));
+  return comms;
+}
+
+}  // namespace meshrt

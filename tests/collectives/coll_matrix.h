@@ -1,0 +1,130 @@
+// The op x dtype x in-place x size matrix, run by every rank of a communicator (any backend).
+#pragma once
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "coll_test_util.h"
+#include "collectives/communicator.h"
+
+namespace meshrt::test {
+
+inline const std::vector<DType>& comm_dtypes() {
+  static const std::vector<DType> d = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64};
+  return d;
+}
+
+struct MatrixStats {
+  int64_t ops = 0;
+};
+
+// Runs every collective on `comm` for every dtype, in place and out of place, for each element
+// count in `sizes`, checking each result exactly. Every rank must call this with the same
+// arguments. Returns the number of collectives run; failures go to `f`.
+inline int64_t run_matrix(Communicator& comm, Stream& s, const std::vector<int64_t>& sizes,
+                          Failures& f, uint64_t seed0 = 1) {
+  const int n = comm.size();
+  const int r = comm.rank();
+  uint64_t seed = seed0;
+  int64_t ops = 0;
+  struct OpCase {
+    CommOp op;
+    ReduceOp redop;
+  };
+  const std::vector<OpCase> cases = {
+      {CommOp::AllReduce, ReduceOp::Sum},     {CommOp::AllReduce, ReduceOp::Avg},
+      {CommOp::AllReduce, ReduceOp::Max},     {CommOp::AllReduce, ReduceOp::Min},
+      {CommOp::ReduceScatter, ReduceOp::Sum}, {CommOp::ReduceScatter, ReduceOp::Avg},
+      {CommOp::ReduceScatter, ReduceOp::Max}, {CommOp::ReduceScatter, ReduceOp::Min},
+      {CommOp::AllGather, ReduceOp::Sum},     {CommOp::Broadcast, ReduceOp::Sum},
+      {CommOp::AllToAll, ReduceOp::Sum}};
+  for (const OpCase& oc : cases) {
+    for (DType dt : comm_dtypes()) {
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        for (int64_t N : sizes) {
+          ++seed;
+          const int root = static_cast<int>(seed % static_cast<uint64_t>(n));
+          std::ostringstream ws;
+          ws << "n=" << n << " rank " << r << " " << comm_op_name(oc.op) << " "
+             << reduce_op_name(oc.redop) << " " << dtype_name(dt) << " "
+             << (in_place ? "in-place" : "out-of-place") << " count=" << N;
+          const std::string what = ws.str();
+          try {
+            switch (oc.op) {
+              case CommOp::AllReduce: {
+                Tensor in = host_tensor(N, dt);
+                fill_pattern(in, seed, r);
+                Tensor out = in_place ? in : host_tensor(N, dt);
+                if (!in_place) fill_value(out, 99);
+                comm.all_reduce(in, out, oc.redop, s).synchronize();
+                check_values(f, what, out, 0, N,
+                             [&](int64_t i) { return reduced(dt, oc.redop, seed, n, i); });
+                if (!in_place) {
+                  check_values(f, what + " (input untouched)", in, 0, N,
+                               [&](int64_t i) { return pattern(seed, r, i); });
+                }
+                break;
+              }
+              case CommOp::ReduceScatter: {
+                Tensor in = host_tensor(N * n, dt);
+                fill_pattern(in, seed, r);
+                Tensor out = in_place ? in.narrow(0, r * N, N) : host_tensor(N, dt);
+                comm.reduce_scatter(in, out, oc.redop, s).synchronize();
+                check_values(f, what, out, 0, N,
+                             [&](int64_t i) { return reduced(dt, oc.redop, seed, n, r * N + i); });
+                break;
+              }
+              case CommOp::AllGather: {
+                Tensor out = host_tensor(N * n, dt);
+                fill_value(out, 99);
+                Tensor in = in_place ? out.narrow(0, r * N, N) : host_tensor(N, dt);
+                fill_pattern(in, seed, r);
+                comm.all_gather(in, out, s).synchronize();
+                for (int j = 0; j < n; ++j) {
+                  check_values(f, what + " block " + std::to_string(j), out, j * N, N,
+                               [&](int64_t i) { return pattern(seed, j, i); });
+                }
+                break;
+              }
+              case CommOp::Broadcast: {
+                Tensor in = host_tensor(N, dt);
+                if (r == root) {
+                  fill_pattern(in, seed, r);
+                } else {
+                  fill_value(in, 77);
+                }
+                Tensor out = in_place ? in : host_tensor(N, dt);
+                if (!in_place) fill_value(out, 99);
+                comm.broadcast(in, out, root, s).synchronize();
+                check_values(f, what + " root " + std::to_string(root), out, 0, N,
+                             [&](int64_t i) { return pattern(seed, root, i); });
+                break;
+              }
+              case CommOp::AllToAll: {
+                Tensor in = host_tensor(N * n, dt);
+                fill_pattern(in, seed, r);
+                Tensor out = in_place ? in : host_tensor(N * n, dt);
+                comm.all_to_all(in, out, s).synchronize();
+                for (int j = 0; j < n; ++j) {
+                  check_values(f, what + " block " + std::to_string(j), out, j * N, N,
+                               [&](int64_t i) { return pattern(seed, j, r * N + i); });
+                }
+                break;
+              }
+              default:
+                break;
+            }
+          } catch (const std::exception& e) {
+            f.add(what + ": threw " + e.what());
+            throw;
+          }
+          ++ops;
+        }
+      }
+    }
+  }
+  return ops;
+}
+
+}  // namespace meshrt::test

@@ -1,0 +1,53 @@
+#include "tools/info.h"
+
+#include <mpi.h>
+
+#include <thread>
+
+#include "runtime/backend.h"
+#include "tools/build_info.h"
+
+extern "C" {
+char* openblas_get_config(void);
+int openblas_get_num_threads(void);
+int openblas_get_parallel(void);
+}
+
+namespace meshrt::cli {
+
+int run_info(std::ostream& os) {
+  os << "meshrt " << MESHRT_VERSION_STRING << "\n\n";
+  os << "devices\n";
+  os << "  cpu      " << std::thread::hardware_concurrency()
+     << " hardware threads (host ranks: --devices cpu:N)\n";
+  std::string why;
+  if (cuda_available(&why)) {
+    os << "  cuda     " << cuda_backend()->device_count(nullptr) << " device(s)\n";
+  } else {
+    os << "  cuda     unavailable: " << why << "\n";
+  }
+  os << "\nlibraries\n";
+  if (const DeviceBackend* be = cuda_backend()) os << "  cuda     " << be->versions() << "\n";
+  const char* par[] = {"sequential", "pthreads", "OpenMP"};
+  int p = openblas_get_parallel();
+  os << "  blas     OpenBLAS (" << openblas_get_config() << "), threading "
+     << (p >= 0 && p <= 2 ? par[p] : "?") << ", " << openblas_get_num_threads()
+     << " threads by default\n";
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  if (MPI_Get_library_version(mpi, &len) == MPI_SUCCESS) {
+    std::string v(mpi, static_cast<size_t>(len));
+    if (auto nl = v.find_first_of("\n,"); nl != std::string::npos) v.resize(nl);
+    os << "  mpi      " << v << "\n";
+  }
+  os << "\nbuild\n";
+  os << "  type     " << MESHRT_BUILD_TYPE << ", " << MESHRT_BUILD_COMPILER << "\n";
+  os << "  cuda     "
+     << (std::string(MESHRT_BUILD_CUDA) == "ON" ? "ON (arch " MESHRT_BUILD_CUDA_ARCHS ")" : "OFF")
+     << "\n";
+  os << "  sanitize "
+     << (std::string(MESHRT_BUILD_SANITIZE).empty() ? "none" : MESHRT_BUILD_SANITIZE) << "\n";
+  return 0;
+}
+
+}  // namespace meshrt::cli

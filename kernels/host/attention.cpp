@@ -1,0 +1,229 @@
+// Host scaled-dot-product attention: blocked with online softmax (flash-attention's algorithm on
+// BLAS tiles). Memory per task is O(block * head_dim); no seq x seq matrix is formed.
+#include <cblas.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/host/dispatch.h"
+#include "kernels/host/parallel.h"
+#include "kernels/host/reduce.h"
+#include "kernels/math.h"
+
+namespace meshrt::kernels::host {
+
+namespace {
+
+constexpr int64_t kBq = 64;  // query rows per block
+constexpr int64_t kBk = 64;  // key rows per block
+
+blasint bi(int64_t v) { return static_cast<blasint>(v); }
+
+// Rows [r0, r0 + n) of a [*, d] head as f32: the rows themselves for f32 storage, else
+// converted into buf.
+template <class T>
+const float* rows_f32(const T* head, int64_t r0, int64_t n, int64_t d, float* buf) {
+  if constexpr (sizeof(T) == 4) {
+    return head + r0 * d;
+  } else {
+    for (int64_t r = 0; r < n; ++r) load_row(head + (r0 + r) * d, buf + r * d, d);
+    return buf;
+  }
+}
+
+struct AttnDims {
+  int64_t bh, sq, sk, d;
+};
+
+AttnDims dims_of(const Tensor& q, const Tensor& k) {
+  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3)};
+}
+
+// Applies the causal mask to a score tile: query row i0 + r sees keys <= i0 + r.
+void mask_tile(float* s, int64_t bq, int64_t bk, int64_t i0, int64_t k0) {
+  for (int64_t r = 0; r < bq; ++r) {
+    int64_t first_masked = i0 + r + 1 - k0;  // columns c >= this are masked
+    for (int64_t c = std::max<int64_t>(first_masked, 0); c < bk; ++c) s[r * bk + c] = -kmath::kInf;
+  }
+}
+
+template <class T>
+void attention_fwd_block(const AttnDims& D, const T* q, const T* k, const T* v, T* out, float* lse,
+                         float scale, bool causal, int64_t head, int64_t i0) {
+  const int64_t d = D.d;
+  const int64_t bq = std::min(kBq, D.sq - i0);
+  const T* qh = q + head * D.sq * d;
+  const T* kh = k + head * D.sk * d;
+  const T* vh = v + head * D.sk * d;
+  float* qs = scratch_f32(0, static_cast<size_t>(kBq * d));
+  float* kbuf = scratch_f32(1, static_cast<size_t>(kBk * d));
+  float* vbuf = scratch_f32(2, static_cast<size_t>(kBk * d));
+  float* s = scratch_f32(3, static_cast<size_t>(kBq * kBk));
+  float* o = scratch_f32(4, static_cast<size_t>(kBq * d));
+  float* ml = scratch_f32(5, static_cast<size_t>(2 * kBq));
+  float* m = ml;
+  float* l = ml + kBq;
+  // Scale folded into Q: scores come out of sgemm already scaled.
+  for (int64_t r = 0; r < bq; ++r) {
+    const T* src = qh + (i0 + r) * d;
+    for (int64_t j = 0; j < d; ++j) qs[r * d + j] = scale * load_f32(src, j);
+  }
+  std::fill(o, o + bq * d, 0.f);
+  std::fill(m, m + bq, -kmath::kInf);
+  std::fill(l, l + bq, 0.f);
+  const int64_t k_end = causal ? std::min(D.sk, i0 + bq) : D.sk;
+  for (int64_t k0 = 0; k0 < k_end; k0 += kBk) {
+    const int64_t bk = std::min(kBk, k_end - k0);
+    const float* kb = rows_f32(kh, k0, bk, d, kbuf);
+    const float* vb = rows_f32(vh, k0, bk, d, vbuf);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(bq), bi(bk), bi(d), 1.0f, qs, bi(d), kb,
+                bi(d), 0.0f, s, bi(bk));
+    if (causal && k0 + bk - 1 > i0) mask_tile(s, bq, bk, i0, k0);
+    for (int64_t r = 0; r < bq; ++r) {
+      float* sr = s + r * bk;
+      float mt = max_f32(sr, bk);
+      float mn = kmath::max_f(m[r], mt);
+      float alpha = kmath::exp_diff(m[r], mn);
+      for (int64_t c = 0; c < bk; ++c) sr[c] = kmath::exp_diff(sr[c], mn);
+      l[r] = l[r] * alpha + sum_f32(sr, bk);
+      m[r] = mn;
+      if (alpha != 1.f) {
+        float* orow = o + r * d;
+        for (int64_t j = 0; j < d; ++j) orow[j] *= alpha;
+      }
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(bq), bi(d), bi(bk), 1.0f, s, bi(bk),
+                vb, bi(d), 1.0f, o, bi(d));
+  }
+  T* oh = out + head * D.sq * d;
+  float* lh = lse + head * D.sq;
+  for (int64_t r = 0; r < bq; ++r) {
+    float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
+    T* dst = oh + (i0 + r) * d;
+    for (int64_t j = 0; j < d; ++j) store_f32(dst, j, o[r * d + j] * inv);
+    lh[i0 + r] = kmath::softmax_lse(kmath::SoftmaxState{m[r], l[r]});
+  }
+}
+
+// Whole head [rows, d] as f32 (a view for f32 storage, else converted into buf).
+template <class T>
+const float* head_f32(const T* p, int64_t rows, int64_t d, std::vector<float>& buf) {
+  if constexpr (sizeof(T) == 4) {
+    return p;
+  } else {
+    buf.resize(static_cast<size_t>(rows * d));
+    for (int64_t i = 0; i < rows * d; ++i) buf[static_cast<size_t>(i)] = load_f32(p, i);
+    return buf.data();
+  }
+}
+
+template <class T>
+void attention_bwd_head(const AttnDims& D, const T* q, const T* k, const T* v, const T* out,
+                        const T* dout, const float* lse, T* dq, T* dk, T* dv, float scale,
+                        bool causal, int64_t head) {
+  const int64_t d = D.d, sq = D.sq, sk = D.sk;
+  std::vector<float> qb, kb, vb, ob, gb;
+  const float* Q = head_f32(q + head * sq * d, sq, d, qb);
+  const float* K = head_f32(k + head * sk * d, sk, d, kb);
+  const float* V = head_f32(v + head * sk * d, sk, d, vb);
+  const float* O = head_f32(out + head * sq * d, sq, d, ob);
+  const float* dO = head_f32(dout + head * sq * d, sq, d, gb);
+  const float* L = lse + head * sq;
+  // D_i = rowsum(dO_i * O_i): the softmax-backward correction, once per query row.
+  std::vector<float> Di(static_cast<size_t>(sq));
+  for (int64_t i = 0; i < sq; ++i) Di[static_cast<size_t>(i)] = dot_f32(dO + i * d, O + i * d, d);
+  std::vector<float> dQ(static_cast<size_t>(sq * d), 0.f);
+  std::vector<float> dK(static_cast<size_t>(kBk * d)), dV(static_cast<size_t>(kBk * d));
+  std::vector<float> P(static_cast<size_t>(kBq * kBk)), dP(static_cast<size_t>(kBq * kBk));
+  for (int64_t k0 = 0; k0 < sk; k0 += kBk) {
+    const int64_t bk = std::min(kBk, sk - k0);
+    const float* Kj = K + k0 * d;
+    const float* Vj = V + k0 * d;
+    std::fill(dK.begin(), dK.end(), 0.f);
+    std::fill(dV.begin(), dV.end(), 0.f);
+    // Causal: query rows before k0 see none of these keys.
+    const int64_t i_first = causal ? (k0 / kBq) * kBq : 0;
+    for (int64_t i0 = i_first; i0 < sq; i0 += kBq) {
+      const int64_t bq = std::min(kBq, sq - i0);
+      const float* Qi = Q + i0 * d;
+      const float* dOi = dO + i0 * d;
+      float* p = P.data();
+      float* dp = dP.data();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(bq), bi(bk), bi(d), scale, Qi, bi(d),
+                  Kj, bi(d), 0.0f, p, bi(bk));
+      if (causal && k0 + bk - 1 > i0) mask_tile(p, bq, bk, i0, k0);
+      for (int64_t r = 0; r < bq; ++r) {
+        float lr = L[i0 + r];
+        float* pr = p + r * bk;
+        for (int64_t c = 0; c < bk; ++c) pr[c] = kmath::exp_diff(pr[c], lr);
+      }
+      // dV_j += P^T dO_i
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(bk), bi(d), bi(bq), 1.0f, p, bi(bk),
+                  dOi, bi(d), 1.0f, dV.data(), bi(d));
+      // dP = dO_i V_j^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(bq), bi(bk), bi(d), 1.0f, dOi, bi(d),
+                  Vj, bi(d), 0.0f, dp, bi(bk));
+      // dS = P * (dP - D_i), stored in dp
+      for (int64_t r = 0; r < bq; ++r) {
+        float di = Di[static_cast<size_t>(i0 + r)];
+        float* dpr = dp + r * bk;
+        const float* pr = p + r * bk;
+        for (int64_t c = 0; c < bk; ++c) dpr[c] = pr[c] * (dpr[c] - di);
+      }
+      // dK_j += scale dS^T Q_i ; dQ_i += scale dS K_j
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(bk), bi(d), bi(bq), scale, dp, bi(bk),
+                  Qi, bi(d), 1.0f, dK.data(), bi(d));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(bq), bi(d), bi(bk), scale, dp,
+                  bi(bk), Kj, bi(d), 1.0f, dQ.data() + i0 * d, bi(d));
+    }
+    store_row(dk + head * sk * d + k0 * d, dK.data(), bk * d);
+    store_row(dv + head * sk * d + k0 * d, dV.data(), bk * d);
+  }
+  store_row(dq + head * sq * d, dQ.data(), sq * d);
+}
+
+}  // namespace
+
+void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, float scale, bool causal) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, q, k, v, out, lse, scale, causal] {
+    ensure_blas_single_threaded();
+    const AttnDims D = dims_of(q, k);
+    const int64_t qblocks = (D.sq + kBq - 1) / kBq;
+    dispatch_float(q.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* pq = q.data<T>();
+      const T* pk = k.data<T>();
+      const T* pv = v.data<T>();
+      T* po = out.data<T>();
+      float* pl = lse.data<float>();
+      tp->run(D.bh * qblocks, [&](int64_t t) {
+        int64_t head = t / qblocks;
+        int64_t i0 = (t % qblocks) * kBq;
+        attention_fwd_block<T>(D, pq, pk, pv, po, pl, scale, causal, head, i0);
+      });
+    });
+  });
+}
+
+void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv, float scale, bool causal) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, q, k, v, out, dout, lse, dq, dk, dv, scale, causal] {
+    ensure_blas_single_threaded();
+    const AttnDims D = dims_of(q, k);
+    dispatch_float(q.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      tp->run(D.bh, [&](int64_t head) {
+        attention_bwd_head<T>(D, q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
+                              dout.data<T>(), lse.data<float>(), dq.data<T>(), dk.data<T>(),
+                              dv.data<T>(), scale, causal, head);
+      });
+    });
+  });
+}
+
+}  // namespace meshrt::kernels::host

@@ -1,0 +1,83 @@
+// Host dtype dispatch: one switch per op call, then templated loops (no dtype branches inside).
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/half.h"
+
+namespace meshrt::kernels::host {
+
+// Calls f(T{}) with T the storage type of a floating dtype.
+template <class F>
+void dispatch_float(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::bf16:
+      f(bf16{});
+      return;
+    case DType::f16:
+      f(f16{});
+      return;
+    default:
+      break;
+  }
+  MESHRT_FAIL("kernels: dtype " << dtype_name(dt) << " is not a floating type");
+}
+
+// Calls f(T{}) with T the storage type of an index dtype (i32 / i64).
+template <class F>
+void dispatch_index(DType dt, F&& f) {
+  switch (dt) {
+    case DType::i32:
+      f(int32_t{});
+      return;
+    case DType::i64:
+      f(int64_t{});
+      return;
+    default:
+      break;
+  }
+  MESHRT_FAIL("kernels: dtype " << dtype_name(dt) << " is not an index type");
+}
+
+// Calls f(T{}) for any dtype.
+template <class F>
+void dispatch_any(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::bf16:
+      f(bf16{});
+      return;
+    case DType::f16:
+      f(f16{});
+      return;
+    case DType::i32:
+      f(int32_t{});
+      return;
+    case DType::i64:
+      f(int64_t{});
+      return;
+    case DType::u8:
+      f(uint8_t{});
+      return;
+  }
+  MESHRT_FAIL("kernels: unknown dtype " << static_cast<int>(dt));
+}
+
+// Converts n elements to f32 (contiguous; vectorizes for f32 / bf16).
+template <class T>
+inline void load_row(const T* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(src, i);
+}
+template <class T>
+inline void store_row(T* __restrict dst, const float* __restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) store_f32(dst, i, src[i]);
+}
+
+}  // namespace meshrt::kernels::host

@@ -1,0 +1,225 @@
+// Host elementwise ops: add / scale, cast, fill, bias + GeLU, dropout.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/host/dispatch.h"
+#include "kernels/host/parallel.h"
+#include "kernels/math.h"
+
+namespace meshrt::kernels::host {
+
+namespace {
+constexpr int64_t kGrain = 1 << 15;  // elements per parallel chunk
+
+// Rows per chunk so that a chunk holds about kGrain elements.
+int64_t row_grain(int64_t row_len) {
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, row_len));
+}
+}  // namespace
+
+void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor& out, float alpha,
+         float beta) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, a, b, out, alpha, beta] {
+    dispatch_float(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* pa = a.data<T>();
+      const T* pb = b.data<T>();
+      T* po = out.data<T>();
+      tp->parallel_for(out.numel(), kGrain, [=](int64_t lo, int64_t hi) {
+        if (beta == 0.f) {
+          for (int64_t i = lo; i < hi; ++i) store_f32(po, i, alpha * load_f32(pa, i));
+        } else if (alpha == 1.f && beta == 1.f) {
+          for (int64_t i = lo; i < hi; ++i) store_f32(po, i, load_f32(pa, i) + load_f32(pb, i));
+        } else {
+          for (int64_t i = lo; i < hi; ++i)
+            store_f32(po, i, alpha * load_f32(pa, i) + beta * load_f32(pb, i));
+        }
+      });
+    });
+  });
+}
+
+void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, x, out] {
+    dispatch_float(x.dtype(), [&](auto tin) {
+      using In = decltype(tin);
+      dispatch_float(out.dtype(), [&](auto tout) {
+        using Out = decltype(tout);
+        const In* px = x.data<In>();
+        Out* po = out.data<Out>();
+        tp->parallel_for(out.numel(), kGrain, [=](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) store_f32(po, i, load_f32(px, i));
+        });
+      });
+    });
+  });
+}
+
+void fill(Context& ctx, Stream& s, const Tensor& out, double value) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, out, value] {
+    dispatch_any(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T v;
+      if constexpr (sizeof(T) == 2) {
+        v = T::from_float(static_cast<float>(value));
+      } else {
+        v = static_cast<T>(value);
+      }
+      T* po = out.data<T>();
+      tp->parallel_for(out.numel(), kGrain,
+                       [=](int64_t lo, int64_t hi) { std::fill(po + lo, po + hi, v); });
+    });
+  });
+}
+
+namespace {
+template <ops::GeluKind K>
+inline float gelu(float x) {
+  if constexpr (K == ops::GeluKind::Tanh) {
+    return kmath::gelu_tanh(x);
+  } else {
+    return kmath::gelu_erf(x);
+  }
+}
+template <ops::GeluKind K>
+inline float gelu_grad(float x) {
+  if constexpr (K == ops::GeluKind::Tanh) {
+    return kmath::gelu_tanh_grad(x);
+  } else {
+    return kmath::gelu_erf_grad(x);
+  }
+}
+
+template <class F>
+void dispatch_gelu(ops::GeluKind k, F&& f) {
+  if (k == ops::GeluKind::Tanh) {
+    f(std::integral_constant<ops::GeluKind, ops::GeluKind::Tanh>{});
+  } else {
+    f(std::integral_constant<ops::GeluKind, ops::GeluKind::Erf>{});
+  }
+}
+}  // namespace
+
+void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias, const Tensor& y,
+                   ops::GeluKind kind) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, x, bias, y, kind] {
+    const int64_t n = row_len(x), rows = row_count(x);
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      dispatch_gelu(kind, [&](auto kc) {
+        constexpr ops::GeluKind K = decltype(kc)::value;
+        const T* px = x.data<T>();
+        const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+        T* py = y.data<T>();
+        tp->parallel_for(rows, row_grain(n), [=](int64_t r0, int64_t r1) {
+          float* bf = scratch_f32(0, static_cast<size_t>(n));
+          if (pb) {
+            load_row(pb, bf, n);
+          } else {
+            std::fill(bf, bf + n, 0.f);
+          }
+          for (int64_t r = r0; r < r1; ++r) {
+            const T* xr = px + r * n;
+            T* yr = py + r * n;
+            for (int64_t j = 0; j < n; ++j) store_f32(yr, j, gelu<K>(load_f32(xr, j) + bf[j]));
+          }
+        });
+      });
+    });
+  });
+}
+
+void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& bias,
+                   const Tensor& dx, const Tensor& dbias, ops::GeluKind kind, bool accumulate) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, dy, x, bias, dx, dbias, kind, accumulate] {
+    const int64_t n = row_len(x), rows = row_count(x);
+    // Fixed row chunks (independent of the thread count) reduced in order: dbias is
+    // deterministic whatever the pool size.
+    int64_t rpc = row_grain(n);
+    int64_t chunks = (rows + rpc - 1) / rpc;
+    if (chunks > 64) {
+      rpc = (rows + 63) / 64;
+      chunks = (rows + rpc - 1) / rpc;
+    }
+    const bool want_db = dbias.defined();
+    std::vector<float> partial(want_db ? static_cast<size_t>(chunks * n) : 0, 0.f);
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      dispatch_gelu(kind, [&](auto kc) {
+        constexpr ops::GeluKind K = decltype(kc)::value;
+        const T* px = x.data<T>();
+        const T* pdy = dy.data<T>();
+        const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+        T* pdx = dx.data<T>();
+        float* part = partial.data();
+        tp->run(chunks, [=](int64_t c) {
+          float* bf = scratch_f32(0, static_cast<size_t>(n));
+          if (pb) {
+            load_row(pb, bf, n);
+          } else {
+            std::fill(bf, bf + n, 0.f);
+          }
+          float* acc = want_db ? part + c * n : nullptr;
+          int64_t r1 = std::min(rows, (c + 1) * rpc);
+          for (int64_t r = c * rpc; r < r1; ++r) {
+            const T* xr = px + r * n;
+            const T* dyr = pdy + r * n;
+            T* dxr = pdx + r * n;
+            if (acc) {
+              for (int64_t j = 0; j < n; ++j) {
+                float g = load_f32(dyr, j) * gelu_grad<K>(load_f32(xr, j) + bf[j]);
+                store_f32(dxr, j, g);
+                acc[j] += g;
+              }
+            } else {
+              for (int64_t j = 0; j < n; ++j)
+                store_f32(dxr, j, load_f32(dyr, j) * gelu_grad<K>(load_f32(xr, j) + bf[j]));
+            }
+          }
+        });
+        if (want_db) {
+          T* pdb = dbias.data<T>();
+          tp->parallel_for(n, 1024, [=](int64_t j0, int64_t j1) {
+            for (int64_t j = j0; j < j1; ++j) {
+              float sum = accumulate ? load_f32(pdb, j) : 0.f;
+              for (int64_t c = 0; c < chunks; ++c) sum += part[c * n + j];
+              store_f32(pdb, j, sum);
+            }
+          });
+        }
+      });
+    });
+  });
+}
+
+void dropout(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
+             uint64_t offset, int64_t index_base) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, x, y, p, seed, offset, index_base] {
+    const float inv = 1.0f / (1.0f - p);
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* px = x.data<T>();
+      T* py = y.data<T>();
+      tp->parallel_for(x.numel(), kGrain, [=](int64_t lo, int64_t hi) {
+        int64_t i = lo;
+        uint64_t gi = static_cast<uint64_t>(index_base + lo);
+        while (i < hi) {
+          Philox4 r = philox_draw(seed, offset, gi >> 2);
+          for (unsigned w = static_cast<unsigned>(gi & 3u); w < 4u && i < hi; ++w, ++i, ++gi) {
+            float v = kmath::dropout_keep_word(r.v[w], p) ? load_f32(px, i) * inv : 0.f;
+            store_f32(py, i, v);
+          }
+        }
+      });
+    });
+  });
+}
+
+}  // namespace meshrt::kernels::host

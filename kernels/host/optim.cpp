@@ -1,0 +1,110 @@
+// Host multi-tensor AdamW and SGD-with-momentum updates.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/host/dispatch.h"
+#include "kernels/host/parallel.h"
+#include "kernels/math.h"
+
+namespace meshrt::kernels::host {
+
+namespace {
+constexpr int64_t kChunk = 1 << 15;
+
+struct Piece {
+  size_t tensor;
+  int64_t begin, end;
+};
+
+// Splits every tensor into chunks so one pool run covers the whole group.
+std::vector<Piece> pieces_of(const std::vector<Tensor>& params) {
+  std::vector<Piece> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    int64_t n = params[i].numel();
+    for (int64_t b = 0; b < n; b += kChunk) out.push_back({i, b, std::min(n, b + kChunk)});
+  }
+  return out;
+}
+
+// Calls f(P{}, G{}) for a (param, grad) dtype pair; grad is the param's dtype or f32.
+template <class F>
+void dispatch_pg(DType p, DType g, F&& f) {
+  dispatch_float(p, [&](auto pt) {
+    using P = decltype(pt);
+    if (g == DType::f32) {
+      f(pt, float{});
+    } else {
+      f(pt, P{});
+    }
+  });
+}
+}  // namespace
+
+void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,
+                  std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
+                  std::span<const Tensor> exp_avg_sq, const ops::AdamWConfig& cfg) {
+  ThreadPool* tp = &pool(ctx);
+  kmath::AdamWScalars c;
+  c.lr = cfg.lr;
+  c.beta1 = cfg.beta1;
+  c.beta2 = cfg.beta2;
+  c.eps = cfg.eps;
+  c.decay = 1.0f - cfg.lr * cfg.weight_decay;
+  double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(cfg.step));
+  double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(cfg.step));
+  c.step_size = static_cast<float>(cfg.lr / bc1);
+  c.bc2_sqrt_inv = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.grad_scale = cfg.grad_scale;
+  std::vector<Tensor> P(params.begin(), params.end()), G(grads.begin(), grads.end()),
+      M(exp_avg.begin(), exp_avg.end()), V(exp_avg_sq.begin(), exp_avg_sq.end());
+  s.enqueue([tp, P, G, M, V, c] {
+    std::vector<Piece> pieces = pieces_of(P);
+    tp->run(static_cast<int64_t>(pieces.size()), [&](int64_t t) {
+      const Piece& pc = pieces[static_cast<size_t>(t)];
+      const size_t i = pc.tensor;
+      dispatch_pg(P[i].dtype(), G[i].dtype(), [&](auto ptag, auto gtag) {
+        using PT = decltype(ptag);
+        using GT = decltype(gtag);
+        PT* p = P[i].data<PT>();
+        const GT* g = G[i].data<GT>();
+        float* m = M[i].data<float>();
+        float* v = V[i].data<float>();
+        for (int64_t j = pc.begin; j < pc.end; ++j) {
+          float nv = kmath::adamw_step(load_f32(p, j), load_f32(g, j), m[j], v[j], c);
+          store_f32(p, j, nv);
+        }
+      });
+    });
+  });
+}
+
+void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params,
+                         std::span<const Tensor> grads, std::span<const Tensor> bufs,
+                         const ops::SgdConfig& cfg) {
+  ThreadPool* tp = &pool(ctx);
+  kmath::SgdScalars c{cfg.lr,         cfg.momentum, cfg.dampening,   cfg.weight_decay,
+                      cfg.grad_scale, cfg.nesterov, cfg.init_buffers};
+  std::vector<Tensor> P(params.begin(), params.end()), G(grads.begin(), grads.end()),
+      B(bufs.begin(), bufs.end());
+  s.enqueue([tp, P, G, B, c] {
+    std::vector<Piece> pieces = pieces_of(P);
+    tp->run(static_cast<int64_t>(pieces.size()), [&](int64_t t) {
+      const Piece& pc = pieces[static_cast<size_t>(t)];
+      const size_t i = pc.tensor;
+      dispatch_pg(P[i].dtype(), G[i].dtype(), [&](auto ptag, auto gtag) {
+        using PT = decltype(ptag);
+        using GT = decltype(gtag);
+        PT* p = P[i].data<PT>();
+        const GT* g = G[i].data<GT>();
+        float* b = B[i].data<float>();
+        for (int64_t j = pc.begin; j < pc.end; ++j) {
+          store_f32(p, j, kmath::sgd_step(load_f32(p, j), load_f32(g, j), b[j], c));
+        }
+      });
+    });
+  });
+}
+
+}  // namespace meshrt::kernels::host

@@ -1,0 +1,192 @@
+#include "kernels/host/parallel.h"
+
+#include <cblas.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/ops.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+
+namespace meshrt::kernels::host {
+
+struct ThreadPool::Job {
+  const std::function<void(int64_t)>* fn = nullptr;
+  int64_t ntasks = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::exception_ptr error;
+
+  // Runs tasks until none are left; returns whether it ran any.
+  bool work() {
+    bool any = false;
+    for (;;) {
+      int64_t t = next.fetch_add(1, std::memory_order_relaxed);
+      if (t >= ntasks) break;
+      any = true;
+      try {
+        (*fn)(t);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!error) error = std::current_exception();
+      }
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == ntasks) {
+        std::lock_guard<std::mutex> lk(mu);
+        cv.notify_all();
+      }
+    }
+    return any;
+  }
+};
+
+ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
+  int helpers = threads_ - 1;
+  int world = log_world();
+  int rank = log_rank();
+  workers_.reserve(static_cast<size_t>(helpers));
+  for (int i = 0; i < helpers; ++i) {
+    workers_.emplace_back([this, rank, world] {
+      set_log_rank(rank, world);
+      worker_loop();
+    });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker_loop() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stop_
+      job = jobs_.front();
+    }
+    if (!job->work()) {
+      // Exhausted: drop it from the queue so the next job is picked up.
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!jobs_.empty() && jobs_.front() == job) jobs_.pop_front();
+    }
+  }
+}
+
+void ThreadPool::run(int64_t ntasks, const std::function<void(int64_t)>& fn) {
+  if (ntasks <= 0) return;
+  if (ntasks == 1 || workers_.empty()) {
+    for (int64_t t = 0; t < ntasks; ++t) fn(t);
+    return;
+  }
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->ntasks = ntasks;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    jobs_.push_back(job);
+  }
+  if (ntasks - 1 >= static_cast<int64_t>(workers_.size())) {
+    cv_.notify_all();
+  } else {
+    for (int64_t i = 0; i < ntasks - 1; ++i) cv_.notify_one();
+  }
+  job->work();
+  {
+    std::unique_lock<std::mutex> lk(job->mu);
+    job->cv.wait(lk, [&] { return job->done.load(std::memory_order_acquire) == ntasks; });
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = std::find(jobs_.begin(), jobs_.end(), job);
+    if (it != jobs_.end()) jobs_.erase(it);
+  }
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  int64_t max_chunks = static_cast<int64_t>(threads_) * 4;
+  int64_t chunks = std::min<int64_t>(max_chunks, (n + grain - 1) / grain);
+  if (chunks <= 1 || threads_ == 1) {
+    fn(0, n);
+    return;
+  }
+  int64_t per = (n + chunks - 1) / chunks;
+  chunks = (n + per - 1) / per;
+  run(chunks, [&](int64_t c) {
+    int64_t b = c * per;
+    int64_t e = std::min(n, b + per);
+    fn(b, e);
+  });
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  unsigned h = std::thread::hardware_concurrency();
+  return h > 0 ? static_cast<int>(h) : 1;
+}
+
+namespace {
+int threads_for(const Context& ctx) {
+  if (const char* env = std::getenv("MESHRT_HOST_THREADS")) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    MESHRT_CHECK(end != env && *end == '\0' && v >= 1 && v <= 4096,
+                 "MESHRT_HOST_THREADS='" << env << "' must be an integer in [1, 4096]");
+    return static_cast<int>(v);
+  }
+  int ranks = std::max(1, ctx.local_ranks());
+  return std::max(1, usable_cores() / ranks);
+}
+}  // namespace
+
+ThreadPool& pool(Context& ctx) {
+  return ctx.state<ThreadPool>("kernels.host.pool", [&ctx] {
+    int n = threads_for(ctx);
+    MESHRT_LOG_DEBUG("kernels: host pool of " << n << " threads (" << usable_cores() << " cores, "
+                                              << ctx.local_ranks() << " local ranks)");
+    return std::make_shared<ThreadPool>(n);
+  });
+}
+
+void ensure_blas_single_threaded() {
+  static std::mutex mu;
+  if (openblas_get_num_threads() != 1) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  }
+}
+
+float* scratch_f32(int slot, size_t n) {
+  constexpr int kSlots = 8;
+  thread_local std::vector<float> bufs[kSlots];
+  MESHRT_CHECK(slot >= 0 && slot < kSlots, "scratch slot " << slot << " out of range");
+  auto& b = bufs[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+}  // namespace meshrt::kernels::host
+
+namespace meshrt::ops {
+int host_threads(Context& ctx) { return kernels::host::pool(ctx).size(); }
+}  // namespace meshrt::ops

@@ -1,0 +1,196 @@
+// Row softmax and fused causal attention: double references and finite differences.
+#include <cmath>
+
+#include "helpers.h"
+
+using namespace kt;
+namespace ops = meshrt::ops;
+
+TEST_CASE("softmax_rows forward and backward match references", "[softmax]") {
+  Host h;
+  auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
+  auto shape = GENERATE(Shape{1, 1}, Shape{5, 7}, Shape{2, 3, 33}, Shape{17, 1000});
+  const float scale = 0.7f;
+  const int64_t n = shape[shape.ndim() - 1], rows = shape.numel() / n;
+  Tensor x = rand_tensor(h, shape, dt, 1, -5, 5), dy = rand_tensor(h, shape, dt, 2);
+  Vec xv = read(h, x), dyv = read(h, dy);
+  Tensor y = h.ctx.empty(shape, dt), dx = h.ctx.empty(shape, dt);
+  ops::softmax_rows_fwd(h.ctx, h.s(), x, y, scale);
+  Vec yv = read(h, y);
+  ops::softmax_rows_bwd(h.ctx, h.s(), y, dy, dx, scale);
+  Vec yref(xv.size()), dxref(xv.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -1e300, s = 0;
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * xv[r * n + j]);
+    for (int64_t j = 0; j < n; ++j) s += std::exp(scale * xv[r * n + j] - m);
+    for (int64_t j = 0; j < n; ++j) yref[r * n + j] = std::exp(scale * xv[r * n + j] - m) / s;
+    // Backward from the kernel's own y (as training does).
+    double d = 0;
+    for (int64_t j = 0; j < n; ++j) d += yv[r * n + j] * dyv[r * n + j];
+    for (int64_t j = 0; j < n; ++j) dxref[r * n + j] = scale * yv[r * n + j] * (dyv[r * n + j] - d);
+  }
+  std::string tag = dt_name(dt) + " " + shape.str();
+  check_close(yv, yref, tol_for(dt, 1e-5), "softmax fwd " + tag, 0.01);
+  check_close(read(h, dx), dxref, tol_for(dt, 1e-5), "softmax bwd " + tag, 0.05);
+}
+
+TEST_CASE("softmax_rows backward matches finite differences", "[softmax][fd]") {
+  Host h;
+  const Shape shape{3, 9};
+  Vec xv = uniform(27, 5, -2, 2), w = uniform(27, 6);
+  Tensor x = make(h, shape, DType::f32, xv), dy = make(h, shape, DType::f32, w);
+  Tensor y = h.ctx.empty(shape, DType::f32), dx = h.ctx.empty(shape, DType::f32);
+  auto fwd = [&] {
+    ops::softmax_rows_fwd(h.ctx, h.s(), x, y, 1.3f);
+    return dot(read(h, y), w);
+  };
+  fwd();
+  ops::softmax_rows_bwd(h.ctx, h.s(), y, dy, dx, 1.3f);
+  check_grad_fd(
+      [&](const Vec& v) {
+        write(h, x, v);
+        return fwd();
+      },
+      xv, read(h, dx), "softmax dx");
+}
+
+namespace {
+
+struct AttnRef {
+  Vec out, lse, dq, dk, dv;
+};
+
+// Naive attention in double over [bh, s, d] heads.
+// D_i = dO_i . O_i uses `o_stored` when given: the kernel's (rounded) output, as training does.
+AttnRef attn_ref(const Vec& q, const Vec& k, const Vec& v, const Vec& dout, int64_t bh, int64_t sq,
+                 int64_t sk, int64_t d, double scale, bool causal, const Vec* o_stored = nullptr) {
+  AttnRef r;
+  r.out.assign(q.size(), 0.0);
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(k.size(), 0.0);
+  r.dv.assign(v.size(), 0.0);
+  r.lse.assign(static_cast<size_t>(bh * sq), 0.0);
+  for (int64_t h = 0; h < bh; ++h) {
+    const double* Q = q.data() + h * sq * d;
+    const double* K = k.data() + h * sk * d;
+    const double* V = v.data() + h * sk * d;
+    const double* dO = dout.data() + h * sq * d;
+    double* O = r.out.data() + h * sq * d;
+    double* dQ = r.dq.data() + h * sq * d;
+    double* dK = r.dk.data() + h * sk * d;
+    double* dV = r.dv.data() + h * sk * d;
+    for (int64_t i = 0; i < sq; ++i) {
+      int64_t kend = causal ? i + 1 : sk;
+      Vec s(static_cast<size_t>(kend));
+      double m = -1e300;
+      for (int64_t j = 0; j < kend; ++j) {
+        double dotv = 0;
+        for (int64_t c = 0; c < d; ++c) dotv += Q[i * d + c] * K[j * d + c];
+        s[j] = scale * dotv;
+        m = std::max(m, s[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < kend; ++j) sum += std::exp(s[j] - m);
+      r.lse[h * sq + i] = m + std::log(sum);
+      Vec p(static_cast<size_t>(kend)), dp(static_cast<size_t>(kend));
+      for (int64_t j = 0; j < kend; ++j) p[j] = std::exp(s[j] - m) / sum;
+      for (int64_t j = 0; j < kend; ++j)
+        for (int64_t c = 0; c < d; ++c) O[i * d + c] += p[j] * V[j * d + c];
+      double di = 0;
+      for (int64_t j = 0; j < kend; ++j) {
+        dp[j] = 0;
+        for (int64_t c = 0; c < d; ++c) dp[j] += dO[i * d + c] * V[j * d + c];
+      }
+      const double* Os = o_stored ? o_stored->data() + h * sq * d : O;
+      for (int64_t c = 0; c < d; ++c) di += dO[i * d + c] * Os[i * d + c];
+      for (int64_t j = 0; j < kend; ++j) {
+        double ds = p[j] * (dp[j] - di);
+        for (int64_t c = 0; c < d; ++c) {
+          dQ[i * d + c] += scale * ds * K[j * d + c];
+          dK[j * d + c] += scale * ds * Q[i * d + c];
+          dV[j * d + c] += p[j] * dO[i * d + c];
+        }
+      }
+    }
+  }
+  return r;
+}
+
+struct AttnShape {
+  int64_t b, h, sq, sk, d;
+};
+
+}  // namespace
+
+TEST_CASE("attention forward and backward match a naive double reference", "[attention]") {
+  Host h;
+  auto dt = GENERATE(DType::f32, DType::bf16);
+  auto causal = GENERATE(true, false);
+  auto sh =
+      GENERATE(AttnShape{1, 1, 1, 1, 1}, AttnShape{1, 2, 17, 17, 8}, AttnShape{2, 3, 70, 70, 13},
+               AttnShape{1, 2, 130, 130, 64}, AttnShape{1, 1, 9, 23, 16});
+  if (causal && sh.sq != sh.sk) return;
+  const int64_t bh = sh.b * sh.h;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sh.d));
+  Shape qs{sh.b, sh.h, sh.sq, sh.d}, ks{sh.b, sh.h, sh.sk, sh.d};
+  Tensor q = rand_tensor(h, qs, dt, 1, -2, 2), k = rand_tensor(h, ks, dt, 2, -2, 2);
+  Tensor v = rand_tensor(h, ks, dt, 3), dout = rand_tensor(h, qs, dt, 4);
+  Tensor out = h.ctx.empty(qs, dt), lse = h.ctx.empty({sh.b, sh.h, sh.sq}, DType::f32);
+  Tensor dq = h.ctx.empty(qs, dt), dk = h.ctx.empty(ks, dt), dv = h.ctx.empty(ks, dt);
+  ops::attention_fwd(h.ctx, h.s(), q, k, v, out, lse, scale, causal);
+  ops::attention_bwd(h.ctx, h.s(), q, k, v, out, dout, lse, dq, dk, dv, scale, causal);
+  Vec out_stored = read(h, out);
+  AttnRef r = attn_ref(read(h, q), read(h, k), read(h, v), read(h, dout), bh, sh.sq, sh.sk, sh.d,
+                       scale, causal, &out_stored);
+  std::ostringstream tag;
+  tag << dt_name(dt) << (causal ? " causal" : " full") << " b=" << sh.b << " h=" << sh.h
+      << " sq=" << sh.sq << " sk=" << sh.sk << " d=" << sh.d;
+  const double tol = dt == DType::f32 ? 1e-4 : 3e-2;
+  check_close(read(h, out), r.out, tol, "attention out " + tag.str());
+  check_close(read(h, lse), r.lse, 1e-5, "attention lse " + tag.str());
+  check_close(read(h, dq), r.dq, tol, "attention dq " + tag.str());
+  check_close(read(h, dk), r.dk, tol, "attention dk " + tag.str());
+  check_close(read(h, dv), r.dv, tol, "attention dv " + tag.str());
+}
+
+TEST_CASE("attention backward matches finite differences", "[attention][fd]") {
+  Host h;
+  auto causal = GENERATE(true, false);
+  const Shape s{1, 2, 9, 4};
+  const int64_t n = s.numel();
+  const float scale = 0.5f;
+  Vec qv = uniform(n, 11, -1, 1), kv = uniform(n, 12, -1, 1), vv = uniform(n, 13),
+      w = uniform(n, 14);
+  Tensor q = make(h, s, DType::f32, qv), k = make(h, s, DType::f32, kv);
+  Tensor v = make(h, s, DType::f32, vv), dout = make(h, s, DType::f32, w);
+  Tensor out = h.ctx.empty(s, DType::f32), lse = h.ctx.empty({1, 2, 9}, DType::f32);
+  Tensor dq = h.ctx.empty(s, DType::f32), dk = h.ctx.empty(s, DType::f32),
+         dv = h.ctx.empty(s, DType::f32);
+  auto fwd = [&] {
+    ops::attention_fwd(h.ctx, h.s(), q, k, v, out, lse, scale, causal);
+    return dot(read(h, out), w);
+  };
+  fwd();
+  ops::attention_bwd(h.ctx, h.s(), q, k, v, out, dout, lse, dq, dk, dv, scale, causal);
+  Vec dqv = read(h, dq), dkv = read(h, dk), dvv = read(h, dv);
+  check_grad_fd(
+      [&](const Vec& x) {
+        write(h, q, x);
+        return fwd();
+      },
+      qv, dqv, "attention dq");
+  write(h, q, qv);
+  check_grad_fd(
+      [&](const Vec& x) {
+        write(h, k, x);
+        return fwd();
+      },
+      kv, dkv, "attention dk");
+  write(h, k, kv);
+  check_grad_fd(
+      [&](const Vec& x) {
+        write(h, v, x);
+        return fwd();
+      },
+      vv, dvv, "attention dv");
+}

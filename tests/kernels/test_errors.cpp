@@ -1,0 +1,117 @@
+// Shape, dtype and device mismatches raise meshrt::Error naming the op and the tensors.
+#include "helpers.h"
+#include "runtime/error.h"
+
+using namespace kt;
+using Catch::Matchers::Contains;
+namespace ops = meshrt::ops;
+
+namespace {
+// A tensor claiming to live on cuda:0 (never dereferenced: validation rejects it first).
+Tensor fake_cuda(const Shape& s, DType dt) {
+  static float dummy[64];
+  return Tensor::from_blob(dummy, s, dt, Device::cuda(0));
+}
+}  // namespace
+
+TEST_CASE("gemm rejects mismatched shapes, dtypes, layouts and devices", "[errors]") {
+  Host h;
+  Tensor a = h.ctx.empty({4, 5}, DType::f32), b = h.ctx.empty({6, 3}, DType::f32);
+  Tensor c = h.ctx.empty({4, 3}, DType::f32);
+  REQUIRE_THROWS_AS(ops::gemm(h.ctx, h.s(), a, false, b, false, c), meshrt::Error);
+  REQUIRE_THROWS_WITH(ops::gemm(h.ctx, h.s(), a, false, b, false, c),
+                      Contains("op gemm") && Contains("inner dims differ") &&
+                          Contains("f32[4, 5]") && Contains("f32[6, 3]"));
+  Tensor b2 = h.ctx.empty({5, 3}, DType::f32), cbad = h.ctx.empty({4, 4}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::gemm(h.ctx, h.s(), a, false, b2, false, cbad),
+                      Contains("op gemm") && Contains("c must be [4, 3]"));
+  Tensor bh = h.ctx.empty({5, 3}, DType::bf16);
+  REQUIRE_THROWS_WITH(ops::gemm(h.ctx, h.s(), a, false, bh, false, c),
+                      Contains("op gemm") && Contains("dtype mismatch"));
+  Tensor ah = h.ctx.empty({4, 5}, DType::bf16), ch = h.ctx.empty({4, 3}, DType::f16);
+  REQUIRE_THROWS_WITH(ops::gemm(h.ctx, h.s(), ah, false, bh, false, ch),
+                      Contains("op gemm") && Contains("must have a's dtype"));
+  Tensor bias = h.ctx.empty({4}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::gemm(h.ctx, h.s(), a, false, b2, false, c, 1, 0, &bias),
+                      Contains("op gemm") && Contains("bias") && Contains("[3]"));
+  REQUIRE_THROWS_WITH(ops::gemm(h.ctx, h.s(), fake_cuda({4, 5}, DType::f32), false, b2, false, c),
+                      Contains("op gemm") && Contains("cuda:0") && Contains("stream's device"));
+  // A view that is neither row-major nor a 2-D transpose.
+  Tensor big = h.ctx.empty({4, 10}, DType::f32);
+  Tensor strided = big.slice(1, 0, 10, 2);  // [4, 5] with column stride 2
+  REQUIRE_THROWS_WITH(ops::gemm(h.ctx, h.s(), strided, false, b2, false, c),
+                      Contains("op gemm") && Contains("make it contiguous"));
+  Tensor a3 = h.ctx.empty({2, 4, 5}, DType::f32), b3 = h.ctx.empty({3, 5, 3}, DType::f32);
+  Tensor c3 = h.ctx.empty({2, 4, 3}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::gemm_strided_batched(h.ctx, h.s(), a3, false, b3, false, c3),
+                      Contains("op gemm_strided_batched") && Contains("batch counts differ"));
+}
+
+TEST_CASE("elementwise and norm ops reject bad arguments, naming the op", "[errors]") {
+  Host h;
+  Tensor a = h.ctx.empty({3, 4}, DType::f32), b = h.ctx.empty({4, 3}, DType::f32);
+  Tensor o = h.ctx.empty({3, 4}, DType::f32), oh = h.ctx.empty({3, 4}, DType::bf16);
+  REQUIRE_THROWS_WITH(ops::add(h.ctx, h.s(), a, b, o),
+                      Contains("op add") && Contains("shape mismatch") && Contains("f32[3, 4]") &&
+                          Contains("f32[4, 3]"));
+  REQUIRE_THROWS_WITH(ops::add(h.ctx, h.s(), a, a, oh),
+                      Contains("op add") && Contains("dtype mismatch"));
+  REQUIRE_THROWS_WITH(ops::scale(h.ctx, h.s(), a, fake_cuda({3, 4}, DType::f32), 2.f),
+                      Contains("op scale") && Contains("cuda:0"));
+  REQUIRE_THROWS_WITH(ops::cast(h.ctx, h.s(), a, h.ctx.empty({3, 4}, DType::i32)),
+                      Contains("op cast") && Contains("f32, bf16 or f16"));
+  REQUIRE_THROWS_WITH(ops::add(h.ctx, h.s(), a.transpose(0, 1), b, b),
+                      Contains("op add") && Contains("contiguous"));
+  Tensor bias = h.ctx.empty({3}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::bias_gelu_fwd(h.ctx, h.s(), a, &bias, o),
+                      Contains("op bias_gelu_fwd") && Contains("bias") && Contains("[4]"));
+  REQUIRE_THROWS_WITH(ops::dropout_fwd(h.ctx, h.s(), a, o, 1.0f, 1, 2),
+                      Contains("op dropout_fwd") && Contains("[0, 1)"));
+  Tensor g = h.ctx.empty({4}, DType::f32), mean = h.ctx.empty({3}, DType::f32);
+  Tensor rstd2 = h.ctx.empty({2}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::layernorm_fwd(h.ctx, h.s(), a, g, nullptr, o, mean, rstd2),
+                      Contains("op layernorm_fwd") && Contains("rstd") && Contains("3 elements"));
+  REQUIRE_THROWS_WITH(ops::rmsnorm_fwd(h.ctx, h.s(), a, h.ctx.empty({4}, DType::bf16), o, mean),
+                      Contains("op rmsnorm_fwd") && Contains("gamma"));
+  REQUIRE_THROWS_WITH(ops::layernorm_bwd(h.ctx, h.s(), b, a, g, mean, mean, o, nullptr, nullptr),
+                      Contains("op layernorm_bwd") && Contains("shape mismatch"));
+  REQUIRE_THROWS_WITH(ops::softmax_rows_fwd(h.ctx, h.s(), a, b),
+                      Contains("op softmax_rows_fwd") && Contains("shape mismatch"));
+}
+
+TEST_CASE("attention, embedding, cross-entropy and optimizers reject bad arguments", "[errors]") {
+  Host h;
+  Tensor q = h.ctx.empty({1, 2, 8, 4}, DType::f32), k = h.ctx.empty({1, 2, 6, 4}, DType::f32);
+  Tensor lse = h.ctx.empty({1, 2, 8}, DType::f32), out = h.ctx.empty({1, 2, 8, 4}, DType::f32);
+  REQUIRE_THROWS_WITH(
+      ops::attention_fwd(h.ctx, h.s(), q, k, k, out, lse, 0.5f, true),
+      Contains("op attention_fwd") && Contains("causal") && Contains("[1, 2, 6, 4]"));
+  Tensor k3 = h.ctx.empty({1, 2, 8, 5}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::attention_fwd(h.ctx, h.s(), q, k3, k3, out, lse, 0.5f, false),
+                      Contains("op attention_fwd") && Contains("k f32[1, 2, 8, 5]"));
+  REQUIRE_THROWS_WITH(
+      ops::attention_fwd(h.ctx, h.s(), q, q, q, out, h.ctx.empty({1, 2, 8}, DType::bf16), 0.5f),
+      Contains("op attention_fwd") && Contains("lse") && Contains("f32"));
+
+  Tensor ids = h.ctx.empty({5}, DType::f32), w = h.ctx.empty({10, 3}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::embedding_fwd(h.ctx, h.s(), ids, w, h.ctx.empty({5, 3}, DType::f32)),
+                      Contains("op embedding_fwd") && Contains("i32 or i64"));
+  Tensor idi = h.ctx.empty({5}, DType::i32);
+  REQUIRE_THROWS_WITH(ops::embedding_fwd(h.ctx, h.s(), idi, w, h.ctx.empty({5, 4}, DType::f32)),
+                      Contains("op embedding_fwd") && Contains("must be [5, 3]"));
+
+  Tensor logits = h.ctx.empty({4, 7}, DType::f32), rm = h.ctx.empty({3}, DType::f32);
+  REQUIRE_THROWS_WITH(ops::xent_row_max(h.ctx, h.s(), logits, rm),
+                      Contains("op xent_row_max") && Contains("4 elements"));
+  REQUIRE_THROWS_WITH(ops::xent_target_logit(h.ctx, h.s(), logits, h.ctx.empty({3}, DType::i64),
+                                             h.ctx.empty({4}, DType::f32)),
+                      Contains("op xent_target_logit") && Contains("targets"));
+
+  std::vector<Tensor> p{h.ctx.empty({3}, DType::f32)}, gr{h.ctx.empty({4}, DType::f32)};
+  std::vector<Tensor> m{h.ctx.empty({3}, DType::f32)}, v{h.ctx.empty({3}, DType::f32)};
+  REQUIRE_THROWS_WITH(ops::adamw_update(h.ctx, h.s(), p, gr, m, v, {}),
+                      Contains("op adamw_update") && Contains("grads[0]"));
+  std::vector<Tensor> none;
+  REQUIRE_THROWS_WITH(ops::sgd_momentum_update(h.ctx, h.s(), p, none, m, {}),
+                      Contains("op sgd_momentum_update") && Contains("list lengths differ"));
+}

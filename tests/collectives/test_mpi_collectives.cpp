@@ -1,0 +1,162 @@
+// MPI communicator (ranks = processes): run under mpirun by ctest with -np 2 and -np 4.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <mpi.h>
+
+#include "coll_matrix.h"
+#include "coll_test_util.h"
+#include "collectives/mpi_comm.h"
+#include "runtime/stream.h"
+
+using namespace meshrt;
+using namespace meshrt::test;
+
+namespace {
+
+CommConfig test_config() {
+  CommConfig c;
+  c.timeout_s = 60;
+  return c;
+}
+
+Communicator& world() {
+  static std::unique_ptr<Communicator> w = make_mpi_world_communicator(test_config());
+  return *w;
+}
+
+void clear_error(Stream& s) {
+  try {
+    s.synchronize();
+  } catch (const std::exception&) {
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpi: every op x dtype x in/out-of-place x sizes 0, 1, odd, large", "[mpi]") {
+  Communicator& w = world();
+  auto s = make_host_stream("comm");
+  Failures f;
+  int64_t ops = run_matrix(w, *s, {0, 1, 37, 20001}, f, 11);
+  INFO(f.str());
+  CHECK(f.count() == 0);
+  CHECK(ops == 11 * 5 * 2 * 4);
+}
+
+TEST_CASE("mpi: split into grid rows and columns with collectives on two streams at once",
+          "[mpi]") {
+  Communicator& w = world();
+  const int n = w.size(), r = w.rank();
+  const int cols_n = n % 2 == 0 ? n / 2 : n;  // a 2 x n/2 grid (1 x n when n is odd)
+  const int row = r / cols_n, col = r % cols_n;
+  auto rows = w.split(row, col, "row");
+  auto cols = w.split(col, row, "col");
+  REQUIRE(rows);
+  REQUIRE(cols);
+  CHECK(rows->size() == cols_n);
+  CHECK(rows->rank() == col);
+  CHECK(cols->rank() == row);
+  auto none = w.split(kNoColor, 0);
+  CHECK(none == nullptr);
+  auto sa = make_host_stream("row");
+  auto sb = make_host_stream("col");
+  Failures f;
+  for (int it = 0; it < 10; ++it) {
+    const uint64_t seed = 40 + static_cast<uint64_t>(it);
+    Tensor a = host_tensor(3001, DType::f32);
+    Tensor b = host_tensor(3001, DType::bf16);
+    fill_pattern(a, seed, rows->rank());
+    fill_pattern(b, seed + 1, cols->rank());
+    Event ea = rows->all_reduce(a, ReduceOp::Sum, *sa);
+    Event eb = cols->all_reduce(b, ReduceOp::Min, *sb);
+    ea.synchronize();
+    eb.synchronize();
+    check_values(f, "rows", a, 0, a.numel(), [&](int64_t i) {
+      return reduced(DType::f32, ReduceOp::Sum, seed, rows->size(), i);
+    });
+    check_values(f, "cols", b, 0, b.numel(), [&](int64_t i) {
+      return reduced(DType::bf16, ReduceOp::Min, seed + 1, cols->size(), i);
+    });
+  }
+  INFO(f.str());
+  CHECK(f.count() == 0);
+}
+
+TEST_CASE("mpi: send/recv around the ring", "[mpi]") {
+  Communicator& w = world();
+  const int n = w.size(), r = w.rank();
+  auto ss = make_host_stream("send");
+  auto sr = make_host_stream("recv");
+  Failures f;
+  for (int it = 0; it < 4; ++it) {
+    Tensor out = host_tensor(500 + it, DType::i32);
+    Tensor in = host_tensor(500 + it, DType::i32);
+    fill_pattern(out, static_cast<uint64_t>(it), r);
+    Event es = w.send(out, (r + 1) % n, *ss);
+    Event er = w.recv(in, (r + n - 1) % n, *sr);
+    es.synchronize();
+    er.synchronize();
+    check_values(f, "ring", in, 0, in.numel(),
+                 [&](int64_t i) { return pattern(static_cast<uint64_t>(it), (r + n - 1) % n, i); });
+  }
+  INFO(f.str());
+  CHECK(f.count() == 0);
+}
+
+TEST_CASE("mpi: unequal all_gather counts and (debug) mismatched calls name the ranks", "[mpi]") {
+  Communicator& w = world();
+  const int n = w.size(), r = w.rank();
+  auto s = make_host_stream("comm");
+  // all_gather counts are always compared on MPI.
+  Tensor gin = host_tensor(r == n - 1 ? 3 : 2, DType::i64);
+  Tensor gout = host_tensor(gin.numel() * n, DType::i64);
+  std::string m1;
+  try {
+    w.all_gather(gin, gout, *s).synchronize();
+  } catch (const CommError& e) {
+    m1 = e.what();
+    clear_error(*s);
+  }
+  INFO(m1);
+  CHECK_THAT(m1, Catch::Contains("collective mismatch on group 'world'") &&
+                     Catch::Contains("rank " + std::to_string(n - 1) +
+                                     " called all_gather(i64, count=3)") &&
+                     Catch::Contains("called all_gather(i64, count=2)") &&
+                     Catch::Contains("element counts differ"));
+  // Every collective is compared under MESHRT_COMM_DEBUG=1.
+  setenv("MESHRT_COMM_DEBUG", "1", 1);
+  CommConfig dbg = CommConfig::from_env();
+  unsetenv("MESHRT_COMM_DEBUG");
+  REQUIRE(dbg.debug);
+  auto dbg_world = make_mpi_world_communicator(dbg);
+  Tensor t = host_tensor(r == 0 ? 5 : 4, DType::f32);
+  std::string m2;
+  try {
+    dbg_world->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+  } catch (const CommError& e) {
+    m2 = e.what();
+    clear_error(*s);
+  }
+  INFO(m2);
+  CHECK_THAT(m2, Catch::Contains("rank 0 called all_reduce(f32, count=5, sum)") &&
+                     Catch::Contains("called all_reduce(f32, count=4, sum)"));
+  // Both communicators still work afterwards.
+  Tensor ok = host_tensor(4, DType::f32);
+  fill_pattern(ok, 9, r);
+  dbg_world->all_reduce(ok, ReduceOp::Sum, *s).synchronize();
+  Failures f;
+  check_values(f, "after mismatch", ok, 0, 4,
+               [&](int64_t i) { return reduced(DType::f32, ReduceOp::Sum, 9, n, i); });
+  CHECK(f.count() == 0);
+}
+
+int main(int argc, char* argv[]) {
+  mpi_init();
+  int rc = Catch::Session().run(argc, argv);
+  // The job fails if any rank failed.
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  mpi_finalize();
+  return worst;
+}

@@ -242,7 +242,7 @@ Tensor Tensor::to(const std::shared_ptr<Allocator>& alloc, Stream& stream) const
   return out;
 }
 
-Tensor& Tensor::copy_(const Tensor& src, Stream& stream) {
+const Tensor& Tensor::copy_(const Tensor& src, Stream& stream) const {
   MESHRT_CHECK(defined() && src.defined(), "copy_: undefined tensor");
   MESHRT_CHECK(shape_ == src.shape_,
                "copy_: shape " << src.shape_.str() << " into " << shape_.str());
@@ -272,7 +272,7 @@ Tensor& Tensor::copy_(const Tensor& src, Stream& stream) {
   return *this;
 }
 
-Tensor& Tensor::fill_(double value, Stream& stream) {
+const Tensor& Tensor::fill_(double value, Stream& stream) const {
   MESHRT_CHECK(defined(), "fill_: undefined tensor");
   if (numel() == 0) return *this;
   backend_for(device()).fill(desc(), value, stream);
@@ -285,8 +285,8 @@ Tensor& Tensor::fill_(double value, Stream& stream) {
   return *this;
 }
 
-Tensor& Tensor::init_philox_(const PhiloxInit& init, const Shape& full_shape, const Shape& offsets,
-                             Stream& stream) {
+const Tensor& Tensor::init_philox_(const PhiloxInit& init, const Shape& full_shape,
+                                   const Shape& offsets, Stream& stream) const {
   MESHRT_CHECK(defined(), "init_philox_: undefined tensor");
   MESHRT_CHECK(is_floating(dtype_), "init_philox_: " << str() << " is not a floating dtype");
   MESHRT_CHECK(full_shape.ndim() == ndim() && offsets.ndim() == ndim(),
@@ -309,7 +309,7 @@ Tensor& Tensor::init_philox_(const PhiloxInit& init, const Shape& full_shape, co
   return *this;
 }
 
-Tensor& Tensor::init_philox_(const PhiloxInit& init, Stream& stream) {
+const Tensor& Tensor::init_philox_(const PhiloxInit& init, Stream& stream) const {
   Shape zeros = shape_;
   for (int i = 0; i < zeros.ndim(); ++i) zeros[i] = 0;
   return init_philox_(init, shape_, zeros, stream);

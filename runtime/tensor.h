@@ -96,6 +96,7 @@ class Tensor {
   Tensor select(int dim, int64_t index) const;
 
   // ---- data movement, enqueued on `stream` ----
+  // (Mutating methods are const: a Tensor is a handle; they write the storage it views.)
   // A view when possible, else a contiguous copy.
   Tensor reshape(const Shape& shape, Stream& stream) const;
   Tensor contiguous(Stream& stream) const;
@@ -104,15 +105,15 @@ class Tensor {
   Tensor to(const std::shared_ptr<Allocator>& alloc, Stream& stream) const;
   // Elementwise copy with dtype conversion (same shape; any strides; same device, or contiguous
   // host <-> CUDA).
-  Tensor& copy_(const Tensor& src, Stream& stream);
-  Tensor& fill_(double value, Stream& stream);
-  Tensor& zero_(Stream& stream) { return fill_(0.0, stream); }
+  const Tensor& copy_(const Tensor& src, Stream& stream) const;
+  const Tensor& fill_(double value, Stream& stream) const;
+  const Tensor& zero_(Stream& stream) const { return fill_(0.0, stream); }
   // Fills this tensor, which is the block of a tensor of shape `full_shape` starting at
   // `offsets`, with values that depend only on (init.seed, init.id, global element index):
   // a shard initialised on its own equals the same slice of the full tensor.
-  Tensor& init_philox_(const PhiloxInit& init, const Shape& full_shape, const Shape& offsets,
-                       Stream& stream);
-  Tensor& init_philox_(const PhiloxInit& init, Stream& stream);  // this tensor is the full one
+  const Tensor& init_philox_(const PhiloxInit& init, const Shape& full_shape,
+                             const Shape& offsets, Stream& stream) const;
+  const Tensor& init_philox_(const PhiloxInit& init, Stream& stream) const;  // this tensor is the full one
 
   // Host tensors only: reads/writes one element as double after the stream work is done.
   double item(int64_t flat_index) const;

@@ -15,15 +15,45 @@ inline const std::vector<DType>& comm_dtypes() {
   return d;
 }
 
-struct MatrixStats {
-  int64_t ops = 0;
+// Moves test data between the host and the communicator's device (a no-op on the CPU).
+class DeviceData {
+ public:
+  DeviceData(Stream& s, std::shared_ptr<Allocator> alloc) : s_(s), alloc_(std::move(alloc)) {}
+  Tensor make(int64_t n, DType dt) { return Tensor::empty(Shape{n}, dt, alloc_, &s_); }
+  void fill(const Tensor& t, uint64_t seed, int rank) {
+    if (t.device().is_cpu()) return fill_pattern(t, seed, rank);
+    Tensor h = host_tensor(t.numel(), t.dtype());
+    fill_pattern(h, seed, rank);
+    Tensor d = t;
+    d.copy_(h, s_);
+    s_.synchronize();
+  }
+  void fill_const(const Tensor& t, double v) {
+    if (t.device().is_cpu()) return fill_value(t, v);
+    Tensor d = t;
+    d.fill_(v, s_);
+    s_.synchronize();
+  }
+  Tensor host(const Tensor& t) {
+    if (t.device().is_cpu()) return t;
+    Tensor h = host_tensor(t.numel(), t.dtype());
+    h.copy_(t, s_);
+    s_.synchronize();
+    return h;
+  }
+
+ private:
+  Stream& s_;
+  std::shared_ptr<Allocator> alloc_;
 };
 
 // Runs every collective on `comm` for every dtype, in place and out of place, for each element
 // count in `sizes`, checking each result exactly. Every rank must call this with the same
 // arguments. Returns the number of collectives run; failures go to `f`.
 inline int64_t run_matrix(Communicator& comm, Stream& s, const std::vector<int64_t>& sizes,
-                          Failures& f, uint64_t seed0 = 1) {
+                          Failures& f, uint64_t seed0 = 1,
+                          std::shared_ptr<Allocator> alloc = nullptr) {
+  DeviceData dd(s, alloc ? alloc : test_allocator());
   const int n = comm.size();
   const int r = comm.rank();
   uint64_t seed = seed0;
@@ -53,61 +83,63 @@ inline int64_t run_matrix(Communicator& comm, Stream& s, const std::vector<int64
           try {
             switch (oc.op) {
               case CommOp::AllReduce: {
-                Tensor in = host_tensor(N, dt);
-                fill_pattern(in, seed, r);
-                Tensor out = in_place ? in : host_tensor(N, dt);
-                if (!in_place) fill_value(out, 99);
+                Tensor in = dd.make(N, dt);
+                dd.fill(in, seed, r);
+                Tensor out = in_place ? in : dd.make(N, dt);
+                if (!in_place) dd.fill_const(out, 99);
                 comm.all_reduce(in, out, oc.redop, s).synchronize();
-                check_values(f, what, out, 0, N,
+                check_values(f, what, dd.host(out), 0, N,
                              [&](int64_t i) { return reduced(dt, oc.redop, seed, n, i); });
                 if (!in_place) {
-                  check_values(f, what + " (input untouched)", in, 0, N,
+                  check_values(f, what + " (input untouched)", dd.host(in), 0, N,
                                [&](int64_t i) { return pattern(seed, r, i); });
                 }
                 break;
               }
               case CommOp::ReduceScatter: {
-                Tensor in = host_tensor(N * n, dt);
-                fill_pattern(in, seed, r);
-                Tensor out = in_place ? in.narrow(0, r * N, N) : host_tensor(N, dt);
+                Tensor in = dd.make(N * n, dt);
+                dd.fill(in, seed, r);
+                Tensor out = in_place ? in.narrow(0, r * N, N) : dd.make(N, dt);
                 comm.reduce_scatter(in, out, oc.redop, s).synchronize();
-                check_values(f, what, out, 0, N,
+                check_values(f, what, dd.host(out), 0, N,
                              [&](int64_t i) { return reduced(dt, oc.redop, seed, n, r * N + i); });
                 break;
               }
               case CommOp::AllGather: {
-                Tensor out = host_tensor(N * n, dt);
-                fill_value(out, 99);
-                Tensor in = in_place ? out.narrow(0, r * N, N) : host_tensor(N, dt);
-                fill_pattern(in, seed, r);
+                Tensor out = dd.make(N * n, dt);
+                dd.fill_const(out, 99);
+                Tensor in = in_place ? out.narrow(0, r * N, N) : dd.make(N, dt);
+                dd.fill(in, seed, r);
                 comm.all_gather(in, out, s).synchronize();
+                Tensor oh = dd.host(out);
                 for (int j = 0; j < n; ++j) {
-                  check_values(f, what + " block " + std::to_string(j), out, j * N, N,
+                  check_values(f, what + " block " + std::to_string(j), oh, j * N, N,
                                [&](int64_t i) { return pattern(seed, j, i); });
                 }
                 break;
               }
               case CommOp::Broadcast: {
-                Tensor in = host_tensor(N, dt);
+                Tensor in = dd.make(N, dt);
                 if (r == root) {
-                  fill_pattern(in, seed, r);
+                  dd.fill(in, seed, r);
                 } else {
-                  fill_value(in, 77);
+                  dd.fill_const(in, 77);
                 }
-                Tensor out = in_place ? in : host_tensor(N, dt);
-                if (!in_place) fill_value(out, 99);
+                Tensor out = in_place ? in : dd.make(N, dt);
+                if (!in_place) dd.fill_const(out, 99);
                 comm.broadcast(in, out, root, s).synchronize();
-                check_values(f, what + " root " + std::to_string(root), out, 0, N,
+                check_values(f, what + " root " + std::to_string(root), dd.host(out), 0, N,
                              [&](int64_t i) { return pattern(seed, root, i); });
                 break;
               }
               case CommOp::AllToAll: {
-                Tensor in = host_tensor(N * n, dt);
-                fill_pattern(in, seed, r);
-                Tensor out = in_place ? in : host_tensor(N * n, dt);
+                Tensor in = dd.make(N * n, dt);
+                dd.fill(in, seed, r);
+                Tensor out = in_place ? in : dd.make(N * n, dt);
                 comm.all_to_all(in, out, s).synchronize();
+                Tensor oh = dd.host(out);
                 for (int j = 0; j < n; ++j) {
-                  check_values(f, what + " block " + std::to_string(j), out, j * N, N,
+                  check_values(f, what + " block " + std::to_string(j), oh, j * N, N,
                                [&](int64_t i) { return pattern(seed, j, r * N + i); });
                 }
                 break;

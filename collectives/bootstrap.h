@@ -1,0 +1,77 @@
+// Bootstrap: the one entry point that decides from the environment how ranks are laid out
+// (threads of this process, or one process per rank) and creates their world communicators.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "runtime/device.h"
+
+namespace meshrt {
+
+enum class LaunchKind : uint8_t {
+  Threads,       // ranks are threads of this process, one per entry of --devices
+  MpiProcesses,  // mpirun / srun: one rank per process, MPI provides rank and size
+  EnvProcesses,  // torchrun-style RANK / WORLD_SIZE / LOCAL_RANK with a file rendezvous
+};
+const char* launch_kind_name(LaunchKind k);
+
+struct LaunchOptions {
+  // Thread launches: one rank per device ("cpu:4", "cuda:0-7"). Process launches: the device
+  // kind, or a list indexed by local rank ("cuda" means cuda:<local rank>).
+  std::string devices = "cpu";
+  // auto: host for CPU threads, mpi for CPU processes, nccl for CUDA devices.
+  std::string backend = "auto";
+  CommConfig config = CommConfig::from_env();
+};
+
+struct RankPlacement {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;  // among the ranks on this node (processes: from a hostname hash)
+  int local_size = 1;
+  Device device;
+};
+
+class Launch {
+ public:
+  virtual ~Launch() = default;
+  virtual LaunchKind kind() const = 0;
+  virtual CommBackend backend() const = 0;
+  virtual int world_size() const = 0;
+  // The ranks this process runs: all of them for threads, one for processes.
+  virtual const std::vector<RankPlacement>& local() const = 0;
+  // The world communicator of local()[i]; each may be taken once. For NCCL with ranks as threads
+  // every rank's thread must call this at the same time (initialisation is collective).
+  virtual std::unique_ptr<Communicator> world(int i) = 0;
+  // Runs fn once per local rank (threads: one thread each; processes: the calling thread) with
+  // its placement and world communicator, and sets the log rank. When a rank throws, the world
+  // is aborted so the others fail fast instead of waiting; the first error is rethrown.
+  void run(const std::function<void(const RankPlacement&, Communicator&)>& fn);
+  // "4 ranks as threads of this process, host backend"
+  std::string describe() const;
+};
+
+// Decides the launch from the environment: MPI / Slurm variables -> one rank per process (MPI);
+// RANK + WORLD_SIZE -> one rank per process with MESHRT_RENDEZVOUS=file:///dir; otherwise ranks
+// are threads, one per entry of opts.devices. Throws, saying what to change, when the
+// combination cannot work (e.g. CPU ranks as torchrun processes, host backend under mpirun).
+std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts = {});
+
+// MESHRT_RENDEZVOUS=file:///shared/dir -> "/shared/dir"; "" when unset; throws on other forms.
+std::string rendezvous_dir_from_env();
+
+// Exchanges one small blob per rank through a directory every rank can see: rank r writes
+// <dir>/meshrt.<run>.<key>.<r> atomically (temporary file + rename), then polls with backoff
+// until all `world` files exist or `timeout_s` passes; on timeout throws CommError naming the
+// ranks whose files never appeared. `run` (MESHRT_RUN_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID by
+// default) keeps separate jobs in one directory apart. Returns the blobs in rank order.
+std::vector<std::string> file_rendezvous_allgather(const std::string& dir, const std::string& key,
+                                                   int rank, int world, const std::string& mine,
+                                                   double timeout_s, const std::string& run = "");
+
+}  // namespace meshrt

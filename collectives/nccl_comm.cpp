@@ -1,0 +1,602 @@
+#include "collectives/nccl_comm.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "collectives/comm_detail.h"
+#include "collectives/nccl_check.h"
+#include "runtime/backend.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+#include "runtime/tensor.h"
+
+namespace meshrt {
+
+namespace detail {
+
+[[noreturn]] void nccl_fail(const char* call, ncclResult_t r, ncclComm_t comm, const char* file,
+                            int line) {
+  std::string msg = std::string(call) + " failed: " + ncclGetErrorString(r);
+  if (comm != nullptr) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) msg += std::string(" (") + last + ")";
+  }
+  const char* base = std::strrchr(file, '/');
+  msg += std::string(" [") + (base ? base + 1 : file) + ":" + std::to_string(line) + "]";
+  throw CommError(msg);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::CallSig;
+using detail::Deadline;
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MESHRT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) MESHRT_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) (void)cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Avg:
+      return ncclAvg;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  return v[0] != '0';
+}
+
+// One rank's NCCL communicator and what guards it.
+struct NcclEngine {
+  ncclComm_t comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  std::string name;
+  CommConfig cfg;
+  std::atomic<bool> aborted{false};
+  bool comm_released = false;  // ncclCommAbort freed it
+  mutable std::mutex state_mu;
+  std::string reason;
+  std::mutex call_mu;  // NCCL calls on one communicator are serialised
+  std::shared_ptr<Allocator> scratch;
+  // MESHRT_NCCL_HALF_REDUCE=native: let NCCL reduce bf16 / f16 itself (faster, less exact).
+  bool native_half = [] {
+    const char* v = std::getenv("MESHRT_NCCL_HALF_REDUCE");
+    return v && std::string(v) == "native";
+  }();
+  // After each operation a host function on the stream raises CommError if the communicator was
+  // aborted meanwhile, so the stream's later events carry the failure.
+  bool stream_check = env_flag("MESHRT_NCCL_STREAM_CHECK", true);
+
+  ~NcclEngine() {
+    if (comm == nullptr || comm_released) return;
+    try {
+      DeviceGuard g(device);
+      // Finalize flushes outstanding work; it is non-blocking, so wait for it (bounded).
+      ncclResult_t r = ncclCommFinalize(comm);
+      Deadline dl = Deadline::after(cfg.timeout_s > 0 ? cfg.timeout_s : 300);
+      ncclResult_t st = r;
+      while (st == ncclInProgress && !dl.passed()) {
+        std::this_thread::yield();
+        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) break;
+      }
+      if (st == ncclSuccess) {
+        (void)ncclCommDestroy(comm);
+      } else {
+        (void)ncclCommAbort(comm);
+      }
+    } catch (...) {
+      (void)ncclCommAbort(comm);
+    }
+  }
+
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> lk(state_mu);
+    return reason;
+  }
+
+  // Marks the communicator failed and aborts it (NCCL kernels in flight exit).
+  void abort(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lk(state_mu);
+      if (aborted.load()) return;
+      reason = why;
+      aborted.store(true);
+    }
+    MESHRT_LOG_ERROR("NCCL communicator '" << name << "' (rank " << rank << ") aborted: " << why);
+    // Issuers poll `aborted` in their waits and release call_mu promptly.
+    std::lock_guard<std::mutex> lk(call_mu);
+    if (comm != nullptr && !comm_released) {
+      try {
+        DeviceGuard g(device);
+        (void)ncclCommAbort(comm);
+      } catch (...) {
+        (void)ncclCommAbort(comm);
+      }
+      comm_released = true;
+    }
+  }
+
+  [[noreturn]] void throw_aborted(const std::string& what) const {
+    throw CommError(what + " on group '" + name +
+                    "' failed: the communicator was aborted: " + abort_reason());
+  }
+
+  // Waits until a non-blocking call on `c` finished (ncclCommGetAsyncError leaves InProgress).
+  void settle(ncclComm_t c, const std::string& what, const Deadline& dl) {
+    ncclResult_t st = ncclInProgress;
+    for (int64_t i = 0;; ++i) {
+      MESHRT_NCCL_CHECK(ncclCommGetAsyncError(c, &st), c);
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) detail::nccl_fail(what.c_str(), st, c, __FILE__, __LINE__);
+      if (aborted.load()) throw_aborted(what);
+      if (dl.passed()) {
+        throw CommError(detail::timeout_message(what, name, 0, rank, cfg.timeout_s,
+                                                "NCCL did not finish the call (is every rank "
+                                                "running?)"));
+      }
+      if (i > 1000) sched_yield();
+    }
+  }
+
+  Tensor scratch_tensor(int64_t n, DType dt, Stream& s) {
+    if (!scratch) {
+      const DeviceBackend* be = cuda_backend();
+      MESHRT_CHECK(be != nullptr, "NCCL communicator: no CUDA backend");
+      scratch = be->create_caching_allocator(device);
+    }
+    return Tensor::empty(Shape{n}, dt, scratch, &s);
+  }
+};
+
+// Every NCCL communicator of the process, and the watchdog thread that polls them.
+class NcclRegistry {
+ public:
+  static NcclRegistry& get() {
+    static NcclRegistry* r = new NcclRegistry;  // leaked: its thread outlives static destructors
+    return *r;
+  }
+
+  void add(const std::shared_ptr<NcclEngine>& e) {
+    std::lock_guard<std::mutex> lk(mu_);
+    engines_.push_back(e);
+    start_locked();
+  }
+
+  // Watches one operation until `done` completes.
+  void watch(const std::shared_ptr<NcclEngine>& e, Event done, std::string what, uint64_t seq,
+             Deadline dl) {
+    std::lock_guard<std::mutex> lk(mu_);
+    inflight_.push_back(Inflight{e, std::move(done), std::move(what), seq, dl});
+    start_locked();
+  }
+
+  void abort_all(const std::string& why) {
+    std::vector<std::shared_ptr<NcclEngine>> live;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& w : engines_) {
+        if (auto e = w.lock()) live.push_back(std::move(e));
+      }
+    }
+    for (auto& e : live) e->abort(why);
+  }
+
+ private:
+  struct Inflight {
+    std::weak_ptr<NcclEngine> engine;
+    Event done;
+    std::string what;
+    uint64_t seq;
+    Deadline dl;
+  };
+
+  void start_locked() {
+    if (started_) return;
+    started_ = true;
+    std::thread([this] { loop(); }).detach();
+  }
+
+  void loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::vector<Inflight> items;
+      std::vector<std::shared_ptr<NcclEngine>> live;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        items.swap(inflight_);
+        std::vector<std::weak_ptr<NcclEngine>> keep;
+        for (auto& w : engines_) {
+          if (auto e = w.lock()) {
+            live.push_back(e);
+            keep.push_back(w);
+          }
+        }
+        engines_.swap(keep);
+      }
+      std::string failure;
+      std::vector<Inflight> pending;
+      for (auto& it : items) {
+        auto e = it.engine.lock();
+        if (!e || e->aborted.load()) continue;
+        bool done = true;
+        try {
+          done = it.done.query();
+        } catch (...) {
+          done = true;  // the stream reports its own error
+        }
+        if (done) continue;
+        if (it.dl.passed() && failure.empty()) {
+          failure = detail::timeout_message(
+              it.what, e->name, it.seq, e->rank, e->cfg.timeout_s,
+              "NCCL does not report which ranks never arrived (MESHRT_COMM_DEBUG=1 compares "
+              "every call before it runs)");
+        }
+        pending.push_back(std::move(it));
+      }
+      for (auto& e : live) {
+        if (!failure.empty()) break;
+        if (e->aborted.load()) continue;
+        std::unique_lock<std::mutex> lk(e->call_mu, std::try_to_lock);
+        if (!lk.owns_lock() || e->comm == nullptr || e->comm_released) continue;
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(e->comm, &st) == ncclSuccess && st != ncclSuccess &&
+            st != ncclInProgress) {
+          failure = "NCCL asynchronous error on group '" + e->name + "' (rank " +
+                    std::to_string(e->rank) + "): " + ncclGetErrorString(st);
+          const char* last = ncclGetLastError(e->comm);
+          if (last && *last) failure += std::string(" (") + last + ")";
+        }
+      }
+      if (!failure.empty()) {
+        abort_all(failure);
+        pending.clear();
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& p : pending) inflight_.push_back(std::move(p));
+    }
+  }
+
+  std::mutex mu_;
+  bool started_ = false;
+  std::vector<std::weak_ptr<NcclEngine>> engines_;
+  std::vector<Inflight> inflight_;
+};
+
+ncclComm_t init_comm(const NcclUniqueId& id, int rank, int size, int device,
+                     const std::string& name, const CommConfig& cfg) {
+  DeviceGuard g(device);
+  ncclUniqueId uid;
+  static_assert(sizeof(uid.internal) == sizeof(id.bytes));
+  std::memcpy(uid.internal, id.bytes.data(), sizeof(uid.internal));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.commName = name.c_str();
+  ncclComm_t comm = nullptr;
+  MESHRT_NCCL_CHECK(ncclCommInitRankConfig(&comm, size, uid, rank, &config), comm);
+  Deadline dl = Deadline::after(cfg.timeout_s);
+  ncclResult_t st = ncclInProgress;
+  while (st == ncclInProgress) {
+    MESHRT_NCCL_CHECK(ncclCommGetAsyncError(comm, &st), comm);
+    if (st == ncclInProgress && dl.passed()) {
+      (void)ncclCommAbort(comm);
+      throw CommError("NCCL initialisation of group '" + name + "' (rank " + std::to_string(rank) +
+                      " of " + std::to_string(size) + " on cuda:" + std::to_string(device) +
+                      ") did not complete within " + std::to_string(cfg.timeout_s) +
+                      " s (MESHRT_COMM_TIMEOUT): are all ranks started, with the same unique id?");
+    }
+    if (st == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (st != ncclSuccess) {
+    ncclComm_t c = comm;
+    std::string msg;
+    try {
+      detail::nccl_fail("ncclCommInitRankConfig", st, c, __FILE__, __LINE__);
+    } catch (const CommError& e) {
+      msg = e.what();
+    }
+    (void)ncclCommAbort(c);
+    throw CommError(msg);
+  }
+  return comm;
+}
+
+class NcclComm final : public Communicator {
+ public:
+  NcclComm(ncclComm_t comm, int rank, int size, int device, std::string name, CommConfig cfg)
+      : Communicator(rank, size, name, Device::cuda(device), cfg),
+        e_(std::make_shared<NcclEngine>()) {
+    e_->comm = comm;
+    e_->rank = rank;
+    e_->size = size;
+    e_->device = device;
+    e_->name = std::move(name);
+    e_->cfg = cfg;
+    NcclRegistry::get().add(e_);
+  }
+
+  CommBackend backend() const override { return CommBackend::Nccl; }
+  bool aborted() const override { return e_->aborted.load(); }
+  std::string abort_reason() const override { return e_->abort_reason(); }
+
+ protected:
+  void issue(Call c, Stream& stream) override {
+    NcclEngine& e = *e_;
+    const std::string what = c.str();
+    Deadline dl = Deadline::after(e.cfg.timeout_s);
+    {
+      std::lock_guard<std::mutex> lk(e.call_mu);
+      if (e.aborted.load()) e.throw_aborted(what);
+      DeviceGuard g(e.device);
+      auto cs = static_cast<cudaStream_t>(stream.native_handle());
+      if (c.in.defined()) c.in.storage()->record_stream(stream);
+      if (c.out.defined()) c.out.storage()->record_stream(stream);
+      const bool p2p = c.op == CommOp::Send || c.op == CommOp::Recv;
+      if (e.cfg.debug && !p2p && e.size > 1) compare_calls(c, what, stream, cs, dl);
+      run(c, what, stream, cs, dl);
+    }
+    NcclRegistry::get().watch(e_, stream.record(), what, c.seq, dl);
+    if (e.stream_check) {
+      std::shared_ptr<NcclEngine> keep = e_;
+      stream.enqueue([keep, what] {
+        if (keep->aborted.load()) keep->throw_aborted(what);
+      });
+    }
+  }
+
+  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
+                                         uint64_t seq) override {
+    NcclEngine& e = *e_;
+    CallSig sig = CallSig::make(CommOp::Split, DType::f32, ReduceOp::Sum, 0, -1, seq);
+    sig.color = color;
+    const std::string what = sig.str();
+    Deadline dl = Deadline::after(e.cfg.timeout_s);
+    std::lock_guard<std::mutex> lk(e.call_mu);
+    if (e.aborted.load()) e.throw_aborted(what);
+    DeviceGuard g(e.device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = name.c_str();
+    ncclComm_t nc = nullptr;
+    ncclResult_t r = MESHRT_NCCL_CHECK(
+        ncclCommSplit(e.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, &config), e.comm);
+    if (r == ncclInProgress) e.settle(nc != nullptr ? nc : e.comm, "ncclCommSplit", dl);
+    if (nc == nullptr) return nullptr;
+    int nrank = 0, nsize = 0;
+    MESHRT_NCCL_CHECK(ncclCommUserRank(nc, &nrank), nc);
+    MESHRT_NCCL_CHECK(ncclCommCount(nc, &nsize), nc);
+    return std::make_unique<NcclComm>(nc, nrank, nsize, e.device, name, e.cfg);
+  }
+
+  void do_abort(const std::string& reason) override {
+    NcclRegistry::get().abort_all("rank " + std::to_string(rank()) + " of group '" + name() +
+                                  "': " + reason);
+  }
+
+  void wait_issued(uint64_t, const std::unordered_map<int, uint64_t>&,
+                   const std::unordered_map<int, uint64_t>&) override {
+    // Operations are on CUDA streams: issuing them is all that happens on this thread.
+  }
+
+ private:
+  // The result of a call on the (non-blocking) communicator: wait when it is still in progress.
+  void done(ncclResult_t r, const std::string& what, const Deadline& dl) {
+    if (r == ncclInProgress) e_->settle(e_->comm, what, dl);
+  }
+
+  // MESHRT_COMM_DEBUG=1: all-gathers every rank's call signature through NCCL and compares them
+  // on the host before the collective runs (this waits for the stream).
+  void compare_calls(const Call& c, const std::string& what, Stream& stream, cudaStream_t cs,
+                     const Deadline& dl) {
+    NcclEngine& e = *e_;
+    const int n = e.size;
+    std::vector<CallSig> all(static_cast<size_t>(n));
+    CallSig mine = CallSig::make(c.op, c.dtype, c.redop, c.count, c.root, c.seq);
+    Tensor dev = e.scratch_tensor(static_cast<int64_t>(n) * CallSig::kWords, DType::i64, stream);
+    auto* base = static_cast<int64_t*>(dev.data_ptr());
+    MESHRT_CUDA_CHECK(cudaMemcpyAsync(base + static_cast<int64_t>(e.rank) * CallSig::kWords, &mine,
+                                      sizeof(mine), cudaMemcpyHostToDevice, cs));
+    done(MESHRT_NCCL_CHECK(ncclAllGather(base + static_cast<int64_t>(e.rank) * CallSig::kWords,
+                                         base, CallSig::kWords, ncclInt64, e.comm, cs),
+                           e.comm),
+         what, dl);
+    MESHRT_CUDA_CHECK(cudaMemcpyAsync(all.data(), base, sizeof(CallSig) * all.size(),
+                                      cudaMemcpyDeviceToHost, cs));
+    for (;;) {
+      cudaError_t q = cudaStreamQuery(cs);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) MESHRT_CUDA_CHECK(q);
+      if (e.aborted.load()) e.throw_aborted(what);
+      if (dl.passed()) {
+        std::string msg = detail::timeout_message(
+            what, e.name, c.seq, e.rank, e.cfg.timeout_s,
+            "the call comparison (MESHRT_COMM_DEBUG=1) did not complete: a rank never arrived");
+        NcclRegistry::get().abort_all(msg);
+        throw CommError(msg);
+      }
+      std::this_thread::yield();
+    }
+    std::string mm = detail::mismatch_message(e.name, all);
+    if (!mm.empty()) throw CommError(mm);
+  }
+
+  void run(const Call& c, const std::string& what, Stream& stream, cudaStream_t cs,
+           const Deadline& dl) {
+    NcclEngine& e = *e_;
+    ncclComm_t comm = e.comm;
+    const size_t count = static_cast<size_t>(c.count);
+    const ncclDataType_t t = nccl_type(c.dtype);
+    const void* in = c.in.defined() ? c.in.data_ptr() : nullptr;
+    void* out = c.out.defined() ? c.out.data_ptr() : nullptr;
+    const bool half = (c.dtype == DType::bf16 || c.dtype == DType::f16) && !e.native_half;
+    switch (c.op) {
+      case CommOp::AllReduce: {
+        if (half && c.count > 0) {
+          // Reduce in f32: widen on the stream, reduce, narrow back (rounding once).
+          Tensor wide = e.scratch_tensor(c.count, DType::f32, stream);
+          wide.copy_(c.in.view(Shape{c.count}), stream);
+          done(MESHRT_NCCL_CHECK(ncclAllReduce(wide.data_ptr(), wide.data_ptr(), count, ncclFloat32,
+                                               nccl_op(c.redop), comm, cs),
+                                 comm),
+               what, dl);
+          Tensor o = c.out.view(Shape{c.count});
+          o.copy_(wide, stream);
+        } else {
+          done(
+              MESHRT_NCCL_CHECK(ncclAllReduce(in, out, count, t, nccl_op(c.redop), comm, cs), comm),
+              what, dl);
+        }
+        return;
+      }
+      case CommOp::ReduceScatter: {
+        if (half && c.count > 0) {
+          Tensor wide_in = e.scratch_tensor(c.count * e.size, DType::f32, stream);
+          Tensor wide_out = e.scratch_tensor(c.count, DType::f32, stream);
+          wide_in.copy_(c.in.view(Shape{c.count * e.size}), stream);
+          done(MESHRT_NCCL_CHECK(ncclReduceScatter(wide_in.data_ptr(), wide_out.data_ptr(), count,
+                                                   ncclFloat32, nccl_op(c.redop), comm, cs),
+                                 comm),
+               what, dl);
+          Tensor o = c.out.view(Shape{c.count});
+          o.copy_(wide_out, stream);
+        } else {
+          done(MESHRT_NCCL_CHECK(ncclReduceScatter(in, out, count, t, nccl_op(c.redop), comm, cs),
+                                 comm),
+               what, dl);
+        }
+        return;
+      }
+      case CommOp::AllGather:
+        done(MESHRT_NCCL_CHECK(ncclAllGather(in, out, count, t, comm, cs), comm), what, dl);
+        return;
+      case CommOp::Broadcast:
+        done(MESHRT_NCCL_CHECK(ncclBroadcast(in, out, count, t, c.root, comm, cs), comm), what, dl);
+        return;
+      case CommOp::AllToAll: {
+        const size_t block = count * dtype_size(c.dtype);
+        const char* src = static_cast<const char*>(in);
+        Tensor stage;
+        if (c.in_place && block > 0) {
+          // Peers' receives would overwrite blocks not sent yet: send from a copy.
+          stage = e.scratch_tensor(c.count * e.size, c.dtype, stream);
+          MESHRT_CUDA_CHECK(
+              cudaMemcpyAsync(stage.data_ptr(), in, block * e.size, cudaMemcpyDeviceToDevice, cs));
+          src = static_cast<const char*>(stage.data_ptr());
+        }
+        MESHRT_NCCL_CHECK(ncclGroupStart(), comm);
+        for (int j = 0; j < e.size; ++j) {
+          MESHRT_NCCL_CHECK(ncclSend(src + block * j, count, t, j, comm, cs), comm);
+          MESHRT_NCCL_CHECK(ncclRecv(static_cast<char*>(out) + block * j, count, t, j, comm, cs),
+                            comm);
+        }
+        done(MESHRT_NCCL_CHECK(ncclGroupEnd(), comm), what, dl);
+        return;
+      }
+      case CommOp::Send:
+        done(MESHRT_NCCL_CHECK(ncclSend(in, count, t, c.peer, comm, cs), comm), what, dl);
+        return;
+      case CommOp::Recv:
+        done(MESHRT_NCCL_CHECK(ncclRecv(out, count, t, c.peer, comm, cs), comm), what, dl);
+        return;
+      case CommOp::Barrier: {
+        Tensor one = e.scratch_tensor(1, DType::f32, stream);
+        done(MESHRT_NCCL_CHECK(
+                 ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm, cs),
+                 comm),
+             what, dl);
+        return;
+      }
+      case CommOp::Split:
+        break;
+    }
+    MESHRT_FAIL("NCCL communicator: unexpected operation " << comm_op_name(c.op));
+  }
+
+  std::shared_ptr<NcclEngine> e_;
+};
+
+}  // namespace
+
+NcclUniqueId nccl_unique_id() {
+  ncclUniqueId uid;
+  MESHRT_NCCL_CHECK(ncclGetUniqueId(&uid), nullptr);
+  NcclUniqueId id;
+  std::memcpy(id.bytes.data(), uid.internal, sizeof(uid.internal));
+  return id;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int size,
+                                                     int device, const std::string& name,
+                                                     CommConfig config) {
+  MESHRT_CHECK(size >= 1 && rank >= 0 && rank < size,
+               "NCCL communicator: rank " << rank << " outside [0, " << size << ")");
+  std::string why;
+  if (!cuda_available(&why)) {
+    throw CommError("NCCL communicator '" + name + "' on cuda:" + std::to_string(device) +
+                    ": CUDA is unavailable: " + why);
+  }
+  ncclComm_t comm = init_comm(id, rank, size, device, name, config);
+  return std::make_unique<NcclComm>(comm, rank, size, device, name, config);
+}
+
+std::string nccl_version_string() {
+  int v = 0;
+  MESHRT_NCCL_CHECK(ncclGetVersion(&v), nullptr);
+  return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
+         std::to_string(v % 100);
+}
+
+}  // namespace meshrt

@@ -1,0 +1,202 @@
+// Bootstrap: launch decisions from the environment, Launch::run, and the file rendezvous.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "coll_test_util.h"
+#include "collectives/bootstrap.h"
+#include "runtime/stream.h"
+
+using namespace meshrt;
+using namespace meshrt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Sets environment variables for one scope and restores them after.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto& [k, v] : vars) {
+      const char* old = std::getenv(k);
+      saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
+      if (v) {
+        setenv(k, v, 1);
+      } else {
+        unsetenv(k);
+      }
+    }
+  }
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved_) {
+      if (v) {
+        setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        unsetenv(k.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() /
+               ("meshrt-test-" + name + "-" + std::to_string(getpid()) + "-" +
+                std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("bootstrap: --devices cpu:3 runs three host ranks as threads", "[multirank]") {
+  LaunchOptions lo;
+  lo.devices = "cpu:3";
+  auto launch = bootstrap(lo);
+  CHECK(launch->kind() == LaunchKind::Threads);
+  CHECK(launch->backend() == CommBackend::Host);
+  CHECK(launch->world_size() == 3);
+  REQUIRE(launch->local().size() == 3);
+  CHECK(launch->local()[2].device == Device::cpu(2));
+  CHECK(launch->describe() == "3 ranks as threads of this process, host backend");
+  Failures f;
+  std::atomic<int> ran{0};
+  launch->run([&](const RankPlacement& p, Communicator& c) {
+    if (c.rank() != p.rank || c.size() != 3 || p.local_rank != p.rank) f.add("placement");
+    auto s = make_host_stream("comm");
+    Tensor t = host_tensor(10, DType::i32);
+    fill_pattern(t, 4, p.rank);
+    c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    check_values(f, "sum", t, 0, 10,
+                 [&](int64_t i) { return reduced(DType::i32, ReduceOp::Sum, 4, 3, i); });
+    ++ran;
+  });
+  CHECK(ran == 3);
+  INFO(f.str());
+  CHECK(f.count() == 0);
+}
+
+TEST_CASE("bootstrap: a failing rank aborts the others and its error is rethrown", "[multirank]") {
+  LaunchOptions lo;
+  lo.devices = "cpu:3";
+  lo.config.timeout_s = 300;  // the others must not wait for the watchdog
+  auto launch = bootstrap(lo);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(launch->run([&](const RankPlacement& p, Communicator& c) {
+    if (p.rank == 1) throw Error("rank one broke");
+    auto s = make_host_stream("comm");
+    Tensor t = host_tensor(4, DType::f32);
+    c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+  }),
+                    Catch::Contains("rank one broke"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
+TEST_CASE("bootstrap: backends that cannot work are refused with what to change", "[multirank]") {
+  LaunchOptions lo;
+  lo.devices = "cpu:2";
+  lo.backend = "mpi";
+  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("launch with mpirun"));
+  lo.backend = "nccl";
+  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("needs CUDA devices"));
+  lo.backend = "gloo";
+  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("use host, mpi or nccl"));
+  lo.backend = "auto";
+  lo.devices = "tpu:4";
+  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown device kind"));
+}
+
+TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MESHRT_RENDEZVOUS", nullptr}});
+    auto launch = bootstrap(LaunchOptions{});
+    CHECK(launch->kind() == LaunchKind::EnvProcesses);
+    CHECK(launch->world_size() == 1);
+    CHECK(launch->backend() == CommBackend::Host);
+    launch->run([](const RankPlacement&, Communicator& c) {
+      auto s = make_host_stream("comm");
+      Tensor t = host_tensor(3, DType::f32);
+      c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    });
+  }
+  {
+    ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MESHRT_RENDEZVOUS", nullptr}});
+    CHECK_THROWS_WITH(bootstrap(LaunchOptions{}),
+                      Catch::Contains("set MESHRT_RENDEZVOUS=file:///shared/dir"));
+  }
+  {
+    fs::path d = fresh_dir("torchrun");
+    std::string uri = "file://" + d.string();
+    ScopedEnv env({{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"LOCAL_RANK", "1"},
+                   {"MESHRT_RENDEZVOUS", uri.c_str()}});
+    CHECK(rendezvous_dir_from_env() == d.string());
+    CHECK_THROWS_WITH(
+        bootstrap(LaunchOptions{}),
+        Catch::Contains("launch them with mpirun / srun") && Catch::Contains("--devices cpu:2"));
+    fs::remove_all(d);
+  }
+  {
+    ScopedEnv env({{"MESHRT_RENDEZVOUS", "tcp://host:29500"}});
+    CHECK_THROWS_WITH(rendezvous_dir_from_env(), Catch::Contains("use file:///"));
+  }
+}
+
+TEST_CASE("file rendezvous: every rank gets every blob; stale files and missing ranks are named",
+          "[multirank]") {
+  fs::path d = fresh_dir("rdzv");
+  const int n = 4;
+  std::vector<std::vector<std::string>> got(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      // Ranks arrive at different times.
+      std::this_thread::sleep_for(std::chrono::milliseconds(15 * r));
+      got[static_cast<size_t>(r)] = file_rendezvous_allgather(
+          d.string(), "blob", r, n, "payload-" + std::to_string(r) + std::string(3, '\0'), 10,
+          "run1");
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(got[static_cast<size_t>(r)].size() == static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      CHECK(got[static_cast<size_t>(r)][static_cast<size_t>(j)] ==
+            "payload-" + std::to_string(j) + std::string(3, '\0'));
+    }
+  }
+  // Data files are removed once everyone acknowledged; reusing the run id is refused.
+  CHECK_FALSE(fs::exists(d / "meshrt.run1.blob.0"));
+  CHECK_THROWS_WITH(file_rendezvous_allgather(d.string(), "blob", 0, n, "x", 1, "run1"),
+                    Catch::Contains("left by an earlier job"));
+  // Ranks 2 and 3 never come: rank 0 gives up at the deadline, naming them.
+  std::vector<std::string> errs(2);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> late;
+  for (int r = 0; r < 2; ++r) {
+    late.emplace_back([&, r] {
+      try {
+        file_rendezvous_allgather(d.string(), "lonely", r, n, "x", 0.5, "run2");
+      } catch (const CommError& e) {
+        errs[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : late) t.join();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(dt < 3.0);
+  for (auto& e : errs) CHECK_THAT(e, Catch::Contains("ranks 2, 3 never wrote"));
+  CHECK_THROWS_WITH(file_rendezvous_allgather((d / "nope").string(), "k", 0, 1, "x", 1),
+                    Catch::Contains("does not exist"));
+  fs::remove_all(d);
+}

@@ -1,0 +1,94 @@
+// The collective bench as a library: every op runs, checks its results, prints the nccl-tests
+// columns, and reports busbw with nccl-tests' factors in its JSON.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench/collective/collective_bench.h"
+#include "runtime/error.h"
+
+using namespace meshrt;
+
+TEST_CASE("collective bench: sizes parse like nccl-tests", "[multirank]") {
+  CHECK(parse_bench_size("8") == 8);
+  CHECK(parse_bench_size("512K") == 512 * 1024);
+  CHECK(parse_bench_size("64M") == 64ll << 20);
+  CHECK(parse_bench_size("1G") == 1ll << 30);
+  CHECK_THROWS_WITH(parse_bench_size("12X"), Catch::Contains("use e.g. 8, 512K, 64M or 1G"));
+  CHECK_THROWS_WITH(parse_bench_size(""), Catch::Contains("empty size"));
+}
+
+TEST_CASE("collective bench: every op checks its results and uses nccl-tests' busbw factors",
+          "[multirank]") {
+  const int n = 3;
+  struct Case {
+    const char* op;
+    double factor;
+  };
+  const Case cases[] = {{"all_reduce", 2.0 * (n - 1) / n},
+                        {"all_gather", double(n - 1) / n},
+                        {"reduce_scatter", double(n - 1) / n},
+                        {"all_to_all", double(n - 1) / n},
+                        {"broadcast", 1.0}};
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("meshrt-bench-" + std::to_string(getpid()) + ".json"))
+                               .string();
+  for (const Case& c : cases) {
+    for (const char* dt : {"f32", "bf16", "i64"}) {
+      CollBenchOptions o;
+      o.op = c.op;
+      o.devices = "cpu:" + std::to_string(n);
+      o.backend = "host";
+      o.min_bytes = 1024;
+      o.max_bytes = 64 * 1024;
+      o.step_factor = 8;
+      o.dtype = dt;
+      o.redop = "avg";
+      o.root = 2;
+      o.warmup = 1;
+      o.iters = 2;
+      o.json_path = json;
+      std::ostringstream out;
+      INFO(c.op << " " << dt);
+      REQUIRE(run_collective_bench(o, out) == 0);
+      const std::string s = out.str();
+      INFO(s);
+      CHECK_THAT(s, Catch::Contains("size         count      type   redop    root     time   "
+                                    "algbw   busbw #wrong     time   algbw   busbw #wrong"));
+      CHECK_THAT(s, Catch::Contains("# Out of bounds values : 0 OK"));
+      std::ifstream f(json);
+      nlohmann::json j = nlohmann::json::parse(f);
+      REQUIRE(j["results"].size() == 3);  // 1K, 8K, 64K
+      for (auto& r : j["results"]) {
+        for (const char* place : {"out_of_place", "in_place"}) {
+          double alg = r[place]["algbw_gbps"], bus = r[place]["busbw_gbps"];
+          CHECK(r[place]["wrong"] == 0);
+          CHECK(bus == Approx(alg * c.factor));
+          CHECK(r[place]["time_us"]["min"] <= r[place]["time_us"]["max"]);
+        }
+      }
+    }
+  }
+  std::filesystem::remove(json);
+}
+
+TEST_CASE("collective bench: invalid options say what to change", "[multirank]") {
+  CollBenchOptions o;
+  o.devices = "cpu:2";
+  o.op = "all_gatherv";
+  std::ostringstream out;
+  CHECK_THROWS_WITH(run_collective_bench(o, out), Catch::Contains("use one of all_reduce"));
+  o.op = "all_reduce";
+  o.min_bytes = 100;
+  o.max_bytes = 10;
+  CHECK_THROWS_WITH(run_collective_bench(o, out), Catch::Contains("must be >= 0 and <= -e"));
+  o.max_bytes = 1000;
+  o.op = "broadcast";
+  o.root = 5;
+  CHECK_THROWS_WITH(run_collective_bench(o, out), Catch::Contains("--root 5 outside [0, 2)"));
+}

@@ -1,4 +1,4 @@
-// Host dtype dispatch: one switch per op call, then templated loops (no dtype branches inside).
+// dtype dispatch: one switch per op call, then templated code (no dtype branches inside loops).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include "runtime/error.h"
 #include "runtime/half.h"
 
-namespace meshrt::kernels::host {
+namespace meshrt::kernels {
 
 // Calls f(T{}) with T the storage type of a floating dtype.
 template <class F>
@@ -80,4 +80,4 @@ inline void store_row(T* __restrict dst, const float* __restrict src, int64_t n)
   for (int64_t i = 0; i < n; ++i) store_f32(dst, i, src[i]);
 }
 
-}  // namespace meshrt::kernels::host
+}  // namespace meshrt::kernels

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/host/dispatch.h"
+#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
 
 namespace meshrt::kernels::host {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/host/dispatch.h"
+#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
 #include "kernels/math.h"
 

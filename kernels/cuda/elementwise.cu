@@ -1,0 +1,219 @@
+// CUDA elementwise ops: add / scale, cast, fill, bias + GeLU (with dbias), Philox dropout.
+#include "kernels/cuda/common.cuh"
+
+namespace meshrt::kernels::cuda {
+
+namespace {
+
+#define MESHRT_GRID_STRIDE(i, n)                                                         \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+template <class T>
+__global__ void axpby_kernel(const T* a, const T* b, T* o, int64_t n, float alpha, float beta) {
+  if (beta == 0.f) {
+    MESHRT_GRID_STRIDE(i, n) { store_f32(o, i, alpha * load_f32(a, i)); }
+  } else {
+    MESHRT_GRID_STRIDE(i, n) { store_f32(o, i, alpha * load_f32(a, i) + beta * load_f32(b, i)); }
+  }
+}
+
+template <class In, class Out>
+__global__ void cast_kernel(const In* __restrict__ x, Out* __restrict__ o, int64_t n) {
+  MESHRT_GRID_STRIDE(i, n) { store_f32(o, i, load_f32(x, i)); }
+}
+
+template <class T>
+__global__ void fill_kernel(T* __restrict__ o, int64_t n, T v) {
+  MESHRT_GRID_STRIDE(i, n) { o[i] = v; }
+}
+
+template <ops::GeluKind K>
+__device__ __forceinline__ float gelu(float x) {
+  if constexpr (K == ops::GeluKind::Tanh) {
+    return kmath::gelu_tanh(x);
+  } else {
+    return kmath::gelu_erf(x);
+  }
+}
+template <ops::GeluKind K>
+__device__ __forceinline__ float gelu_grad(float x) {
+  if constexpr (K == ops::GeluKind::Tanh) {
+    return kmath::gelu_tanh_grad(x);
+  } else {
+    return kmath::gelu_erf_grad(x);
+  }
+}
+
+template <class T, ops::GeluKind K>
+__global__ void gelu_fwd_kernel(const T* x, const T* __restrict__ bias, T* y, int64_t total,
+                                int64_t n) {
+  MESHRT_GRID_STRIDE(i, total) {
+    float b = bias ? load_f32(bias, i % n) : 0.f;
+    store_f32(y, i, gelu<K>(load_f32(x, i) + b));
+  }
+}
+
+template <class T, ops::GeluKind K>
+__global__ void gelu_bwd_kernel(const T* dy, const T* x, const T* __restrict__ bias, T* dx,
+                                int64_t total, int64_t n) {
+  MESHRT_GRID_STRIDE(i, total) {
+    float b = bias ? load_f32(bias, i % n) : 0.f;
+    store_f32(dx, i, load_f32(dy, i) * gelu_grad<K>(load_f32(x, i) + b));
+  }
+}
+
+// dx and the per-chunk column sums of dx (from f32 values, before rounding) in one pass.
+template <class T, ops::GeluKind K>
+__global__ void gelu_bwd_dbias_kernel(const T* dy, const T* x, const T* __restrict__ bias, T* dx,
+                                      int64_t rows, int64_t n, int64_t per,
+                                      float* __restrict__ part) {
+  __shared__ float tile[kColRowsY][kColTile + 1];
+  const int64_t col = blockIdx.x * static_cast<int64_t>(kColTile) + threadIdx.x;
+  const int64_t r0 = blockIdx.y * per;
+  const int64_t r1 = r0 + per < rows ? r0 + per : rows;
+  float acc = 0.f;
+  if (col < n) {
+    const float b = bias ? load_f32(bias, col) : 0.f;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColRowsY) {
+      int64_t i = r * n + col;
+      float g = load_f32(dy, i) * gelu_grad<K>(load_f32(x, i) + b);
+      store_f32(dx, i, g);
+      acc += g;
+    }
+  }
+  col_tile_store(acc, tile, part, n, col);
+}
+
+// One Philox draw per thread covers four consecutive global indices.
+template <class T>
+__global__ void dropout_kernel(const T* x, T* y, int64_t n, float p, float inv, uint64_t seed,
+                               uint64_t offset, uint64_t base) {
+  const uint64_t g0 = base >> 2;
+  const uint64_t groups = ((base + static_cast<uint64_t>(n) - 1) >> 2) - g0 + 1;
+  for (uint64_t t = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; t < groups;
+       t += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t g = g0 + t;
+    Philox4 r = philox_draw(seed, offset, g);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint64_t gi = 4 * g + static_cast<uint64_t>(w);
+      if (gi < base || gi >= base + static_cast<uint64_t>(n)) continue;
+      const int64_t i = static_cast<int64_t>(gi - base);
+      store_f32(y, i, kmath::dropout_keep_word(r.v[w], p) ? load_f32(x, i) * inv : 0.f);
+    }
+  }
+}
+
+template <class F>
+void dispatch_gelu(ops::GeluKind k, F&& f) {
+  if (k == ops::GeluKind::Tanh) {
+    f(std::integral_constant<ops::GeluKind, ops::GeluKind::Tanh>{});
+  } else {
+    f(std::integral_constant<ops::GeluKind, ops::GeluKind::Erf>{});
+  }
+}
+
+}  // namespace
+
+void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor& out, float alpha,
+         float beta) {
+  DeviceGuard g(s);
+  const int64_t n = out.numel();
+  dispatch_float(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    axpby_kernel<T><<<grid_for(n), kThreads, 0, native(s)>>>(a.data<T>(), b.data<T>(),
+                                                             out.data<T>(), n, alpha, beta);
+  });
+  MESHRT_CUDA_CHECK_LAUNCH("axpby<" << dtype_name(out.dtype()) << ">");
+}
+
+void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
+  DeviceGuard g(s);
+  const int64_t n = out.numel();
+  dispatch_float(x.dtype(), [&](auto tin) {
+    using In = decltype(tin);
+    dispatch_float(out.dtype(), [&](auto tout) {
+      using Out = decltype(tout);
+      cast_kernel<In, Out>
+          <<<grid_for(n), kThreads, 0, native(s)>>>(x.data<In>(), out.data<Out>(), n);
+    });
+  });
+  MESHRT_CUDA_CHECK_LAUNCH("cast<" << dtype_name(x.dtype()) << ", " << dtype_name(out.dtype())
+                                   << ">");
+}
+
+void fill(Context& ctx, Stream& s, const Tensor& out, double value) {
+  DeviceGuard g(s);
+  const int64_t n = out.numel();
+  dispatch_any(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T v;
+    if constexpr (sizeof(T) == 2) {
+      v = T::from_float(static_cast<float>(value));
+    } else {
+      v = static_cast<T>(value);
+    }
+    fill_kernel<T><<<grid_for(n), kThreads, 0, native(s)>>>(out.data<T>(), n, v);
+  });
+  MESHRT_CUDA_CHECK_LAUNCH("fill<" << dtype_name(out.dtype()) << ">");
+}
+
+void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias, const Tensor& y,
+                   ops::GeluKind kind) {
+  DeviceGuard g(s);
+  const int64_t total = x.numel(), n = row_len(x);
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_gelu(kind, [&](auto kc) {
+      constexpr ops::GeluKind K = decltype(kc)::value;
+      gelu_fwd_kernel<T, K><<<grid_for(total), kThreads, 0, native(s)>>>(
+          x.data<T>(), bias.defined() ? bias.data<T>() : nullptr, y.data<T>(), total, n);
+    });
+  });
+  MESHRT_CUDA_CHECK_LAUNCH("bias_gelu_fwd<" << dtype_name(x.dtype()) << ", "
+                                            << ops::gelu_kind_name(kind) << ">");
+}
+
+void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& bias,
+                   const Tensor& dx, const Tensor& dbias, ops::GeluKind kind, bool accumulate) {
+  DeviceGuard g(s);
+  const int64_t total = x.numel(), n = row_len(x), rows = row_count(x);
+  const cudaStream_t st = native(s);
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_gelu(kind, [&](auto kc) {
+      constexpr ops::GeluKind K = decltype(kc)::value;
+      const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+      if (!dbias.defined()) {
+        gelu_bwd_kernel<T, K><<<grid_for(total), kThreads, 0, st>>>(dy.data<T>(), x.data<T>(), pb,
+                                                                    dx.data<T>(), total, n);
+        MESHRT_CUDA_CHECK_LAUNCH("bias_gelu_bwd");
+        return;
+      }
+      ColPlan plan(rows);
+      Scratch part(ctx, s, static_cast<size_t>(plan.chunks * n) * sizeof(float));
+      if (rows > 0) {
+        gelu_bwd_dbias_kernel<T, K><<<plan.grid(n), ColPlan::block(), 0, st>>>(
+            dy.data<T>(), x.data<T>(), pb, dx.data<T>(), rows, n, plan.per, part.as<float>());
+        MESHRT_CUDA_CHECK_LAUNCH("bias_gelu_bwd_dbias");
+      }
+      col_finalize(part.as<float>(), plan.chunks, n, dbias.data<T>(), accumulate, st);
+    });
+  });
+}
+
+void dropout(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
+             uint64_t offset, int64_t index_base) {
+  DeviceGuard g(s);
+  const int64_t n = x.numel();
+  const float inv = 1.0f / (1.0f - p);
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dropout_kernel<T><<<grid_for(n / 4 + 2), kThreads, 0, native(s)>>>(
+        x.data<T>(), y.data<T>(), n, p, inv, seed, offset, static_cast<uint64_t>(index_base));
+  });
+  MESHRT_CUDA_CHECK_LAUNCH("dropout<" << dtype_name(x.dtype()) << ">");
+}
+
+}  // namespace meshrt::kernels::cuda

@@ -1,0 +1,240 @@
+// CUDA GEMM through cuBLASLt: per-rank handle, plans (descriptors + heuristic algorithm) cached
+// per problem shape, workspace per stream from the caching allocator, bias epilogue.
+#include <cublasLt.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/common.cuh"
+
+namespace meshrt::kernels::cuda {
+
+namespace {
+
+// 32 MiB: what NVIDIA recommends for Hopper so that every cuBLASLt kernel is eligible.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      break;
+  }
+  MESHRT_FAIL("op gemm: dtype " << dtype_name(t) << " has no cuBLASLt type");
+}
+
+// Largest power of two (<= 256) dividing the address: cuBLASLt kernels need aligned operands.
+uint32_t alignment(const void* p) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al >>= 1;
+  return al;
+}
+
+// MESHRT_CUBLAS_TF32=1 lets f32 GEMMs use TF32 tensor cores (off: exact f32, like the host).
+bool allow_tf32() {
+  static const bool v = [] {
+    const char* e = std::getenv("MESHRT_CUBLAS_TF32");
+    return e && e[0] == '1';
+  }();
+  return v;
+}
+
+using PlanKey =
+    std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+               int64_t, int64_t, int, int, int, uint32_t, uint32_t, uint32_t, uint32_t>;
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  ~Plan() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// One rank's cuBLASLt state (kept in Context::state).
+struct LtState {
+  std::mutex mu;
+  cublasLtHandle_t handle = nullptr;
+  std::shared_ptr<Allocator> alloc;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::map<cudaStream_t, void*> workspaces;
+  ~LtState() {
+    for (auto& [st, p] : workspaces) alloc->deallocate(p);
+    plans.clear();
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+LtState& lt_state(Context& ctx) {
+  return ctx.state<LtState>("kernels.cuda.cublaslt", [&ctx] {
+    auto s = std::make_shared<LtState>();
+    MESHRT_CUBLAS_CHECK(cublasLtCreate(&s->handle));
+    s->alloc = ctx.allocator_ptr();
+    return s;
+  });
+}
+
+void set_layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+  if (batch <= 1) return;
+  int32_t b = static_cast<int32_t>(batch);
+  MESHRT_CUBLAS_CHECK(
+      cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)));
+  MESHRT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+}
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B and
+// its "B" is our A, each stored column-major as the transpose of our row-major storage.
+std::unique_ptr<Plan> make_plan(LtState& st, const GemmProblem& p, uint32_t al_a, uint32_t al_b,
+                                uint32_t al_c, uint32_t al_bias) {
+  auto plan = std::make_unique<Plan>();
+  const DType in = p.a.dtype(), out = p.c.dtype();
+  const cublasComputeType_t compute =
+      (in == DType::f32 && allow_tf32()) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  cublasOperation_t op_lt_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_lt_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                     &op_lt_a, sizeof(op_lt_a)));
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                     &op_lt_b, sizeof(op_lt_b)));
+  if (p.bias.defined()) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                       &epi, sizeof(epi)));
+    cudaDataType_t bt = cuda_type(p.bias.dtype());
+    MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
+  // Column-major shapes (rows, cols, ld) of the stored operands.
+  const uint64_t a_rows = static_cast<uint64_t>(p.trans_b ? p.k : p.n);
+  const uint64_t a_cols = static_cast<uint64_t>(p.trans_b ? p.n : p.k);
+  const uint64_t b_rows = static_cast<uint64_t>(p.trans_a ? p.m : p.k);
+  const uint64_t b_cols = static_cast<uint64_t>(p.trans_a ? p.k : p.m);
+  MESHRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->la, cuda_type(in), a_rows, a_cols, p.ldb));
+  MESHRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lb, cuda_type(in), b_rows, b_cols, p.lda));
+  MESHRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+      &plan->lc, cuda_type(out), static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), p.ldc));
+  set_layout_batch(plan->la, p.batch, p.stride_b);
+  set_layout_batch(plan->lb, p.batch, p.stride_a);
+  set_layout_batch(plan->lc, p.batch, p.stride_c);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                  decltype(&cublasLtMatmulPreferenceDestroy)>
+      pref_guard(pref, &cublasLtMatmulPreferenceDestroy);
+  uint64_t ws = kWorkspaceBytes;
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // Our A is cuBLASLt's B and vice versa.
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof(al_b)));
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof(al_a)));
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  (void)al_bias;  // part of the plan key; cuBLASLt has no preference for the bias alignment
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  MESHRT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->la, plan->lb,
+                                                     plan->lc, plan->lc, pref, 1, &result, &found));
+  MESHRT_CHECK(found > 0, "op gemm: cuBLASLt has no algorithm for m="
+                              << p.m << " n=" << p.n << " k=" << p.k << " batch=" << p.batch << " "
+                              << dtype_name(in) << " -> " << dtype_name(out));
+  plan->algo = result.algo;
+  plan->workspace = result.workspaceSize;
+  return plan;
+}
+
+// C = beta * C (+ bias) when k == 0 (cuBLASLt does not take empty inner dimensions).
+template <class CT>
+__global__ void gemm_k0_kernel(CT* c, const CT* __restrict__ bias, int64_t m, int64_t n,
+                               int64_t ldc, int64_t stride_c, int64_t batch, float beta) {
+  const int64_t total = batch * m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / (m * n), r = (i / n) % m, j = i % n;
+    CT* e = c + b * stride_c + r * ldc;
+    float v = beta == 0.f ? 0.f : beta * load_f32(e, j);
+    if (bias) v += load_f32(bias, j);
+    store_f32(e, j, v);
+  }
+}
+
+}  // namespace
+
+void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
+  DeviceGuard guard(s);
+  const cudaStream_t st = native(s);
+  if (p.k == 0) {
+    dispatch_float(p.c.dtype(), [&](auto tag) {
+      using CT = decltype(tag);
+      gemm_k0_kernel<CT><<<grid_for(p.batch * p.m * p.n), kThreads, 0, st>>>(
+          p.c.data<CT>(), p.bias.defined() ? p.bias.data<CT>() : nullptr, p.m, p.n, p.ldc,
+          p.stride_c, p.batch, p.beta);
+    });
+    MESHRT_CUDA_CHECK_LAUNCH("gemm_k0");
+    return;
+  }
+  MESHRT_CHECK(p.batch <= INT32_MAX,
+               "op gemm_strided_batched: batch " << p.batch << " exceeds int32");
+  LtState& lt = lt_state(ctx);
+  const void* bias_ptr = p.bias.defined() ? p.bias.data_ptr() : nullptr;
+  const uint32_t al_a = alignment(p.a.data_ptr()), al_b = alignment(p.b.data_ptr());
+  const uint32_t al_c = alignment(p.c.data_ptr()), al_bias = alignment(bias_ptr);
+  PlanKey key{p.trans_a,
+              p.trans_b,
+              p.m,
+              p.n,
+              p.k,
+              p.lda,
+              p.ldb,
+              p.ldc,
+              p.batch,
+              p.stride_a,
+              p.stride_b,
+              p.stride_c,
+              static_cast<int>(p.a.dtype()),
+              static_cast<int>(p.c.dtype()),
+              p.bias.defined() ? static_cast<int>(p.bias.dtype()) : -1,
+              al_a,
+              al_b,
+              al_c,
+              al_bias};
+  std::lock_guard<std::mutex> lk(lt.mu);
+  auto it = lt.plans.find(key);
+  if (it == lt.plans.end()) {
+    it = lt.plans.emplace(key, make_plan(lt, p, al_a, al_b, al_c, al_bias)).first;
+  }
+  Plan& plan = *it->second;
+  void*& ws = lt.workspaces[st];
+  if (!ws) ws = lt.alloc->allocate(kWorkspaceBytes, &s);
+  if (bias_ptr) {
+    MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bias_ptr, sizeof(bias_ptr)));
+  }
+  const float alpha = p.alpha, beta = p.beta;
+  MESHRT_CUBLAS_CHECK(cublasLtMatmul(lt.handle, plan.desc, &alpha, p.b.data_ptr(), plan.la,
+                                     p.a.data_ptr(), plan.lb, &beta, p.c.data_ptr(), plan.lc,
+                                     p.c.data_ptr(), plan.lc, &plan.algo, ws, kWorkspaceBytes, st));
+}
+
+}  // namespace meshrt::kernels::cuda

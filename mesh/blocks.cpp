@@ -1,0 +1,258 @@
+#include "mesh/blocks.h"
+
+#include <cmath>
+
+#include "runtime/error.h"
+
+namespace meshrt {
+
+void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq) {
+  MESHRT_CHECK(cfg.hidden > 0 && cfg.ffn > 0 && cfg.heads > 0,
+               "block: hidden=" << cfg.hidden << ", ffn=" << cfg.ffn << ", heads=" << cfg.heads
+                                << " must all be positive");
+  MESHRT_CHECK(cfg.hidden % cfg.heads == 0, "block: hidden "
+                                                << cfg.hidden << " does not divide by heads "
+                                                << cfg.heads << "; pick heads that divide it");
+  MESHRT_CHECK(cfg.hidden % tp == 0, "block: hidden " << cfg.hidden << " does not divide by tp="
+                                                      << tp << "; change --hidden or the mesh");
+  MESHRT_CHECK(cfg.ffn % tp == 0, "block: ffn " << cfg.ffn << " does not divide by tp=" << tp
+                                                << "; change --ffn or the mesh");
+  MESHRT_CHECK(cfg.heads % tp == 0, "block: heads " << cfg.heads << " do not divide by tp=" << tp
+                                                    << "; change --heads or the mesh");
+  if (seq > 0 && opt.sequence_parallel && tp > 1) {
+    MESHRT_CHECK(seq % tp == 0, "block: sequence " << seq << " does not divide by tp=" << tp
+                                                   << " under sequence parallel; change --seq "
+                                                      "or drop --sp");
+    if (opt.overlap == Overlap::Chunked)
+      MESHRT_CHECK(
+          seq % (static_cast<int64_t>(tp) * tp) == 0,
+          "block: chunked overlap needs seq divisible by tp^2=" << tp * tp << "; seq is " << seq);
+  }
+}
+
+// ---- Norm ---------------------------------------------------------------------------------------
+
+Norm::Norm(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, NormKind kind,
+           std::string name, uint64_t id, int64_t hidden, DType dtype, float eps, float noise,
+           uint64_t seed)
+    : mesh_(mesh), tp_(tp), opt_(opt), kind_(kind), eps_(eps) {
+  using D = PhiloxInit::Dist;
+  gamma = noise > 0 ? make_param(mesh, name + ".weight", id, {hidden}, -1, dtype,
+                                 PhiloxInit{seed, 0, D::Normal, 1.f, noise})
+                    : make_param_const(mesh, name + ".weight", id, {hidden}, -1, dtype, 1.0);
+  if (kind == NormKind::LayerNorm)
+    beta = noise > 0 ? make_param(mesh, name + ".bias", id + 1, {hidden}, -1, dtype,
+                                  PhiloxInit{seed, 0, D::Normal, 0.f, noise})
+                     : make_param_const(mesh, name + ".bias", id + 1, {hidden}, -1, dtype, 0.0);
+  const bool partial = opt.sequence_parallel && tp.size() > 1;
+  gamma.tp_partial_grad = partial;
+  if (beta.value.defined()) beta.tp_partial_grad = partial;
+}
+
+void Norm::collect(std::vector<Param*>& out) {
+  out.push_back(&gamma);
+  if (beta.value.defined()) out.push_back(&beta);
+}
+
+Tensor Norm::forward(const Tensor& x) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  const int64_t rows = x.numel() / x.size(-1);
+  Tensor y = ctx.empty(x.shape(), x.dtype());
+  rstd_ = ctx.empty({rows}, DType::f32);
+  if (kind_ == NormKind::LayerNorm) {
+    mean_ = ctx.empty({rows}, DType::f32);
+    ops::layernorm_fwd(ctx, cs, x, gamma.value, &beta.value, y, mean_, rstd_, eps_);
+  } else {
+    ops::rmsnorm_fwd(ctx, cs, x, gamma.value, y, rstd_, eps_);
+  }
+  x_ = x;
+  return y;
+}
+
+Tensor Norm::backward(const Tensor& dy) {
+  MESHRT_CHECK(x_.defined(), "norm " << gamma.name << ": backward without forward");
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  Tensor dx = ctx.empty(x_.shape(), x_.dtype());
+  const bool partial = gamma.tp_partial_grad;
+  // Under sequence parallel the weight gradients of this shard are partial: reduce this step's
+  // contribution over tp before adding it (never the accumulated gradient, which would count
+  // earlier micro-batches tp times).
+  Tensor dg = partial ? ctx.empty(gamma.grad.shape(), gamma.grad.dtype()) : gamma.grad;
+  Tensor db;
+  if (beta.value.defined())
+    db = partial ? ctx.empty(beta.grad.shape(), beta.grad.dtype()) : beta.grad;
+  if (kind_ == NormKind::LayerNorm) {
+    ops::layernorm_bwd(ctx, cs, dy, x_, gamma.value, mean_, rstd_, dx, &dg, &db, !partial);
+  } else {
+    ops::rmsnorm_bwd(ctx, cs, dy, x_, gamma.value, rstd_, dx, &dg, !partial);
+  }
+  if (partial) {
+    Event e1 = tp_.all_reduce(dg, "norm.grad.ar");
+    Event e2 = db.defined() ? tp_.all_reduce(db, "norm.grad.ar") : Event();
+    tp_.wait(e1);
+    tp_.wait(e2);
+    ops::add(ctx, cs, gamma.grad, dg, gamma.grad);
+    if (db.defined()) ops::add(ctx, cs, beta.grad, db, beta.grad);
+  }
+  x_ = mean_ = rstd_ = Tensor();
+  return dx;
+}
+
+// ---- MLP ----------------------------------------------------------------------------------------
+
+namespace {
+LinearSpec lin(const BlockConfig& c, std::string name, uint64_t id, int64_t in, int64_t out) {
+  LinearSpec s;
+  s.name = std::move(name);
+  s.id = id;
+  s.in = in;
+  s.out = out;
+  s.dtype = c.dtype;
+  s.bias = c.bias;
+  s.init_std = c.init_std;
+  s.bias_std = c.param_noise;
+  s.seed = c.seed;
+  return s;
+}
+}  // namespace
+
+MlpBlock::MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
+                   const BlockConfig& cfg, std::string name, uint64_t id)
+    : norm((validate_block(cfg, tp.size(), opt), mesh), tp, opt, cfg.norm, name + ".norm", id,
+           cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
+      fc1(mesh, tp, opt, lin(cfg, name + ".fc1", id + 2, cfg.hidden, cfg.ffn)),
+      fc2(mesh, tp, opt, lin(cfg, name + ".fc2", id + 4, cfg.ffn, cfg.hidden)),
+      mesh_(mesh),
+      tp_(tp),
+      cfg_(cfg) {}
+
+void MlpBlock::collect(std::vector<Param*>& out) {
+  norm.collect(out);
+  fc1.collect(out);
+  fc2.collect(out);
+}
+
+Tensor MlpBlock::forward(const Tensor& x) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  Tensor ln = norm.forward(x);
+  h1_ = fc1.forward(ln, /*apply_bias=*/false);
+  Tensor g = ctx.empty(h1_.shape(), h1_.dtype());
+  ops::bias_gelu_fwd(ctx, cs, h1_, cfg_.bias ? &fc1.bias.value : nullptr, g, cfg_.gelu);
+  Tensor y = fc2.forward(g);
+  Tensor out = ctx.empty(x.shape(), x.dtype());
+  ops::add(ctx, cs, x, y, out);
+  return out;
+}
+
+Tensor MlpBlock::backward(const Tensor& dout) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  Tensor dg = fc2.backward(dout);
+  Tensor dh = ctx.empty(dg.shape(), dg.dtype());
+  ops::bias_gelu_bwd(ctx, cs, dg, h1_, cfg_.bias ? &fc1.bias.value : nullptr, dh,
+                     cfg_.bias ? &fc1.bias.grad : nullptr, cfg_.gelu, /*accumulate=*/true);
+  h1_ = Tensor();
+  Event ready;
+  Tensor dln = fc1.backward(dh, &ready, /*apply_bias=*/false);
+  tp_.wait(ready);
+  Tensor dx = norm.backward(dln);
+  ops::add(ctx, cs, dx, dout, dx);
+  return dx;
+}
+
+// ---- Attention ----------------------------------------------------------------------------------
+
+AttentionBlock::AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
+                               const BlockConfig& cfg, std::string name, uint64_t id)
+    : norm((validate_block(cfg, tp.size(), opt), mesh), tp, opt, cfg.norm, name + ".norm", id,
+           cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
+      qkv(mesh, tp, opt, lin(cfg, name + ".qkv", id + 2, cfg.hidden, 3 * cfg.hidden)),
+      proj(mesh, tp, opt, lin(cfg, name + ".proj", id + 4, cfg.hidden, cfg.hidden)),
+      mesh_(mesh),
+      tp_(tp),
+      cfg_(cfg) {
+  heads_local_ = cfg.heads / tp.size();
+  head_dim_ = cfg.hidden / cfg.heads;
+}
+
+void AttentionBlock::collect(std::vector<Param*>& out) {
+  norm.collect(out);
+  qkv.collect(out);
+  proj.collect(out);
+}
+
+namespace {
+// [s, b, h, d] view -> [b, h, s, d] view.
+Tensor sbhd_to_bhsd(const Tensor& t) { return t.transpose(0, 1).transpose(1, 2); }
+}  // namespace
+
+Tensor AttentionBlock::forward(const Tensor& x) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  Tensor ln = norm.forward(x);
+  Tensor qkv_out = qkv.forward(ln);  // [s, b, hl * 3 * d]
+  const int64_t s = qkv_out.size(0), b = qkv_out.size(1), hl = heads_local_, d = head_dim_;
+  Tensor v5 = qkv_out.view({s, b, hl, 3, d});
+  q_ = ctx.empty({b, hl, s, d}, x.dtype());
+  k_ = ctx.empty({b, hl, s, d}, x.dtype());
+  v_ = ctx.empty({b, hl, s, d}, x.dtype());
+  q_.copy_(sbhd_to_bhsd(v5.select(3, 0)), cs);
+  k_.copy_(sbhd_to_bhsd(v5.select(3, 1)), cs);
+  v_.copy_(sbhd_to_bhsd(v5.select(3, 2)), cs);
+  o_ = ctx.empty({b, hl, s, d}, x.dtype());
+  lse_ = ctx.empty({b, hl, s}, DType::f32);
+  ops::attention_fwd(ctx, cs, q_, k_, v_, o_, lse_, 1.f / std::sqrt(static_cast<float>(d)),
+                     /*causal=*/true);
+  Tensor attn = ctx.empty({s, b, hl * d}, x.dtype());
+  sbhd_to_bhsd(attn.view({s, b, hl, d})).copy_(o_, cs);
+  Tensor y = proj.forward(attn);
+  Tensor out = ctx.empty(x.shape(), x.dtype());
+  ops::add(ctx, cs, x, y, out);
+  return out;
+}
+
+Tensor AttentionBlock::backward(const Tensor& dout) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  Tensor dattn = proj.backward(dout);  // [s, b, hl * d]
+  const int64_t s = dattn.size(0), b = dattn.size(1), hl = heads_local_, d = head_dim_;
+  Tensor dO = ctx.empty({b, hl, s, d}, dattn.dtype());
+  dO.copy_(sbhd_to_bhsd(dattn.view({s, b, hl, d})), cs);
+  Tensor dq = ctx.empty(q_.shape(), q_.dtype()), dk = ctx.empty(k_.shape(), k_.dtype()),
+         dv = ctx.empty(v_.shape(), v_.dtype());
+  ops::attention_bwd(ctx, cs, q_, k_, v_, o_, dO, lse_, dq, dk, dv,
+                     1.f / std::sqrt(static_cast<float>(d)), /*causal=*/true);
+  Tensor dqkv = ctx.empty({s, b, hl, 3, d}, dattn.dtype());
+  sbhd_to_bhsd(dqkv.select(3, 0)).copy_(dq, cs);
+  sbhd_to_bhsd(dqkv.select(3, 1)).copy_(dk, cs);
+  sbhd_to_bhsd(dqkv.select(3, 2)).copy_(dv, cs);
+  q_ = k_ = v_ = o_ = lse_ = Tensor();
+  Event ready;
+  Tensor dln = qkv.backward(dqkv.view({s, b, hl * 3 * d}), &ready);
+  tp_.wait(ready);
+  Tensor dx = norm.backward(dln);
+  ops::add(ctx, cs, dx, dout, dx);
+  return dx;
+}
+
+// ---- Transformer block
+// ---------------------------------------------------------------------------
+
+TransformerBlock::TransformerBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
+                                   const BlockConfig& cfg, std::string name, uint64_t id)
+    : attn(mesh, tp, opt, cfg, name + ".attn", id),
+      mlp(mesh, tp, opt, cfg, name + ".mlp", id + 8) {}
+
+void TransformerBlock::collect(std::vector<Param*>& out) {
+  attn.collect(out);
+  mlp.collect(out);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) { return mlp.forward(attn.forward(x)); }
+
+Tensor TransformerBlock::backward(const Tensor& dout) { return attn.backward(mlp.backward(dout)); }
+
+}  // namespace meshrt

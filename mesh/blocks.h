@@ -1,0 +1,127 @@
+// Transformer blocks over a DeviceMesh's tp dim: norm, MLP, attention and their composition,
+// each with explicit forward and backward (saved activations, no general autograd).
+// Activations are sequence-first [seq, batch, hidden]; under sequence parallel a rank holds the
+// contiguous sequence shard [seq / tp, batch, hidden].
+#pragma once
+
+#include "kernels/ops.h"
+#include "mesh/linear.h"
+
+namespace meshrt {
+
+enum class NormKind : uint8_t { LayerNorm, RMSNorm };
+
+struct BlockConfig {
+  int64_t hidden = 1024;
+  int64_t ffn = 4096;
+  int64_t heads = 16;
+  DType dtype = DType::f32;
+  NormKind norm = NormKind::LayerNorm;
+  ops::GeluKind gelu = ops::GeluKind::Tanh;
+  float eps = 1e-5f;
+  bool bias = true;
+  float init_std = 0.02f;
+  // > 0: biases ~ N(0, param_noise), norm gains ~ N(1, param_noise), norm biases ~ N(0, ...)
+  // instead of the usual 0 / 1 / 0 (tests use it so every parameter matters).
+  float param_noise = 0.f;
+  uint64_t seed = 1;
+};
+
+// Rejects shapes that cannot be sharded, before any collective runs: hidden % tp, ffn % tp,
+// heads % tp, hidden % heads, and (seq > 0) seq % tp under sequence parallel (seq % tp^2 for
+// chunked overlap). Messages name the values and what to change.
+void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq = 0);
+
+// LayerNorm / RMSNorm over hidden; weights replicated over tp. Under sequence parallel it runs
+// on the sequence shard and its weight gradients are summed over tp.
+class Norm {
+ public:
+  Norm(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, NormKind kind, std::string name,
+       uint64_t id, int64_t hidden, DType dtype, float eps, float noise = 0.f, uint64_t seed = 0);
+  Tensor forward(const Tensor& x);
+  // Adds the weight gradients (summed over tp under sequence parallel) and returns dx.
+  Tensor backward(const Tensor& dy);
+  void collect(std::vector<Param*>& out);
+  Param gamma, beta;
+
+ private:
+  DeviceMesh& mesh_;
+  CommScheduler& tp_;
+  TpOptions opt_;
+  NormKind kind_;
+  float eps_;
+  Tensor x_, mean_, rstd_;
+};
+
+class Block {
+ public:
+  virtual ~Block() = default;
+  virtual Tensor forward(const Tensor& x) = 0;
+  virtual Tensor backward(const Tensor& dout) = 0;
+  virtual void collect(std::vector<Param*>& out) = 0;
+  std::vector<Param*> params() {
+    std::vector<Param*> p;
+    collect(p);
+    return p;
+  }
+};
+
+// x + fc2(gelu(fc1(norm(x)))): fc1 colwise, fc2 rowwise.
+class MlpBlock : public Block {
+ public:
+  MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
+           std::string name, uint64_t id_base);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dout) override;
+  void collect(std::vector<Param*>& out) override;
+
+  Norm norm;
+  ColwiseLinear fc1;
+  RowwiseLinear fc2;
+
+ private:
+  DeviceMesh& mesh_;
+  CommScheduler& tp_;
+  BlockConfig cfg_;
+  Tensor h1_;
+};
+
+// x + proj(causal_attention(qkv(norm(x)))): fused QKV colwise with heads split over tp (weight
+// columns laid out per head as [q | k | v] so a column shard is whole heads), out-proj rowwise.
+class AttentionBlock : public Block {
+ public:
+  AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
+                 std::string name, uint64_t id_base);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dout) override;
+  void collect(std::vector<Param*>& out) override;
+
+  Norm norm;
+  ColwiseLinear qkv;
+  RowwiseLinear proj;
+
+ private:
+  DeviceMesh& mesh_;
+  CommScheduler& tp_;
+  BlockConfig cfg_;
+  int64_t heads_local_, head_dim_;
+  Tensor q_, k_, v_, o_, lse_;
+};
+
+// Attention block then MLP block.
+class TransformerBlock : public Block {
+ public:
+  TransformerBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
+                   const BlockConfig& cfg, std::string name, uint64_t id_base);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dout) override;
+  void collect(std::vector<Param*>& out) override;
+
+  AttentionBlock attn;
+  MlpBlock mlp;
+};
+
+// Parameter ids a block uses from id_base (so models give each block a disjoint range).
+constexpr uint64_t kBlockIdStride = 64;
+
+}  // namespace meshrt

@@ -1,0 +1,50 @@
+// Test harness: runs a function on n host ranks (threads) with their contexts and communicators.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "collectives/host_comm.h"
+#include "runtime/context.h"
+#include "runtime/logging.h"
+
+namespace meshrt::test {
+
+inline void run_ranks(int n, const std::function<void(int, Communicator&, Context&)>& fn) {
+  auto comms = make_host_communicators(n);
+  std::vector<std::exception_ptr> errs(static_cast<size_t>(n));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      set_log_rank(r, n);
+      try {
+        ContextOptions o;
+        o.rank = r;
+        o.world_size = n;
+        o.local_ranks = n;
+        Context ctx(Device::cpu(r), o);
+        fn(r, *comms[static_cast<size_t>(r)], ctx);
+        ctx.synchronize();
+      } catch (...) {
+        errs[static_cast<size_t>(r)] = std::current_exception();
+        comms[static_cast<size_t>(r)]->abort("rank " + std::to_string(r) + " failed in a test");
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+// max |a - b| / max |ref|: the norm-relative error used for sharded-vs-unsharded comparisons.
+inline double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
+  double md = 0, mr = 1e-30;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    md = std::max(md, std::abs(got[i] - ref[i]));
+    mr = std::max(mr, std::abs(ref[i]));
+  }
+  return md / mr;
+}
+
+}  // namespace meshrt::test

@@ -1,0 +1,189 @@
+// The proof that sharding is right: every layout gives the unsharded run's outputs, input
+// gradients and (gathered) parameter gradients.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <mutex>
+
+#include "mesh/blocks.h"
+#include "mesh/lm.h"
+#include "runtime/error.h"
+#include "tests/mesh/harness.h"
+
+using namespace meshrt;
+using meshrt::test::rel_err;
+using meshrt::test::run_ranks;
+
+namespace {
+
+enum class Kind { Mlp, Attention, Transformer, LmHead };
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Mlp:
+      return "mlp";
+    case Kind::Attention:
+      return "attention";
+    case Kind::Transformer:
+      return "transformer";
+    case Kind::LmHead:
+      return "lm_head";
+  }
+  return "?";
+}
+
+constexpr int64_t kSeq = 16, kBatch = 2, kVocab = 64;
+
+BlockConfig small_config(DType dt) {
+  BlockConfig c;
+  c.hidden = 32;
+  c.ffn = 64;
+  c.heads = 4;
+  c.dtype = dt;
+  c.init_std = 0.2f;     // large enough that every branch matters
+  c.param_noise = 0.3f;  // biases and norm weights away from 0 / 1 so their handling is tested
+  c.seed = 11;
+  return c;
+}
+
+using Result = std::map<std::string, std::vector<double>>;
+
+// Runs one forward + backward of `kind` on tp ranks and returns everything gathered to full
+// tensors (from rank 0).
+Result run_block(Kind kind, int tp, TpOptions opt, DType dt) {
+  Result res;
+  std::mutex mu;
+  run_ranks(tp, [&](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "tp=" + std::to_string(tp));
+    CommScheduler sched(mesh, "tp", opt.overlap);
+    Stream& s = ctx.compute_stream();
+    BlockConfig cfg = small_config(dt);
+    const bool sp = opt.sequence_parallel && tp > 1;
+    // The full input and output gradient, identical on every rank (Philox), then this rank's part.
+    Tensor x_full = ctx.empty({kSeq, kBatch, cfg.hidden}, dt);
+    x_full.init_philox_({77, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+    Tensor dout_full = ctx.empty({kSeq, kBatch, cfg.hidden}, dt);
+    dout_full.init_philox_({77, 2, PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+    auto local = [&](const Tensor& t) {
+      return sp ? t.narrow(0, r * (kSeq / tp), kSeq / tp).contiguous(s) : t;
+    };
+    std::vector<Placement> act_pl{sp ? Placement::shard(0) : Placement::replicate()};
+    Tensor x = local(x_full), dout = local(dout_full);
+    std::vector<Param*> params;
+    Tensor out, dx;
+    std::unique_ptr<Block> block;
+    std::unique_ptr<LmHead> head;
+    if (kind == Kind::LmHead) {
+      head = std::make_unique<LmHead>(mesh, sched, opt, cfg, "lm", 500, kVocab);
+      Tensor targets = ctx.empty({kSeq, kBatch}, DType::i64);
+      {  // targets t = (7 * i + 3) % vocab, written on the host
+        s.synchronize();
+        auto* p = targets.data<int64_t>();
+        for (int64_t i = 0; i < targets.numel(); ++i) p[i] = (7 * i + 3) % kVocab;
+      }
+      out = head->forward(x, targets);
+      dx = head->backward(1.f);
+      head->collect(params);
+      act_pl = {Placement::replicate()};
+    } else {
+      if (kind == Kind::Mlp) block = std::make_unique<MlpBlock>(mesh, sched, opt, cfg, "b", 0);
+      if (kind == Kind::Attention)
+        block = std::make_unique<AttentionBlock>(mesh, sched, opt, cfg, "b", 0);
+      if (kind == Kind::Transformer)
+        block = std::make_unique<TransformerBlock>(mesh, sched, opt, cfg, "b", 0);
+      out = block->forward(x);
+      dx = block->backward(dout);
+      block->collect(params);
+    }
+    std::vector<Placement> x_pl{sp ? Placement::shard(0) : Placement::replicate()};
+    Result mine;
+    auto gather = [&](const Tensor& t, const std::vector<Placement>& pl) {
+      Tensor f = full_tensor(t, mesh, pl, s).to(DType::f32, s);
+      s.synchronize();  // the values are read on this thread next
+      return f.to_vector();
+    };
+    mine["out"] = gather(out, act_pl);
+    mine["dx"] = gather(dx, x_pl);
+    for (Param* p : params) {
+      mine["grad:" + p->name] = gather(p->grad, p->placements(mesh));
+      mine["value:" + p->name] = gather(p->value, p->placements(mesh));
+    }
+    ctx.synchronize();
+    std::lock_guard<std::mutex> lk(mu);
+    if (r == 0) res = std::move(mine);
+  });
+  return res;
+}
+
+void compare(const Result& got, const Result& ref, double tol) {
+  REQUIRE(got.size() == ref.size());
+  for (auto& [name, v] : ref) {
+    INFO("tensor " << name);
+    REQUIRE(got.count(name) == 1);
+    REQUIRE(got.at(name).size() == v.size());
+    double e = rel_err(got.at(name), v);
+    INFO("relative error " << e << " (tolerance " << tol << ")");
+    CHECK(e <= tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sharded blocks equal the unsharded run (f32 and bf16, tp 1/2/4, sp off/on)",
+          "[mesh][multirank]") {
+  for (Kind kind : {Kind::Mlp, Kind::Attention, Kind::Transformer, Kind::LmHead}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      // f32: reductions in another order only. bf16: activations rounded at different points
+      // (partial sums are rounded to bf16 before the tp reduction), so a few bf16 ulps.
+      const double tol = dt == DType::f32 ? 2e-5 : 3e-2;
+      Result ref = run_block(kind, 1, TpOptions{false, Overlap::Async}, dt);
+      REQUIRE(!ref.empty());
+      for (int tp : {2, 4}) {
+        for (bool sp : {false, true}) {
+          std::vector<Overlap> modes{Overlap::Async};
+          if (dt == DType::f32) modes.push_back(sp ? Overlap::Chunked : Overlap::None);
+          for (Overlap ov : modes) {
+            if (ov == Overlap::Chunked && kind == Kind::LmHead) continue;
+            INFO(kind_name(kind) << " " << dtype_name(dt) << " tp=" << tp << " sp=" << sp
+                                 << " overlap=" << overlap_name(ov));
+            compare(run_block(kind, tp, TpOptions{sp, ov}, dt), ref, tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bad tensor-parallel configurations are rejected before any collective",
+          "[mesh][multirank]") {
+  run_ranks(4, [](int, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "tp=4");
+    CommScheduler sched(mesh, "tp", Overlap::Async);
+    uint64_t seq_before = mesh.group("tp").next_seq();
+    BlockConfig c = small_config(DType::f32);
+    TpOptions sp{true, Overlap::Async};
+    auto bad = [&](BlockConfig cc, const char* msg, TpOptions o = {}) {
+      REQUIRE_THROWS_WITH(MlpBlock(mesh, sched, o, cc, "b", 0), Catch::Contains(msg));
+    };
+    BlockConfig h = c;
+    h.hidden = 30;
+    h.heads = 3;
+    bad(h, "hidden 30 does not divide by tp=4");
+    BlockConfig f = c;
+    f.ffn = 66;
+    bad(f, "ffn 66 does not divide by tp=4");
+    BlockConfig hd = c;
+    hd.heads = 6;
+    hd.hidden = 48;
+    bad(hd, "heads 6 do not divide by tp=4");
+    BlockConfig nh = c;
+    nh.heads = 5;
+    bad(nh, "does not divide by heads 5");
+    REQUIRE_THROWS_WITH(validate_block(c, 4, sp, 18),
+                        Catch::Contains("sequence 18 does not divide by tp=4"));
+    REQUIRE_THROWS_WITH(validate_block(c, 4, TpOptions{true, Overlap::Chunked}, 8),
+                        Catch::Contains("tp^2=16"));
+    REQUIRE_THROWS_WITH(LmHead(mesh, sched, {}, c, "lm", 0, 66),
+                        Catch::Contains("vocab 66 does not divide by tp=4"));
+    REQUIRE(mesh.group("tp").next_seq() == seq_before);  // nothing was communicated
+  });
+}

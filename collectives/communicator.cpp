@@ -110,13 +110,6 @@ CommConfig CommConfig::from_env() {
                                             "watchdog; default 300)");
     c.timeout_s = v;
   }
-  if (const char* b = std::getenv("MESHRT_HOST_CHUNK_BYTES"); b && *b) {
-    char* end = nullptr;
-    long long v = std::strtoll(b, &end, 10);
-    MESHRT_CHECK(end != b && *end == '\0' && v >= 4096,
-                 "MESHRT_HOST_CHUNK_BYTES='" << b << "' must be a byte count >= 4096");
-    c.host_chunk_bytes = static_cast<size_t>(v);
-  }
   if (const char* d = std::getenv("MESHRT_COMM_DEBUG"); d && *d) {
     c.debug = d[0] != '0';
   }

@@ -52,8 +52,6 @@ struct CommConfig {
   // MESHRT_COMM_DEBUG=1: ranks compare (op, dtype, count, root, sequence number) before each
   // collective and raise an error naming the differing ranks instead of hanging or corrupting.
   bool debug = false;
-  // Host backend: bytes per all-reduce pipeline chunk (MESHRT_HOST_CHUNK_BYTES; default 1 MiB).
-  size_t host_chunk_bytes = size_t{1} << 20;
   static CommConfig from_env();
 };
 

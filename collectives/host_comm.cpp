@@ -226,6 +226,8 @@ void HostFamily::abort(const std::string& why) {
 }
 
 constexpr int kStepBits = 24;  // progress = (seq << kStepBits) | steps
+// All-reduce outputs at least this large are written with non-temporal stores.
+constexpr size_t kStreamingBytes = size_t{4} << 20;
 
 std::string ranks_where(int n, const std::function<bool(int)>& pred) {
   std::vector<int> r;
@@ -404,6 +406,12 @@ class HostComm final : public Communicator {
               });
     }
 
+    // Reduce-scatter fused with a push all-gather: rank r reduces slice r of the buffer, reading
+    // every rank's input in rank order 0..n-1, one L1-sized block at a time, and stores each
+    // reduced block into every rank's output. Every element is computed once, by one rank, so all
+    // ranks receive bit-identical results; each rank reads n slices and writes n slices, the same
+    // memory traffic as one memcpy of the buffer, with no step where ranks wait on each other
+    // between entering and leaving.
     void all_reduce(const Call& c, const std::string& call, const Deadline& dl) {
       const int n = g->size();
       const size_t es = dtype_size(c.dtype);
@@ -415,52 +423,32 @@ class HostComm final : public Communicator {
         if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
         return leave(c.seq, call, dl);
       }
-      std::vector<const char*> ins(static_cast<size_t>(n));
-      std::vector<const char*> outs(static_cast<size_t>(n));
-      for (int j = 0; j < n; ++j) {
-        ins[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in);
-        outs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.out);
-      }
-      // The chunk keeps each rank's reduced part in cache until the peers copy it.
-      // Chunk k of the buffer is split into n parts of `part` elements (cache-line multiples);
-      // rank r reduces part r of every chunk, then copies the peers' parts of the previous chunk.
+      // Slices are whole cache lines so that no two ranks write the same line.
       const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
-      const int64_t target = std::max<int64_t>(
-          align * n, static_cast<int64_t>(std::max<size_t>(g->config().host_chunk_bytes, 64) / es));
-      int64_t part = (std::min(target, N) + n - 1) / n;
-      part = (part + align - 1) / align * align;
-      const int64_t chunk = part * n;
-      const int64_t nchunks = N == 0 ? 0 : (N + chunk - 1) / chunk;
-      MESHRT_CHECK(nchunks < (int64_t{1} << kStepBits),
-                   "host all_reduce: " << N << " elements need too many chunks");
-      std::vector<const void*> srcs(static_cast<size_t>(n));
-      auto gather = [&](int64_t k) {
-        for (int t = 1; t < n; ++t) {
-          const int j = (rank + t) % n;
-          const int64_t lo = k * chunk + j * part;
-          const int64_t hi = std::min(N, lo + part);
-          if (lo >= hi) continue;
-          wait_progress(j, c.seq, static_cast<uint64_t>(k + 1), call, dl);
-          std::memcpy(out + lo * static_cast<int64_t>(es),
-                      outs[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es),
-                      static_cast<size_t>(hi - lo) * es);
+      const int64_t part = ((N + n - 1) / n + align - 1) / align * align;
+      const int64_t lo = std::min(N, part * rank);
+      const int64_t hi = std::min(N, lo + part);
+      if (lo < hi) {
+        std::vector<const void*> srcs(static_cast<size_t>(n));
+        std::vector<void*> dsts(static_cast<size_t>(n));
+        uint64_t streaming = 0;
+        const bool big = static_cast<size_t>(N) * es >= kStreamingBytes;
+        for (int t = 0; t < n; ++t) {
+          const Desc& d = g->slot(t).desc;
+          srcs[static_cast<size_t>(t)] =
+              static_cast<const char*>(d.in) + lo * static_cast<int64_t>(es);
+          // Start with the next rank's output so that ranks do not all write the same one.
+          const int j = (rank + 1 + t) % n;
+          const Desc& dj = g->slot(j).desc;
+          dsts[static_cast<size_t>(t)] = static_cast<char*>(dj.out) + lo * static_cast<int64_t>(es);
+          // An out-of-place output is not in any cache: skip its read-for-ownership. An in-place
+          // one was just read as input, so plain stores hit the cache.
+          if (big && dj.in != dj.out && t < 64) streaming |= uint64_t{1} << t;
         }
-      };
-      for (int64_t k = 0; k < nchunks; ++k) {
-        const int64_t lo = k * chunk + rank * part;
-        const int64_t hi = std::min(N, lo + part);
-        if (lo < hi) {
-          for (int j = 0; j < n; ++j) {
-            srcs[static_cast<size_t>(j)] =
-                ins[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es);
-          }
-          detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out + lo * static_cast<int64_t>(es),
-                              hi - lo, n);
-        }
-        publish_progress(c.seq, static_cast<uint64_t>(k + 1));
-        if (k > 0) gather(k - 1);
+        detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts.data(), n, hi - lo, n,
+                                  streaming);
+        if (streaming) detail::host_store_fence();
       }
-      if (nchunks > 0) gather(nchunks - 1);
       leave(c.seq, call, dl);
     }
 

@@ -1,11 +1,16 @@
 #include "collectives/host_reduce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 
 #include "runtime/error.h"
 #include "runtime/half.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace meshrt::detail {
 
@@ -63,85 +68,129 @@ inline A min_of(A a, A b) {
   }
 }
 
+// Copies `bytes` from the (L1-resident) block to dst, with non-temporal stores if `nt`.
+inline void emit(void* dst, const void* src, size_t bytes, bool nt) {
+#if defined(__SSE2__)
+  if (nt && bytes >= 64) {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+    std::memcpy(d, s, head);
+    size_t i = head;
+    for (; i + 64 <= bytes; i += 64) {
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    std::memcpy(d + i, s + i, bytes - i);
+    return;
+  }
+#else
+  (void)nt;
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
 template <class S, ReduceOp kOp>
-void reduce_typed(const void* const* srcs, int nsrc, void* dst, int64_t n, int avg_divisor) {
+void reduce_typed(const void* const* srcs, int nsrc, void* const* dsts, int ndst, int64_t n,
+                  int avg_divisor, uint64_t streaming) {
   using A = typename Acc<S>::type;
   alignas(64) A acc[kBlock];
-  S* d = static_cast<S*>(dst);
+  alignas(64) S out[kBlock];
   for (int64_t base = 0; base < n; base += kBlock) {
     const int64_t len = std::min(kBlock, n - base);
-    const S* s0 = static_cast<const S*>(srcs[0]) + base;
-    for (int64_t i = 0; i < len; ++i) acc[i] = Acc<S>::load(s0[i]);
-    for (int j = 1; j < nsrc; ++j) {
-      const S* sj = static_cast<const S*>(srcs[j]) + base;
-      if constexpr (kOp == ReduceOp::Sum || kOp == ReduceOp::Avg) {
-        for (int64_t i = 0; i < len; ++i) acc[i] = add<A>(acc[i], Acc<S>::load(sj[i]));
-      } else if constexpr (kOp == ReduceOp::Max) {
-        for (int64_t i = 0; i < len; ++i) acc[i] = max_of<A>(acc[i], Acc<S>::load(sj[i]));
-      } else {
-        for (int64_t i = 0; i < len; ++i) acc[i] = min_of<A>(acc[i], Acc<S>::load(sj[i]));
+    bool done = false;
+    if constexpr (std::is_same_v<S, float> && kOp == ReduceOp::Sum) {
+      if (nsrc == 2) {
+        // Two ranks: one pass, no accumulator.
+        const float* x = static_cast<const float*>(srcs[0]) + base;
+        const float* y = static_cast<const float*>(srcs[1]) + base;
+        for (int64_t i = 0; i < len; ++i) out[i] = x[i] + y[i];
+        done = true;
       }
     }
-    S* db = d + base;
-    if constexpr (kOp == ReduceOp::Avg) {
-      const A div = static_cast<A>(avg_divisor);
-      for (int64_t i = 0; i < len; ++i) db[i] = Acc<S>::store(acc[i] / div);
-    } else {
-      for (int64_t i = 0; i < len; ++i) db[i] = Acc<S>::store(acc[i]);
+    if (!done) {
+      const S* s0 = static_cast<const S*>(srcs[0]) + base;
+      for (int64_t i = 0; i < len; ++i) acc[i] = Acc<S>::load(s0[i]);
+      for (int j = 1; j < nsrc; ++j) {
+        const S* sj = static_cast<const S*>(srcs[j]) + base;
+        if constexpr (kOp == ReduceOp::Sum || kOp == ReduceOp::Avg) {
+          for (int64_t i = 0; i < len; ++i) acc[i] = add<A>(acc[i], Acc<S>::load(sj[i]));
+        } else if constexpr (kOp == ReduceOp::Max) {
+          for (int64_t i = 0; i < len; ++i) acc[i] = max_of<A>(acc[i], Acc<S>::load(sj[i]));
+        } else {
+          for (int64_t i = 0; i < len; ++i) acc[i] = min_of<A>(acc[i], Acc<S>::load(sj[i]));
+        }
+      }
+      if constexpr (kOp == ReduceOp::Avg) {
+        const A div = static_cast<A>(avg_divisor);
+        for (int64_t i = 0; i < len; ++i) out[i] = Acc<S>::store(acc[i] / div);
+      } else {
+        for (int64_t i = 0; i < len; ++i) out[i] = Acc<S>::store(acc[i]);
+      }
+    }
+    for (int d = 0; d < ndst; ++d) {
+      emit(static_cast<S*>(dsts[d]) + base, out, static_cast<size_t>(len) * sizeof(S),
+           d < 64 && ((streaming >> d) & 1u));
     }
   }
 }
 
-// Two sources summed straight into dst (the common case on two ranks): one pass, no accumulator.
 template <class S>
-void sum2(const void* a, const void* b, void* dst, int64_t n) {
-  const S* x = static_cast<const S*>(a);
-  const S* y = static_cast<const S*>(b);
-  S* d = static_cast<S*>(dst);
-  // dst may equal x or y exactly; element i is read before it is written, so this is safe.
-#pragma GCC ivdep
-  for (int64_t i = 0; i < n; ++i) d[i] = x[i] + y[i];
-}
-
-template <class S>
-void reduce_dispatch_op(ReduceOp op, const void* const* srcs, int nsrc, void* dst, int64_t n,
-                        int avg_divisor) {
+void reduce_dispatch_op(ReduceOp op, const void* const* srcs, int nsrc, void* const* dsts, int ndst,
+                        int64_t n, int avg_divisor, uint64_t streaming) {
   switch (op) {
     case ReduceOp::Sum:
-      if constexpr (std::is_same_v<S, float>) {
-        if (nsrc == 2) return sum2<float>(srcs[0], srcs[1], dst, n);
-      }
-      return reduce_typed<S, ReduceOp::Sum>(srcs, nsrc, dst, n, avg_divisor);
+      return reduce_typed<S, ReduceOp::Sum>(srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case ReduceOp::Avg:
-      return reduce_typed<S, ReduceOp::Avg>(srcs, nsrc, dst, n, avg_divisor);
+      return reduce_typed<S, ReduceOp::Avg>(srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case ReduceOp::Max:
-      return reduce_typed<S, ReduceOp::Max>(srcs, nsrc, dst, n, avg_divisor);
+      return reduce_typed<S, ReduceOp::Max>(srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case ReduceOp::Min:
-      return reduce_typed<S, ReduceOp::Min>(srcs, nsrc, dst, n, avg_divisor);
+      return reduce_typed<S, ReduceOp::Min>(srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
   }
 }
 
 }  // namespace
 
-void host_reduce(DType dt, ReduceOp op, const void* const* srcs, int nsrc, void* dst, int64_t n,
-                 int avg_divisor) {
-  if (n <= 0) return;
+void host_reduce_multi(DType dt, ReduceOp op, const void* const* srcs, int nsrc, void* const* dsts,
+                       int ndst, int64_t n, int avg_divisor, uint64_t streaming) {
+  if (n <= 0 || ndst <= 0) return;
   MESHRT_CHECK(nsrc >= 1, "host_reduce: no sources");
   switch (dt) {
     case DType::f32:
-      return reduce_dispatch_op<float>(op, srcs, nsrc, dst, n, avg_divisor);
+      return reduce_dispatch_op<float>(op, srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case DType::bf16:
-      return reduce_dispatch_op<bf16>(op, srcs, nsrc, dst, n, avg_divisor);
+      return reduce_dispatch_op<bf16>(op, srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case DType::f16:
-      return reduce_dispatch_op<f16>(op, srcs, nsrc, dst, n, avg_divisor);
+      return reduce_dispatch_op<f16>(op, srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case DType::i32:
-      return reduce_dispatch_op<int32_t>(op, srcs, nsrc, dst, n, avg_divisor);
+      return reduce_dispatch_op<int32_t>(op, srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case DType::i64:
-      return reduce_dispatch_op<int64_t>(op, srcs, nsrc, dst, n, avg_divisor);
+      return reduce_dispatch_op<int64_t>(op, srcs, nsrc, dsts, ndst, n, avg_divisor, streaming);
     case DType::u8:
       break;
   }
   MESHRT_FAIL("host_reduce: dtype " << dtype_name(dt) << " cannot be reduced");
+}
+
+void host_reduce(DType dt, ReduceOp op, const void* const* srcs, int nsrc, void* dst, int64_t n,
+                 int avg_divisor) {
+  void* dsts[1] = {dst};
+  host_reduce_multi(dt, op, srcs, nsrc, dsts, 1, n, avg_divisor, 0);
+}
+
+void host_store_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
 }
 
 namespace {

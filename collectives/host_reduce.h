@@ -15,6 +15,18 @@ namespace meshrt::detail {
 void host_reduce(DType dt, ReduceOp op, const void* const* srcs, int nsrc, void* dst, int64_t n,
                  int avg_divisor);
 
+// As host_reduce, but writes the result to each of the `ndst` destinations (the all-reduce's
+// fused scatter: every rank's output receives the slice this rank reduced). Works block by block
+// so the reduced block is computed once, in L1, and then stored `ndst` times. Destination j uses
+// non-temporal stores when bit j of `streaming` is set (large out-of-place outputs: it saves the
+// read-for-ownership); call host_store_fence() before publishing the results to other threads.
+// A destination may equal the source of the same index; no other overlap is allowed.
+void host_reduce_multi(DType dt, ReduceOp op, const void* const* srcs, int nsrc, void* const* dsts,
+                       int ndst, int64_t n, int avg_divisor, uint64_t streaming);
+
+// Orders earlier non-temporal stores before later stores (sfence on x86).
+void host_store_fence();
+
 // In-place avg finish for buffers that already hold sums: x[i] = x[i] / divisor.
 void host_divide(DType dt, void* x, int64_t n, int divisor);
 

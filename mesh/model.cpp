@@ -1,0 +1,83 @@
+#include "mesh/model.h"
+
+#include "runtime/error.h"
+#include "runtime/philox.h"
+
+namespace meshrt {
+
+DecoderModel::DecoderModel(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
+                           const ModelConfig& cfg)
+    : cfg_(cfg),
+      embed_((validate_block(cfg.block, tp.size(), opt), mesh), tp, opt, "embed", 1, cfg.vocab,
+             cfg.block.hidden, cfg.block.dtype, cfg.block.seed, cfg.block.init_std),
+      head_(mesh, tp, opt, cfg.block, "lm", 8, cfg.vocab) {
+  MESHRT_CHECK(cfg.layers >= 1, "model: layers " << cfg.layers << " must be >= 1");
+  for (int l = 0; l < cfg.layers; ++l)
+    blocks_.push_back(
+        std::make_unique<TransformerBlock>(mesh, tp, opt, cfg.block, "layers." + std::to_string(l),
+                                           kBlockIdStride * static_cast<uint64_t>(l + 1)));
+}
+
+std::vector<Param*> DecoderModel::params() {
+  std::vector<Param*> p;
+  embed_.collect(p);
+  for (auto& b : blocks_) b->collect(p);
+  head_.collect(p);
+  return p;
+}
+
+Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets) {
+  Tensor x = embed_.forward(ids);
+  for (auto& b : blocks_) x = b->forward(x);
+  return head_.forward(x, targets);
+}
+
+void DecoderModel::backward(float grad_scale, GradSync* sync) {
+  Tensor d = head_.backward(grad_scale);
+  if (sync) {
+    std::vector<Param*> p;
+    head_.collect(p);
+    sync->mark_ready(p);
+  }
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    d = blocks_[i]->backward(d);
+    if (sync) sync->mark_ready(blocks_[i]->params());
+  }
+  embed_.backward(d);
+  if (sync) {
+    std::vector<Param*> p;
+    embed_.collect(p);
+    sync->mark_ready(p);
+    sync->finish();
+  }
+}
+
+void make_synthetic_batch(Context& ctx, uint64_t seed, int64_t first_sample, int64_t n, int64_t seq,
+                          int64_t vocab, Tensor* ids, Tensor* targets) {
+  MESHRT_CHECK(n >= 1 && seq >= 1 && vocab >= 2,
+               "synthetic batch: n=" << n << ", seq=" << seq << ", vocab=" << vocab);
+  auto host = ctx.host_allocator();
+  Tensor hi = Tensor::empty({seq, n}, DType::i64, host),
+         ht = Tensor::empty({seq, n}, DType::i64, host);
+  int64_t* pi = hi.data<int64_t>();
+  int64_t* pt = ht.data<int64_t>();
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t sample = static_cast<uint64_t>(first_sample + j);
+    int64_t t = static_cast<int64_t>(philox_draw(seed, 0x5eed, sample).v[0] % vocab);
+    for (int64_t k = 0; k < seq; ++k) {
+      pi[k * n + j] = t;
+      t = (5 * t + 3 + (k % 3)) % vocab;
+      pt[k * n + j] = t;
+    }
+  }
+  if (ctx.device().is_cpu()) {
+    *ids = hi;
+    *targets = ht;
+  } else {
+    *ids = hi.to(ctx.allocator_ptr(), ctx.compute_stream());
+    *targets = ht.to(ctx.allocator_ptr(), ctx.compute_stream());
+    ctx.compute_stream().synchronize();
+  }
+}
+
+}  // namespace meshrt

@@ -1,0 +1,44 @@
+// A small decoder model (vocab-parallel embedding, N transformer blocks, LM head with loss
+// parallel) and the deterministic synthetic token data it trains on.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "mesh/data_parallel.h"
+#include "mesh/lm.h"
+
+namespace meshrt {
+
+struct ModelConfig {
+  BlockConfig block;
+  int layers = 2;
+  int64_t vocab = 512;
+};
+
+class DecoderModel {
+ public:
+  DecoderModel(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const ModelConfig& cfg);
+  // ids, targets [seq, batch] i64 -> mean loss over the tokens, a [1] f32 tensor.
+  Tensor forward(const Tensor& ids, const Tensor& targets);
+  // Backward of the loss times grad_scale; after each block tells `sync` its gradients are final
+  // so their buckets' all-reduces start while earlier blocks are still differentiating.
+  void backward(float grad_scale, GradSync* sync);
+  // Every parameter, in forward order.
+  std::vector<Param*> params();
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  ModelConfig cfg_;
+  VocabEmbedding embed_;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  LmHead head_;
+};
+
+// Synthetic next-token data, keyed by (seed, global sample index) only: sample i is a walk
+// t[k+1] = (5 t[k] + 3 + (k % 3)) mod vocab from a random start, so the model can learn it and
+// each dp rank draws its own slice of the same global batch. ids [seq, n], targets [seq, n].
+void make_synthetic_batch(Context& ctx, uint64_t seed, int64_t first_sample, int64_t n, int64_t seq,
+                          int64_t vocab, Tensor* ids, Tensor* targets);
+
+}  // namespace meshrt

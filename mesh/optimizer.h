@@ -1,0 +1,48 @@
+// Optimizers over local shards (fused multi-tensor SGD-momentum and AdamW) and gradient clipping
+// by the global norm over tp and dp (replicated parameters counted once).
+#pragma once
+
+#include <vector>
+
+#include "kernels/ops.h"
+#include "mesh/data_parallel.h"
+
+namespace meshrt {
+
+enum class OptimizerKind : uint8_t { Sgd, AdamW };
+OptimizerKind parse_optimizer(std::string_view s);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  float lr = 1e-3f;
+  float momentum = 0.9f;                            // SGD
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
+  float weight_decay = 0.f;
+  float clip_norm = 0.f;  // > 0: clip gradients to this global norm before the update
+};
+
+class Optimizer {
+ public:
+  Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg);
+  // One update with lr * lr_scale. With `sync`, waits for gradient bucket b (of grad_set) just
+  // before updating its parameters, so updates of early buckets overlap later all-reduces.
+  void step(GradSync* sync = nullptr, float lr_scale = 1.f, int grad_set = -1);
+  // Global L2 norm of the gradients (collective over tp; dp replicas already agree after sync).
+  // Sharded parameters contribute their shard; tp-replicated ones are counted once.
+  double grad_norm();
+  int64_t steps() const { return step_; }
+  const OptimizerConfig& config() const { return cfg_; }
+
+ private:
+  void update(const std::vector<Param*>& ps, float lr);
+
+  DeviceMesh& mesh_;
+  std::vector<Param*> params_;
+  OptimizerConfig cfg_;
+  int64_t step_ = 0;
+  std::vector<Tensor> m_, v_;  // per parameter f32 states
+  std::vector<size_t> index_of_;
+  bool first_ = true;
+};
+
+}  // namespace meshrt

@@ -1,0 +1,219 @@
+// Data parallelism: DP gradients equal the full-batch gradients, accumulation equals the large
+// batch, buckets of every size agree, and the loss curve is the same for every dp x tp layout.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <mutex>
+
+#include "mesh/train.h"
+#include "runtime/error.h"
+#include "tests/mesh/harness.h"
+
+using namespace meshrt;
+using meshrt::test::rel_err;
+using meshrt::test::run_ranks;
+
+namespace {
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.block.hidden = 32;
+  m.block.ffn = 64;
+  m.block.heads = 4;
+  m.block.init_std = 0.1f;
+  m.block.param_noise = 0.1f;
+  m.block.seed = 5;
+  m.layers = 2;
+  m.vocab = 64;
+  return m;
+}
+
+using Grads = std::map<std::string, std::vector<double>>;
+
+// One forward/backward of `global_batch` samples over a dp-only mesh of `dp` ranks with
+// `micro` micro-batches; returns the synchronised gradients of rank 0.
+Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb) {
+  Grads res;
+  std::mutex mu;
+  run_ranks(dp, [&](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "dp=" + std::to_string(dp));
+    CommScheduler tp(mesh, "tp", Overlap::Async);
+    DecoderModel model(mesh, tp, {}, tiny_model());
+    DpOptions o;
+    o.bucket_mb = bucket_mb;
+    GradSync sync(mesh, model.params(), o);
+    sync.set_active(0);
+    sync.zero_grad();
+    const int64_t local = global_batch / dp, mb = local / micro, seq = 8;
+    for (int m = 0; m < micro; ++m) {
+      sync.enable_sync(m == micro - 1);
+      Tensor ids, tg;
+      make_synthetic_batch(ctx, 3, r * local + m * mb, mb, seq, 64, &ids, &tg);
+      model.forward(ids, tg);
+      model.backward(1.f / static_cast<float>(micro), &sync);
+    }
+    sync.wait_all();
+    ctx.synchronize();
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    for (Param* p : model.params()) res[p->name] = p->grad.to_vector();
+  });
+  return res;
+}
+
+void compare(const Grads& got, const Grads& ref, double tol) {
+  REQUIRE(got.size() == ref.size());
+  for (auto& [n, v] : ref) {
+    INFO("grad " << n << " rel err " << rel_err(got.at(n), v));
+    CHECK(rel_err(got.at(n), v) <= tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dp gradients equal the single-rank full-batch gradients", "[dp][multirank]") {
+  Grads ref = dp_grads(1, 8, 1, 25);
+  compare(dp_grads(2, 8, 1, 25), ref, 1e-5);
+  compare(dp_grads(4, 8, 1, 25), ref, 1e-5);
+  // Accumulation over micro-batches equals the large batch.
+  compare(dp_grads(1, 8, 4, 25), ref, 1e-5);
+  compare(dp_grads(2, 8, 2, 25), ref, 1e-5);
+}
+
+TEST_CASE("bucket sizes from one parameter per bucket to one bucket agree bit for bit",
+          "[dp][multirank]") {
+  Grads big = dp_grads(2, 4, 1, 1000);
+  for (double mb : {1e-6, 0.004, 0.02}) {
+    Grads g = dp_grads(2, 4, 1, mb);
+    for (auto& [n, v] : big) REQUIRE(g.at(n) == v);
+  }
+}
+
+TEST_CASE("buckets: tiny parameters pack together, a large one gets its own bucket",
+          "[dp][multirank]") {
+  run_ranks(2, [](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "dp=2");
+    std::vector<Param> ps;
+    ps.reserve(2001);
+    for (int i = 0; i < 2000; ++i)
+      ps.push_back(make_param_const(mesh, "tiny." + std::to_string(i), static_cast<uint64_t>(i),
+                                    {3}, -1, DType::f32, 0.0));
+    ps.push_back(make_param_const(mesh, "large", 9999, {64, 1024}, -1, DType::f32, 0.0));
+    std::vector<Param*> pp;
+    for (auto& p : ps) pp.push_back(&p);
+    DpOptions o;
+    o.bucket_mb = 0.01;  // 10 KiB: the 256 KiB parameter exceeds it
+    GradSync sync(mesh, pp, o);
+    // Backward order: "large" first, in a bucket of its own; 2000 x 12 bytes in 3 buckets.
+    REQUIRE(sync.bucket_params(0) == std::vector<std::string>{"large"});
+    REQUIRE(sync.num_buckets() == 1 + (2000 * 12 + 10485) / 10486);
+    Stream& s = ctx.compute_stream();
+    for (int i = 0; i < 2001; ++i) pp[static_cast<size_t>(i)]->grad.fill_(r == 0 ? i : 3 * i, s);
+    // Mark in backward order, one by one: buckets launch as they fill.
+    for (int i = 2000; i >= 0; --i) sync.mark_ready({pp[static_cast<size_t>(i)]});
+    sync.wait_all();
+    s.synchronize();
+    for (int i : {0, 1, 777, 1999, 2000})
+      REQUIRE(pp[static_cast<size_t>(i)]->grad.item(2) == 2.0 * i);
+    REQUIRE(pp[2000]->grad.item(64 * 1024 - 1) == 4000.0);
+    REQUIRE_THROWS_WITH(sync.bind(3), Catch::Contains("grad set 3"));
+  });
+}
+
+TEST_CASE("replicas that differ are named; broadcast makes them equal", "[dp][multirank]") {
+  run_ranks(2, [](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "dp=2");
+    CommScheduler tp(mesh, "tp", Overlap::Async);
+    DecoderModel model(mesh, tp, {}, tiny_model());
+    GradSync sync(mesh, model.params(), {});
+    sync.verify_params_identical();
+    if (r == 1) model.params()[3]->value.fill_(0.5, ctx.compute_stream());
+    REQUIRE_THROWS_WITH(sync.verify_params_identical(),
+                        Catch::Contains(model.params()[3]->name) && Catch::Contains("differs"));
+    sync.broadcast_params();
+    sync.verify_params_identical();
+  });
+}
+
+namespace {
+
+std::vector<double> losses(int world, const std::string& mesh, GradSyncMode mode,
+                           OptimizerKind opt = OptimizerKind::AdamW, int staleness = 1,
+                           int sync_every = 1, bool sp = false) {
+  std::vector<double> out;
+  std::mutex mu;
+  run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
+    TrainConfig cfg;
+    cfg.model = tiny_model();
+    cfg.mesh = mesh;
+    cfg.tp.sequence_parallel = sp;
+    cfg.batch = 8;
+    cfg.seq = 16;
+    cfg.steps = 5;
+    cfg.optim.kind = opt;
+    cfg.optim.lr = opt == OptimizerKind::AdamW ? 3e-3f : 0.5f;
+    cfg.optim.momentum = 0.f;
+    cfg.grad_sync = mode;
+    cfg.staleness = staleness;
+    cfg.sync_every = sync_every;
+    auto st = train(cfg, ctx, w, nullptr);
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& s : st) out.push_back(s.loss);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the f32 loss curve is the same for every dp x tp layout", "[dp][train][multirank]") {
+  auto ref = losses(1, "dp=1,tp=1", GradSyncMode::Sync);
+  REQUIRE(ref.size() == 5);
+  REQUIRE(ref.back() < ref.front());  // it learns
+  for (auto [w, m] : std::vector<std::pair<int, std::string>>{{2, "dp=2,tp=1"},
+                                                              {2, "dp=1,tp=2"},
+                                                              {4, "dp=2,tp=2"},
+                                                              {4, "dp=4,tp=1"},
+                                                              {4, "dp=1,tp=4"}}) {
+    INFO("mesh " << m);
+    auto got = losses(w, m, GradSyncMode::Sync);
+    CHECK(rel_err(got, ref) < 1e-4);
+  }
+  INFO("dp=2,tp=2 with sequence parallel");
+  CHECK(rel_err(losses(4, "dp=2,tp=2", GradSyncMode::Sync, OptimizerKind::AdamW, 1, 1, true), ref) <
+        1e-4);
+}
+
+TEST_CASE("async with staleness 0 is synchronous; local SGD with H=1 is parameter averaging",
+          "[dp][train][multirank]") {
+  auto sync = losses(2, "dp=2", GradSyncMode::Sync, OptimizerKind::Sgd);
+  auto async0 = losses(2, "dp=2", GradSyncMode::Async, OptimizerKind::Sgd, 0);
+  REQUIRE(async0 == sync);
+  auto local1 = losses(2, "dp=2", GradSyncMode::Local, OptimizerKind::Sgd, 1, 1);
+  CHECK(rel_err(local1, sync) < 1e-4);
+  // Staleness 2 and local SGD with H=4 train too, on a different curve.
+  auto async2 = losses(2, "dp=2", GradSyncMode::Async, OptimizerKind::Sgd, 2);
+  auto local4 = losses(2, "dp=2", GradSyncMode::Local, OptimizerKind::Sgd, 1, 4);
+  CHECK(async2 != sync);
+  CHECK(async2.back() < async2.front());
+  CHECK(local4.back() < local4.front());
+}
+
+TEST_CASE("bad training configurations are rejected with what to change", "[dp][train][unit]") {
+  TrainConfig c;
+  c.model = tiny_model();
+  c.batch = 6;
+  c.micro_batches = 4;
+  REQUIRE_THROWS_WITH(validate_train(c, 2),
+                      Catch::Contains("must divide by dp (2) x --micro-batches (4)"));
+  c.batch = 8;
+  c.micro_batches = 1;
+  c.mesh = "dp=2,pp=2";
+  REQUIRE_THROWS_WITH(validate_train(c, 4), Catch::Contains("'pp' is not supported"));
+  c.mesh = "dp=3";
+  REQUIRE_THROWS_WITH(validate_train(c, 4), Catch::Contains("has 3 ranks but the world has 4"));
+  c.mesh = "tp=4";
+  c.model.vocab = 66;
+  REQUIRE_THROWS_WITH(validate_train(c, 4), Catch::Contains("--vocab 66"));
+  REQUIRE_THROWS_WITH(parse_grad_sync("ring"), Catch::Contains("sync, async or local"));
+}

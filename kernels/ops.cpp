@@ -89,13 +89,31 @@ class Check {
   Device dev_;
 };
 
-bool is_cpu(const Check& c) { return c.device().is_cpu(); }
+// The host kernel loops may be built for x86-64-v3 (kernels/CMakeLists.txt, MESHRT_HOST_ISA);
+// this file is built for the baseline so it can refuse cleanly on a CPU without AVX2.
+void check_host_isa() {
+#if defined(MESHRT_HOST_ISA_NEEDS_AVX2)
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  MESHRT_CHECK(ok,
+               "meshrt's host kernels were built for x86-64-v3 (AVX2, FMA, F16C) but this "
+               "CPU lacks them; reconfigure with -DMESHRT_HOST_ISA=baseline");
+#endif
+}
 
+bool is_cpu(const Check& c) {
+  if (!c.device().is_cpu()) return false;
+  check_host_isa();
+  return true;
+}
+
+#if !defined(MESHRT_WITH_CUDA)
 [[noreturn]] void no_cuda(const Check& c) {
   MESHRT_FAIL("op " << c.op() << ": tensors are on " << c.device().str()
                     << " but this build of meshrt has no CUDA backend (configure with "
                        "-DMESHRT_CUDA=ON)");
 }
+#endif
 
 #if defined(MESHRT_WITH_CUDA)
 #define MESHRT_DISPATCH(chk, call) \

@@ -168,7 +168,30 @@ ThreadPool& pool(Context& ctx) {
   });
 }
 
+std::string blas_core_advice() {
+  const char* core = openblas_get_corename();
+  std::string c = core ? core : "";
+  const bool old_core = c == "Prescott" || c == "Core2" || c == "Penryn" || c == "Dunnington" ||
+                        c == "Nehalem" || c == "Atom" || c == "Katmai" || c == "Coppermine" ||
+                        c == "Northwood" || c == "Banias" || c == "Yonah";
+  if (!old_core) return {};
+  const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                     : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                       : nullptr;
+  if (!want) return {};
+  return "OpenBLAS chose its '" + c + "' kernels but this CPU has " +
+         (std::string(want) == "SkylakeX" ? "AVX-512" : "AVX2") +
+         " (OpenBLAS's CPU table predates it): GEMMs run several times slower than they can; set "
+         "OPENBLAS_CORETYPE=" +
+         want + " in the environment";
+}
+
 void ensure_blas_single_threaded() {
+  static std::once_flag advice_once;
+  std::call_once(advice_once, [] {
+    std::string a = blas_core_advice();
+    if (!a.empty()) MESHRT_LOG_WARN("kernels: " << a);
+  });
   static std::mutex mu;
   if (openblas_get_num_threads() != 1) {
     std::lock_guard<std::mutex> lk(mu);

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -58,8 +59,13 @@ class ThreadPool {
 int usable_cores();
 // The rank's pool (created on first use, sized cores / ctx.local_ranks()).
 ThreadPool& pool(Context& ctx);
-// Sets OpenBLAS to one thread if something changed it (cheap check on every GEMM).
+// Sets OpenBLAS to one thread if something changed it (cheap check on every GEMM); the first
+// call also warns (log) when blas_core_advice() has something to say.
 void ensure_blas_single_threaded();
+// Empty, or advice when OpenBLAS runs pre-AVX kernels on a CPU with AVX2 / AVX-512 (its
+// DYNAMIC_ARCH table predates the CPU, as OpenBLAS 0.3.21 does on recent Xeons): GEMMs are then
+// ~5x slower, and OPENBLAS_CORETYPE fixes it.
+std::string blas_core_advice();
 
 // Per-thread scratch of at least n floats (reused across calls on the same thread).
 float* scratch_f32(int slot, size_t n);

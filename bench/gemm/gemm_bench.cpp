@@ -1,0 +1,402 @@
+#include "bench/gemm/gemm_bench.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "kernels/host/parallel.h"
+#include "kernels/ops.h"
+#include "runtime/backend.h"
+#include "runtime/context.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+
+#if defined(MESHRT_WITH_CUDA)
+#include "bench/gemm/cuda_baseline.h"
+#endif
+
+namespace meshrt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+struct GemmShape {
+  std::string name;
+  int64_t m, n, k;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Median milliseconds of fn() run on every rank at once (each rank on its own thread for
+// several ranks); fn(rank) enqueues and synchronises.
+double time_ranks(int ranks, int warmup, int repeats, const std::function<void(int)>& fn) {
+  auto once = [&] {
+    auto t0 = Clock::now();
+    if (ranks == 1) {
+      fn(0);
+    } else {
+      std::vector<std::thread> th;
+      for (int r = 0; r < ranks; ++r) th.emplace_back(fn, r);
+      for (auto& t : th) t.join();
+    }
+    return ms_since(t0);
+  };
+  for (int i = 0; i < warmup; ++i) once();
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) ms.push_back(once());
+  return median(ms);
+}
+
+// Median milliseconds between stream events around fn() (which enqueues on s).
+double time_stream(Stream& s, int warmup, int repeats, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  s.synchronize();
+  std::vector<double> ms;
+  for (int i = 0; i < repeats; ++i) {
+    Event a = s.record();
+    fn();
+    Event b = s.record();
+    b.synchronize();
+    ms.push_back(b.elapsed_ms(a));
+  }
+  return median(ms);
+}
+
+std::string fmt(double v, int prec = 2) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(prec) << v;
+  return os.str();
+}
+
+std::string ratio_str(double r) { return fmt(r, 2) + "x"; }
+
+Tensor random_tensor(Context& ctx, const Shape& s, DType dt, uint64_t id) {
+  Tensor t = ctx.empty(s, dt);
+  PhiloxInit init;
+  init.seed = 1234;
+  init.id = id;
+  init.a = -1.f;
+  init.b = 1.f;
+  t.init_philox_(init, ctx.compute_stream());
+  return t;
+}
+
+std::vector<GemmShape> gemm_shapes(const GemmBenchOptions& o, int64_t tokens, int64_t hidden) {
+  if (o.m || o.n || o.k) {
+    MESHRT_CHECK(o.m > 0 && o.n > 0 && o.k > 0, "gemm bench: -m, -n and -k must all be > 0 (got "
+                                                    << o.m << ", " << o.n << ", " << o.k << ")");
+    return {{"custom", o.m, o.n, o.k}};
+  }
+  return {{"square", 1024, 1024, 1024},
+          {"qkv", tokens, 3 * hidden, hidden},
+          {"attn-out", tokens, hidden, hidden},
+          {"fc1", tokens, 4 * hidden, hidden},
+          {"fc2", tokens, hidden, 4 * hidden}};
+}
+
+struct Bench {
+  const GemmBenchOptions& o;
+  std::ostream& out;
+  DType dt;
+  std::vector<Device> devs;
+  bool cuda = false;
+  int ranks = 1;
+  int64_t tokens = 0, hidden = 0;
+  json report;
+
+  void gemm_section(std::vector<std::unique_ptr<Context>>& ctxs);
+  void elementwise_section(Context& ctx);
+  void attention_section(Context& ctx);
+};
+
+void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
+  const char* unit = cuda ? "TFLOP/s" : "GFLOP/s";
+  const double scale = cuda ? 1e-12 : 1e-9;
+  const char* base = cuda ? "cublas" : "blas";
+  out << "GEMM " << dtype_name(dt) << (o.trans_b ? " (B transposed)" : "") << ", " << ranks
+      << (ranks == 1 ? " rank" : " ranks at once") << ", median of " << o.repeats << " runs\n";
+  out << "  " << std::left << std::setw(10) << "shape" << std::right << std::setw(7) << "m"
+      << std::setw(7) << "n" << std::setw(7) << "k" << std::setw(16)
+      << (std::string("meshrt ") + unit) << std::setw(16) << (std::string(base) + " " + unit)
+      << "   ratio\n";
+  json rows = json::array();
+  for (const GemmShape& sh : gemm_shapes(o, tokens, hidden)) {
+    const double flops =
+        2.0 * static_cast<double>(sh.m) * static_cast<double>(sh.n) * static_cast<double>(sh.k);
+    // meshrt: every rank runs the same GEMM on its own tensors at the same time.
+    std::vector<Tensor> A, B, C;
+    for (int r = 0; r < ranks; ++r) {
+      Context& c = *ctxs[static_cast<size_t>(r)];
+      A.push_back(random_tensor(c, {sh.m, sh.k}, dt, 1));
+      B.push_back(random_tensor(c, o.trans_b ? Shape{sh.n, sh.k} : Shape{sh.k, sh.n}, dt, 2));
+      C.push_back(c.empty({sh.m, sh.n}, dt));
+      c.synchronize();
+    }
+    double ms_meshrt;
+    if (cuda) {
+      Context& c = *ctxs[0];
+      ms_meshrt = time_stream(c.compute_stream(), o.warmup, o.repeats, [&] {
+        ops::gemm(c, c.compute_stream(), A[0], false, B[0], o.trans_b, C[0]);
+      });
+    } else {
+      ms_meshrt = time_ranks(ranks, o.warmup, o.repeats, [&](int r) {
+        Context& c = *ctxs[static_cast<size_t>(r)];
+        ops::gemm(c, c.compute_stream(), A[static_cast<size_t>(r)], false,
+                  B[static_cast<size_t>(r)], o.trans_b, C[static_cast<size_t>(r)]);
+        c.compute_stream().synchronize();
+      });
+    }
+    double ms_base = 0.0;
+    if (cuda) {
+#if defined(MESHRT_WITH_CUDA)
+      ms_base = bench::cublas_gemm_ms(devs[0].index, sh.m, sh.n, sh.k, o.trans_b, dt, o.warmup,
+                                      o.repeats);
+#endif
+    } else {
+      // Raw OpenBLAS on f32 copies of the same shape, with its own threading over all cores.
+      const int cores = kernels::host::usable_cores();
+      std::vector<float> a(static_cast<size_t>(sh.m * sh.k)), b(static_cast<size_t>(sh.k * sh.n)),
+          cc(static_cast<size_t>(sh.m * sh.n));
+      std::mt19937 rng(7);
+      std::uniform_real_distribution<float> dist(-1.f, 1.f);
+      for (auto& v : a) v = dist(rng);
+      for (auto& v : b) v = dist(rng);
+      openblas_set_num_threads(cores);
+      ms_base = time_ranks(1, o.warmup, o.repeats, [&](int) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, o.trans_b ? CblasTrans : CblasNoTrans,
+                    static_cast<blasint>(sh.m), static_cast<blasint>(sh.n),
+                    static_cast<blasint>(sh.k), 1.f, a.data(), static_cast<blasint>(sh.k), b.data(),
+                    static_cast<blasint>(o.trans_b ? sh.k : sh.n), 0.f, cc.data(),
+                    static_cast<blasint>(sh.n));
+      });
+      openblas_set_num_threads(1);  // meshrt's policy (kernels/host/parallel.h)
+    }
+    const double r_meshrt = ranks * flops / (ms_meshrt * 1e-3) * scale;
+    const double r_base = flops / (ms_base * 1e-3) * scale;
+    const double ratio = r_meshrt / r_base;
+    out << "  " << std::left << std::setw(10) << sh.name << std::right << std::setw(7) << sh.m
+        << std::setw(7) << sh.n << std::setw(7) << sh.k << std::setw(16) << fmt(r_meshrt)
+        << std::setw(16) << fmt(r_base) << "   vs " << base << " " << ratio_str(ratio) << "\n";
+    rows.push_back({{"shape", sh.name},
+                    {"m", sh.m},
+                    {"n", sh.n},
+                    {"k", sh.k},
+                    {"meshrt_ms", ms_meshrt},
+                    {std::string(base) + "_ms", ms_base},
+                    {std::string("meshrt_") + (cuda ? "tflops" : "gflops"), r_meshrt},
+                    {std::string(base) + (cuda ? "_tflops" : "_gflops"), r_base},
+                    {"ratio", ratio}});
+  }
+  report["gemm"] = rows;
+  out << "\n";
+}
+
+void Bench::elementwise_section(Context& ctx) {
+  Stream& s = ctx.compute_stream();
+  const int64_t n = tokens * hidden;
+  const double es = static_cast<double>(dtype_size(dt));
+  const double tensor_bytes = static_cast<double>(n) * es;
+  Tensor x = random_tensor(ctx, {tokens, hidden}, dt, 11);
+  Tensor y = random_tensor(ctx, {tokens, hidden}, dt, 12);
+  Tensor z = ctx.empty({tokens, hidden}, dt);
+  Tensor g = random_tensor(ctx, {hidden}, dt, 13);
+  Tensor b = random_tensor(ctx, {hidden}, dt, 14);
+  Tensor dg = ctx.empty({hidden}, dt), db = ctx.empty({hidden}, dt);
+  Tensor mean = ctx.empty({tokens}, DType::f32), rstd = ctx.empty({tokens}, DType::f32);
+  ctx.synchronize();
+
+  // The yardstick: a copy of one tensor (bytes moved = read + write).
+  double copy_ms;
+  if (cuda) {
+#if defined(MESHRT_WITH_CUDA)
+    copy_ms = bench::device_copy_ms(devs[0].index, static_cast<size_t>(tensor_bytes), o.warmup,
+                                    o.repeats);
+#else
+    copy_ms = 0;
+#endif
+  } else {
+    // memcpy split over the same pool the ops use, so both sides get the same threads.
+    kernels::host::ThreadPool* tp = &kernels::host::pool(ctx);
+    const char* src = static_cast<const char*>(x.data_ptr());
+    char* dst = static_cast<char*>(z.data_ptr());
+    const int64_t bytes = static_cast<int64_t>(tensor_bytes);
+    copy_ms = time_stream(s, o.warmup, o.repeats, [&] {
+      s.enqueue([tp, src, dst, bytes] {
+        tp->parallel_for(bytes, int64_t{1} << 20, [=](int64_t lo, int64_t hi) {
+          std::memcpy(dst + lo, src + lo, static_cast<size_t>(hi - lo));
+        });
+      });
+    });
+  }
+  const double copy_gbs = 2 * tensor_bytes / (copy_ms * 1e-3) * 1e-9;
+
+  struct Row {
+    std::string name;
+    double bytes;
+    std::function<void()> run;
+  };
+  const double stats = static_cast<double>(tokens) * 8;
+  std::vector<Row> rows_def = {
+      {"add (residual)", 3 * tensor_bytes, [&] { ops::add(ctx, s, x, y, z); }},
+      {"bias_gelu_fwd", 2 * tensor_bytes, [&] { ops::bias_gelu_fwd(ctx, s, x, &b, z); }},
+      {"bias_gelu_bwd", 3 * tensor_bytes, [&] { ops::bias_gelu_bwd(ctx, s, y, x, &b, z, &db); }},
+      {"layernorm_fwd", 2 * tensor_bytes + stats,
+       [&] { ops::layernorm_fwd(ctx, s, x, g, &b, z, mean, rstd); }},
+      {"layernorm_bwd", 3 * tensor_bytes + stats,
+       [&] { ops::layernorm_bwd(ctx, s, y, x, g, mean, rstd, z, &dg, &db); }},
+      {"softmax_rows_fwd", 2 * tensor_bytes, [&] { ops::softmax_rows_fwd(ctx, s, x, z); }},
+      {"dropout_fwd", 2 * tensor_bytes, [&] { ops::dropout_fwd(ctx, s, x, z, 0.1f, 1, 2); }},
+  };
+  // layernorm_bwd reads the statistics of a forward pass.
+  ops::layernorm_fwd(ctx, s, x, g, &b, z, mean, rstd);
+  out << "Elementwise " << dtype_name(dt) << " [" << tokens << ", " << hidden << "] ("
+      << fmt(tensor_bytes / (1 << 20), 1) << " MiB per tensor), median of " << o.repeats
+      << " runs\n";
+  out << "  " << std::left << std::setw(18) << "op" << std::right << std::setw(12) << "MB moved"
+      << std::setw(10) << "GB/s"
+      << "   vs " << (cuda ? "device copy" : "memcpy") << "\n";
+  out << "  " << std::left << std::setw(18) << (cuda ? "device copy" : "memcpy") << std::right
+      << std::setw(12) << fmt(2 * tensor_bytes * 1e-6, 1) << std::setw(10) << fmt(copy_gbs)
+      << "   1.00x\n";
+  json rows = json::array();
+  rows.push_back({{"op", cuda ? "device_copy" : "memcpy"},
+                  {"bytes", 2 * tensor_bytes},
+                  {"ms", copy_ms},
+                  {"gbs", copy_gbs}});
+  for (const Row& r : rows_def) {
+    double ms = time_stream(s, o.warmup, o.repeats, r.run);
+    double gbs = r.bytes / (ms * 1e-3) * 1e-9;
+    out << "  " << std::left << std::setw(18) << r.name << std::right << std::setw(12)
+        << fmt(r.bytes * 1e-6, 1) << std::setw(10) << fmt(gbs) << "   " << ratio_str(gbs / copy_gbs)
+        << "\n";
+    rows.push_back({{"op", r.name},
+                    {"bytes", r.bytes},
+                    {"ms", ms},
+                    {"gbs", gbs},
+                    {"vs_copy", gbs / copy_gbs}});
+  }
+  report["elementwise"] = rows;
+  out << "\n";
+}
+
+void Bench::attention_section(Context& ctx) {
+  Stream& s = ctx.compute_stream();
+  const int64_t B = o.attn_batch ? o.attn_batch : (cuda ? 4 : 1);
+  const int64_t H = o.attn_heads ? o.attn_heads : (cuda ? 16 : 8);
+  const int64_t S = o.attn_seq ? o.attn_seq : (cuda ? 2048 : 1024);
+  const int64_t D = o.attn_head_dim;
+  MESHRT_CHECK(B > 0 && H > 0 && S > 0 && D > 0, "gemm bench: attention dims must be > 0");
+  Shape qs{B, H, S, D};
+  Tensor q = random_tensor(ctx, qs, dt, 21), k = random_tensor(ctx, qs, dt, 22);
+  Tensor v = random_tensor(ctx, qs, dt, 23), dout = random_tensor(ctx, qs, dt, 24);
+  Tensor out_t = ctx.empty(qs, dt), lse = ctx.empty({B, H, S}, DType::f32);
+  Tensor dq = ctx.empty(qs, dt), dk = ctx.empty(qs, dt), dv = ctx.empty(qs, dt);
+  ctx.synchronize();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // Causal: half of the 4 * B * H * S^2 * D multiply-add FLOPs of full attention; backward 2.5x.
+  const double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(S) *
+                           static_cast<double>(S) * static_cast<double>(D);
+  double fwd_ms = time_stream(s, o.warmup, o.repeats, [&] {
+    ops::attention_fwd(ctx, s, q, k, v, out_t, lse, scale, true);
+  });
+  double bwd_ms = time_stream(s, o.warmup, o.repeats, [&] {
+    ops::attention_bwd(ctx, s, q, k, v, out_t, dout, lse, dq, dk, dv, scale, true);
+  });
+  const double unit = cuda ? 1e-12 : 1e-9;
+  const char* u = cuda ? "TFLOP/s" : "GFLOP/s";
+  double f = fwd_flops / (fwd_ms * 1e-3) * unit, bw = 2.5 * fwd_flops / (bwd_ms * 1e-3) * unit;
+  out << "Causal attention " << dtype_name(dt) << " [" << B << ", " << H << ", " << S << ", " << D
+      << "], median of " << o.repeats << " runs\n";
+  out << "  forward   " << std::setw(10) << fmt(fwd_ms, 3) << " ms  " << std::setw(10) << fmt(f)
+      << " " << u << "\n";
+  out << "  backward  " << std::setw(10) << fmt(bwd_ms, 3) << " ms  " << std::setw(10) << fmt(bw)
+      << " " << u << "\n\n";
+  report["attention"] = {{"batch", B},    {"heads", H},       {"seq", S},
+                         {"head_dim", D}, {"fwd_ms", fwd_ms}, {"bwd_ms", bwd_ms},
+                         {"fwd_rate", f}, {"bwd_rate", bw},   {"unit", u}};
+}
+
+}  // namespace
+
+int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
+  MESHRT_CHECK(o.warmup >= 0 && o.repeats >= 1,
+               "gemm bench: --warmup must be >= 0 and --repeats >= 1 (got " << o.warmup << ", "
+                                                                            << o.repeats << ")");
+  Bench bench{o, out, parse_dtype(o.dtype), parse_devices(o.devices), false, 1, 0, 0, json()};
+  MESHRT_CHECK(is_floating(bench.dt),
+               "gemm bench: --dtype " << o.dtype << " must be f32, bf16 or f16");
+  MESHRT_CHECK(!bench.devs.empty(), "gemm bench: --devices '" << o.devices << "' names no device");
+  bench.cuda = bench.devs[0].is_cuda();
+  for (const Device& d : bench.devs) {
+    MESHRT_CHECK(d.is_cuda() == bench.cuda,
+                 "gemm bench: --devices '" << o.devices << "' mixes cpu and cuda");
+  }
+  if (bench.cuda) {
+    std::string why;
+    MESHRT_CHECK(cuda_available(&why),
+                 "gemm bench: --devices " << o.devices << " but CUDA is unusable: " << why);
+    bench.devs.resize(1);  // one GPU: the kernels are per device
+  }
+  bench.ranks = static_cast<int>(bench.devs.size());
+  bench.tokens = o.tokens ? o.tokens : (bench.cuda ? 8192 : 2048);
+  bench.hidden = o.hidden ? o.hidden : (bench.cuda ? 4096 : 768);
+  MESHRT_CHECK(bench.tokens > 0 && bench.hidden > 0,
+               "gemm bench: --tokens and --hidden must be > 0");
+
+  std::vector<std::unique_ptr<Context>> ctxs;
+  for (int r = 0; r < bench.ranks; ++r) {
+    ContextOptions co;
+    co.rank = r;
+    co.world_size = bench.ranks;
+    co.local_ranks = bench.cuda ? 1 : bench.ranks;
+    ctxs.push_back(std::make_unique<Context>(bench.devs[static_cast<size_t>(r)], co));
+  }
+  out << "meshrt gemm bench: " << o.devices << " (" << bench.ranks
+      << (bench.ranks == 1 ? " rank" : " ranks") << ")";
+  if (bench.cuda) {
+#if defined(MESHRT_WITH_CUDA)
+    out << ", " << bench::device_description(bench.devs[0].index);
+#endif
+  } else {
+    out << ", " << kernels::host::usable_cores() << " cores, " << ops::host_threads(*ctxs[0])
+        << " threads per rank, OpenBLAS " << openblas_get_config();
+    std::string advice = kernels::host::blas_core_advice();
+    if (!advice.empty()) out << "\nnote: " << advice;
+  }
+  out << "\n\n";
+  bench.report["devices"] = o.devices;
+  bench.report["dtype"] = dtype_name(bench.dt);
+  bench.report["ranks"] = bench.ranks;
+  if (o.gemm) bench.gemm_section(ctxs);
+  if (o.elementwise) bench.elementwise_section(*ctxs[0]);
+  if (o.attention) bench.attention_section(*ctxs[0]);
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    MESHRT_CHECK(f.good(), "gemm bench: cannot write --json " << o.json_path);
+    f << bench.report.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace meshrt

@@ -5,6 +5,7 @@
 
 #include "runtime/error.h"
 #include "tools/info.h"
+#include "tools/train.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshrt: a runtime for mixed data + tensor parallelism"};
@@ -13,6 +14,8 @@ int main(int argc, char** argv) {
   auto* info = app.add_subcommand("info",
                                   "Devices found, why CUDA is unavailable if it is, "
                                   "library versions and build options");
+  meshrt::cli::TrainCliOptions train_opts;
+  auto* train = meshrt::cli::add_train_command(app, train_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -20,6 +23,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (info->parsed()) return meshrt::cli::run_info(std::cout);
+    if (train->parsed()) return meshrt::cli::run_train(train_opts, std::cout);
   } catch (const meshrt::Error& e) {
     std::cerr << "meshrt: error: " << e.what() << "\n";
     return 1;

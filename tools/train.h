@@ -1,0 +1,30 @@
+// `meshrt train`: trains the small decoder model on a dp x tp mesh and prints one line per step.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <ostream>
+#include <string>
+
+namespace meshrt::cli {
+
+struct TrainCliOptions {
+  std::string devices = "cpu:2";
+  std::string mesh;  // default dp=<world>
+  bool sp = false;
+  int64_t batch = 8, seq = 64, hidden = 256, heads = 8, ffn = 0, vocab = 512;
+  int layers = 2, steps = 20, micro_batches = 1, staleness = 1, sync_every = 4;
+  uint64_t seed = 1;
+  float lr = 1e-3f, clip = 0.f;
+  std::string dtype = "f32", optimizer = "adamw", grad_sync = "sync", overlap = "async";
+  double bucket_mb = 25.0;
+  bool bf16_grads = false;
+  bool compare = true;  // async / local: also run synchronous DP and print the trade
+};
+
+// Registers the `train` subcommand and its flags on `app`.
+CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o);
+// Runs it (launch from the environment: threads from --devices, or mpirun processes).
+int run_train(const TrainCliOptions& o, std::ostream& os);
+
+}  // namespace meshrt::cli

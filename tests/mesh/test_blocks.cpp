@@ -6,8 +6,10 @@
 #include <mutex>
 
 #include "mesh/blocks.h"
+#include "mesh/dump.h"
 #include "mesh/lm.h"
 #include "runtime/error.h"
+#include "runtime/safetensors.h"
 #include "tests/mesh/harness.h"
 
 using namespace meshrt;
@@ -186,4 +188,40 @@ TEST_CASE("bad tensor-parallel configurations are rejected before any collective
                         Catch::Contains("vocab 66 does not divide by tp=4"));
     REQUIRE(mesh.group("tp").next_seq() == seq_before);  // nothing was communicated
   });
+}
+
+TEST_CASE("a tp=2 sp block dump holds the gathered tensors of the unsharded run",
+          "[mesh][multirank][dump]") {
+  const std::string path = "/tmp/meshrt_dump_test_" + std::to_string(::getpid()) + ".safetensors";
+  auto dump = [&](int tp, bool sp) {
+    run_ranks(tp, [&](int r, Communicator& world, Context& ctx) {
+      DeviceMesh mesh(ctx, world, "tp=" + std::to_string(tp));
+      CommScheduler sched(mesh, "tp", Overlap::Async);
+      TpOptions opt{sp, Overlap::Async};
+      BlockConfig cfg = small_config(DType::f32);
+      Stream& s = ctx.compute_stream();
+      Tensor x_full = ctx.empty({kSeq, kBatch, cfg.hidden}, DType::f32);
+      x_full.init_philox_({77, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+      Tensor x = sp ? x_full.narrow(0, r * (kSeq / tp), kSeq / tp).contiguous(s) : x_full;
+      MlpBlock b(mesh, sched, opt, cfg, "mlp", 0);
+      Tensor y = b.forward(x);
+      Tensor dx = b.backward(y);
+      std::vector<Placement> pl{sp ? Placement::shard(0) : Placement::replicate()};
+      std::vector<DumpEntry> e{{"input", x, pl}, {"output", y, pl}, {"input.grad", dx, pl}};
+      add_param_entries(mesh, b.params(), e);
+      int n = dump_safetensors(path + std::to_string(tp), mesh, e, {{"block", "mlp"}});
+      REQUIRE(n == (r == 0 ? 3 + 2 * 6 : 0));
+    });
+    return load_safetensors(path + std::to_string(tp), make_host_caching_allocator());
+  };
+  auto a = dump(1, false), b = dump(2, true);
+  REQUIRE(a.tensors.size() == 15);
+  REQUIRE(b.metadata.at("meshrt.mesh") == "tp=2");
+  REQUIRE(b.at("mlp.fc1.weight").shape() == Shape({32, 64}));
+  for (auto& [name, t] : a.tensors) {
+    INFO(name);
+    CHECK(rel_err(b.at(name).to_vector(), t.to_vector()) < 2e-5);
+  }
+  std::remove((path + "1").c_str());
+  std::remove((path + "2").c_str());
 }

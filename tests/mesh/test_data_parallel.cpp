@@ -32,7 +32,7 @@ using Grads = std::map<std::string, std::vector<double>>;
 
 // One forward/backward of `global_batch` samples over a dp-only mesh of `dp` ranks with
 // `micro` micro-batches; returns the synchronised gradients of rank 0.
-Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb) {
+Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb, bool bf16 = false) {
   Grads res;
   std::mutex mu;
   run_ranks(dp, [&](int r, Communicator& world, Context& ctx) {
@@ -41,6 +41,7 @@ Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb) {
     DecoderModel model(mesh, tp, {}, tiny_model());
     DpOptions o;
     o.bucket_mb = bucket_mb;
+    o.bf16_comm = bf16;
     GradSync sync(mesh, model.params(), o);
     sync.set_active(0);
     sync.zero_grad();
@@ -78,6 +79,15 @@ TEST_CASE("dp gradients equal the single-rank full-batch gradients", "[dp][multi
   // Accumulation over micro-batches equals the large batch.
   compare(dp_grads(1, 8, 4, 25), ref, 1e-5);
   compare(dp_grads(2, 8, 2, 25), ref, 1e-5);
+}
+
+TEST_CASE("bf16 gradient communication stays within bf16 rounding of f32", "[dp][multirank]") {
+  Grads ref = dp_grads(2, 8, 1, 25);
+  Grads b = dp_grads(2, 8, 1, 25, true);
+  compare(b, ref, 1e-2);  // two bf16 roundings (before the reduction, of the result)
+  bool any_diff = false;
+  for (auto& [n, v] : ref) any_diff |= b.at(n) != v;
+  REQUIRE(any_diff);  // it really went through bf16
 }
 
 TEST_CASE("bucket sizes from one parameter per bucket to one bucket agree bit for bit",

@@ -155,9 +155,7 @@ void host_init_philox(const TensorDesc& dst, const PhiloxInit& init, const Shape
           g += (idx[i] + offsets[i]) * fstride[i];
         }
         Philox4 r = philox_draw(init.seed, init.id, static_cast<uint64_t>(g));
-        float v = init.dist == PhiloxInit::Dist::Uniform
-                      ? init.a + (init.b - init.a) * philox_u01(r.v[0])
-                      : init.a + init.b * philox_normal(r.v[0], r.v[1]);
+        float v = philox_value(init.dist == PhiloxInit::Dist::Normal, init.a, init.b, r);
         store_f32(dp, doff, v);
         for (int i = nd - 1; i >= 0; --i) {
           if (++idx[i] < dst.shape[i]) break;

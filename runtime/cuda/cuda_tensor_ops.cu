@@ -166,10 +166,9 @@ __global__ void philox_kernel(D* dst, PhiloxParams p, Layout l, int64_t n) {
     int64_t od, g;
     offsets_of<I>(l, i, &od, &g);
     const Philox4 r = philox_draw(p.seed, p.id, static_cast<uint64_t>(p.base + g));
-    // Explicitly rounded operations: nvcc would otherwise contract a + b * x into one FMA and
-    // differ from the host's separately rounded multiply and add.
-    const float v = p.normal ? __fadd_rn(p.a, __fmul_rn(p.b, philox_normal(r.v[0], r.v[1])))
-                             : __fadd_rn(p.a, __fmul_rn(__fsub_rn(p.b, p.a), philox_u01(r.v[0])));
+    // philox_value uses explicitly rounded operations (no FMA contraction): bit-identical to
+    // the host.
+    const float v = philox_value(p.normal, p.a, p.b, r);
     store_f32(dst, od, v);
   }
 }

@@ -5,6 +5,7 @@
 
 #include "runtime/context.h"
 #include "runtime/error.h"
+#include "runtime/philox.h"
 #include "runtime/tensor.h"
 
 using namespace meshrt;
@@ -175,4 +176,17 @@ TEST_CASE("Philox distributions have the right moments", "[tensor][philox]") {
   REQUIRE(mx < 4.0);
   REQUIRE(mean_g == Approx(1.0).margin(0.05));  // std of mean ~ 0.012
   REQUIRE(std::sqrt(var_g) == Approx(3.0).margin(0.05));
+}
+
+TEST_CASE("Philox log and cos are accurate (the shared host/device math)", "[tensor][philox]") {
+  double worst_log = 0, worst_cos = 0;
+  for (int i = 1; i <= 100000; ++i) {
+    float u = static_cast<float>(i) / 100000.f;
+    worst_log = std::max(worst_log, std::abs(philox_log(u) - std::log(static_cast<double>(u))));
+    double c = std::cos(6.283185307179586 * static_cast<double>(u));
+    worst_cos = std::max(worst_cos, std::abs(philox_cos2pi(u) - c));
+  }
+  REQUIRE(philox_log(1.f) == 0.f);
+  REQUIRE(worst_log < 2e-6);
+  REQUIRE(worst_cos < 2e-6);
 }

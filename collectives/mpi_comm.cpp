@@ -52,6 +52,7 @@ using detail::Deadline;
 
 constexpr int kWatchSlots = 1024;  // communicators whose progress other local ranks can see
 constexpr int kP2PTag = 0x6d72;
+constexpr size_t kStageInPlaceBytes = size_t{1} << 20;
 
 // Process-wide MPI state. Leaked on purpose: it is used by the exit handler.
 struct MpiProcess {
@@ -418,9 +419,19 @@ class MpiComm final : public Communicator {
             if (c.redop == ReduceOp::Avg) detail::host_divide(DType::f32, tmp->data(), n, size);
             detail::host_from_f32(c.dtype, tmp->data(), out, n);
           } else {
-            MESHRT_MPI_CHECK(MPI_Iallreduce(c.in_place ? MPI_IN_PLACE : in, out, n, t,
-                                            mpi_op(c.redop), comm, &req));
-            wait_coll(&req, what, c.seq, dl, keep);
+            // OpenMPI's non-blocking MPI_IN_PLACE all-reduce of large buffers is several times
+            // slower than its out-of-place form (measured: bench/results/collectives-host.md),
+            // so large in-place calls send from a staged copy instead.
+            std::shared_ptr<std::vector<char>> stage;
+            const void* src = c.in_place ? MPI_IN_PLACE : in;
+            if (c.in_place && static_cast<size_t>(n) * es >= kStageInPlaceBytes) {
+              stage = std::make_shared<std::vector<char>>(static_cast<size_t>(n) * es);
+              std::memcpy(stage->data(), out, stage->size());
+              src = stage->data();
+            }
+            MESHRT_MPI_CHECK(MPI_Iallreduce(src, out, n, t, mpi_op(c.redop), comm, &req));
+            wait_coll(&req, what, c.seq, dl,
+                      std::make_shared<std::pair<decltype(keep), decltype(stage)>>(keep, stage));
             if (c.redop == ReduceOp::Avg) detail::host_divide(c.dtype, out, n, size);
           }
           return;

@@ -17,7 +17,7 @@ common="-b $size -e $size -d $dtype -w 5 -n 20"
 i=1
 while [ "$i" -le "$reps" ]; do
   "$bin" --devices cpu:2 --backend host $common --memcpy-bound --json "$out/host.$i.json" >/dev/null
-  $mpirun -np 2 "$bin" --devices cpu --backend mpi $common \
+  $mpirun -np 2 --bind-to none "$bin" --devices cpu --backend mpi $common \
     --json "$out/mpi.$i.json" >/dev/null
   i=$((i + 1))
 done

@@ -6,6 +6,7 @@
 
 #include "coll_matrix.h"
 #include "coll_test_util.h"
+#include "collectives/bootstrap.h"
 #include "collectives/mpi_comm.h"
 #include "runtime/stream.h"
 
@@ -42,6 +43,48 @@ TEST_CASE("mpi: every op x dtype x in/out-of-place x sizes 0, 1, odd, large", "[
   INFO(f.str());
   CHECK(f.count() == 0);
   CHECK(ops == 11 * 5 * 2 * 4);
+}
+
+TEST_CASE("mpi: bootstrap under mpirun gives one rank per process with its local rank", "[mpi]") {
+  auto launch = bootstrap(LaunchOptions{});
+  CHECK(launch->kind() == LaunchKind::MpiProcesses);
+  CHECK(launch->backend() == CommBackend::Mpi);
+  REQUIRE(launch->local().size() == 1);
+  const RankPlacement& p = launch->local()[0];
+  CHECK(p.rank == world().rank());
+  CHECK(p.world_size == world().size());
+  CHECK(p.local_rank == p.rank);  // one node: the host name hashes all match
+  CHECK(p.local_size == p.world_size);
+  int64_t total = 0;
+  launch->run([&](const RankPlacement& rp, Communicator& c) {
+    auto s = make_host_stream("comm");
+    Tensor t = host_tensor(1, DType::i64);
+    fill_value(t, rp.rank + 1);
+    c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    total = static_cast<int64_t>(t.item(0));
+  });
+  CHECK(total == int64_t{world().size()} * (world().size() + 1) / 2);
+}
+
+TEST_CASE("mpi: large in-place and out-of-place all_reduce (staged path)", "[mpi]") {
+  Communicator& w = world();
+  auto s = make_host_stream("comm");
+  Failures f;
+  const int64_t N = 300007;  // > 1 MiB of f32: the staged in-place path
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    Tensor t = host_tensor(N, DType::f32);
+    fill_pattern(t, 21, w.rank());
+    w.all_reduce(t, op, *s).synchronize();
+    check_values(f, "in-place", t, 0, N,
+                 [&](int64_t i) { return reduced(DType::f32, op, 21, w.size(), i); });
+    Tensor in = host_tensor(N, DType::i64), out = host_tensor(N, DType::i64);
+    fill_pattern(in, 22, w.rank());
+    w.all_reduce(in, out, op, *s).synchronize();
+    check_values(f, "out-of-place", out, 0, N,
+                 [&](int64_t i) { return reduced(DType::i64, op, 22, w.size(), i); });
+  }
+  INFO(f.str());
+  CHECK(f.count() == 0);
 }
 
 TEST_CASE("mpi: split into grid rows and columns with collectives on two streams at once",

@@ -5,28 +5,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "runtime/half.h"
 #include "runtime/hd.h"
 
 namespace meshrt {
-
-MESHRT_HD uint32_t f32_bits_philox(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-MESHRT_HD float bits_f32_philox(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
 
 struct Philox4 {
   uint32_t v[4];
@@ -88,9 +70,9 @@ MESHRT_HD float philox_u01(uint32_t x) { return static_cast<float>(x >> 8) * (1.
 // ln(u) for u in (0, 1], from +, -, *, / only (libm's logf differs between host and device in
 // the last bit): u = m 2^e with m in [1, 2), ln m = 2 atanh(s), s = (m - 1) / (m + 1) <= 1/3.
 MESHRT_HD float philox_log(float u) {
-  uint32_t b = f32_bits_philox(u);
+  uint32_t b = f32_bits(u);
   int e = static_cast<int>((b >> 23) & 0xffu) - 127;
-  float m = bits_f32_philox((b & 0x7fffffu) | 0x3f800000u);
+  float m = bits_f32((b & 0x7fffffu) | 0x3f800000u);
   float s = rn_div(rn_sub(m, 1.f), rn_add(m, 1.f));
   float s2 = rn_mul(s, s);
   float p = 1.f / 15.f;

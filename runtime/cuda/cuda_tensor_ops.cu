@@ -9,6 +9,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_ops.h"
+#include "runtime/dtype_dispatch.h"
 #include "runtime/half.h"
 #include "runtime/philox.h"
 
@@ -17,37 +18,6 @@ namespace meshrt::cuda_detail {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <class T>
-struct Elem {
-  using type = T;
-};
-
-// Calls f(Elem<T>{}) with T the storage type of `dt`.
-template <class F>
-void dispatch_dtype(DType dt, F&& f) {
-  switch (dt) {
-    case DType::f32:
-      f(Elem<float>{});
-      return;
-    case DType::bf16:
-      f(Elem<bf16>{});
-      return;
-    case DType::f16:
-      f(Elem<f16>{});
-      return;
-    case DType::i32:
-      f(Elem<int32_t>{});
-      return;
-    case DType::i64:
-      f(Elem<int64_t>{});
-      return;
-    case DType::u8:
-      f(Elem<uint8_t>{});
-      return;
-  }
-  MESHRT_FAIL("CUDA backend: unknown dtype code " << static_cast<int>(dt));
-}
 
 template <class T>
 constexpr bool kIsHalf = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;

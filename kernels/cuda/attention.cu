@@ -118,17 +118,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// D_i = dO_i . O_i, one warp per row.
+// D_i = dO_i . O_i, one warp per row (grid-stride over rows).
 template <class T>
 __global__ void attn_bwd_dot_kernel(const T* __restrict__ o, const T* __restrict__ dout,
                                     float* __restrict__ dvec, int64_t rows, int d) {
-  const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (row >= rows) return;  // whole warps exit together
-  float s = 0.f;
-  for (int c = lane; c < d; c += 32) s += load_f32(o, row * d + c) * load_f32(dout, row * d + c);
-  s = warp_sum(s);
-  if (lane == 0) dvec[row] = s;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; row < rows;
+       row += warps) {
+    float s = 0.f;
+    for (int c = lane; c < d; c += 32) s += load_f32(o, row * d + c) * load_f32(dout, row * d + c);
+    s = warp_sum(s);
+    if (lane == 0) dvec[row] = s;
+  }
 }
 
 template <class T, int NC>

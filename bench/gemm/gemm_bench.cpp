@@ -153,22 +153,12 @@ void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
       C.push_back(c.empty({sh.m, sh.n}, dt));
       c.synchronize();
     }
-    double ms_meshrt;
+    double ms_meshrt = 0.0, ms_base = 0.0;
     if (cuda) {
       Context& c = *ctxs[0];
       ms_meshrt = time_stream(c.compute_stream(), o.warmup, o.repeats, [&] {
         ops::gemm(c, c.compute_stream(), A[0], false, B[0], o.trans_b, C[0]);
       });
-    } else {
-      ms_meshrt = time_ranks(ranks, o.warmup, o.repeats, [&](int r) {
-        Context& c = *ctxs[static_cast<size_t>(r)];
-        ops::gemm(c, c.compute_stream(), A[static_cast<size_t>(r)], false,
-                  B[static_cast<size_t>(r)], o.trans_b, C[static_cast<size_t>(r)]);
-        c.compute_stream().synchronize();
-      });
-    }
-    double ms_base = 0.0;
-    if (cuda) {
 #if defined(MESHRT_WITH_CUDA)
       ms_base = bench::cublas_gemm_ms(devs[0].index, sh.m, sh.n, sh.k, o.trans_b, dt, o.warmup,
                                       o.repeats);
@@ -182,15 +172,33 @@ void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
       std::uniform_real_distribution<float> dist(-1.f, 1.f);
       for (auto& v : a) v = dist(rng);
       for (auto& v : b) v = dist(rng);
-      openblas_set_num_threads(cores);
-      ms_base = time_ranks(1, o.warmup, o.repeats, [&](int) {
+      auto run_meshrt = [&](int r) {
+        Context& c = *ctxs[static_cast<size_t>(r)];
+        ops::gemm(c, c.compute_stream(), A[static_cast<size_t>(r)], false,
+                  B[static_cast<size_t>(r)], o.trans_b, C[static_cast<size_t>(r)]);
+        c.compute_stream().synchronize();
+      };
+      auto run_blas = [&](int) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, o.trans_b ? CblasTrans : CblasNoTrans,
                     static_cast<blasint>(sh.m), static_cast<blasint>(sh.n),
                     static_cast<blasint>(sh.k), 1.f, a.data(), static_cast<blasint>(sh.k), b.data(),
                     static_cast<blasint>(o.trans_b ? sh.k : sh.n), 0.f, cc.data(),
                     static_cast<blasint>(sh.n));
-      });
-      openblas_set_num_threads(1);  // meshrt's policy (kernels/host/parallel.h)
+      };
+      // Alternate the two, one run each per round, so both see the same machine load.
+      std::vector<double> tm, tb;
+      for (int i = 0; i < o.warmup + o.repeats; ++i) {
+        double t1 = time_ranks(ranks, 0, 1, run_meshrt);
+        openblas_set_num_threads(cores);
+        double t2 = time_ranks(1, 0, 1, run_blas);
+        openblas_set_num_threads(1);  // meshrt's policy (kernels/host/parallel.h)
+        if (i >= o.warmup) {
+          tm.push_back(t1);
+          tb.push_back(t2);
+        }
+      }
+      ms_meshrt = median(tm);
+      ms_base = median(tb);
     }
     const double r_meshrt = ranks * flops / (ms_meshrt * 1e-3) * scale;
     const double r_base = flops / (ms_base * 1e-3) * scale;

@@ -78,8 +78,40 @@ Param make_param_const(const DeviceMesh& mesh, std::string name, uint64_t id, co
 // ---- CommScheduler ---------------------------------------------------------------------------
 
 struct CommScheduler::Shared {
+  using Pairs = std::vector<std::pair<Event, Event>>;
   std::mutex mu;
   CommTimes t;
+  // Event pairs whose elapsed time is still to be added (resolved outside stream callbacks,
+  // which must not call CUDA): collectives on the comm stream, CUDA compute-stream waits.
+  Pairs comm_pending, exposed_pending;
+
+  void add_pending(Pairs Shared::*which, Event a, Event b) {
+    std::lock_guard<std::mutex> lk(mu);
+    (this->*which).emplace_back(std::move(a), std::move(b));
+    // Resolve what has completed so long runs do not accumulate pairs.
+    resolve_locked(false);
+  }
+  void resolve_locked(bool block) {
+    auto drain = [&](Pairs& v, double& acc) {
+      size_t keep = 0;
+      for (size_t i = 0; i < v.size(); ++i) {
+        auto& [a, b] = v[i];
+        if (!block && !b.query()) {
+          v[keep++] = std::move(v[i]);
+          continue;
+        }
+        try {
+          b.synchronize();
+          acc += b.elapsed_ms(a);
+        } catch (...) {
+          // a failed collective reports its error where its result is waited for
+        }
+      }
+      v.resize(keep);
+    };
+    drain(comm_pending, t.comm_ms);
+    drain(exposed_pending, t.exposed_ms);
+  }
 };
 
 CommScheduler::CommScheduler(DeviceMesh& mesh, std::string dim, Overlap overlap)
@@ -107,33 +139,24 @@ Event CommScheduler::finish(Event done, const Tensor& a, const Tensor& b, int64_
   return done;
 }
 
-#define MESHRT_TIMED_COLLECTIVE(call)         \
-  Stream& cs = comm();                        \
-  Event ready = compute_.record();            \
-  cs.wait(ready);                             \
-  Event t0 = cs.record();                     \
-  Event done = (call);                        \
-  Event t1 = cs.record();                     \
-  {                                           \
-    auto sh = shared_;                        \
-    cs.enqueue([sh, t0, t1] {                 \
-      float ms = 0;                           \
-      try {                                   \
-        ms = t1.elapsed_ms(t0);               \
-      } catch (...) {                         \
-      }                                       \
-      std::lock_guard<std::mutex> lk(sh->mu); \
-      sh->t.comm_ms += ms;                    \
-    });                                       \
-  }
+template <class F>
+Event CommScheduler::timed(F&& call) {
+  Stream& cs = comm();
+  cs.wait(compute_.record());
+  Event t0 = cs.record();
+  Event done = call(cs);
+  Event t1 = cs.record();
+  shared_->add_pending(&Shared::comm_pending, t0, t1);
+  return done;
+}
 
 Event CommScheduler::all_gather(const Tensor& in, const Tensor& out, const char* what) {
   if (size_ == 1) {
     if (in.data_ptr() != out.data_ptr()) out.view(in.shape()).copy_(in, compute_);
     return Event();
   }
-  MESHRT_TIMED_COLLECTIVE(group().all_gather(in, out, cs));
   (void)what;
+  Event done = timed([&](Stream& cs) { return group().all_gather(in, out, cs); });
   return finish(done, in, out, static_cast<int64_t>(out.nbytes()));
 }
 
@@ -142,22 +165,23 @@ Event CommScheduler::reduce_scatter(const Tensor& in, const Tensor& out, const c
     if (in.data_ptr() != out.data_ptr()) out.copy_(in.view(out.shape()), compute_);
     return Event();
   }
-  MESHRT_TIMED_COLLECTIVE(group().reduce_scatter(in, out, ReduceOp::Sum, cs));
   (void)what;
+  Event done =
+      timed([&](Stream& cs) { return group().reduce_scatter(in, out, ReduceOp::Sum, cs); });
   return finish(done, in, out, static_cast<int64_t>(in.nbytes()));
 }
 
 Event CommScheduler::all_reduce(const Tensor& t, const char* what, ReduceOp op) {
   if (size_ == 1) return Event();
-  MESHRT_TIMED_COLLECTIVE(group().all_reduce(t, op, cs));
   (void)what;
+  Event done = timed([&](Stream& cs) { return group().all_reduce(t, op, cs); });
   return finish(done, t, Tensor(), static_cast<int64_t>(t.nbytes()));
 }
 
 Event CommScheduler::broadcast(const Tensor& t, int root, const char* what) {
   if (size_ == 1) return Event();
-  MESHRT_TIMED_COLLECTIVE(group().broadcast(t, root, cs));
   (void)what;
+  Event done = timed([&](Stream& cs) { return group().broadcast(t, root, cs); });
   return finish(done, t, Tensor(), static_cast<int64_t>(t.nbytes()));
 }
 
@@ -175,17 +199,23 @@ void CommScheduler::wait(const Event& e) {
       sh->t.exposed_ms += ms;
     });
   } else {
+    // The compute stream idles from w0 to w1: the device-side exposed time.
+    Event w0 = compute_.record();
     compute_.wait(e);
+    Event w1 = compute_.record();
+    shared_->add_pending(&Shared::exposed_pending, w0, w1);
   }
 }
 
 CommTimes CommScheduler::times() const {
   std::lock_guard<std::mutex> lk(shared_->mu);
+  shared_->resolve_locked(true);
   return shared_->t;
 }
 
 void CommScheduler::reset_times() {
   std::lock_guard<std::mutex> lk(shared_->mu);
+  shared_->resolve_locked(true);
   shared_->t = CommTimes{};
 }
 

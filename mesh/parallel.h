@@ -79,11 +79,16 @@ class CommScheduler {
   // The compute stream waits for `e` (timed as exposed communication).
   void wait(const Event& e);
 
+  // Totals since the last reset. Blocks until the timed collectives and waits have completed
+  // (call it after synchronising).
   CommTimes times() const;
   void reset_times();
 
  private:
   Event finish(Event done, const Tensor& a, const Tensor& b, int64_t bytes);
+  // Runs call(comm stream) after the compute stream's current point, bracketed by timing events.
+  template <class F>
+  Event timed(F&& call);
 
   DeviceMesh& mesh_;
   std::string dim_;

@@ -74,8 +74,16 @@ step "bench gemm cuda bf16" 150 "$RES/bench-gemm-cuda-bf16.txt" \
   "$BENCH" --devices cuda:0 --dtype bf16 --json "$RES/bench-gemm-cuda-bf16.json"
 step "bench gemm cuda f32" 120 "$RES/bench-gemm-cuda-f32.txt" \
   "$BENCH" --devices cuda:0 --dtype f32 --no-attention --json "$RES/bench-gemm-cuda-f32.json"
-# The host figures on this machine's CPUs, for reference (OpenBLAS core type forced when its
-# table does not know the CPU: see the note the bench prints).
+# The host figures on this machine's CPUs, for reference. When OpenBLAS's table does not know
+# this CPU, the bench's header says which OPENBLAS_CORETYPE to use: take its advice.
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  core=$("$BENCH" --devices cpu --no-gemm --no-elementwise --no-attention 2>/dev/null |
+    sed -n 's/.*OPENBLAS_CORETYPE=\([A-Za-z0-9]*\).*/\1/p' | head -n 1)
+  if [ -n "$core" ]; then
+    export OPENBLAS_CORETYPE=$core
+    log "OpenBLAS does not know this CPU: running the host bench with OPENBLAS_CORETYPE=$core"
+  fi
+fi
 step "bench gemm cpu f32" 150 "$RES/bench-gemm-cpu-f32.txt" \
   "$BENCH" --devices cpu --dtype f32 --repeats 5 --json "$RES/bench-gemm-cpu-f32.json"
 for f in "$RES"/bench-gemm-*.txt; do

@@ -50,4 +50,32 @@ int run_info(std::ostream& os) {
   return 0;
 }
 
+std::map<std::string, std::string> version_info() {
+  std::map<std::string, std::string> v;
+  v["meshrt"] = MESHRT_VERSION_STRING;
+  v["build_type"] = MESHRT_BUILD_TYPE;
+  v["compiler"] = MESHRT_BUILD_COMPILER;
+  v["cuda_build"] = std::string(MESHRT_BUILD_CUDA) == "ON"
+                        ? std::string("ON (arch ") + MESHRT_BUILD_CUDA_ARCHS + ")"
+                        : "OFF";
+  v["sanitize"] = std::string(MESHRT_BUILD_SANITIZE).empty() ? "none" : MESHRT_BUILD_SANITIZE;
+  std::string why;
+  if (const DeviceBackend* be = cuda_backend()) v["cuda"] = be->versions();
+  if (!cuda_available(&why)) v["cuda_unavailable"] = why;
+  const char* par[] = {"sequential", "pthreads", "OpenMP"};
+  const int p = openblas_get_parallel();
+  v["blas"] = std::string("OpenBLAS (") + openblas_get_config() + ")";
+  v["blas_threading"] = std::string(p >= 0 && p <= 2 ? par[p] : "?") + ", " +
+                        std::to_string(openblas_get_num_threads()) + " threads by default";
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  if (MPI_Get_library_version(mpi, &len) == MPI_SUCCESS) {
+    std::string m(mpi, static_cast<size_t>(len));
+    if (auto nl = m.find_first_of("\n,"); nl != std::string::npos) m.resize(nl);
+    v["mpi"] = m;
+  }
+  v["hardware_threads"] = std::to_string(std::thread::hardware_concurrency());
+  return v;
+}
+
 }  // namespace meshrt::cli

@@ -1,0 +1,204 @@
+#include "bench/block/trace.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace meshrt {
+
+namespace {
+
+// JSON string escaping for names (quotes, backslashes, control characters).
+std::string esc(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\u%04x", c);
+      o += b;
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+TraceRecorder::TraceRecorder(int rank, Stream& compute) : rank_(rank), compute_(compute) {
+  tracks_[&compute] = 0;
+  track_names_[0] = "compute";
+}
+
+int TraceRecorder::track_of(Stream& s) {
+  auto it = tracks_.find(&s);
+  if (it != tracks_.end()) return it->second;
+  const std::string n = s.name();
+  int tid = 0;
+  if (n == "comm.tp" && !track_names_.count(1)) {
+    tid = 1;
+  } else if (n == "comm.dp" && !track_names_.count(2)) {
+    tid = 2;
+  } else {
+    tid = 3;
+    while (track_names_.count(tid)) ++tid;
+  }
+  tracks_[&s] = tid;
+  track_names_[tid] = n;
+  return tid;
+}
+
+void TraceRecorder::begin_step(int step, double host_offset_us) {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  step_ = step;
+  base_us_ = host_offset_us;
+  base_ = compute_.record();
+  ++markers_;
+}
+
+int TraceRecorder::begin(Stream& stream, std::string name, std::string args_json) {
+  if (!enabled_) return -1;
+  std::lock_guard<std::mutex> lk(mu_);
+  Open o;
+  o.stream = &stream;
+  o.tid = track_of(stream);
+  o.name = std::move(name);
+  o.args = std::move(args_json);
+  o.start = stream.record();
+  ++markers_;
+  open_.push_back(std::move(o));
+  return static_cast<int>(open_.size()) - 1;
+}
+
+void TraceRecorder::end(int handle) {
+  if (handle < 0) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  Open& o = open_.at(static_cast<size_t>(handle));
+  o.stop = o.stream->record();
+  ++markers_;
+}
+
+void TraceRecorder::end_step() {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(3);
+  for (const Open& o : open_) {
+    if (!o.stop.valid()) continue;
+    const double t0 = base_us_ + 1000.0 * o.start.elapsed_ms(base_);
+    const double t1 = base_us_ + 1000.0 * o.stop.elapsed_ms(base_);
+    if (!out_.empty() || os.tellp() > 0) os << ",\n";
+    os << "{\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":" << o.tid << ",\"ts\":" << t0
+       << ",\"dur\":" << (t1 > t0 ? t1 - t0 : 0.0) << ",\"name\":\"" << esc(o.name)
+       << "\",\"args\":{\"step\":" << step_ << (o.args.empty() ? "" : ",") << o.args << "}}";
+  }
+  out_ += os.str();
+  open_.clear();
+  base_ = Event();
+}
+
+std::string TraceRecorder::serialize() const {
+  std::ostringstream os;
+  os << "{\"ph\":\"M\",\"pid\":" << rank_ << ",\"name\":\"process_name\",\"args\":{\"name\":\"rank "
+     << rank_ << "\"}},\n";
+  os << "{\"ph\":\"M\",\"pid\":" << rank_
+     << ",\"name\":\"process_sort_index\",\"args\":{\"sort_index\":" << rank_ << "}}";
+  for (auto& [tid, name] : track_names_) {
+    os << ",\n{\"ph\":\"M\",\"pid\":" << rank_ << ",\"tid\":" << tid
+       << ",\"name\":\"thread_name\",\"args\":{\"name\":\"" << esc(name) << "\"}}";
+    os << ",\n{\"ph\":\"M\",\"pid\":" << rank_ << ",\"tid\":" << tid
+       << ",\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":" << tid << "}}";
+  }
+  if (!out_.empty()) os << ",\n" << out_;
+  return os.str();
+}
+
+// ---- TracingCommunicator ------------------------------------------------------------------------
+
+TracingCommunicator::TracingCommunicator(Communicator& inner, TraceRecorder* rec)
+    : Communicator(inner.rank(), inner.size(), inner.name(), inner.device(), inner.config()),
+      inner_(&inner),
+      rec_(rec) {}
+
+TracingCommunicator::TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec)
+    : Communicator(inner->rank(), inner->size(), inner->name(), inner->device(), inner->config()),
+      owned_(std::move(inner)),
+      inner_(owned_.get()),
+      rec_(rec) {}
+
+void TracingCommunicator::issue(Call call, Stream& stream) {
+  int h = -1;
+  if (rec_ && rec_->enabled()) {
+    int64_t bytes = 0;
+    switch (call.op) {
+      case CommOp::AllGather:
+      case CommOp::Recv:
+        bytes = static_cast<int64_t>(call.out.nbytes());
+        break;
+      case CommOp::Barrier:
+      case CommOp::Split:
+        break;
+      default:
+        bytes = static_cast<int64_t>(call.in.nbytes());
+    }
+    std::ostringstream args;
+    args << "\"group\":\"" << name() << "\",\"dtype\":\"" << dtype_name(call.dtype)
+         << "\",\"count\":" << call.count << ",\"bytes\":" << bytes;
+    h = rec_->begin(stream, comm_op_name(call.op), args.str());
+  }
+  switch (call.op) {
+    case CommOp::AllReduce:
+      inner_->all_reduce(call.in, call.out, call.redop, stream);
+      break;
+    case CommOp::AllGather:
+      inner_->all_gather(call.in, call.out, stream);
+      break;
+    case CommOp::ReduceScatter:
+      inner_->reduce_scatter(call.in, call.out, call.redop, stream);
+      break;
+    case CommOp::Broadcast:
+      inner_->broadcast(call.in, call.out, call.root, stream);
+      break;
+    case CommOp::AllToAll:
+      inner_->all_to_all(call.in, call.out, stream);
+      break;
+    case CommOp::Send:
+      inner_->send(call.in, call.peer, stream);
+      break;
+    case CommOp::Recv:
+      inner_->recv(call.out, call.peer, stream);
+      break;
+    case CommOp::Barrier:
+      inner_->barrier(stream);
+      break;
+    case CommOp::Split:
+      MESHRT_FAIL("tracing communicator: split is not issued on a stream");
+  }
+  if (h >= 0) rec_->end(h);
+}
+
+std::unique_ptr<Communicator> TracingCommunicator::do_split(int color, int key,
+                                                            const std::string& name, uint64_t seq) {
+  (void)seq;
+  std::unique_ptr<Communicator> c = inner_->split(color, key, name);
+  if (!c) return nullptr;
+  return std::make_unique<TracingCommunicator>(std::move(c), rec_);
+}
+
+void TracingCommunicator::wait_issued(uint64_t coll_seq,
+                                      const std::unordered_map<int, uint64_t>& sent,
+                                      const std::unordered_map<int, uint64_t>& received) {
+  (void)coll_seq;
+  (void)sent;
+  (void)received;
+  inner_->wait_idle();
+}
+
+}  // namespace meshrt

@@ -1,0 +1,90 @@
+// Chrome / Perfetto traces of a benchmark: one track per rank and stream (compute, tp comm, dp
+// comm); slices are bounded by events recorded on the streams themselves (host streams stamp them
+// when their worker reaches them, CUDA records timing events), so a slice is when the work ran,
+// not when it was enqueued.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "runtime/stream.h"
+
+namespace meshrt {
+
+class TraceRecorder {
+ public:
+  // `compute` is the rank's compute stream (track 0); "comm.tp" is track 1, "comm.dp" track 2,
+  // any other stream gets the next free track.
+  TraceRecorder(int rank, Stream& compute);
+
+  bool enabled() const { return enabled_; }
+  void set_enabled(bool on) { enabled_ = on; }
+  // Starts a step: slices recorded until end_step() are timed against an event recorded on the
+  // compute stream now; `host_offset_us` places that event on the trace's time axis.
+  void begin_step(int step, double host_offset_us);
+  // Opens a slice on `stream` (marks its current end); returns a handle for end(). `args_json` is
+  // a JSON object body without braces, e.g. "\"bytes\": 4096". Returns -1 when disabled.
+  int begin(Stream& stream, std::string name, std::string args_json = "");
+  void end(int handle);
+  // After every stream of the rank has been synchronised: turns the step's events into slices.
+  void end_step();
+  // Number of markers (events) recorded so far, for the overhead report.
+  int64_t markers() const { return markers_; }
+  // This rank's trace events as comma-separated Chrome trace JSON objects (no brackets),
+  // including the process / thread name metadata.
+  std::string serialize() const;
+
+ private:
+  struct Open {
+    Stream* stream;
+    int tid;
+    std::string name, args;
+    Event start, stop;
+  };
+  int track_of(Stream& s);
+
+  int rank_;
+  Stream& compute_;
+  bool enabled_ = false;
+  std::mutex mu_;
+  std::map<const Stream*, int> tracks_;
+  std::map<int, std::string> track_names_;
+  Event base_;
+  int step_ = 0;
+  double base_us_ = 0;
+  std::vector<Open> open_;
+  std::string out_;
+  int64_t markers_ = 0;
+};
+
+// A Communicator that forwards every call to another one and records each collective as a trace
+// slice on the stream it runs on (name = op, args = group, dtype, element count and bytes).
+// Splits return wrapped communicators, so a DeviceMesh built over a wrapped world traces its tp
+// and dp groups too. Costs two extra stream markers per collective while the recorder is enabled.
+class TracingCommunicator final : public Communicator {
+ public:
+  TracingCommunicator(Communicator& inner, TraceRecorder* rec);
+  TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec);
+  CommBackend backend() const override { return inner_->backend(); }
+  bool aborted() const override { return inner_->aborted(); }
+  std::string abort_reason() const override { return inner_->abort_reason(); }
+
+ protected:
+  void issue(Call call, Stream& stream) override;
+  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
+                                         uint64_t seq) override;
+  void do_abort(const std::string& reason) override { inner_->abort(reason); }
+  void wait_issued(uint64_t coll_seq, const std::unordered_map<int, uint64_t>& sent,
+                   const std::unordered_map<int, uint64_t>& received) override;
+
+ private:
+  std::unique_ptr<Communicator> owned_;
+  Communicator* inner_;
+  TraceRecorder* rec_;
+};
+
+}  // namespace meshrt

@@ -1,0 +1,310 @@
+#include "bench/sweep/sweep.h"
+
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace meshrt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), f, v);
+  return b;
+}
+
+std::string clock_str(double s) {
+  const long t = static_cast<long>(s + 0.5);
+  char b[32];
+  std::snprintf(b, sizeof(b), "%ld:%02ld", t / 60, t % 60);
+  return b;
+}
+
+struct Config {
+  int dp = 1, tp = 1;
+  bool sp = false;
+  int64_t batch = 1;
+  std::string label() const {
+    return "dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp) + (sp ? " sp" : "") + " b" +
+           std::to_string(batch);
+  }
+};
+
+struct Outcome {
+  Config c;
+  bool ok = false;
+  std::string why;  // when skipped
+  BlockBenchResult r;
+};
+
+std::string shell_quote(const std::string& s) {
+  std::string o = "'";
+  for (char c : s) {
+    if (c == '\'')
+      o += "'\\''";
+    else
+      o += c;
+  }
+  return o + "'";
+}
+
+// A gnuplot single-quoted string (a quote inside is doubled).
+std::string gp_quote(const std::string& s) {
+  std::string o = "'";
+  for (char c : s) {
+    o += c;
+    if (c == '\'') o += '\'';
+  }
+  return o + "'";
+}
+
+// Bar chart of tokens/s per configuration (best first, the best one highlighted) with gnuplot.
+void write_plot(const std::string& path, const std::vector<Outcome>& ok, const std::string& title) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("meshrt-sweep-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path dat = dir / "sweep.dat", gp = dir / "sweep.gp";
+  {
+    std::ofstream d(dat);
+    for (size_t i = 0; i < ok.size(); ++i)
+      d << i << " \"" << ok[i].c.label() << "\" " << ok[i].r.tokens_per_s << " " << (i == 0 ? 1 : 0)
+        << "\n";
+  }
+  auto script = [&](const char* term) {
+    std::ofstream g(gp);
+    g << "set terminal " << term << " size 1100,560 font \",10\"\n"
+      << "set output " << gp_quote(path) << "\n"
+      << "set title " << gp_quote(title) << " noenhanced\n"
+      << "set ylabel \"tokens / s\"\n"
+      << "set style fill solid 0.8 border -1\n"
+      << "set boxwidth 0.7\n"
+      << "set grid ytics\n"
+      << "set yrange [0:*]\n"
+      << "set xtics rotate by -35 left noenhanced\n"
+      << "set key off\n"
+      << "set lmargin 10\nset bmargin 8\n"
+      << "plot " << gp_quote(dat.string())
+      << " using 1:3:($4 > 0 ? 0x2ca02c : 0x1f77b4):xtic(2) with boxes lc rgb variable, \\\n"
+      << "     \"\" using 1:3:(sprintf(\"%.0f\", $3)) with labels offset 0,0.8 font \",8\"\n";
+  };
+  script("pngcairo");
+  const std::string cmd =
+      "gnuplot " + shell_quote(gp.string()) + " 2>" + shell_quote((dir / "gnuplot.err").string());
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {  // no cairo: the libgd terminal
+    script("png");
+    rc = std::system(cmd.c_str());
+  }
+  std::string err;
+  {
+    std::ifstream e(dir / "gnuplot.err");
+    std::stringstream ss;
+    ss << e.rdbuf();
+    err = ss.str();
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  MESHRT_CHECK(rc == 0, "--plot: gnuplot failed (exit " << rc << ")"
+                                                        << (err.empty() ? "" : ": " + err)
+                                                        << "; install gnuplot (Debian: "
+                                                           "gnuplot-nox, tools/install-deps.sh "
+                                                           "does it) or drop --plot");
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_int_list(const std::string& s, const char* flag) {
+  std::vector<int64_t> v;
+  size_t pos = 0;
+  MESHRT_CHECK(!s.empty(), flag << " is empty; give sizes like 1,2,4");
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int64_t x = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+    MESHRT_CHECK(
+        ec == std::errc() && p == item.data() + item.size() && x >= 1,
+        flag << " " << s << ": '" << item << "' is not an integer >= 1; give sizes like 1,2,4");
+    v.push_back(x);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return v;
+}
+
+std::vector<std::pair<int, int>> mesh_factorisations(int world) {
+  std::vector<std::pair<int, int>> f;
+  for (int tp = 1; tp <= world; ++tp)
+    if (world % tp == 0) f.emplace_back(world / tp, tp);
+  return f;
+}
+
+int run_sweep(const SweepOptions& o, std::ostream& os) {
+  MESHRT_CHECK(!o.batches.empty(), "--batches is empty; give sizes like 1,2,4");
+  for (int64_t b : o.batches) MESHRT_CHECK(b >= 1, "--batches: " << b << " must be >= 1");
+  MESHRT_CHECK(o.sp == "both" || o.sp == "on" || o.sp == "off",
+               "--sp-modes " << o.sp << ": use both, on or off");
+  MESHRT_CHECK(o.base.mesh.empty(),
+               "sweep: --mesh is swept; leave it out (every dp x tp "
+               "factorisation of the devices runs)");
+  for (const std::string* p : {&o.json_path, &o.plot_path}) {
+    if (p->empty()) continue;
+    namespace fs = std::filesystem;
+    fs::path f(*p);
+    fs::path dir = f.has_parent_path() ? f.parent_path() : fs::path(".");
+    std::error_code ec;
+    MESHRT_CHECK(fs::is_directory(dir, ec), (p == &o.json_path ? "--json " : "--plot ")
+                                                << *p << ": directory " << dir.string()
+                                                << " does not exist");
+  }
+  int world = 1;
+  BlockBenchOptions base = o.base;
+  base.devices = resolve_bench_devices(o.base, &world);
+  if (base.steps == 0) base.steps = 5;
+  if (base.warmup < 0) base.warmup = 1;
+  base.quiet = true;
+  base.json_path.clear();
+  base.trace_path.clear();
+  base.dump_path.clear();
+
+  std::vector<Config> cfgs;
+  for (auto [dp, tp] : mesh_factorisations(world)) {
+    std::vector<bool> sps;
+    if (tp == 1)
+      sps = {false};
+    else if (o.sp == "both")
+      sps = {false, true};
+    else
+      sps = {o.sp == "on"};
+    for (bool sp : sps)
+      for (int64_t b : o.batches) cfgs.push_back({dp, tp, sp, b});
+  }
+
+  // Only the process with rank 0 reports (every process runs every configuration).
+  std::vector<Outcome> out;
+  bool printer = true;
+  const bool tty = isatty(STDERR_FILENO);
+  const auto t0 = Clock::now();
+  double peak = base.peak_tflops;
+  std::string peak_label = base.peak_label;
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    const Config& c = cfgs[i];
+    const double el = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (o.progress && printer) {
+      std::string eta =
+          i == 0 ? "--:--"
+                 : clock_str(el / static_cast<double>(i) * static_cast<double>(cfgs.size() - i));
+      std::cerr << (tty ? "\r\033[K" : "") << "sweep [" << i + 1 << "/" << cfgs.size() << "] "
+                << c.label() << "  elapsed " << clock_str(el) << ", ETA " << eta
+                << (tty ? "" : "\n") << std::flush;
+    }
+    BlockBenchOptions bo = base;
+    bo.mesh = "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp);
+    bo.sp = c.sp ? 1 : 0;
+    bo.batch = c.batch;
+    bo.peak_tflops = peak;
+    bo.peak_label = peak_label;
+    Outcome oc;
+    oc.c = c;
+    try {
+      oc.r = run_block_bench_result(bo, os);
+      oc.ok = true;
+      printer = oc.r.valid;
+      // Calibrate once: later runs reuse the first run's peak (same devices and dtype).
+      if (peak <= 0 && oc.r.valid && oc.r.peak_tflops_per_rank > 0) {
+        peak = oc.r.peak_tflops_per_rank;
+        peak_label = oc.r.peak_label;
+      }
+    } catch (const Error& e) {
+      oc.why = e.what();
+    }
+    out.push_back(std::move(oc));
+  }
+  const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (o.progress && printer)
+    std::cerr << (tty ? "\r\033[K" : "") << "sweep: " << cfgs.size() << " configurations in "
+              << clock_str(total_s) << "\n"
+              << std::flush;
+  if (!printer) return 0;
+
+  std::vector<Outcome> ok, skipped;
+  for (auto& oc : out) (oc.ok && oc.r.valid ? ok : skipped).push_back(oc);
+  std::stable_sort(ok.begin(), ok.end(), [](const Outcome& a, const Outcome& b) {
+    return a.r.tokens_per_s > b.r.tokens_per_s;
+  });
+
+  const BlockBenchResult* any = ok.empty() ? nullptr : &ok.front().r;
+  os << "meshrt sweep: " << o.base.kind << " on " << base.devices << " (" << world << " ranks)";
+  if (any)
+    os << ", hidden " << any->hidden << ", seq " << any->seq << ", " << any->dtype << ", "
+       << base.steps << " timed steps after " << base.warmup << " warm-up per configuration";
+  os << "\n";
+  os << "batch = micro-batch per dp replica; tokens/s over all replicas; sorted by tokens/s\n\n";
+  char line[512];
+  std::snprintf(line, sizeof(line), "  %-4s %-12s %-4s %6s %10s %10s %9s %7s %10s %10s %10s\n", "",
+                "mesh", "sp", "batch", "step ms", "tokens/s", "TFLOP/s", "MFU", "tp exp ms",
+                "dp exp ms", "peak MiB");
+  os << line;
+  for (size_t i = 0; i < ok.size(); ++i) {
+    const auto& r = ok[i].r;
+    std::snprintf(line, sizeof(line),
+                  "  %-4s %-12s %-4s %6lld %10.2f %10.0f %9.3f %7s %10.2f %10.2f %10.1f\n",
+                  i == 0 ? "best" : "", r.mesh.c_str(), r.tp == 1 ? "-" : (r.sp ? "on" : "off"),
+                  static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.tflops,
+                  r.mfu >= 0 ? (fmt("%.1f", 100 * r.mfu) + "%").c_str() : "n/a", r.tp_exposed_ms,
+                  r.dp_exposed_ms, static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0));
+    os << line;
+  }
+  for (const auto& s : skipped)
+    os << "  skipped " << s.c.label() << ": " << (s.why.empty() ? "no result" : s.why) << "\n";
+  if (any && any->mfu >= 0) os << "\nMFU against " << any->peak_label << "\n";
+  os << "(" << clock_str(total_s) << " for " << cfgs.size() << " configurations)\n";
+
+  if (!o.json_path.empty()) {
+    json j;
+    j["tool"] = "meshrt sweep";
+    j["command_line"] = o.base.command_line;
+    j["versions"] = o.base.versions;
+    j["devices"] = base.devices;
+    j["world_size"] = world;
+    j["batches"] = o.batches;
+    j["wall_s"] = total_s;
+    j["results"] = json::array();
+    for (size_t i = 0; i < ok.size(); ++i) {
+      json r = json::parse(ok[i].r.json);
+      r["best"] = i == 0;
+      j["results"].push_back(r);
+    }
+    j["skipped"] = json::array();
+    for (const auto& s : skipped) j["skipped"].push_back({{"config", s.c.label()}, {"why", s.why}});
+    std::ofstream f(o.json_path);
+    MESHRT_CHECK(f.good(), "--json: cannot write " << o.json_path);
+    f << j.dump(2) << "\n";
+    os << "wrote " << o.json_path << "\n";
+  }
+  if (!o.plot_path.empty() && !ok.empty()) {
+    std::string title = "meshrt sweep: " + o.base.kind + " on " + base.devices + ", hidden " +
+                        std::to_string(any->hidden) + ", seq " + std::to_string(any->seq) + ", " +
+                        any->dtype + " (best in green)";
+    write_plot(o.plot_path, ok, title);
+    os << "wrote " << o.plot_path << "\n";
+  }
+  return ok.empty() ? 1 : 0;
+}
+
+}  // namespace meshrt

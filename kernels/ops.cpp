@@ -20,7 +20,10 @@ namespace {
 // Argument checks for one op call; every message starts with "op <name>:".
 class Check {
  public:
-  Check(const char* op, Stream& s) : op_(op), dev_(s.device()) {}
+  Check(const char* op, const Context& ctx, Stream& s) : op_(op), dev_(s.device()) {
+    MESHRT_CHECK(ctx.device() == dev_, "op " << op_ << ": the stream is on " << dev_.str()
+                                             << " but the context is for " << ctx.device().str());
+  }
   const char* op() const { return op_; }
   Device device() const { return dev_; }
 
@@ -287,7 +290,7 @@ GemmProblem make_gemm(const Check& chk, const Tensor& a, bool trans_a, const Ten
 
 void gemm(Context& ctx, Stream& stream, const Tensor& a, bool trans_a, const Tensor& b,
           bool trans_b, const Tensor& c, float alpha, float beta, const Tensor* bias) {
-  Check chk("gemm", stream);
+  Check chk("gemm", ctx, stream);
   GemmProblem p = make_gemm(chk, a, trans_a, b, trans_b, c, alpha, beta, bias, false);
   if (p.m == 0 || p.n == 0) return;
   MESHRT_DISPATCH(chk, gemm(ctx, stream, p));
@@ -295,7 +298,7 @@ void gemm(Context& ctx, Stream& stream, const Tensor& a, bool trans_a, const Ten
 
 void gemm_strided_batched(Context& ctx, Stream& stream, const Tensor& a, bool trans_a,
                           const Tensor& b, bool trans_b, const Tensor& c, float alpha, float beta) {
-  Check chk("gemm_strided_batched", stream);
+  Check chk("gemm_strided_batched", ctx, stream);
   GemmProblem p = make_gemm(chk, a, trans_a, b, trans_b, c, alpha, beta, nullptr, true);
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
   MESHRT_DISPATCH(chk, gemm(ctx, stream, p));
@@ -305,7 +308,7 @@ void gemm_strided_batched(Context& ctx, Stream& stream, const Tensor& a, bool tr
 
 void add(Context& ctx, Stream& stream, const Tensor& a, const Tensor& b, const Tensor& out,
          float alpha, float beta) {
-  Check chk("add", stream);
+  Check chk("add", ctx, stream);
   chk.floating(a, "a");
   chk.like(a, "a", b, "b");
   chk.like(a, "a", out, "out");
@@ -314,7 +317,7 @@ void add(Context& ctx, Stream& stream, const Tensor& a, const Tensor& b, const T
 }
 
 void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out, float alpha) {
-  Check chk("scale", stream);
+  Check chk("scale", ctx, stream);
   chk.floating(x, "x");
   chk.like(x, "x", out, "out");
   if (out.numel() == 0) return;
@@ -322,7 +325,7 @@ void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out, flo
 }
 
 void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out) {
-  Check chk("cast", stream);
+  Check chk("cast", ctx, stream);
   chk.floating(x, "x");
   chk.floating(out, "out");
   chk.same_shape(x, "x", out, "out");
@@ -331,7 +334,7 @@ void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out) {
 }
 
 void fill(Context& ctx, Stream& stream, const Tensor& out, double value) {
-  Check chk("fill", stream);
+  Check chk("fill", ctx, stream);
   chk.contiguous(out, "out");
   if (out.numel() == 0) return;
   MESHRT_DISPATCH(chk, fill(ctx, stream, out, value));
@@ -339,7 +342,7 @@ void fill(Context& ctx, Stream& stream, const Tensor& out, double value) {
 
 void bias_gelu_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor* bias,
                    const Tensor& y, GeluKind kind) {
-  Check chk("bias_gelu_fwd", stream);
+  Check chk("bias_gelu_fwd", ctx, stream);
   chk.floating(x, "x");
   chk.like(x, "x", y, "y");
   if (bias) chk.vec(*bias, "bias", row_len(x), x.dtype(), x, "x");
@@ -350,7 +353,7 @@ void bias_gelu_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor* 
 void bias_gelu_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
                    const Tensor* bias, const Tensor& dx, const Tensor* dbias, GeluKind kind,
                    bool accumulate) {
-  Check chk("bias_gelu_bwd", stream);
+  Check chk("bias_gelu_bwd", ctx, stream);
   chk.floating(x, "x");
   chk.like(x, "x", dy, "dy");
   chk.like(x, "x", dx, "dx");
@@ -378,7 +381,7 @@ void check_dropout(const Check& chk, const Tensor& x, const char* xn, const Tens
 
 void dropout_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y, float p,
                  uint64_t seed, uint64_t offset, int64_t index_base) {
-  Check chk("dropout_fwd", stream);
+  Check chk("dropout_fwd", ctx, stream);
   check_dropout(chk, x, "x", y, "y", p, index_base);
   if (x.numel() == 0) return;
   MESHRT_DISPATCH(chk, dropout(ctx, stream, x, y, p, seed, offset, index_base));
@@ -386,7 +389,7 @@ void dropout_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y,
 
 void dropout_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& dx, float p,
                  uint64_t seed, uint64_t offset, int64_t index_base) {
-  Check chk("dropout_bwd", stream);
+  Check chk("dropout_bwd", ctx, stream);
   check_dropout(chk, dy, "dy", dx, "dx", p, index_base);
   if (dy.numel() == 0) return;
   MESHRT_DISPATCH(chk, dropout(ctx, stream, dy, dx, p, seed, offset, index_base));
@@ -427,7 +430,7 @@ void check_norm_bwd(const Check& chk, const Tensor& dy, const Tensor& x, const T
 void layernorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& gamma,
                    const Tensor* beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
                    float eps) {
-  Check chk("layernorm_fwd", stream);
+  Check chk("layernorm_fwd", ctx, stream);
   check_norm_fwd(chk, x, gamma, beta, y, &mean, rstd, eps);
   if (x.numel() == 0) return;
   MESHRT_DISPATCH(chk, layernorm_fwd(ctx, stream, x, gamma, opt(beta), y, mean, rstd, eps, false));
@@ -436,7 +439,7 @@ void layernorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& 
 void layernorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
                    const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                    const Tensor* dgamma, const Tensor* dbeta, bool accumulate) {
-  Check chk("layernorm_bwd", stream);
+  Check chk("layernorm_bwd", ctx, stream);
   check_norm_bwd(chk, dy, x, gamma, &mean, rstd, dx, dgamma, dbeta);
   MESHRT_DISPATCH(chk, layernorm_bwd(ctx, stream, dy, x, gamma, mean, rstd, dx, opt(dgamma),
                                      opt(dbeta), false, accumulate));
@@ -444,7 +447,7 @@ void layernorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor&
 
 void rmsnorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& gamma,
                  const Tensor& y, const Tensor& rstd, float eps) {
-  Check chk("rmsnorm_fwd", stream);
+  Check chk("rmsnorm_fwd", ctx, stream);
   check_norm_fwd(chk, x, gamma, nullptr, y, nullptr, rstd, eps);
   if (x.numel() == 0) return;
   MESHRT_DISPATCH(chk,
@@ -454,7 +457,7 @@ void rmsnorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& ga
 void rmsnorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
                  const Tensor& gamma, const Tensor& rstd, const Tensor& dx, const Tensor* dgamma,
                  bool accumulate) {
-  Check chk("rmsnorm_bwd", stream);
+  Check chk("rmsnorm_bwd", ctx, stream);
   check_norm_bwd(chk, dy, x, gamma, nullptr, rstd, dx, dgamma, nullptr);
   MESHRT_DISPATCH(chk, layernorm_bwd(ctx, stream, dy, x, gamma, Tensor(), rstd, dx, opt(dgamma),
                                      Tensor(), true, accumulate));
@@ -463,7 +466,7 @@ void rmsnorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x
 // ---- softmax and attention ----------------------------------------------------------------------
 
 void softmax_rows_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y, float scale) {
-  Check chk("softmax_rows_fwd", stream);
+  Check chk("softmax_rows_fwd", ctx, stream);
   chk.floating(x, "x");
   chk.like(x, "x", y, "y");
   if (x.numel() == 0) return;
@@ -472,7 +475,7 @@ void softmax_rows_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tenso
 
 void softmax_rows_bwd(Context& ctx, Stream& stream, const Tensor& y, const Tensor& dy,
                       const Tensor& dx, float scale) {
-  Check chk("softmax_rows_bwd", stream);
+  Check chk("softmax_rows_bwd", ctx, stream);
   chk.floating(y, "y");
   chk.like(y, "y", dy, "dy");
   chk.like(y, "y", dx, "dx");
@@ -509,7 +512,7 @@ void check_attention(const Check& chk, const Tensor& q, const Tensor& k, const T
 
 void attention_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& lse, float softmax_scale, bool causal) {
-  Check chk("attention_fwd", stream);
+  Check chk("attention_fwd", ctx, stream);
   check_attention(chk, q, k, v, out, lse, softmax_scale, causal);
   if (q.numel() == 0) return;
   MESHRT_DISPATCH(chk, attention_fwd(ctx, stream, q, k, v, out, lse, softmax_scale, causal));
@@ -518,7 +521,7 @@ void attention_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& 
 void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv, float softmax_scale, bool causal) {
-  Check chk("attention_bwd", stream);
+  Check chk("attention_bwd", ctx, stream);
   check_attention(chk, q, k, v, out, lse, softmax_scale, causal);
   chk.like(q, "q", dout, "dout");
   chk.like(q, "q", dq, "dq");
@@ -552,7 +555,7 @@ void check_embedding(const Check& chk, const Tensor& ids, const Tensor& w, const
 
 void embedding_fwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor& weight,
                    const Tensor& out, int64_t vocab_offset) {
-  Check chk("embedding_fwd", stream);
+  Check chk("embedding_fwd", ctx, stream);
   check_embedding(chk, ids, weight, "weight", out, "out", vocab_offset);
   if (out.numel() == 0) return;
   MESHRT_DISPATCH(chk, embedding_fwd(ctx, stream, ids, weight, out, vocab_offset));
@@ -560,7 +563,7 @@ void embedding_fwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor
 
 void embedding_bwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor& dout,
                    const Tensor& dweight, int64_t vocab_offset, bool accumulate) {
-  Check chk("embedding_bwd", stream);
+  Check chk("embedding_bwd", ctx, stream);
   check_embedding(chk, ids, dweight, "dweight", dout, "dout", vocab_offset);
   if (dweight.numel() == 0) return;
   MESHRT_DISPATCH(chk, embedding_bwd(ctx, stream, ids, dout, dweight, vocab_offset, accumulate));
@@ -582,7 +585,7 @@ void check_targets(const Check& chk, const Tensor& targets, int64_t rows) {
 }  // namespace
 
 void xent_row_max(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max) {
-  Check chk("xent_row_max", stream);
+  Check chk("xent_row_max", ctx, stream);
   check_logits(chk, logits, "logits");
   chk.rows_stat(row_max, "row_max", logits);
   if (logits.numel() == 0) return;
@@ -591,7 +594,7 @@ void xent_row_max(Context& ctx, Stream& stream, const Tensor& logits, const Tens
 
 void xent_row_sumexp(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max,
                      const Tensor& sumexp) {
-  Check chk("xent_row_sumexp", stream);
+  Check chk("xent_row_sumexp", ctx, stream);
   check_logits(chk, logits, "logits");
   chk.rows_stat(row_max, "row_max", logits);
   chk.rows_stat(sumexp, "sumexp", logits);
@@ -601,7 +604,7 @@ void xent_row_sumexp(Context& ctx, Stream& stream, const Tensor& logits, const T
 
 void xent_target_logit(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& targets,
                        const Tensor& target_logit, int64_t vocab_offset, int64_t ignore_index) {
-  Check chk("xent_target_logit", stream);
+  Check chk("xent_target_logit", ctx, stream);
   check_logits(chk, logits, "logits");
   check_targets(chk, targets, logits.size(0));
   chk.rows_stat(target_logit, "target_logit", logits);
@@ -615,7 +618,7 @@ void xent_target_logit(Context& ctx, Stream& stream, const Tensor& logits, const
 void xent_loss(Context& ctx, Stream& stream, const Tensor& row_max, const Tensor& sumexp,
                const Tensor& target_logit, const Tensor& targets, const Tensor& loss,
                int64_t ignore_index) {
-  Check chk("xent_loss", stream);
+  Check chk("xent_loss", ctx, stream);
   chk.f32(row_max, "row_max");
   int64_t rows = row_max.numel();
   chk.f32(sumexp, "sumexp");
@@ -633,7 +636,7 @@ void xent_loss(Context& ctx, Stream& stream, const Tensor& row_max, const Tensor
 void xent_grad(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max,
                const Tensor& sumexp, const Tensor& targets, const Tensor& dlogits,
                int64_t vocab_offset, float grad_scale, int64_t ignore_index) {
-  Check chk("xent_grad", stream);
+  Check chk("xent_grad", ctx, stream);
   check_logits(chk, logits, "logits");
   chk.rows_stat(row_max, "row_max", logits);
   chk.rows_stat(sumexp, "sumexp", logits);
@@ -680,7 +683,7 @@ void check_param_lists(const Check& chk, std::span<const Tensor> params,
 void adamw_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
                   std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
                   std::span<const Tensor> exp_avg_sq, const AdamWConfig& cfg) {
-  Check chk("adamw_update", stream);
+  Check chk("adamw_update", ctx, stream);
   check_param_lists(chk, params, grads, exp_avg, "exp_avg", &exp_avg_sq, "exp_avg_sq");
   MESHRT_CHECK(cfg.step >= 1, "op adamw_update: step=" << cfg.step << " must be >= 1");
   MESHRT_CHECK(
@@ -693,7 +696,7 @@ void adamw_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
 void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
                          std::span<const Tensor> grads, std::span<const Tensor> momentum_bufs,
                          const SgdConfig& cfg) {
-  Check chk("sgd_momentum_update", stream);
+  Check chk("sgd_momentum_update", ctx, stream);
   check_param_lists(chk, params, grads, momentum_bufs, "momentum_bufs", nullptr, "");
   MESHRT_CHECK(!cfg.nesterov || (cfg.momentum > 0.f && cfg.dampening == 0.f),
                "op sgd_momentum_update: nesterov needs momentum > 0 and dampening 0 (got "

@@ -115,3 +115,12 @@ TEST_CASE("attention, embedding, cross-entropy and optimizers reject bad argumen
   REQUIRE_THROWS_WITH(ops::sgd_momentum_update(h.ctx, h.s(), p, none, m, {}),
                       Contains("op sgd_momentum_update") && Contains("list lengths differ"));
 }
+
+TEST_CASE("an op refuses a stream of another device than its context", "[errors]") {
+  Host h;
+  Tensor a = h.ctx.empty({4}, DType::f32);
+  // A stream whose device index differs from the context's device.
+  auto s1 = meshrt::make_host_stream("other", 1);
+  REQUIRE_THROWS_WITH(ops::add(h.ctx, *s1, a, a, a),
+                      Contains("op add") && Contains("cpu:1") && Contains("context"));
+}

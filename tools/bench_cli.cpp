@@ -171,6 +171,8 @@ void add_sweep(CLI::App& app, BenchCli& b) {
       ->check(CLI::IsMember({"block", "mlp", "attn"}));
   c->add_option("--devices", o.devices,
                 "Ranks: cpu:N | cuda:all | cuda:0-3 (default: as for bench block)");
+  // Accepted only to say why it is not (the sweep runs every factorisation).
+  c->add_option("--mesh", o.mesh, "")->group("");
   c->add_option("--batches", b.batches, "Micro-batch sizes per dp replica, comma-separated")
       ->capture_default_str();
   c->add_option("--sp-modes", b.sweep.sp, "Sequence parallel runs for tp > 1: both | on | off")

@@ -1,0 +1,299 @@
+// The `meshrt` binary: bad flags and impossible configurations fail with a message saying what to
+// change; tiny benchmark runs write JSON, traces, dumps and sweeps with the promised content.
+#include <sys/wait.h>
+#include <unistd.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "runtime/allocator.h"
+#include "runtime/backend.h"
+#include "runtime/safetensors.h"
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int rc = -1;
+  bool signaled = false;
+  std::string out, err;
+};
+
+fs::path scratch() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("meshrt-test-tools-" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `meshrt <args>` (no shell quoting needed for the arguments used here).
+Run cli(const std::string& args) {
+  static int n = 0;
+  const fs::path out = scratch() / ("out" + std::to_string(n) + ".txt");
+  const fs::path err = scratch() / ("err" + std::to_string(n++) + ".txt");
+  // MESHRT_COMM_TIMEOUT: a hang becomes a failure, not a stuck test.
+  const std::string cmd = std::string("MESHRT_COMM_TIMEOUT=60 ") + MESHRT_CLI_BIN + " " + args +
+                          " >" + out.string() + " 2>" + err.string();
+  const int st = std::system(cmd.c_str());
+  Run r;
+  r.signaled = WIFSIGNALED(st);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+// Tiny shapes for runs that must finish in about a second.
+const std::string kTiny = "--seq 64 --hidden 128 --heads 4 --steps 3 --warmup 1";
+
+}  // namespace
+
+TEST_CASE("bad flags and impossible configurations exit non-zero saying what to change", "[unit]") {
+  struct Case {
+    std::string args, expect;
+  };
+  std::vector<Case> cases = {
+      {"bench block --devices cpu:2 --mesh tp=3", "has 3 ranks but the world has 2"},
+      {"bench block --devices cpu:2 --mesh dp=2,tp=2", "make the sizes multiply to 2"},
+      {"bench block --devices cpu:2 --mesh pp=2", "name the dims dp and tp"},
+      {"bench block --devices cpu:2 --mesh tp=two", "not an integer >= 1"},
+      {"bench block --devices cpu:2 --hidden 250 --heads 4", "does not divide by heads"},
+      {"bench block --devices cpu:2 --hidden 384 --heads 3", "heads 3 do not divide by tp=2"},
+      {"bench block --devices cpu:2 --hidden 128 --heads 4 --ffn 3", "ffn 3 does not divide"},
+      {"bench block --devices cpu:2 --seq 127", "change --seq or pass --no-sp"},
+      {"bench block --devices cpu:2 --seq 130 --overlap chunked", "divisible by tp\\^2=4"},
+      {"bench block --devices cpu:2 --overlap chunked --no-sp", "add --sp or use --overlap async"},
+      {"bench block --overlap sometimes", "sometimes not in \\{none,async,chunked\\}"},
+      {"bench block --dtype f64", "f64 not in \\{f32,bf16,f16\\}"},
+      {"bench block --batch 0", "--batch: '0' is not an integer >= 1"},
+      {"bench block --steps 2.5", "--steps: '2.5' is not an integer >= 1"},
+      {"bench block --warmup -1", "--warmup: '-1' is not an integer >= 0"},
+      {"bench block --bucket-mb 0", "--bucket-mb: '0' is not a number > 0"},
+      {"bench block --sp --no-sp", "--sp excludes --no-sp"},
+      {"bench block --devices gpu:2", "unknown device kind 'gpu'"},
+      {"bench block --devices cpu:0", "host rank count 0"},
+      {"bench block --devices cpu:3", "does not divide by tp=3"},
+      {"bench block --json /nonexistent-dir/x.json", "does not exist"},
+      {"bench block --trace /", "is a directory"},
+      {"bench block --devices cpu:2 --hidden 262144 --ffn 1048576", "reduce --hidden"},
+      {"bench block --frobnicate", "not expected: --frobnicate"},
+      {"bench", "subcommand"},
+      {"bench mlp --mesh dp=2,tp=x", "not an integer >= 1"},
+      {"bench collective -b 12Q", "12Q"},
+      {"sweep --batches 1,x", "'x' is not an integer >= 1"},
+      {"sweep --mesh tp=2", "--mesh is swept; leave it out"},
+      {"sweep --plot /nonexistent-dir/p.png", "does not exist"},
+  };
+  if (!meshrt::cuda_available())
+    cases.push_back({"bench block --devices cuda:0", "CUDA is unavailable"});
+  for (const Case& c : cases) {
+    INFO("meshrt " << c.args);
+    Run r = cli(c.args);
+    INFO("stderr: " << r.err);
+    CHECK_FALSE(r.signaled);
+    CHECK(r.rc > 0);
+    CHECK(r.rc < 128);
+    CHECK(std::regex_search(r.err, std::regex(c.expect)));
+    CHECK(r.err.find("terminate called") == std::string::npos);
+    CHECK(r.err.find("internal error") == std::string::npos);
+    CHECK(r.err.size() < 2000);  // a message, not a dump
+  }
+}
+
+TEST_CASE("help works for every command", "[unit]") {
+  for (const char* cmd :
+       {"--help", "bench --help", "bench block --help", "bench mlp --help", "bench attn --help",
+        "bench collective --help", "bench gemm --help", "sweep --help", "info"}) {
+    INFO(cmd);
+    Run r = cli(cmd);
+    CHECK(r.rc == 0);
+    CHECK(!r.out.empty());
+  }
+  Run r = cli("bench block --help");
+  for (const char* flag : {"--devices", "--mesh", "--sp", "--batch", "--seq", "--hidden", "--ffn",
+                           "--heads", "--layers", "--dtype", "--steps", "--warmup", "--fwd-only",
+                           "--overlap", "--bucket-mb", "--json", "--trace", "--dump"})
+    CHECK(r.out.find(flag) != std::string::npos);
+}
+
+TEST_CASE("a tiny block bench writes JSON with every figure and a valid trace", "[multirank]") {
+  const fs::path js = scratch() / "tiny.json", tr = scratch() / "tiny.trace.json";
+  Run r = cli("bench block --devices cpu:2 " + kTiny + " --json " + js.string() + " --trace " +
+              tr.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  for (const char* row : {"step time", "tokens/s", "model FLOPs", "TFLOP/s", "MFU", "compute",
+                          "comm tp", "comm dp", "memory", "skew", "overhead"})
+    CHECK(r.out.find(row) != std::string::npos);
+
+  json j = json::parse(slurp(js));
+  CHECK(j["config"]["mesh"] == "tp=2");
+  CHECK(j["config"]["sp"] == true);  // on by default when tp > 1
+  CHECK(j["config"]["world_size"] == 2);
+  CHECK(j["config"]["steps"] == 3);
+  CHECK(j["step_ms"]["all"].size() == 3);
+  const double med = j["step_ms"]["median"];
+  CHECK(med > 0);
+  CHECK(j["step_ms"]["p10"].get<double>() <= med);
+  CHECK(j["step_ms"]["p90"].get<double>() >= med);
+  // FLOPs by hand: B=1, s=64, h=128, ffn=512: QKV 6*64*128^2 = 6291456, attention (halved)
+  // 2*64^2*128 = 1048576, out-proj 2097152, MLP 4*64*128*512 = 16777216; x3 for fwd + bwd.
+  CHECK(j["flops"]["per_layer_forward"]["total"] == 26214400.0);
+  CHECK(j["flops"]["per_step"] == 78643200.0);
+  CHECK(j["tokens_per_step"] == 64.0);
+  CHECK(j["tokens_per_s"].get<double>() == Approx(64.0 / (med * 1e-3)));
+  CHECK(j["tflops_model"].get<double>() == Approx(78643200.0 / (med * 1e-3) / 1e12));
+  CHECK(j["peak"]["source"] == "calibration_gemm");
+  CHECK(j["peak"]["tflops_per_rank"].get<double>() > 0);
+  CHECK(j["mfu"].get<double>() > 0);
+  CHECK(j["comm"]["tp"]["size"] == 2);
+  CHECK(j["comm"]["tp"]["collectives_per_step_per_rank"].get<double>() > 0);
+  CHECK(j["comm"]["tp"]["bytes_per_step_per_rank"].get<double>() > 0);
+  CHECK(j["comm"]["tp"]["comm_ms_median"].get<double>() > 0);
+  CHECK(j["comm"]["tp"]["exposed_ms_median"].get<double>() >= 0);
+  CHECK(j["comm"]["dp"]["size"] == 1);
+  CHECK(j["comm"]["dp"]["collectives_per_step_per_rank"] == 0);
+  CHECK(j["memory"]["peak_allocated_bytes_max"].get<double>() > 0);
+  CHECK(j["ranks"].size() == 2);
+  CHECK(j["skew"]["step_ms_slowest"].get<double>() >= j["skew"]["step_ms_fastest"].get<double>());
+  CHECK(j["overhead"]["fraction_of_step"].get<double>() >= 0);
+  CHECK(j["overhead"]["trace_markers_per_step"].get<double>() > 0);
+  CHECK(j["versions"].contains("blas"));
+  CHECK(j["versions"].contains("mpi"));
+  CHECK(j["versions"].contains("meshrt"));
+  CHECK(j["command_line"].get<std::string>().find("bench block") != std::string::npos);
+
+  // The trace: Chrome JSON, one process per rank, compute and tp-comm tracks, steps that
+  // contain their ops, communication slices carrying bytes and compute slices carrying FLOPs.
+  json t = json::parse(slurp(tr));
+  REQUIRE(t["traceEvents"].is_array());
+  std::map<std::pair<int, int>, std::string> tracks;
+  std::map<int, std::vector<std::pair<double, double>>> steps;  // rank -> [ts, end]
+  int comm = 0, compute = 0;
+  for (auto& e : t["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name")
+      tracks[{e["pid"].get<int>(), e["tid"].get<int>()}] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    CHECK(e["dur"].get<double>() >= 0);
+    const std::string name = e["name"];
+    if (name.rfind("step ", 0) == 0)
+      steps[e["pid"]].push_back({e["ts"], e["ts"].get<double>() + e["dur"].get<double>()});
+    if (e["tid"] == 1) {
+      ++comm;
+      CHECK(e["args"]["bytes"].get<double>() > 0);
+      CHECK((name == "all_gather" || name == "reduce_scatter" || name == "all_reduce"));
+    }
+    if (name.find(".fwd") != std::string::npos || name.find(".bwd") != std::string::npos) {
+      ++compute;
+      CHECK(e["tid"] == 0);
+      CHECK(e["args"]["flops"].get<double>() > 0);
+    }
+  }
+  CHECK(tracks[{0, 0}] == "compute");
+  CHECK(tracks[{1, 0}] == "compute");
+  CHECK(tracks[{0, 1}] == "comm.tp");
+  CHECK(tracks[{1, 1}] == "comm.tp");
+  CHECK(steps[0].size() == 3);
+  CHECK(steps[1].size() == 3);
+  CHECK(comm >= 2 * 3 * 10);    // per rank and step: a dozen or so sequence collectives
+  CHECK(compute == 2 * 3 * 4);  // attn / mlp x fwd / bwd per rank and step
+}
+
+TEST_CASE("dp > 1 all-reduces gradients over dp and reports it", "[multirank]") {
+  const fs::path js = scratch() / "dp.json";
+  Run r = cli("bench mlp --devices cpu:2 --mesh dp=2,tp=1 --no-calibrate " + kTiny + " --json " +
+              js.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  json j = json::parse(slurp(js));
+  CHECK(j["config"]["dp"] == 2);
+  CHECK(j["config"]["global_batch"] == 2);
+  CHECK(j["comm"]["dp"]["collectives_per_step_per_rank"].get<double>() >= 1);
+  // MLP parameters: norm 2x128, fc1 128x512 + 512, fc2 512x128 + 128, f32.
+  CHECK(j["comm"]["dp"]["bytes_per_step_per_rank"] == 4.0 * (256 + 65536 + 512 + 65536 + 128));
+  CHECK(j["comm"]["tp"]["collectives_per_step_per_rank"] == 0);
+  CHECK(j["mfu"].is_null());  // --no-calibrate on CPU: no peak to compare with
+  CHECK(j["flops"]["per_step"] == 3.0 * 4 * 2 * 64 * 128 * 512);  // global batch 2
+}
+
+TEST_CASE("dumps of a tp=2 sequence-parallel run equal the unsharded run", "[multirank]") {
+  const fs::path a = scratch() / "tp2.safetensors", b = scratch() / "tp1.safetensors";
+  const std::string shape = "--seq 32 --hidden 64 --heads 4 --steps 1 --warmup 0 --no-calibrate";
+  Run r2 = cli("bench block --devices cpu:2 --sp " + shape + " --dump " + a.string());
+  INFO(r2.out << r2.err);
+  REQUIRE(r2.rc == 0);
+  Run r1 = cli("bench block --devices cpu:1 " + shape + " --dump " + b.string());
+  INFO(r1.out << r1.err);
+  REQUIRE(r1.rc == 0);
+  auto host = meshrt::make_host_plain_allocator();
+  meshrt::SafetensorsFile fa = meshrt::load_safetensors(a.string(), host);
+  meshrt::SafetensorsFile fb = meshrt::load_safetensors(b.string(), host);
+  REQUIRE(fa.tensors.size() == fb.tensors.size());
+  CHECK(fa.tensors.size() >= 4 + 2 * 12);  // input, output and their grads; params and grads
+  for (auto& [name, t] : fb.tensors) {
+    INFO(name);
+    const meshrt::Tensor& u = fa.at(name);
+    REQUIRE(u.shape() == t.shape());
+    std::vector<double> x = u.to_vector(), y = t.to_vector();
+    double md = 0, mr = 1e-30;
+    for (size_t i = 0; i < y.size(); ++i) {
+      md = std::max(md, std::abs(x[i] - y[i]));
+      mr = std::max(mr, std::abs(y[i]));
+    }
+    CHECK(md / mr < 1e-4);
+  }
+  CHECK(fa.metadata.at("meshrt.mesh") == "tp=2");
+}
+
+TEST_CASE("a tiny sweep covers every factorisation and writes JSON and a PNG", "[multirank]") {
+  const fs::path js = scratch() / "sweep.json", png = scratch() / "sweep.png";
+  Run r =
+      cli("sweep --devices cpu:2 --seq 32 --hidden 64 --heads 4 --batches 1,2 --steps 2 --warmup 0 "
+          "--json " +
+          js.string() + " --plot " + png.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("best") != std::string::npos);
+  CHECK(r.err.find("ETA") != std::string::npos);  // the progress line
+  json j = json::parse(slurp(js));
+  // dp=2,tp=1 (sp n/a) and dp=1,tp=2 with sp off and on, each with batches 1 and 2.
+  REQUIRE(j["results"].size() == 6);
+  int best = 0;
+  double prev = 1e300;
+  std::set<std::string> seen;
+  for (auto& res : j["results"]) {
+    const double tps = res["tokens_per_s"];
+    CHECK(tps <= prev);  // sorted by throughput
+    prev = tps;
+    best += res["best"].get<bool>() ? 1 : 0;
+    seen.insert(res["config"]["mesh"].get<std::string>() +
+                (res["config"]["sp"].get<bool>() ? "+sp" : "") + "/" +
+                std::to_string(res["config"]["batch_per_replica"].get<int>()));
+  }
+  CHECK(best == 1);
+  CHECK(j["results"][0]["best"] == true);
+  CHECK(seen == std::set<std::string>{"dp=2,tp=1/1", "dp=2,tp=1/2", "dp=1,tp=2/1", "dp=1,tp=2/2",
+                                      "dp=1,tp=2+sp/1", "dp=1,tp=2+sp/2"});
+  std::ifstream p(png, std::ios::binary);
+  char sig[8] = {};
+  p.read(sig, 8);
+  CHECK(std::string(sig + 1, 3) == "PNG");
+}

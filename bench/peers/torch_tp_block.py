@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""The meshrt block benchmark's block, run with PyTorch 2.x DTensor tensor parallelism, side by side
+with `meshrt bench block` in the same run.
+
+The block is the one `meshrt bench block|mlp|attn` runs: LayerNorm -> fused QKV (ColwiseParallel,
+heads split over tp) -> causal attention on the local heads -> out-proj (RowwiseParallel) ->
+residual, then LayerNorm -> fc1 (ColwiseParallel) -> GeLU (tanh) -> fc2 (RowwiseParallel) ->
+residual; with --sp the norms and residuals run on sequence shards (SequenceParallel) and the
+colwise inputs are all-gathered / rowwise outputs reduce-scattered along the sequence. One process
+per rank on the CPU with the gloo backend (torch.distributed.tensor.parallel.parallelize_module over
+a 1-D DeviceMesh), each process with cores / ranks intra-op threads, as meshrt gives its ranks.
+
+Each repeat runs meshrt (build/bin/meshrt bench ... --json) and then PyTorch with the same shapes,
+dtype, warm-up and steps, so both see the same machine load; the medians over repeats are compared.
+
+PyTorch is only needed here (meshrt's tests do not use it):
+    python3 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
+    .venv-torch/bin/python bench/peers/torch_tp_block.py --meshrt build-release/bin/meshrt
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kind", default="block", choices=["block", "mlp", "attn"])
+    p.add_argument("--ranks", type=int, default=2, help="tp ranks (processes for PyTorch, "
+                   "threads for meshrt: --devices cpu:N)")
+    sp = p.add_mutually_exclusive_group()
+    sp.add_argument("--sp", dest="sp", action="store_true", default=None,
+                    help="sequence parallel (default: on when ranks > 1)")
+    sp.add_argument("--no-sp", dest="sp", action="store_false")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--ffn", type=int, default=0, help="default 4 x hidden")
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--fwd-only", action="store_true")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="alternating meshrt / PyTorch runs; medians over them are compared")
+    p.add_argument("--meshrt", default=None,
+                   help="meshrt binary (default: build-release/bin/meshrt, else build/bin/meshrt)")
+    p.add_argument("--meshrt-args", default="", help="extra flags for meshrt bench")
+    p.add_argument("--no-meshrt", action="store_true", help="PyTorch only")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads per PyTorch rank (default cores / ranks)")
+    p.add_argument("--json", default=None, help="write both sets of figures here")
+    p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
+    a = p.parse_args()
+    if a.ffn == 0:
+        a.ffn = 4 * a.hidden
+    if a.sp is None:
+        a.sp = a.ranks > 1
+    for name in ("ranks", "batch", "seq", "hidden", "heads", "ffn", "layers", "steps", "repeats"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    if a.hidden % a.heads or a.heads % a.ranks or a.ffn % a.ranks or a.hidden % a.ranks:
+        p.error("hidden must divide by heads, and heads, hidden and ffn by --ranks")
+    if a.sp and a.seq % a.ranks:
+        p.error("--seq must divide by --ranks under sequence parallel")
+    return a
+
+
+def layer_flops(a):
+    """Per-layer forward model FLOPs for the global batch (same counts as meshrt)."""
+    B, s, h, f = a.batch, a.seq, a.hidden, a.ffn
+    fl = 0.0
+    if a.kind != "mlp":
+        fl += 6 * B * s * h * h + 4 * B * s * s * h / 2 + 2 * B * s * h * h  # causal: half
+    if a.kind != "attn":
+        fl += 4 * B * s * h * f
+    return fl
+
+
+def step_flops(a):
+    return layer_flops(a) * a.layers * (1 if a.fwd_only else 3)
+
+
+def pct(v, q):
+    v = sorted(v)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+# ---- PyTorch side ------------------------------------------------------------------------------
+
+def torch_worker(rank, a, port, out_path):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    threads = a.threads or max(1, (os.cpu_count() or 1) // a.ranks)
+    torch.set_num_threads(threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    mesh = init_device_mesh("cpu", (a.ranks,), mesh_dim_names=("tp",))
+    tp = a.ranks
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
+    sp = a.sp and tp > 1
+    hl, d = a.heads // tp, a.hidden // a.heads
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(a.hidden, eps=1e-5)
+            self.qkv = nn.Linear(a.hidden, 3 * a.hidden)
+            self.proj = nn.Linear(a.hidden, a.hidden)
+
+        def forward(self, x):
+            y = self.qkv(self.norm(x))  # [B, S, hl * 3 * d] local heads (colwise)
+            B, S = y.shape[0], y.shape[1]
+            q, k, v = y.view(B, S, hl, 3, d).permute(3, 0, 2, 1, 4).unbind(0)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return x + self.proj(o.transpose(1, 2).reshape(B, S, hl * d))
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(a.hidden, eps=1e-5)
+            self.fc1 = nn.Linear(a.hidden, a.ffn)
+            self.fc2 = nn.Linear(a.ffn, a.hidden)
+
+        def forward(self, x):
+            return x + self.fc2(F.gelu(self.fc1(self.norm(x)), approximate="tanh"))
+
+    def plan(prefix, colwise, rowwise):
+        if not sp:
+            return {f"{prefix}.{colwise}": ColwiseParallel(), f"{prefix}.{rowwise}": RowwiseParallel()}
+        return {
+            f"{prefix}.norm": SequenceParallel(use_local_output=True),
+            f"{prefix}.{colwise}": ColwiseParallel(input_layouts=Shard(1)),
+            f"{prefix}.{rowwise}": RowwiseParallel(output_layouts=Shard(1)),
+        }
+
+    layers = nn.ModuleList()
+    tp_plan = {}
+    for i in range(a.layers):
+        mods = nn.ModuleDict()
+        if a.kind != "mlp":
+            mods["attn"] = Attention()
+            tp_plan.update(plan(f"{i}.attn", "qkv", "proj"))
+        if a.kind != "attn":
+            mods["mlp"] = Mlp()
+            tp_plan.update(plan(f"{i}.mlp", "fc1", "fc2"))
+        layers.append(mods)
+    torch.manual_seed(1)
+    for p_ in layers.parameters():
+        if p_.dim() == 2:
+            nn.init.normal_(p_, 0.0, 0.02)
+    layers = layers.to(dt)
+    if tp > 1:
+        parallelize_module(layers, mesh, tp_plan)
+
+    def forward(x):
+        for mods in layers:
+            for m in mods.values():
+                x = m(x)
+        return x
+
+    s_loc = a.seq // tp if sp else a.seq
+    g = torch.Generator().manual_seed(100 + (rank if sp else 0))
+    x = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt).requires_grad_(True)
+    dout = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt)
+    times = []
+    for step in range(a.warmup + a.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if a.fwd_only:
+            with torch.no_grad():
+                forward(x)
+        else:
+            layers.zero_grad(set_to_none=True)
+            x.grad = None
+            out = forward(x)
+            out.backward(dout)
+        t1 = time.perf_counter()
+        if step >= a.warmup:
+            times.append((t1 - t0) * 1e3)
+    # A step is done when its slowest rank is (as meshrt reports it).
+    tt = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"step_ms": tt.tolist(), "threads_per_rank": threads,
+                       "torch": torch.__version__}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torch(a):
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "torch.json")
+        mp.spawn(torch_worker, args=(a, a.port or free_port(), out), nprocs=a.ranks, join=True)
+        with open(out) as f:
+            return json.load(f)
+
+
+# ---- meshrt side -------------------------------------------------------------------------------
+
+def find_meshrt(a):
+    if a.meshrt:
+        return a.meshrt
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for b in ("build-release", "build"):
+        p = os.path.join(root, b, "bin", "meshrt")
+        if os.access(p, os.X_OK):
+            return p
+    sys.exit("meshrt binary not found: build it (make bench) or pass --meshrt PATH")
+
+
+def run_meshrt(a, binary):
+    with tempfile.TemporaryDirectory() as d:
+        js = os.path.join(d, "meshrt.json")
+        cmd = [binary, "bench", a.kind, "--devices", f"cpu:{a.ranks}", "--mesh", f"tp={a.ranks}",
+               "--sp" if a.sp else "--no-sp", "--batch", str(a.batch), "--seq", str(a.seq),
+               "--hidden", str(a.hidden), "--heads", str(a.heads), "--ffn", str(a.ffn),
+               "--layers", str(a.layers), "--dtype", a.dtype, "--steps", str(a.steps),
+               "--warmup", str(a.warmup), "--json", js] + (["--fwd-only"] if a.fwd_only else [])
+        cmd += a.meshrt_args.split()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"meshrt failed ({' '.join(cmd)}):\n{r.stderr}")
+        with open(js) as f:
+            return json.load(f), " ".join(["meshrt"] + cmd[1:-2])
+
+
+def main():
+    a = parse_args()
+    try:
+        import torch  # noqa: F401
+        import torch.distributed.tensor.parallel  # noqa: F401
+    except ImportError as e:
+        sys.exit(f"PyTorch is not installed ({e}). It comes from PyPI:\n"
+                 "    python3 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy\n"
+                 "    .venv-torch/bin/python bench/peers/torch_tp_block.py\n"
+                 "(a CPU run needs no GPU; the CUDA wheels work on CPU too)")
+    import torch
+    binary = None if a.no_meshrt else find_meshrt(a)
+    flops = step_flops(a)
+    tokens = a.batch * a.seq
+    print(f"block bench side by side: {a.kind} x{a.layers}, hidden {a.hidden}, heads {a.heads}, "
+          f"ffn {a.ffn}, seq {a.seq}, batch {a.batch}, {a.dtype}, tp={a.ranks} "
+          f"(sp {'on' if a.sp and a.ranks > 1 else 'off'}), warmup {a.warmup}, steps {a.steps}, "
+          f"{'forward only' if a.fwd_only else 'forward + backward'}; "
+          f"{a.repeats} alternating repeats")
+    m_runs, t_runs, m_cmd, threads = [], [], "", 0
+    for rep in range(a.repeats):
+        if binary:
+            mj, m_cmd = run_meshrt(a, binary)
+            m_runs.append(mj["step_ms"]["median"])
+            m_last = mj
+        tj = run_torch(a)
+        threads = tj["threads_per_rank"]
+        t_runs.append(statistics.median(tj["step_ms"]))
+        t_last = tj
+        line = f"  repeat {rep + 1}: pytorch {t_runs[-1]:.2f} ms"
+        if binary:
+            line += f", meshrt {m_runs[-1]:.2f} ms, ratio {t_runs[-1] / m_runs[-1]:.2f}x"
+        print(line, flush=True)
+
+    def row(name, med_ms, p10, p90):
+        tps = tokens / (med_ms * 1e-3)
+        tf = flops / (med_ms * 1e-3) / 1e12
+        print(f"  {name:<34} {med_ms:9.2f} {p10:9.2f} {p90:9.2f} {tps:10.0f} {tf:9.3f}")
+
+    print(f"\n  {'':<34} {'step ms':>9} {'p10':>9} {'p90':>9} {'tokens/s':>10} {'TFLOP/s':>9}")
+    tm = statistics.median(t_runs)
+    row(f"pytorch {torch.__version__} DTensor (gloo)", tm, pct(t_last["step_ms"], 0.1),
+        pct(t_last["step_ms"], 0.9))
+    result = {"config": vars(a), "flops_per_step": flops, "tokens_per_step": tokens,
+              "pytorch": {"version": torch.__version__, "step_ms_median_per_repeat": t_runs,
+                          "step_ms_median": tm, "threads_per_rank": threads,
+                          "last_run_step_ms": t_last["step_ms"]}}
+    if binary:
+        mm = statistics.median(m_runs)
+        row("meshrt", mm, m_last["step_ms"]["p10"], m_last["step_ms"]["p90"])
+        ratio = tm / mm
+        print(f"\n  ratio (PyTorch step time / meshrt step time, medians of {a.repeats} repeats): "
+              f"{ratio:.2f}x -> meshrt {'faster' if ratio > 1 else 'slower'}"
+              " (target: >= 1.2x)")
+        print(f"  p10/p90 are of the last repeat's steps; per-rank threads: pytorch {threads}, "
+              f"meshrt {m_last['config'].get('host_threads_per_rank')}")
+        print(f"  meshrt command: {m_cmd}")
+        result["meshrt"] = {"step_ms_median_per_repeat": m_runs, "step_ms_median": mm,
+                            "command": m_cmd, "last_run": m_last}
+        result["ratio_pytorch_over_meshrt"] = ratio
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "collectives/comm_detail.h"
@@ -267,6 +268,21 @@ class MpiComm final : public Communicator {
     int slot = -1;
     std::vector<int> world_ranks;
     detail::OrderBook orders;
+    // Staging buffers kept between collectives: allocating (and first touching) large buffers
+    // per call costs as much as the copy. Collectives run one at a time per rank, so a slot is
+    // free when the next one starts; a request that never completes keeps its buffer (bury).
+    std::shared_ptr<char> scratch_[2];
+    size_t scratch_bytes_[2] = {0, 0};
+
+    std::shared_ptr<char> scratch(int slot, size_t bytes) {
+      if (scratch_bytes_[slot] < bytes) {
+        char* p = static_cast<char*>(::operator new[](bytes, std::align_val_t{64}));
+        scratch_[slot] =
+            std::shared_ptr<char>(p, [](char* q) { ::operator delete[](q, std::align_val_t{64}); });
+        scratch_bytes_[slot] = bytes;
+      }
+      return scratch_[slot];
+    }
 
     std::string context(const std::string& call, uint64_t seq) const {
       return call + " on group '" + name + "' (seq " + std::to_string(seq) + ", rank " +
@@ -411,23 +427,24 @@ class MpiComm final : public Communicator {
         case CommOp::AllReduce: {
           const int n = int_count(c.count, "all_reduce");
           if (is_half(c.dtype)) {
-            auto tmp = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
-            detail::host_to_f32(c.dtype, in, tmp->data(), n);
-            MESHRT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tmp->data(), n, MPI_FLOAT,
-                                            mpi_op(c.redop), comm, &req));
-            wait_coll(&req, what, c.seq, dl, tmp);
-            if (c.redop == ReduceOp::Avg) detail::host_divide(DType::f32, tmp->data(), n, size);
-            detail::host_from_f32(c.dtype, tmp->data(), out, n);
+            auto buf = scratch(0, static_cast<size_t>(n) * sizeof(float));
+            float* tmp = reinterpret_cast<float*>(buf.get());
+            detail::host_to_f32(c.dtype, in, tmp, n);
+            MESHRT_MPI_CHECK(
+                MPI_Iallreduce(MPI_IN_PLACE, tmp, n, MPI_FLOAT, mpi_op(c.redop), comm, &req));
+            wait_coll(&req, what, c.seq, dl, buf);
+            if (c.redop == ReduceOp::Avg) detail::host_divide(DType::f32, tmp, n, size);
+            detail::host_from_f32(c.dtype, tmp, out, n);
           } else {
             // OpenMPI's non-blocking MPI_IN_PLACE all-reduce of large buffers is several times
             // slower than its out-of-place form (measured: bench/results/collectives-host.md),
             // so large in-place calls send from a staged copy instead.
-            std::shared_ptr<std::vector<char>> stage;
+            std::shared_ptr<char> stage;
             const void* src = c.in_place ? MPI_IN_PLACE : in;
             if (c.in_place && static_cast<size_t>(n) * es >= kStageInPlaceBytes) {
-              stage = std::make_shared<std::vector<char>>(static_cast<size_t>(n) * es);
-              std::memcpy(stage->data(), out, stage->size());
-              src = stage->data();
+              stage = scratch(0, static_cast<size_t>(n) * es);
+              std::memcpy(stage.get(), out, static_cast<size_t>(n) * es);
+              src = stage.get();
             }
             MESHRT_MPI_CHECK(MPI_Iallreduce(src, out, n, t, mpi_op(c.redop), comm, &req));
             wait_coll(&req, what, c.seq, dl,
@@ -440,28 +457,30 @@ class MpiComm final : public Communicator {
           const int n = int_count(c.count, "reduce_scatter");
           int_count(c.count * size, "reduce_scatter");
           if (is_half(c.dtype)) {
-            auto tin = std::make_shared<std::vector<float>>(static_cast<size_t>(c.count * size));
-            auto tout = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
-            detail::host_to_f32(c.dtype, in, tin->data(), c.count * size);
-            MESHRT_MPI_CHECK(MPI_Ireduce_scatter_block(tin->data(), tout->data(), n, MPI_FLOAT,
-                                                       mpi_op(c.redop), comm, &req));
+            auto bin = scratch(0, static_cast<size_t>(c.count * size) * sizeof(float));
+            auto bout = scratch(1, static_cast<size_t>(n) * sizeof(float));
+            float* tin = reinterpret_cast<float*>(bin.get());
+            float* tout = reinterpret_cast<float*>(bout.get());
+            detail::host_to_f32(c.dtype, in, tin, c.count * size);
+            MESHRT_MPI_CHECK(
+                MPI_Ireduce_scatter_block(tin, tout, n, MPI_FLOAT, mpi_op(c.redop), comm, &req));
             wait_coll(&req, what, c.seq, dl,
-                      std::make_shared<std::pair<decltype(tin), decltype(tout)>>(tin, tout));
-            if (c.redop == ReduceOp::Avg) detail::host_divide(DType::f32, tout->data(), n, size);
-            detail::host_from_f32(c.dtype, tout->data(), out, n);
+                      std::make_shared<std::pair<decltype(bin), decltype(bout)>>(bin, bout));
+            if (c.redop == ReduceOp::Avg) detail::host_divide(DType::f32, tout, n, size);
+            detail::host_from_f32(c.dtype, tout, out, n);
           } else {
             // MPI's in-place form puts the result at the front of the buffer; ours is this
             // rank's block, so receive into a staging buffer instead.
-            std::shared_ptr<std::vector<char>> stage;
+            std::shared_ptr<char> stage;
             void* dst = out;
             if (c.in_place && n > 0) {
-              stage = std::make_shared<std::vector<char>>(static_cast<size_t>(n) * es);
-              dst = stage->data();
+              stage = scratch(0, static_cast<size_t>(n) * es);
+              dst = stage.get();
             }
             MESHRT_MPI_CHECK(MPI_Ireduce_scatter_block(in, dst, n, t, mpi_op(c.redop), comm, &req));
             wait_coll(&req, what, c.seq, dl,
                       std::make_shared<std::pair<decltype(keep), decltype(stage)>>(keep, stage));
-            if (stage) std::memcpy(out, stage->data(), stage->size());
+            if (stage) std::memcpy(out, stage.get(), static_cast<size_t>(n) * es);
             if (c.redop == ReduceOp::Avg) detail::host_divide(c.dtype, out, n, size);
           }
           return;
@@ -489,12 +508,13 @@ class MpiComm final : public Communicator {
         case CommOp::AllToAll: {
           const int n = int_count(c.count, "all_to_all");
           int_count(c.count * size, "all_to_all");
-          std::shared_ptr<std::vector<char>> stage;
+          std::shared_ptr<char> stage;
           const void* src = in;
           if (c.in_place && n > 0) {
-            stage = std::make_shared<std::vector<char>>(static_cast<size_t>(n) * size * es);
-            std::memcpy(stage->data(), in, stage->size());
-            src = stage->data();
+            const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(size) * es;
+            stage = scratch(0, bytes);
+            std::memcpy(stage.get(), in, bytes);
+            src = stage.get();
           }
           MESHRT_MPI_CHECK(MPI_Ialltoall(src, n, t, out, n, t, comm, &req));
           wait_coll(&req, what, c.seq, dl,

@@ -137,10 +137,19 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
         cfg_(cfg),
         slots_(new Slot[static_cast<size_t>(n)]),
         mail_(new Mailbox[static_cast<size_t>(n) * static_cast<size_t>(n)]) {
+    // Waiting: spin briefly (a peer that is running arrives within microseconds), then yield
+    // for a while (on a busy machine this hands the core to the rank being waited for, which
+    // beats spinning by an order of magnitude), then sleep on the futex. Spinning is skipped when
+    // there are more ranks than cores. MESHRT_HOST_SPIN (pause iterations) and
+    // MESHRT_HOST_YIELD_US tune the two phases.
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    // Spinning only helps when every rank can run at once; otherwise it steals the core from
-    // the rank being waited for.
-    spin_ = static_cast<unsigned>(n) <= hw ? 4000 : 64;
+    spin_ = static_cast<unsigned>(n) <= hw ? 128 : 0;
+    if (const char* e = std::getenv("MESHRT_HOST_SPIN"); e && *e) {
+      spin_ = static_cast<unsigned>(std::max(0, std::atoi(e)));
+    }
+    if (const char* e = std::getenv("MESHRT_HOST_YIELD_US"); e && *e) {
+      yield_s_ = std::max(0, std::atoi(e)) * 1e-6;
+    }
   }
 
   static std::shared_ptr<HostGroup> create(int n, std::string name,
@@ -171,7 +180,10 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
       if (ready()) return;
       cpu_relax();
     }
-    for (int yields = 0;; ++yields) {
+    const auto yield_until =
+        detail::Clock::now() + std::chrono::duration_cast<detail::Clock::duration>(
+                                   std::chrono::duration<double>(yield_s_));
+    for (;;) {
       if (ready()) return;
       if (family_->aborted()) throw_aborted(context);
       if (deadline.passed()) {
@@ -179,7 +191,7 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
         family_->abort(msg);
         throw CommError(msg);
       }
-      if (yields < 8) {
+      if (detail::Clock::now() < yield_until) {
         sched_yield();
         continue;
       }
@@ -207,6 +219,7 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
   std::unique_ptr<Mailbox[]> mail_;
   WakeWord wake_;
   unsigned spin_;
+  double yield_s_ = 50e-6;
 };
 
 void HostFamily::abort(const std::string& why) {

@@ -200,6 +200,11 @@ void add_sweep(CLI::App& app, BenchCli& b) {
       ->check(kPositive);
   c->add_option("--peak-tflops", o.peak_tflops, "Per-device peak for MFU, TFLOP/s")
       ->check(kPositive);
+  c->add_option("--repeats", b.sweep.repeats,
+                "Runs per configuration, round-robin over the configurations; the run with the "
+                "median step time is reported")
+      ->capture_default_str()
+      ->check(kPositiveInt);
   c->add_option("--json", b.sweep.json_path, "Write every run's figures as JSON");
   c->add_option("--plot", b.sweep.plot_path, "Write a PNG bar chart of tokens/s (gnuplot)");
   c->add_flag("--no-progress", b.sweep_no_progress, "No progress line on stderr");

@@ -32,13 +32,20 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kind", default="block", choices=["block", "mlp", "attn"])
-    p.add_argument("--ranks", type=int, default=2, help="tp ranks (processes for PyTorch, "
+    p.add_argument("--ranks", type=int, default=2, help="ranks (processes for PyTorch, "
                    "threads for meshrt: --devices cpu:N)")
+    p.add_argument("--dp", type=int, default=1,
+                   help="data-parallel replicas (tp = ranks / dp); PyTorch wraps the block in "
+                   "DistributedDataParallel over the dp dim of a 2-D DeviceMesh")
+    p.add_argument("--sweep", action="store_true",
+                   help="every dp x tp factorisation of --ranks, sp off and on, x --batches, as "
+                   "`meshrt sweep` runs them; a table of both step times and their ratio")
+    p.add_argument("--batches", default="1,2,4", help="micro-batches per replica for --sweep")
     sp = p.add_mutually_exclusive_group()
     sp.add_argument("--sp", dest="sp", action="store_true", default=None,
                     help="sequence parallel (default: on when ranks > 1)")
     sp.add_argument("--no-sp", dest="sp", action="store_false")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1, help="micro-batch per dp replica")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
@@ -61,21 +68,37 @@ def parse_args():
     a = p.parse_args()
     if a.ffn == 0:
         a.ffn = 4 * a.hidden
-    if a.sp is None:
-        a.sp = a.ranks > 1
-    for name in ("ranks", "batch", "seq", "hidden", "heads", "ffn", "layers", "steps", "repeats"):
+    for name in ("ranks", "dp", "batch", "seq", "hidden", "heads", "ffn", "layers", "steps",
+                 "repeats"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1")
-    if a.hidden % a.heads or a.heads % a.ranks or a.ffn % a.ranks or a.hidden % a.ranks:
-        p.error("hidden must divide by heads, and heads, hidden and ffn by --ranks")
-    if a.sp and a.seq % a.ranks:
-        p.error("--seq must divide by --ranks under sequence parallel")
+    if a.ranks % a.dp:
+        p.error(f"--dp {a.dp} does not divide --ranks {a.ranks}")
+    a.tp = a.ranks // a.dp
+    if a.sp is None:
+        a.sp = a.tp > 1
+    try:
+        a.batch_list = [int(b) for b in a.batches.split(",")]
+        assert all(b >= 1 for b in a.batch_list)
+    except (ValueError, AssertionError):
+        p.error(f"--batches {a.batches}: give sizes like 1,2,4")
+    if a.hidden % a.heads:
+        p.error("hidden must divide by heads")
     return a
+
+
+def check_shapes(a):
+    """Why this configuration cannot run, or None."""
+    if a.heads % a.tp or a.ffn % a.tp or a.hidden % a.tp:
+        return f"heads, hidden and ffn must divide by tp={a.tp}"
+    if a.sp and a.tp > 1 and a.seq % a.tp:
+        return f"seq must divide by tp={a.tp} under sequence parallel"
+    return None
 
 
 def layer_flops(a):
     """Per-layer forward model FLOPs for the global batch (same counts as meshrt)."""
-    B, s, h, f = a.batch, a.seq, a.hidden, a.ffn
+    B, s, h, f = a.batch * a.dp, a.seq, a.hidden, a.ffn
     fl = 0.0
     if a.kind != "mlp":
         fl += 6 * B * s * h * h + 4 * B * s * s * h / 2 + 2 * B * s * h * h  # causal: half
@@ -113,8 +136,11 @@ def torch_worker(rank, a, port, out_path):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
-    mesh = init_device_mesh("cpu", (a.ranks,), mesh_dim_names=("tp",))
-    tp = a.ranks
+    mesh2 = init_device_mesh("cpu", (a.dp, a.tp), mesh_dim_names=("dp", "tp"))
+    mesh = mesh2["tp"]
+    tp = a.tp
+    dp_rank = mesh2.get_local_rank("dp")
+    tp_rank = mesh2.get_local_rank("tp")
     dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     sp = a.sp and tp > 1
     hl, d = a.heads // tp, a.hidden // a.heads
@@ -171,14 +197,28 @@ def torch_worker(rank, a, port, out_path):
     if tp > 1:
         parallelize_module(layers, mesh, tp_plan)
 
+    class Stack(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            for mods in self.inner:
+                for m in mods.values():
+                    x = m(x)
+            return x
+
+    if a.dp > 1:  # DDP needs one module whose forward runs the stack
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(Stack(layers), process_group=mesh2["dp"].get_group())
+    else:
+        model = Stack(layers)
+
     def forward(x):
-        for mods in layers:
-            for m in mods.values():
-                x = m(x)
-        return x
+        return model(x)
 
     s_loc = a.seq // tp if sp else a.seq
-    g = torch.Generator().manual_seed(100 + (rank if sp else 0))
+    g = torch.Generator().manual_seed(100 + 1000 * dp_rank + (tp_rank if sp else 0))
     x = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt).requires_grad_(True)
     dout = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt)
     times = []
@@ -189,7 +229,7 @@ def torch_worker(rank, a, port, out_path):
             with torch.no_grad():
                 forward(x)
         else:
-            layers.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
             x.grad = None
             out = forward(x)
             out.backward(dout)
@@ -239,7 +279,7 @@ def find_meshrt(a):
 def run_meshrt(a, binary):
     with tempfile.TemporaryDirectory() as d:
         js = os.path.join(d, "meshrt.json")
-        cmd = [binary, "bench", a.kind, "--devices", f"cpu:{a.ranks}", "--mesh", f"tp={a.ranks}",
+        cmd = [binary, "bench", a.kind, "--devices", f"cpu:{a.ranks}", "--mesh", f"dp={a.dp},tp={a.tp}",
                "--sp" if a.sp else "--no-sp", "--batch", str(a.batch), "--seq", str(a.seq),
                "--hidden", str(a.hidden), "--heads", str(a.heads), "--ffn", str(a.ffn),
                "--layers", str(a.layers), "--dtype", a.dtype, "--steps", str(a.steps),
@@ -252,6 +292,107 @@ def run_meshrt(a, binary):
             return json.load(f), " ".join(["meshrt"] + cmd[1:-2])
 
 
+def compare(a, binary, verbose=True):
+    """Alternating meshrt / PyTorch runs of one configuration; medians over the repeats."""
+    import torch
+    m_runs, t_runs, m_cmd, m_last, threads = [], [], "", None, 0
+    for rep in range(a.repeats):
+        if binary:
+            m_last, m_cmd = run_meshrt(a, binary)
+            m_runs.append(m_last["step_ms"]["median"])
+        tj = run_torch(a)
+        threads = tj["threads_per_rank"]
+        t_runs.append(statistics.median(tj["step_ms"]))
+        t_last = tj
+        if verbose:
+            line = f"  repeat {rep + 1}: pytorch {t_runs[-1]:.2f} ms"
+            if binary:
+                line += f", meshrt {m_runs[-1]:.2f} ms, ratio {t_runs[-1] / m_runs[-1]:.2f}x"
+            print(line, flush=True)
+    r = {"config": {k: v for k, v in vars(a).items() if k != "batch_list"},
+         "flops_per_step": step_flops(a), "tokens_per_step": a.batch * a.dp * a.seq,
+         "pytorch": {"version": torch.__version__, "step_ms_median_per_repeat": t_runs,
+                     "step_ms_median": statistics.median(t_runs), "threads_per_rank": threads,
+                     "last_run_step_ms": t_last["step_ms"]}}
+    if binary:
+        r["meshrt"] = {"step_ms_median_per_repeat": m_runs, "step_ms_median": statistics.median(m_runs),
+                       "command": m_cmd, "last_run": m_last}
+        r["ratio_pytorch_over_meshrt"] = r["pytorch"]["step_ms_median"] / r["meshrt"]["step_ms_median"]
+    return r
+
+
+def describe(a):
+    return (f"{a.kind} x{a.layers}, hidden {a.hidden}, heads {a.heads}, ffn {a.ffn}, seq {a.seq}, "
+            f"{a.dtype}, warmup {a.warmup}, steps {a.steps}, "
+            f"{'forward only' if a.fwd_only else 'forward + backward'}; {a.repeats} alternating "
+            f"repeat(s) of meshrt then PyTorch per configuration")
+
+
+def main_single(a, binary):
+    import torch
+    print(f"block bench side by side: {describe(a)}; batch {a.batch} per replica, "
+          f"dp={a.dp},tp={a.tp} (sp {'on' if a.sp and a.tp > 1 else 'off'})")
+    r = compare(a, binary)
+    tokens, flops = r["tokens_per_step"], r["flops_per_step"]
+
+    def row(name, med_ms, p10, p90):
+        tps = tokens / (med_ms * 1e-3)
+        tf = flops / (med_ms * 1e-3) / 1e12
+        print(f"  {name:<34} {med_ms:9.2f} {p10:9.2f} {p90:9.2f} {tps:10.0f} {tf:9.3f}")
+
+    print(f"\n  {'':<34} {'step ms':>9} {'p10':>9} {'p90':>9} {'tokens/s':>10} {'TFLOP/s':>9}")
+    t = r["pytorch"]
+    row(f"pytorch {torch.__version__} DTensor (gloo)", t["step_ms_median"],
+        pct(t["last_run_step_ms"], 0.1), pct(t["last_run_step_ms"], 0.9))
+    if binary:
+        m = r["meshrt"]
+        row("meshrt", m["step_ms_median"], m["last_run"]["step_ms"]["p10"],
+            m["last_run"]["step_ms"]["p90"])
+        ratio = r["ratio_pytorch_over_meshrt"]
+        print(f"\n  ratio (PyTorch step time / meshrt step time, medians of {a.repeats} repeats): "
+              f"{ratio:.2f}x -> meshrt {'faster' if ratio > 1 else 'slower'} (target: >= 1.2x)")
+        print(f"  p10/p90 are of the last repeat's steps; per-rank threads: pytorch "
+              f"{t['threads_per_rank']}, meshrt {m['last_run']['config'].get('host_threads_per_rank')}")
+        print(f"  meshrt command: {m['command']}")
+    return r
+
+
+def main_sweep(a, binary):
+    import copy
+    print(f"sweep side by side on {a.ranks} ranks: {describe(a)}")
+    print("batch = micro-batch per dp replica; ratio = PyTorch step time / meshrt step time\n")
+    print(f"  {'mesh':<12} {'sp':<4} {'batch':>5} {'meshrt ms':>10} {'pytorch ms':>11} "
+          f"{'ratio':>7}", flush=True)
+    rows, skipped = [], []
+    for dp in [d for d in range(a.ranks, 0, -1) if a.ranks % d == 0]:
+        tp = a.ranks // dp
+        for sp in ([False] if tp == 1 else [False, True]):
+            for b in a.batch_list:
+                c = copy.copy(a)
+                c.dp, c.tp, c.sp, c.batch = dp, tp, sp, b
+                label = f"dp={dp},tp={tp}"
+                why = check_shapes(c)
+                if why:
+                    skipped.append((label, sp, b, why))
+                    continue
+                r = compare(c, binary, verbose=False)
+                rows.append(r)
+                m = r.get("meshrt", {}).get("step_ms_median", float("nan"))
+                ratio = r.get("ratio_pytorch_over_meshrt", float("nan"))
+                print(f"  {label:<12} {('on' if sp else 'off') if tp > 1 else '-':<4} {b:>5} "
+                      f"{m:10.2f} {r['pytorch']['step_ms_median']:11.2f} {ratio:6.2f}x",
+                      flush=True)
+    for label, sp, b, why in skipped:
+        print(f"  skipped {label} sp={sp} batch {b}: {why}")
+    if binary and rows:
+        worst = min(rows, key=lambda r: r["ratio_pytorch_over_meshrt"])
+        c = worst["config"]
+        print(f"\n  lowest ratio {worst['ratio_pytorch_over_meshrt']:.2f}x at dp={c['dp']},"
+              f"tp={c['tp']} sp={c['sp']} batch {c['batch']} "
+              f"({'meshrt never slower' if worst['ratio_pytorch_over_meshrt'] >= 1 else 'meshrt slower there'})")
+    return {"sweep": rows, "skipped": [list(s) for s in skipped]}
+
+
 def main():
     a = parse_args()
     try:
@@ -262,56 +403,12 @@ def main():
                  "    python3 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy\n"
                  "    .venv-torch/bin/python bench/peers/torch_tp_block.py\n"
                  "(a CPU run needs no GPU; the CUDA wheels work on CPU too)")
-    import torch
     binary = None if a.no_meshrt else find_meshrt(a)
-    flops = step_flops(a)
-    tokens = a.batch * a.seq
-    print(f"block bench side by side: {a.kind} x{a.layers}, hidden {a.hidden}, heads {a.heads}, "
-          f"ffn {a.ffn}, seq {a.seq}, batch {a.batch}, {a.dtype}, tp={a.ranks} "
-          f"(sp {'on' if a.sp and a.ranks > 1 else 'off'}), warmup {a.warmup}, steps {a.steps}, "
-          f"{'forward only' if a.fwd_only else 'forward + backward'}; "
-          f"{a.repeats} alternating repeats")
-    m_runs, t_runs, m_cmd, threads = [], [], "", 0
-    for rep in range(a.repeats):
-        if binary:
-            mj, m_cmd = run_meshrt(a, binary)
-            m_runs.append(mj["step_ms"]["median"])
-            m_last = mj
-        tj = run_torch(a)
-        threads = tj["threads_per_rank"]
-        t_runs.append(statistics.median(tj["step_ms"]))
-        t_last = tj
-        line = f"  repeat {rep + 1}: pytorch {t_runs[-1]:.2f} ms"
-        if binary:
-            line += f", meshrt {m_runs[-1]:.2f} ms, ratio {t_runs[-1] / m_runs[-1]:.2f}x"
-        print(line, flush=True)
-
-    def row(name, med_ms, p10, p90):
-        tps = tokens / (med_ms * 1e-3)
-        tf = flops / (med_ms * 1e-3) / 1e12
-        print(f"  {name:<34} {med_ms:9.2f} {p10:9.2f} {p90:9.2f} {tps:10.0f} {tf:9.3f}")
-
-    print(f"\n  {'':<34} {'step ms':>9} {'p10':>9} {'p90':>9} {'tokens/s':>10} {'TFLOP/s':>9}")
-    tm = statistics.median(t_runs)
-    row(f"pytorch {torch.__version__} DTensor (gloo)", tm, pct(t_last["step_ms"], 0.1),
-        pct(t_last["step_ms"], 0.9))
-    result = {"config": vars(a), "flops_per_step": flops, "tokens_per_step": tokens,
-              "pytorch": {"version": torch.__version__, "step_ms_median_per_repeat": t_runs,
-                          "step_ms_median": tm, "threads_per_rank": threads,
-                          "last_run_step_ms": t_last["step_ms"]}}
-    if binary:
-        mm = statistics.median(m_runs)
-        row("meshrt", mm, m_last["step_ms"]["p10"], m_last["step_ms"]["p90"])
-        ratio = tm / mm
-        print(f"\n  ratio (PyTorch step time / meshrt step time, medians of {a.repeats} repeats): "
-              f"{ratio:.2f}x -> meshrt {'faster' if ratio > 1 else 'slower'}"
-              " (target: >= 1.2x)")
-        print(f"  p10/p90 are of the last repeat's steps; per-rank threads: pytorch {threads}, "
-              f"meshrt {m_last['config'].get('host_threads_per_rank')}")
-        print(f"  meshrt command: {m_cmd}")
-        result["meshrt"] = {"step_ms_median_per_repeat": m_runs, "step_ms_median": mm,
-                            "command": m_cmd, "last_run": m_last}
-        result["ratio_pytorch_over_meshrt"] = ratio
+    if not a.sweep:
+        why = check_shapes(a)
+        if why:
+            sys.exit(f"torch_tp_block.py: {why}")
+    result = main_sweep(a, binary) if a.sweep else main_single(a, binary)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -50,6 +50,7 @@ struct Outcome {
   bool ok = false;
   std::string why;  // when skipped
   BlockBenchResult r;
+  std::vector<double> step_ms_runs;  // one per repeat
 };
 
 std::string shell_quote(const std::string& s) {
@@ -85,6 +86,8 @@ void write_plot(const std::string& path, const std::vector<Outcome>& ok, const s
       d << i << " \"" << ok[i].c.label() << "\" " << ok[i].r.tokens_per_s << " " << (i == 0 ? 1 : 0)
         << "\n";
   }
+  double ymax = 1;
+  for (const auto& oc : ok) ymax = std::max(ymax, oc.r.tokens_per_s);
   auto script = [&](const char* term) {
     std::ofstream g(gp);
     g << "set terminal " << term << " size 1100,560 font \",10\"\n"
@@ -94,7 +97,7 @@ void write_plot(const std::string& path, const std::vector<Outcome>& ok, const s
       << "set style fill solid 0.8 border -1\n"
       << "set boxwidth 0.7\n"
       << "set grid ytics\n"
-      << "set yrange [0:*]\n"
+      << "set yrange [0:" << ymax * 1.12 << "]\n"
       << "set xtics rotate by -35 left noenhanced\n"
       << "set key off\n"
       << "set lmargin 10\nset bmargin 8\n"
@@ -156,6 +159,7 @@ std::vector<std::pair<int, int>> mesh_factorisations(int world) {
 
 int run_sweep(const SweepOptions& o, std::ostream& os) {
   MESHRT_CHECK(!o.batches.empty(), "--batches is empty; give sizes like 1,2,4");
+  MESHRT_CHECK(o.repeats >= 1, "--repeats " << o.repeats << " must be >= 1");
   for (int64_t b : o.batches) MESHRT_CHECK(b >= 1, "--batches: " << b << " must be >= 1");
   MESHRT_CHECK(o.sp == "both" || o.sp == "on" || o.sp == "off",
                "--sp-modes " << o.sp << ": use both, on or off");
@@ -195,52 +199,83 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
       for (int64_t b : o.batches) cfgs.push_back({dp, tp, sp, b});
   }
 
-  // Only the process with rank 0 reports (every process runs every configuration).
-  std::vector<Outcome> out;
+  // Only the process with rank 0 reports (every process runs every configuration). Repeats go
+  // round-robin over the configurations, so a burst of load on a shared machine hits one run of
+  // several configurations rather than every run of one.
+  const int R = o.repeats;
+  std::vector<std::vector<BlockBenchResult>> runs(cfgs.size());
+  std::vector<std::string> why(cfgs.size());
   bool printer = true;
   const bool tty = isatty(STDERR_FILENO);
   const auto t0 = Clock::now();
-  double peak = base.peak_tflops;
-  std::string peak_label = base.peak_label;
-  for (size_t i = 0; i < cfgs.size(); ++i) {
-    const Config& c = cfgs[i];
-    const double el = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (o.progress && printer) {
-      std::string eta =
-          i == 0 ? "--:--"
-                 : clock_str(el / static_cast<double>(i) * static_cast<double>(cfgs.size() - i));
-      std::cerr << (tty ? "\r\033[K" : "") << "sweep [" << i + 1 << "/" << cfgs.size() << "] "
-                << c.label() << "  elapsed " << clock_str(el) << ", ETA " << eta
-                << (tty ? "" : "\n") << std::flush;
-    }
-    BlockBenchOptions bo = base;
-    bo.mesh = "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp);
-    bo.sp = c.sp ? 1 : 0;
-    bo.batch = c.batch;
-    bo.peak_tflops = peak;
-    bo.peak_label = peak_label;
-    Outcome oc;
-    oc.c = c;
-    try {
-      oc.r = run_block_bench_result(bo, os);
-      oc.ok = true;
-      printer = oc.r.valid;
-      // Calibrate once: later runs reuse the first run's peak (same devices and dtype).
-      if (peak <= 0 && oc.r.valid && oc.r.peak_tflops_per_rank > 0) {
-        peak = oc.r.peak_tflops_per_rank;
-        peak_label = oc.r.peak_label;
+  const size_t total = cfgs.size() * static_cast<size_t>(R);
+  size_t done = 0;
+  for (int rep = 0; rep < R; ++rep) {
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      const Config& c = cfgs[i];
+      if (!why[i].empty()) continue;  // cannot run: do not try again
+      const double el = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (o.progress && printer) {
+        std::string eta =
+            done == 0
+                ? "--:--"
+                : clock_str(el / static_cast<double>(done) * static_cast<double>(total - done));
+        std::cerr << (tty ? "\r\033[K" : "") << "sweep [" << done + 1 << "/" << total << "] "
+                  << c.label() << (R > 1 ? " (repeat " + std::to_string(rep + 1) + ")" : "")
+                  << "  elapsed " << clock_str(el) << ", ETA " << eta << (tty ? "" : "\n")
+                  << std::flush;
       }
-    } catch (const Error& e) {
-      oc.why = e.what();
+      BlockBenchOptions bo = base;
+      bo.mesh = "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp);
+      bo.sp = c.sp ? 1 : 0;
+      bo.batch = c.batch;
+      try {
+        BlockBenchResult r = run_block_bench_result(bo, os);
+        printer = r.valid;
+        runs[i].push_back(std::move(r));
+      } catch (const Error& e) {
+        why[i] = e.what();
+      }
+      ++done;
     }
-    out.push_back(std::move(oc));
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (o.progress && printer)
-    std::cerr << (tty ? "\r\033[K" : "") << "sweep: " << cfgs.size() << " configurations in "
-              << clock_str(total_s) << "\n"
+    std::cerr << (tty ? "\r\033[K" : "") << "sweep: " << done << " runs of " << cfgs.size()
+              << " configurations in " << clock_str(total_s) << "\n"
               << std::flush;
   if (!printer) return 0;
+
+  // One MFU denominator for the whole table: the given peak, else the fastest calibration any
+  // run measured (each run calibrates; the machine's best moment is the fairest estimate).
+  double peak = 0;
+  std::string peak_label;
+  for (auto& rs : runs)
+    for (auto& r : rs)
+      if (r.peak_tflops_per_rank > peak) {
+        peak = r.peak_tflops_per_rank;
+        peak_label = r.peak_label;
+      }
+  std::vector<Outcome> out;
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    Outcome oc;
+    oc.c = cfgs[i];
+    oc.why = why[i];
+    if (!runs[i].empty()) {
+      // The run with the median step time stands for the configuration.
+      std::vector<BlockBenchResult> rs = runs[i];
+      std::sort(rs.begin(), rs.end(), [](const BlockBenchResult& a, const BlockBenchResult& b) {
+        return a.step_ms < b.step_ms;
+      });
+      oc.r = rs[(rs.size() - 1) / 2];
+      for (auto& r : runs[i]) oc.step_ms_runs.push_back(r.step_ms);
+      oc.r.mfu = peak > 0 ? oc.r.tflops / (peak * oc.r.world) : -1;
+      oc.r.peak_tflops_per_rank = peak;
+      oc.r.peak_label = peak_label;
+      oc.ok = true;
+    }
+    out.push_back(std::move(oc));
+  }
 
   std::vector<Outcome> ok, skipped;
   for (auto& oc : out) (oc.ok && oc.r.valid ? ok : skipped).push_back(oc);
@@ -252,7 +287,8 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
   os << "meshrt sweep: " << o.base.kind << " on " << base.devices << " (" << world << " ranks)";
   if (any)
     os << ", hidden " << any->hidden << ", seq " << any->seq << ", " << any->dtype << ", "
-       << base.steps << " timed steps after " << base.warmup << " warm-up per configuration";
+       << base.steps << " timed steps after " << base.warmup << " warm-up per run, " << o.repeats
+       << (o.repeats == 1 ? " run" : " runs (median shown)") << " per configuration";
   os << "\n";
   os << "batch = micro-batch per dp replica; tokens/s over all replicas; sorted by tokens/s\n\n";
   char line[512];
@@ -273,7 +309,7 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
   for (const auto& s : skipped)
     os << "  skipped " << s.c.label() << ": " << (s.why.empty() ? "no result" : s.why) << "\n";
   if (any && any->mfu >= 0) os << "\nMFU against " << any->peak_label << "\n";
-  os << "(" << clock_str(total_s) << " for " << cfgs.size() << " configurations)\n";
+  os << "(" << clock_str(total_s) << " for " << done << " runs)\n";
 
   if (!o.json_path.empty()) {
     json j;
@@ -283,11 +319,16 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
     j["devices"] = base.devices;
     j["world_size"] = world;
     j["batches"] = o.batches;
+    j["repeats"] = o.repeats;
     j["wall_s"] = total_s;
     j["results"] = json::array();
     for (size_t i = 0; i < ok.size(); ++i) {
       json r = json::parse(ok[i].r.json);
       r["best"] = i == 0;
+      r["mfu"] = ok[i].r.mfu >= 0 ? json(ok[i].r.mfu) : json(nullptr);
+      r["peak"]["tflops_per_rank"] = ok[i].r.peak_tflops_per_rank;
+      r["peak"]["label"] = ok[i].r.peak_label + " (best calibration of the sweep)";
+      r["sweep_step_ms_per_repeat"] = ok[i].step_ms_runs;
       j["results"].push_back(r);
     }
     j["skipped"] = json::array();

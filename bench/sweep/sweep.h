@@ -16,6 +16,7 @@ struct SweepOptions {
   BlockBenchOptions base;
   std::vector<int64_t> batches = {1, 2, 4};  // micro-batch per dp replica
   std::string sp = "both";                   // both | on | off (tp = 1 runs once either way)
+  int repeats = 1;  // runs per configuration, round-robin; the median-step run is reported
   std::string json_path;
   std::string plot_path;  // PNG via gnuplot
   bool progress = true;   // progress line with ETA on stderr

@@ -92,6 +92,7 @@ void Tensor::check_element_size(size_t s) const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // an empty tensor touches no memory
   int64_t expect = 1;
   for (int i = ndim() - 1; i >= 0; --i) {
     if (shape_[i] == 1) continue;

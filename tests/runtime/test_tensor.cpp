@@ -56,6 +56,10 @@ TEST_CASE("views share storage with the right strides", "[tensor]") {
   Tensor v = t.view({2, -1, 3});
   REQUIRE(v.shape() == Shape({2, 4, 3}));
   REQUIRE(v.item(11) == 11);
+
+  Tensor empty = ctx.empty({4, 0}, DType::f32);
+  REQUIRE(empty.is_contiguous());
+  REQUIRE(t.narrow(1, 2, 0).is_contiguous());
 }
 
 TEST_CASE("contiguous, reshape, to(dtype), fill and copy move data correctly", "[tensor]") {

@@ -338,6 +338,11 @@ CommBackend choose_backend(const std::string& requested, bool cuda, bool process
 std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   const std::string spec = opts.devices.empty() ? "cpu" : opts.devices;
   const bool cuda = spec.rfind("cuda", 0) == 0;
+  if (cuda) {
+    std::string why;
+    MESHRT_CHECK(cuda_available(&why), "--devices " << spec << ": CUDA is unavailable (" << why
+                                                    << "); use --devices cpu:N instead");
+  }
   if (mpi_launched()) {
     mpi_init();
     RankPlacement p;

@@ -98,6 +98,9 @@ bool env_flag(const char* name, bool fallback) {
   return v[0] != '0';
 }
 
+// Aborts every NCCL communicator of the process (defined with the registry below).
+void abort_everything(const std::string& why);
+
 // One rank's NCCL communicator and what guards it.
 struct NcclEngine {
   ncclComm_t comm = nullptr;
@@ -110,7 +113,9 @@ struct NcclEngine {
   bool comm_released = false;  // ncclCommAbort freed it
   mutable std::mutex state_mu;
   std::string reason;
-  std::mutex call_mu;  // NCCL calls on one communicator are serialised
+  // NCCL calls on one communicator are serialised. Recursive: a timeout noticed while issuing
+  // aborts every communicator, this one included, from the issuing thread.
+  std::recursive_mutex call_mu;
   std::shared_ptr<Allocator> scratch;
   // MESHRT_NCCL_HALF_REDUCE=native: let NCCL reduce bf16 / f16 itself (faster, less exact).
   bool native_half = [] {
@@ -157,8 +162,12 @@ struct NcclEngine {
       aborted.store(true);
     }
     MESHRT_LOG_ERROR("NCCL communicator '" << name << "' (rank " << rank << ") aborted: " << why);
-    // Issuers poll `aborted` in their waits and release call_mu promptly.
-    std::lock_guard<std::mutex> lk(call_mu);
+    // Issuers poll `aborted` in their waits and release call_mu promptly; one stuck inside NCCL
+    // is what ncclCommAbort is for, so after a grace period abort without the lock.
+    std::unique_lock<std::recursive_mutex> lk(call_mu, std::defer_lock);
+    for (int i = 0; i < 2000 && !lk.try_lock(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     if (comm != nullptr && !comm_released) {
       try {
         DeviceGuard g(device);
@@ -184,9 +193,11 @@ struct NcclEngine {
       if (st != ncclInProgress) detail::nccl_fail(what.c_str(), st, c, __FILE__, __LINE__);
       if (aborted.load()) throw_aborted(what);
       if (dl.passed()) {
-        throw CommError(detail::timeout_message(what, name, 0, rank, cfg.timeout_s,
-                                                "NCCL did not finish the call (is every rank "
-                                                "running?)"));
+        std::string msg =
+            detail::timeout_message(what, name, 0, rank, cfg.timeout_s,
+                                    "NCCL did not finish the call (is every rank running?)");
+        abort_everything(msg);
+        throw CommError(msg);
       }
       if (i > 1000) sched_yield();
     }
@@ -290,7 +301,7 @@ class NcclRegistry {
       for (auto& e : live) {
         if (!failure.empty()) break;
         if (e->aborted.load()) continue;
-        std::unique_lock<std::mutex> lk(e->call_mu, std::try_to_lock);
+        std::unique_lock<std::recursive_mutex> lk(e->call_mu, std::try_to_lock);
         if (!lk.owns_lock() || e->comm == nullptr || e->comm_released) continue;
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(e->comm, &st) == ncclSuccess && st != ncclSuccess &&
@@ -315,6 +326,8 @@ class NcclRegistry {
   std::vector<std::weak_ptr<NcclEngine>> engines_;
   std::vector<Inflight> inflight_;
 };
+
+void abort_everything(const std::string& why) { NcclRegistry::get().abort_all(why); }
 
 ncclComm_t init_comm(const NcclUniqueId& id, int rank, int size, int device,
                      const std::string& name, const CommConfig& cfg) {
@@ -378,7 +391,7 @@ class NcclComm final : public Communicator {
     const std::string what = c.str();
     Deadline dl = Deadline::after(e.cfg.timeout_s);
     {
-      std::lock_guard<std::mutex> lk(e.call_mu);
+      std::lock_guard<std::recursive_mutex> lk(e.call_mu);
       if (e.aborted.load()) e.throw_aborted(what);
       DeviceGuard g(e.device);
       auto cs = static_cast<cudaStream_t>(stream.native_handle());
@@ -404,7 +417,7 @@ class NcclComm final : public Communicator {
     sig.color = color;
     const std::string what = sig.str();
     Deadline dl = Deadline::after(e.cfg.timeout_s);
-    std::lock_guard<std::mutex> lk(e.call_mu);
+    std::lock_guard<std::recursive_mutex> lk(e.call_mu);
     if (e.aborted.load()) e.throw_aborted(what);
     DeviceGuard g(e.device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

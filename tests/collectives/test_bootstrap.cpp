@@ -12,6 +12,7 @@
 
 #include "coll_test_util.h"
 #include "collectives/bootstrap.h"
+#include "runtime/backend.h"
 #include "runtime/stream.h"
 
 using namespace meshrt;
@@ -113,6 +114,12 @@ TEST_CASE("bootstrap: backends that cannot work are refused with what to change"
   lo.backend = "auto";
   lo.devices = "tpu:4";
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown device kind"));
+  std::string why;
+  if (!cuda_available(&why)) {
+    lo.devices = "cuda:0-1";
+    CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("CUDA is unavailable") &&
+                                         Catch::Contains("use --devices cpu:N"));
+  }
 }
 
 TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {

@@ -173,9 +173,8 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
   // Waits until ready() holds. Spins briefly, yields, then sleeps on the futex word. Throws
   // CommError when the family is aborted, or, after aborting it, when `deadline` passes
   // (on_timeout() returns the message).
-  template <class Ready, class OnTimeout>
-  void wait(Ready ready, const Deadline& deadline, const std::string& context,
-            OnTimeout on_timeout) {
+  template <class Ready, class Context, class OnTimeout>
+  void wait(Ready ready, const Deadline& deadline, Context context, OnTimeout on_timeout) {
     for (unsigned i = 0; i < spin_; ++i) {
       if (ready()) return;
       cpu_relax();
@@ -185,7 +184,7 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
                                    std::chrono::duration<double>(yield_s_));
     for (;;) {
       if (ready()) return;
-      if (family_->aborted()) throw_aborted(context);
+      if (family_->aborted()) throw_aborted(context());
       if (deadline.passed()) {
         std::string msg = on_timeout();
         family_->abort(msg);
@@ -250,6 +249,22 @@ std::string ranks_where(int n, const std::function<bool(int)>& pred) {
   return r.empty() ? std::string() : detail::format_ranks(r);
 }
 
+// The running call as messages name it, formatted only when a message is needed (formatting on
+// every call would cost a noticeable share of a small collective).
+struct CallName {
+  CallSig sig;
+  int peer = -1;  // send / recv
+  bool send = false;
+  std::string str() const {
+    std::string s = sig.str();
+    if (peer >= 0) {
+      s += (send ? " to rank " : " from rank ") + std::to_string(peer) + " (#" +
+           std::to_string(sig.seq) + ")";
+    }
+    return s;
+  }
+};
+
 class HostComm final : public Communicator {
  public:
   HostComm(std::shared_ptr<HostGroup> g, int rank, Device dev)
@@ -290,16 +305,17 @@ class HostComm final : public Communicator {
     detail::OrderBook orders;
     std::vector<char> scratch;  // staging for in-place all_to_all
 
-    std::string context(const std::string& call, uint64_t seq) const {
-      return call + " on group '" + g->name() + "' (seq " + std::to_string(seq) + ", rank " +
+    std::string context(const CallName& call, uint64_t seq) const {
+      return call.str() + " on group '" + g->name() + "' (seq " + std::to_string(seq) + ", rank " +
              std::to_string(rank) + ")";
     }
 
-    std::string timeout(const std::string& call, uint64_t seq, const std::string& missing) const {
-      return detail::timeout_message(call, g->name(), seq, rank, g->config().timeout_s, missing);
+    std::string timeout(const CallName& call, uint64_t seq, const std::string& missing) const {
+      return detail::timeout_message(call.str(), g->name(), seq, rank, g->config().timeout_s,
+                                     missing);
     }
 
-    void take_turn(detail::TicketOrder& order, const std::string& call, uint64_t seq,
+    void take_turn(detail::TicketOrder& order, const CallName& call, uint64_t seq,
                    const Deadline& dl) {
       if (!order.wait_turn(seq, dl)) {
         std::string msg = timeout(call, seq,
@@ -312,7 +328,7 @@ class HostComm final : public Communicator {
 
     void run(const Call& c) {
       Deadline dl = Deadline::after(g->config().timeout_s);
-      const std::string call = c.str();
+      const CallName call{sig_of(c), c.peer, c.op == CommOp::Send};
       detail::TicketOrder& order = orders.order(c.op, c.peer);
       take_turn(order, call, c.seq, dl);
       detail::TicketGuard guard(order, c.seq);
@@ -347,7 +363,7 @@ class HostComm final : public Communicator {
 
     // Publishes this rank's call and waits until every rank entered the same collective; then
     // compares the calls (always: it costs nothing here, and a mismatch would read out of bounds).
-    void enter(const CallSig& sig, const void* in, void* out, int key, const std::string& call,
+    void enter(const CallSig& sig, const void* in, void* out, int key, const CallName& call,
                const Deadline& dl) {
       const uint64_t seq = static_cast<uint64_t>(sig.seq);
       const int n = g->size();
@@ -365,10 +381,13 @@ class HostComm final : public Communicator {
         return true;
       };
       if (!all_arrived()) {
-        g->wait(all_arrived, dl, context(call, seq), [&] {
-          std::string who = ranks_where(n, [&](int j) { return g->slot(j).arrived.load() < seq; });
-          return timeout(call, seq, who + " never arrived");
-        });
+        g->wait(
+            all_arrived, dl, [&] { return context(call, seq); },
+            [&] {
+              std::string who =
+                  ranks_where(n, [&](int j) { return g->slot(j).arrived.load() < seq; });
+              return timeout(call, seq, who + " never arrived");
+            });
       }
       std::vector<CallSig> sigs(static_cast<size_t>(n));
       for (int j = 0; j < n; ++j) sigs[static_cast<size_t>(j)] = g->slot(j).desc.sig;
@@ -382,7 +401,7 @@ class HostComm final : public Communicator {
     }
 
     // Waits until every rank finished this collective: after it, no rank reads our buffers.
-    void leave(uint64_t seq, const std::string& call, const Deadline& dl) {
+    void leave(uint64_t seq, const CallName& call, const Deadline& dl) {
       const int n = g->size();
       g->slot(rank).left.store(seq);
       g->notify();
@@ -393,10 +412,12 @@ class HostComm final : public Communicator {
         return true;
       };
       if (!all_left()) {
-        g->wait(all_left, dl, context(call, seq), [&] {
-          std::string who = ranks_where(n, [&](int j) { return g->slot(j).left.load() < seq; });
-          return timeout(call, seq, who + " did not finish");
-        });
+        g->wait(
+            all_left, dl, [&] { return context(call, seq); },
+            [&] {
+              std::string who = ranks_where(n, [&](int j) { return g->slot(j).left.load() < seq; });
+              return timeout(call, seq, who + " did not finish");
+            });
       }
     }
 
@@ -405,12 +426,12 @@ class HostComm final : public Communicator {
       g->notify();
     }
 
-    void wait_progress(int j, uint64_t seq, uint64_t steps, const std::string& call,
+    void wait_progress(int j, uint64_t seq, uint64_t steps, const CallName& call,
                        const Deadline& dl) {
       const uint64_t want = (seq << kStepBits) | steps;
       Slot& s = g->slot(j);
       if (s.progress.load() >= want) return;
-      g->wait([&] { return s.progress.load() >= want; }, dl, context(call, seq),
+      g->wait([&] { return s.progress.load() >= want; }, dl, [&] { return context(call, seq); },
               [&] {
                 return timeout(call, seq,
                                "rank " + std::to_string(j) +
@@ -425,7 +446,7 @@ class HostComm final : public Communicator {
     // ranks receive bit-identical results; each rank reads n slices and writes n slices, the same
     // memory traffic as one memcpy of the buffer, with no step where ranks wait on each other
     // between entering and leaving.
-    void all_reduce(const Call& c, const std::string& call, const Deadline& dl) {
+    void all_reduce(const Call& c, const CallName& call, const Deadline& dl) {
       const int n = g->size();
       const size_t es = dtype_size(c.dtype);
       const int64_t N = c.count;
@@ -465,7 +486,7 @@ class HostComm final : public Communicator {
       leave(c.seq, call, dl);
     }
 
-    void reduce_scatter(const Call& c, const std::string& call, const Deadline& dl) {
+    void reduce_scatter(const Call& c, const CallName& call, const Deadline& dl) {
       const int n = g->size();
       const size_t es = dtype_size(c.dtype);
       const int64_t N = c.count;
@@ -483,7 +504,7 @@ class HostComm final : public Communicator {
       leave(c.seq, call, dl);
     }
 
-    void all_gather(const Call& c, const std::string& call, const Deadline& dl) {
+    void all_gather(const Call& c, const CallName& call, const Deadline& dl) {
       const int n = g->size();
       const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
       char* out = static_cast<char*>(c.out.data_ptr());
@@ -500,7 +521,7 @@ class HostComm final : public Communicator {
       leave(c.seq, call, dl);
     }
 
-    void broadcast(const Call& c, const std::string& call, const Deadline& dl) {
+    void broadcast(const Call& c, const CallName& call, const Deadline& dl) {
       const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
       char* out = static_cast<char*>(c.out.data_ptr());
       const char* in = static_cast<const char*>(c.in.data_ptr());
@@ -512,7 +533,7 @@ class HostComm final : public Communicator {
       leave(c.seq, call, dl);
     }
 
-    void all_to_all(const Call& c, const std::string& call, const Deadline& dl) {
+    void all_to_all(const Call& c, const CallName& call, const Deadline& dl) {
       const int n = g->size();
       const size_t block = static_cast<size_t>(c.count) * dtype_size(c.dtype);
       char* out = static_cast<char*>(c.out.data_ptr());
@@ -545,7 +566,7 @@ class HostComm final : public Communicator {
       return os.str();
     }
 
-    void send(const Call& c, const std::string& call, const Deadline& dl) {
+    void send(const Call& c, const CallName& call, const Deadline& dl) {
       Mailbox& m = g->mailbox(rank, c.peer);
       const uint64_t k = c.seq;
       m.ptr = c.in.data_ptr();
@@ -553,29 +574,25 @@ class HostComm final : public Communicator {
       m.dtype = c.dtype;
       m.posted.store(k);
       g->notify();
-      std::string what =
-          call + " to rank " + std::to_string(c.peer) + " (#" + std::to_string(k) + ")";
       if (m.taken.load() < k) {
-        g->wait([&] { return m.taken.load() >= k; }, dl, context(what, k),
+        g->wait([&] { return m.taken.load() >= k; }, dl, [&] { return context(call, k); },
                 [&] {
                   return timeout(
-                      what, k,
+                      call, k,
                       "rank " + std::to_string(c.peer) + " never posted the matching recv");
                 });
       }
       if (!m.matched) throw CommError(p2p_mismatch(m, rank, c.peer, k));
     }
 
-    void recv(const Call& c, const std::string& call, const Deadline& dl) {
+    void recv(const Call& c, const CallName& call, const Deadline& dl) {
       Mailbox& m = g->mailbox(c.peer, rank);
       const uint64_t k = c.seq;
-      std::string what =
-          call + " from rank " + std::to_string(c.peer) + " (#" + std::to_string(k) + ")";
       if (m.posted.load() < k) {
-        g->wait([&] { return m.posted.load() >= k; }, dl, context(what, k),
+        g->wait([&] { return m.posted.load() >= k; }, dl, [&] { return context(call, k); },
                 [&] {
                   return timeout(
-                      what, k,
+                      call, k,
                       "rank " + std::to_string(c.peer) + " never posted the matching send");
                 });
       }
@@ -596,7 +613,7 @@ class HostComm final : public Communicator {
       Deadline dl = Deadline::after(g->config().timeout_s);
       CallSig sig = CallSig::make(CommOp::Split, DType::f32, ReduceOp::Sum, 0, -1, seq);
       sig.color = color;
-      const std::string call = sig.str();
+      const CallName call{sig};
       detail::TicketOrder& order = orders.order(CommOp::Split, -1);
       take_turn(order, call, seq, dl);
       detail::TicketGuard guard(order, seq);

@@ -65,6 +65,14 @@ constexpr int kNoColor = -1;
 // group in the same order (point-to-point: in the same order per pair of ranks). Tensors must be
 // contiguous, on the communicator's device; they are kept alive until the operation finishes.
 // Errors (including watchdog timeouts, raised as CommError) are carried by the returned event.
+//
+// Reductions: bf16 / f16 are reduced in f32 and rounded once; integer sums wrap; avg is the sum
+// divided by size() (truncating for integers); max / min propagate NaN. Before a collective the
+// ranks compare their calls (host: always; MPI: always for all_gather, reduce_scatter and
+// all_to_all, every collective with MESHRT_COMM_DEBUG=1; NCCL: with MESHRT_COMM_DEBUG=1): a
+// mismatch raises CommError on every rank, naming the ranks and their calls, and the
+// communicator stays usable. send completes only once the peer receives (host, NCCL), so a
+// rank exchanging with a peer posts its send and its recv on different streams.
 class Communicator {
  public:
   virtual ~Communicator();

@@ -3,6 +3,7 @@
 
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -11,6 +12,13 @@
 #include "runtime/logging.h"
 
 namespace meshrt::test {
+
+// Catch2 v2 assertions are not thread-safe: rank threads assert through these, one at a time.
+// Never put a collective inside them (the lock would stop the other ranks from joining it).
+inline std::mutex& catch_mutex() {
+  static std::mutex m;
+  return m;
+}
 
 inline void run_ranks(int n, const std::function<void(int, Communicator&, Context&)>& fn) {
   auto comms = make_host_communicators(n);
@@ -48,3 +56,14 @@ inline double rel_err(const std::vector<double>& got, const std::vector<double>&
 }
 
 }  // namespace meshrt::test
+
+#define RANK_REQUIRE(...)                                                \
+  do {                                                                   \
+    std::lock_guard<std::mutex> rank_lk_(::meshrt::test::catch_mutex()); \
+    REQUIRE(__VA_ARGS__);                                                \
+  } while (0)
+#define RANK_REQUIRE_THROWS_WITH(expr, matcher)                          \
+  do {                                                                   \
+    std::lock_guard<std::mutex> rank_lk_(::meshrt::test::catch_mutex()); \
+    REQUIRE_THROWS_WITH(expr, matcher);                                  \
+  } while (0)

@@ -164,7 +164,7 @@ TEST_CASE("bad tensor-parallel configurations are rejected before any collective
     BlockConfig c = small_config(DType::f32);
     TpOptions sp{true, Overlap::Async};
     auto bad = [&](BlockConfig cc, const char* msg, TpOptions o = {}) {
-      REQUIRE_THROWS_WITH(MlpBlock(mesh, sched, o, cc, "b", 0), Catch::Contains(msg));
+      RANK_REQUIRE_THROWS_WITH(MlpBlock(mesh, sched, o, cc, "b", 0), Catch::Contains(msg));
     };
     BlockConfig h = c;
     h.hidden = 30;
@@ -180,13 +180,13 @@ TEST_CASE("bad tensor-parallel configurations are rejected before any collective
     BlockConfig nh = c;
     nh.heads = 5;
     bad(nh, "does not divide by heads 5");
-    REQUIRE_THROWS_WITH(validate_block(c, 4, sp, 18),
-                        Catch::Contains("sequence 18 does not divide by tp=4"));
-    REQUIRE_THROWS_WITH(validate_block(c, 4, TpOptions{true, Overlap::Chunked}, 8),
-                        Catch::Contains("tp^2=16"));
-    REQUIRE_THROWS_WITH(LmHead(mesh, sched, {}, c, "lm", 0, 66),
-                        Catch::Contains("vocab 66 does not divide by tp=4"));
-    REQUIRE(mesh.group("tp").next_seq() == seq_before);  // nothing was communicated
+    RANK_REQUIRE_THROWS_WITH(validate_block(c, 4, sp, 18),
+                             Catch::Contains("sequence 18 does not divide by tp=4"));
+    RANK_REQUIRE_THROWS_WITH(validate_block(c, 4, TpOptions{true, Overlap::Chunked}, 8),
+                             Catch::Contains("tp^2=16"));
+    RANK_REQUIRE_THROWS_WITH(LmHead(mesh, sched, {}, c, "lm", 0, 66),
+                             Catch::Contains("vocab 66 does not divide by tp=4"));
+    RANK_REQUIRE(mesh.group("tp").next_seq() == seq_before);  // nothing was communicated
   });
 }
 
@@ -210,7 +210,7 @@ TEST_CASE("a tp=2 sp block dump holds the gathered tensors of the unsharded run"
       std::vector<DumpEntry> e{{"input", x, pl}, {"output", y, pl}, {"input.grad", dx, pl}};
       add_param_entries(mesh, b.params(), e);
       int n = dump_safetensors(path + std::to_string(tp), mesh, e, {{"block", "mlp"}});
-      REQUIRE(n == (r == 0 ? 3 + 2 * 6 : 0));
+      RANK_REQUIRE(n == (r == 0 ? 3 + 2 * 6 : 0));
     });
     return load_safetensors(path + std::to_string(tp), make_host_caching_allocator());
   };

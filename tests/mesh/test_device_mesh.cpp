@@ -25,14 +25,14 @@ TEST_CASE("mesh specs parse and bad ones say what to change", "[mesh][unit]") {
 TEST_CASE("a 2x4 mesh: row-major coordinates, groups along each dim", "[mesh][multirank]") {
   run_ranks(8, [](int r, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "dp=2,tp=4");
-    REQUIRE(mesh.coord("dp") == r / 4);
-    REQUIRE(mesh.coord("tp") == r % 4);
-    REQUIRE(mesh.rank_of(mesh.coords()) == r);
-    REQUIRE(mesh.group("tp").size() == 4);
-    REQUIRE(mesh.group("dp").size() == 2);
-    REQUIRE(mesh.group("tp").rank() == r % 4);
-    REQUIRE(mesh.size("pp") == 1);
-    REQUIRE_THROWS_WITH(mesh.group("pp"), Catch::Contains("has no dim 'pp'"));
+    RANK_REQUIRE(mesh.coord("dp") == r / 4);
+    RANK_REQUIRE(mesh.coord("tp") == r % 4);
+    RANK_REQUIRE(mesh.rank_of(mesh.coords()) == r);
+    RANK_REQUIRE(mesh.group("tp").size() == 4);
+    RANK_REQUIRE(mesh.group("dp").size() == 2);
+    RANK_REQUIRE(mesh.group("tp").rank() == r % 4);
+    RANK_REQUIRE(mesh.size("pp") == 1);
+    RANK_REQUIRE_THROWS_WITH(mesh.group("pp"), Catch::Contains("has no dim 'pp'"));
     // Sum of world ranks along tp: the tp group of rank r is 4*(r/4) .. 4*(r/4)+3.
     Tensor t = ctx.empty({3}, DType::f32);
     t.fill_(r, ctx.compute_stream());
@@ -43,8 +43,8 @@ TEST_CASE("a 2x4 mesh: row-major coordinates, groups along each dim", "[mesh][mu
     s.wait(mesh.group("dp").all_reduce(u, ReduceOp::Sum, s));
     s.synchronize();
     int base = 4 * (r / 4);
-    REQUIRE(t.item(2) == 4 * base + 6);
-    REQUIRE(u.item(0) == (r % 4) * 2 + 4);
+    RANK_REQUIRE(t.item(2) == 4 * base + 6);
+    RANK_REQUIRE(u.item(0) == (r % 4) * 2 + 4);
   });
 }
 
@@ -62,13 +62,13 @@ TEST_CASE("distribute then full_tensor gives back the full tensor", "[mesh][mult
       Tensor local = distribute(full, mesh, pl, s);
       Tensor back = full_tensor(local, mesh, pl, s);
       s.synchronize();
-      REQUIRE(back.to_vector() == full.to_vector());
+      RANK_REQUIRE(back.to_vector() == full.to_vector());
     }
     Shape l, off;
     shard_extent({4, 6, 2}, mesh, {P::shard(0), P::shard(1)}, &l, &off);
-    REQUIRE(l == Shape({2, 3, 2}));
-    REQUIRE(off == Shape({2 * (r / 2), 3 * (r % 2), 0}));
-    REQUIRE_THROWS_WITH(
+    RANK_REQUIRE(l == Shape({2, 3, 2}));
+    RANK_REQUIRE(off == Shape({2 * (r / 2), 3 * (r % 2), 0}));
+    RANK_REQUIRE_THROWS_WITH(
         distribute(full, mesh, {P::shard(2), P::shard(2)}, s),
         Catch::Contains("cannot shard dim 2 of size 1") && Catch::Contains("not divisible"));
   });

@@ -159,7 +159,7 @@ TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
   }
 }
 
-TEST_CASE("file rendezvous: every rank gets every blob; stale files and missing ranks are named",
+TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing ranks are named",
           "[multirank]") {
   fs::path d = fresh_dir("rdzv");
   const int n = 4;

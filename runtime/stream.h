@@ -58,7 +58,8 @@ class Stream {
   virtual Event record() = 0;
   // Work enqueued after this call starts only after `e` completes.
   virtual void wait(const Event& e) = 0;
-  // Blocks until everything enqueued so far has run; rethrows the first captured error.
+  // Blocks until everything enqueued so far has run; rethrows the first captured error and
+  // clears it, so the stream can be used again (Event::synchronize rethrows without clearing).
   virtual void synchronize() = 0;
   // cudaStream_t for CUDA streams, nullptr for host streams.
   virtual void* native_handle() const = 0;

@@ -433,6 +433,9 @@ RankOutput run_rank(const Plan& p, const BlockBenchOptions& o, const RankPlaceme
     rec.begin_step(step - p.warmup, 1000.0 * ms_since(origin, t0));
     const int hs = rec.begin(cs, "step " + std::to_string(step - p.warmup), fl(p.step_flops / w));
     if (!o.fwd_only) {
+      // A new step: no bucket counted or launched yet (else buckets would only launch at
+      // finish() from the second step on), gradients zeroed.
+      sync.set_active(0);
       const int h = rec.begin(cs, "zero_grad");
       sync.zero_grad();
       rec.end(h);

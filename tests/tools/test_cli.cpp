@@ -234,6 +234,34 @@ TEST_CASE("dp > 1 all-reduces gradients over dp and reports it", "[multirank]") 
   CHECK(j["flops"]["per_step"] == 3.0 * 4 * 2 * 64 * 128 * 512);  // global batch 2
 }
 
+TEST_CASE("dp gradient buckets launch during backward in every step, not at its end",
+          "[multirank]") {
+  // Two layers, small buckets: layer 1's buckets are complete before layer 0's backward runs, so
+  // their all-reduce must start before that backward ends (in at least one timed step; each
+  // one would fail if the buckets were only launched by finish()).
+  const fs::path tr = scratch() / "dp.trace.json";
+  Run r =
+      cli("bench block --devices cpu:2 --mesh dp=2,tp=1 --layers 2 --bucket-mb 0.05 --seq 128 "
+          "--hidden 128 --heads 4 --steps 3 --warmup 1 --no-calibrate --trace " +
+          tr.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  json t = json::parse(slurp(tr));
+  int overlapped = 0;
+  for (int step = 0; step < 3; ++step) {
+    double first_ar = 1e300, l0_end = 0;
+    for (auto& e : t["traceEvents"]) {
+      if (e["ph"] != "X" || e["pid"] != 0 || e["args"]["step"] != step) continue;
+      if (e["name"] == "all_reduce" && e["tid"] == 2)
+        first_ar = std::min(first_ar, e["ts"].get<double>());
+      if (e["name"] == "L0.attn.bwd") l0_end = e["ts"].get<double>() + e["dur"].get<double>();
+    }
+    REQUIRE(l0_end > 0);
+    if (first_ar < l0_end) ++overlapped;
+  }
+  CHECK(overlapped >= 1);
+}
+
 TEST_CASE("dumps of a tp=2 sequence-parallel run equal the unsharded run", "[multirank]") {
   const fs::path a = scratch() / "tp2.safetensors", b = scratch() / "tp1.safetensors";
   const std::string shape = "--seq 32 --hidden 64 --heads 4 --steps 1 --warmup 0 --no-calibrate";

@@ -6,6 +6,7 @@
 #include "collectives/comm_detail.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/ranges.h"
 
 namespace meshrt {
 
@@ -120,6 +121,19 @@ std::string Communicator::Call::str() const {
   return detail::CallSig::make(op, dtype, redop, count, root, seq).str();
 }
 
+int64_t Communicator::Call::bytes() const {
+  switch (op) {
+    case CommOp::AllGather:
+    case CommOp::Recv:
+      return static_cast<int64_t>(out.nbytes());
+    case CommOp::Barrier:
+    case CommOp::Split:
+      return 0;
+    default:
+      return static_cast<int64_t>(in.nbytes());
+  }
+}
+
 Communicator::Communicator(int rank, int size, std::string name, Device device, CommConfig config)
     : rank_(rank), size_(size), name_(std::move(name)), device_(device), config_(config) {
   MESHRT_CHECK(size >= 1 && rank >= 0 && rank < size,
@@ -179,7 +193,17 @@ Event Communicator::submit(Call call, Stream& stream, const EventList& after) {
     MESHRT_LOG(LogLevel::Trace, "comm '" << name_ << "' issue seq " << call.seq << " " << call.str()
                                          << " on stream '" << stream.name() << "'");
   }
-  issue(std::move(call), stream);
+  // Profiler range around the issue (NVTX in CUDA builds): "all_reduce tp" with the bytes.
+  const bool ranged = open_ranges_ && ranges::enabled();
+  if (ranged)
+    ranges::push(std::string(comm_op_name(call.op)) + " " + name_, uint64_t(call.bytes()));
+  try {
+    issue(std::move(call), stream);
+  } catch (...) {
+    if (ranged) ranges::pop();
+    throw;
+  }
+  if (ranged) ranges::pop();
   return stream.record();
 }
 

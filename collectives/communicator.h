@@ -147,6 +147,9 @@ class Communicator {
     // send / recv: the number of this message between the pair, in that direction.
     uint64_t seq = 0;
     std::string str() const;  // "all_reduce(f32, count=8, sum)"
+    // Bytes of this rank's side of the call: the output for all_gather and recv (the gathered
+    // tensor), the input otherwise; 0 for barrier and split.
+    int64_t bytes() const;
   };
 
   Communicator(int rank, int size, std::string name, Device device, CommConfig config);
@@ -160,6 +163,9 @@ class Communicator {
   // on this rank.
   virtual void wait_issued(uint64_t coll_seq, const std::unordered_map<int, uint64_t>& sent,
                            const std::unordered_map<int, uint64_t>& received) = 0;
+  // A communicator that forwards every call to another one sets this false, so each call opens
+  // one profiler range (runtime/ranges.h), in the communicator that does the work.
+  bool open_ranges_ = true;
 
  private:
   Event submit(Call call, Stream& stream, const EventList& after);

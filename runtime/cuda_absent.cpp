@@ -6,3 +6,13 @@ namespace meshrt {
 const DeviceBackend* cuda_backend() { return nullptr; }
 
 }  // namespace meshrt
+
+#include "runtime/ranges.h"
+
+namespace meshrt::ranges::detail {
+
+bool nvtx_built() { return false; }
+void nvtx_push(const std::string&, uint64_t) {}
+void nvtx_pop() {}
+
+}  // namespace meshrt::ranges::detail

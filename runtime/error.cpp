@@ -3,12 +3,25 @@
 #include <cstring>
 
 namespace meshrt {
+namespace {
+
+std::string with_where(const std::string& message, const std::string& where) {
+  if (where.empty()) return message;
+  std::ostringstream os;
+  os << message << " [" << where << "]";
+  return os.str();
+}
+
+}  // namespace
+
+Error::Error(const std::string& message, const std::string& where)
+    : std::runtime_error(with_where(message, where)), message_(message), where_(where) {}
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg) {
   const char* base = std::strrchr(file, '/');
-  std::ostringstream os;
-  os << msg << " [" << (base ? base + 1 : file) << ":" << line << "]";
-  throw Error(os.str());
+  std::ostringstream where;
+  where << (base ? base + 1 : file) << ":" << line;
+  throw Error(msg, where.str());
 }
 
 }  // namespace meshrt

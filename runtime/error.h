@@ -9,7 +9,15 @@ namespace meshrt {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what) : std::runtime_error(what), message_(what) {}
+  // `message` plus where it was raised: what() is "message [file.cpp:line]".
+  Error(const std::string& message, const std::string& where);
+  // The message alone (what a command line shows a user), and "file.cpp:line" or "".
+  const std::string& message() const { return message_; }
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string message_, where_;
 };
 
 // Raised when a collective times out or a communicator was aborted.

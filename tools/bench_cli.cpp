@@ -3,33 +3,12 @@
 #include <cstdlib>
 
 #include "runtime/error.h"
+#include "tools/cli_checks.h"
 #include "tools/info.h"
 
 namespace meshrt::cli {
 
 namespace {
-
-// Number validators whose messages say what is accepted (CLI11's range checks print the double
-// range, which is no help).
-CLI::Validator at_least(double lo, bool integer) {
-  std::string desc = integer ? (lo > 0 ? "INT>=1" : "INT>=0") : "NUMBER>0";
-  return CLI::Validator(
-      [lo, integer](std::string& in) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(in.c_str(), &end);
-        const bool ok_num = end && *end == '\0' && !in.empty();
-        const bool ok_int =
-            !integer || (ok_num && v == static_cast<double>(static_cast<long long>(v)));
-        if (!ok_num || !ok_int || (integer ? v < lo : v <= lo))
-          return "'" + in + "' is not " +
-                 (integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > 0");
-        return std::string();
-      },
-      desc);
-}
-const CLI::Validator kPositiveInt = at_least(1, true);
-const CLI::Validator kNonNegativeInt = at_least(0, true);
-const CLI::Validator kPositive = at_least(0, false);
 
 // Repeating a flag keeps the last value (as most command lines do) instead of an error.
 void last_wins(CLI::App* c) {
@@ -75,7 +54,9 @@ void add_block_flags(CLI::App* c, BenchCli& b) {
   c->add_option("--bucket-mb", o.bucket_mb, "dp gradient bucket size, MiB")
       ->capture_default_str()
       ->check(kPositive);
-  c->add_option("--seed", o.seed, "Seed of weights and inputs")->capture_default_str();
+  c->add_option("--seed", o.seed, "Seed of weights and inputs")
+      ->capture_default_str()
+      ->check(kNonNegativeInt);
   c->add_option("--json", o.json_path, "Write every figure, the config and versions as JSON");
   c->add_option("--trace", o.trace_path,
                 "Write a Chrome / Perfetto trace of the timed steps (one track per rank and "
@@ -122,7 +103,9 @@ void add_collective(CLI::App* bench, BenchCli& b) {
   c->add_option("-a,--average", o.average,
                 "time shown: 0 rank 0, 1 average, 2 minimum, 3 maximum over ranks")
       ->capture_default_str();
-  c->add_option("--seed", o.seed, "input pattern seed")->capture_default_str();
+  c->add_option("--seed", o.seed, "input pattern seed")
+      ->capture_default_str()
+      ->check(kNonNegativeInt);
   c->add_flag("--memcpy-bound", o.memcpy_bound,
               "also measure the memcpy bandwidth every rank gets while all copy at once");
   c->add_option("--json", o.json_path, "write the figures to this JSON file");

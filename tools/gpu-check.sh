@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One run on a GPU machine does all the GPU checking: builds the CUDA configuration, runs every
-# ctest case labelled `cuda` and the kernel benchmark (GPU, plus the host for reference), and
+# ctest case labelled `cuda`, the kernel benchmark (GPU, plus the host for reference), the block
+# benchmark on one GPU (and its NVTX ranges under nsys when installed), and
 # writes logs and figures to a results folder. Budget: under 10 minutes on one H200.
 #
 # Usage: tools/gpu-check.sh [RESULTS_DIR]     (default: $OUT, else bench/results/gpu)
@@ -86,7 +87,29 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
 fi
 step "bench gemm cpu f32" 150 "$RES/bench-gemm-cpu-f32.txt" \
   "$BENCH" --devices cpu --dtype f32 --repeats 5 --json "$RES/bench-gemm-cpu-f32.json"
-for f in "$RES"/bench-gemm-*.txt; do
+
+# ---- block benchmark on one GPU (its CUDA defaults: hidden 4096, seq 2048, batch 4, bf16) ----
+MESHRT="$BUILD/bin/meshrt"
+step "bench block cuda" 180 "$RES/bench-block-cuda.txt" \
+  "$MESHRT" bench block --devices cuda:0 --json "$RES/bench-block-cuda.json" \
+  --trace "$RES/bench-block-cuda-trace.json"
+# NVTX ranges under Nsight Systems, when it is installed: every piece and collective is a range
+# in the meshrt domain.
+if command -v nsys >/dev/null 2>&1; then
+  step "nsys nvtx" 180 "$RES/nsys.log" \
+    nsys profile -t cuda,nvtx -o "$RES/block-nvtx" --force-overwrite true \
+    "$MESHRT" bench block --devices cuda:0 --steps 3 --warmup 1 --no-calibrate &&
+    { nsys stats --report nvtx_sum "$RES/block-nvtx.nsys-rep" >"$RES/nvtx-sum.txt" 2>&1 || true; }
+  if grep -q "L0.attn.fwd" "$RES/nvtx-sum.txt" 2>/dev/null; then
+    log "nvtx: meshrt ranges present (nvtx-sum.txt)"
+  else
+    log "nvtx: L0.attn.fwd range NOT found in nvtx-sum.txt"
+    status=1
+  fi
+else
+  log "nvtx: nsys not installed; ranges not checked"
+fi
+for f in "$RES"/bench-gemm-*.txt "$RES"/bench-block-*.txt; do
   echo "== $(basename "$f")"
   cat "$f"
 done >"$RES/bench-all.txt"

@@ -7,6 +7,7 @@
 #include "collectives/bootstrap.h"
 #include "mesh/train.h"
 #include "runtime/error.h"
+#include "tools/cli_checks.h"
 
 namespace meshrt::cli {
 
@@ -21,48 +22,40 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--seq", o.seq, "Sequence length")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--hidden", o.hidden, "Hidden size")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--heads", o.heads, "Attention heads")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kPositiveInt);
+  c->add_option("--seq", o.seq, "Sequence length")->capture_default_str()->check(kPositiveInt);
+  c->add_option("--hidden", o.hidden, "Hidden size")->capture_default_str()->check(kPositiveInt);
+  c->add_option("--heads", o.heads, "Attention heads")->capture_default_str()->check(kPositiveInt);
+  c->add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")->check(kNonNegativeInt);
   c->add_option("--layers", o.layers, "Transformer blocks")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--vocab", o.vocab, "Vocabulary size")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
+  c->add_option("--vocab", o.vocab, "Vocabulary size")->capture_default_str()->check(kPositiveInt);
   c->add_option("--dtype", o.dtype, "f32 | bf16 | f16")->capture_default_str();
-  c->add_option("--steps", o.steps, "Training steps")
+  c->add_option("--steps", o.steps, "Training steps")->capture_default_str()->check(kPositiveInt);
+  c->add_option("--seed", o.seed, "Seed of weights and data")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--seed", o.seed, "Seed of weights and data")->capture_default_str();
-  c->add_option("--lr", o.lr, "Learning rate")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeInt);
+  c->add_option("--lr", o.lr, "Learning rate")->capture_default_str()->check(non_negative());
   c->add_option("--optimizer", o.optimizer, "sgd | adamw")->capture_default_str();
   c->add_option("--clip", o.clip, "Clip gradients to this global norm (0: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative());
   c->add_option("--micro-batches", o.micro_batches, "Gradient accumulation micro-batches per step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
   c->add_option("--grad-sync", o.grad_sync,
                 "sync | async (staleness-aware delayed gradients) | local (local SGD)")
       ->capture_default_str();
   c->add_option("--staleness", o.staleness, "async: apply gradients K steps late, lr / K")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeInt);
   c->add_option("--sync-every", o.sync_every, "local: average parameters every H steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--bucket-mb", o.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
+      ->check(kPositiveInt);
+  c->add_option("--bucket-mb", o.bucket_mb, "Gradient bucket size in MiB")
+      ->capture_default_str()
+      ->check(kPositive);
   c->add_flag("--bf16-grads", o.bf16_grads, "Communicate f32 gradients as bf16");
   c->add_option("--overlap", o.overlap, "tp overlap: none | async | chunked")
       ->capture_default_str();

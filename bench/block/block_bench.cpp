@@ -409,7 +409,10 @@ RankOutput run_rank(const Plan& p, const BlockBenchOptions& o, const RankPlaceme
   // Trace slice arguments: this rank's share of the model FLOPs of each piece.
   const double w = static_cast<double>(p.world);
   const double f_attn = (p.flops.qkv + p.flops.attn + p.flops.proj) / w, f_mlp = p.flops.mlp / w;
-  auto fl = [](double f) { return "\"flops\":" + fmt("%.0f", f); };
+  // A trace slice and profiler range (NVTX on CUDA) around a piece, with its FLOPs.
+  auto piece = [&](const std::string& name, double f) {
+    return rec.begin(cs, name, "\"flops\":" + fmt("%.0f", f), static_cast<uint64_t>(f));
+  };
 
   ctx.synchronize();
   raw_world.barrier(cs);
@@ -431,7 +434,7 @@ RankOutput run_rank(const Plan& p, const BlockBenchOptions& o, const RankPlaceme
     const auto t0 = Clock::now();
     const double c0 = thread_cpu_ms();
     rec.begin_step(step - p.warmup, 1000.0 * ms_since(origin, t0));
-    const int hs = rec.begin(cs, "step " + std::to_string(step - p.warmup), fl(p.step_flops / w));
+    const int hs = piece("step " + std::to_string(step - p.warmup), p.step_flops / w);
     if (!o.fwd_only) {
       // A new step: no bucket counted or launched yet (else buckets would only launch at
       // finish() from the second step on), gradients zeroed.
@@ -445,16 +448,15 @@ RankOutput run_rank(const Plan& p, const BlockBenchOptions& o, const RankPlaceme
       Layer& L = layers[static_cast<size_t>(l)];
       const std::string pre = "L" + std::to_string(l);
       if (L.tb) {
-        int h = rec.begin(cs, pre + ".attn.fwd", fl(f_attn));
+        int h = piece(pre + ".attn.fwd", f_attn);
         hcur = L.tb->attn.forward(hcur);
         rec.end(h);
-        h = rec.begin(cs, pre + ".mlp.fwd", fl(f_mlp));
+        h = piece(pre + ".mlp.fwd", f_mlp);
         hcur = L.tb->mlp.forward(hcur);
         rec.end(h);
       } else {
         const bool mlp = p.kind == BenchBlockKind::Mlp;
-        const int h =
-            rec.begin(cs, pre + (mlp ? ".mlp.fwd" : ".attn.fwd"), fl(mlp ? f_mlp : f_attn));
+        const int h = piece(pre + (mlp ? ".mlp.fwd" : ".attn.fwd"), mlp ? f_mlp : f_attn);
         hcur = L.block->forward(hcur);
         rec.end(h);
       }
@@ -466,18 +468,17 @@ RankOutput run_rank(const Plan& p, const BlockBenchOptions& o, const RankPlaceme
         Layer& L = layers[static_cast<size_t>(l)];
         const std::string pre = "L" + std::to_string(l);
         if (L.tb) {
-          int h = rec.begin(cs, pre + ".mlp.bwd", fl(2 * f_mlp));
+          int h = piece(pre + ".mlp.bwd", 2 * f_mlp);
           d = L.tb->mlp.backward(d);
           rec.end(h);
           sync.mark_ready(L.tb->mlp.params());
-          h = rec.begin(cs, pre + ".attn.bwd", fl(2 * f_attn));
+          h = piece(pre + ".attn.bwd", 2 * f_attn);
           d = L.tb->attn.backward(d);
           rec.end(h);
           sync.mark_ready(L.tb->attn.params());
         } else {
           const bool mlp = p.kind == BenchBlockKind::Mlp;
-          const int h =
-              rec.begin(cs, pre + (mlp ? ".mlp.bwd" : ".attn.bwd"), fl(2 * (mlp ? f_mlp : f_attn)));
+          const int h = piece(pre + (mlp ? ".mlp.bwd" : ".attn.bwd"), 2 * (mlp ? f_mlp : f_attn));
           d = L.block->backward(d);
           rec.end(h);
           sync.mark_ready(L.block->params());

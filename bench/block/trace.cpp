@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/ranges.h"
 
 namespace meshrt {
 
@@ -62,10 +63,23 @@ void TraceRecorder::begin_step(int step, double host_offset_us) {
   ++markers_;
 }
 
-int TraceRecorder::begin(Stream& stream, std::string name, std::string args_json) {
-  if (!enabled_) return -1;
+int TraceRecorder::begin(Stream& stream, std::string name, std::string args_json,
+                         uint64_t payload) {
+  const bool ranged = ranges::enabled();
+  if (ranged) ranges::push(name, payload);
+  return open_slice(stream, std::move(name), std::move(args_json), ranged);
+}
+
+int TraceRecorder::begin_slice(Stream& stream, std::string name, std::string args_json) {
+  return open_slice(stream, std::move(name), std::move(args_json), false);
+}
+
+int TraceRecorder::open_slice(Stream& stream, std::string name, std::string args_json,
+                              bool ranged) {
+  if (!enabled_) return ranged ? kRangeOnly : kNone;
   std::lock_guard<std::mutex> lk(mu_);
   Open o;
+  o.ranged = ranged;
   o.stream = &stream;
   o.tid = track_of(stream);
   o.name = std::move(name);
@@ -77,11 +91,13 @@ int TraceRecorder::begin(Stream& stream, std::string name, std::string args_json
 }
 
 void TraceRecorder::end(int handle) {
+  if (handle == kRangeOnly) ranges::pop();
   if (handle < 0) return;
   std::lock_guard<std::mutex> lk(mu_);
   Open& o = open_.at(static_cast<size_t>(handle));
   o.stop = o.stream->record();
   ++markers_;
+  if (o.ranged) ranges::pop();
 }
 
 void TraceRecorder::end_step() {
@@ -125,33 +141,25 @@ std::string TraceRecorder::serialize() const {
 TracingCommunicator::TracingCommunicator(Communicator& inner, TraceRecorder* rec)
     : Communicator(inner.rank(), inner.size(), inner.name(), inner.device(), inner.config()),
       inner_(&inner),
-      rec_(rec) {}
+      rec_(rec) {
+  open_ranges_ = false;
+}
 
 TracingCommunicator::TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec)
     : Communicator(inner->rank(), inner->size(), inner->name(), inner->device(), inner->config()),
       owned_(std::move(inner)),
       inner_(owned_.get()),
-      rec_(rec) {}
+      rec_(rec) {
+  open_ranges_ = false;
+}
 
 void TracingCommunicator::issue(Call call, Stream& stream) {
   int h = -1;
   if (rec_ && rec_->enabled()) {
-    int64_t bytes = 0;
-    switch (call.op) {
-      case CommOp::AllGather:
-      case CommOp::Recv:
-        bytes = static_cast<int64_t>(call.out.nbytes());
-        break;
-      case CommOp::Barrier:
-      case CommOp::Split:
-        break;
-      default:
-        bytes = static_cast<int64_t>(call.in.nbytes());
-    }
     std::ostringstream args;
     args << "\"group\":\"" << name() << "\",\"dtype\":\"" << dtype_name(call.dtype)
-         << "\",\"count\":" << call.count << ",\"bytes\":" << bytes;
-    h = rec_->begin(stream, comm_op_name(call.op), args.str());
+         << "\",\"count\":" << call.count << ",\"bytes\":" << call.bytes();
+    h = rec_->begin_slice(stream, comm_op_name(call.op), args.str());
   }
   switch (call.op) {
     case CommOp::AllReduce:

@@ -26,9 +26,13 @@ class TraceRecorder {
   // Starts a step: slices recorded until end_step() are timed against an event recorded on the
   // compute stream now; `host_offset_us` places that event on the trace's time axis.
   void begin_step(int step, double host_offset_us);
-  // Opens a slice on `stream` (marks its current end); returns a handle for end(). `args_json` is
-  // a JSON object body without braces, e.g. "\"bytes\": 4096". Returns -1 when disabled.
-  int begin(Stream& stream, std::string name, std::string args_json = "");
+  // Opens a slice on `stream` (marks its current end) and a profiler range of the same name on
+  // this thread (runtime/ranges.h: NVTX in CUDA builds, with `payload`, e.g. the piece's FLOPs,
+  // whether or not the recorder is enabled); returns a handle for end(). `args_json` is a JSON
+  // object body without braces, e.g. "\"bytes\": 4096". Calls nest on a thread.
+  int begin(Stream& stream, std::string name, std::string args_json = "", uint64_t payload = 0);
+  // The slice alone, no range: for work that opens its own range (collectives do).
+  int begin_slice(Stream& stream, std::string name, std::string args_json = "");
   void end(int handle);
   // After every stream of the rank has been synchronised: turns the step's events into slices.
   void end_step();
@@ -39,13 +43,16 @@ class TraceRecorder {
   std::string serialize() const;
 
  private:
+  static constexpr int kNone = -1, kRangeOnly = -2;  // handles that are no slice
   struct Open {
+    bool ranged = false;
     Stream* stream;
     int tid;
     std::string name, args;
     Event start, stop;
   };
   int track_of(Stream& s);
+  int open_slice(Stream& stream, std::string name, std::string args_json, bool ranged);
 
   int rank_;
   Stream& compute_;

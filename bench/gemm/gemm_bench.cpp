@@ -371,6 +371,8 @@ int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
   bench.hidden = o.hidden ? o.hidden : (bench.cuda ? 4096 : 768);
   MESHRT_CHECK(bench.tokens > 0 && bench.hidden > 0,
                "gemm bench: --tokens and --hidden must be > 0");
+  // Every flag is checked before any output: a custom shape now, not when its table starts.
+  (void)gemm_shapes(o, bench.tokens, bench.hidden);
 
   std::vector<std::unique_ptr<Context>> ctxs;
   for (int r = 0; r < bench.ranks; ++r) {

@@ -10,8 +10,9 @@ colwise inputs are all-gathered / rowwise outputs reduce-scattered along the seq
 per rank on the CPU with the gloo backend (torch.distributed.tensor.parallel.parallelize_module over
 a 1-D DeviceMesh), each process with cores / ranks intra-op threads, as meshrt gives its ranks.
 
-Each repeat runs meshrt (build/bin/meshrt bench ... --json) and then PyTorch with the same shapes,
-dtype, warm-up and steps, so both see the same machine load; the medians over repeats are compared.
+Each repeat runs meshrt (build/bin/meshrt bench ... --json) and PyTorch back to back with the same
+shapes, dtype, warm-up and steps, so both see the same machine load (meshrt first in odd repeats);
+it prints the ratio of the medians over repeats and the median of the per-pair ratios.
 
 PyTorch is only needed here (meshrt's tests do not use it):
     python3 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
@@ -297,13 +298,20 @@ def compare(a, binary, verbose=True):
     import torch
     m_runs, t_runs, m_cmd, m_last, threads = [], [], "", None, 0
     for rep in range(a.repeats):
-        if binary:
+        # A pair per repeat, run back to back; the order alternates (meshrt first in odd
+        # repeats) so neither side always gets the warmer or the quieter slot.
+        def run_m():
+            nonlocal m_last, m_cmd
             m_last, m_cmd = run_meshrt(a, binary)
             m_runs.append(m_last["step_ms"]["median"])
+        if binary and rep % 2 == 0:
+            run_m()
         tj = run_torch(a)
         threads = tj["threads_per_rank"]
         t_runs.append(statistics.median(tj["step_ms"]))
         t_last = tj
+        if binary and rep % 2 == 1:
+            run_m()
         if verbose:
             line = f"  repeat {rep + 1}: pytorch {t_runs[-1]:.2f} ms"
             if binary:
@@ -318,14 +326,19 @@ def compare(a, binary, verbose=True):
         r["meshrt"] = {"step_ms_median_per_repeat": m_runs, "step_ms_median": statistics.median(m_runs),
                        "command": m_cmd, "last_run": m_last}
         r["ratio_pytorch_over_meshrt"] = r["pytorch"]["step_ms_median"] / r["meshrt"]["step_ms_median"]
+        # Paired: the ratio within each back-to-back pair, then their median. Load on a shared
+        # machine comes in periods longer than one pair, so pairing cancels most of it.
+        paired = [t / m for t, m in zip(t_runs, m_runs)]
+        r["paired_ratios"] = paired
+        r["paired_ratio_median"] = statistics.median(paired)
     return r
 
 
 def describe(a):
     return (f"{a.kind} x{a.layers}, hidden {a.hidden}, heads {a.heads}, ffn {a.ffn}, seq {a.seq}, "
             f"{a.dtype}, warmup {a.warmup}, steps {a.steps}, "
-            f"{'forward only' if a.fwd_only else 'forward + backward'}; {a.repeats} alternating "
-            f"repeat(s) of meshrt then PyTorch per configuration")
+            f"{'forward only' if a.fwd_only else 'forward + backward'}; {a.repeats} back-to-back "
+            f"pair(s) of meshrt and PyTorch per configuration, order alternating")
 
 
 def main_single(a, binary):
@@ -349,8 +362,11 @@ def main_single(a, binary):
         row("meshrt", m["step_ms_median"], m["last_run"]["step_ms"]["p10"],
             m["last_run"]["step_ms"]["p90"])
         ratio = r["ratio_pytorch_over_meshrt"]
+        pr = r["paired_ratio_median"]
         print(f"\n  ratio (PyTorch step time / meshrt step time, medians of {a.repeats} repeats): "
               f"{ratio:.2f}x -> meshrt {'faster' if ratio > 1 else 'slower'} (target: >= 1.2x)")
+        print(f"  paired ratio (median over the {a.repeats} back-to-back pairs): {pr:.2f}x "
+              f"(pairs {min(r['paired_ratios']):.2f}x-{max(r['paired_ratios']):.2f}x)")
         print(f"  p10/p90 are of the last repeat's steps; per-rank threads: pytorch "
               f"{t['threads_per_rank']}, meshrt {m['last_run']['config'].get('host_threads_per_rank')}")
         print(f"  meshrt command: {m['command']}")
@@ -360,9 +376,11 @@ def main_single(a, binary):
 def main_sweep(a, binary):
     import copy
     print(f"sweep side by side on {a.ranks} ranks: {describe(a)}")
-    print("batch = micro-batch per dp replica; ratio = PyTorch step time / meshrt step time\n")
+    print("batch = micro-batch per dp replica; ms = median over repeats; ratio = PyTorch step "
+          "time / meshrt step time, of the medians and (paired) the median of the per-pair "
+          "ratios, with the lowest and highest pair\n")
     print(f"  {'mesh':<12} {'sp':<4} {'batch':>5} {'meshrt ms':>10} {'pytorch ms':>11} "
-          f"{'ratio':>7}", flush=True)
+          f"{'ratio':>7} {'paired':>7}  {'pairs':<13}", flush=True)
     rows, skipped = [], []
     for dp in [d for d in range(a.ranks, 0, -1) if a.ranks % d == 0]:
         tp = a.ranks // dp
@@ -379,17 +397,22 @@ def main_sweep(a, binary):
                 rows.append(r)
                 m = r.get("meshrt", {}).get("step_ms_median", float("nan"))
                 ratio = r.get("ratio_pytorch_over_meshrt", float("nan"))
+                pr = r.get("paired_ratios", [float("nan")])
                 print(f"  {label:<12} {('on' if sp else 'off') if tp > 1 else '-':<4} {b:>5} "
-                      f"{m:10.2f} {r['pytorch']['step_ms_median']:11.2f} {ratio:6.2f}x",
-                      flush=True)
+                      f"{m:10.2f} {r['pytorch']['step_ms_median']:11.2f} {ratio:6.2f}x "
+                      f"{r.get('paired_ratio_median', float('nan')):6.2f}x  "
+                      f"{min(pr):.2f}-{max(pr):.2f}x", flush=True)
     for label, sp, b, why in skipped:
         print(f"  skipped {label} sp={sp} batch {b}: {why}")
     if binary and rows:
-        worst = min(rows, key=lambda r: r["ratio_pytorch_over_meshrt"])
-        c = worst["config"]
-        print(f"\n  lowest ratio {worst['ratio_pytorch_over_meshrt']:.2f}x at dp={c['dp']},"
-              f"tp={c['tp']} sp={c['sp']} batch {c['batch']} "
-              f"({'meshrt never slower' if worst['ratio_pytorch_over_meshrt'] >= 1 else 'meshrt slower there'})")
+        for key, what in (("ratio_pytorch_over_meshrt", "ratio of medians"),
+                          ("paired_ratio_median", "paired ratio")):
+            worst = min(rows, key=lambda r: r[key])
+            c = worst["config"]
+            print(f"\n  lowest {what} {worst[key]:.2f}x at dp={c['dp']},tp={c['tp']} sp={c['sp']} "
+                  f"batch {c['batch']} "
+                  f"({'meshrt never slower' if worst[key] >= 1 else 'meshrt slower there'})", end="")
+        print()
     return {"sweep": rows, "skipped": [list(s) for s in skipped]}
 
 

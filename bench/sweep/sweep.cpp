@@ -234,7 +234,7 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
         printer = r.valid;
         runs[i].push_back(std::move(r));
       } catch (const Error& e) {
-        why[i] = e.what();
+        why[i] = e.message();
       }
       ++done;
     }

@@ -101,6 +101,14 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"sweep --batches 1,x", "'x' is not an integer >= 1"},
       {"sweep --mesh tp=2", "--mesh is swept; leave it out"},
       {"sweep --plot /nonexistent-dir/p.png", "does not exist"},
+      {"bench block --seed -3", "--seed: '-3' is not an integer >= 0"},
+      {"bench collective --seed -1", "--seed: '-1' is not an integer >= 0"},
+      {"bench gemm -m -1 -n 4 -k 4", "-m, -n and -k must all be > 0"},
+      {"train --lr -1", "--lr: '-1' is not a number >= 0"},
+      {"train --clip -0.5", "--clip: '-0.5' is not a number >= 0"},
+      {"train --seed -1", "--seed: '-1' is not an integer >= 0"},
+      {"train --steps 0", "--steps: '0' is not an integer >= 1"},
+      {"train --bucket-mb 0", "--bucket-mb: '0' is not a number > 0"},
   };
   if (!meshrt::cuda_available())
     cases.push_back({"bench block --devices cuda:0", "CUDA is unavailable"});
@@ -115,6 +123,10 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
     CHECK(r.err.find("terminate called") == std::string::npos);
     CHECK(r.err.find("internal error") == std::string::npos);
     CHECK(r.err.size() < 2000);  // a message, not a dump
+    // Errors are for users: no source location unless MESHRT_LOG_LEVEL=debug asks for it.
+    CHECK_FALSE(std::regex_search(r.err, std::regex("\\[[a-z_]+\\.(cpp|h):[0-9]+\\]")));
+    // Nothing was printed before the error (flags are checked before any output).
+    CHECK(r.out.empty());
   }
 }
 

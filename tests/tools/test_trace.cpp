@@ -4,11 +4,19 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
+#include "bench/block/block_bench.h"
 #include "bench/block/trace.h"
 #include "mesh/device_mesh.h"
+#include "runtime/ranges.h"
 #include "tests/mesh/harness.h"
 
 using namespace meshrt;
@@ -39,7 +47,9 @@ TEST_CASE("trace slices time the work on the stream, not its enqueueing", "[unit
   comm->synchronize();
   rec.end_step();
   rec.set_enabled(false);
-  CHECK(rec.begin(*compute, "off") == -1);  // disabled: nothing recorded
+  const int off = rec.begin(*compute, "off");
+  CHECK(off < 0);  // disabled: no slice (a CUDA build still opens an NVTX range, closed by end)
+  rec.end(off);
 
   json ev = parse_events(rec);
   json work, ag;
@@ -75,7 +85,6 @@ TEST_CASE("tracing communicator: same results, one slice per collective with its
     TraceRecorder rec(r, cs);
     TracingCommunicator traced(world, &rec);
     DeviceMesh mesh(ctx, traced, "dp=2,tp=2");
-    CHECK(mesh.group("tp").name() == mesh.group("tp").name());
     rec.set_enabled(true);
     rec.begin_step(0, 0);
     // tp all-reduce of the rank id: the pair (2k, 2k+1) sums to 4k+1.
@@ -95,10 +104,10 @@ TEST_CASE("tracing communicator: same results, one slice per collective with its
     ctx.synchronize();
     rec.end_step();
     const int base = (r / 2) * 2;
-    CHECK(t.item(0) == Approx(base + base + 1));
-    CHECK(t.item(1023) == Approx(base + base + 1));
-    CHECK(out.item(0) == Approx(r % 2));
-    CHECK(out.item(8) == Approx(r % 2 + 2));
+    RANK_REQUIRE(t.item(0) == Approx(base + base + 1));
+    RANK_REQUIRE(t.item(1023) == Approx(base + base + 1));
+    RANK_REQUIRE(out.item(0) == Approx(r % 2));
+    RANK_REQUIRE(out.item(8) == Approx(r % 2 + 2));
     traces[static_cast<size_t>(r)] = rec.serialize();
   });
   for (int r = 0; r < kRanks; ++r) {
@@ -120,5 +129,126 @@ TEST_CASE("tracing communicator: same results, one slice per collective with its
     }
     CHECK(ar == 1);
     CHECK(ag == 1);
+  }
+}
+
+namespace {
+
+// Every range a run opened, per issuing thread, as a nesting-checked list.
+struct RangeLog {
+  struct Range {
+    std::string name;
+    uint64_t payload;
+    int depth;  // 0 = outermost on its thread
+  };
+  std::mutex mu;
+  std::map<std::thread::id, std::vector<std::string>> stack;
+  std::map<std::thread::id, std::vector<Range>> ranges;
+  int unbalanced_pops = 0;
+  ranges::Observer observer() {
+    return [this](bool push, const std::string& name, uint64_t payload) {
+      std::lock_guard<std::mutex> lk(mu);
+      auto id = std::this_thread::get_id();
+      auto& st = stack[id];
+      if (push) {
+        ranges[id].push_back({name, payload, static_cast<int>(st.size())});
+        st.push_back(name);
+      } else if (st.empty()) {
+        ++unbalanced_pops;
+      } else {
+        st.pop_back();
+      }
+    };
+  }
+};
+
+BlockBenchOptions tiny(const std::string& mesh) {
+  BlockBenchOptions o;
+  o.devices = "cpu:2";
+  o.mesh = mesh;
+  o.seq = 64;
+  o.hidden = 128;
+  o.heads = 4;
+  o.steps = 2;
+  o.warmup = 1;
+  o.calibrate = false;
+  o.quiet = true;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("bench block opens a profiler range (NVTX on CUDA) per piece and per collective",
+          "[multirank]") {
+  for (const char* mesh : {"dp=1,tp=2", "dp=2,tp=1"}) {
+    std::map<std::string, int> untraced;  // range counts of the run without --trace
+    for (bool traced : {false, true}) {
+      INFO("mesh " << mesh << (traced ? " with --trace" : ""));
+      RangeLog log;
+      ranges::set_observer(log.observer());
+      BlockBenchOptions o = tiny(mesh);
+      const auto tr = std::filesystem::temp_directory_path() /
+                      ("meshrt-ranges-" + std::to_string(::getpid()) + ".json");
+      if (traced) o.trace_path = tr.string();
+      std::ostringstream out;
+      BlockBenchResult r = run_block_bench_result(o, out);
+      ranges::set_observer(nullptr);
+      REQUIRE(r.valid);
+      CHECK(log.unbalanced_pops == 0);
+      std::map<std::string, int> count;         // per name, over both ranks
+      std::map<std::string, uint64_t> payload;  // last payload per name
+      int nested_collectives = 0;
+      for (auto& [id, st] : log.stack) CHECK(st.empty());  // every range closed
+      for (auto& [id, rs] : log.ranges) {
+        for (const auto& x : rs) {
+          // Collectives are named "<op> <group>", the group "world/tp": keep the mesh dim.
+          const size_t slash = x.name.rfind('/');
+          const std::string key =
+              x.name.find(' ') != std::string::npos && slash != std::string::npos
+                  ? x.name.substr(0, x.name.find(' ') + 1) + x.name.substr(slash + 1)
+                  : x.name;
+          ++count[key];
+          payload[key] = x.payload;
+          const bool coll = x.name.rfind("all_", 0) == 0 || x.name.rfind("reduce_scatter", 0) == 0;
+          if (coll && x.depth >= 2) ++nested_collectives;  // inside "step k" and a piece
+        }
+      }
+      // 3 steps (1 warm-up + 2 timed) x 2 ranks of each piece, with this rank's FLOPs.
+      for (const char* piece : {"L0.attn.fwd", "L0.mlp.fwd", "L0.mlp.bwd", "L0.attn.bwd"}) {
+        CHECK(count[piece] == 6);
+        CHECK(payload[piece] > 0);
+      }
+      CHECK(count["step 0"] == 2);
+      CHECK(count["step 1"] == 2);
+      if (std::string(mesh) == "dp=1,tp=2") {
+        // Sequence parallel: all-gathers and reduce-scatters on tp, each opened once (the
+        // tracing communicator forwards without a range of its own).
+        CHECK(count["all_gather tp"] > 0);
+        CHECK(count["reduce_scatter tp"] > 0);
+        CHECK(payload["all_gather tp"] == 64 * 128 * 4);  // the gathered [seq, 1, hidden] f32
+        CHECK(nested_collectives > 0);
+      } else {
+        CHECK(count["all_reduce dp"] > 0);
+        CHECK(payload["all_reduce dp"] > 0);
+      }
+      // --trace wraps the communicators in a tracing forwarder: still one range per collective.
+      // (Outside the steps, a traced run also gathers the traces over the world group.)
+      std::map<std::string, int> mesh_colls;
+      for (const auto& [k, n] : count) {
+        const bool dim = k.size() > 3 && (k.ends_with(" tp") || k.ends_with(" dp"));
+        if (dim) mesh_colls[k] = n;
+      }
+      CHECK(!mesh_colls.empty());
+      if (traced) {
+        for (const auto& [k, n] : mesh_colls) {
+          INFO(k);
+          CHECK(n == untraced[k]);
+        }
+      } else {
+        untraced = mesh_colls;
+      }
+      std::error_code ec;
+      std::filesystem::remove(tr, ec);
+    }
   }
 }

@@ -1,0 +1,45 @@
+#include "runtime/ranges.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+namespace meshrt::ranges {
+namespace {
+
+// The observer lives in a shared_ptr swapped atomically (under a mutex for the writers), so a
+// thread that loaded it keeps it alive while it calls it.
+std::mutex g_mu;
+std::shared_ptr<const Observer> g_observer;
+std::atomic<bool> g_has_observer{false};
+
+std::shared_ptr<const Observer> observer() {
+  if (!g_has_observer.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_observer;
+}
+
+}  // namespace
+
+bool enabled() {
+  static const bool nvtx = detail::nvtx_built();
+  return nvtx || g_has_observer.load(std::memory_order_relaxed);
+}
+
+void push(const std::string& name, uint64_t payload) {
+  if (detail::nvtx_built()) detail::nvtx_push(name, payload);
+  if (auto o = observer()) (*o)(true, name, payload);
+}
+
+void pop() {
+  if (detail::nvtx_built()) detail::nvtx_pop();
+  if (auto o = observer()) (*o)(false, std::string(), 0);
+}
+
+void set_observer(Observer obs) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_observer = obs ? std::make_shared<const Observer>(std::move(obs)) : nullptr;
+  g_has_observer.store(g_observer != nullptr, std::memory_order_release);
+}
+
+}  // namespace meshrt::ranges

@@ -1,0 +1,36 @@
+#include "tools/cli_checks.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace meshrt::cli {
+
+CLI::Validator at_least(double lo, bool integer) {
+  std::string desc = integer ? (lo > 0 ? "INT>=1" : "INT>=0") : "NUMBER>0";
+  return CLI::Validator(
+      [lo, integer](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        const bool ok_num = end && *end == '\0' && !in.empty();
+        const bool ok_int =
+            !integer || (ok_num && v == static_cast<double>(static_cast<long long>(v)));
+        if (!ok_num || !ok_int || (integer ? v < lo : v <= lo))
+          return "'" + in + "' is not " +
+                 (integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > 0");
+        return std::string();
+      },
+      desc);
+}
+CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (in.empty() || !end || *end != '\0' || !(v >= 0))
+          return "'" + in + "' is not a number >= 0";
+        return std::string();
+      },
+      "NUMBER>=0");
+}
+
+}  // namespace meshrt::cli

@@ -705,4 +705,8 @@ void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> p
   MESHRT_DISPATCH(chk, sgd_momentum_update(ctx, stream, params, grads, momentum_bufs, cfg));
 }
 
+#if !defined(MESHRT_WITH_CUDA)
+std::string gemm_library_version() { return ""; }  // the CUDA one is in cuda/gemm.cu
+#endif
+
 }  // namespace meshrt::ops

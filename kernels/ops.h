@@ -192,4 +192,8 @@ void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> p
 // Host threads one rank's ops use (cores / local ranks, or MESHRT_HOST_THREADS).
 int host_threads(Context& ctx);
 
+// The vendor GEMM library of the CUDA backend, e.g. "cuBLASLt 13.0.2" (a library call: no GPU
+// needed); "" in builds without CUDA.
+std::string gemm_library_version();
+
 }  // namespace meshrt::ops

@@ -4,7 +4,11 @@
 
 #include <thread>
 
+#include "kernels/ops.h"
 #include "runtime/backend.h"
+#if defined(MESHRT_WITH_CUDA)
+#include "collectives/nccl_comm.h"
+#endif
 #include "tools/build_info.h"
 
 extern "C" {
@@ -16,9 +20,14 @@ int openblas_get_parallel(void);
 namespace meshrt::cli {
 
 int run_info(std::ostream& os) {
+  const std::map<std::string, std::string> v = version_info();
+  auto get = [&](const char* k) {
+    auto it = v.find(k);
+    return it == v.end() ? std::string() : it->second;
+  };
   os << "meshrt " << MESHRT_VERSION_STRING << "\n\n";
   os << "devices\n";
-  os << "  cpu      " << std::thread::hardware_concurrency()
+  os << "  cpu      " << get("hardware_threads")
      << " hardware threads (host ranks: --devices cpu:N)\n";
   std::string why;
   if (cuda_available(&why)) {
@@ -27,26 +36,15 @@ int run_info(std::ostream& os) {
     os << "  cuda     unavailable: " << why << "\n";
   }
   os << "\nlibraries\n";
-  if (const DeviceBackend* be = cuda_backend()) os << "  cuda     " << be->versions() << "\n";
-  const char* par[] = {"sequential", "pthreads", "OpenMP"};
-  int p = openblas_get_parallel();
-  os << "  blas     OpenBLAS (" << openblas_get_config() << "), threading "
-     << (p >= 0 && p <= 2 ? par[p] : "?") << ", " << openblas_get_num_threads()
-     << " threads by default\n";
-  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  if (MPI_Get_library_version(mpi, &len) == MPI_SUCCESS) {
-    std::string v(mpi, static_cast<size_t>(len));
-    if (auto nl = v.find_first_of("\n,"); nl != std::string::npos) v.resize(nl);
-    os << "  mpi      " << v << "\n";
-  }
+  if (v.count("cuda")) os << "  cuda     " << get("cuda") << "\n";
+  if (v.count("cublaslt")) os << "  gemm     " << get("cublaslt") << " (CUDA)\n";
+  if (v.count("nccl")) os << "  nccl     NCCL " << get("nccl") << "\n";
+  os << "  blas     " << get("blas") << ", threading " << get("blas_threading") << "\n";
+  if (v.count("mpi")) os << "  mpi      " << get("mpi") << "\n";
   os << "\nbuild\n";
-  os << "  type     " << MESHRT_BUILD_TYPE << ", " << MESHRT_BUILD_COMPILER << "\n";
-  os << "  cuda     "
-     << (std::string(MESHRT_BUILD_CUDA) == "ON" ? "ON (arch " MESHRT_BUILD_CUDA_ARCHS ")" : "OFF")
-     << "\n";
-  os << "  sanitize "
-     << (std::string(MESHRT_BUILD_SANITIZE).empty() ? "none" : MESHRT_BUILD_SANITIZE) << "\n";
+  os << "  type     " << get("build_type") << ", " << get("compiler") << "\n";
+  os << "  cuda     " << get("cuda_build") << "\n";
+  os << "  sanitize " << get("sanitize") << "\n";
   return 0;
 }
 
@@ -62,6 +60,11 @@ std::map<std::string, std::string> version_info() {
   std::string why;
   if (const DeviceBackend* be = cuda_backend()) v["cuda"] = be->versions();
   if (!cuda_available(&why)) v["cuda_unavailable"] = why;
+  if (const std::string g = ops::gemm_library_version(); !g.empty()) v["cublaslt"] = g;
+#if defined(MESHRT_WITH_CUDA)
+  // ncclGetVersion is a library call: it needs no GPU.
+  v["nccl"] = nccl_version_string();
+#endif
   const char* par[] = {"sequential", "pthreads", "OpenMP"};
   const int p = openblas_get_parallel();
   v["blas"] = std::string("OpenBLAS (") + openblas_get_config() + ")";

@@ -238,3 +238,14 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
 }
 
 }  // namespace meshrt::kernels::cuda
+
+namespace meshrt::ops {
+
+std::string gemm_library_version() {
+  // cublasLtGetVersion: major * 10000 + minor * 100 + patch.
+  const size_t v = cublasLtGetVersion();
+  return "cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
+         std::to_string(v % 100);
+}
+
+}  // namespace meshrt::ops

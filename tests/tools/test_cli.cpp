@@ -130,6 +130,28 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
   }
 }
 
+TEST_CASE("info names the devices, why CUDA is unavailable, and every library's version",
+          "[unit]") {
+  Run r = cli("info");
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(std::regex_search(r.out, std::regex("cpu +[0-9]+ hardware threads")));
+  if (!meshrt::cuda_available())
+    CHECK(std::regex_search(r.out, std::regex("cuda +unavailable: .+")));
+  CHECK(std::regex_search(r.out, std::regex("blas +OpenBLAS \\(OpenBLAS [0-9.]+.*threading")));
+  CHECK(std::regex_search(r.out, std::regex("mpi +Open MPI v[0-9.]+")));
+  CHECK(std::regex_search(r.out, std::regex("type +[A-Za-z]+, ")));
+#if defined(MESHRT_WITH_CUDA)
+  // Library versions come from library calls that need no GPU.
+  CHECK(std::regex_search(r.out, std::regex("cuda +CUDA runtime [0-9]+\\.[0-9]+")));
+  CHECK(std::regex_search(r.out, std::regex("gemm +cuBLASLt [0-9]+\\.[0-9]+\\.[0-9]+")));
+  CHECK(std::regex_search(r.out, std::regex("nccl +NCCL 2\\.[0-9]+\\.[0-9]+")));
+  CHECK(std::regex_search(r.out, std::regex("cuda +ON \\(arch [0-9]+")));
+#else
+  CHECK(std::regex_search(r.out, std::regex("cuda +OFF")));
+#endif
+}
+
 TEST_CASE("help works for every command", "[unit]") {
   for (const char* cmd :
        {"--help", "bench --help", "bench block --help", "bench mlp --help", "bench attn --help",

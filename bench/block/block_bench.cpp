@@ -240,6 +240,14 @@ enum Extra : int { kPeakBytes = 0, kReservedBytes, kCalibFlops, kMarkers, kDevic
 
 int64_t ns(double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); }
 
+// "L<l>", the prefix of layer l's trace slices and ranges. (Appending, not "L" + to_string: GCC
+// 12 at -O3 warns falsely about that concatenation, -Wrestrict, GCC bug 105329.)
+std::string layer_name(int l) {
+  std::string s = "L";
+  s += std::to_string(l);
+  return s;
+}
+
 // One layer of the stack with trace slices around its pieces.
 struct Layer {
   std::unique_ptr<Block> block;
@@ -446,7 +454,7 @@ RankOutput run_rank(const Plan& p, const BlockBenchOptions& o, const RankPlaceme
     Tensor hcur = x;
     for (int l = 0; l < p.layers; ++l) {
       Layer& L = layers[static_cast<size_t>(l)];
-      const std::string pre = "L" + std::to_string(l);
+      const std::string pre = layer_name(l);
       if (L.tb) {
         int h = piece(pre + ".attn.fwd", f_attn);
         hcur = L.tb->attn.forward(hcur);
@@ -466,7 +474,7 @@ RankOutput run_rank(const Plan& p, const BlockBenchOptions& o, const RankPlaceme
       Tensor d = dout;
       for (int l = p.layers - 1; l >= 0; --l) {
         Layer& L = layers[static_cast<size_t>(l)];
-        const std::string pre = "L" + std::to_string(l);
+        const std::string pre = layer_name(l);
         if (L.tb) {
           int h = piece(pre + ".mlp.bwd", 2 * f_mlp);
           d = L.tb->mlp.backward(d);

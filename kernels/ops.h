@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "runtime/context.h"
 #include "runtime/stream.h"

@@ -17,6 +17,11 @@ std::string with_where(const std::string& message, const std::string& where) {
 Error::Error(const std::string& message, const std::string& where)
     : std::runtime_error(with_where(message, where)), message_(message), where_(where) {}
 
+std::string error_message(const std::exception& e) {
+  if (const auto* me = dynamic_cast<const Error*>(&e)) return me->message();
+  return e.what();
+}
+
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg) {
   const char* base = std::strrchr(file, '/');
   std::ostringstream where;

@@ -28,6 +28,10 @@ class CommError : public Error {
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
 
+// What to show a user for `e`: a meshrt::Error's message without its source location (that is
+// in what(), and in logs at debug level), any other exception's what().
+std::string error_message(const std::exception& e);
+
 }  // namespace meshrt
 
 // MESHRT_CHECK(cond, "shape mismatch: a=" << a << " b=" << b)

@@ -26,13 +26,23 @@ bool enabled() {
   return nvtx || g_has_observer.load(std::memory_order_relaxed);
 }
 
+// Ranges of this thread the observer saw open and not yet closed: a pop goes to the observer
+// only when it saw the push, so installing or removing an observer while ranges are open never
+// shows it an unmatched pop.
+thread_local int t_observed_open = 0;
+
 void push(const std::string& name, uint64_t payload) {
   if (detail::nvtx_built()) detail::nvtx_push(name, payload);
-  if (auto o = observer()) (*o)(true, name, payload);
+  if (auto o = observer()) {
+    (*o)(true, name, payload);
+    ++t_observed_open;
+  }
 }
 
 void pop() {
   if (detail::nvtx_built()) detail::nvtx_pop();
+  if (t_observed_open == 0) return;
+  --t_observed_open;
   if (auto o = observer()) (*o)(false, std::string(), 0);
 }
 

@@ -20,10 +20,20 @@ void push(const std::string& name, uint64_t payload = 0);
 void pop();
 
 // Sees every push (push = true, with its name and payload) and pop (push = false, empty name) on
-// the thread that made it, in addition to NVTX. For tests and tools; install it before the
-// threads that open ranges start and remove it (nullptr) after they end.
+// the thread that made it, in addition to NVTX; a pop only when it saw the matching push. For
+// tests and tools: install it before the threads that open ranges start and remove it (nullptr,
+// or ObserverGuard) after they end; it must stay callable until then.
 using Observer = std::function<void(bool push, const std::string& name, uint64_t payload)>;
 void set_observer(Observer observer);
+
+// Installs an observer for the lifetime of a scope (removed on every exit path).
+class ObserverGuard {
+ public:
+  explicit ObserverGuard(Observer observer) { set_observer(std::move(observer)); }
+  ~ObserverGuard() { set_observer(nullptr); }
+  ObserverGuard(const ObserverGuard&) = delete;
+  ObserverGuard& operator=(const ObserverGuard&) = delete;
+};
 
 // A range for the lifetime of a scope; opens nothing when ranges are not enabled at construction.
 class Scoped {

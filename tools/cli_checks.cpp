@@ -1,5 +1,6 @@
 #include "tools/cli_checks.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -11,9 +12,8 @@ CLI::Validator at_least(double lo, bool integer) {
       [lo, integer](std::string& in) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(in.c_str(), &end);
-        const bool ok_num = end && *end == '\0' && !in.empty();
-        const bool ok_int =
-            !integer || (ok_num && v == static_cast<double>(static_cast<long long>(v)));
+        const bool ok_num = end && *end == '\0' && !in.empty() && std::isfinite(v);
+        const bool ok_int = !integer || (ok_num && std::trunc(v) == v);
         if (!ok_num || !ok_int || (integer ? v < lo : v <= lo))
           return "'" + in + "' is not " +
                  (integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > 0");
@@ -21,12 +21,13 @@ CLI::Validator at_least(double lo, bool integer) {
       },
       desc);
 }
+
 CLI::Validator non_negative() {
   return CLI::Validator(
       [](std::string& in) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(in.c_str(), &end);
-        if (in.empty() || !end || *end != '\0' || !(v >= 0))
+        if (in.empty() || !end || *end != '\0' || !std::isfinite(v) || !(v >= 0))
           return "'" + in + "' is not a number >= 0";
         return std::string();
       },

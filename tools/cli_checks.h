@@ -6,13 +6,13 @@
 
 namespace meshrt::cli {
 
-// A number >= lo (integer) or > lo (not integer), e.g. "'-1' is not an integer >= 1".
+// A finite number >= lo (integer) or > lo (not integer), e.g. "'-1' is not an integer >= 1".
 CLI::Validator at_least(double lo, bool integer);
 
 inline const CLI::Validator kPositiveInt = at_least(1, true);
 inline const CLI::Validator kNonNegativeInt = at_least(0, true);
 inline const CLI::Validator kPositive = at_least(0, false);
-// >= 0, not necessarily an integer (learning rates, clipping norms).
+// A finite number >= 0, not necessarily an integer (learning rates, clipping norms).
 CLI::Validator non_negative();
 
 }  // namespace meshrt::cli

@@ -67,7 +67,12 @@ int TraceRecorder::begin(Stream& stream, std::string name, std::string args_json
                          uint64_t payload) {
   const bool ranged = ranges::enabled();
   if (ranged) ranges::push(name, payload);
-  return open_slice(stream, std::move(name), std::move(args_json), ranged);
+  try {
+    return open_slice(stream, std::move(name), std::move(args_json), ranged);
+  } catch (...) {
+    if (ranged) ranges::pop();  // no handle reaches end(): close the range here
+    throw;
+  }
 }
 
 int TraceRecorder::begin_slice(Stream& stream, std::string name, std::string args_json) {
@@ -95,9 +100,9 @@ void TraceRecorder::end(int handle) {
   if (handle < 0) return;
   std::lock_guard<std::mutex> lk(mu_);
   Open& o = open_.at(static_cast<size_t>(handle));
+  if (o.ranged) ranges::pop();  // first, so that a failing record() leaves no range open
   o.stop = o.stream->record();
   ++markers_;
-  if (o.ranged) ranges::pop();
 }
 
 void TraceRecorder::end_step() {

@@ -57,7 +57,8 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--fwd-only", action="store_true")
     p.add_argument("--repeats", type=int, default=3,
-                   help="alternating meshrt / PyTorch runs; medians over them are compared")
+                   help="back-to-back meshrt / PyTorch pairs, meshrt first in odd ones (an even "
+                   "count balances the order); medians and the median paired ratio are reported")
     p.add_argument("--meshrt", default=None,
                    help="meshrt binary (default: build-release/bin/meshrt, else build/bin/meshrt)")
     p.add_argument("--meshrt-args", default="", help="extra flags for meshrt bench")

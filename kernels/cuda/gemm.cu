@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/ops.h"
 
 namespace meshrt::kernels::cuda {
 

@@ -28,34 +28,42 @@ struct Seen {
 
 TEST_CASE("ranges reach the observer in order with names and payloads", "[unit]") {
   Seen seen;
-  ranges::set_observer(seen.observer());
-  REQUIRE(ranges::enabled());
-  ranges::push("outer", 7);
   {
-    ranges::Scoped inner("inner", 4096);
-    ranges::Scoped plain("plain");
+    ranges::ObserverGuard guard(seen.observer());
+    REQUIRE(ranges::enabled());
+    ranges::push("outer", 7);
+    {
+      ranges::Scoped inner("inner", 4096);
+      ranges::Scoped plain("plain");
+    }
+    ranges::pop();
+    try {
+      ranges::Scoped thrown("thrown", 1);
+      throw std::runtime_error("leave the scope by an exception");
+    } catch (const std::runtime_error&) {
+    }
   }
-  ranges::pop();
-  try {
-    ranges::Scoped thrown("thrown", 1);
-    throw std::runtime_error("leave the scope by an exception");
-  } catch (const std::runtime_error&) {
-  }
-  ranges::set_observer(nullptr);
   ranges::push("unobserved");  // NVTX only (CUDA build), or nothing
   ranges::pop();
   CHECK(seen.log == std::vector<std::string>{"+outer:7", "+inner:4096", "+plain:0", "-", "-", "-",
                                              "+thrown:1", "-"});
 }
 
-TEST_CASE("a scoped range opened while ranges are off closes nothing", "[unit]") {
-  ranges::set_observer(nullptr);
-  if (ranges::enabled()) SUCCEED("CUDA build: ranges always go to NVTX");
+TEST_CASE("an observer installed or removed while ranges are open sees no unmatched pop",
+          "[unit]") {
   Seen seen;
+  ranges::push("before");  // opened before the observer: its pop is not shown
   {
-    ranges::Scoped before("before");  // opened with no observer: no pop either
-    ranges::set_observer(seen.observer());
+    ranges::ObserverGuard guard(seen.observer());
+    ranges::push("during", 3);
+    ranges::pop();
+    ranges::pop();  // closes "before"
+    ranges::push("left open", 5);
   }
-  ranges::set_observer(nullptr);
-  if (!ranges::detail::nvtx_built()) CHECK(seen.log.empty());
+  ranges::pop();  // closes "left open" after the observer is gone
+  ranges::push("after");
+  ranges::pop();
+  CHECK(seen.log == std::vector<std::string>{"+during:3", "-", "+left open:5"});
+  // Without NVTX and without an observer, ranges are off: Scoped opens nothing.
+  if (!ranges::detail::nvtx_built()) CHECK_FALSE(ranges::enabled());
 }

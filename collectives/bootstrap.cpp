@@ -421,9 +421,7 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
           was_first = true;
         }
       }
-      // The location goes to the log only at debug level (what() carries it).
-      const std::string msg =
-          log_enabled(LogLevel::Debug) ? std::string(e.what()) : error_message(e);
+      const std::string msg = error_message(e);  // the source location only at debug level
       if (was_first) MESHRT_LOG_ERROR("rank " << p.rank << " failed: " << msg);
       if (comms[static_cast<size_t>(i)]) {
         comms[static_cast<size_t>(i)]->abort("rank " + std::to_string(p.rank) + " failed: " + msg);

@@ -1,6 +1,7 @@
 #include "collectives/communicator.h"
 
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "collectives/comm_detail.h"
@@ -193,17 +194,12 @@ Event Communicator::submit(Call call, Stream& stream, const EventList& after) {
     MESHRT_LOG(LogLevel::Trace, "comm '" << name_ << "' issue seq " << call.seq << " " << call.str()
                                          << " on stream '" << stream.name() << "'");
   }
-  // Profiler range around the issue (NVTX in CUDA builds): "all_reduce tp" with the bytes.
-  const bool ranged = open_ranges_ && ranges::enabled();
-  if (ranged)
-    ranges::push(std::string(comm_op_name(call.op)) + " " + name_, uint64_t(call.bytes()));
-  try {
-    issue(std::move(call), stream);
-  } catch (...) {
-    if (ranged) ranges::pop();
-    throw;
-  }
-  if (ranged) ranges::pop();
+  // Profiler range around the issue (NVTX in CUDA builds): "all_reduce world/tp" with the bytes;
+  // the name is built only when ranges go somewhere.
+  std::optional<ranges::Scoped> range;
+  if (open_ranges_ && ranges::enabled())
+    range.emplace(std::string(comm_op_name(call.op)) + " " + name_, uint64_t(call.bytes()));
+  issue(std::move(call), stream);
   return stream.record();
 }
 

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "runtime/logging.h"
+
 namespace meshrt {
 namespace {
 
@@ -18,7 +20,8 @@ Error::Error(const std::string& message, const std::string& where)
     : std::runtime_error(with_where(message, where)), message_(message), where_(where) {}
 
 std::string error_message(const std::exception& e) {
-  if (const auto* me = dynamic_cast<const Error*>(&e)) return me->message();
+  const auto* me = dynamic_cast<const Error*>(&e);
+  if (me && !log_enabled(LogLevel::Debug)) return me->message();
   return e.what();
 }
 

@@ -28,8 +28,8 @@ class CommError : public Error {
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
 
-// What to show a user for `e`: a meshrt::Error's message without its source location (that is
-// in what(), and in logs at debug level), any other exception's what().
+// What to show a user for `e`: a meshrt::Error's message without its source location, or with
+// it (what()) when MESHRT_LOG_LEVEL is debug or trace; any other exception's what().
 std::string error_message(const std::exception& e);
 
 }  // namespace meshrt

@@ -4,7 +4,6 @@
 #include <iostream>
 
 #include "runtime/error.h"
-#include "runtime/logging.h"
 #include "tools/bench_cli.h"
 #include "tools/blas_env.h"
 #include "tools/info.h"
@@ -35,8 +34,7 @@ int main(int argc, char** argv) {
     if (int rc = meshrt::cli::run_bench_commands(bench, cmdline, std::cout); rc >= 0) return rc;
   } catch (const meshrt::Error& e) {
     // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
-    const bool debug = meshrt::log_enabled(meshrt::LogLevel::Debug);
-    std::cerr << "meshrt: error: " << (debug ? std::string(e.what()) : e.message()) << "\n";
+    std::cerr << "meshrt: error: " << meshrt::error_message(e) << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "meshrt: internal error: " << e.what() << "\n";

@@ -151,11 +151,8 @@ TracingCommunicator::TracingCommunicator(Communicator& inner, TraceRecorder* rec
 }
 
 TracingCommunicator::TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec)
-    : Communicator(inner->rank(), inner->size(), inner->name(), inner->device(), inner->config()),
-      owned_(std::move(inner)),
-      inner_(owned_.get()),
-      rec_(rec) {
-  open_ranges_ = false;
+    : TracingCommunicator(*inner, rec) {
+  owned_ = std::move(inner);
 }
 
 void TracingCommunicator::issue(Call call, Stream& stream) {

@@ -103,11 +103,7 @@ Tensor random_tensor(Context& ctx, const Shape& s, DType dt, uint64_t id) {
 }
 
 std::vector<GemmShape> gemm_shapes(const GemmBenchOptions& o, int64_t tokens, int64_t hidden) {
-  if (o.m || o.n || o.k) {
-    MESHRT_CHECK(o.m > 0 && o.n > 0 && o.k > 0, "gemm bench: -m, -n and -k must all be > 0 (got "
-                                                    << o.m << ", " << o.n << ", " << o.k << ")");
-    return {{"custom", o.m, o.n, o.k}};
-  }
+  if (o.m || o.n || o.k) return {{"custom", o.m, o.n, o.k}};  // checked by run_gemm_bench
   return {{"square", 1024, 1024, 1024},
           {"qkv", tokens, 3 * hidden, hidden},
           {"attn-out", tokens, hidden, hidden},
@@ -371,8 +367,10 @@ int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
   bench.hidden = o.hidden ? o.hidden : (bench.cuda ? 4096 : 768);
   MESHRT_CHECK(bench.tokens > 0 && bench.hidden > 0,
                "gemm bench: --tokens and --hidden must be > 0");
-  // Every flag is checked before any output: a custom shape now, not when its table starts.
-  (void)gemm_shapes(o, bench.tokens, bench.hidden);
+  // Every flag is checked before any output, the custom shape too.
+  MESHRT_CHECK(!(o.m || o.n || o.k) || (o.m > 0 && o.n > 0 && o.k > 0),
+               "gemm bench: -m, -n and -k must all be > 0 (got " << o.m << ", " << o.n << ", "
+                                                                 << o.k << ")");
 
   std::vector<std::unique_ptr<Context>> ctxs;
   for (int r = 0; r < bench.ranks; ++r) {

@@ -130,7 +130,7 @@ TEST_CASE("buckets: tiny parameters pack together, a large one gets its own buck
   });
 }
 
-TEST_CASE("replicas that differ are named; broadcast makes them equal", "[dp][multirank]") {
+TEST_CASE("replicas that differ are named, and broadcast makes them equal", "[dp][multirank]") {
   run_ranks(2, [](int r, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "dp=2");
     CommScheduler tp(mesh, "tp", Overlap::Async);
@@ -200,7 +200,7 @@ TEST_CASE("the f32 loss curve is the same for every dp x tp layout", "[dp][train
         1e-4);
 }
 
-TEST_CASE("async with staleness 0 is synchronous; local SGD with H=1 is parameter averaging",
+TEST_CASE("async with staleness 0 is synchronous, and local SGD with H=1 is parameter averaging",
           "[dp][train][multirank]") {
   auto sync = losses(2, "dp=2", GradSyncMode::Sync, OptimizerKind::Sgd);
   auto async0 = losses(2, "dp=2", GradSyncMode::Async, OptimizerKind::Sgd, 0);

@@ -77,7 +77,7 @@ TEST_CASE("a block used on another stream is not reused before that work finishe
   REQUIRE(a->stats().live_blocks == 0);
 }
 
-TEST_CASE("same-stream reuse is immediate; tensors free their storage", "[allocator]") {
+TEST_CASE("same-stream reuse is immediate and tensors free their storage", "[allocator]") {
   Context ctx(Device::cpu());
   auto& alloc = ctx.allocator();
   {

@@ -258,7 +258,7 @@ TEST_CASE("CUDA fill_ writes the host's values into contiguous and strided views
   }
 }
 
-TEST_CASE("CUDA Philox init equals the host's values; shards equal slices of the full tensor",
+TEST_CASE("CUDA Philox init equals the host's values and shards equal slices of the full tensor",
           "[cuda][philox]") {
   if (!gpu_or_skip()) return;
   Context cpu(Device::cpu());

@@ -1,0 +1,54 @@
+#include "bench/common/stats.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace meshrt::bench {
+
+double ms_since(Clock::time_point t0, Clock::time_point t1) {
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
+
+std::string fmt(const char* format, double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), format, v);
+  return b;
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) {
+    b /= 1024;
+    ++i;
+  }
+  return fmt(i == 0 ? "%.0f" : "%.1f", b) + " " + u[i];
+}
+
+std::string human_flops(double f) {
+  if (f >= 1e12) return fmt("%.2f", f / 1e12) + " TFLOP";
+  if (f >= 1e9) return fmt("%.2f", f / 1e9) + " GFLOP";
+  return fmt("%.2f", f / 1e6) + " MFLOP";
+}
+
+}  // namespace meshrt::bench

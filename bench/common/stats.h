@@ -1,0 +1,27 @@
+// Statistics, timers and number formatting shared by every benchmark (one definition each).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace meshrt::bench {
+
+using Clock = std::chrono::steady_clock;
+
+// Milliseconds between two steady-clock points.
+double ms_since(Clock::time_point t0, Clock::time_point t1);
+// CPU time this thread has used, in milliseconds.
+double thread_cpu_ms();
+
+// Linear-interpolated percentile (q in [0, 1]) of unsorted values; 0 for none.
+double percentile(std::vector<double> v, double q);
+double median(std::vector<double> v);
+
+// printf-style formatting of one number ("%.2f").
+std::string fmt(const char* format, double v);
+// 1536 -> "1.5 KiB"; 3e9 FLOP -> "3.00 GFLOP".
+std::string human_bytes(double bytes);
+std::string human_flops(double flop);
+
+}  // namespace meshrt::bench

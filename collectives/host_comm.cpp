@@ -258,7 +258,6 @@ class HostEngine final : public detail::OrderedEngine {
   HostEngine(std::shared_ptr<HostGroup> group, int r, Device d)
       : OrderedEngine(r, group->size(), group->name(), group->config()),
         g(std::move(group)),
-        rank(r),
         dev(d) {}
 
   std::string_view backend() const override { return "host"; }
@@ -268,7 +267,6 @@ class HostEngine final : public detail::OrderedEngine {
 
  private:
   std::shared_ptr<HostGroup> g;
-  int rank;
   Device dev;
   std::vector<char> scratch;  // staging for in-place all_to_all
 
@@ -282,7 +280,7 @@ class HostEngine final : public detail::OrderedEngine {
   void enter(const CallSig& sig, const void* in, void* out, int key, const Op& op) {
     const uint64_t seq = static_cast<uint64_t>(sig.seq);
     const int n = g->size();
-    Slot& me = g->slot(rank);
+    Slot& me = g->slot(rank());
     me.desc.sig = sig;
     me.desc.in = in;
     me.desc.out = out;
@@ -318,7 +316,7 @@ class HostEngine final : public detail::OrderedEngine {
   // Waits until every rank finished this collective: after it, no rank reads our buffers.
   void leave(uint64_t seq, const Op& op) {
     const int n = g->size();
-    g->slot(rank).left.store(seq);
+    g->slot(rank()).left.store(seq);
     g->notify();
     auto all_left = [&] {
       for (int j = 0; j < n; ++j) {
@@ -337,7 +335,7 @@ class HostEngine final : public detail::OrderedEngine {
   }
 
   void publish_progress(uint64_t seq, uint64_t steps) {
-    g->slot(rank).progress.store((seq << kStepBits) | steps);
+    g->slot(rank()).progress.store((seq << kStepBits) | steps);
     g->notify();
   }
 
@@ -373,7 +371,7 @@ class HostEngine final : public detail::OrderedEngine {
     // Slices are whole cache lines so that no two ranks write the same line.
     const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
     const int64_t part = ((N + n - 1) / n + align - 1) / align * align;
-    const int64_t lo = std::min(N, part * rank);
+    const int64_t lo = std::min(N, part * rank());
     const int64_t hi = std::min(N, lo + part);
     if (lo < hi) {
       std::vector<const void*> srcs(static_cast<size_t>(n));
@@ -385,7 +383,7 @@ class HostEngine final : public detail::OrderedEngine {
         srcs[static_cast<size_t>(t)] =
             static_cast<const char*>(d.in) + lo * static_cast<int64_t>(es);
         // Start with the next rank's output so that ranks do not all write the same one.
-        const int j = (rank + 1 + t) % n;
+        const int j = (rank() + 1 + t) % n;
         const Desc& dj = g->slot(j).desc;
         dsts[static_cast<size_t>(t)] = static_cast<char*>(dj.out) + lo * static_cast<int64_t>(es);
         // An out-of-place output is not in any cache: skip its read-for-ownership. An in-place
@@ -410,7 +408,7 @@ class HostEngine final : public detail::OrderedEngine {
       std::vector<const void*> srcs(static_cast<size_t>(n));
       for (int j = 0; j < n; ++j) {
         srcs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in) +
-                                       static_cast<size_t>(rank) * static_cast<size_t>(N) * es;
+                                       static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
       }
       detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, N, n);
     }
@@ -425,9 +423,9 @@ class HostEngine final : public detail::OrderedEngine {
     enter(op.sig, in, out, 0, op);
     if (bytes > 0) {
       for (int t = 0; t < n; ++t) {
-        const int j = (rank + t) % n;
+        const int j = (rank() + t) % n;
         char* dst = out + static_cast<size_t>(j) * bytes;
-        const char* src = j == rank ? in : static_cast<const char*>(g->slot(j).desc.in);
+        const char* src = j == rank() ? in : static_cast<const char*>(g->slot(j).desc.in);
         if (dst != src) std::memcpy(dst, src, bytes);
       }
     }
@@ -440,7 +438,7 @@ class HostEngine final : public detail::OrderedEngine {
     const char* in = static_cast<const char*>(c.in.data_ptr());
     enter(op.sig, in, out, 0, op);
     if (bytes > 0) {
-      const char* src = rank == c.root ? in : static_cast<const char*>(g->slot(c.root).desc.in);
+      const char* src = rank() == c.root ? in : static_cast<const char*>(g->slot(c.root).desc.in);
       if (src != out) std::memcpy(out, src, bytes);
     }
     leave(c.seq, op);
@@ -460,9 +458,9 @@ class HostEngine final : public detail::OrderedEngine {
     enter(op.sig, in, out, 0, op);
     if (block > 0) {
       for (int t = 0; t < n; ++t) {
-        const int j = (rank + t) % n;
-        const char* src = (j == rank ? in : static_cast<const char*>(g->slot(j).desc.in)) +
-                          static_cast<size_t>(rank) * block;
+        const int j = (rank() + t) % n;
+        const char* src = (j == rank() ? in : static_cast<const char*>(g->slot(j).desc.in)) +
+                          static_cast<size_t>(rank()) * block;
         char* dst = out + static_cast<size_t>(j) * block;
         if (dst != src) std::memcpy(dst, src, block);
       }
@@ -480,7 +478,7 @@ class HostEngine final : public detail::OrderedEngine {
   }
 
   void send(const CommCall& c, const Op& op) override {
-    Mailbox& m = g->mailbox(rank, c.peer);
+    Mailbox& m = g->mailbox(rank(), c.peer);
     const uint64_t k = c.seq;
     m.ptr = c.in.data_ptr();
     m.count = c.count;
@@ -494,11 +492,11 @@ class HostEngine final : public detail::OrderedEngine {
                     op, "rank " + std::to_string(c.peer) + " never posted the matching recv");
               });
     }
-    if (!m.matched) throw CommError(p2p_mismatch(m, rank, c.peer, k));
+    if (!m.matched) throw CommError(p2p_mismatch(m, rank(), c.peer, k));
   }
 
   void recv(const CommCall& c, const Op& op) override {
-    Mailbox& m = g->mailbox(c.peer, rank);
+    Mailbox& m = g->mailbox(c.peer, rank());
     const uint64_t k = c.seq;
     if (m.posted.load() < k) {
       g->wait([&] { return m.posted.load() >= k; }, op.dl, [&] { return context(op); },
@@ -514,7 +512,7 @@ class HostEngine final : public detail::OrderedEngine {
       std::memcpy(c.out.data_ptr(), m.ptr, static_cast<size_t>(c.count) * dtype_size(c.dtype));
     }
     const bool ok = m.matched;
-    std::string msg = ok ? std::string() : p2p_mismatch(m, c.peer, rank, k);
+    std::string msg = ok ? std::string() : p2p_mismatch(m, c.peer, rank(), k);
     m.taken.store(k);
     g->notify();
     if (!ok) throw CommError(msg);
@@ -526,7 +524,7 @@ class HostEngine final : public detail::OrderedEngine {
     // CallSig::matches ignores the colour, which legitimately differs between ranks.
     enter(op.sig, nullptr, nullptr, key, op);
     const int n = g->size();
-    Slot& me = g->slot(rank);
+    Slot& me = g->slot(rank());
     std::vector<std::pair<int, int>> members;  // (key, old rank)
     for (int j = 0; j < n; ++j) {
       if (color >= 0 && g->slot(j).desc.sig.color == color) {
@@ -540,9 +538,9 @@ class HostEngine final : public detail::OrderedEngine {
     if (color >= 0) {
       leader = members.front().second;
       for (size_t i = 0; i < members.size(); ++i) {
-        if (members[i].second == rank) new_rank = static_cast<int>(i);
+        if (members[i].second == rank()) new_rank = static_cast<int>(i);
       }
-      if (leader == rank) {
+      if (leader == rank()) {
         me.split_out =
             HostGroup::create(static_cast<int>(members.size()), name, g->family_ptr(), g->config());
         publish_progress(seq, 1);
@@ -553,7 +551,7 @@ class HostEngine final : public detail::OrderedEngine {
       }
     }
     leave(seq, op);
-    if (leader == rank) me.split_out.reset();  // every member has its copy now
+    if (leader == rank()) me.split_out.reset();  // every member has its copy now
     if (!ng) return nullptr;
     return make_host_communicator(ng, new_rank, dev);
   }

@@ -37,8 +37,9 @@ struct WorldPlan {
   int world_size = 1;
   std::vector<RankPlacement> local;  // the ranks this process runs
   CommConfig config;
-  // Processes: the all-gather among them, for exchanges at initialisation (outlives the
-  // factory's communicators' creation). Threads: nullptr.
+  // Process launches: the all-gather among the processes, for the backend's exchanges at
+  // initialisation (it lives as long as the launch). nullptr for threads and for a lone
+  // torchrun-style process.
   BootstrapTransport* transport = nullptr;
   // "2 ranks as threads on cpu", "rank 1 of 4 as mpi-processes on cuda".
   std::string str() const;

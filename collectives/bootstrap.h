@@ -1,47 +1,35 @@
 // Bootstrap: the one entry point that decides from the environment how ranks are laid out
-// (threads of this process, or one process per rank) and creates their world communicators.
+// (threads of this process, or one process per rank), picks a registered collective backend and
+// creates their world communicators.
 #pragma once
 
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "collectives/backend_registry.h"
 #include "collectives/communicator.h"
 #include "runtime/device.h"
 
 namespace meshrt {
 
-enum class LaunchKind : uint8_t {
-  Threads,       // ranks are threads of this process, one per entry of --devices
-  MpiProcesses,  // mpirun / srun: one rank per process, MPI provides rank and size
-  EnvProcesses,  // torchrun-style RANK / WORLD_SIZE / LOCAL_RANK with a file rendezvous
-};
-const char* launch_kind_name(LaunchKind k);
-
 struct LaunchOptions {
   // Thread launches: one rank per device ("cpu:4", "cuda:0-7"). Process launches: the device
   // kind, or a list indexed by local rank ("cuda" means cuda:<local rank>).
   std::string devices = "cpu";
-  // auto: host for CPU threads, mpi for CPU processes, nccl for CUDA devices.
+  // A registered backend's name (collectives/backend_registry.h), or auto: the highest-priority
+  // backend that serves the launch (host for CPU threads, mpi for CPU processes, nccl for CUDA).
   std::string backend = "auto";
   CommConfig config = CommConfig::from_env();
-};
-
-struct RankPlacement {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;  // among the ranks on this node (processes: from a hostname hash)
-  int local_size = 1;
-  Device device;
 };
 
 class Launch {
  public:
   virtual ~Launch() = default;
   virtual LaunchKind kind() const = 0;
-  virtual CommBackend backend() const = 0;
+  // The registered name of the collective backend its communicators use.
+  virtual const std::string& backend() const = 0;
   virtual int world_size() const = 0;
   // The ranks this process runs: all of them for threads, one for processes.
   virtual const std::vector<RankPlacement>& local() const = 0;
@@ -64,14 +52,5 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts = {});
 
 // MESHRT_RENDEZVOUS=file:///shared/dir -> "/shared/dir"; "" when unset; throws on other forms.
 std::string rendezvous_dir_from_env();
-
-// Exchanges one small blob per rank through a directory every rank can see: rank r writes
-// <dir>/meshrt.<run>.<key>.<r> atomically (temporary file + rename), then polls with backoff
-// until all `world` files exist or `timeout_s` passes; on timeout throws CommError naming the
-// ranks whose files never appeared. `run` (MESHRT_RUN_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID by
-// default) keeps separate jobs in one directory apart. Returns the blobs in rank order.
-std::vector<std::string> file_rendezvous_allgather(const std::string& dir, const std::string& key,
-                                                   int rank, int world, const std::string& mine,
-                                                   double timeout_s, const std::string& run = "");
 
 }  // namespace meshrt

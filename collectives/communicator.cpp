@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "collectives/comm_detail.h"
+#include "collectives/comm_impl.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/ranges.h"
@@ -68,25 +69,6 @@ CommOp parse_comm_op(std::string_view s) {
               << "': use one of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all");
 }
 
-const char* comm_backend_name(CommBackend b) {
-  switch (b) {
-    case CommBackend::Host:
-      return "host";
-    case CommBackend::Mpi:
-      return "mpi";
-    case CommBackend::Nccl:
-      return "nccl";
-  }
-  return "?";
-}
-
-CommBackend parse_comm_backend(std::string_view s) {
-  if (s == "host") return CommBackend::Host;
-  if (s == "mpi") return CommBackend::Mpi;
-  if (s == "nccl") return CommBackend::Nccl;
-  MESHRT_FAIL("unknown communication backend '" << s << "': use host, mpi or nccl");
-}
-
 bool comm_dtype_supported(DType dt, bool reduction) {
   switch (dt) {
     case DType::f32:
@@ -118,11 +100,11 @@ CommConfig CommConfig::from_env() {
   return c;
 }
 
-std::string Communicator::Call::str() const {
+std::string CommCall::str() const {
   return detail::CallSig::make(op, dtype, redop, count, root, seq).str();
 }
 
-int64_t Communicator::Call::bytes() const {
+int64_t CommCall::bytes() const {
   switch (op) {
     case CommOp::AllGather:
     case CommOp::Recv:
@@ -135,13 +117,26 @@ int64_t Communicator::Call::bytes() const {
   }
 }
 
-Communicator::Communicator(int rank, int size, std::string name, Device device, CommConfig config)
-    : rank_(rank), size_(size), name_(std::move(name)), device_(device), config_(config) {
+CommImpl::~CommImpl() = default;
+
+Communicator::Communicator(int rank, int size, std::string name, Device device, CommConfig config,
+                           std::unique_ptr<CommImpl> impl)
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      device_(device),
+      config_(config),
+      impl_(std::move(impl)) {
   MESHRT_CHECK(size >= 1 && rank >= 0 && rank < size,
                "communicator '" << name_ << "': rank " << rank << " outside [0, " << size << ")");
+  MESHRT_CHECK(impl_ != nullptr, "communicator '" << name_ << "' has no backend implementation");
 }
 
 Communicator::~Communicator() = default;
+
+std::string_view Communicator::backend() const { return impl_->backend(); }
+bool Communicator::aborted() const { return impl_->aborted(); }
+std::string Communicator::abort_reason() const { return impl_->abort_reason(); }
 
 void Communicator::check_tensor(const char* what, const char* role, const Tensor& t,
                                 bool reduction) const {
@@ -156,9 +151,9 @@ void Communicator::check_tensor(const char* what, const char* role, const Tensor
                                        << " is not contiguous; call contiguous() first");
   Device d = t.device();
   MESHRT_CHECK(d.type == device_.type && (d.is_cpu() || d.index == device_.index),
-               what << " on group '" << name_ << "' (" << comm_backend_name(backend())
-                    << " backend, rank " << rank_ << " on " << device_.str() << "): " << role << " "
-                    << t.str() << " is on the wrong device");
+               what << " on group '" << name_ << "' (" << backend() << " backend, rank " << rank_
+                    << " on " << device_.str() << "): " << role << " " << t.str()
+                    << " is on the wrong device");
 }
 
 namespace {
@@ -172,7 +167,7 @@ bool overlaps(const char* a, size_t na, const char* b, size_t nb) {
 
 }  // namespace
 
-Event Communicator::submit(Call call, Stream& stream, const EventList& after) {
+Event Communicator::submit(CommCall& call, Stream& stream, const EventList& after) {
   Device sd = stream.device();
   MESHRT_CHECK(sd.type == device_.type, comm_op_name(call.op)
                                             << " on group '" << name_ << "': stream '"
@@ -197,9 +192,9 @@ Event Communicator::submit(Call call, Stream& stream, const EventList& after) {
   // Profiler range around the issue (NVTX in CUDA builds): "all_reduce world/tp" with the bytes;
   // the name is built only when ranges go somewhere.
   std::optional<ranges::Scoped> range;
-  if (open_ranges_ && ranges::enabled())
+  if (ranges::enabled() && impl_->opens_ranges())
     range.emplace(std::string(comm_op_name(call.op)) + " " + name_, uint64_t(call.bytes()));
-  issue(std::move(call), stream);
+  impl_->issue(std::move(call), stream);
   return stream.record();
 }
 
@@ -218,7 +213,7 @@ Event Communicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,
   MESHRT_CHECK(in.numel() == out.numel(), "all_reduce on group '"
                                               << name_ << "': input has " << in.numel()
                                               << " elements but output has " << out.numel());
-  Call c;
+  CommCall c;
   c.op = CommOp::AllReduce;
   c.dtype = in.dtype();
   c.redop = op;
@@ -229,7 +224,7 @@ Event Communicator::all_reduce(const Tensor& in, const Tensor& out, ReduceOp op,
       "all_reduce on group '" << name_ << "': input and output overlap without being the same");
   c.in = in;
   c.out = out;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 Event Communicator::all_gather(const Tensor& in, const Tensor& out, Stream& stream,
@@ -243,7 +238,7 @@ Event Communicator::all_gather(const Tensor& in, const Tensor& out, Stream& stre
                "all_gather on group '" << name_ << "': output has " << out.numel()
                                        << " elements but needs size " << size_ << " x input "
                                        << in.numel() << " = " << in.numel() * size_);
-  Call c;
+  CommCall c;
   c.op = CommOp::AllGather;
   c.dtype = in.dtype();
   c.count = in.numel();
@@ -256,7 +251,7 @@ Event Communicator::all_gather(const Tensor& in, const Tensor& out, Stream& stre
                                        << rank_ << ")");
   c.in = in;
   c.out = out;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 Event Communicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, Stream& stream,
@@ -270,7 +265,7 @@ Event Communicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp
                "reduce_scatter on group '" << name_ << "': input has " << in.numel()
                                            << " elements but needs size " << size_ << " x output "
                                            << out.numel() << " = " << out.numel() * size_);
-  Call c;
+  CommCall c;
   c.op = CommOp::ReduceScatter;
   c.dtype = in.dtype();
   c.redop = op;
@@ -284,7 +279,7 @@ Event Communicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp
                                            << rank_ << ")");
   c.in = in;
   c.out = out;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 Event Communicator::broadcast(const Tensor& t, int root, Stream& stream, const EventList& after) {
@@ -301,7 +296,7 @@ Event Communicator::broadcast(const Tensor& in, const Tensor& out, int root, Str
   MESHRT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel(),
                "broadcast on group '" << name_ << "': input " << in.str() << " and output "
                                       << out.str() << " differ in dtype or element count");
-  Call c;
+  CommCall c;
   c.op = CommOp::Broadcast;
   c.dtype = in.dtype();
   c.count = in.numel();
@@ -312,7 +307,7 @@ Event Communicator::broadcast(const Tensor& in, const Tensor& out, int root, Str
       "broadcast on group '" << name_ << "': input and output overlap without being the same");
   c.in = in;
   c.out = out;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 Event Communicator::all_to_all(const Tensor& in, const Tensor& out, Stream& stream,
@@ -325,7 +320,7 @@ Event Communicator::all_to_all(const Tensor& in, const Tensor& out, Stream& stre
   MESHRT_CHECK(in.numel() % size_ == 0, "all_to_all on group '" << name_ << "': " << in.numel()
                                                                 << " elements do not split into "
                                                                 << size_ << " equal blocks");
-  Call c;
+  CommCall c;
   c.op = CommOp::AllToAll;
   c.dtype = in.dtype();
   c.count = in.numel() / size_;
@@ -335,7 +330,7 @@ Event Communicator::all_to_all(const Tensor& in, const Tensor& out, Stream& stre
       "all_to_all on group '" << name_ << "': input and output overlap without being the same");
   c.in = in;
   c.out = out;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 Event Communicator::send(const Tensor& t, int peer, Stream& stream, const EventList& after) {
@@ -343,13 +338,13 @@ Event Communicator::send(const Tensor& t, int peer, Stream& stream, const EventL
                "send on group '" << name_ << "' from rank " << rank_ << ": peer " << peer
                                  << " must be another rank in [0, " << size_ << ")");
   check_tensor("send", "tensor", t, false);
-  Call c;
+  CommCall c;
   c.op = CommOp::Send;
   c.dtype = t.dtype();
   c.count = t.numel();
   c.peer = peer;
   c.in = t;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 Event Communicator::recv(const Tensor& t, int peer, Stream& stream, const EventList& after) {
@@ -357,19 +352,19 @@ Event Communicator::recv(const Tensor& t, int peer, Stream& stream, const EventL
                "recv on group '" << name_ << "' at rank " << rank_ << ": peer " << peer
                                  << " must be another rank in [0, " << size_ << ")");
   check_tensor("recv", "tensor", t, false);
-  Call c;
+  CommCall c;
   c.op = CommOp::Recv;
   c.dtype = t.dtype();
   c.count = t.numel();
   c.peer = peer;
   c.out = t;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 Event Communicator::barrier(Stream& stream, const EventList& after) {
-  Call c;
+  CommCall c;
   c.op = CommOp::Barrier;
-  return submit(std::move(c), stream, after);
+  return submit(c, stream, after);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {
@@ -380,10 +375,10 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
   uint64_t seq = next_seq_.fetch_add(1);
   std::string n = name;
   if (n.empty() && color >= 0) n = name_ + "/split" + std::to_string(color);
-  return do_split(color < 0 ? kNoColor : color, key, n, seq);
+  return impl_->split(color < 0 ? kNoColor : color, key, n, seq);
 }
 
-void Communicator::abort(const std::string& reason) { do_abort(reason); }
+void Communicator::abort(const std::string& reason) { impl_->abort(reason); }
 
 void Communicator::wait_idle() {
   std::unordered_map<int, uint64_t> sent, received;
@@ -392,7 +387,7 @@ void Communicator::wait_idle() {
     sent = send_seq_;
     received = recv_seq_;
   }
-  wait_issued(next_seq_.load() - 1, sent, received);
+  impl_->wait_issued(next_seq_.load() - 1, sent, received);
 }
 
 }  // namespace meshrt

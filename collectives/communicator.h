@@ -37,10 +37,6 @@ const char* comm_op_name(CommOp op);  // "all_reduce", ...
 // Parses all_reduce|all_gather|reduce_scatter|broadcast|all_to_all (also without '_').
 CommOp parse_comm_op(std::string_view s);
 
-enum class CommBackend : uint8_t { Host = 0, Mpi, Nccl };
-const char* comm_backend_name(CommBackend b);  // "host", "mpi", "nccl"
-CommBackend parse_comm_backend(std::string_view s);
-
 // Whether `dt` can be carried by collectives (f32, bf16, f16, i32, i64; u8 for data movement only).
 bool comm_dtype_supported(DType dt, bool reduction);
 
@@ -56,6 +52,11 @@ struct CommConfig {
 };
 
 using EventList = std::vector<Event>;
+
+// What a backend implements behind a Communicator, and the calls it receives
+// (collectives/comm_impl.h).
+class CommImpl;
+struct CommCall;
 
 // Colour that makes split() return no communicator for the calling rank.
 constexpr int kNoColor = -1;
@@ -75,6 +76,9 @@ constexpr int kNoColor = -1;
 // rank exchanging with a peer posts its send and its recv on different streams.
 class Communicator {
  public:
+  // Made by a backend (collectives/comm_impl.h) or by a wrapper around another communicator.
+  Communicator(int rank, int size, std::string name, Device device, CommConfig config,
+               std::unique_ptr<CommImpl> impl);
   virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -84,7 +88,8 @@ class Communicator {
   // The group's name in messages and logs: "world", "world/tp", ...
   const std::string& name() const { return name_; }
   Device device() const { return device_; }
-  virtual CommBackend backend() const = 0;
+  // The backend's registered name: "host", "mpi", "nccl", ...
+  std::string_view backend() const;
   const CommConfig& config() const { return config_; }
   // Sequence number the next collective on this communicator will carry (starts at 1).
   uint64_t next_seq() const { return next_seq_.load(); }
@@ -124,51 +129,14 @@ class Communicator {
   // pending and later operations raise CommError with `reason`. Safe from any thread.
   void abort(const std::string& reason = "aborted by the application");
   // Whether this communicator was aborted (by abort(), a watchdog timeout or an error), and why.
-  virtual bool aborted() const = 0;
-  virtual std::string abort_reason() const = 0;
+  bool aborted() const;
+  std::string abort_reason() const;
 
   // Blocks until every operation issued so far on this communicator has finished on this rank.
   void wait_idle();
 
- protected:
-  // One validated call. `count` is the per-rank element count the ranks must agree on:
-  // all_reduce / broadcast: numel; all_gather: input numel; reduce_scatter: output numel;
-  // all_to_all: block numel; send / recv: numel.
-  struct Call {
-    CommOp op = CommOp::Barrier;
-    DType dtype = DType::f32;
-    ReduceOp redop = ReduceOp::Sum;
-    int64_t count = 0;
-    int root = -1;  // broadcast root
-    int peer = -1;  // send / recv peer
-    bool in_place = false;
-    Tensor in, out;
-    // Collectives: the group's sequence number (also their execution order on each rank).
-    // send / recv: the number of this message between the pair, in that direction.
-    uint64_t seq = 0;
-    std::string str() const;  // "all_reduce(f32, count=8, sum)"
-    // Bytes of this rank's side of the call: the output for all_gather and recv (the gathered
-    // tensor), the input otherwise; 0 for barrier and split.
-    int64_t bytes() const;
-  };
-
-  Communicator(int rank, int size, std::string name, Device device, CommConfig config);
-
-  // Enqueues the call's work on `stream` (the base has already ordered `stream` after `after`).
-  virtual void issue(Call call, Stream& stream) = 0;
-  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
-                                                 uint64_t seq) = 0;
-  virtual void do_abort(const std::string& reason) = 0;
-  // Blocks until collectives 1..coll_seq and, per peer, messages 1..n sent / received finished
-  // on this rank.
-  virtual void wait_issued(uint64_t coll_seq, const std::unordered_map<int, uint64_t>& sent,
-                           const std::unordered_map<int, uint64_t>& received) = 0;
-  // A communicator that forwards every call to another one sets this false, so each call opens
-  // one profiler range (runtime/ranges.h), in the communicator that does the work.
-  bool open_ranges_ = true;
-
  private:
-  Event submit(Call call, Stream& stream, const EventList& after);
+  Event submit(CommCall& call, Stream& stream, const EventList& after);
   void check_tensor(const char* what, const char* role, const Tensor& t, bool reduction) const;
 
   int rank_;
@@ -176,6 +144,7 @@ class Communicator {
   std::string name_;
   Device device_;
   CommConfig config_;
+  std::unique_ptr<CommImpl> impl_;
   std::atomic<uint64_t> next_seq_{1};
   std::mutex p2p_mu_;
   std::unordered_map<int, uint64_t> send_seq_, recv_seq_;

@@ -17,8 +17,10 @@
 #endif
 #include <sched.h>
 
+#include "collectives/backend_registry.h"
 #include "collectives/comm_detail.h"
 #include "collectives/host_reduce.h"
+#include "collectives/ordered_comm.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -28,6 +30,7 @@ namespace {
 
 using detail::CallSig;
 using detail::Deadline;
+using detail::Op;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -249,413 +252,336 @@ std::string ranks_where(int n, const std::function<bool(int)>& pred) {
   return r.empty() ? std::string() : detail::format_ranks(r);
 }
 
-// The running call as messages name it, formatted only when a message is needed (formatting on
-// every call would cost a noticeable share of a small collective).
-struct CallName {
-  CallSig sig;
-  int peer = -1;  // send / recv
-  bool send = false;
-  std::string str() const {
-    std::string s = sig.str();
-    if (peer >= 0) {
-      s += (send ? " to rank " : " from rank ") + std::to_string(peer) + " (#" +
-           std::to_string(sig.seq) + ")";
-    }
-    return s;
-  }
-};
-
-class HostComm final : public Communicator {
+// One rank's side of a host group: the ops, on the shared slots and mailboxes.
+class HostEngine final : public detail::OrderedEngine {
  public:
-  HostComm(std::shared_ptr<HostGroup> g, int rank, Device dev)
-      : Communicator(rank, g->size(), g->name(), dev, g->config()),
-        e_(std::make_shared<Engine>(std::move(g), rank, dev)) {}
+  HostEngine(std::shared_ptr<HostGroup> group, int r, Device d)
+      : OrderedEngine(r, group->size(), group->name(), group->config()),
+        g(std::move(group)),
+        dev(d) {}
 
-  CommBackend backend() const override { return CommBackend::Host; }
-  bool aborted() const override { return e_->g->family().aborted(); }
-  std::string abort_reason() const override { return e_->g->family().reason(); }
-
- protected:
-  void issue(Call call, Stream& stream) override {
-    std::shared_ptr<Engine> e = e_;
-    stream.enqueue([e, c = std::move(call)] { e->run(c); });
-  }
-  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
-                                         uint64_t seq) override {
-    return e_->split(color, key, name, seq);
-  }
-  void do_abort(const std::string& reason) override {
-    e_->g->family().abort("rank " + std::to_string(rank()) + " of group '" + name() +
-                          "': " + reason);
-  }
-  void wait_issued(uint64_t coll_seq, const std::unordered_map<int, uint64_t>& sent,
-                   const std::unordered_map<int, uint64_t>& received) override {
-    e_->orders.wait_issued(coll_seq, sent, received);
-  }
+  std::string_view backend() const override { return "host"; }
+  bool aborted() const override { return g->family().aborted(); }
+  std::string abort_reason() const override { return g->family().reason(); }
+  void abort_group(const std::string& why) override { g->family().abort(why); }
 
  private:
-  // The rank's side of the group, shared with the work enqueued on streams.
-  struct Engine {
-    Engine(std::shared_ptr<HostGroup> group, int r, Device d)
-        : g(std::move(group)), rank(r), dev(d) {}
+  std::shared_ptr<HostGroup> g;
+  Device dev;
+  std::vector<char> scratch;  // staging for in-place all_to_all
 
-    std::shared_ptr<HostGroup> g;
-    int rank;
-    Device dev;
-    detail::OrderBook orders;
-    std::vector<char> scratch;  // staging for in-place all_to_all
+  void barrier(const CommCall& c, const Op& op) override {
+    enter(op.sig, nullptr, nullptr, 0, op);
+    leave(c.seq, op);
+  }
 
-    std::string context(const CallName& call, uint64_t seq) const {
-      return call.str() + " on group '" + g->name() + "' (seq " + std::to_string(seq) + ", rank " +
-             std::to_string(rank) + ")";
-    }
-
-    std::string timeout(const CallName& call, uint64_t seq, const std::string& missing) const {
-      return detail::timeout_message(call.str(), g->name(), seq, rank, g->config().timeout_s,
-                                     missing);
-    }
-
-    void take_turn(detail::TicketOrder& order, const CallName& call, uint64_t seq,
-                   const Deadline& dl) {
-      if (!order.wait_turn(seq, dl)) {
-        std::string msg = timeout(call, seq,
-                                  "an earlier operation on this communicator never finished on "
-                                  "this rank (is its stream blocked?)");
-        g->family().abort(msg);
-        throw CommError(msg);
+  // Publishes this rank's call and waits until every rank entered the same collective; then
+  // compares the calls (always: it costs nothing here, and a mismatch would read out of bounds).
+  void enter(const CallSig& sig, const void* in, void* out, int key, const Op& op) {
+    const uint64_t seq = static_cast<uint64_t>(sig.seq);
+    const int n = g->size();
+    Slot& me = g->slot(rank());
+    me.desc.sig = sig;
+    me.desc.in = in;
+    me.desc.out = out;
+    me.desc.key = key;
+    me.arrived.store(seq);
+    g->notify();
+    auto all_arrived = [&] {
+      for (int j = 0; j < n; ++j) {
+        if (g->slot(j).arrived.load() < seq) return false;
       }
+      return true;
+    };
+    if (!all_arrived()) {
+      g->wait(
+          all_arrived, op.dl, [&] { return context(op); },
+          [&] {
+            std::string who =
+                ranks_where(n, [&](int j) { return g->slot(j).arrived.load() < seq; });
+            return timeout(op, who + " never arrived");
+          });
     }
+    std::vector<CallSig> sigs(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) sigs[static_cast<size_t>(j)] = g->slot(j).desc.sig;
+    std::string mm = detail::mismatch_message(g->name(), sigs);
+    if (!mm.empty()) {
+      // Everyone sees the same calls and fails the same way; leave together so that the next
+      // collective starts from a clean state.
+      leave(seq, op);
+      throw CommError(mm);
+    }
+  }
 
-    void run(const Call& c) {
-      Deadline dl = Deadline::after(g->config().timeout_s);
-      const CallName call{sig_of(c), c.peer, c.op == CommOp::Send};
-      detail::TicketOrder& order = orders.order(c.op, c.peer);
-      take_turn(order, call, c.seq, dl);
-      detail::TicketGuard guard(order, c.seq);
-      if (g->family().aborted()) g->throw_aborted(context(call, c.seq));
-      switch (c.op) {
-        case CommOp::AllReduce:
-          return all_reduce(c, call, dl);
-        case CommOp::AllGather:
-          return all_gather(c, call, dl);
-        case CommOp::ReduceScatter:
-          return reduce_scatter(c, call, dl);
-        case CommOp::Broadcast:
-          return broadcast(c, call, dl);
-        case CommOp::AllToAll:
-          return all_to_all(c, call, dl);
-        case CommOp::Send:
-          return send(c, call, dl);
-        case CommOp::Recv:
-          return recv(c, call, dl);
-        case CommOp::Barrier:
-          enter(sig_of(c), nullptr, nullptr, 0, call, dl);
-          return leave(c.seq, call, dl);
-        case CommOp::Split:
-          break;
+  // Waits until every rank finished this collective: after it, no rank reads our buffers.
+  void leave(uint64_t seq, const Op& op) {
+    const int n = g->size();
+    g->slot(rank()).left.store(seq);
+    g->notify();
+    auto all_left = [&] {
+      for (int j = 0; j < n; ++j) {
+        if (g->slot(j).left.load() < seq) return false;
       }
-      MESHRT_FAIL("host communicator: unexpected operation " << comm_op_name(c.op));
+      return true;
+    };
+    if (!all_left()) {
+      g->wait(
+          all_left, op.dl, [&] { return context(op); },
+          [&] {
+            std::string who = ranks_where(n, [&](int j) { return g->slot(j).left.load() < seq; });
+            return timeout(op, who + " did not finish");
+          });
     }
+  }
 
-    static CallSig sig_of(const Call& c) {
-      return CallSig::make(c.op, c.dtype, c.redop, c.count, c.root, c.seq);
-    }
+  void publish_progress(uint64_t seq, uint64_t steps) {
+    g->slot(rank()).progress.store((seq << kStepBits) | steps);
+    g->notify();
+  }
 
-    // Publishes this rank's call and waits until every rank entered the same collective; then
-    // compares the calls (always: it costs nothing here, and a mismatch would read out of bounds).
-    void enter(const CallSig& sig, const void* in, void* out, int key, const CallName& call,
-               const Deadline& dl) {
-      const uint64_t seq = static_cast<uint64_t>(sig.seq);
-      const int n = g->size();
-      Slot& me = g->slot(rank);
-      me.desc.sig = sig;
-      me.desc.in = in;
-      me.desc.out = out;
-      me.desc.key = key;
-      me.arrived.store(seq);
-      g->notify();
-      auto all_arrived = [&] {
-        for (int j = 0; j < n; ++j) {
-          if (g->slot(j).arrived.load() < seq) return false;
-        }
-        return true;
-      };
-      if (!all_arrived()) {
-        g->wait(
-            all_arrived, dl, [&] { return context(call, seq); },
+  void wait_progress(int j, uint64_t seq, uint64_t steps, const Op& op) {
+    const uint64_t want = (seq << kStepBits) | steps;
+    Slot& s = g->slot(j);
+    if (s.progress.load() >= want) return;
+    g->wait([&] { return s.progress.load() >= want; }, op.dl, [&] { return context(op); },
             [&] {
-              std::string who =
-                  ranks_where(n, [&](int j) { return g->slot(j).arrived.load() < seq; });
-              return timeout(call, seq, who + " never arrived");
+              return timeout(op, "rank " + std::to_string(j) +
+                                     " stalled inside the collective (step " +
+                                     std::to_string(steps) + ")");
             });
+  }
+
+  // Reduce-scatter fused with a push all-gather: rank r reduces slice r of the buffer, reading
+  // every rank's input in rank order 0..n-1, one L1-sized block at a time, and stores each
+  // reduced block into every rank's output. Every element is computed once, by one rank, so all
+  // ranks receive bit-identical results; each rank reads n slices and writes n slices, the same
+  // memory traffic as one memcpy of the buffer, with no step where ranks wait on each other
+  // between entering and leaving.
+  void all_reduce(const CommCall& c, const Op& op) override {
+    const int n = g->size();
+    const size_t es = dtype_size(c.dtype);
+    const int64_t N = c.count;
+    char* out = static_cast<char*>(c.out.data_ptr());
+    const char* in = static_cast<const char*>(c.in.data_ptr());
+    enter(op.sig, in, out, 0, op);
+    if (n == 1) {
+      if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
+      return leave(c.seq, op);
+    }
+    // Slices are whole cache lines so that no two ranks write the same line.
+    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
+    const int64_t part = ((N + n - 1) / n + align - 1) / align * align;
+    const int64_t lo = std::min(N, part * rank());
+    const int64_t hi = std::min(N, lo + part);
+    if (lo < hi) {
+      std::vector<const void*> srcs(static_cast<size_t>(n));
+      std::vector<void*> dsts(static_cast<size_t>(n));
+      uint64_t streaming = 0;
+      const bool big = static_cast<size_t>(N) * es >= kStreamingBytes;
+      for (int t = 0; t < n; ++t) {
+        const Desc& d = g->slot(t).desc;
+        srcs[static_cast<size_t>(t)] =
+            static_cast<const char*>(d.in) + lo * static_cast<int64_t>(es);
+        // Start with the next rank's output so that ranks do not all write the same one.
+        const int j = (rank() + 1 + t) % n;
+        const Desc& dj = g->slot(j).desc;
+        dsts[static_cast<size_t>(t)] = static_cast<char*>(dj.out) + lo * static_cast<int64_t>(es);
+        // An out-of-place output is not in any cache: skip its read-for-ownership. An in-place
+        // one was just read as input, so plain stores hit the cache.
+        if (big && dj.in != dj.out && t < 64) streaming |= uint64_t{1} << t;
       }
-      std::vector<CallSig> sigs(static_cast<size_t>(n));
-      for (int j = 0; j < n; ++j) sigs[static_cast<size_t>(j)] = g->slot(j).desc.sig;
-      std::string mm = detail::mismatch_message(g->name(), sigs);
-      if (!mm.empty()) {
-        // Everyone sees the same calls and fails the same way; leave together so that the next
-        // collective starts from a clean state.
-        leave(seq, call, dl);
-        throw CommError(mm);
+      detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts.data(), n, hi - lo, n,
+                                streaming);
+      if (streaming) detail::host_store_fence();
+    }
+    leave(c.seq, op);
+  }
+
+  void reduce_scatter(const CommCall& c, const Op& op) override {
+    const int n = g->size();
+    const size_t es = dtype_size(c.dtype);
+    const int64_t N = c.count;
+    char* out = static_cast<char*>(c.out.data_ptr());
+    const char* in = static_cast<const char*>(c.in.data_ptr());
+    enter(op.sig, in, out, 0, op);
+    if (N > 0) {
+      std::vector<const void*> srcs(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        srcs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in) +
+                                       static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
+      }
+      detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, N, n);
+    }
+    leave(c.seq, op);
+  }
+
+  void all_gather(const CommCall& c, const Op& op) override {
+    const int n = g->size();
+    const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+    char* out = static_cast<char*>(c.out.data_ptr());
+    const char* in = static_cast<const char*>(c.in.data_ptr());
+    enter(op.sig, in, out, 0, op);
+    if (bytes > 0) {
+      for (int t = 0; t < n; ++t) {
+        const int j = (rank() + t) % n;
+        char* dst = out + static_cast<size_t>(j) * bytes;
+        const char* src = j == rank() ? in : static_cast<const char*>(g->slot(j).desc.in);
+        if (dst != src) std::memcpy(dst, src, bytes);
       }
     }
+    leave(c.seq, op);
+  }
 
-    // Waits until every rank finished this collective: after it, no rank reads our buffers.
-    void leave(uint64_t seq, const CallName& call, const Deadline& dl) {
-      const int n = g->size();
-      g->slot(rank).left.store(seq);
-      g->notify();
-      auto all_left = [&] {
-        for (int j = 0; j < n; ++j) {
-          if (g->slot(j).left.load() < seq) return false;
-        }
-        return true;
-      };
-      if (!all_left()) {
-        g->wait(
-            all_left, dl, [&] { return context(call, seq); },
-            [&] {
-              std::string who = ranks_where(n, [&](int j) { return g->slot(j).left.load() < seq; });
-              return timeout(call, seq, who + " did not finish");
-            });
+  void broadcast(const CommCall& c, const Op& op) override {
+    const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+    char* out = static_cast<char*>(c.out.data_ptr());
+    const char* in = static_cast<const char*>(c.in.data_ptr());
+    enter(op.sig, in, out, 0, op);
+    if (bytes > 0) {
+      const char* src = rank() == c.root ? in : static_cast<const char*>(g->slot(c.root).desc.in);
+      if (src != out) std::memcpy(out, src, bytes);
+    }
+    leave(c.seq, op);
+  }
+
+  void all_to_all(const CommCall& c, const Op& op) override {
+    const int n = g->size();
+    const size_t block = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+    char* out = static_cast<char*>(c.out.data_ptr());
+    const char* in = static_cast<const char*>(c.in.data_ptr());
+    if (c.in_place && n > 1 && block > 0) {
+      // Peers read our blocks while we overwrite them: publish a staged copy instead.
+      scratch.resize(block * static_cast<size_t>(n));
+      std::memcpy(scratch.data(), in, scratch.size());
+      in = scratch.data();
+    }
+    enter(op.sig, in, out, 0, op);
+    if (block > 0) {
+      for (int t = 0; t < n; ++t) {
+        const int j = (rank() + t) % n;
+        const char* src = (j == rank() ? in : static_cast<const char*>(g->slot(j).desc.in)) +
+                          static_cast<size_t>(rank()) * block;
+        char* dst = out + static_cast<size_t>(j) * block;
+        if (dst != src) std::memcpy(dst, src, block);
       }
     }
+    leave(c.seq, op);
+  }
 
-    void publish_progress(uint64_t seq, uint64_t steps) {
-      g->slot(rank).progress.store((seq << kStepBits) | steps);
-      g->notify();
-    }
+  std::string p2p_mismatch(const Mailbox& m, int sender, int receiver, uint64_t k) const {
+    std::ostringstream os;
+    os << "send/recv mismatch on group '" << g->name() << "': rank " << sender << " sends "
+       << dtype_name(m.dtype) << " count=" << m.count << " to rank " << receiver << " (message #"
+       << k << " between them) but rank " << receiver << " receives " << dtype_name(m.want_dtype)
+       << " count=" << m.want_count;
+    return os.str();
+  }
 
-    void wait_progress(int j, uint64_t seq, uint64_t steps, const CallName& call,
-                       const Deadline& dl) {
-      const uint64_t want = (seq << kStepBits) | steps;
-      Slot& s = g->slot(j);
-      if (s.progress.load() >= want) return;
-      g->wait([&] { return s.progress.load() >= want; }, dl, [&] { return context(call, seq); },
+  void send(const CommCall& c, const Op& op) override {
+    Mailbox& m = g->mailbox(rank(), c.peer);
+    const uint64_t k = c.seq;
+    m.ptr = c.in.data_ptr();
+    m.count = c.count;
+    m.dtype = c.dtype;
+    m.posted.store(k);
+    g->notify();
+    if (m.taken.load() < k) {
+      g->wait([&] { return m.taken.load() >= k; }, op.dl, [&] { return context(op); },
               [&] {
-                return timeout(call, seq,
-                               "rank " + std::to_string(j) +
-                                   " stalled inside the collective (step " + std::to_string(steps) +
-                                   ")");
+                return timeout(
+                    op, "rank " + std::to_string(c.peer) + " never posted the matching recv");
               });
     }
+    if (!m.matched) throw CommError(p2p_mismatch(m, rank(), c.peer, k));
+  }
 
-    // Reduce-scatter fused with a push all-gather: rank r reduces slice r of the buffer, reading
-    // every rank's input in rank order 0..n-1, one L1-sized block at a time, and stores each
-    // reduced block into every rank's output. Every element is computed once, by one rank, so all
-    // ranks receive bit-identical results; each rank reads n slices and writes n slices, the same
-    // memory traffic as one memcpy of the buffer, with no step where ranks wait on each other
-    // between entering and leaving.
-    void all_reduce(const Call& c, const CallName& call, const Deadline& dl) {
-      const int n = g->size();
-      const size_t es = dtype_size(c.dtype);
-      const int64_t N = c.count;
-      char* out = static_cast<char*>(c.out.data_ptr());
-      const char* in = static_cast<const char*>(c.in.data_ptr());
-      enter(sig_of(c), in, out, 0, call, dl);
-      if (n == 1) {
-        if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
-        return leave(c.seq, call, dl);
-      }
-      // Slices are whole cache lines so that no two ranks write the same line.
-      const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
-      const int64_t part = ((N + n - 1) / n + align - 1) / align * align;
-      const int64_t lo = std::min(N, part * rank);
-      const int64_t hi = std::min(N, lo + part);
-      if (lo < hi) {
-        std::vector<const void*> srcs(static_cast<size_t>(n));
-        std::vector<void*> dsts(static_cast<size_t>(n));
-        uint64_t streaming = 0;
-        const bool big = static_cast<size_t>(N) * es >= kStreamingBytes;
-        for (int t = 0; t < n; ++t) {
-          const Desc& d = g->slot(t).desc;
-          srcs[static_cast<size_t>(t)] =
-              static_cast<const char*>(d.in) + lo * static_cast<int64_t>(es);
-          // Start with the next rank's output so that ranks do not all write the same one.
-          const int j = (rank + 1 + t) % n;
-          const Desc& dj = g->slot(j).desc;
-          dsts[static_cast<size_t>(t)] = static_cast<char*>(dj.out) + lo * static_cast<int64_t>(es);
-          // An out-of-place output is not in any cache: skip its read-for-ownership. An in-place
-          // one was just read as input, so plain stores hit the cache.
-          if (big && dj.in != dj.out && t < 64) streaming |= uint64_t{1} << t;
-        }
-        detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts.data(), n, hi - lo, n,
-                                  streaming);
-        if (streaming) detail::host_store_fence();
-      }
-      leave(c.seq, call, dl);
+  void recv(const CommCall& c, const Op& op) override {
+    Mailbox& m = g->mailbox(c.peer, rank());
+    const uint64_t k = c.seq;
+    if (m.posted.load() < k) {
+      g->wait([&] { return m.posted.load() >= k; }, op.dl, [&] { return context(op); },
+              [&] {
+                return timeout(
+                    op, "rank " + std::to_string(c.peer) + " never posted the matching send");
+              });
     }
-
-    void reduce_scatter(const Call& c, const CallName& call, const Deadline& dl) {
-      const int n = g->size();
-      const size_t es = dtype_size(c.dtype);
-      const int64_t N = c.count;
-      char* out = static_cast<char*>(c.out.data_ptr());
-      const char* in = static_cast<const char*>(c.in.data_ptr());
-      enter(sig_of(c), in, out, 0, call, dl);
-      if (N > 0) {
-        std::vector<const void*> srcs(static_cast<size_t>(n));
-        for (int j = 0; j < n; ++j) {
-          srcs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in) +
-                                         static_cast<size_t>(rank) * static_cast<size_t>(N) * es;
-        }
-        detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, N, n);
-      }
-      leave(c.seq, call, dl);
+    m.want_count = c.count;
+    m.want_dtype = c.dtype;
+    m.matched = m.count == c.count && m.dtype == c.dtype;
+    if (m.matched && c.count > 0) {
+      std::memcpy(c.out.data_ptr(), m.ptr, static_cast<size_t>(c.count) * dtype_size(c.dtype));
     }
+    const bool ok = m.matched;
+    std::string msg = ok ? std::string() : p2p_mismatch(m, c.peer, rank(), k);
+    m.taken.store(k);
+    g->notify();
+    if (!ok) throw CommError(msg);
+  }
 
-    void all_gather(const Call& c, const CallName& call, const Deadline& dl) {
-      const int n = g->size();
-      const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-      char* out = static_cast<char*>(c.out.data_ptr());
-      const char* in = static_cast<const char*>(c.in.data_ptr());
-      enter(sig_of(c), in, out, 0, call, dl);
-      if (bytes > 0) {
-        for (int t = 0; t < n; ++t) {
-          const int j = (rank + t) % n;
-          char* dst = out + static_cast<size_t>(j) * bytes;
-          const char* src = j == rank ? in : static_cast<const char*>(g->slot(j).desc.in);
-          if (dst != src) std::memcpy(dst, src, bytes);
-        }
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name,
+                                      const Op& op) override {
+    const uint64_t seq = op.seq();
+    // CallSig::matches ignores the colour, which legitimately differs between ranks.
+    enter(op.sig, nullptr, nullptr, key, op);
+    const int n = g->size();
+    Slot& me = g->slot(rank());
+    std::vector<std::pair<int, int>> members;  // (key, old rank)
+    for (int j = 0; j < n; ++j) {
+      if (color >= 0 && g->slot(j).desc.sig.color == color) {
+        members.push_back({g->slot(j).desc.key, j});
       }
-      leave(c.seq, call, dl);
     }
-
-    void broadcast(const Call& c, const CallName& call, const Deadline& dl) {
-      const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-      char* out = static_cast<char*>(c.out.data_ptr());
-      const char* in = static_cast<const char*>(c.in.data_ptr());
-      enter(sig_of(c), in, out, 0, call, dl);
-      if (bytes > 0) {
-        const char* src = rank == c.root ? in : static_cast<const char*>(g->slot(c.root).desc.in);
-        if (src != out) std::memcpy(out, src, bytes);
+    std::sort(members.begin(), members.end());
+    std::shared_ptr<HostGroup> ng;
+    int new_rank = -1;
+    int leader = -1;
+    if (color >= 0) {
+      leader = members.front().second;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (members[i].second == rank()) new_rank = static_cast<int>(i);
       }
-      leave(c.seq, call, dl);
+      if (leader == rank()) {
+        me.split_out =
+            HostGroup::create(static_cast<int>(members.size()), name, g->family_ptr(), g->config());
+        publish_progress(seq, 1);
+        ng = me.split_out;
+      } else {
+        wait_progress(leader, seq, 1, op);
+        ng = g->slot(leader).split_out;
+      }
     }
+    leave(seq, op);
+    if (leader == rank()) me.split_out.reset();  // every member has its copy now
+    if (!ng) return nullptr;
+    return make_host_communicator(ng, new_rank, dev);
+  }
 
-    void all_to_all(const Call& c, const CallName& call, const Deadline& dl) {
-      const int n = g->size();
-      const size_t block = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-      char* out = static_cast<char*>(c.out.data_ptr());
-      const char* in = static_cast<const char*>(c.in.data_ptr());
-      if (c.in_place && n > 1 && block > 0) {
-        // Peers read our blocks while we overwrite them: publish a staged copy instead.
-        scratch.resize(block * static_cast<size_t>(n));
-        std::memcpy(scratch.data(), in, scratch.size());
-        in = scratch.data();
-      }
-      enter(sig_of(c), in, out, 0, call, dl);
-      if (block > 0) {
-        for (int t = 0; t < n; ++t) {
-          const int j = (rank + t) % n;
-          const char* src = (j == rank ? in : static_cast<const char*>(g->slot(j).desc.in)) +
-                            static_cast<size_t>(rank) * block;
-          char* dst = out + static_cast<size_t>(j) * block;
-          if (dst != src) std::memcpy(dst, src, block);
-        }
-      }
-      leave(c.seq, call, dl);
-    }
-
-    std::string p2p_mismatch(const Mailbox& m, int sender, int receiver, uint64_t k) const {
-      std::ostringstream os;
-      os << "send/recv mismatch on group '" << g->name() << "': rank " << sender << " sends "
-         << dtype_name(m.dtype) << " count=" << m.count << " to rank " << receiver << " (message #"
-         << k << " between them) but rank " << receiver << " receives " << dtype_name(m.want_dtype)
-         << " count=" << m.want_count;
-      return os.str();
-    }
-
-    void send(const Call& c, const CallName& call, const Deadline& dl) {
-      Mailbox& m = g->mailbox(rank, c.peer);
-      const uint64_t k = c.seq;
-      m.ptr = c.in.data_ptr();
-      m.count = c.count;
-      m.dtype = c.dtype;
-      m.posted.store(k);
-      g->notify();
-      if (m.taken.load() < k) {
-        g->wait([&] { return m.taken.load() >= k; }, dl, [&] { return context(call, k); },
-                [&] {
-                  return timeout(
-                      call, k,
-                      "rank " + std::to_string(c.peer) + " never posted the matching recv");
-                });
-      }
-      if (!m.matched) throw CommError(p2p_mismatch(m, rank, c.peer, k));
-    }
-
-    void recv(const Call& c, const CallName& call, const Deadline& dl) {
-      Mailbox& m = g->mailbox(c.peer, rank);
-      const uint64_t k = c.seq;
-      if (m.posted.load() < k) {
-        g->wait([&] { return m.posted.load() >= k; }, dl, [&] { return context(call, k); },
-                [&] {
-                  return timeout(
-                      call, k,
-                      "rank " + std::to_string(c.peer) + " never posted the matching send");
-                });
-      }
-      m.want_count = c.count;
-      m.want_dtype = c.dtype;
-      m.matched = m.count == c.count && m.dtype == c.dtype;
-      if (m.matched && c.count > 0) {
-        std::memcpy(c.out.data_ptr(), m.ptr, static_cast<size_t>(c.count) * dtype_size(c.dtype));
-      }
-      const bool ok = m.matched;
-      std::string msg = ok ? std::string() : p2p_mismatch(m, c.peer, rank, k);
-      m.taken.store(k);
-      g->notify();
-      if (!ok) throw CommError(msg);
-    }
-
-    std::unique_ptr<Communicator> split(int color, int key, const std::string& name, uint64_t seq) {
-      Deadline dl = Deadline::after(g->config().timeout_s);
-      CallSig sig = CallSig::make(CommOp::Split, DType::f32, ReduceOp::Sum, 0, -1, seq);
-      sig.color = color;
-      const CallName call{sig};
-      detail::TicketOrder& order = orders.order(CommOp::Split, -1);
-      take_turn(order, call, seq, dl);
-      detail::TicketGuard guard(order, seq);
-      if (g->family().aborted()) g->throw_aborted(context(call, seq));
-      // CallSig::matches ignores the colour, which legitimately differs between ranks.
-      enter(sig, nullptr, nullptr, key, call, dl);
-      const int n = g->size();
-      Slot& me = g->slot(rank);
-      std::vector<std::pair<int, int>> members;  // (key, old rank)
-      for (int j = 0; j < n; ++j) {
-        if (color >= 0 && g->slot(j).desc.sig.color == color) {
-          members.push_back({g->slot(j).desc.key, j});
-        }
-      }
-      std::sort(members.begin(), members.end());
-      std::shared_ptr<HostGroup> ng;
-      int new_rank = -1;
-      int leader = -1;
-      if (color >= 0) {
-        leader = members.front().second;
-        for (size_t i = 0; i < members.size(); ++i) {
-          if (members[i].second == rank) new_rank = static_cast<int>(i);
-        }
-        if (leader == rank) {
-          me.split_out = HostGroup::create(static_cast<int>(members.size()), name, g->family_ptr(),
-                                           g->config());
-          publish_progress(seq, 1);
-          ng = me.split_out;
-        } else {
-          wait_progress(leader, seq, 1, call, dl);
-          ng = g->slot(leader).split_out;
-        }
-      }
-      leave(seq, call, dl);
-      if (leader == rank) me.split_out.reset();  // every member has its copy now
-      if (!ng) return nullptr;
-      return std::make_unique<HostComm>(ng, new_rank, dev);
-    }
-  };
-
-  std::shared_ptr<Engine> e_;
+ public:
+  static std::unique_ptr<Communicator> make_host_communicator(std::shared_ptr<HostGroup> g,
+                                                              int rank, Device dev) {
+    return detail::make_ordered_communicator(std::make_shared<HostEngine>(std::move(g), rank, dev),
+                                             dev);
+  }
 };
+
+std::string host_refuses(const WorldPlan& plan) {
+  if (plan.device_type != DeviceType::CPU) {
+    return "it moves CPU tensors; CUDA devices need a GPU backend (nccl)";
+  }
+  if (plan.kind != LaunchKind::Threads && plan.world_size > 1) {
+    return "it runs ranks as threads of one process, but this process is " + plan.str() +
+           ": launch them with mpirun / srun (mpi backend), or run them as threads with "
+           "--devices cpu:" +
+           std::to_string(plan.world_size);
+  }
+  return "";
+}
+
+WorldFactory host_prepare(const WorldPlan& plan) {
+  auto comms = std::make_shared<std::vector<std::unique_ptr<Communicator>>>(
+      make_host_communicators(static_cast<int>(plan.local.size()), "world", plan.config));
+  return [comms](int i) { return std::move((*comms)[static_cast<size_t>(i)]); };
+}
 
 }  // namespace
 
@@ -666,8 +592,16 @@ std::vector<std::unique_ptr<Communicator>> make_host_communicators(int n, const 
   auto g = HostGroup::create(n, name, family, config);
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.reserve(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<HostComm>(g, r, Device::cpu(r)));
+  for (int r = 0; r < n; ++r) {
+    comms.push_back(HostEngine::make_host_communicator(g, r, Device::cpu(r)));
+  }
   return comms;
 }
+
+namespace detail {
+void register_host_backend(std::vector<CollectiveBackend>& registry) {
+  add_collective_backend(registry, {"host", 10, host_refuses, host_prepare});
+}
+}  // namespace detail
 
 }  // namespace meshrt

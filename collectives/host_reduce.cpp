@@ -251,4 +251,13 @@ void host_from_f32(DType dt, const float* src, void* dst, int64_t n) {
   }
 }
 
+void reduce_through_f32(DType dt, ReduceOp op, const void* in, int64_t n_in, void* out,
+                        int64_t n_out, int avg_divisor, float* wide_in, float* wide_out,
+                        const std::function<void(float* wide_in, float* wide_out)>& reduce) {
+  host_to_f32(dt, in, wide_in, n_in);
+  reduce(wide_in, wide_out);
+  if (op == ReduceOp::Avg) host_divide(DType::f32, wide_out, n_out, avg_divisor);
+  host_from_f32(dt, wide_out, out, n_out);
+}
+
 }  // namespace meshrt::detail

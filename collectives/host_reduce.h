@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "collectives/communicator.h"
 #include "runtime/dtype.h"
@@ -33,5 +34,16 @@ void host_divide(DType dt, void* x, int64_t n, int divisor);
 // f32 <-> 16-bit float conversions (for backends that reduce 16-bit floats in f32).
 void host_to_f32(DType dt, const void* src, float* dst, int64_t n);
 void host_from_f32(DType dt, const float* src, void* dst, int64_t n);
+
+// Whether collectives reduce `dt` through f32 (bf16, f16) rather than in its own type.
+inline bool is_half_float(DType dt) { return dt == DType::bf16 || dt == DType::f16; }
+
+// A reduction of 16-bit floats run in f32 by a backend that reduces f32 only: widens `n_in`
+// elements of `in` into `wide_in`, calls reduce(wide_in, wide_out) (the backend's f32 reduction;
+// for avg it must sum), divides by `avg_divisor` for avg, and narrows `n_out` results into `out`,
+// rounding once. wide_in may equal wide_out (an in-place reduction).
+void reduce_through_f32(DType dt, ReduceOp op, const void* in, int64_t n_in, void* out,
+                        int64_t n_out, int avg_divisor, float* wide_in, float* wide_out,
+                        const std::function<void(float* wide_in, float* wide_out)>& reduce);
 
 }  // namespace meshrt::detail

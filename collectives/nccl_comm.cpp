@@ -4,15 +4,21 @@
 #include <nccl.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "collectives/backend_registry.h"
+#include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
+#include "collectives/comm_impl.h"
 #include "collectives/nccl_check.h"
 #include "runtime/backend.h"
 #include "runtime/cuda/cuda_check.h"
@@ -42,6 +48,12 @@ namespace {
 
 using detail::CallSig;
 using detail::Deadline;
+
+// The 128 opaque bytes of an ncclUniqueId, as plain data (shared in-process for ranks as threads,
+// through the bootstrap transport for ranks as processes).
+struct NcclUniqueId {
+  std::array<char, 128> bytes{};
+};
 
 class DeviceGuard {
  public:
@@ -367,11 +379,13 @@ ncclComm_t init_comm(const NcclUniqueId& id, int rank, int size, int device,
   return comm;
 }
 
-class NcclComm final : public Communicator {
+std::unique_ptr<Communicator> make_nccl_comm(ncclComm_t comm, int rank, int size, int device,
+                                             std::string name, CommConfig cfg);
+
+class NcclImpl final : public CommImpl {
  public:
-  NcclComm(ncclComm_t comm, int rank, int size, int device, std::string name, CommConfig cfg)
-      : Communicator(rank, size, name, Device::cuda(device), cfg),
-        e_(std::make_shared<NcclEngine>()) {
+  NcclImpl(ncclComm_t comm, int rank, int size, int device, std::string name, CommConfig cfg)
+      : e_(std::make_shared<NcclEngine>()) {
     e_->comm = comm;
     e_->rank = rank;
     e_->size = size;
@@ -381,12 +395,11 @@ class NcclComm final : public Communicator {
     NcclRegistry::get().add(e_);
   }
 
-  CommBackend backend() const override { return CommBackend::Nccl; }
+  std::string_view backend() const override { return "nccl"; }
   bool aborted() const override { return e_->aborted.load(); }
   std::string abort_reason() const override { return e_->abort_reason(); }
 
- protected:
-  void issue(Call c, Stream& stream) override {
+  void issue(CommCall c, Stream& stream) override {
     NcclEngine& e = *e_;
     const std::string what = c.str();
     Deadline dl = Deadline::after(e.cfg.timeout_s);
@@ -394,12 +407,12 @@ class NcclComm final : public Communicator {
       std::lock_guard<std::recursive_mutex> lk(e.call_mu);
       if (e.aborted.load()) e.throw_aborted(what);
       DeviceGuard g(e.device);
-      auto cs = static_cast<cudaStream_t>(stream.native_handle());
+      const Issue is{c, what, stream, static_cast<cudaStream_t>(stream.native_handle()), dl};
       if (c.in.defined()) c.in.storage()->record_stream(stream);
       if (c.out.defined()) c.out.storage()->record_stream(stream);
       const bool p2p = c.op == CommOp::Send || c.op == CommOp::Recv;
-      if (e.cfg.debug && !p2p && e.size > 1) compare_calls(c, what, stream, cs, dl);
-      run(c, what, stream, cs, dl);
+      if (e.cfg.debug && !p2p && e.size > 1) compare_calls(is);
+      run(is);
     }
     NcclRegistry::get().watch(e_, stream.record(), what, c.seq, dl);
     if (e.stream_check) {
@@ -410,8 +423,8 @@ class NcclComm final : public Communicator {
     }
   }
 
-  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
-                                         uint64_t seq) override {
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name,
+                                      uint64_t seq) override {
     NcclEngine& e = *e_;
     CallSig sig = CallSig::make(CommOp::Split, DType::f32, ReduceOp::Sum, 0, -1, seq);
     sig.color = color;
@@ -431,11 +444,11 @@ class NcclComm final : public Communicator {
     int nrank = 0, nsize = 0;
     MESHRT_NCCL_CHECK(ncclCommUserRank(nc, &nrank), nc);
     MESHRT_NCCL_CHECK(ncclCommCount(nc, &nsize), nc);
-    return std::make_unique<NcclComm>(nc, nrank, nsize, e.device, name, e.cfg);
+    return make_nccl_comm(nc, nrank, nsize, e.device, name, e.cfg);
   }
 
-  void do_abort(const std::string& reason) override {
-    NcclRegistry::get().abort_all("rank " + std::to_string(rank()) + " of group '" + name() +
+  void abort(const std::string& reason) override {
+    NcclRegistry::get().abort_all("rank " + std::to_string(e_->rank) + " of group '" + e_->name +
                                   "': " + reason);
   }
 
@@ -445,37 +458,47 @@ class NcclComm final : public Communicator {
   }
 
  private:
+  // One call being issued.
+  struct Issue {
+    const CommCall& c;
+    const std::string& what;
+    Stream& stream;
+    cudaStream_t cs;
+    const Deadline& dl;
+  };
+
   // The result of a call on the (non-blocking) communicator: wait when it is still in progress.
-  void done(ncclResult_t r, const std::string& what, const Deadline& dl) {
-    if (r == ncclInProgress) e_->settle(e_->comm, what, dl);
+  void done(ncclResult_t r, const Issue& is) {
+    if (r == ncclInProgress) e_->settle(e_->comm, is.what, is.dl);
   }
 
   // MESHRT_COMM_DEBUG=1: all-gathers every rank's call signature through NCCL and compares them
   // on the host before the collective runs (this waits for the stream).
-  void compare_calls(const Call& c, const std::string& what, Stream& stream, cudaStream_t cs,
-                     const Deadline& dl) {
+  void compare_calls(const Issue& is) {
     NcclEngine& e = *e_;
+    const CommCall& c = is.c;
+    const cudaStream_t cs = is.cs;
     const int n = e.size;
     std::vector<CallSig> all(static_cast<size_t>(n));
     CallSig mine = CallSig::make(c.op, c.dtype, c.redop, c.count, c.root, c.seq);
-    Tensor dev = e.scratch_tensor(static_cast<int64_t>(n) * CallSig::kWords, DType::i64, stream);
+    Tensor dev = e.scratch_tensor(static_cast<int64_t>(n) * CallSig::kWords, DType::i64, is.stream);
     auto* base = static_cast<int64_t*>(dev.data_ptr());
     MESHRT_CUDA_CHECK(cudaMemcpyAsync(base + static_cast<int64_t>(e.rank) * CallSig::kWords, &mine,
                                       sizeof(mine), cudaMemcpyHostToDevice, cs));
     done(MESHRT_NCCL_CHECK(ncclAllGather(base + static_cast<int64_t>(e.rank) * CallSig::kWords,
                                          base, CallSig::kWords, ncclInt64, e.comm, cs),
                            e.comm),
-         what, dl);
+         is);
     MESHRT_CUDA_CHECK(cudaMemcpyAsync(all.data(), base, sizeof(CallSig) * all.size(),
                                       cudaMemcpyDeviceToHost, cs));
     for (;;) {
       cudaError_t q = cudaStreamQuery(cs);
       if (q == cudaSuccess) break;
       if (q != cudaErrorNotReady) MESHRT_CUDA_CHECK(q);
-      if (e.aborted.load()) e.throw_aborted(what);
-      if (dl.passed()) {
+      if (e.aborted.load()) e.throw_aborted(is.what);
+      if (is.dl.passed()) {
         std::string msg = detail::timeout_message(
-            what, e.name, c.seq, e.rank, e.cfg.timeout_s,
+            is.what, e.name, c.seq, e.rank, e.cfg.timeout_s,
             "the call comparison (MESHRT_COMM_DEBUG=1) did not complete: a rank never arrived");
         NcclRegistry::get().abort_all(msg);
         throw CommError(msg);
@@ -486,103 +509,165 @@ class NcclComm final : public Communicator {
     if (!mm.empty()) throw CommError(mm);
   }
 
-  void run(const Call& c, const std::string& what, Stream& stream, cudaStream_t cs,
-           const Deadline& dl) {
+  void run(const Issue& is) {
+    switch (is.c.op) {
+      case CommOp::AllReduce:
+        return all_reduce(is);
+      case CommOp::ReduceScatter:
+        return reduce_scatter(is);
+      case CommOp::AllGather:
+        return all_gather(is);
+      case CommOp::Broadcast:
+        return broadcast(is);
+      case CommOp::AllToAll:
+        return all_to_all(is);
+      case CommOp::Send:
+        return send(is);
+      case CommOp::Recv:
+        return recv(is);
+      case CommOp::Barrier:
+        return barrier(is);
+      case CommOp::Split:
+        break;
+    }
+    MESHRT_FAIL("NCCL communicator: unexpected operation " << comm_op_name(is.c.op));
+  }
+
+  // bf16 / f16 reductions reduce in f32 unless MESHRT_NCCL_HALF_REDUCE=native.
+  bool widen(const CommCall& c) const {
+    return (c.dtype == DType::bf16 || c.dtype == DType::f16) && !e_->native_half && c.count > 0;
+  }
+
+  // Reduces a 16-bit call in f32: widens `n_in` input elements on the stream, runs
+  // reduce(wide_in, wide_out) and narrows the `n_out` results into the output, rounding once.
+  template <class Reduce>
+  void reduce_wide(const Issue& is, int64_t n_in, int64_t n_out, Reduce reduce) {
+    Tensor wide_in = e_->scratch_tensor(n_in, DType::f32, is.stream);
+    Tensor wide_out = n_in == n_out ? wide_in : e_->scratch_tensor(n_out, DType::f32, is.stream);
+    wide_in.copy_(is.c.in.view(Shape{n_in}), is.stream);
+    done(reduce(wide_in.data_ptr(), wide_out.data_ptr()), is);
+    Tensor o = is.c.out.view(Shape{n_out});
+    o.copy_(wide_out, is.stream);
+  }
+
+  void all_reduce(const Issue& is) {
+    const CommCall& c = is.c;
+    ncclComm_t comm = e_->comm;
+    const size_t count = static_cast<size_t>(c.count);
+    if (widen(c)) {
+      reduce_wide(is, c.count, c.count, [&](void* in, void* out) {
+        return MESHRT_NCCL_CHECK(
+            ncclAllReduce(in, out, count, ncclFloat32, nccl_op(c.redop), comm, is.cs), comm);
+      });
+      return;
+    }
+    done(MESHRT_NCCL_CHECK(ncclAllReduce(c.in.data_ptr(), c.out.data_ptr(), count,
+                                         nccl_type(c.dtype), nccl_op(c.redop), comm, is.cs),
+                           comm),
+         is);
+  }
+
+  void reduce_scatter(const Issue& is) {
+    const CommCall& c = is.c;
+    ncclComm_t comm = e_->comm;
+    const size_t count = static_cast<size_t>(c.count);
+    if (widen(c)) {
+      reduce_wide(is, c.count * e_->size, c.count, [&](void* in, void* out) {
+        return MESHRT_NCCL_CHECK(
+            ncclReduceScatter(in, out, count, ncclFloat32, nccl_op(c.redop), comm, is.cs), comm);
+      });
+      return;
+    }
+    done(MESHRT_NCCL_CHECK(ncclReduceScatter(c.in.data_ptr(), c.out.data_ptr(), count,
+                                             nccl_type(c.dtype), nccl_op(c.redop), comm, is.cs),
+                           comm),
+         is);
+  }
+
+  void all_gather(const Issue& is) {
+    const CommCall& c = is.c;
+    ncclComm_t comm = e_->comm;
+    done(MESHRT_NCCL_CHECK(
+             ncclAllGather(c.in.data_ptr(), c.out.data_ptr(), static_cast<size_t>(c.count),
+                           nccl_type(c.dtype), comm, is.cs),
+             comm),
+         is);
+  }
+
+  void broadcast(const Issue& is) {
+    const CommCall& c = is.c;
+    ncclComm_t comm = e_->comm;
+    done(MESHRT_NCCL_CHECK(
+             ncclBroadcast(c.in.data_ptr(), c.out.data_ptr(), static_cast<size_t>(c.count),
+                           nccl_type(c.dtype), c.root, comm, is.cs),
+             comm),
+         is);
+  }
+
+  void all_to_all(const Issue& is) {
+    const CommCall& c = is.c;
     NcclEngine& e = *e_;
     ncclComm_t comm = e.comm;
     const size_t count = static_cast<size_t>(c.count);
     const ncclDataType_t t = nccl_type(c.dtype);
-    const void* in = c.in.defined() ? c.in.data_ptr() : nullptr;
-    void* out = c.out.defined() ? c.out.data_ptr() : nullptr;
-    const bool half = (c.dtype == DType::bf16 || c.dtype == DType::f16) && !e.native_half;
-    switch (c.op) {
-      case CommOp::AllReduce: {
-        if (half && c.count > 0) {
-          // Reduce in f32: widen on the stream, reduce, narrow back (rounding once).
-          Tensor wide = e.scratch_tensor(c.count, DType::f32, stream);
-          wide.copy_(c.in.view(Shape{c.count}), stream);
-          done(MESHRT_NCCL_CHECK(ncclAllReduce(wide.data_ptr(), wide.data_ptr(), count, ncclFloat32,
-                                               nccl_op(c.redop), comm, cs),
-                                 comm),
-               what, dl);
-          Tensor o = c.out.view(Shape{c.count});
-          o.copy_(wide, stream);
-        } else {
-          done(
-              MESHRT_NCCL_CHECK(ncclAllReduce(in, out, count, t, nccl_op(c.redop), comm, cs), comm),
-              what, dl);
-        }
-        return;
-      }
-      case CommOp::ReduceScatter: {
-        if (half && c.count > 0) {
-          Tensor wide_in = e.scratch_tensor(c.count * e.size, DType::f32, stream);
-          Tensor wide_out = e.scratch_tensor(c.count, DType::f32, stream);
-          wide_in.copy_(c.in.view(Shape{c.count * e.size}), stream);
-          done(MESHRT_NCCL_CHECK(ncclReduceScatter(wide_in.data_ptr(), wide_out.data_ptr(), count,
-                                                   ncclFloat32, nccl_op(c.redop), comm, cs),
-                                 comm),
-               what, dl);
-          Tensor o = c.out.view(Shape{c.count});
-          o.copy_(wide_out, stream);
-        } else {
-          done(MESHRT_NCCL_CHECK(ncclReduceScatter(in, out, count, t, nccl_op(c.redop), comm, cs),
-                                 comm),
-               what, dl);
-        }
-        return;
-      }
-      case CommOp::AllGather:
-        done(MESHRT_NCCL_CHECK(ncclAllGather(in, out, count, t, comm, cs), comm), what, dl);
-        return;
-      case CommOp::Broadcast:
-        done(MESHRT_NCCL_CHECK(ncclBroadcast(in, out, count, t, c.root, comm, cs), comm), what, dl);
-        return;
-      case CommOp::AllToAll: {
-        const size_t block = count * dtype_size(c.dtype);
-        const char* src = static_cast<const char*>(in);
-        Tensor stage;
-        if (c.in_place && block > 0) {
-          // Peers' receives would overwrite blocks not sent yet: send from a copy.
-          stage = e.scratch_tensor(c.count * e.size, c.dtype, stream);
-          MESHRT_CUDA_CHECK(
-              cudaMemcpyAsync(stage.data_ptr(), in, block * e.size, cudaMemcpyDeviceToDevice, cs));
-          src = static_cast<const char*>(stage.data_ptr());
-        }
-        MESHRT_NCCL_CHECK(ncclGroupStart(), comm);
-        for (int j = 0; j < e.size; ++j) {
-          MESHRT_NCCL_CHECK(ncclSend(src + block * j, count, t, j, comm, cs), comm);
-          MESHRT_NCCL_CHECK(ncclRecv(static_cast<char*>(out) + block * j, count, t, j, comm, cs),
-                            comm);
-        }
-        done(MESHRT_NCCL_CHECK(ncclGroupEnd(), comm), what, dl);
-        return;
-      }
-      case CommOp::Send:
-        done(MESHRT_NCCL_CHECK(ncclSend(in, count, t, c.peer, comm, cs), comm), what, dl);
-        return;
-      case CommOp::Recv:
-        done(MESHRT_NCCL_CHECK(ncclRecv(out, count, t, c.peer, comm, cs), comm), what, dl);
-        return;
-      case CommOp::Barrier: {
-        Tensor one = e.scratch_tensor(1, DType::f32, stream);
-        done(MESHRT_NCCL_CHECK(
-                 ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm, cs),
-                 comm),
-             what, dl);
-        return;
-      }
-      case CommOp::Split:
-        break;
+    const size_t block = count * dtype_size(c.dtype);
+    const char* src = static_cast<const char*>(c.in.data_ptr());
+    char* out = static_cast<char*>(c.out.data_ptr());
+    Tensor stage;
+    if (c.in_place && block > 0) {
+      // Peers' receives would overwrite blocks not sent yet: send from a copy.
+      stage = e.scratch_tensor(c.count * e.size, c.dtype, is.stream);
+      MESHRT_CUDA_CHECK(
+          cudaMemcpyAsync(stage.data_ptr(), src, block * e.size, cudaMemcpyDeviceToDevice, is.cs));
+      src = static_cast<const char*>(stage.data_ptr());
     }
-    MESHRT_FAIL("NCCL communicator: unexpected operation " << comm_op_name(c.op));
+    MESHRT_NCCL_CHECK(ncclGroupStart(), comm);
+    for (int j = 0; j < e.size; ++j) {
+      MESHRT_NCCL_CHECK(ncclSend(src + block * j, count, t, j, comm, is.cs), comm);
+      MESHRT_NCCL_CHECK(ncclRecv(out + block * j, count, t, j, comm, is.cs), comm);
+    }
+    done(MESHRT_NCCL_CHECK(ncclGroupEnd(), comm), is);
+  }
+
+  void send(const Issue& is) {
+    const CommCall& c = is.c;
+    ncclComm_t comm = e_->comm;
+    done(MESHRT_NCCL_CHECK(ncclSend(c.in.data_ptr(), static_cast<size_t>(c.count),
+                                    nccl_type(c.dtype), c.peer, comm, is.cs),
+                           comm),
+         is);
+  }
+
+  void recv(const Issue& is) {
+    const CommCall& c = is.c;
+    ncclComm_t comm = e_->comm;
+    done(MESHRT_NCCL_CHECK(ncclRecv(c.out.data_ptr(), static_cast<size_t>(c.count),
+                                    nccl_type(c.dtype), c.peer, comm, is.cs),
+                           comm),
+         is);
+  }
+
+  void barrier(const Issue& is) {
+    ncclComm_t comm = e_->comm;
+    Tensor one = e_->scratch_tensor(1, DType::f32, is.stream);
+    done(MESHRT_NCCL_CHECK(
+             ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm, is.cs),
+             comm),
+         is);
   }
 
   std::shared_ptr<NcclEngine> e_;
 };
 
-}  // namespace
+std::unique_ptr<Communicator> make_nccl_comm(ncclComm_t comm, int rank, int size, int device,
+                                             std::string name, CommConfig cfg) {
+  std::string n = name;
+  return std::make_unique<Communicator>(
+      rank, size, std::move(n), Device::cuda(device), cfg,
+      std::make_unique<NcclImpl>(comm, rank, size, device, std::move(name), cfg));
+}
 
+// ncclGetUniqueId: made once (by rank 0) and handed to every rank.
 NcclUniqueId nccl_unique_id() {
   ncclUniqueId uid;
   MESHRT_NCCL_CHECK(ncclGetUniqueId(&uid), nullptr);
@@ -591,6 +676,9 @@ NcclUniqueId nccl_unique_id() {
   return id;
 }
 
+// Rank `rank` of `size` on CUDA device `device`. Initialisation is non-blocking and collective:
+// every rank must call this (from its own thread when ranks are threads); it gives up with
+// CommError after the config's timeout.
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int size,
                                                      int device, const std::string& name,
                                                      CommConfig config) {
@@ -602,8 +690,40 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int
                     ": CUDA is unavailable: " + why);
   }
   ncclComm_t comm = init_comm(id, rank, size, device, name, config);
-  return std::make_unique<NcclComm>(comm, rank, size, device, name, config);
+  return make_nccl_comm(comm, rank, size, device, name, config);
 }
+
+std::string nccl_refuses(const WorldPlan& plan) {
+  if (plan.device_type != DeviceType::CUDA)
+    return "it needs CUDA devices (e.g. --devices cuda:0-7)";
+  return "";
+}
+
+// Ranks as threads share a unique id made here; process ranks get rank 0's through the launch's
+// transport when their world communicator is made.
+WorldFactory nccl_prepare(const WorldPlan& plan) {
+  std::optional<NcclUniqueId> local_id;
+  if (plan.transport == nullptr) local_id = nccl_unique_id();
+  return [local_id, local = plan.local, world = plan.world_size, cfg = plan.config,
+          transport = plan.transport](int i) {
+    const RankPlacement& p = local[static_cast<size_t>(i)];
+    NcclUniqueId id;
+    if (local_id) {
+      id = *local_id;
+    } else {
+      if (p.rank == 0) id = nccl_unique_id();
+      std::vector<std::string> all =
+          transport->all_gather("nccl-id", std::string(id.bytes.begin(), id.bytes.end()));
+      MESHRT_CHECK(all[0].size() == id.bytes.size(),
+                   "NCCL bootstrap: rank 0 sent " << all[0].size() << " bytes for the unique id, "
+                                                  << "expected " << id.bytes.size());
+      std::copy(all[0].begin(), all[0].end(), id.bytes.begin());
+    }
+    return make_nccl_communicator(id, p.rank, world, p.device.index, "world", cfg);
+  };
+}
+
+}  // namespace
 
 std::string nccl_version_string() {
   int v = 0;
@@ -611,5 +731,11 @@ std::string nccl_version_string() {
   return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
          std::to_string(v % 100);
 }
+
+namespace detail {
+void register_nccl_backend(std::vector<CollectiveBackend>& registry) {
+  add_collective_backend(registry, {"nccl", 30, nccl_refuses, nccl_prepare});
+}
+}  // namespace detail
 
 }  // namespace meshrt

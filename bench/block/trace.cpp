@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "collectives/comm_impl.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
 
@@ -143,72 +144,89 @@ std::string TraceRecorder::serialize() const {
 
 // ---- TracingCommunicator ------------------------------------------------------------------------
 
+namespace {
+
+// Forwards every call to `inner` (which opens the profiler range), bracketed by a trace slice.
+class TracingImpl final : public CommImpl {
+ public:
+  TracingImpl(std::unique_ptr<Communicator> owned, Communicator& inner, TraceRecorder* rec)
+      : owned_(std::move(owned)), inner_(&inner), rec_(rec) {}
+
+  std::string_view backend() const override { return inner_->backend(); }
+  bool aborted() const override { return inner_->aborted(); }
+  std::string abort_reason() const override { return inner_->abort_reason(); }
+  bool opens_ranges() const override { return false; }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+
+  void issue(CommCall call, Stream& stream) override {
+    int h = -1;
+    if (rec_ && rec_->enabled()) {
+      std::ostringstream args;
+      args << "\"group\":\"" << inner_->name() << "\",\"dtype\":\"" << dtype_name(call.dtype)
+           << "\",\"count\":" << call.count << ",\"bytes\":" << call.bytes();
+      h = rec_->begin_slice(stream, comm_op_name(call.op), args.str());
+    }
+    switch (call.op) {
+      case CommOp::AllReduce:
+        inner_->all_reduce(call.in, call.out, call.redop, stream);
+        break;
+      case CommOp::AllGather:
+        inner_->all_gather(call.in, call.out, stream);
+        break;
+      case CommOp::ReduceScatter:
+        inner_->reduce_scatter(call.in, call.out, call.redop, stream);
+        break;
+      case CommOp::Broadcast:
+        inner_->broadcast(call.in, call.out, call.root, stream);
+        break;
+      case CommOp::AllToAll:
+        inner_->all_to_all(call.in, call.out, stream);
+        break;
+      case CommOp::Send:
+        inner_->send(call.in, call.peer, stream);
+        break;
+      case CommOp::Recv:
+        inner_->recv(call.out, call.peer, stream);
+        break;
+      case CommOp::Barrier:
+        inner_->barrier(stream);
+        break;
+      case CommOp::Split:
+        MESHRT_FAIL("tracing communicator: split is not issued on a stream");
+    }
+    if (h >= 0) rec_->end(h);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name,
+                                      uint64_t) override {
+    std::unique_ptr<Communicator> c = inner_->split(color, key, name);
+    if (!c) return nullptr;
+    return std::make_unique<TracingCommunicator>(std::move(c), rec_);
+  }
+
+  void wait_issued(uint64_t, const std::unordered_map<int, uint64_t>&,
+                   const std::unordered_map<int, uint64_t>&) override {
+    inner_->wait_idle();
+  }
+
+ private:
+  std::unique_ptr<Communicator> owned_;
+  Communicator* inner_;
+  TraceRecorder* rec_;
+};
+
+}  // namespace
+
 TracingCommunicator::TracingCommunicator(Communicator& inner, TraceRecorder* rec)
-    : Communicator(inner.rank(), inner.size(), inner.name(), inner.device(), inner.config()),
-      inner_(&inner),
-      rec_(rec) {
-  open_ranges_ = false;
-}
+    : TracingCommunicator(inner, nullptr, rec) {}
 
+// `owned` is a reference so that nothing moves it before `inner` is bound to its object.
 TracingCommunicator::TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec)
-    : TracingCommunicator(*inner, rec) {
-  owned_ = std::move(inner);
-}
+    : TracingCommunicator(*inner, std::move(inner), rec) {}
 
-void TracingCommunicator::issue(Call call, Stream& stream) {
-  int h = -1;
-  if (rec_ && rec_->enabled()) {
-    std::ostringstream args;
-    args << "\"group\":\"" << name() << "\",\"dtype\":\"" << dtype_name(call.dtype)
-         << "\",\"count\":" << call.count << ",\"bytes\":" << call.bytes();
-    h = rec_->begin_slice(stream, comm_op_name(call.op), args.str());
-  }
-  switch (call.op) {
-    case CommOp::AllReduce:
-      inner_->all_reduce(call.in, call.out, call.redop, stream);
-      break;
-    case CommOp::AllGather:
-      inner_->all_gather(call.in, call.out, stream);
-      break;
-    case CommOp::ReduceScatter:
-      inner_->reduce_scatter(call.in, call.out, call.redop, stream);
-      break;
-    case CommOp::Broadcast:
-      inner_->broadcast(call.in, call.out, call.root, stream);
-      break;
-    case CommOp::AllToAll:
-      inner_->all_to_all(call.in, call.out, stream);
-      break;
-    case CommOp::Send:
-      inner_->send(call.in, call.peer, stream);
-      break;
-    case CommOp::Recv:
-      inner_->recv(call.out, call.peer, stream);
-      break;
-    case CommOp::Barrier:
-      inner_->barrier(stream);
-      break;
-    case CommOp::Split:
-      MESHRT_FAIL("tracing communicator: split is not issued on a stream");
-  }
-  if (h >= 0) rec_->end(h);
-}
-
-std::unique_ptr<Communicator> TracingCommunicator::do_split(int color, int key,
-                                                            const std::string& name, uint64_t seq) {
-  (void)seq;
-  std::unique_ptr<Communicator> c = inner_->split(color, key, name);
-  if (!c) return nullptr;
-  return std::make_unique<TracingCommunicator>(std::move(c), rec_);
-}
-
-void TracingCommunicator::wait_issued(uint64_t coll_seq,
-                                      const std::unordered_map<int, uint64_t>& sent,
-                                      const std::unordered_map<int, uint64_t>& received) {
-  (void)coll_seq;
-  (void)sent;
-  (void)received;
-  inner_->wait_idle();
-}
+TracingCommunicator::TracingCommunicator(Communicator& inner, std::unique_ptr<Communicator>&& owned,
+                                         TraceRecorder* rec)
+    : Communicator(inner.rank(), inner.size(), inner.name(), inner.device(), inner.config(),
+                   std::make_unique<TracingImpl>(std::move(owned), inner, rec)) {}
 
 }  // namespace meshrt

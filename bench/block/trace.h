@@ -76,22 +76,10 @@ class TracingCommunicator final : public Communicator {
  public:
   TracingCommunicator(Communicator& inner, TraceRecorder* rec);
   TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec);
-  CommBackend backend() const override { return inner_->backend(); }
-  bool aborted() const override { return inner_->aborted(); }
-  std::string abort_reason() const override { return inner_->abort_reason(); }
-
- protected:
-  void issue(Call call, Stream& stream) override;
-  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name,
-                                         uint64_t seq) override;
-  void do_abort(const std::string& reason) override { inner_->abort(reason); }
-  void wait_issued(uint64_t coll_seq, const std::unordered_map<int, uint64_t>& sent,
-                   const std::unordered_map<int, uint64_t>& received) override;
 
  private:
-  std::unique_ptr<Communicator> owned_;
-  Communicator* inner_;
-  TraceRecorder* rec_;
+  TracingCommunicator(Communicator& inner, std::unique_ptr<Communicator>&& owned,
+                      TraceRecorder* rec);
 };
 
 }  // namespace meshrt

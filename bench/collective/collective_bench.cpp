@@ -605,7 +605,7 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
   if (!o.json_path.empty()) {
     nlohmann::json j;
     j["op"] = comm_op_name(s.op);
-    j["backend"] = comm_backend_name(launch->backend());
+    j["backend"] = launch->backend();
     j["launch"] = launch->describe();
     j["world_size"] = launch->world_size();
     j["dtype"] = dtype_name(s.dt);

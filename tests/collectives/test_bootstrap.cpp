@@ -1,4 +1,5 @@
-// Bootstrap: launch decisions from the environment, Launch::run, and the file rendezvous.
+// Bootstrap: launch decisions from the environment, Launch::run, the backend registry and the
+// file rendezvous transport.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 
 #include "coll_test_util.h"
 #include "collectives/bootstrap.h"
+#include "collectives/bootstrap_transport.h"
 #include "runtime/backend.h"
 #include "runtime/stream.h"
 
@@ -64,7 +66,7 @@ TEST_CASE("bootstrap: --devices cpu:3 runs three host ranks as threads", "[multi
   lo.devices = "cpu:3";
   auto launch = bootstrap(lo);
   CHECK(launch->kind() == LaunchKind::Threads);
-  CHECK(launch->backend() == CommBackend::Host);
+  CHECK(launch->backend() == "host");
   CHECK(launch->world_size() == 3);
   REQUIRE(launch->local().size() == 3);
   CHECK(launch->local()[2].device == Device::cpu(2));
@@ -108,9 +110,15 @@ TEST_CASE("bootstrap: backends that cannot work are refused with what to change"
   lo.backend = "mpi";
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("launch with mpirun"));
   lo.backend = "nccl";
+#if defined(MESHRT_WITH_CUDA)
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("needs CUDA devices"));
+#else
+  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown collective backend 'nccl'") &&
+                                       Catch::Contains("this build has host, mpi (or auto)"));
+#endif
   lo.backend = "gloo";
-  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("use host, mpi or nccl"));
+  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown collective backend 'gloo'") &&
+                                       Catch::Contains("this build has host, mpi"));
   lo.backend = "auto";
   lo.devices = "tpu:4";
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown device kind"));
@@ -128,7 +136,7 @@ TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
     auto launch = bootstrap(LaunchOptions{});
     CHECK(launch->kind() == LaunchKind::EnvProcesses);
     CHECK(launch->world_size() == 1);
-    CHECK(launch->backend() == CommBackend::Host);
+    CHECK(launch->backend() == "host");
     launch->run([](const RankPlacement&, Communicator& c) {
       auto s = make_host_stream("comm");
       Tensor t = host_tensor(3, DType::f32);
@@ -169,9 +177,9 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
     ts.emplace_back([&, r] {
       // Ranks arrive at different times.
       std::this_thread::sleep_for(std::chrono::milliseconds(15 * r));
-      got[static_cast<size_t>(r)] = file_rendezvous_allgather(
-          d.string(), "blob", r, n, "payload-" + std::to_string(r) + std::string(3, '\0'), 10,
-          "run1");
+      got[static_cast<size_t>(r)] =
+          make_file_transport(d.string(), r, n, 10, "run1")
+              ->all_gather("blob", "payload-" + std::to_string(r) + std::string(3, '\0'));
     });
   }
   for (auto& t : ts) t.join();
@@ -184,7 +192,7 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
   }
   // Data files are removed once everyone acknowledged; reusing the run id is refused.
   CHECK_FALSE(fs::exists(d / "meshrt.run1.blob.0"));
-  CHECK_THROWS_WITH(file_rendezvous_allgather(d.string(), "blob", 0, n, "x", 1, "run1"),
+  CHECK_THROWS_WITH(make_file_transport(d.string(), 0, n, 1, "run1")->all_gather("blob", "x"),
                     Catch::Contains("left by an earlier job"));
   // Ranks 2 and 3 never come: rank 0 gives up at the deadline, naming them.
   std::vector<std::string> errs(2);
@@ -193,7 +201,7 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
   for (int r = 0; r < 2; ++r) {
     late.emplace_back([&, r] {
       try {
-        file_rendezvous_allgather(d.string(), "lonely", r, n, "x", 0.5, "run2");
+        make_file_transport(d.string(), r, n, 0.5, "run2")->all_gather("lonely", "x");
       } catch (const CommError& e) {
         errs[static_cast<size_t>(r)] = e.what();
       }
@@ -203,7 +211,87 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(dt < 3.0);
   for (auto& e : errs) CHECK_THAT(e, Catch::Contains("ranks 2, 3 never wrote"));
-  CHECK_THROWS_WITH(file_rendezvous_allgather((d / "nope").string(), "k", 0, 1, "x", 1),
+  CHECK_THROWS_WITH(make_file_transport((d / "nope").string(), 0, 1, 1)->all_gather("k", "x"),
                     Catch::Contains("does not exist"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("backend registry: exactly the backends this build compiles, in order", "[unit]") {
+  std::vector<std::string> names;
+  for (const CollectiveBackend& b : collective_backends()) names.push_back(b.name);
+#if defined(MESHRT_WITH_CUDA)
+  const std::vector<std::string> expected = {"host", "mpi", "nccl"};
+#else
+  const std::vector<std::string> expected = {"host", "mpi"};
+#endif
+  CHECK(names == expected);
+  CHECK(collective_backend_names() == (expected.size() == 3 ? "host, mpi, nccl" : "host, mpi"));
+  for (const std::string& n : expected) CHECK(find_collective_backend(n).name == n);
+  CHECK_THROWS_WITH(find_collective_backend("gloo"),
+                    Catch::Contains("unknown collective backend 'gloo'") &&
+                        Catch::Contains("this build has " + collective_backend_names()));
+}
+
+TEST_CASE("backend registry: auto picks the highest-priority backend that serves the launch",
+          "[unit]") {
+  auto plan_of = [](LaunchKind kind, DeviceType dt, int world) {
+    WorldPlan p;
+    p.kind = kind;
+    p.device_type = dt;
+    p.world_size = world;
+    RankPlacement r;
+    r.world_size = world;
+    r.device = dt == DeviceType::CPU ? Device::cpu(0) : Device::cuda(0);
+    p.local.push_back(r);
+    return p;
+  };
+  CHECK(choose_collective_backend("auto", plan_of(LaunchKind::Threads, DeviceType::CPU, 4)).name ==
+        "host");
+  CHECK(choose_collective_backend("", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 1)).name ==
+        "mpi");
+  CHECK(choose_collective_backend("auto", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 1))
+            .name == "host");
+  // Nothing moves CPU tensors between torchrun-style processes: every refusal is reported.
+  CHECK_THROWS_WITH(
+      choose_collective_backend("auto", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 3)),
+      Catch::Contains("no collective backend of this build can run rank 0 of 3 as env-processes") &&
+          Catch::Contains("host: it runs ranks as threads of one process") &&
+          Catch::Contains("mpi: it needs one process per rank"));
+  CHECK_THROWS_WITH(
+      choose_collective_backend("host", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 2)),
+      Catch::Contains("--backend host cannot run rank 0 of 2 as mpi-processes on cpu") &&
+          Catch::Contains("launch them with mpirun / srun (mpi backend)"));
+#if defined(MESHRT_WITH_CUDA)
+  CHECK(choose_collective_backend("auto", plan_of(LaunchKind::Threads, DeviceType::CUDA, 2)).name ==
+        "nccl");
+#endif
+  CHECK_THROWS_WITH(
+      choose_collective_backend("mpi", plan_of(LaunchKind::MpiProcesses, DeviceType::CUDA, 2)),
+      Catch::Contains("it moves CPU tensors"));
+}
+
+TEST_CASE("file transport: blobs of different lengths, and each key is one exchange",
+          "[multirank]") {
+  fs::path d = fresh_dir("rdzv-len");
+  const int n = 3;
+  std::vector<std::vector<std::string>> got(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      auto t = make_file_transport(d.string(), r, n, 10, "run3");
+      CHECK(t->rank() == r);
+      CHECK(t->size() == n);
+      auto first = t->all_gather("a", std::string(static_cast<size_t>(r) * 5, 'x'));
+      auto second = t->all_gather("b", std::to_string(r * r));
+      for (int j = 0; j < n; ++j) {
+        got[static_cast<size_t>(r)].push_back(first[static_cast<size_t>(j)] + "|" +
+                                              second[static_cast<size_t>(j)]);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) {
+    CHECK(got[static_cast<size_t>(r)] == std::vector<std::string>{"|0", "xxxxx|1", "xxxxxxxxxx|4"});
+  }
   fs::remove_all(d);
 }

@@ -7,7 +7,9 @@
 #include "coll_matrix.h"
 #include "coll_test_util.h"
 #include "collectives/bootstrap.h"
+#include "collectives/bootstrap_transport.h"
 #include "collectives/mpi_comm.h"
+#include "collectives/mpi_runtime.h"
 #include "runtime/stream.h"
 
 using namespace meshrt;
@@ -48,7 +50,7 @@ TEST_CASE("mpi: every op x dtype x in/out-of-place x sizes 0, 1, odd, large", "[
 TEST_CASE("mpi: bootstrap under mpirun gives one rank per process with its local rank", "[mpi]") {
   auto launch = bootstrap(LaunchOptions{});
   CHECK(launch->kind() == LaunchKind::MpiProcesses);
-  CHECK(launch->backend() == CommBackend::Mpi);
+  CHECK(launch->backend() == "mpi");
   REQUIRE(launch->local().size() == 1);
   const RankPlacement& p = launch->local()[0];
   CHECK(p.rank == world().rank());
@@ -192,6 +194,20 @@ TEST_CASE("mpi: unequal all_gather counts and (debug) mismatched calls name the 
   check_values(f, "after mismatch", ok, 0, 4,
                [&](int64_t i) { return reduced(DType::f32, ReduceOp::Sum, 9, n, i); });
   CHECK(f.count() == 0);
+}
+
+TEST_CASE("mpi: the bootstrap transport gathers blobs of any length in rank order", "[mpi]") {
+  auto t = make_mpi_transport(60);
+  const int r = world().rank(), n = world().size();
+  CHECK(t->rank() == r);
+  CHECK(t->size() == n);
+  std::vector<std::string> all =
+      t->all_gather("test", std::string(static_cast<size_t>(r) * 3, static_cast<char>('a' + r)));
+  REQUIRE(all.size() == static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) {
+    CHECK(all[static_cast<size_t>(j)] ==
+          std::string(static_cast<size_t>(j) * 3, static_cast<char>('a' + j)));
+  }
 }
 
 int main(int argc, char* argv[]) {

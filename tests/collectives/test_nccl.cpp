@@ -28,7 +28,7 @@ TEST_CASE("nccl: every op x dtype x in/out-of-place x sizes on all GPUs", "[cuda
   lo.devices = gpu_spec(n);
   lo.config.timeout_s = 120;
   auto launch = bootstrap(lo);
-  REQUIRE(launch->backend() == CommBackend::Nccl);
+  REQUIRE(launch->backend() == "nccl");
   Failures f;
   launch->run([&](const RankPlacement& p, Communicator& c) {
     const DeviceBackend& be = backend_for(p.device);

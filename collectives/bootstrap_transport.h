@@ -1,0 +1,35 @@
+// BootstrapTransport: an all-gather of small byte blobs among the process ranks of a launch, for
+// what must be exchanged before any communicator exists (host names, NCCL's unique id).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshrt {
+
+class BootstrapTransport {
+ public:
+  virtual ~BootstrapTransport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's `mine` (any length), in rank order. Collective: every rank calls it with the
+  // same `key`, and uses a key once per launch. Gives up with CommError, naming the ranks that
+  // never arrived where the transport can tell, after its timeout.
+  virtual std::vector<std::string> all_gather(const std::string& key, const std::string& mine) = 0;
+};
+
+// Exchanges through a directory every rank can see: rank r writes <dir>/meshrt.<run>.<key>.<r>
+// atomically (temporary file + rename), then polls with backoff until all `size` files exist or
+// `timeout_s` passes (then the error names the ranks whose files never appeared). `run`
+// (MESHRT_RUN_ID, TORCHELASTIC_RUN_ID or SLURM_JOB_ID by default) keeps separate jobs in one
+// directory apart. Each rank removes its file once every rank acknowledged reading it.
+std::unique_ptr<BootstrapTransport> make_file_transport(const std::string& dir, int rank, int size,
+                                                        double timeout_s,
+                                                        const std::string& run = "");
+
+// Over MPI_COMM_WORLD (initialising MPI if needed); gives up after `timeout_s` and then aborts the
+// MPI communicators of the process, like a collective timeout. Defined with the MPI runtime.
+std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s);
+
+}  // namespace meshrt

@@ -1,0 +1,271 @@
+#include "collectives/mpi_runtime.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+
+#include "collectives/bootstrap_transport.h"
+#include "collectives/comm_detail.h"
+#include "collectives/mpi_check.h"
+#include "collectives/mpi_process.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+
+namespace meshrt {
+
+namespace detail {
+
+[[noreturn]] void mpi_fail(const char* call, int rc, const char* file, int line) {
+  char buf[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  int cls = rc;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) {
+    MPI_Error_class(rc, &cls);
+    MPI_Error_string(rc, buf, &len);
+  } else {
+    std::snprintf(buf, sizeof(buf), "MPI error %d", rc);
+    len = static_cast<int>(std::strlen(buf));
+  }
+  const char* base = std::strrchr(file, '/');
+  throw CommError(std::string(call) + " failed: " + std::string(buf, static_cast<size_t>(len)) +
+                  " (MPI error class " + std::to_string(cls) + ") [" + (base ? base + 1 : file) +
+                  ":" + std::to_string(line) + "]");
+}
+
+MpiProcess& mpi_process() {
+  static MpiProcess* p = new MpiProcess;  // leaked on purpose: the exit handler uses it
+  return *p;
+}
+
+void mpi_process_abort(const std::string& why) {
+  MpiProcess& p = mpi_process();
+  std::lock_guard<std::mutex> lk(p.mu);
+  if (!p.aborted.load()) {
+    p.reason = why;
+    p.aborted.store(true);
+    MESHRT_LOG_ERROR("MPI communicators aborted: " << why);
+  }
+}
+
+std::string mpi_abort_reason() {
+  MpiProcess& p = mpi_process();
+  std::lock_guard<std::mutex> lk(p.mu);
+  return p.reason;
+}
+
+void mpi_bury(std::shared_ptr<void> buffers) {
+  MpiProcess& p = mpi_process();
+  std::lock_guard<std::mutex> lk(p.mu);
+  p.graveyard.push_back(std::move(buffers));
+}
+
+bool mpi_live() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+void mpi_setup_watch_window() {
+  MpiProcess& p = mpi_process();
+  if (p.node_comm != MPI_COMM_NULL) return;
+  try {
+    MESHRT_MPI_CHECK(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &p.node_comm));
+    MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(p.node_comm, MPI_ERRORS_RETURN));
+    int nl = 0, me = 0, world = 0, wrank = 0;
+    MESHRT_MPI_CHECK(MPI_Comm_size(p.node_comm, &nl));
+    MESHRT_MPI_CHECK(MPI_Comm_rank(p.node_comm, &me));
+    MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &wrank));
+    uint64_t* base = nullptr;
+    MESHRT_MPI_CHECK(
+        MPI_Win_allocate_shared(static_cast<MPI_Aint>(kMpiWatchSlots * sizeof(uint64_t)),
+                                sizeof(uint64_t), MPI_INFO_NULL, p.node_comm, &base, &p.win));
+    std::memset(base, 0, kMpiWatchSlots * sizeof(uint64_t));
+    p.node_words.assign(static_cast<size_t>(nl), nullptr);
+    for (int i = 0; i < nl; ++i) {
+      MPI_Aint sz = 0;
+      int disp = 0;
+      void* ptr = nullptr;
+      MESHRT_MPI_CHECK(MPI_Win_shared_query(p.win, i, &sz, &disp, &ptr));
+      p.node_words[static_cast<size_t>(i)] = static_cast<uint64_t*>(ptr);
+    }
+    std::vector<int> node_world(static_cast<size_t>(nl));
+    MESHRT_MPI_CHECK(MPI_Allgather(&wrank, 1, MPI_INT, node_world.data(), 1, MPI_INT, p.node_comm));
+    p.world_to_node.assign(static_cast<size_t>(world), -1);
+    for (int i = 0; i < nl; ++i)
+      p.world_to_node[static_cast<size_t>(node_world[static_cast<size_t>(i)])] = i;
+    p.my_node_index = me;
+  } catch (const std::exception& e) {
+    // Without shared windows the watchdog still works; it just cannot name missing ranks.
+    MESHRT_LOG_WARN("MPI watchdog: no node-shared window (" << e.what()
+                                                            << "); timeouts will not name ranks");
+    p.node_words.clear();
+    p.world_to_node.clear();
+  }
+}
+
+int mpi_int_count(int64_t n, const char* what) {
+  MESHRT_CHECK(n <= INT_MAX, what << ": " << n << " elements exceed MPI's int count limit "
+                                  << INT_MAX << "; split the tensor");
+  return static_cast<int>(n);
+}
+
+}  // namespace detail
+
+bool mpi_launched() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK",
+                        "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE"}) {
+    if (const char* x = std::getenv(v); x && *x) return true;
+  }
+  // Inside an srun job step (not merely inside an allocation).
+  return std::getenv("SLURM_STEP_ID") && std::getenv("SLURM_PROCID") && std::getenv("SLURM_NTASKS");
+}
+
+void mpi_init() {
+  detail::MpiProcess& p = detail::mpi_process();
+  std::lock_guard<std::mutex> lk(p.mu);
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    MESHRT_CHECK(!fin, "MPI was already finalised; meshrt cannot use it any more");
+    int level = 0;
+    MESHRT_MPI_CHECK(MPI_Query_thread(&level));
+    MESHRT_CHECK(level == MPI_THREAD_MULTIPLE,
+                 "MPI was initialised with thread level "
+                     << level << "; meshrt issues MPI calls from stream threads and needs "
+                     << "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)");
+    return;
+  }
+  int provided = 0;
+  MESHRT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+  MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MESHRT_CHECK(provided == MPI_THREAD_MULTIPLE, "this MPI library provides thread level "
+                                                    << provided
+                                                    << ", meshrt needs MPI_THREAD_MULTIPLE");
+  p.we_initialized = true;
+  std::atexit([] { mpi_finalize(); });
+}
+
+void mpi_finalize() {
+  detail::MpiProcess& p = detail::mpi_process();
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lk(p.mu);
+    if (!p.we_initialized || p.finalized || !detail::mpi_live()) return;
+    p.finalized = true;
+    reason = p.reason;
+  }
+  if (p.aborted.load()) {
+    // Peers may be blocked inside MPI waiting for us: end the whole job, non-zero.
+    std::fprintf(stderr, "meshrt: aborting the MPI job after a communicator failure: %s\n",
+                 reason.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    _exit(1);
+  }
+  if (p.win != MPI_WIN_NULL) MPI_Win_free(&p.win);
+  if (p.node_comm != MPI_COMM_NULL) MPI_Comm_free(&p.node_comm);
+  MPI_Finalize();
+}
+
+int mpi_world_rank() {
+  mpi_init();
+  int r = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &r));
+  return r;
+}
+
+int mpi_world_size() {
+  mpi_init();
+  int s = 0;
+  MESHRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &s));
+  return s;
+}
+
+namespace {
+
+// The bootstrap all-gather over MPI_COMM_WORLD: lengths first, then the blobs.
+class MpiTransport final : public BootstrapTransport {
+ public:
+  explicit MpiTransport(double timeout_s) : timeout_s_(timeout_s) {
+    mpi_init();
+    rank_ = mpi_world_rank();
+    size_ = mpi_world_size();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::vector<std::string> all_gather(const std::string& key, const std::string& mine) override {
+    const detail::Deadline dl = detail::Deadline::after(timeout_s_);
+    auto lens = std::make_shared<std::vector<int>>(static_cast<size_t>(size_) + 1);
+    (*lens)[static_cast<size_t>(size_)] =
+        detail::mpi_int_count(static_cast<int64_t>(mine.size()), "bootstrap all-gather");
+    MPI_Request req = MPI_REQUEST_NULL;
+    MESHRT_MPI_CHECK(MPI_Iallgather(lens->data() + size_, 1, MPI_INT, lens->data(), 1, MPI_INT,
+                                    MPI_COMM_WORLD, &req));
+    wait(&req, key, mine.size(), dl, lens);
+    auto displs = std::make_shared<std::vector<int>>(static_cast<size_t>(size_));
+    int64_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      (*displs)[static_cast<size_t>(r)] =
+          detail::mpi_int_count(total, "bootstrap all-gather (total bytes)");
+      total += (*lens)[static_cast<size_t>(r)];
+    }
+    detail::mpi_int_count(total, "bootstrap all-gather (total bytes)");
+    auto bufs = std::make_shared<std::pair<std::string, std::vector<char>>>(
+        mine, std::vector<char>(static_cast<size_t>(total)));
+    MESHRT_MPI_CHECK(MPI_Iallgatherv(bufs->first.data(), static_cast<int>(mine.size()), MPI_BYTE,
+                                     bufs->second.data(), lens->data(), displs->data(), MPI_BYTE,
+                                     MPI_COMM_WORLD, &req));
+    wait(&req, key, mine.size(), dl,
+         std::make_shared<std::tuple<decltype(lens), decltype(displs), decltype(bufs)>>(
+             lens, displs, bufs));
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r) {
+      out.emplace_back(bufs->second.data() + (*displs)[static_cast<size_t>(r)],
+                       static_cast<size_t>((*lens)[static_cast<size_t>(r)]));
+    }
+    return out;
+  }
+
+ private:
+  void wait(MPI_Request* req, const std::string& key, size_t bytes, const detail::Deadline& dl,
+            std::shared_ptr<void> keep) {
+    int done = 0;
+    for (;;) {
+      MESHRT_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (dl.passed()) {
+        std::string msg = "bootstrap: exchanging '" + key + "' (" + std::to_string(bytes) +
+                          " bytes from this rank) between all MPI ranks did not complete within " +
+                          std::to_string(timeout_s_) + " s (MESHRT_COMM_TIMEOUT)";
+        detail::mpi_process_abort(msg);
+        detail::mpi_bury(std::move(keep));
+        throw CommError(msg);
+      }
+      sched_yield();
+    }
+  }
+
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s) {
+  return std::make_unique<MpiTransport>(timeout_s);
+}
+
+}  // namespace meshrt

@@ -1,0 +1,19 @@
+// The MPI process runtime: launch detection, initialisation, finalisation and the world.
+#pragma once
+
+namespace meshrt {
+
+// Whether an MPI launcher started this process (mpirun / mpiexec / srun: OMPI_*, PMI_*, PMIX_*,
+// SLURM step variables). Reads the environment only; does not initialise MPI.
+bool mpi_launched();
+
+// Initialises MPI with MPI_THREAD_MULTIPLE once per process (no-op when already initialised).
+// MPI is finalised at exit; if a communicator was aborted (watchdog, error), the job is aborted
+// with a non-zero exit instead, so that peers stuck in MPI cannot hang.
+void mpi_init();
+// Finalises now (or aborts the job, as above). Later MPI use is an error.
+void mpi_finalize();
+int mpi_world_rank();
+int mpi_world_size();
+
+}  // namespace meshrt

@@ -2,8 +2,6 @@
 
 #include <cblas.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -12,7 +10,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <vector>
 

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) return meshrt::cli::run_train(train_opts, std::cout);
     if (cmd)
       return cmd->run(
-          {meshrt::bench::command_line("meshrt", argc, argv), meshrt::cli::version_info()},
+          {meshrt::bench::command_line("meshrt", argc, argv), &meshrt::cli::version_info},
           std::cout);
   } catch (const std::exception& e) {
     return meshrt::bench::report_error("meshrt", e, true);

@@ -75,7 +75,7 @@ class BlockCommand : public Command {
   }
 
   int run(const RunInfo& info, std::ostream& out) override {
-    o_.versions = info.versions;
+    if (info.versions) o_.versions = info.versions();
     o_.command_line = info.command_line;
     return run_block_bench(o_, out);
   }

@@ -59,7 +59,7 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
     return report_error(program, e, false);
   }
   try {
-    return cmd->run({command_line(program, argc, argv), {}}, std::cout);
+    return cmd->run({command_line(program, argc, argv)}, std::cout);
   } catch (const std::exception& e) {
     return report_error(program, e, true);
   }

@@ -18,7 +18,9 @@ namespace meshrt::bench {
 // What a run may record besides its options (block and sweep write both into their JSON).
 struct RunInfo {
   std::string command_line;
-  std::map<std::string, std::string> versions;  // library / build versions; empty outside the CLI
+  // Library / build versions, asked for only by the commands that record them (it queries CUDA,
+  // BLAS and MPI); null outside the CLI.
+  std::map<std::string, std::string> (*versions)() = nullptr;
 };
 
 // One invocation of a benchmark: owns the values its flags are parsed into.

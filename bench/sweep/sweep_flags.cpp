@@ -66,7 +66,7 @@ class SweepCommand : public Command {
   }
 
   int run(const RunInfo& info, std::ostream& out) override {
-    s_.base.versions = info.versions;
+    if (info.versions) s_.base.versions = info.versions();
     s_.base.command_line = info.command_line;
     return run_sweep(s_, out);
   }

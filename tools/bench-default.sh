@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What `make bench` runs: the block benchmark of a build (every benchmark program, the `meshrt`
-# CLI and the standalone meshrt-bench-* programs, lands in <build>/bin).
+# What `make bench` runs: the block benchmark of a build. Every benchmark program (`meshrt` and the
+# standalone meshrt-bench-* programs) lands in <build>/bin.
 # Usage: tools/bench-default.sh [build-dir] (default build-release)
 set -euo pipefail
 build=${1:-build-release}

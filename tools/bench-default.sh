@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# What `make bench` runs: the most complete benchmark this build has.
+# What `make bench` runs: the block benchmark of a build. Every benchmark program (`meshrt` and the
+# standalone meshrt-bench-* programs) lands in <build>/bin.
+# Usage: tools/bench-default.sh [build-dir] (default build-release)
 set -euo pipefail
 build=${1:-build-release}
-bin=$build/bin
-if "$bin/meshrt" bench --help >/dev/null 2>&1; then
-  exec "$bin/meshrt" bench block
+meshrt=$build/bin/meshrt
+if [ ! -x "$meshrt" ]; then
+  echo "bench-default.sh: no $meshrt: build the meshrt target in $build first (make bench does)" >&2
+  exit 2
 fi
-"$bin/meshrt" info
-for b in meshrt-bench-gemm meshrt-bench-collective; do
-  if [ -x "$bin/$b" ]; then echo; echo "== $b"; "$bin/$b"; fi
-done
+exec "$meshrt" bench block

@@ -1,42 +1,24 @@
-// `meshrt bench block|mlp|attn|collective|gemm` and `meshrt sweep`: flags and dispatch.
+// `meshrt bench <name>` and the top-level benchmark commands (`meshrt sweep`), one per entry of
+// the benchmark registry (bench/common/command.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
 
-#include <ostream>
-#include <string>
+#include <memory>
+#include <utility>
+#include <vector>
 
-#include "bench/block/block_bench.h"
-#include "bench/collective/collective_bench.h"
-#include "bench/gemm/gemm_bench.h"
-#include "bench/sweep/sweep.h"
+#include "bench/common/command.h"
 
 namespace meshrt::cli {
 
-struct BenchCli {
-  BlockBenchOptions block;
-  CLI::App* bench = nullptr;
-  CLI::App* block_cmds[3] = {nullptr, nullptr, nullptr};  // block, mlp, attn
-  bool sp = false, no_sp = false, no_calibrate = false;
-
-  CollBenchOptions coll;
-  CLI::App* coll_cmd = nullptr;
-  std::string coll_min = "32M", coll_max = "32M", coll_step;
-  int coll_check = 1;
-
-  GemmBenchOptions gemm;
-  CLI::App* gemm_cmd = nullptr;
-  bool no_gemm = false, no_elem = false, no_attn = false;
-
-  SweepOptions sweep;
-  CLI::App* sweep_cmd = nullptr;
-  std::string batches = "1,2,4";
-  bool sweep_no_progress = false;
+struct BenchCommands {
+  std::vector<std::pair<CLI::App*, std::unique_ptr<bench::Command>>> commands;
 };
 
-// Registers `bench` (with its subcommands) and `sweep` on `app`.
-void add_bench_commands(CLI::App& app, BenchCli& b);
-// Runs whichever of them was parsed; returns its exit status, or -1 when none was.
-int run_bench_commands(BenchCli& b, const std::string& command_line, std::ostream& os);
+// Registers `bench` with a subcommand per registry entry, and the top-level entries, on `app`.
+void add_bench_commands(CLI::App& app, BenchCommands& b);
+// The command that was parsed, or nullptr when none was.
+bench::Command* parsed_bench_command(const BenchCommands& b);
 
 }  // namespace meshrt::cli

@@ -1,9 +1,10 @@
-// The `meshrt` command line: info, bench (block, mlp, attn, collective, gemm), sweep, train.
+// The `meshrt` command line: info, train, and the benchmark registry's commands (`bench <name>`,
+// `sweep`).
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
-#include "runtime/error.h"
+#include "bench/common/command.h"
 #include "tools/bench_cli.h"
 #include "tools/blas_env.h"
 #include "tools/info.h"
@@ -19,26 +20,31 @@ int main(int argc, char** argv) {
                                   "library versions and build options");
   meshrt::cli::TrainCliOptions train_opts;
   auto* train = meshrt::cli::add_train_command(app, train_opts);
-  meshrt::cli::BenchCli bench;
+  meshrt::cli::BenchCommands bench;
   meshrt::cli::add_bench_commands(app, bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return meshrt::bench::exit_parse_error(app, e);
+  }
+  meshrt::bench::Command* cmd = meshrt::cli::parsed_bench_command(bench);
+  if (cmd) {
+    // Wrong options fail alike on every rank of an mpirun job: one process says so.
+    try {
+      cmd->validate();
+    } catch (const std::exception& e) {
+      return meshrt::bench::report_error("meshrt", e, false);
+    }
   }
   try {
     if (info->parsed()) return meshrt::cli::run_info(std::cout);
     if (train->parsed()) return meshrt::cli::run_train(train_opts, std::cout);
-    std::string cmdline = "meshrt";
-    for (int i = 1; i < argc; ++i) cmdline += std::string(" ") + argv[i];
-    if (int rc = meshrt::cli::run_bench_commands(bench, cmdline, std::cout); rc >= 0) return rc;
-  } catch (const meshrt::Error& e) {
-    // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
-    std::cerr << "meshrt: error: " << meshrt::error_message(e) << "\n";
-    return 1;
+    if (cmd)
+      return cmd->run(
+          {meshrt::bench::command_line("meshrt", argc, argv), &meshrt::cli::version_info},
+          std::cout);
   } catch (const std::exception& e) {
-    std::cerr << "meshrt: internal error: " << e.what() << "\n";
-    return 2;
+    return meshrt::bench::report_error("meshrt", e, true);
   }
   return 0;
 }

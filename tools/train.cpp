@@ -4,10 +4,10 @@
 #include <iomanip>
 #include <mutex>
 
+#include "bench/common/cli_checks.h"
 #include "collectives/bootstrap.h"
 #include "mesh/train.h"
 #include "runtime/error.h"
-#include "tools/cli_checks.h"
 
 namespace meshrt::cli {
 

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <vector>
 
+#include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
 #include "collectives/communicator.h"
 #include "runtime/allocator.h"
@@ -56,7 +57,7 @@ int64_t parse_bench_size(std::string_view s) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
 
 // Element counts per rank, as nccl-tests lays them out for a size of `count` elements.
 struct Layout {
@@ -285,8 +286,7 @@ class RankBench {
       int64_t worst = reduce_i64(ns, ReduceOp::Max);
       bw.push_back(static_cast<double>(bytes) / static_cast<double>(worst));  // bytes/ns = GB/s
     }
-    std::sort(bw.begin(), bw.end());
-    return bw[bw.size() / 2];
+    return bench::median(bw);
   }
 
   Tensor device_tensor(int64_t n) { return Tensor::empty(Shape{n}, s_.dt, alloc_, stream_.get()); }
@@ -517,9 +517,8 @@ nlohmann::json timing_json(const Timing& t) {
           {"wrong", t.wrong}};
 }
 
-}  // namespace
-
-int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
+// The settings of a run, checking every option that needs no launch.
+Settings settings_for(const CollBenchOptions& o) {
   Settings s;
   s.op = parse_comm_op(o.op);
   s.dt = parse_dtype(o.dtype);
@@ -543,6 +542,15 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
     if (next <= b) next = b + 1;
     b = next;
   }
+  return s;
+}
+
+}  // namespace
+
+void check_collective_options(const CollBenchOptions& o) { settings_for(o); }
+
+int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
+  const Settings s = settings_for(o);
 
   LaunchOptions lo;
   lo.devices = o.devices;

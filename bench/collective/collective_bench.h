@@ -33,6 +33,10 @@ struct CollBenchOptions {
 // Throws meshrt::Error for anything else.
 int64_t parse_bench_size(std::string_view s);
 
+// Checks the options that need no launch (op, dtype, reduction, sizes, step, iterations, -a);
+// throws meshrt::Error saying what to change. run_collective_bench checks them too.
+void check_collective_options(const CollBenchOptions& opts);
+
 // Runs the benchmark on every rank of the launch the environment describes (threads, or this
 // process's rank under mpirun) and prints the nccl-tests table (rank 0 prints) to `out`.
 // Returns 0 when every check passed, 1 when some element was wrong. Throws meshrt::Error on

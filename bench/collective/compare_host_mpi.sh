@@ -8,7 +8,7 @@ build=${1:-build}
 reps=${2:-7}
 size=${3:-64M}
 dtype=${4:-f32}
-bin="$build/bench/collective/meshrt-bench-collective"
+bin="$build/bin/meshrt-bench-collective"
 [ -x "$bin" ] || { echo "no $bin: build the meshrt-bench-collective target first" >&2; exit 2; }
 mpirun="mpirun"
 [ "$(id -u)" = 0 ] && mpirun="mpirun --allow-run-as-root"

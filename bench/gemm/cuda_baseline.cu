@@ -2,9 +2,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <vector>
 
+#include "bench/common/stats.h"
 #include "bench/gemm/cuda_baseline.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -21,11 +21,6 @@ cudaDataType_t cuda_type(DType t) {
     default:
       return CUDA_R_32F;
   }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 class DeviceScope {

@@ -2,8 +2,6 @@
 
 #include <cblas.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -12,10 +10,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <vector>
 
+#include "bench/common/stats.h"
 #include "kernels/host/parallel.h"
 #include "kernels/ops.h"
 #include "runtime/backend.h"
@@ -31,7 +29,9 @@ namespace meshrt {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::fmt;
+using bench::median;
 using json = nlohmann::json;
 
 struct GemmShape {
@@ -39,33 +39,18 @@ struct GemmShape {
   int64_t m, n, k;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// Median milliseconds of fn() run on every rank at once (each rank on its own thread for
-// several ranks); fn(rank) enqueues and synchronises.
-double time_ranks(int ranks, int warmup, int repeats, const std::function<void(int)>& fn) {
-  auto once = [&] {
-    auto t0 = Clock::now();
-    if (ranks == 1) {
-      fn(0);
-    } else {
-      std::vector<std::thread> th;
-      for (int r = 0; r < ranks; ++r) th.emplace_back(fn, r);
-      for (auto& t : th) t.join();
-    }
-    return ms_since(t0);
-  };
-  for (int i = 0; i < warmup; ++i) once();
-  std::vector<double> ms;
-  for (int i = 0; i < repeats; ++i) ms.push_back(once());
-  return median(ms);
+// Milliseconds of one fn() run on every rank at once (each rank on its own thread for several
+// ranks); fn(rank) enqueues and synchronises.
+double time_ranks_once(int ranks, const std::function<void(int)>& fn) {
+  const auto t0 = Clock::now();
+  if (ranks == 1) {
+    fn(0);
+  } else {
+    std::vector<std::thread> th;
+    for (int r = 0; r < ranks; ++r) th.emplace_back(fn, r);
+    for (auto& t : th) t.join();
+  }
+  return bench::ms_since(t0, Clock::now());
 }
 
 // Median milliseconds between stream events around fn() (which enqueues on s).
@@ -83,13 +68,7 @@ double time_stream(Stream& s, int warmup, int repeats, const std::function<void(
   return median(ms);
 }
 
-std::string fmt(double v, int prec = 2) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(prec) << v;
-  return os.str();
-}
-
-std::string ratio_str(double r) { return fmt(r, 2) + "x"; }
+std::string ratio_str(double r) { return fmt("%.2f", r) + "x"; }
 
 Tensor random_tensor(Context& ctx, const Shape& s, DType dt, uint64_t id) {
   Tensor t = ctx.empty(s, dt);
@@ -184,9 +163,9 @@ void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
       // Alternate the two, one run each per round, so both see the same machine load.
       std::vector<double> tm, tb;
       for (int i = 0; i < o.warmup + o.repeats; ++i) {
-        double t1 = time_ranks(ranks, 0, 1, run_meshrt);
+        double t1 = time_ranks_once(ranks, run_meshrt);
         openblas_set_num_threads(cores);
-        double t2 = time_ranks(1, 0, 1, run_blas);
+        double t2 = time_ranks_once(1, run_blas);
         openblas_set_num_threads(1);  // meshrt's policy (kernels/host/parallel.h)
         if (i >= o.warmup) {
           tm.push_back(t1);
@@ -200,8 +179,9 @@ void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
     const double r_base = flops / (ms_base * 1e-3) * scale;
     const double ratio = r_meshrt / r_base;
     out << "  " << std::left << std::setw(10) << sh.name << std::right << std::setw(7) << sh.m
-        << std::setw(7) << sh.n << std::setw(7) << sh.k << std::setw(16) << fmt(r_meshrt)
-        << std::setw(16) << fmt(r_base) << "   vs " << base << " " << ratio_str(ratio) << "\n";
+        << std::setw(7) << sh.n << std::setw(7) << sh.k << std::setw(16) << fmt("%.2f", r_meshrt)
+        << std::setw(16) << fmt("%.2f", r_base) << "   vs " << base << " " << ratio_str(ratio)
+        << "\n";
     rows.push_back({{"shape", sh.name},
                     {"m", sh.m},
                     {"n", sh.n},
@@ -275,14 +255,14 @@ void Bench::elementwise_section(Context& ctx) {
   // layernorm_bwd reads the statistics of a forward pass.
   ops::layernorm_fwd(ctx, s, x, g, &b, z, mean, rstd);
   out << "Elementwise " << dtype_name(dt) << " [" << tokens << ", " << hidden << "] ("
-      << fmt(tensor_bytes / (1 << 20), 1) << " MiB per tensor), median of " << o.repeats
+      << fmt("%.1f", tensor_bytes / (1 << 20)) << " MiB per tensor), median of " << o.repeats
       << " runs\n";
   out << "  " << std::left << std::setw(18) << "op" << std::right << std::setw(12) << "MB moved"
       << std::setw(10) << "GB/s"
       << "   vs " << (cuda ? "device copy" : "memcpy") << "\n";
   out << "  " << std::left << std::setw(18) << (cuda ? "device copy" : "memcpy") << std::right
-      << std::setw(12) << fmt(2 * tensor_bytes * 1e-6, 1) << std::setw(10) << fmt(copy_gbs)
-      << "   1.00x\n";
+      << std::setw(12) << fmt("%.1f", 2 * tensor_bytes * 1e-6) << std::setw(10)
+      << fmt("%.2f", copy_gbs) << "   1.00x\n";
   json rows = json::array();
   rows.push_back({{"op", cuda ? "device_copy" : "memcpy"},
                   {"bytes", 2 * tensor_bytes},
@@ -292,8 +272,8 @@ void Bench::elementwise_section(Context& ctx) {
     double ms = time_stream(s, o.warmup, o.repeats, r.run);
     double gbs = r.bytes / (ms * 1e-3) * 1e-9;
     out << "  " << std::left << std::setw(18) << r.name << std::right << std::setw(12)
-        << fmt(r.bytes * 1e-6, 1) << std::setw(10) << fmt(gbs) << "   " << ratio_str(gbs / copy_gbs)
-        << "\n";
+        << fmt("%.1f", r.bytes * 1e-6) << std::setw(10) << fmt("%.2f", gbs) << "   "
+        << ratio_str(gbs / copy_gbs) << "\n";
     rows.push_back({{"op", r.name},
                     {"bytes", r.bytes},
                     {"ms", ms},
@@ -332,10 +312,10 @@ void Bench::attention_section(Context& ctx) {
   double f = fwd_flops / (fwd_ms * 1e-3) * unit, bw = 2.5 * fwd_flops / (bwd_ms * 1e-3) * unit;
   out << "Causal attention " << dtype_name(dt) << " [" << B << ", " << H << ", " << S << ", " << D
       << "], median of " << o.repeats << " runs\n";
-  out << "  forward   " << std::setw(10) << fmt(fwd_ms, 3) << " ms  " << std::setw(10) << fmt(f)
-      << " " << u << "\n";
-  out << "  backward  " << std::setw(10) << fmt(bwd_ms, 3) << " ms  " << std::setw(10) << fmt(bw)
-      << " " << u << "\n\n";
+  out << "  forward   " << std::setw(10) << fmt("%.3f", fwd_ms) << " ms  " << std::setw(10)
+      << fmt("%.2f", f) << " " << u << "\n";
+  out << "  backward  " << std::setw(10) << fmt("%.3f", bwd_ms) << " ms  " << std::setw(10)
+      << fmt("%.2f", bw) << " " << u << "\n\n";
   report["attention"] = {{"batch", B},    {"heads", H},       {"seq", S},
                          {"head_dim", D}, {"fwd_ms", fwd_ms}, {"bwd_ms", bwd_ms},
                          {"fwd_rate", f}, {"bwd_rate", bw},   {"unit", u}};
@@ -343,34 +323,40 @@ void Bench::attention_section(Context& ctx) {
 
 }  // namespace
 
-int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
+void check_gemm_options(const GemmBenchOptions& o) {
   MESHRT_CHECK(o.warmup >= 0 && o.repeats >= 1,
                "gemm bench: --warmup must be >= 0 and --repeats >= 1 (got " << o.warmup << ", "
                                                                             << o.repeats << ")");
-  Bench bench{o, out, parse_dtype(o.dtype), parse_devices(o.devices), false, 1, 0, 0, json()};
-  MESHRT_CHECK(is_floating(bench.dt),
+  MESHRT_CHECK(is_floating(parse_dtype(o.dtype)),
                "gemm bench: --dtype " << o.dtype << " must be f32, bf16 or f16");
-  MESHRT_CHECK(!bench.devs.empty(), "gemm bench: --devices '" << o.devices << "' names no device");
-  bench.cuda = bench.devs[0].is_cuda();
-  for (const Device& d : bench.devs) {
-    MESHRT_CHECK(d.is_cuda() == bench.cuda,
+  const std::vector<Device> devs = parse_devices(o.devices);
+  MESHRT_CHECK(!devs.empty(), "gemm bench: --devices '" << o.devices << "' names no device");
+  const bool cuda = devs[0].is_cuda();
+  for (const Device& d : devs) {
+    MESHRT_CHECK(d.is_cuda() == cuda,
                  "gemm bench: --devices '" << o.devices << "' mixes cpu and cuda");
   }
-  if (bench.cuda) {
+  if (cuda) {
     std::string why;
     MESHRT_CHECK(cuda_available(&why),
                  "gemm bench: --devices " << o.devices << " but CUDA is unusable: " << why);
-    bench.devs.resize(1);  // one GPU: the kernels are per device
   }
-  bench.ranks = static_cast<int>(bench.devs.size());
-  bench.tokens = o.tokens ? o.tokens : (bench.cuda ? 8192 : 2048);
-  bench.hidden = o.hidden ? o.hidden : (bench.cuda ? 4096 : 768);
-  MESHRT_CHECK(bench.tokens > 0 && bench.hidden > 0,
-               "gemm bench: --tokens and --hidden must be > 0");
+  // 0 stands for the device's default size.
+  MESHRT_CHECK(o.tokens >= 0 && o.hidden >= 0, "gemm bench: --tokens and --hidden must be > 0");
   // Every flag is checked before any output, the custom shape too.
   MESHRT_CHECK(!(o.m || o.n || o.k) || (o.m > 0 && o.n > 0 && o.k > 0),
                "gemm bench: -m, -n and -k must all be > 0 (got " << o.m << ", " << o.n << ", "
                                                                  << o.k << ")");
+}
+
+int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
+  check_gemm_options(o);
+  Bench bench{o, out, parse_dtype(o.dtype), parse_devices(o.devices), false, 1, 0, 0, json()};
+  bench.cuda = bench.devs[0].is_cuda();
+  if (bench.cuda) bench.devs.resize(1);  // one GPU: the kernels are per device
+  bench.ranks = static_cast<int>(bench.devs.size());
+  bench.tokens = o.tokens ? o.tokens : (bench.cuda ? 8192 : 2048);
+  bench.hidden = o.hidden ? o.hidden : (bench.cuda ? 4096 : 768);
 
   std::vector<std::unique_ptr<Context>> ctxs;
   for (int r = 0; r < bench.ranks; ++r) {

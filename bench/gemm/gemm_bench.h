@@ -26,6 +26,10 @@ struct GemmBenchOptions {
   std::string json_path;  // also write every figure here as JSON
 };
 
+// Checks the options (dtype, devices, CUDA when asked for, sizes, shape, warmup and repeats)
+// before any output; throws meshrt::Error saying what to change. run_gemm_bench checks them too.
+void check_gemm_options(const GemmBenchOptions& opts);
+
 // Runs the benchmark and prints its tables to `out`: for the host, meshrt GEMM GFLOP/s next to
 // raw cblas_sgemm on the same shapes ("vs blas 0.98x") and elementwise GB/s next to a memcpy of
 // the same bytes; for CUDA, GEMM TFLOP/s next to a plain cublasGemmEx, kernel GB/s next to a

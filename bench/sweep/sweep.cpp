@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,20 +12,15 @@
 #include <iostream>
 #include <sstream>
 
+#include "bench/common/stats.h"
 #include "runtime/error.h"
 
 namespace meshrt {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
 using json = nlohmann::json;
-
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), f, v);
-  return b;
-}
 
 std::string clock_str(double s) {
   const long t = static_cast<long>(s + 0.5);
@@ -157,7 +151,7 @@ std::vector<std::pair<int, int>> mesh_factorisations(int world) {
   return f;
 }
 
-int run_sweep(const SweepOptions& o, std::ostream& os) {
+void check_sweep_options(const SweepOptions& o) {
   MESHRT_CHECK(!o.batches.empty(), "--batches is empty; give sizes like 1,2,4");
   MESHRT_CHECK(o.repeats >= 1, "--repeats " << o.repeats << " must be >= 1");
   for (int64_t b : o.batches) MESHRT_CHECK(b >= 1, "--batches: " << b << " must be >= 1");
@@ -176,6 +170,10 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
                                                 << *p << ": directory " << dir.string()
                                                 << " does not exist");
   }
+}
+
+int run_sweep(const SweepOptions& o, std::ostream& os) {
+  check_sweep_options(o);
   int world = 1;
   BlockBenchOptions base = o.base;
   base.devices = resolve_bench_devices(o.base, &world);
@@ -214,7 +212,7 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
     for (size_t i = 0; i < cfgs.size(); ++i) {
       const Config& c = cfgs[i];
       if (!why[i].empty()) continue;  // cannot run: do not try again
-      const double el = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double el = bench::ms_since(t0, Clock::now()) / 1e3;
       if (o.progress && printer) {
         std::string eta =
             done == 0
@@ -239,7 +237,7 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
       ++done;
     }
   }
-  const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double total_s = bench::ms_since(t0, Clock::now()) / 1e3;
   if (o.progress && printer)
     std::cerr << (tty ? "\r\033[K" : "") << "sweep: " << done << " runs of " << cfgs.size()
               << " configurations in " << clock_str(total_s) << "\n"
@@ -302,8 +300,9 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
                   "  %-4s %-12s %-4s %6lld %10.2f %10.0f %9.3f %7s %10.2f %10.2f %10.1f\n",
                   i == 0 ? "best" : "", r.mesh.c_str(), r.tp == 1 ? "-" : (r.sp ? "on" : "off"),
                   static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.tflops,
-                  r.mfu >= 0 ? (fmt("%.1f", 100 * r.mfu) + "%").c_str() : "n/a", r.tp_exposed_ms,
-                  r.dp_exposed_ms, static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0));
+                  r.mfu >= 0 ? (bench::fmt("%.1f", 100 * r.mfu) + "%").c_str() : "n/a",
+                  r.tp_exposed_ms, r.dp_exposed_ms,
+                  static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0));
     os << line;
   }
   for (const auto& s : skipped)

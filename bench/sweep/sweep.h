@@ -28,6 +28,10 @@ std::vector<int64_t> parse_int_list(const std::string& s, const char* flag);
 // Every (dp, tp) with dp * tp == world, tp outermost-last, in increasing tp.
 std::vector<std::pair<int, int>> mesh_factorisations(int world);
 
+// Checks the options that need no run (batches, repeats, sp modes, no --mesh, output folders);
+// throws meshrt::Error saying what to change. run_sweep checks them too.
+void check_sweep_options(const SweepOptions& opts);
+
 // Runs the sweep (every process of an mpirun job runs it; the one with rank 0 prints). Returns 0,
 // or 1 when no configuration could run. Throws meshrt::Error on invalid options.
 int run_sweep(const SweepOptions& opts, std::ostream& out);

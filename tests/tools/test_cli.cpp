@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "bench/common/command.h"
 #include "runtime/allocator.h"
 #include "runtime/backend.h"
 #include "runtime/safetensors.h"
@@ -44,14 +45,14 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// Runs `meshrt <args>` (no shell quoting needed for the arguments used here).
-Run cli(const std::string& args) {
+// Runs `<bin> <args>` (no shell quoting needed for the arguments used here).
+Run run(const std::string& bin, const std::string& args) {
   static int n = 0;
   const fs::path out = scratch() / ("out" + std::to_string(n) + ".txt");
   const fs::path err = scratch() / ("err" + std::to_string(n++) + ".txt");
   // MESHRT_COMM_TIMEOUT: a hang becomes a failure, not a stuck test.
-  const std::string cmd = std::string("MESHRT_COMM_TIMEOUT=60 ") + MESHRT_CLI_BIN + " " + args +
-                          " >" + out.string() + " 2>" + err.string();
+  const std::string cmd =
+      "MESHRT_COMM_TIMEOUT=60 " + bin + " " + args + " >" + out.string() + " 2>" + err.string();
   const int st = std::system(cmd.c_str());
   Run r;
   r.signaled = WIFSIGNALED(st);
@@ -60,6 +61,9 @@ Run cli(const std::string& args) {
   r.err = slurp(err);
   return r;
 }
+
+// Runs `meshrt <args>`.
+Run cli(const std::string& args) { return run(MESHRT_CLI_BIN, args); }
 
 // Tiny shapes for runs that must finish in about a second.
 const std::string kTiny = "--seq 64 --hidden 128 --heads 4 --steps 3 --warmup 1";
@@ -358,4 +362,124 @@ TEST_CASE("a tiny sweep covers every factorisation and writes JSON and a PNG", "
   char sig[8] = {};
   p.read(sig, 8);
   CHECK(std::string(sig + 1, 3) == "PNG");
+}
+
+namespace {
+
+// The part of a --help text after "Options:" (the usage line names the program).
+std::string options_part(const std::string& help) {
+  const size_t at = help.find("Options:");
+  return at == std::string::npos ? std::string() : help.substr(at);
+}
+
+struct Program {
+  const char* name;  // `meshrt bench <name>`
+  const char* bin;   // its standalone program
+};
+const Program kPrograms[] = {{"collective", MESHRT_BENCH_COLLECTIVE_BIN},
+                             {"gemm", MESHRT_BENCH_GEMM_BIN}};
+
+}  // namespace
+
+TEST_CASE("the registry lists every benchmark and the CLI offers each with its flags", "[unit]") {
+  std::set<std::string> names;
+  for (const meshrt::bench::Entry& e : meshrt::bench::registry()) {
+    INFO(e.name);
+    CHECK(names.insert(e.name).second);  // no name twice
+    CHECK(!e.description.empty());
+    // `meshrt bench --help` / `meshrt --help` list it with its description, and its own --help
+    // shows every flag its command adds.
+    Run list = cli(e.top_level ? "--help" : "bench --help");
+    CHECK(list.out.find(e.name) != std::string::npos);
+    CHECK(list.out.find(e.description.substr(0, 40)) != std::string::npos);
+    Run help = cli(std::string(e.top_level ? "" : "bench ") + e.name + " --help");
+    CHECK(help.rc == 0);
+    CLI::App app;
+    std::unique_ptr<meshrt::bench::Command> cmd = e.make();
+    meshrt::bench::bind_flags(app, *cmd);
+    int flags = 0;
+    for (const CLI::Option* o : app.get_options()) {
+      if (o->get_group().empty()) continue;  // hidden (the sweep's --mesh)
+      for (const std::string& l : o->get_lnames()) {
+        ++flags;
+        CHECK(help.out.find("--" + l) != std::string::npos);
+      }
+    }
+    CHECK(flags >= 5);
+  }
+  for (const char* n : {"block", "mlp", "attn", "collective", "gemm", "sweep"})
+    CHECK(names.count(n) == 1);
+}
+
+TEST_CASE("standalone programs and the CLI have the same flags, checks and messages", "[unit]") {
+  for (const Program& p : kPrograms) {
+    INFO(p.bin);
+    Run a = cli(std::string("bench ") + p.name + " --help"), b = run(p.bin, "--help");
+    CHECK(a.rc == 0);
+    CHECK(b.rc == 0);
+    CHECK(!options_part(a.out).empty());
+    CHECK(options_part(a.out) == options_part(b.out));
+  }
+  struct Case {
+    const char* name;
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"collective", "--seed -1", "--seed: '-1' is not an integer >= 0"},
+      {"collective", "-b 12Q", "size '12Q' is not a byte count"},
+      {"collective", "-i 1X", "size '1X' is not a byte count"},
+      {"collective", "--op all_gatherv", "use one of all_reduce"},
+      {"collective", "-b 1K -e 512", "-b 1024 must be >= 0 and <= -e 512"},
+      {"collective", "-n 0", "-n 0 must be >= 1"},
+      {"collective", "-a 7", "-a 7: use 0 \\(rank 0\\)"},
+      {"collective", "-f 1", "use -f with a factor > 1"},
+      {"collective", "--frobnicate", "not expected: --frobnicate"},
+      {"gemm", "-m -1 -n 4 -k 4", "-m, -n and -k must all be > 0"},
+      {"gemm", "--dtype i32", "--dtype i32 must be f32, bf16 or f16"},
+      {"gemm", "--repeats 0", "--repeats >= 1 \\(got 2, 0\\)"},
+      {"gemm", "--tokens -4", "--tokens and --hidden must be > 0"},
+      {"gemm", "--devices gpu:1", "unknown device kind 'gpu'"},
+      {"gemm", "--frobnicate", "not expected: --frobnicate"},
+  };
+  for (const Case& c : cases) {
+    const std::string bin =
+        c.name == std::string("collective") ? MESHRT_BENCH_COLLECTIVE_BIN : MESHRT_BENCH_GEMM_BIN;
+    const std::string prog = fs::path(bin).filename().string();
+    INFO("meshrt bench " << c.name << " " << c.args << " vs " << prog << " " << c.args);
+    Run a = cli(std::string("bench ") + c.name + " " + c.args), b = run(bin, c.args);
+    INFO("meshrt: " << a.err << prog << ": " << b.err);
+    CHECK(a.rc > 0);
+    CHECK(a.rc < 128);
+    CHECK(a.rc == b.rc);
+    CHECK(std::regex_search(a.err, std::regex(c.expect)));
+    CHECK(a.out.empty());
+    CHECK(b.out.empty());
+    // The same text, but for the program's name in front of a checked option's error.
+    std::string b_err = b.err;
+    if (b_err.rfind(prog + ":", 0) == 0) b_err = "meshrt" + b_err.substr(prog.size());
+    CHECK(a.err == b_err);
+  }
+}
+
+TEST_CASE("standalone programs and the CLI take the last of a repeated flag", "[multirank]") {
+  Run a = cli("bench collective --devices cpu:2 --backend host -b 1K -e 4K -f 4 -w 0 -n 1 -n 2");
+  Run b = run(MESHRT_BENCH_COLLECTIVE_BIN,
+              "--devices cpu:2 --backend host -b 1K -e 4K -f 4 -w 0 -n 1 -n 2");
+  for (const Run* r : {&a, &b}) {
+    INFO(r->out << r->err);
+    CHECK(r->rc == 0);
+    CHECK(r->out.find("# minBytes 1024 maxBytes 4096 step: 4.000000(factor) warmup iters: 0 "
+                      "iters: 2 validation: 1") != std::string::npos);
+    CHECK(r->out.find("# Out of bounds values : 0 OK") != std::string::npos);
+  }
+  const std::string g =
+      "-m 16 -n 8 -k 4 --no-elementwise --no-attention --warmup 0 --repeats 3 "
+      "--repeats 1";
+  Run c = cli("bench gemm " + g), d = run(MESHRT_BENCH_GEMM_BIN, g);
+  for (const Run* r : {&c, &d}) {
+    INFO(r->out << r->err);
+    CHECK(r->rc == 0);
+    CHECK(r->out.find("median of 1 runs") != std::string::npos);
+    CHECK(std::regex_search(r->out, std::regex("custom +16 +8 +4 ")));
+  }
 }

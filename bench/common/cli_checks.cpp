@@ -1,4 +1,4 @@
-#include "tools/cli_checks.h"
+#include "bench/common/cli_checks.h"
 
 #include <cmath>
 #include <cstdlib>

@@ -1,0 +1,70 @@
+// `meshrt bench collective` and meshrt-bench-collective: the flags (nccl-tests' names) and checks.
+#include "bench/collective/collective_bench.h"
+#include "bench/common/cli_checks.h"
+#include "bench/common/command.h"
+
+namespace meshrt::bench {
+
+namespace {
+
+class CollectiveCommand : public Command {
+ public:
+  void add_flags(CLI::App& c) override {
+    c.add_option("--op", o_.op, "all_reduce | all_gather | reduce_scatter | broadcast | all_to_all")
+        ->capture_default_str();
+    c.add_option("--devices", o_.devices, "ranks: cpu:N, cuda:0-7 (under mpirun: cpu or cuda)")
+        ->capture_default_str();
+    c.add_option("--backend", o_.backend,
+                 "host | mpi | nccl | auto (threads: host/nccl; under mpirun: mpi/nccl)")
+        ->capture_default_str();
+    c.add_option("-b,--minbytes", min_, "smallest size, bytes with optional K/M/G")
+        ->capture_default_str();
+    c.add_option("-e,--maxbytes", max_, "largest size")->capture_default_str();
+    c.add_option("-f,--stepfactor", o_.step_factor, "multiply the size by this")
+        ->capture_default_str();
+    c.add_option("-i,--stepbytes", step_, "add this many bytes instead of multiplying");
+    c.add_option("-d,--datatype", o_.dtype, "f32 | bf16 | f16 | i32 | i64")->capture_default_str();
+    c.add_option("-o,--redop", o_.redop, "sum | avg | max | min")->capture_default_str();
+    c.add_option("-r,--root", o_.root, "broadcast root")->capture_default_str();
+    c.add_option("-w,--warmup_iters", o_.warmup, "untimed iterations per size")
+        ->capture_default_str();
+    c.add_option("-n,--iters", o_.iters, "timed iterations per size")->capture_default_str();
+    c.add_option("-c,--check", check_, "check results on fresh inputs (0/1)")
+        ->capture_default_str();
+    c.add_option("-a,--average", o_.average,
+                 "time shown: 0 rank 0, 1 average, 2 minimum, 3 maximum over ranks")
+        ->capture_default_str();
+    c.add_option("--seed", o_.seed, "input pattern seed")
+        ->capture_default_str()
+        ->check(cli::kNonNegativeInt);
+    c.add_flag("--memcpy-bound", o_.memcpy_bound,
+               "also measure the memcpy bandwidth every rank gets while all copy at once");
+    c.add_option("--json", o_.json_path, "write the figures to this JSON file");
+  }
+
+  void validate() override {
+    o_.min_bytes = parse_bench_size(min_);
+    o_.max_bytes = parse_bench_size(max_);
+    if (!step_.empty()) o_.step_bytes = parse_bench_size(step_);
+    o_.check = check_ != 0;
+    check_collective_options(o_);
+  }
+
+  int run(const RunInfo&, std::ostream& out) override { return run_collective_bench(o_, out); }
+
+ private:
+  CollBenchOptions o_;
+  std::string min_ = "32M", max_ = "32M", step_;  // sizes as typed ("64M")
+  int check_ = 1;
+};
+
+}  // namespace
+
+std::vector<Entry> collective_commands() {
+  return {{"collective",
+           "Collective microbenchmark in the style of nccl-tests (ranks as threads: --devices "
+           "cpu:N or cuda:0-7; under mpirun / srun one process each)",
+           false, [] { return std::make_unique<CollectiveCommand>(); }}};
+}
+
+}  // namespace meshrt::bench

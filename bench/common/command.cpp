@@ -1,0 +1,68 @@
+#include "bench/common/command.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace meshrt::bench {
+
+void bind_flags(CLI::App& app, Command& cmd) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd.add_flags(app);
+}
+
+int launcher_rank() {
+  // Open MPI, MPICH / Intel MPI (PMI), PMIx launchers, MVAPICH, and srun job steps.
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"}) {
+    if (const char* x = std::getenv(v); x && *x) return std::atoi(x);
+  }
+  if (std::getenv("SLURM_STEP_ID"))
+    if (const char* x = std::getenv("SLURM_PROCID"); x && *x) return std::atoi(x);
+  return 0;
+}
+
+int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
+  if (launcher_rank() == 0) return app.exit(e);
+  std::ostringstream quiet;
+  return app.exit(e, quiet, quiet);
+}
+
+int report_error(std::string_view program, const std::exception& e, bool every_rank) {
+  const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
+  if (every_rank || launcher_rank() == 0) {
+    // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
+    std::cerr << program << (ours ? ": error: " : ": internal error: ") << error_message(e) << "\n";
+  }
+  return ours ? 1 : 2;
+}
+
+std::string command_line(std::string_view program, int argc, char** argv) {
+  std::string s(program);
+  for (int i = 1; i < argc; ++i) s += std::string(" ") + argv[i];
+  return s;
+}
+
+int program_main(const Entry& entry, std::string_view program, int argc, char** argv) {
+  CLI::App app{entry.description, std::string(program)};
+  std::unique_ptr<Command> cmd = entry.make();
+  bind_flags(app, *cmd);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return exit_parse_error(app, e);
+  }
+  try {
+    cmd->validate();
+  } catch (const std::exception& e) {
+    return report_error(program, e, false);
+  }
+  try {
+    return cmd->run({command_line(program, argc, argv)}, std::cout);
+  } catch (const std::exception& e) {
+    return report_error(program, e, true);
+  }
+}
+
+}  // namespace meshrt::bench

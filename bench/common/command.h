@@ -1,0 +1,75 @@
+// The benchmark registry: each benchmark's command line (name, help, flags, checks, run), defined
+// once and used by both the `meshrt` CLI and the benchmark's own program.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshrt::bench {
+
+// What a run may record besides its options (block and sweep write both into their JSON).
+struct RunInfo {
+  std::string command_line;
+  // Library / build versions, asked for only by the commands that record them (it queries CUDA,
+  // BLAS and MPI); null outside the CLI.
+  std::map<std::string, std::string> (*versions)() = nullptr;
+};
+
+// One invocation of a benchmark: owns the values its flags are parsed into.
+class Command {
+ public:
+  virtual ~Command() = default;
+  // Adds the flags to `app` (a `meshrt bench` subcommand or a standalone program).
+  virtual void add_flags(CLI::App& app) = 0;
+  // After parsing, before any output: completes the options and checks what can be checked
+  // without running. Throws meshrt::Error saying what to change.
+  virtual void validate() {}
+  // Runs with the validated options; returns the exit status.
+  virtual int run(const RunInfo& info, std::ostream& out) = 0;
+};
+
+struct Entry {
+  std::string name;         // `meshrt bench <name>`, or `meshrt <name>` when top_level
+  std::string description;  // the command's help line
+  bool top_level = false;
+  std::function<std::unique_ptr<Command>()> make;
+};
+
+// Every registered benchmark's entries in registration order (bench/ subfolders alphabetically,
+// each in the order its <name>_commands() returns them). Generated from the meshrt_benchmark()
+// lines of bench/*/CMakeLists.txt.
+const std::vector<Entry>& registry();
+
+// Adds `cmd`'s flags to `app`, where repeating a flag keeps the last value (as most command lines
+// do) instead of an error. The CLI and the standalone programs both add flags through this.
+void bind_flags(CLI::App& app, Command& cmd);
+
+// The rank of this process in an MPI / srun launch, from the launcher's environment (readable
+// before MPI starts); 0 when not launched that way.
+int launcher_rank();
+
+// How a parse error (or --help) ends: CLI11's message and exit status, printed by the process with
+// launcher rank 0 only (the others would print the same text).
+int exit_parse_error(CLI::App& app, const CLI::ParseError& e);
+
+// How a failure ends: "<program>: error: <message>" and status 1 for meshrt::Error, "<program>:
+// internal error: ..." and status 2 otherwise. `every_rank` false: printed by launcher rank 0
+// only, for errors that every rank raises alike (wrong options).
+int report_error(std::string_view program, const std::exception& e, bool every_rank);
+
+// "<program> <args...>", as recorded in JSON.
+std::string command_line(std::string_view program, int argc, char** argv);
+
+// A standalone benchmark program: `entry`'s flags on a program named `program`, then validate and
+// run as `meshrt bench <name>` does.
+int program_main(const Entry& entry, std::string_view program, int argc, char** argv);
+
+}  // namespace meshrt::bench

@@ -5,11 +5,10 @@
 
 namespace meshrt {
 
-void add_param_entries(const DeviceMesh& mesh, const std::vector<Param*>& params,
-                       std::vector<DumpEntry>& out) {
+void add_param_entries(const std::vector<Param*>& params, std::vector<DumpEntry>& out) {
   for (Param* p : params) {
-    out.push_back({p->name, p->value, p->placements(mesh)});
-    out.push_back({p->name + ".grad", p->grad, p->placements(mesh)});
+    out.push_back({p->name, p->value, p->placements});
+    out.push_back({p->name + ".grad", p->grad, p->placements});
   }
 }
 

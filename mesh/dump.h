@@ -18,8 +18,7 @@ struct DumpEntry {
 };
 
 // Adds "<param>" and "<param>.grad" entries for each parameter.
-void add_param_entries(const DeviceMesh& mesh, const std::vector<Param*>& params,
-                       std::vector<DumpEntry>& out);
+void add_param_entries(const std::vector<Param*>& params, std::vector<DumpEntry>& out);
 
 // Collective over the mesh: gathers every entry (full_tensor) and rank 0 writes them, in order,
 // to `path` with `metadata`. Returns the number of tensors written (0 on other ranks).

@@ -77,7 +77,7 @@ TEST_CASE("a --hidden whose default ffn overflows is blamed on --hidden", "[unit
   CHECK(r.err.find("--ffn 0") == std::string::npos);
 }
 
-TEST_CASE("bench mlp does not check heads; bench block does", "[multirank]") {
+TEST_CASE("bench mlp does not check heads but bench block does", "[multirank]") {
   // hidden 100 does not divide by the default 16 heads.
   const std::string shape = "--seq 32 --hidden 100 --steps 1 --warmup 0 --no-calibrate";
   Run mlp = cli("bench mlp --devices cpu:2 " + shape);

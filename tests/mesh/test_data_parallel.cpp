@@ -158,12 +158,13 @@ namespace {
 
 std::vector<double> losses(int world, const std::string& mesh, GradSyncMode mode,
                            OptimizerKind opt = OptimizerKind::AdamW, int staleness = 1,
-                           int sync_every = 1, bool sp = false) {
+                           int sync_every = 1, bool sp = false,
+                           const ModelConfig& model = tiny_model()) {
   std::vector<double> out;
   std::mutex mu;
   run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
     TrainConfig cfg;
-    cfg.model = tiny_model();
+    cfg.model = model;
     cfg.mesh = mesh;
     cfg.tp.sequence_parallel = sp;
     cfg.batch = 8;
@@ -201,6 +202,25 @@ TEST_CASE("the f32 loss curve is the same for every dp x tp layout", "[dp][train
   INFO("dp=2,tp=2 with sequence parallel");
   CHECK(rel_err(losses(4, "dp=2,tp=2", GradSyncMode::Sync, OptimizerKind::AdamW, 1, 1, true), ref) <
         1e-4);
+}
+
+TEST_CASE("the loss curve with ffn and vocab that tp does not divide is the tp=1 curve",
+          "[dp][train][multirank][uneven]") {
+  ModelConfig m = tiny_model();
+  m.block.hidden = 36;  // hidden and heads divide by 3 and 6; ffn and vocab do not
+  m.block.heads = 6;
+  m.block.ffn = 10;
+  m.vocab = 100;
+  const auto sync = GradSyncMode::Sync;
+  const auto adam = OptimizerKind::AdamW;
+  auto ref = losses(1, "dp=1,tp=1", sync, adam, 1, 1, false, m);
+  REQUIRE(ref.size() == 5);
+  REQUIRE(ref.back() < ref.front());
+  for (auto [w, mesh] : std::vector<std::pair<int, std::string>>{
+           {3, "dp=1,tp=3"}, {6, "dp=1,tp=6"}, {6, "dp=2,tp=3"}}) {
+    INFO("mesh " << mesh);
+    CHECK(rel_err(losses(w, mesh, sync, adam, 1, 1, false, m), ref) < 1e-4);
+  }
 }
 
 TEST_CASE("async with staleness 0 is synchronous, and local SGD with H=1 is parameter averaging",

@@ -6,19 +6,23 @@
 
 namespace meshrt {
 
-void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq) {
-  MESHRT_CHECK(cfg.hidden > 0 && cfg.ffn > 0 && cfg.heads > 0,
+void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq,
+                    bool attention) {
+  MESHRT_CHECK(cfg.hidden > 0 && cfg.ffn > 0 && (!attention || cfg.heads > 0),
                "block: hidden=" << cfg.hidden << ", ffn=" << cfg.ffn << ", heads=" << cfg.heads
                                 << " must all be positive");
-  MESHRT_CHECK(cfg.hidden % cfg.heads == 0, "block: hidden "
-                                                << cfg.hidden << " does not divide by heads "
-                                                << cfg.heads << "; pick heads that divide it");
+  if (attention)
+    MESHRT_CHECK(cfg.hidden % cfg.heads == 0, "block: hidden "
+                                                  << cfg.hidden << " does not divide by heads "
+                                                  << cfg.heads << "; pick heads that divide it");
   MESHRT_CHECK(cfg.hidden % tp == 0, "block: hidden " << cfg.hidden << " does not divide by tp="
                                                       << tp << "; change --hidden or the mesh");
-  MESHRT_CHECK(cfg.ffn % tp == 0, "block: ffn " << cfg.ffn << " does not divide by tp=" << tp
-                                                << "; change --ffn or the mesh");
-  MESHRT_CHECK(cfg.heads % tp == 0, "block: heads " << cfg.heads << " do not divide by tp=" << tp
-                                                    << "; change --heads or the mesh");
+  MESHRT_CHECK(cfg.ffn >= tp, "block: ffn " << cfg.ffn << " is smaller than tp=" << tp
+                                            << ": every rank needs at least one column; change "
+                                               "--ffn or the mesh");
+  if (attention)
+    MESHRT_CHECK(cfg.heads % tp == 0, "block: heads " << cfg.heads << " do not divide by tp=" << tp
+                                                      << "; change --heads or the mesh");
   if (seq > 0 && opt.sequence_parallel && tp > 1) {
     MESHRT_CHECK(seq % tp == 0, "block: sequence " << seq << " does not divide by tp=" << tp
                                                    << " under sequence parallel; change --seq "
@@ -35,18 +39,21 @@ void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_
 Norm::Norm(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, NormKind kind,
            std::string name, uint64_t id, int64_t hidden, DType dtype, float eps, float noise,
            uint64_t seed)
-    : mesh_(mesh), tp_(tp), opt_(opt), kind_(kind), eps_(eps) {
+    : mesh_(mesh),
+      tp_(tp),
+      style_(sequence_parallel_norm(opt.sequence_parallel && tp.size() > 1)),
+      kind_(kind),
+      eps_(eps) {
   using D = PhiloxInit::Dist;
-  gamma = noise > 0 ? make_param(mesh, name + ".weight", id, {hidden}, -1, dtype,
+  const auto wpl = placements_on(mesh, kTpDim, style_.weight);
+  const auto bpl = placements_on(mesh, kTpDim, style_.bias);
+  gamma = noise > 0 ? make_param(mesh, name + ".weight", id, {hidden}, wpl, dtype,
                                  PhiloxInit{seed, 0, D::Normal, 1.f, noise})
-                    : make_param_const(mesh, name + ".weight", id, {hidden}, -1, dtype, 1.0);
+                    : make_param_const(mesh, name + ".weight", id, {hidden}, wpl, dtype, 1.0);
   if (kind == NormKind::LayerNorm)
-    beta = noise > 0 ? make_param(mesh, name + ".bias", id + 1, {hidden}, -1, dtype,
+    beta = noise > 0 ? make_param(mesh, name + ".bias", id + 1, {hidden}, bpl, dtype,
                                   PhiloxInit{seed, 0, D::Normal, 0.f, noise})
-                     : make_param_const(mesh, name + ".bias", id + 1, {hidden}, -1, dtype, 0.0);
-  const bool partial = opt.sequence_parallel && tp.size() > 1;
-  gamma.tp_partial_grad = partial;
-  if (beta.value.defined()) beta.tp_partial_grad = partial;
+                     : make_param_const(mesh, name + ".bias", id + 1, {hidden}, bpl, dtype, 0.0);
 }
 
 void Norm::collect(std::vector<Param*>& out) {
@@ -75,7 +82,7 @@ Tensor Norm::backward(const Tensor& dy) {
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
   Tensor dx = ctx.empty(x_.shape(), x_.dtype());
-  const bool partial = gamma.tp_partial_grad;
+  const bool partial = style_.partial_param_grads;
   // Under sequence parallel the weight gradients of this shard are partial: reduce this step's
   // contribution over tp before adding it (never the accumulated gradient, which would count
   // earlier micro-batches tp times).
@@ -89,8 +96,9 @@ Tensor Norm::backward(const Tensor& dy) {
     ops::rmsnorm_bwd(ctx, cs, dy, x_, gamma.value, rstd_, dx, &dg, !partial);
   }
   if (partial) {
-    Event e1 = tp_.all_reduce(dg, "norm.grad.ar");
-    Event e2 = db.defined() ? tp_.all_reduce(db, "norm.grad.ar") : Event();
+    const Redistribution r{Placement::partial(), Placement::replicate()};
+    Event e1 = redistribute(tp_, dg, dg, r, "norm.grad");
+    Event e2 = db.defined() ? redistribute(tp_, db, db, r, "norm.grad") : Event();
     tp_.wait(e1);
     tp_.wait(e2);
     ops::add(ctx, cs, gamma.grad, dg, gamma.grad);
@@ -103,7 +111,8 @@ Tensor Norm::backward(const Tensor& dy) {
 // ---- MLP ----------------------------------------------------------------------------------------
 
 namespace {
-LinearSpec lin(const BlockConfig& c, std::string name, uint64_t id, int64_t in, int64_t out) {
+LinearSpec lin(const BlockConfig& c, std::string name, uint64_t id, int64_t in, int64_t out,
+               bool bias_in_epilogue = false) {
   LinearSpec s;
   s.name = std::move(name);
   s.id = id;
@@ -111,19 +120,25 @@ LinearSpec lin(const BlockConfig& c, std::string name, uint64_t id, int64_t in, 
   s.out = out;
   s.dtype = c.dtype;
   s.bias = c.bias;
+  s.bias_in_epilogue = bias_in_epilogue;
   s.init_std = c.init_std;
   s.bias_std = c.param_noise;
   s.seed = c.seed;
   return s;
 }
+bool sp(const TpOptions& opt, const CommScheduler& tp) {
+  return opt.sequence_parallel && tp.size() > 1;
+}
 }  // namespace
 
 MlpBlock::MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                    const BlockConfig& cfg, std::string name, uint64_t id)
-    : norm((validate_block(cfg, tp.size(), opt), mesh), tp, opt, cfg.norm, name + ".norm", id,
-           cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
-      fc1(mesh, tp, opt, lin(cfg, name + ".fc1", id + 2, cfg.hidden, cfg.ffn)),
-      fc2(mesh, tp, opt, lin(cfg, name + ".fc2", id + 4, cfg.ffn, cfg.hidden)),
+    : norm((validate_block(cfg, tp.size(), opt, 0, /*attention=*/false), mesh), tp, opt, cfg.norm,
+           name + ".norm", id, cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
+      fc1(mesh, tp, opt, lin(cfg, name + ".fc1", id + 2, cfg.hidden, cfg.ffn, true),
+          colwise_parallel(sp(opt, tp))),
+      fc2(mesh, tp, opt, lin(cfg, name + ".fc2", id + 4, cfg.ffn, cfg.hidden),
+          rowwise_parallel(sp(opt, tp))),
       mesh_(mesh),
       tp_(tp),
       cfg_(cfg) {}
@@ -138,7 +153,7 @@ Tensor MlpBlock::forward(const Tensor& x) {
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
   Tensor ln = norm.forward(x);
-  h1_ = fc1.forward(ln, /*apply_bias=*/false);
+  h1_ = fc1.forward(ln);
   Tensor g = ctx.empty(h1_.shape(), h1_.dtype());
   ops::bias_gelu_fwd(ctx, cs, h1_, cfg_.bias ? &fc1.bias.value : nullptr, g, cfg_.gelu);
   Tensor y = fc2.forward(g);
@@ -150,15 +165,14 @@ Tensor MlpBlock::forward(const Tensor& x) {
 Tensor MlpBlock::backward(const Tensor& dout) {
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
-  Tensor dg = fc2.backward(dout);
+  Tensor dg = fc2.backward(dout).dx;  // rowwise: complete on return
   Tensor dh = ctx.empty(dg.shape(), dg.dtype());
   ops::bias_gelu_bwd(ctx, cs, dg, h1_, cfg_.bias ? &fc1.bias.value : nullptr, dh,
                      cfg_.bias ? &fc1.bias.grad : nullptr, cfg_.gelu, /*accumulate=*/true);
   h1_ = Tensor();
-  Event ready;
-  Tensor dln = fc1.backward(dh, &ready, /*apply_bias=*/false);
-  tp_.wait(ready);
-  Tensor dx = norm.backward(dln);
+  InputGrad dln = fc1.backward(dh);
+  tp_.wait(dln.ready);
+  Tensor dx = norm.backward(dln.dx);
   ops::add(ctx, cs, dx, dout, dx);
   return dx;
 }
@@ -169,8 +183,10 @@ AttentionBlock::AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOpti
                                const BlockConfig& cfg, std::string name, uint64_t id)
     : norm((validate_block(cfg, tp.size(), opt), mesh), tp, opt, cfg.norm, name + ".norm", id,
            cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
-      qkv(mesh, tp, opt, lin(cfg, name + ".qkv", id + 2, cfg.hidden, 3 * cfg.hidden)),
-      proj(mesh, tp, opt, lin(cfg, name + ".proj", id + 4, cfg.hidden, cfg.hidden)),
+      qkv(mesh, tp, opt, lin(cfg, name + ".qkv", id + 2, cfg.hidden, 3 * cfg.hidden),
+          colwise_parallel(sp(opt, tp))),
+      proj(mesh, tp, opt, lin(cfg, name + ".proj", id + 4, cfg.hidden, cfg.hidden),
+           rowwise_parallel(sp(opt, tp))),
       mesh_(mesh),
       tp_(tp),
       cfg_(cfg) {
@@ -217,7 +233,7 @@ Tensor AttentionBlock::forward(const Tensor& x) {
 Tensor AttentionBlock::backward(const Tensor& dout) {
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
-  Tensor dattn = proj.backward(dout);  // [s, b, hl * d]
+  Tensor dattn = proj.backward(dout).dx;  // [s, b, hl * d]; rowwise: complete on return
   const int64_t s = dattn.size(0), b = dattn.size(1), hl = heads_local_, d = head_dim_;
   Tensor dO = ctx.empty({b, hl, s, d}, dattn.dtype());
   dO.copy_(sbhd_to_bhsd(dattn.view({s, b, hl, d})), cs);
@@ -230,16 +246,14 @@ Tensor AttentionBlock::backward(const Tensor& dout) {
   sbhd_to_bhsd(dqkv.select(3, 1)).copy_(dk, cs);
   sbhd_to_bhsd(dqkv.select(3, 2)).copy_(dv, cs);
   q_ = k_ = v_ = o_ = lse_ = Tensor();
-  Event ready;
-  Tensor dln = qkv.backward(dqkv.view({s, b, hl * 3 * d}), &ready);
-  tp_.wait(ready);
-  Tensor dx = norm.backward(dln);
+  InputGrad dln = qkv.backward(dqkv.view({s, b, hl * 3 * d}));
+  tp_.wait(dln.ready);
+  Tensor dx = norm.backward(dln.dx);
   ops::add(ctx, cs, dx, dout, dx);
   return dx;
 }
 
-// ---- Transformer block
-// ---------------------------------------------------------------------------
+// ---- Transformer block --------------------------------------------------------------------------
 
 TransformerBlock::TransformerBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                                    const BlockConfig& cfg, std::string name, uint64_t id)

@@ -27,13 +27,16 @@ struct BlockConfig {
   uint64_t seed = 1;
 };
 
-// Rejects shapes that cannot be sharded, before any collective runs: hidden % tp, ffn % tp,
-// heads % tp, hidden % heads, and (seq > 0) seq % tp under sequence parallel (seq % tp^2 for
-// chunked overlap). Messages name the values and what to change.
-void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq = 0);
+// Rejects shapes that cannot be sharded, before any collective runs: hidden % tp, ffn >= tp (an
+// ffn that tp does not divide is sharded unevenly), and (seq > 0) seq % tp under sequence parallel
+// (seq % tp^2 for chunked overlap); with attention also heads % tp and hidden % heads. Messages
+// name the values and what to change.
+void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq = 0,
+                    bool attention = true);
 
-// LayerNorm / RMSNorm over hidden; weights replicated over tp. Under sequence parallel it runs
-// on the sequence shard and its weight gradients are summed over tp.
+// LayerNorm / RMSNorm over hidden in the sequence-parallel style: weights replicated over tp;
+// under sequence parallel it runs on the sequence shard and its weight gradients are summed over
+// tp.
 class Norm {
  public:
   Norm(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, NormKind kind, std::string name,
@@ -47,7 +50,7 @@ class Norm {
  private:
   DeviceMesh& mesh_;
   CommScheduler& tp_;
-  TpOptions opt_;
+  ParallelStyle style_;
   NormKind kind_;
   float eps_;
   Tensor x_, mean_, rstd_;
@@ -66,7 +69,8 @@ class Block {
   }
 };
 
-// x + fc2(gelu(fc1(norm(x)))): fc1 colwise, fc2 rowwise.
+// x + fc2(gelu(fc1(norm(x)))): norm sequence-parallel, fc1 colwise, fc2 rowwise. No heads: its
+// validation skips them.
 class MlpBlock : public Block {
  public:
   MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
@@ -76,8 +80,8 @@ class MlpBlock : public Block {
   void collect(std::vector<Param*>& out) override;
 
   Norm norm;
-  ColwiseLinear fc1;
-  RowwiseLinear fc2;
+  Linear fc1;  // colwise; its bias is fused into the GeLU
+  Linear fc2;  // rowwise
 
  private:
   DeviceMesh& mesh_;
@@ -97,8 +101,8 @@ class AttentionBlock : public Block {
   void collect(std::vector<Param*>& out) override;
 
   Norm norm;
-  ColwiseLinear qkv;
-  RowwiseLinear proj;
+  Linear qkv;   // colwise
+  Linear proj;  // rowwise
 
  private:
   DeviceMesh& mesh_;

@@ -11,7 +11,7 @@ namespace meshrt {
 GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts, int grad_sets)
     : mesh_(mesh),
       opts_(opts),
-      dp_(mesh, "dp", opts.overlap),
+      dp_(mesh, kDpDim, opts.overlap),
       params_(std::move(params)),
       sets_(grad_sets) {
   MESHRT_CHECK(opts.bucket_mb > 0,

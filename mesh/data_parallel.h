@@ -1,4 +1,4 @@
-// Data parallelism over a mesh's "dp" dim: gradients packed into buckets (in the reverse of
+// Data parallelism over a mesh's dp dim (kDpDim): gradients packed into buckets (in the reverse of
 // forward order, the order backward produces them), each all-reduced (average) on the dp stream
 // as soon as its last gradient is final, overlapping the rest of backward.
 #pragma once

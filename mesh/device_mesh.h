@@ -12,6 +12,11 @@
 
 namespace meshrt {
 
+// The mesh dims meshrt's layers use, named once: tensor parallel (the innermost dim, so a tp group
+// is consecutive ranks) and data parallel.
+inline constexpr std::string_view kTpDim = "tp";
+inline constexpr std::string_view kDpDim = "dp";
+
 struct MeshDim {
   std::string name;
   int size = 1;

@@ -1,16 +1,41 @@
 #include "mesh/dump.h"
 
+#include <cstdio>
+
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
 
 namespace meshrt {
 
-void add_param_entries(const DeviceMesh& mesh, const std::vector<Param*>& params,
-                       std::vector<DumpEntry>& out) {
+void add_param_entries(const std::vector<Param*>& params, std::vector<DumpEntry>& out) {
   for (Param* p : params) {
-    out.push_back({p->name, p->value, p->placements(mesh)});
-    out.push_back({p->name + ".grad", p->grad, p->placements(mesh)});
+    out.push_back({p->name, p->value, p->placements});
+    out.push_back({p->name + ".grad", p->grad, p->placements});
   }
+}
+
+namespace {
+// Round-trips a float: 9 significant digits.
+std::string exact(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.9g", v);
+  return b;
+}
+}  // namespace
+
+std::map<std::string, std::string> block_metadata(const BlockConfig& cfg) {
+  return {{"meshrt.hidden", std::to_string(cfg.hidden)},
+          {"meshrt.ffn", std::to_string(cfg.ffn)},
+          {"meshrt.heads", std::to_string(cfg.heads)},
+          {"meshrt.norm", cfg.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm"},
+          {"meshrt.norm_eps", exact(cfg.eps)},
+          {"meshrt.gelu", ops::gelu_kind_name(cfg.gelu)},
+          {"meshrt.bias", cfg.bias ? "1" : "0"},
+          {"meshrt.init_std", exact(cfg.init_std)},
+          {"meshrt.param_noise", exact(cfg.param_noise)},
+          {"meshrt.seed", std::to_string(cfg.seed)},
+          {"meshrt.dtype", dtype_name(cfg.dtype)},
+          {"meshrt.causal", "1"}};
 }
 
 int dump_safetensors(const std::string& path, const DeviceMesh& mesh,

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "mesh/parallel.h"
+#include "mesh/blocks.h"
 
 namespace meshrt {
 
@@ -18,8 +18,12 @@ struct DumpEntry {
 };
 
 // Adds "<param>" and "<param>.grad" entries for each parameter.
-void add_param_entries(const DeviceMesh& mesh, const std::vector<Param*>& params,
-                       std::vector<DumpEntry>& out);
+void add_param_entries(const std::vector<Param*>& params, std::vector<DumpEntry>& out);
+
+// What a dump needs besides its tensors to recompute a block: "meshrt.hidden", ".ffn", ".heads",
+// ".norm" (layernorm | rmsnorm), ".norm_eps", ".gelu" (tanh | erf), ".bias" (0 | 1),
+// ".init_std", ".param_noise", ".seed", ".dtype" and ".causal" (attention is causal).
+std::map<std::string, std::string> block_metadata(const BlockConfig& cfg);
 
 // Collective over the mesh: gathers every entry (full_tensor) and rank 0 writes them, in order,
 // to `path` with `metadata`. Returns the number of tensors written (0 on other ranks).

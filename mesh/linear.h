@@ -1,9 +1,10 @@
-// Tensor-parallel linear layers with explicit forward / backward (Megatron semantics).
+// A tensor-parallel linear layer with explicit forward / backward (Megatron semantics), laid out
+// by a parallel style (colwise or rowwise, mesh/style.h).
 // Activations are sequence-first, [seq, batch, features] as in Megatron, so a sequence shard is a
 // contiguous block and the sequence all-gather / reduce-scatter need no reshuffling.
 #pragma once
 
-#include "mesh/parallel.h"
+#include "mesh/style.h"
 
 namespace meshrt {
 
@@ -13,55 +14,49 @@ struct LinearSpec {
   int64_t in = 0, out = 0;
   DType dtype = DType::f32;
   bool bias = true;
+  // The caller applies the bias (fused into its next op, e.g. bias + GeLU) and fills bias.grad.
+  bool bias_in_epilogue = false;
   float init_std = 0.02f;
   float bias_std = 0.f;  // biases ~ N(0, bias_std); 0: zeros (the usual init)
   uint64_t seed = 0;
 };
 
-// ColwiseParallel: weight [in, out] sharded on out. Input Replicate (or Shard(seq) under sequence
-// parallel: all-gathered first), output Shard(-1). Backward: the input gradient is all-reduced
-// over tp (reduce-scattered along the sequence under SP).
-class ColwiseLinear {
- public:
-  ColwiseLinear(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const LinearSpec& s);
-  // x [s_local, b, in] -> y [s, b, out / tp]. With apply_bias false the caller adds the bias
-  // (e.g. fused into GeLU) and fills bias.grad itself.
-  Tensor forward(const Tensor& x, bool apply_bias = true);
-  // dy [s, b, out / tp] -> dx like x. *dx_ready: the compute stream must wait for it before
-  // reading dx (CommScheduler::wait), so the collective overlaps the wgrad GEMM.
-  Tensor backward(const Tensor& dy, Event* dx_ready, bool apply_bias = true);
-  void collect(std::vector<Param*>& out);
-
-  Param weight, bias;
-
- private:
-  DeviceMesh& mesh_;
-  CommScheduler& tp_;
-  TpOptions opt_;
-  LinearSpec spec_;
-  Tensor x_saved_;       // the local input (re-gathered in backward under SP)
-  Tensor x_full_saved_;  // the gathered input when it is kept (no SP)
+// What backward gives every module: the input gradient and the event it is complete at (invalid
+// when it already is). The compute stream must wait for `ready` (CommScheduler::wait) before
+// reading dx; deferring that wait lets the collective overlap the weight-gradient GEMM.
+struct InputGrad {
+  Tensor dx;
+  Event ready;
 };
 
-// RowwiseParallel: weight [in, out] sharded on in. Input Shard(-1); output Partial resolved by
-// all-reduce (Replicate) or, under sequence parallel, reduce-scatter along the sequence.
-class RowwiseLinear {
+// y = x @ W (+ b), W [in, out] sharded per the style (uneven shards allowed: an out (colwise) or
+// in (rowwise) that tp does not divide gives the first out % tp ranks one more column).
+// Colwise: x [s_local, b, in] -> y [s, b, out_local]; backward all-reduces the input gradient
+// (reduce-scatters it along the sequence under SP) while the wgrad GEMM runs.
+// Rowwise: x [s, b, in_local] -> y [s_local, b, out]; backward all-gathers dy first under SP.
+// Overlap::Chunked splits the sequence all-gather (colwise) / reduce-scatter (rowwise) into tp
+// pieces so GEMM pieces start as their rows arrive.
+class Linear {
  public:
-  RowwiseLinear(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const LinearSpec& s);
-  // x [s, b, in / tp] -> y [s_local, b, out] (bias added after the reduction).
+  Linear(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const LinearSpec& s,
+         ParallelStyle style);
   Tensor forward(const Tensor& x);
-  // dy [s_local, b, out] -> dx [s, b, in / tp] (sequence all-gather of dy first under SP).
-  Tensor backward(const Tensor& dy);
+  InputGrad backward(const Tensor& dy);
   void collect(std::vector<Param*>& out);
+  const ParallelStyle& style() const { return style_; }
 
   Param weight, bias;
 
  private:
+  Tensor forward_chunked_gather(const Tensor& x, const Tensor& y, const Tensor* bptr);
+  Tensor forward_chunked_scatter(const Tensor& x, const Tensor& y, const Tensor* bptr);
+
   DeviceMesh& mesh_;
   CommScheduler& tp_;
   TpOptions opt_;
   LinearSpec spec_;
-  Tensor x_saved_;
+  ParallelStyle style_;
+  Tensor x_saved_;  // the local input (re-gathered in backward when the style gathers it)
 };
 
 // Adds sum over rows of dy ([..., n]) into grad ([n]) with a ones-vector GEMM.

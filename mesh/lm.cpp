@@ -7,12 +7,15 @@ namespace meshrt {
 VocabEmbedding::VocabEmbedding(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                                std::string name, uint64_t id, int64_t vocab, int64_t hidden,
                                DType dtype, uint64_t seed, float init_std)
-    : mesh_(mesh), tp_(tp), opt_(opt) {
-  MESHRT_CHECK(vocab % tp.size() == 0, "embedding " << name << ": vocab " << vocab
-                                                    << " does not divide by tp=" << tp.size()
-                                                    << "; change --vocab or the mesh");
+    : mesh_(mesh),
+      tp_(tp),
+      style_(vocab_parallel_embedding(opt.sequence_parallel && tp.size() > 1)) {
+  MESHRT_CHECK(vocab >= tp.size(), "embedding " << name << ": vocab " << vocab
+                                                << " is smaller than tp=" << tp.size()
+                                                << "; change --vocab or the mesh");
   PhiloxInit init{seed, 0, PhiloxInit::Dist::Normal, 0.f, init_std};
-  weight = make_param(mesh, name + ".weight", id, {vocab, hidden}, 0, dtype, init);
+  weight = make_param(mesh, name + ".weight", id, {vocab, hidden},
+                      placements_on(mesh, kTpDim, style_.weight), dtype, init);
 }
 
 Tensor VocabEmbedding::forward(const Tensor& ids) {
@@ -22,19 +25,18 @@ Tensor VocabEmbedding::forward(const Tensor& ids) {
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
   const int tp = tp_.size();
-  const bool sp = opt_.sequence_parallel && tp > 1;
+  const Redistribution rout = style_.out();
   const int64_t s = ids.size(0), b = ids.size(1), h = weight.full_shape[1];
-  MESHRT_CHECK(!sp || s % tp == 0, "embedding: sequence " << s << " does not divide by tp=" << tp);
+  MESHRT_CHECK(!rout.to.is_shard() || s % tp == 0,
+               "embedding: sequence " << s << " does not divide by tp=" << tp);
   const int64_t off = weight.offsets[0];
   Tensor partial = ctx.empty({s, b, h}, weight.value.dtype());
   ops::embedding_fwd(ctx, cs, ids, weight.value, partial, off);
   ids_ = ids;
-  if (!sp) {
-    tp_.wait(tp_.all_reduce(partial, "embedding.ar"));
-    return partial;
-  }
-  Tensor out = ctx.empty({s / tp, b, h}, partial.dtype());
-  tp_.wait(tp_.reduce_scatter(partial, out, "embedding.rs"));
+  Tensor out = rout.to.is_replicate()
+                   ? partial
+                   : ctx.empty(rout.out_shape(partial.shape(), tp), partial.dtype());
+  tp_.wait(redistribute(tp_, partial, out, rout, "embedding.out"));
   return out;
 }
 
@@ -42,11 +44,11 @@ void VocabEmbedding::backward(const Tensor& dout) {
   MESHRT_CHECK(ids_.defined(), "embedding " << weight.name << ": backward without forward");
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
-  const int tp = tp_.size();
+  const Redistribution g = style_.out().grad();
   Tensor d = dout;
-  if (opt_.sequence_parallel && tp > 1) {
-    d = ctx.empty({ids_.size(0), ids_.size(1), dout.size(2)}, dout.dtype());
-    tp_.wait(tp_.all_gather(dout, d, "embedding.bwd.ag"));
+  if (!g.is_identity()) {
+    d = ctx.empty(g.out_shape(dout.shape(), tp_.size()), dout.dtype());
+    tp_.wait(redistribute(tp_, dout, d, g, "embedding.bwd.out"));
   }
   ops::embedding_bwd(ctx, cs, ids_, d, weight.grad, weight.offsets[0], /*accumulate=*/true);
   ids_ = Tensor();
@@ -57,9 +59,8 @@ void VocabEmbedding::backward(const Tensor& dout) {
 namespace {
 LinearSpec head_spec(const BlockConfig& c, const std::string& name, uint64_t id, int64_t vocab,
                      int tp) {
-  MESHRT_CHECK(vocab > 0 && vocab % tp == 0, "LM head: vocab " << vocab
-                                                               << " does not divide by tp=" << tp
-                                                               << "; change --vocab or the mesh");
+  MESHRT_CHECK(vocab >= tp, "LM head: vocab " << vocab << " is smaller than tp=" << tp
+                                              << "; change --vocab or the mesh");
   LinearSpec s;
   s.name = name + ".head";
   s.id = id;
@@ -77,7 +78,8 @@ LmHead::LmHead(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const 
                std::string name, uint64_t id, int64_t vocab)
     : norm(mesh, tp, opt, cfg.norm, name + ".norm", id, cfg.hidden, cfg.dtype, cfg.eps,
            cfg.param_noise, cfg.seed),
-      head(mesh, tp, opt, head_spec(cfg, name, id + 2, vocab, tp.size())),
+      head(mesh, tp, opt, head_spec(cfg, name, id + 2, vocab, tp.size()),
+           loss_parallel_head(opt.sequence_parallel && tp.size() > 1)),
       mesh_(mesh),
       tp_(tp),
       vocab_(vocab) {}
@@ -104,11 +106,15 @@ Tensor LmHead::forward(const Tensor& x, const Tensor& targets) {
   sumexp_ = ctx.empty({rows}, DType::f32);
   Tensor tl = ctx.empty({rows}, DType::f32), loss = ctx.empty({rows}, DType::f32);
   ops::xent_row_max(ctx, cs, logits_, row_max_);
-  tp_.wait(tp_.all_reduce(row_max_, "xent.max", ReduceOp::Max));
+  // Loss parallel: per-row statistics of this vocabulary shard are partial (max / sum) and
+  // reduced, never the logits themselves.
+  const Placement R = Placement::replicate();
+  tp_.wait(
+      redistribute(tp_, row_max_, row_max_, {Placement::partial(ReduceOp::Max), R}, "xent.max"));
   ops::xent_row_sumexp(ctx, cs, logits_, row_max_, sumexp_);
   ops::xent_target_logit(ctx, cs, logits_, targets_, tl, voff);
-  Event e1 = tp_.all_reduce(sumexp_, "xent.sumexp");
-  Event e2 = tp_.all_reduce(tl, "xent.target");
+  Event e1 = redistribute(tp_, sumexp_, sumexp_, {Placement::partial(), R}, "xent.sumexp");
+  Event e2 = redistribute(tp_, tl, tl, {Placement::partial(), R}, "xent.target");
   tp_.wait(e1);
   tp_.wait(e2);
   ops::xent_loss(ctx, cs, row_max_, sumexp_, tl, targets_, loss);
@@ -126,11 +132,10 @@ Tensor LmHead::backward(float grad_scale) {
   Tensor dlogits = ctx.empty({seq_, batch_, logits_.size(1)}, logits_.dtype());
   ops::xent_grad(ctx, cs, logits_, row_max_, sumexp_, targets_, dlogits.view(logits_.shape()),
                  head.weight.offsets[1], grad_scale / static_cast<float>(rows));
-  Event ready;
-  Tensor dln = head.backward(dlogits, &ready);
-  tp_.wait(ready);
+  InputGrad dln = head.backward(dlogits);
+  tp_.wait(dln.ready);
   logits_ = row_max_ = sumexp_ = targets_ = Tensor();
-  return norm.backward(dln);
+  return norm.backward(dln.dx);
 }
 
 }  // namespace meshrt

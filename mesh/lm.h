@@ -6,9 +6,10 @@
 
 namespace meshrt {
 
-// Embedding weight [vocab, hidden] sharded on vocab over tp. ids are [seq, batch] i64 (the full
-// sequence on every tp rank); the output is [seq, batch, hidden] replicated, or its sequence shard
-// under sequence parallel (the partial lookups are all-reduced / reduce-scattered over tp).
+// Embedding in the vocab-parallel style: weight [vocab, hidden] sharded on vocab over tp (unevenly
+// when tp does not divide vocab). ids are [seq, batch] i64 (the full sequence on every tp rank);
+// the output is [seq, batch, hidden] replicated, or its sequence shard under sequence parallel
+// (the partial lookups are all-reduced / reduce-scattered over tp).
 class VocabEmbedding {
  public:
   VocabEmbedding(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, std::string name,
@@ -22,12 +23,13 @@ class VocabEmbedding {
  private:
   DeviceMesh& mesh_;
   CommScheduler& tp_;
-  TpOptions opt_;
+  ParallelStyle style_;
   Tensor ids_;
 };
 
-// Final norm, then logits = x @ W (W [hidden, vocab] colwise over tp, no bias), then the mean
-// cross-entropy over all tokens against targets [seq, batch] (global ids).
+// Final norm, then logits = x @ W (W [hidden, vocab] in the loss-parallel head style: colwise over
+// tp, uneven when tp does not divide vocab, no bias), then the mean cross-entropy over all tokens
+// against targets [seq, batch] (global ids).
 class LmHead {
  public:
   LmHead(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
@@ -39,7 +41,7 @@ class LmHead {
   void collect(std::vector<Param*>& out);
 
   Norm norm;
-  ColwiseLinear head;
+  Linear head;
 
  private:
   DeviceMesh& mesh_;

@@ -10,25 +10,20 @@ DecoderModel::DecoderModel(DeviceMesh& mesh, CommScheduler& tp, const TpOptions&
     : cfg_(cfg),
       embed_((validate_block(cfg.block, tp.size(), opt), mesh), tp, opt, "embed", 1, cfg.vocab,
              cfg.block.hidden, cfg.block.dtype, cfg.block.seed, cfg.block.init_std),
-      head_(mesh, tp, opt, cfg.block, "lm", 8, cfg.vocab) {
-  MESHRT_CHECK(cfg.layers >= 1, "model: layers " << cfg.layers << " must be >= 1");
-  for (int l = 0; l < cfg.layers; ++l)
-    blocks_.push_back(
-        std::make_unique<TransformerBlock>(mesh, tp, opt, cfg.block, "layers." + std::to_string(l),
-                                           kBlockIdStride * static_cast<uint64_t>(l + 1)));
-}
+      stack_(mesh, tp, opt, cfg.block, LayerKind::Transformer, cfg.layers),
+      head_(mesh, tp, opt, cfg.block, "lm", 8, cfg.vocab) {}
 
 std::vector<Param*> DecoderModel::params() {
   std::vector<Param*> p;
   embed_.collect(p);
-  for (auto& b : blocks_) b->collect(p);
+  for (Param* q : stack_.params()) p.push_back(q);
   head_.collect(p);
   return p;
 }
 
 Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets) {
   Tensor x = embed_.forward(ids);
-  for (auto& b : blocks_) x = b->forward(x);
+  x = stack_.forward(x);
   return head_.forward(x, targets);
 }
 
@@ -39,10 +34,9 @@ void DecoderModel::backward(float grad_scale, GradSync* sync) {
     head_.collect(p);
     sync->mark_ready(p);
   }
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    d = blocks_[i]->backward(d);
-    if (sync) sync->mark_ready(blocks_[i]->params());
-  }
+  StackHooks hooks;
+  if (sync) hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
+  d = stack_.backward(d, hooks);
   embed_.backward(d);
   if (sync) {
     std::vector<Param*> p;

@@ -7,6 +7,7 @@
 
 #include "mesh/data_parallel.h"
 #include "mesh/lm.h"
+#include "mesh/stack.h"
 
 namespace meshrt {
 
@@ -21,8 +22,9 @@ class DecoderModel {
   DecoderModel(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const ModelConfig& cfg);
   // ids, targets [seq, batch] i64 -> mean loss over the tokens, a [1] f32 tensor.
   Tensor forward(const Tensor& ids, const Tensor& targets);
-  // Backward of the loss times grad_scale; after each block tells `sync` its gradients are final
-  // so their buckets' all-reduces start while earlier blocks are still differentiating.
+  // Backward of the loss times grad_scale; after each piece of the block stack tells `sync` its
+  // gradients are final so their buckets' all-reduces start while earlier pieces are still
+  // differentiating.
   void backward(float grad_scale, GradSync* sync);
   // Every parameter, in forward order.
   std::vector<Param*> params();
@@ -31,7 +33,7 @@ class DecoderModel {
  private:
   ModelConfig cfg_;
   VocabEmbedding embed_;
-  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  BlockStack stack_;
   LmHead head_;
 };
 

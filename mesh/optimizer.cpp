@@ -86,11 +86,11 @@ double Optimizer::grad_norm() {
   Tensor acc_sharded = ctx.zeros({1, 1}, DType::f32), acc_repl = ctx.zeros({1, 1}, DType::f32);
   for (Param* p : params_) {
     Tensor g = p->grad.to(DType::f32, cs).view({1, p->grad.numel()});
-    const bool sharded = p->tp_shard_dim >= 0 && mesh_.size("tp") > 1;
+    const bool sharded = p->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
     ops::gemm(ctx, cs, g, false, g, true, sharded ? acc_sharded : acc_repl, 1.f, 1.f);
   }
-  if (mesh_.size("tp") > 1) {
-    CommScheduler tp(mesh_, "tp", Overlap::None);
+  if (mesh_.size(kTpDim) > 1) {
+    CommScheduler tp(mesh_, kTpDim, Overlap::None);
     tp.all_reduce(acc_sharded, "grad_norm");
   }
   Tensor a = acc_sharded.to(ctx.host_allocator(), cs), r = acc_repl.to(ctx.host_allocator(), cs);

@@ -25,33 +25,27 @@ Overlap parse_overlap(std::string_view s) {
   MESHRT_FAIL("unknown overlap mode '" << s << "': use none, async or chunked");
 }
 
-std::vector<Placement> Param::placements(const DeviceMesh& mesh) const {
+bool Param::sharded_on(const DeviceMesh& mesh, std::string_view dim) const {
+  return mesh.has_dim(dim) && placements[static_cast<size_t>(mesh.dim_index(dim))].is_shard();
+}
+
+std::vector<Placement> placements_on(const DeviceMesh& mesh, std::string_view dim, Placement p) {
   std::vector<Placement> pl(static_cast<size_t>(mesh.ndim()), Placement::replicate());
-  if (tp_shard_dim >= 0 && mesh.has_dim("tp"))
-    pl[static_cast<size_t>(mesh.dim_index("tp"))] = Placement::shard(tp_shard_dim);
+  if (mesh.has_dim(dim)) pl[static_cast<size_t>(mesh.dim_index(dim))] = p;
   return pl;
 }
 
 namespace {
 
 Param alloc_param(const DeviceMesh& mesh, std::string name, uint64_t id, const Shape& full,
-                  int shard_dim, DType dtype) {
+                  std::vector<Placement> pl, DType dtype) {
   Param p;
   p.name = std::move(name);
   p.id = id;
   p.full_shape = full;
-  p.tp_shard_dim = shard_dim;
-  Shape local = full, off = full;
-  for (int i = 0; i < off.ndim(); ++i) off[i] = 0;
-  if (shard_dim >= 0) {
-    int tp = mesh.size("tp");
-    MESHRT_CHECK(full[shard_dim] % tp == 0,
-                 "parameter " << p.name << " " << full.str() << ": dim " << shard_dim << " of size "
-                              << full[shard_dim] << " does not divide by tp=" << tp);
-    local[shard_dim] = full[shard_dim] / tp;
-    off[shard_dim] = mesh.coord("tp") * local[shard_dim];
-  }
-  p.offsets = off;
+  Shape local;
+  shard_extent(full, mesh, pl, &local, &p.offsets);
+  p.placements = std::move(pl);
   p.value = mesh.ctx().empty(local, dtype);
   p.grad = mesh.ctx().zeros(local, dtype);
   return p;
@@ -60,8 +54,8 @@ Param alloc_param(const DeviceMesh& mesh, std::string name, uint64_t id, const S
 }  // namespace
 
 Param make_param(const DeviceMesh& mesh, std::string name, uint64_t id, const Shape& full,
-                 int shard_dim, DType dtype, const PhiloxInit& init) {
-  Param p = alloc_param(mesh, std::move(name), id, full, shard_dim, dtype);
+                 std::vector<Placement> pl, DType dtype, const PhiloxInit& init) {
+  Param p = alloc_param(mesh, std::move(name), id, full, std::move(pl), dtype);
   PhiloxInit pi = init;
   pi.id = id;
   p.value.init_philox_(pi, full, p.offsets, mesh.ctx().compute_stream());
@@ -69,8 +63,8 @@ Param make_param(const DeviceMesh& mesh, std::string name, uint64_t id, const Sh
 }
 
 Param make_param_const(const DeviceMesh& mesh, std::string name, uint64_t id, const Shape& full,
-                       int shard_dim, DType dtype, double value) {
-  Param p = alloc_param(mesh, std::move(name), id, full, shard_dim, dtype);
+                       std::vector<Placement> pl, DType dtype, double value) {
+  Param p = alloc_param(mesh, std::move(name), id, full, std::move(pl), dtype);
   p.value.fill_(value, mesh.ctx().compute_stream());
   return p;
 }
@@ -114,9 +108,9 @@ struct CommScheduler::Shared {
   }
 };
 
-CommScheduler::CommScheduler(DeviceMesh& mesh, std::string dim, Overlap overlap)
+CommScheduler::CommScheduler(DeviceMesh& mesh, std::string_view dim, Overlap overlap)
     : mesh_(mesh),
-      dim_(std::move(dim)),
+      dim_(dim),
       overlap_(overlap),
       compute_(mesh.ctx().compute_stream()),
       shared_(std::make_shared<Shared>()) {
@@ -217,6 +211,44 @@ void CommScheduler::reset_times() {
   std::lock_guard<std::mutex> lk(shared_->mu);
   shared_->resolve_locked(true);
   shared_->t = CommTimes{};
+}
+
+// ---- Redistribution ----------------------------------------------------------------------------
+
+Redistribution Redistribution::grad() const {
+  const Placement R = Placement::replicate();
+  if (from.is_shard() && to.is_replicate()) return {Placement::partial(), from};
+  if (from.is_partial() && to.is_shard()) return {to, R};
+  if (from.is_partial() && to.is_replicate()) return {R, R};
+  if (from.is_replicate() && to.is_replicate()) return {Placement::partial(), R};
+  MESHRT_CHECK(is_identity(), "redistribute: no gradient rule for " << str());
+  return *this;
+}
+
+Shape Redistribution::out_shape(const Shape& in, int parts) const {
+  Shape s = in;
+  if (from.is_shard() && to.is_replicate()) s[0] *= parts;
+  if (from.is_partial() && to.is_shard()) s[0] /= parts;
+  return s;
+}
+
+std::string Redistribution::str() const { return from.str() + " -> " + to.str(); }
+
+Event redistribute(CommScheduler& c, const Tensor& in, const Tensor& out, const Redistribution& r,
+                   const char* what) {
+  if (r.is_identity()) {
+    if (in.data_ptr() != out.data_ptr()) out.copy_(in, c.compute());
+    return Event();
+  }
+  const bool dim0 = (r.from.is_shard() && r.from.dim == 0) || (r.to.is_shard() && r.to.dim == 0);
+  if (r.from.is_shard() && r.to.is_replicate() && dim0) return c.all_gather(in, out, what);
+  if (r.from.is_partial() && r.to.is_shard() && dim0) return c.reduce_scatter(in, out, what);
+  if (r.from.is_partial() && r.to.is_replicate()) {
+    if (in.data_ptr() != out.data_ptr()) out.copy_(in, c.compute());
+    return c.all_reduce(out, what, r.from.op);
+  }
+  MESHRT_FAIL("redistribute " << what << ": " << r.str() << " is not supported (shards of "
+                              << "activations are on dim 0, the sequence)");
 }
 
 }  // namespace meshrt

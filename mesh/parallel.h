@@ -34,22 +34,24 @@ struct Param {
   std::string name;
   uint64_t id = 0;  // Philox stream id: same for every layout
   Tensor value;     // local shard
-  Tensor grad;      // same shape and dtype as value
+  Tensor grad;      // same shape, dtype and placements as value
   Shape full_shape;
-  Shape offsets;                 // of the shard in the full tensor
-  int tp_shard_dim = -1;         // tensor dim sharded over tp, -1 when replicated over tp
-  bool tp_partial_grad = false;  // replicated over tp but its gradient is a per-rank partial sum
-                                 // (norm weights and rowwise biases under sequence parallel)
-  std::vector<Placement> placements(const DeviceMesh& mesh) const;
+  Shape offsets;                      // of the shard in the full tensor
+  std::vector<Placement> placements;  // one per mesh dim; the layout of value and grad
+  // Whether the parameter is sharded over mesh dim `dim` (false when the mesh has no such dim).
+  bool sharded_on(const DeviceMesh& mesh, std::string_view dim) const;
 };
 
-// Creates a parameter of full shape `full`, sharded over tp on `shard_dim` (-1: replicated),
-// initialised by the Philox rule so every layout starts from the same full weights.
+// One placement per mesh dim: `p` on `dim` (when the mesh has it), Replicate elsewhere.
+std::vector<Placement> placements_on(const DeviceMesh& mesh, std::string_view dim, Placement p);
+
+// Creates a parameter of full shape `full` laid out by `pl` (shards may be uneven: see
+// shard_size), initialised by the Philox rule so every layout starts from the same full weights.
 Param make_param(const DeviceMesh& mesh, std::string name, uint64_t id, const Shape& full,
-                 int shard_dim, DType dtype, const PhiloxInit& init);
+                 std::vector<Placement> pl, DType dtype, const PhiloxInit& init);
 // Same, filled with a constant (norm gains 1, biases 0).
 Param make_param_const(const DeviceMesh& mesh, std::string name, uint64_t id, const Shape& full,
-                       int shard_dim, DType dtype, double value);
+                       std::vector<Placement> pl, DType dtype, double value);
 
 // Time accounting of communication, per mesh dim (host: exact; CUDA: from events).
 struct CommTimes {
@@ -63,7 +65,7 @@ struct CommTimes {
 // current point, and places compute waits. With a dim of size 1 every call is a local no-op copy.
 class CommScheduler {
  public:
-  CommScheduler(DeviceMesh& mesh, std::string dim, Overlap overlap);
+  CommScheduler(DeviceMesh& mesh, std::string_view dim, Overlap overlap);
   int size() const { return size_; }
   int rank() const { return rank_; }
   Overlap overlap() const { return overlap_; }
@@ -98,5 +100,27 @@ class CommScheduler {
   struct Shared;
   std::shared_ptr<Shared> shared_;
 };
+
+// A change of an activation's placement over one mesh dim. Supported: Shard(0) -> Replicate
+// (all-gather), Partial -> Shard(0) (reduce-scatter), Partial -> Replicate (all-reduce) and
+// no change. Sequence-first activations make a dim-0 shard contiguous, so none needs reshuffling.
+struct Redistribution {
+  Placement from, to;
+  bool is_identity() const { return from == to; }
+  bool operator==(const Redistribution&) const = default;
+  // The conjugate the gradient takes in backward, from `to`'s gradient to `from`'s: all-gather
+  // <-> reduce-scatter, all-reduce <-> no change.
+  Redistribution grad() const;
+  // The output shape for an input of shape `in` over `parts` ranks.
+  Shape out_shape(const Shape& in, int parts) const;
+  std::string str() const;  // "Shard(0) -> Replicate()"
+};
+
+// The one place tp activations are communicated: issues the collective that turns `in` (laid out
+// as r.from) into `out` (r.to) on the scheduler's stream and returns its completion event without
+// making compute wait, so each caller keeps its overlap (wait where the result is needed). `out`
+// may alias `in` for all-reduce. With no change, or a dim of size 1, a local copy at most.
+Event redistribute(CommScheduler& c, const Tensor& in, const Tensor& out, const Redistribution& r,
+                   const char* what);
 
 }  // namespace meshrt

@@ -26,17 +26,27 @@ const char* grad_sync_name(GradSyncMode m) {
   return "?";
 }
 
+namespace {
+// The given mesh, else dp over every rank.
+std::string default_mesh(const TrainConfig& cfg, int world_size) {
+  if (!cfg.mesh.empty()) return cfg.mesh;
+  std::string m(kDpDim);
+  m += "=" + std::to_string(world_size);
+  return m;
+}
+}  // namespace
+
 void validate_train(const TrainConfig& cfg, int world_size) {
-  auto dims =
-      parse_mesh_spec(cfg.mesh.empty() ? "dp=" + std::to_string(world_size) : cfg.mesh, world_size);
+  auto dims = parse_mesh_spec(default_mesh(cfg, world_size), world_size);
   int dp = 1, tp = 1;
   for (auto& d : dims) {
-    if (d.name == "dp")
+    if (d.name == kDpDim)
       dp = d.size;
-    else if (d.name == "tp")
+    else if (d.name == kTpDim)
       tp = d.size;
     else
-      MESHRT_FAIL("train: mesh dim '" << d.name << "' is not supported; use dp and tp");
+      MESHRT_FAIL("train: mesh dim '" << d.name << "' is not supported; use " << kDpDim << " and "
+                                      << kTpDim);
   }
   MESHRT_CHECK(cfg.steps >= 1, "train: --steps " << cfg.steps << " must be >= 1");
   MESHRT_CHECK(cfg.micro_batches >= 1,
@@ -45,8 +55,9 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                "train: global --batch " << cfg.batch << " must divide by dp (" << dp
                                         << ") x --micro-batches (" << cfg.micro_batches << ")");
   MESHRT_CHECK(cfg.seq >= 1, "train: --seq " << cfg.seq << " must be >= 1");
-  MESHRT_CHECK(cfg.model.vocab >= 2 && cfg.model.vocab % tp == 0,
-               "train: --vocab " << cfg.model.vocab << " must be >= 2 and divide by tp=" << tp);
+  // A vocabulary that tp does not divide is sharded unevenly; every rank needs one entry.
+  MESHRT_CHECK(cfg.model.vocab >= 2 && cfg.model.vocab >= tp,
+               "train: --vocab " << cfg.model.vocab << " must be >= 2 and >= tp=" << tp);
   MESHRT_CHECK(cfg.staleness >= 0, "train: --staleness " << cfg.staleness << " must be >= 0");
   MESHRT_CHECK(cfg.sync_every >= 1, "train: --sync-every " << cfg.sync_every << " must be >= 1");
   validate_block(cfg.model.block, tp, cfg.tp, cfg.seq);
@@ -55,9 +66,9 @@ void validate_train(const TrainConfig& cfg, int world_size) {
 std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator& world,
                              std::ostream* log) {
   validate_train(cfg, world.size());
-  DeviceMesh mesh(ctx, world, cfg.mesh.empty() ? "dp=" + std::to_string(world.size()) : cfg.mesh);
-  const int dp = mesh.size("dp");
-  CommScheduler tp(mesh, "tp", cfg.tp.overlap);
+  DeviceMesh mesh(ctx, world, default_mesh(cfg, world.size()));
+  const int dp = mesh.size(kDpDim);
+  CommScheduler tp(mesh, kTpDim, cfg.tp.overlap);
   DecoderModel model(mesh, tp, cfg.tp, cfg.model);
   const int sets = cfg.grad_sync == GradSyncMode::Async ? cfg.staleness + 1 : 1;
   GradSync sync(mesh, model.params(), cfg.dp, sets);
@@ -68,7 +79,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
-  CommScheduler dp_loss(mesh, "dp", Overlap::None);
+  CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
   std::vector<StepStats> out;
   for (int step = 0; step < cfg.steps; ++step) {
     ctx.synchronize();
@@ -84,7 +95,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       sync.enable_sync(last && cfg.grad_sync != GradSyncMode::Local);
       Tensor ids, targets;
       const int64_t first =
-          static_cast<int64_t>(step) * cfg.batch + mesh.coord("dp") * local_batch + mb * micro;
+          static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
       make_synthetic_batch(ctx, cfg.seed, first, micro, cfg.seq, cfg.model.vocab, &ids, &targets);
       Tensor loss = model.forward(ids, targets);
       ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);

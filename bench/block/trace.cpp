@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "collectives/comm_impl.h"
+#include "mesh/device_mesh.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
 
@@ -41,10 +42,13 @@ int TraceRecorder::track_of(Stream& s) {
   auto it = tracks_.find(&s);
   if (it != tracks_.end()) return it->second;
   const std::string n = s.name();
+  // DeviceMesh names a dim's stream "comm.<dim>".
+  static const std::string tp_stream = "comm." + std::string(kTpDim),
+                           dp_stream = "comm." + std::string(kDpDim);
   int tid = 0;
-  if (n == "comm.tp" && !track_names_.count(1)) {
+  if (n == tp_stream && !track_names_.count(1)) {
     tid = 1;
-  } else if (n == "comm.dp" && !track_names_.count(2)) {
+  } else if (n == dp_stream && !track_names_.count(2)) {
     tid = 2;
   } else {
     tid = 3;

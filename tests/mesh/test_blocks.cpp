@@ -33,13 +33,16 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
-constexpr int64_t kSeq = 16, kBatch = 2, kVocab = 64;
+// The shapes of one comparison; the defaults divide by every tp the even tests use.
+struct Dims {
+  int64_t seq = 16, batch = 2, hidden = 32, heads = 4, ffn = 64, vocab = 64;
+};
 
-BlockConfig small_config(DType dt) {
+BlockConfig small_config(DType dt, const Dims& d = {}) {
   BlockConfig c;
-  c.hidden = 32;
-  c.ffn = 64;
-  c.heads = 4;
+  c.hidden = d.hidden;
+  c.ffn = d.ffn;
+  c.heads = d.heads;
   c.dtype = dt;
   c.init_std = 0.2f;     // large enough that every branch matters
   c.param_noise = 0.3f;  // biases and norm weights away from 0 / 1 so their handling is tested
@@ -51,14 +54,15 @@ using Result = std::map<std::string, std::vector<double>>;
 
 // Runs one forward + backward of `kind` on tp ranks and returns everything gathered to full
 // tensors (from rank 0).
-Result run_block(Kind kind, int tp, TpOptions opt, DType dt) {
+Result run_block(Kind kind, int tp, TpOptions opt, DType dt, const Dims& dims = {}) {
+  const int64_t kSeq = dims.seq, kBatch = dims.batch, kVocab = dims.vocab;
   Result res;
   std::mutex mu;
   run_ranks(tp, [&](int r, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "tp=" + std::to_string(tp));
-    CommScheduler sched(mesh, "tp", opt.overlap);
+    CommScheduler sched(mesh, kTpDim, opt.overlap);
     Stream& s = ctx.compute_stream();
-    BlockConfig cfg = small_config(dt);
+    BlockConfig cfg = small_config(dt, dims);
     const bool sp = opt.sequence_parallel && tp > 1;
     // The full input and output gradient, identical on every rank (Philox), then this rank's part.
     Tensor x_full = ctx.empty({kSeq, kBatch, cfg.hidden}, dt);
@@ -106,8 +110,8 @@ Result run_block(Kind kind, int tp, TpOptions opt, DType dt) {
     mine["out"] = gather(out, act_pl);
     mine["dx"] = gather(dx, x_pl);
     for (Param* p : params) {
-      mine["grad:" + p->name] = gather(p->grad, p->placements(mesh));
-      mine["value:" + p->name] = gather(p->value, p->placements(mesh));
+      mine["grad:" + p->name] = gather(p->grad, p->placements);
+      mine["value:" + p->name] = gather(p->value, p->placements);
     }
     ctx.synchronize();
     std::lock_guard<std::mutex> lk(mu);
@@ -155,48 +159,83 @@ TEST_CASE("sharded blocks equal the unsharded run (f32 and bf16, tp 1/2/4, sp of
   }
 }
 
+TEST_CASE("uneven ffn and vocab shards (tp 3 and 6) equal the unsharded run",
+          "[mesh][multirank][uneven]") {
+  // hidden and heads divide by 3 and 6 (they must); ffn and vocab do not: the first
+  // size % tp ranks hold one more column. seq 36 divides by tp^2 for chunked overlap.
+  for (int64_t n : {10, 100}) {
+    Dims d;
+    d.seq = 36;
+    d.batch = 1;
+    d.hidden = 36;
+    d.heads = 6;
+    d.ffn = n;
+    d.vocab = n;
+    for (Kind kind : {Kind::Mlp, Kind::Transformer, Kind::LmHead}) {
+      Result ref = run_block(kind, 1, TpOptions{false, Overlap::Async}, DType::f32, d);
+      REQUIRE(!ref.empty());
+      for (int tp : {3, 6}) {
+        for (bool sp : {false, true}) {
+          std::vector<Overlap> modes{Overlap::Async};
+          if (sp && kind != Kind::LmHead) modes.push_back(Overlap::Chunked);
+          for (Overlap ov : modes) {
+            INFO(kind_name(kind) << " ffn=vocab=" << n << " tp=" << tp << " sp=" << sp
+                                 << " overlap=" << overlap_name(ov));
+            compare(run_block(kind, tp, TpOptions{sp, ov}, DType::f32, d), ref, 2e-5);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("bad tensor-parallel configurations are rejected before any collective",
           "[mesh][multirank]") {
   run_ranks(4, [](int, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "tp=4");
-    CommScheduler sched(mesh, "tp", Overlap::Async);
-    uint64_t seq_before = mesh.group("tp").next_seq();
+    CommScheduler sched(mesh, kTpDim, Overlap::Async);
+    uint64_t seq_before = mesh.group(kTpDim).next_seq();
     BlockConfig c = small_config(DType::f32);
     TpOptions sp{true, Overlap::Async};
     auto bad = [&](BlockConfig cc, const char* msg, TpOptions o = {}) {
       RANK_REQUIRE_THROWS_WITH(MlpBlock(mesh, sched, o, cc, "b", 0), Catch::Contains(msg));
+    };
+    // Heads are checked where there are heads: an MLP has none.
+    auto bad_attn = [&](BlockConfig cc, const char* msg) {
+      RANK_REQUIRE_THROWS_WITH(AttentionBlock(mesh, sched, {}, cc, "b", 0), Catch::Contains(msg));
     };
     BlockConfig h = c;
     h.hidden = 30;
     h.heads = 3;
     bad(h, "hidden 30 does not divide by tp=4");
     BlockConfig f = c;
-    f.ffn = 66;
-    bad(f, "ffn 66 does not divide by tp=4");
+    f.ffn = 3;
+    bad(f, "ffn 3 is smaller than tp=4");
     BlockConfig hd = c;
     hd.heads = 6;
     hd.hidden = 48;
-    bad(hd, "heads 6 do not divide by tp=4");
+    bad_attn(hd, "heads 6 do not divide by tp=4");
     BlockConfig nh = c;
     nh.heads = 5;
-    bad(nh, "does not divide by heads 5");
+    bad_attn(nh, "does not divide by heads 5");
     RANK_REQUIRE_THROWS_WITH(validate_block(c, 4, sp, 18),
                              Catch::Contains("sequence 18 does not divide by tp=4"));
     RANK_REQUIRE_THROWS_WITH(validate_block(c, 4, TpOptions{true, Overlap::Chunked}, 8),
                              Catch::Contains("tp^2=16"));
-    RANK_REQUIRE_THROWS_WITH(LmHead(mesh, sched, {}, c, "lm", 0, 66),
-                             Catch::Contains("vocab 66 does not divide by tp=4"));
-    RANK_REQUIRE(mesh.group("tp").next_seq() == seq_before);  // nothing was communicated
+    RANK_REQUIRE_THROWS_WITH(LmHead(mesh, sched, {}, c, "lm", 0, 3),
+                             Catch::Contains("vocab 3 is smaller than tp=4"));
+    RANK_REQUIRE(mesh.group(kTpDim).next_seq() == seq_before);  // nothing was communicated
   });
 }
 
 TEST_CASE("a tp=2 sp block dump holds the gathered tensors of the unsharded run",
           "[mesh][multirank][dump]") {
+  const int64_t kSeq = Dims{}.seq, kBatch = Dims{}.batch;
   const std::string path = "/tmp/meshrt_dump_test_" + std::to_string(::getpid()) + ".safetensors";
   auto dump = [&](int tp, bool sp) {
     run_ranks(tp, [&](int r, Communicator& world, Context& ctx) {
       DeviceMesh mesh(ctx, world, "tp=" + std::to_string(tp));
-      CommScheduler sched(mesh, "tp", Overlap::Async);
+      CommScheduler sched(mesh, kTpDim, Overlap::Async);
       TpOptions opt{sp, Overlap::Async};
       BlockConfig cfg = small_config(DType::f32);
       Stream& s = ctx.compute_stream();
@@ -208,7 +247,7 @@ TEST_CASE("a tp=2 sp block dump holds the gathered tensors of the unsharded run"
       Tensor dx = b.backward(y);
       std::vector<Placement> pl{sp ? Placement::shard(0) : Placement::replicate()};
       std::vector<DumpEntry> e{{"input", x, pl}, {"output", y, pl}, {"input.grad", dx, pl}};
-      add_param_entries(mesh, b.params(), e);
+      add_param_entries(b.params(), e);
       int n = dump_safetensors(path + std::to_string(tp), mesh, e, {{"block", "mlp"}});
       RANK_REQUIRE(n == (r == 0 ? 3 + 2 * 6 : 0));
     });

@@ -37,7 +37,7 @@ Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb, bool b
   std::mutex mu;
   run_ranks(dp, [&](int r, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "dp=" + std::to_string(dp));
-    CommScheduler tp(mesh, "tp", Overlap::Async);
+    CommScheduler tp(mesh, kTpDim, Overlap::Async);
     DecoderModel model(mesh, tp, {}, tiny_model());
     DpOptions o;
     o.bucket_mb = bucket_mb;
@@ -107,8 +107,11 @@ TEST_CASE("buckets: tiny parameters pack together, a large one gets its own buck
     ps.reserve(2001);
     for (int i = 0; i < 2000; ++i)
       ps.push_back(make_param_const(mesh, "tiny." + std::to_string(i), static_cast<uint64_t>(i),
-                                    {3}, -1, DType::f32, 0.0));
-    ps.push_back(make_param_const(mesh, "large", 9999, {64, 1024}, -1, DType::f32, 0.0));
+                                    {3}, placements_on(mesh, kTpDim, Placement::replicate()),
+                                    DType::f32, 0.0));
+    ps.push_back(make_param_const(mesh, "large", 9999, {64, 1024},
+                                  placements_on(mesh, kTpDim, Placement::replicate()), DType::f32,
+                                  0.0));
     std::vector<Param*> pp;
     for (auto& p : ps) pp.push_back(&p);
     DpOptions o;
@@ -133,7 +136,7 @@ TEST_CASE("buckets: tiny parameters pack together, a large one gets its own buck
 TEST_CASE("replicas that differ are named, and broadcast makes them equal", "[dp][multirank]") {
   run_ranks(2, [](int r, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "dp=2");
-    CommScheduler tp(mesh, "tp", Overlap::Async);
+    CommScheduler tp(mesh, kTpDim, Overlap::Async);
     DecoderModel model(mesh, tp, {}, tiny_model());
     GradSync sync(mesh, model.params(), {});
     sync.verify_params_identical();
@@ -155,12 +158,13 @@ namespace {
 
 std::vector<double> losses(int world, const std::string& mesh, GradSyncMode mode,
                            OptimizerKind opt = OptimizerKind::AdamW, int staleness = 1,
-                           int sync_every = 1, bool sp = false) {
+                           int sync_every = 1, bool sp = false,
+                           const ModelConfig& model = tiny_model()) {
   std::vector<double> out;
   std::mutex mu;
   run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
     TrainConfig cfg;
-    cfg.model = tiny_model();
+    cfg.model = model;
     cfg.mesh = mesh;
     cfg.tp.sequence_parallel = sp;
     cfg.batch = 8;
@@ -200,6 +204,25 @@ TEST_CASE("the f32 loss curve is the same for every dp x tp layout", "[dp][train
         1e-4);
 }
 
+TEST_CASE("the loss curve with ffn and vocab that tp does not divide is the tp=1 curve",
+          "[dp][train][multirank][uneven]") {
+  ModelConfig m = tiny_model();
+  m.block.hidden = 36;  // hidden and heads divide by 3 and 6; ffn and vocab do not
+  m.block.heads = 6;
+  m.block.ffn = 10;
+  m.vocab = 100;
+  const auto sync = GradSyncMode::Sync;
+  const auto adam = OptimizerKind::AdamW;
+  auto ref = losses(1, "dp=1,tp=1", sync, adam, 1, 1, false, m);
+  REQUIRE(ref.size() == 5);
+  REQUIRE(ref.back() < ref.front());
+  for (auto [w, mesh] : std::vector<std::pair<int, std::string>>{
+           {3, "dp=1,tp=3"}, {6, "dp=1,tp=6"}, {6, "dp=2,tp=3"}}) {
+    INFO("mesh " << mesh);
+    CHECK(rel_err(losses(w, mesh, sync, adam, 1, 1, false, m), ref) < 1e-4);
+  }
+}
+
 TEST_CASE("async with staleness 0 is synchronous, and local SGD with H=1 is parameter averaging",
           "[dp][train][multirank]") {
   auto sync = losses(2, "dp=2", GradSyncMode::Sync, OptimizerKind::Sgd);
@@ -229,7 +252,9 @@ TEST_CASE("bad training configurations are rejected with what to change", "[dp][
   c.mesh = "dp=3";
   REQUIRE_THROWS_WITH(validate_train(c, 4), Catch::Contains("has 3 ranks but the world has 4"));
   c.mesh = "tp=4";
+  c.model.vocab = 3;  // uneven vocabularies are sharded; one smaller than tp is not
+  REQUIRE_THROWS_WITH(validate_train(c, 4), Catch::Contains("--vocab 3"));
   c.model.vocab = 66;
-  REQUIRE_THROWS_WITH(validate_train(c, 4), Catch::Contains("--vocab 66"));
+  REQUIRE_NOTHROW(validate_train(c, 4));
   REQUIRE_THROWS_WITH(parse_grad_sync("ring"), Catch::Contains("sync, async or local"));
 }

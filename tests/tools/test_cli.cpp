@@ -81,7 +81,7 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"bench block --devices cpu:2 --mesh tp=two", "not an integer >= 1"},
       {"bench block --devices cpu:2 --hidden 250 --heads 4", "does not divide by heads"},
       {"bench block --devices cpu:2 --hidden 384 --heads 3", "heads 3 do not divide by tp=2"},
-      {"bench block --devices cpu:2 --hidden 128 --heads 4 --ffn 3", "ffn 3 does not divide"},
+      {"bench block --devices cpu:2 --hidden 128 --heads 4 --ffn 1", "ffn 1 is smaller than tp=2"},
       {"bench block --devices cpu:2 --seq 127", "change --seq or pass --no-sp"},
       {"bench block --devices cpu:2 --seq 130 --overlap chunked", "divisible by tp\\^2=4"},
       {"bench block --devices cpu:2 --overlap chunked --no-sp", "add --sp or use --overlap async"},

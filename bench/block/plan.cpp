@@ -1,0 +1,177 @@
+#include "bench/block/plan.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <thread>
+
+#include "bench/common/stats.h"
+#include "runtime/backend.h"
+#include "runtime/error.h"
+
+namespace meshrt {
+
+namespace {
+
+using bench::human_bytes;
+
+// Checks up front that `path` can be written, so a typo does not cost a whole run.
+void check_writable(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  MESHRT_CHECK(fs::is_directory(dir, ec), flag << " " << path << ": directory " << dir.string()
+                                               << " does not exist; create it or choose another "
+                                                  "path");
+  MESHRT_CHECK(!fs::is_directory(p, ec),
+               flag << " " << path << " is a directory; give a file name");
+  MESHRT_CHECK(access(dir.c_str(), W_OK) == 0,
+               flag << " " << path << ": directory " << dir.string() << " is not writable");
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+LayerKind layer_kind(BenchBlockKind k) {
+  switch (k) {
+    case BenchBlockKind::Mlp:
+      return LayerKind::Mlp;
+    case BenchBlockKind::Attention:
+      return LayerKind::Attention;
+    case BenchBlockKind::Transformer:
+      break;
+  }
+  return LayerKind::Transformer;
+}
+
+}  // namespace
+
+std::unique_ptr<Launch> launch_for(const BlockBenchOptions& o, std::string* devices) {
+  LaunchOptions lo;
+  std::string why;
+  const bool have_cuda = cuda_available(&why);
+  MESHRT_CHECK(
+      o.devices.rfind("cuda", 0) != 0 || have_cuda,
+      "--devices " << o.devices << ": CUDA is unavailable (" << why << "); use --devices cpu:N");
+  lo.devices = o.devices.empty() ? (have_cuda ? "cuda:all" : "cpu") : o.devices;
+  std::unique_ptr<Launch> l = bootstrap(lo);
+  if (o.devices.empty() && l->kind() == LaunchKind::Threads && !have_cuda) {
+    // Host ranks as threads: one per core up to 8 (a power of two, so tp divides the defaults).
+    const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
+    lo.devices = "cpu:" + std::to_string(std::bit_floor(std::min(hc, 8u)));
+    l = bootstrap(lo);
+  }
+  *devices = lo.devices;
+  return l;
+}
+
+BlockPlan make_block_plan(const BlockBenchOptions& o) {
+  BlockPlan p;
+  p.kind = parse_bench_block_kind(o.kind);
+  p.layer_kind = layer_kind(p.kind);
+  p.overlap = parse_overlap(o.overlap);
+  MESHRT_CHECK(o.sp >= -1 && o.sp <= 1, "sp must be -1 (auto), 0 or 1");
+  MESHRT_CHECK(
+      o.batch >= 0 && o.seq >= 0 && o.hidden >= 0 && o.ffn >= 0 && o.heads >= 0 && o.layers >= 0,
+      "--batch, --seq, --hidden, --ffn, --heads and --layers must be positive");
+  MESHRT_CHECK(o.steps >= 0, "--steps " << o.steps << " must be >= 1");
+  MESHRT_CHECK(o.warmup >= -1, "--warmup " << o.warmup << " must be >= 0");
+  MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
+  MESHRT_CHECK(o.peak_tflops >= 0, "--peak-tflops " << o.peak_tflops << " must be >= 0");
+  if (!o.dtype.empty()) {
+    const DType dt = parse_dtype(o.dtype);
+    MESHRT_CHECK(is_floating(dt), "--dtype " << o.dtype << ": use f32, bf16 or f16");
+  }
+  check_writable(o.json_path, "--json");
+  check_writable(o.trace_path, "--trace");
+  check_writable(o.dump_path, "--dump");
+
+  p.launch = launch_for(o, &p.devices);
+  p.world = p.launch->world_size();
+  p.cuda = p.launch->local().front().device.is_cuda();
+
+  // Sizes: what was asked, else a default that runs in seconds on this device.
+  const bool c = p.cuda;
+  p.cfg.dtype = !o.dtype.empty() ? parse_dtype(o.dtype) : (c ? DType::bf16 : DType::f32);
+  p.cfg.hidden = o.hidden > 0 ? o.hidden : (c ? 4096 : 1024);
+  p.cfg.heads = o.heads > 0 ? o.heads : (c ? 32 : 16);
+  // The default ffn is 4 x hidden: a hidden that large would overflow it (and be blamed on
+  // --ffn, which the user never gave).
+  MESHRT_CHECK(o.ffn > 0 || p.cfg.hidden <= std::numeric_limits<int64_t>::max() / 4,
+               "--hidden " << p.cfg.hidden << " is too large: the default --ffn (4 x hidden) "
+                           << "overflows a 64-bit integer; reduce --hidden or give --ffn");
+  p.cfg.ffn = o.ffn > 0 ? o.ffn : 4 * p.cfg.hidden;
+  p.cfg.seed = o.seed;
+  p.batch = o.batch > 0 ? o.batch : (c ? 4 : 1);
+  p.seq = o.seq > 0 ? o.seq : (c ? 2048 : 512);
+  p.layers = o.layers > 0 ? o.layers : (c ? 2 : 1);
+  p.steps = o.steps > 0 ? o.steps : (c ? 20 : 10);
+  p.warmup = o.warmup >= 0 ? o.warmup : (c ? 5 : 2);
+
+  // Mesh: dp and tp only; tp = world unless given.
+  if (o.mesh.empty()) {
+    p.mesh = kTpDim;
+    p.mesh += "=" + std::to_string(p.world);
+  } else {
+    p.mesh = o.mesh;
+  }
+  std::vector<MeshDim> dims = parse_mesh_spec(p.mesh, p.world);
+  for (const MeshDim& d : dims) {
+    MESHRT_CHECK(d.name == kDpDim || d.name == kTpDim,
+                 "--mesh " << p.mesh << ": dim '" << d.name
+                           << "' is not one the block benchmark uses; name the dims " << kDpDim
+                           << " and " << kTpDim << " (e.g. " << kDpDim << "=2," << kTpDim << "=4)");
+  }
+  for (const MeshDim& d : dims) (d.name == kDpDim ? p.dp : p.tp) = d.size;
+  p.sp_requested = o.sp == 1 || (o.sp == -1 && p.tp > 1);
+  p.sp = p.sp_requested && p.tp > 1;
+  MESHRT_CHECK(!(p.overlap == Overlap::Chunked && p.tp > 1 && !p.sp),
+               "--overlap chunked splits the sequence all-gather / reduce-scatter into pieces and "
+               "needs sequence parallelism: add --sp or use --overlap async");
+  if (p.sp) {
+    const char* why_sp = o.sp == 1 ? "--sp" : "sequence parallel (on by default when tp > 1)";
+    MESHRT_CHECK(p.seq % p.tp == 0, "--seq " << p.seq << " does not divide by tp=" << p.tp
+                                             << " under " << why_sp
+                                             << "; change --seq or pass --no-sp");
+    MESHRT_CHECK(p.overlap != Overlap::Chunked || p.seq % (p.tp * p.tp) == 0,
+                 "--overlap chunked needs --seq divisible by tp^2=" << p.tp * p.tp << "; --seq is "
+                                                                    << p.seq
+                                                                    << ": change --seq or use "
+                                                                       "--overlap async");
+  }
+  TpOptions topt{p.sp, p.overlap};
+  // An MLP has no heads: its validation skips them.
+  validate_block(p.cfg, p.tp, topt, p.seq, p.layer_kind != LayerKind::Mlp);
+
+  // Memory: refuse what cannot fit on the host instead of swapping or being killed.
+  if (!p.cuda) {
+    const double es = static_cast<double>(dtype_size(p.cfg.dtype));
+    const double h = static_cast<double>(p.cfg.hidden), f = static_cast<double>(p.cfg.ffn);
+    const double tok = static_cast<double>(p.batch) * static_cast<double>(p.seq);
+    const double params = p.layers * (4 * h * h + 2 * h * f) / p.tp;
+    const double acts = p.layers * tok * (12 * h / p.tp + 3 * f / p.tp + 6 * h);
+    int local = static_cast<int>(p.launch->local().size());
+    if (p.launch->kind() != LaunchKind::Threads) local = p.launch->local().front().local_size;
+    const double need = (3 * params + 1.5 * acts) * es * local;
+    const int64_t have = physical_memory_bytes();
+    MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
+                 "this configuration needs about " << human_bytes(need) << " of host memory for "
+                                                   << local << " rank(s) and the machine has "
+                                                   << human_bytes(static_cast<double>(have))
+                                                   << "; reduce --hidden, --ffn, --seq, --batch "
+                                                      "or --layers");
+  }
+  p.flops = layer_flops(p.kind, p.batch * p.dp, p.seq, p.cfg.hidden, p.cfg.ffn, true);
+  p.step_flops = step_flops(p.flops, p.layers, o.fwd_only);
+  return p;
+}
+
+}  // namespace meshrt

@@ -1,0 +1,47 @@
+// Parallel styles (PyTorch's ColwiseParallel, RowwiseParallel, SequenceParallel, ...): how a
+// module's parameters lie over tp and which activation placements it takes, computes on and gives.
+#pragma once
+
+#include <string>
+
+#include "mesh/parallel.h"
+
+namespace meshrt {
+
+// A module redistributes its input from `input` to `compute_input` before its local compute and
+// its output from `compute_output` to `output` after it (redistribute(), with the conjugates in
+// backward), so the communication of a block follows from the styles it is composed of: adjacent
+// modules agree on the placement between them and nothing moves there.
+struct ParallelStyle {
+  std::string name;
+  Placement input;           // what the caller passes
+  Placement compute_input;   // what the local compute reads
+  Placement compute_output;  // what the local compute writes
+  Placement output;          // what the caller gets
+  Placement weight, bias;    // parameter placements (bias: of a linear or norm)
+  // Replicated parameters whose local gradient is a partial sum (the module sees only a sequence
+  // shard): the gradient is all-reduced (Partial -> Replicate) before it is accumulated.
+  bool partial_param_grads = false;
+
+  Redistribution in() const { return {input, compute_input}; }
+  Redistribution out() const { return {compute_output, output}; }
+};
+
+// `sequence_parallel`: activations between modules are sequence shards (Shard(0)) instead of
+// replicated; pass false at tp=1, where there is nothing to shard.
+//
+// Linear, weight [in, out] sharded on out: Replicate (or gathered Shard(0)) in, Shard(-1) out.
+ParallelStyle colwise_parallel(bool sequence_parallel);
+// Linear, weight sharded on in: Shard(-1) in, Partial reduced to Replicate (or reduce-scattered
+// to Shard(0)) out; bias replicated, added once.
+ParallelStyle rowwise_parallel(bool sequence_parallel);
+// Norms (and other per-token modules with replicated weights) on sequence shards.
+ParallelStyle sequence_parallel_norm(bool sequence_parallel);
+// Embedding, weight [vocab, hidden] sharded on vocab: token ids Replicate in, the Partial lookup
+// reduced to Replicate (or reduce-scattered to Shard(0)) out.
+ParallelStyle vocab_parallel_embedding(bool sequence_parallel);
+// LM head: colwise over the vocabulary whose logits stay Shard(-1) for the loss-parallel
+// cross-entropy (max and sum-exp Partial -> Replicate instead of gathering the logits).
+ParallelStyle loss_parallel_head(bool sequence_parallel);
+
+}  // namespace meshrt

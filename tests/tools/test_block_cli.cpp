@@ -1,0 +1,129 @@
+// `meshrt bench block|mlp` at the command line: overflowing default shapes blame the flag given,
+// an MLP ignores heads, uneven ffn shards match the unsharded run, and --dump metadata holds what
+// recomputing the block needs.
+#include <sys/wait.h>
+#include <unistd.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/allocator.h"
+#include "runtime/safetensors.h"
+
+using namespace meshrt;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+fs::path scratch() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("meshrt-test-block-cli-" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `meshrt <args>` (no shell quoting needed for the arguments used here).
+Run cli(const std::string& args) {
+  static int n = 0;
+  const fs::path out = scratch() / ("out" + std::to_string(n) + ".txt");
+  const fs::path err = scratch() / ("err" + std::to_string(n++) + ".txt");
+  const std::string cmd = std::string("MESHRT_COMM_TIMEOUT=60 ") + MESHRT_CLI_BIN + " " + args +
+                          " >" + out.string() + " 2>" + err.string();
+  const int st = std::system(cmd.c_str());
+  Run r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
+  double md = 0, mr = 1e-30;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    md = std::max(md, std::abs(got[i] - ref[i]));
+    mr = std::max(mr, std::abs(ref[i]));
+  }
+  return md / mr;
+}
+
+}  // namespace
+
+TEST_CASE("a --hidden whose default ffn overflows is blamed on --hidden", "[unit]") {
+  // 4 x hidden > INT64_MAX.
+  Run r = cli("bench block --devices cpu:1 --hidden 4611686018427387904 --heads 1");
+  CHECK(r.rc != 0);
+  INFO(r.err);
+  CHECK(r.err.find("--hidden 4611686018427387904 is too large") != std::string::npos);
+  CHECK(r.err.find("overflows") != std::string::npos);
+  CHECK(r.err.find("--ffn 0") == std::string::npos);
+}
+
+TEST_CASE("bench mlp does not check heads but bench block does", "[multirank]") {
+  // hidden 100 does not divide by the default 16 heads.
+  const std::string shape = "--seq 32 --hidden 100 --steps 1 --warmup 0 --no-calibrate";
+  Run mlp = cli("bench mlp --devices cpu:2 " + shape);
+  INFO(mlp.err);
+  CHECK(mlp.rc == 0);
+  CHECK(mlp.out.find("tokens/s") != std::string::npos);
+  Run block = cli("bench block --devices cpu:2 " + shape);
+  CHECK(block.rc != 0);
+  CHECK(block.err.find("hidden 100 does not divide by heads 16") != std::string::npos);
+}
+
+TEST_CASE(
+    "bench mlp with an ffn tp does not divide dumps the tp=1 tensors, with the block's "
+    "metadata",
+    "[multirank][dump]") {
+  // ffn 100 over tp=3: 34, 33, 33 columns; seq 48 divides by 3 for sequence parallel.
+  const std::string shape =
+      "--seq 48 --hidden 96 --ffn 100 --steps 1 --warmup 0 --no-calibrate --seed 5";
+  const fs::path a = scratch() / "tp1.safetensors", b = scratch() / "tp3.safetensors";
+  Run r1 = cli("bench mlp --devices cpu:1 " + shape + " --dump " + a.string());
+  Run r3 = cli("bench mlp --devices cpu:3 " + shape + " --dump " + b.string());
+  INFO(r1.err << r3.err);
+  REQUIRE(r1.rc == 0);
+  REQUIRE(r3.rc == 0);
+  auto host = make_host_caching_allocator();
+  SafetensorsFile f1 = load_safetensors(a.string(), host), f3 = load_safetensors(b.string(), host);
+  REQUIRE(f3.metadata.at("meshrt.mesh") == "tp=3");
+  REQUIRE(f1.tensors.size() == f3.tensors.size());
+  REQUIRE(f3.at("layers.0.mlp.fc1.weight").shape() == Shape({96, 100}));
+  for (auto& [name, t] : f1.tensors) {
+    INFO(name);
+    CHECK(rel_err(f3.at(name).to_vector(), t.to_vector()) < 2e-5);
+  }
+  // What recomputing the block needs besides the tensors.
+  const auto& md = f3.metadata;
+  CHECK(md.at("meshrt.heads") == "16");
+  CHECK(md.at("meshrt.hidden") == "96");
+  CHECK(md.at("meshrt.ffn") == "100");
+  CHECK(md.at("meshrt.norm") == "layernorm");
+  CHECK(std::stod(md.at("meshrt.norm_eps")) == Approx(1e-5));
+  CHECK(md.at("meshrt.gelu") == "tanh");
+  CHECK(md.at("meshrt.bias") == "1");
+  CHECK(std::stof(md.at("meshrt.init_std")) == 0.02f);  // round-trips the float exactly
+  CHECK(std::stod(md.at("meshrt.param_noise")) == 0.0);
+  CHECK(md.at("meshrt.seed") == "5");
+  CHECK(md.at("meshrt.dtype") == "f32");
+  CHECK(md.at("meshrt.layers") == "1");
+  fs::remove_all(scratch());
+}

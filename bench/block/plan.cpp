@@ -9,6 +9,7 @@
 #include <limits>
 #include <thread>
 
+#include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
@@ -73,11 +74,11 @@ std::unique_ptr<Launch> launch_for(const BlockBenchOptions& o, std::string* devi
   return l;
 }
 
-BlockPlan make_block_plan(const BlockBenchOptions& o) {
-  BlockPlan p;
-  p.kind = parse_bench_block_kind(o.kind);
-  p.layer_kind = layer_kind(p.kind);
-  p.overlap = parse_overlap(o.overlap);
+namespace {
+
+void check_options(const BlockBenchOptions& o) {
+  parse_bench_block_kind(o.kind);
+  parse_overlap(o.overlap);
   MESHRT_CHECK(o.sp >= -1 && o.sp <= 1, "sp must be -1 (auto), 0 or 1");
   MESHRT_CHECK(
       o.batch >= 0 && o.seq >= 0 && o.hidden >= 0 && o.ffn >= 0 && o.heads >= 0 && o.layers >= 0,
@@ -93,8 +94,12 @@ BlockPlan make_block_plan(const BlockBenchOptions& o) {
   check_writable(o.json_path, "--json");
   check_writable(o.trace_path, "--trace");
   check_writable(o.dump_path, "--dump");
+}
 
-  p.launch = launch_for(o, &p.devices);
+void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
+  p.kind = parse_bench_block_kind(o.kind);
+  p.layer_kind = layer_kind(p.kind);
+  p.overlap = parse_overlap(o.overlap);
   p.world = p.launch->world_size();
   p.cuda = p.launch->local().front().device.is_cuda();
 
@@ -171,6 +176,26 @@ BlockPlan make_block_plan(const BlockBenchOptions& o) {
   }
   p.flops = layer_flops(p.kind, p.batch * p.dp, p.seq, p.cfg.hidden, p.cfg.ffn, true);
   p.step_flops = step_flops(p.flops, p.layers, o.fwd_only);
+}
+
+}  // namespace
+
+// Everything but the bootstrap depends only on the options and the world size, so every rank of a
+// launch fails alike there: those errors are UniformErrors (printed once under mpirun). Bootstrap
+// errors can differ by rank and are every rank's own.
+BlockPlan make_block_plan(const BlockBenchOptions& o) {
+  BlockPlan p;
+  try {
+    check_options(o);
+  } catch (const Error& e) {
+    throw bench::UniformError(e);
+  }
+  p.launch = launch_for(o, &p.devices);
+  try {
+    resolve_and_check(o, p);
+  } catch (const Error& e) {
+    throw bench::UniformError(e);
+  }
   return p;
 }
 

@@ -31,6 +31,7 @@ int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
 
 int report_error(std::string_view program, const std::exception& e, bool every_rank) {
   const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
+  if (dynamic_cast<const UniformError*>(&e) != nullptr) every_rank = false;
   if (every_rank || launcher_rank() == 0) {
     // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
     std::cerr << program << (ours ? ": error: " : ": internal error: ") << error_message(e) << "\n";

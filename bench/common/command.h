@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/error.h"
+
 namespace meshrt::bench {
 
 // What a run may record besides its options (block and sweep write both into their JSON).
@@ -60,9 +62,16 @@ int launcher_rank();
 // launcher rank 0 only (the others would print the same text).
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e);
 
+// An error that every rank of a launch raises alike, such as options that do not fit the world
+// size: report_error prints it once (launcher rank 0) even when raised during run().
+class UniformError : public Error {
+ public:
+  explicit UniformError(const Error& e) : Error(e.message(), e.where()) {}
+};
+
 // How a failure ends: "<program>: error: <message>" and status 1 for meshrt::Error, "<program>:
 // internal error: ..." and status 2 otherwise. `every_rank` false: printed by launcher rank 0
-// only, for errors that every rank raises alike (wrong options).
+// only, for errors that every rank raises alike (wrong options; always so for a UniformError).
 int report_error(std::string_view program, const std::exception& e, bool every_rank);
 
 // "<program> <args...>", as recorded in JSON.

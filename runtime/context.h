@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <typeindex>
+#include <typeinfo>
 #include <vector>
 
 #include "runtime/allocator.h"

@@ -9,7 +9,6 @@
 
 namespace meshrt {
 
-class Stream;
 // What a backend's event implements (runtime/event_impl.h): not part of the user-facing API.
 class EventImpl;
 

@@ -1,8 +1,11 @@
-// Internal: the validated op arguments and the functions each backend (host, cuda) implements.
+// Internal: the op table (one entry per public op of kernels/ops.h), the validated GEMM problem,
+// and what a backend (host, cuda) registers: per op, its entry point and the dtypes it takes.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
+#include <string>
 
 #include "kernels/ops.h"
 
@@ -28,65 +31,139 @@ inline int64_t row_count(const Tensor& t) {
   return n == 0 ? 0 : t.numel() / n;
 }
 
+// The op table: X(op, backend parameters after (Context&, Stream&)). Each entry is one public op
+// of kernels/ops.h with the same name; ops.cpp validates the call, then hands the backend these
+// arguments (optional tensors as undefined Tensors, GEMM operands as a GemmProblem).
+#define MESHRT_KERNEL_OPS(X)                                                                     \
+  X(gemm, const GemmProblem& p)                                                                  \
+  X(gemm_strided_batched, const GemmProblem& p)                                                  \
+  X(add, const Tensor& a, const Tensor& b, const Tensor& out, float alpha, float beta)           \
+  X(scale, const Tensor& x, const Tensor& out, float alpha)                                      \
+  X(cast, const Tensor& x, const Tensor& out)                                                    \
+  X(fill, const Tensor& out, double value)                                                       \
+  X(bias_gelu_fwd, const Tensor& x, const Tensor& bias, const Tensor& y, ops::GeluKind kind)     \
+  X(bias_gelu_bwd, const Tensor& dy, const Tensor& x, const Tensor& bias, const Tensor& dx,      \
+    const Tensor& dbias, ops::GeluKind kind, bool accumulate)                                    \
+  X(dropout_fwd, const Tensor& x, const Tensor& y, float p, uint64_t seed, uint64_t offset,      \
+    int64_t index_base)                                                                          \
+  X(dropout_bwd, const Tensor& dy, const Tensor& dx, float p, uint64_t seed, uint64_t offset,    \
+    int64_t index_base)                                                                          \
+  X(layernorm_fwd, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,    \
+    const Tensor& mean, const Tensor& rstd, float eps)                                           \
+  X(layernorm_bwd, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,   \
+    const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,             \
+    bool accumulate)                                                                             \
+  X(rmsnorm_fwd, const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,      \
+    float eps)                                                                                   \
+  X(rmsnorm_bwd, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,     \
+    const Tensor& dx, const Tensor& dgamma, bool accumulate)                                     \
+  X(softmax_rows_fwd, const Tensor& x, const Tensor& y, float scale)                             \
+  X(softmax_rows_bwd, const Tensor& y, const Tensor& dy, const Tensor& dx, float scale)          \
+  X(attention_fwd, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,         \
+    const Tensor& lse, float scale, bool causal)                                                 \
+  X(attention_bwd, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,         \
+    const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, \
+    float scale, bool causal)                                                                    \
+  X(embedding_fwd, const Tensor& ids, const Tensor& weight, const Tensor& out,                   \
+    int64_t vocab_offset)                                                                        \
+  X(embedding_bwd, const Tensor& ids, const Tensor& dout, const Tensor& dweight,                 \
+    int64_t vocab_offset, bool accumulate)                                                       \
+  X(xent_row_max, const Tensor& logits, const Tensor& row_max)                                   \
+  X(xent_row_sumexp, const Tensor& logits, const Tensor& row_max, const Tensor& sumexp)          \
+  X(xent_target_logit, const Tensor& logits, const Tensor& targets, const Tensor& target_logit,  \
+    int64_t vocab_offset, int64_t ignore_index)                                                  \
+  X(xent_loss, const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,          \
+    const Tensor& targets, const Tensor& loss, int64_t ignore_index)                             \
+  X(xent_grad, const Tensor& logits, const Tensor& row_max, const Tensor& sumexp,                \
+    const Tensor& targets, const Tensor& dlogits, int64_t vocab_offset, float grad_scale,        \
+    int64_t ignore_index)                                                                        \
+  X(adamw_update, std::span<const Tensor> params, std::span<const Tensor> grads,                 \
+    std::span<const Tensor> exp_avg, std::span<const Tensor> exp_avg_sq,                         \
+    const ops::AdamWConfig& cfg)                                                                 \
+  X(sgd_momentum_update, std::span<const Tensor> params, std::span<const Tensor> grads,          \
+    std::span<const Tensor> bufs, const ops::SgdConfig& cfg)
+
+enum class Op : uint8_t {
+#define MESHRT_OP_ENUM(op, ...) op,
+  MESHRT_KERNEL_OPS(MESHRT_OP_ENUM)
+#undef MESHRT_OP_ENUM
+};
+#define MESHRT_OP_COUNT(op, ...) +1
+inline constexpr int kOpCount = 0 MESHRT_KERNEL_OPS(MESHRT_OP_COUNT);
+#undef MESHRT_OP_COUNT
+
+// "layernorm_fwd": the public op's name.
+const char* op_name(Op op);
+
+// A set of dtypes, one bit per DType.
+class DTypeSet {
+ public:
+  constexpr DTypeSet() = default;
+  constexpr DTypeSet(std::initializer_list<DType> dts) {
+    for (DType d : dts) bits_ |= bit(d);
+  }
+  constexpr bool contains(DType d) const { return (bits_ & bit(d)) != 0; }
+  constexpr bool empty() const { return bits_ == 0; }
+  // "f32, bf16, f16"
+  std::string str() const;
+
+ private:
+  static constexpr uint32_t bit(DType d) { return 1u << static_cast<unsigned>(d); }
+  uint32_t bits_ = 0;
+};
+inline constexpr DTypeSet kFloating{DType::f32, DType::bf16, DType::f16};
+inline constexpr DTypeSet kAnyDType{DType::f32, DType::bf16, DType::f16,
+                                    DType::i32, DType::i64,  DType::u8};
+
+// One backend's implementation of the op table. An op the backend lacks keeps a null entry and
+// an empty dtype set: calling it is a clear error (require_support), not a link failure.
+struct Backend {
+  explicit Backend(const char* backend_name) : name(backend_name) {}
+  const char* name;
+#define MESHRT_OP_ENTRY(op, ...) void (*op)(Context&, Stream&, __VA_ARGS__) = nullptr;
+  MESHRT_KERNEL_OPS(MESHRT_OP_ENTRY)
+#undef MESHRT_OP_ENTRY
+  DTypeSet dtypes[kOpCount];
+
+  // Whether `op` is implemented for tensors of `dtype` (the dtype its floating tensors share;
+  // the output's for fill).
+  bool supports(Op op, DType dtype) const { return dtypes[static_cast<int>(op)].contains(dtype); }
+};
+
+// Throws meshrt::Error naming the op, the dtype and the backend unless be.supports(op, dtype).
+void require_support(const Backend& be, Op op, DType dtype);
+
+// Registers the backend's function named `op` (same name as the public op) for `dtypes_`; used by
+// the register_<family> function at the end of each backend source file.
+#define MESHRT_REGISTER_OP(be, op, dtypes_)                             \
+  do {                                                                  \
+    (be).op = &op;                                                      \
+    (be).dtypes[static_cast<int>(::meshrt::kernels::Op::op)] = dtypes_; \
+  } while (0)
+
 }  // namespace meshrt::kernels
 
-// Every backend provides these, called by ops.cpp after validation (same meaning as ops.h).
-#define MESHRT_BACKEND_DECLS                                                                      \
-  void gemm(Context& ctx, Stream& s, const GemmProblem& p);                                       \
-  void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor& out,          \
-           float alpha, float beta);                                                              \
-  void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out);                         \
-  void fill(Context& ctx, Stream& s, const Tensor& out, double value);                            \
-  void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias,                \
-                     const Tensor& y, ops::GeluKind kind);                                        \
-  void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x,                  \
-                     const Tensor& bias, const Tensor& dx, const Tensor& dbias,                   \
-                     ops::GeluKind kind, bool accumulate);                                        \
-  void dropout(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed, \
-               uint64_t offset, int64_t index_base);                                              \
-  void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma,               \
-                     const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd, \
-                     float eps, bool rms);                                                        \
-  void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x,                  \
-                     const Tensor& gamma, const Tensor& mean, const Tensor& rstd,                 \
-                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, bool rms,       \
-                     bool accumulate);                                                            \
-  void softmax_rows_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float scale);  \
-  void softmax_rows_bwd(Context& ctx, Stream& s, const Tensor& y, const Tensor& dy,               \
-                        const Tensor& dx, float scale);                                           \
-  void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,  \
-                     const Tensor& out, const Tensor& lse, float scale, bool causal);             \
-  void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,  \
-                     const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,  \
-                     const Tensor& dk, const Tensor& dv, float scale, bool causal);               \
-  void embedding_fwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& weight,            \
-                     const Tensor& out, int64_t vocab_offset);                                    \
-  void embedding_bwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& dout,              \
-                     const Tensor& dweight, int64_t vocab_offset, bool accumulate);               \
-  void xent_row_max(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max);        \
-  void xent_row_sumexp(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max,      \
-                       const Tensor& sumexp);                                                     \
-  void xent_target_logit(Context& ctx, Stream& s, const Tensor& logits, const Tensor& targets,    \
-                         const Tensor& target_logit, int64_t vocab_offset, int64_t ignore_index); \
-  void xent_loss(Context& ctx, Stream& s, const Tensor& row_max, const Tensor& sumexp,            \
-                 const Tensor& target_logit, const Tensor& targets, const Tensor& loss,           \
-                 int64_t ignore_index);                                                           \
-  void xent_grad(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max,            \
-                 const Tensor& sumexp, const Tensor& targets, const Tensor& dlogits,              \
-                 int64_t vocab_offset, float grad_scale, int64_t ignore_index);                   \
-  void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,                      \
-                    std::span<const Tensor> grads, std::span<const Tensor> exp_avg,               \
-                    std::span<const Tensor> exp_avg_sq, const ops::AdamWConfig& cfg);             \
-  void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params,               \
-                           std::span<const Tensor> grads, std::span<const Tensor> bufs,           \
-                           const ops::SgdConfig& cfg);
-
+// Each backend's table is built once from its families' register functions (one per source file).
 namespace meshrt::kernels::host {
-MESHRT_BACKEND_DECLS
+const Backend& backend();
+void register_gemm(Backend& be);
+void register_elementwise(Backend& be);
+void register_norm(Backend& be);
+void register_softmax(Backend& be);
+void register_attention(Backend& be);
+void register_embedding(Backend& be);
+void register_optim(Backend& be);
 }  // namespace meshrt::kernels::host
 
 #if defined(MESHRT_WITH_CUDA)
 namespace meshrt::kernels::cuda {
-MESHRT_BACKEND_DECLS
+const Backend& backend();
+void register_gemm(Backend& be);
+void register_elementwise(Backend& be);
+void register_norm(Backend& be);
+void register_softmax(Backend& be);
+void register_attention(Backend& be);
+void register_embedding(Backend& be);
+void register_optim(Backend& be);
 }  // namespace meshrt::kernels::cuda
 #endif

@@ -16,7 +16,6 @@ constexpr float kGeluCubic = 0.044715f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1/sqrt(2 pi)
 
-MESHRT_HD float min_f(float a, float b) { return a < b ? a : b; }
 MESHRT_HD float max_f(float a, float b) { return a > b ? a : b; }
 
 // exp(x) for f32. On the host this is a branch-free polynomial (max error ~2 ulp over the
@@ -159,14 +158,6 @@ MESHRT_HD Welford welford_merge(const Welford& a, const Welford& b) {
 
 // Biased (population) variance, as LayerNorm uses.
 MESHRT_HD float welford_var(const Welford& w) { return w.count > 0.f ? w.m2 / w.count : 0.f; }
-
-MESHRT_HD float rsqrt_f32(float x) {
-#if defined(__CUDA_ARCH__)
-  return rsqrtf(x);
-#else
-  return 1.0f / std::sqrt(x);
-#endif
-}
 
 // ---- online softmax -----------------------------------------------------------------------------
 

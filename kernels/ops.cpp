@@ -7,6 +7,41 @@
 #include "kernels/backend.h"
 #include "runtime/error.h"
 
+namespace meshrt::kernels {
+
+const char* op_name(Op op) {
+  switch (op) {
+#define MESHRT_OP_NAME(op, ...) \
+  case Op::op:                  \
+    return #op;
+    MESHRT_KERNEL_OPS(MESHRT_OP_NAME)
+#undef MESHRT_OP_NAME
+  }
+  return "?";
+}
+
+std::string DTypeSet::str() const {
+  std::string out;
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    if (!contains(d)) continue;
+    if (!out.empty()) out += ", ";
+    out += dtype_name(d);
+  }
+  return out;
+}
+
+void require_support(const Backend& be, Op op, DType dtype) {
+  if (be.supports(op, dtype)) return;
+  const DTypeSet& have = be.dtypes[static_cast<int>(op)];
+  MESHRT_CHECK(!have.empty(), "op " << op_name(op) << ": the " << be.name
+                                    << " backend does not implement it (called with dtype "
+                                    << dtype_name(dtype) << ")");
+  MESHRT_FAIL("op " << op_name(op) << ": the " << be.name << " backend does not support dtype "
+                    << dtype_name(dtype) << " (it supports " << have.str() << ")");
+}
+
+}  // namespace meshrt::kernels
+
 namespace meshrt::ops {
 
 using kernels::GemmProblem;
@@ -110,33 +145,25 @@ bool is_cpu(const Check& c) {
   return true;
 }
 
-#if !defined(MESHRT_WITH_CUDA)
-[[noreturn]] void no_cuda(const Check& c) {
+// The backend for the op's device.
+const kernels::Backend& backend_of(const Check& c) {
+  if (is_cpu(c)) return kernels::host::backend();
+#if defined(MESHRT_WITH_CUDA)
+  return kernels::cuda::backend();
+#else
   MESHRT_FAIL("op " << c.op() << ": tensors are on " << c.device().str()
                     << " but this build of meshrt has no CUDA backend (configure with "
                        "-DMESHRT_CUDA=ON)");
+#endif
 }
-#endif
 
-#if defined(MESHRT_WITH_CUDA)
-#define MESHRT_DISPATCH(chk, call) \
-  do {                             \
-    if (is_cpu(chk)) {             \
-      kernels::host::call;         \
-    } else {                       \
-      kernels::cuda::call;         \
-    }                              \
+// Runs op `name` of the device's backend, which must support `dtype`.
+#define MESHRT_RUN(chk, name, dtype, ...)                    \
+  do {                                                       \
+    const kernels::Backend& be_ = backend_of(chk);           \
+    kernels::require_support(be_, kernels::Op::name, dtype); \
+    be_.name(__VA_ARGS__);                                   \
   } while (0)
-#else
-#define MESHRT_DISPATCH(chk, call) \
-  do {                             \
-    if (is_cpu(chk)) {             \
-      kernels::host::call;         \
-    } else {                       \
-      no_cuda(chk);                \
-    }                              \
-  } while (0)
-#endif
 
 const Tensor& opt(const Tensor* t) {
   static const Tensor kNone;
@@ -293,7 +320,7 @@ void gemm(Context& ctx, Stream& stream, const Tensor& a, bool trans_a, const Ten
   Check chk("gemm", ctx, stream);
   GemmProblem p = make_gemm(chk, a, trans_a, b, trans_b, c, alpha, beta, bias, false);
   if (p.m == 0 || p.n == 0) return;
-  MESHRT_DISPATCH(chk, gemm(ctx, stream, p));
+  MESHRT_RUN(chk, gemm, a.dtype(), ctx, stream, p);
 }
 
 void gemm_strided_batched(Context& ctx, Stream& stream, const Tensor& a, bool trans_a,
@@ -301,7 +328,7 @@ void gemm_strided_batched(Context& ctx, Stream& stream, const Tensor& a, bool tr
   Check chk("gemm_strided_batched", ctx, stream);
   GemmProblem p = make_gemm(chk, a, trans_a, b, trans_b, c, alpha, beta, nullptr, true);
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
-  MESHRT_DISPATCH(chk, gemm(ctx, stream, p));
+  MESHRT_RUN(chk, gemm_strided_batched, a.dtype(), ctx, stream, p);
 }
 
 // ---- elementwise --------------------------------------------------------------------------------
@@ -313,7 +340,7 @@ void add(Context& ctx, Stream& stream, const Tensor& a, const Tensor& b, const T
   chk.like(a, "a", b, "b");
   chk.like(a, "a", out, "out");
   if (out.numel() == 0) return;
-  MESHRT_DISPATCH(chk, add(ctx, stream, a, b, out, alpha, beta));
+  MESHRT_RUN(chk, add, a.dtype(), ctx, stream, a, b, out, alpha, beta);
 }
 
 void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out, float alpha) {
@@ -321,7 +348,7 @@ void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out, flo
   chk.floating(x, "x");
   chk.like(x, "x", out, "out");
   if (out.numel() == 0) return;
-  MESHRT_DISPATCH(chk, add(ctx, stream, x, x, out, alpha, 0.f));
+  MESHRT_RUN(chk, scale, x.dtype(), ctx, stream, x, out, alpha);
 }
 
 void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out) {
@@ -330,14 +357,14 @@ void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out) {
   chk.floating(out, "out");
   chk.same_shape(x, "x", out, "out");
   if (out.numel() == 0) return;
-  MESHRT_DISPATCH(chk, cast(ctx, stream, x, out));
+  MESHRT_RUN(chk, cast, x.dtype(), ctx, stream, x, out);
 }
 
 void fill(Context& ctx, Stream& stream, const Tensor& out, double value) {
   Check chk("fill", ctx, stream);
   chk.contiguous(out, "out");
   if (out.numel() == 0) return;
-  MESHRT_DISPATCH(chk, fill(ctx, stream, out, value));
+  MESHRT_RUN(chk, fill, out.dtype(), ctx, stream, out, value);
 }
 
 void bias_gelu_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor* bias,
@@ -347,7 +374,7 @@ void bias_gelu_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor* 
   chk.like(x, "x", y, "y");
   if (bias) chk.vec(*bias, "bias", row_len(x), x.dtype(), x, "x");
   if (x.numel() == 0) return;
-  MESHRT_DISPATCH(chk, bias_gelu_fwd(ctx, stream, x, opt(bias), y, kind));
+  MESHRT_RUN(chk, bias_gelu_fwd, x.dtype(), ctx, stream, x, opt(bias), y, kind);
 }
 
 void bias_gelu_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
@@ -363,8 +390,8 @@ void bias_gelu_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor&
     chk.vec(*dbias, "dbias", row_len(x), x.dtype(), x, "x");
   }
   if (x.numel() == 0 && !dbias) return;
-  MESHRT_DISPATCH(chk,
-                  bias_gelu_bwd(ctx, stream, dy, x, opt(bias), dx, opt(dbias), kind, accumulate));
+  MESHRT_RUN(chk, bias_gelu_bwd, x.dtype(), ctx, stream, dy, x, opt(bias), dx, opt(dbias), kind,
+             accumulate);
 }
 
 namespace {
@@ -384,7 +411,7 @@ void dropout_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y,
   Check chk("dropout_fwd", ctx, stream);
   check_dropout(chk, x, "x", y, "y", p, index_base);
   if (x.numel() == 0) return;
-  MESHRT_DISPATCH(chk, dropout(ctx, stream, x, y, p, seed, offset, index_base));
+  MESHRT_RUN(chk, dropout_fwd, x.dtype(), ctx, stream, x, y, p, seed, offset, index_base);
 }
 
 void dropout_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& dx, float p,
@@ -392,7 +419,7 @@ void dropout_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& d
   Check chk("dropout_bwd", ctx, stream);
   check_dropout(chk, dy, "dy", dx, "dx", p, index_base);
   if (dy.numel() == 0) return;
-  MESHRT_DISPATCH(chk, dropout(ctx, stream, dy, dx, p, seed, offset, index_base));
+  MESHRT_RUN(chk, dropout_bwd, dy.dtype(), ctx, stream, dy, dx, p, seed, offset, index_base);
 }
 
 // ---- normalisation ------------------------------------------------------------------------------
@@ -433,7 +460,7 @@ void layernorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& 
   Check chk("layernorm_fwd", ctx, stream);
   check_norm_fwd(chk, x, gamma, beta, y, &mean, rstd, eps);
   if (x.numel() == 0) return;
-  MESHRT_DISPATCH(chk, layernorm_fwd(ctx, stream, x, gamma, opt(beta), y, mean, rstd, eps, false));
+  MESHRT_RUN(chk, layernorm_fwd, x.dtype(), ctx, stream, x, gamma, opt(beta), y, mean, rstd, eps);
 }
 
 void layernorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
@@ -441,8 +468,8 @@ void layernorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor&
                    const Tensor* dgamma, const Tensor* dbeta, bool accumulate) {
   Check chk("layernorm_bwd", ctx, stream);
   check_norm_bwd(chk, dy, x, gamma, &mean, rstd, dx, dgamma, dbeta);
-  MESHRT_DISPATCH(chk, layernorm_bwd(ctx, stream, dy, x, gamma, mean, rstd, dx, opt(dgamma),
-                                     opt(dbeta), false, accumulate));
+  MESHRT_RUN(chk, layernorm_bwd, x.dtype(), ctx, stream, dy, x, gamma, mean, rstd, dx, opt(dgamma),
+             opt(dbeta), accumulate);
 }
 
 void rmsnorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& gamma,
@@ -450,8 +477,7 @@ void rmsnorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& ga
   Check chk("rmsnorm_fwd", ctx, stream);
   check_norm_fwd(chk, x, gamma, nullptr, y, nullptr, rstd, eps);
   if (x.numel() == 0) return;
-  MESHRT_DISPATCH(chk,
-                  layernorm_fwd(ctx, stream, x, gamma, Tensor(), y, Tensor(), rstd, eps, true));
+  MESHRT_RUN(chk, rmsnorm_fwd, x.dtype(), ctx, stream, x, gamma, y, rstd, eps);
 }
 
 void rmsnorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
@@ -459,8 +485,8 @@ void rmsnorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x
                  bool accumulate) {
   Check chk("rmsnorm_bwd", ctx, stream);
   check_norm_bwd(chk, dy, x, gamma, nullptr, rstd, dx, dgamma, nullptr);
-  MESHRT_DISPATCH(chk, layernorm_bwd(ctx, stream, dy, x, gamma, Tensor(), rstd, dx, opt(dgamma),
-                                     Tensor(), true, accumulate));
+  MESHRT_RUN(chk, rmsnorm_bwd, x.dtype(), ctx, stream, dy, x, gamma, rstd, dx, opt(dgamma),
+             accumulate);
 }
 
 // ---- softmax and attention ----------------------------------------------------------------------
@@ -470,7 +496,7 @@ void softmax_rows_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tenso
   chk.floating(x, "x");
   chk.like(x, "x", y, "y");
   if (x.numel() == 0) return;
-  MESHRT_DISPATCH(chk, softmax_rows_fwd(ctx, stream, x, y, scale));
+  MESHRT_RUN(chk, softmax_rows_fwd, x.dtype(), ctx, stream, x, y, scale);
 }
 
 void softmax_rows_bwd(Context& ctx, Stream& stream, const Tensor& y, const Tensor& dy,
@@ -480,7 +506,7 @@ void softmax_rows_bwd(Context& ctx, Stream& stream, const Tensor& y, const Tenso
   chk.like(y, "y", dy, "dy");
   chk.like(y, "y", dx, "dx");
   if (y.numel() == 0) return;
-  MESHRT_DISPATCH(chk, softmax_rows_bwd(ctx, stream, y, dy, dx, scale));
+  MESHRT_RUN(chk, softmax_rows_bwd, y.dtype(), ctx, stream, y, dy, dx, scale);
 }
 
 namespace {
@@ -515,7 +541,7 @@ void attention_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& 
   Check chk("attention_fwd", ctx, stream);
   check_attention(chk, q, k, v, out, lse, softmax_scale, causal);
   if (q.numel() == 0) return;
-  MESHRT_DISPATCH(chk, attention_fwd(ctx, stream, q, k, v, out, lse, softmax_scale, causal));
+  MESHRT_RUN(chk, attention_fwd, q.dtype(), ctx, stream, q, k, v, out, lse, softmax_scale, causal);
 }
 
 void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -528,8 +554,8 @@ void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& 
   chk.like(k, "k", dk, "dk");
   chk.like(k, "k", dv, "dv");
   if (q.numel() == 0 && k.numel() == 0) return;
-  MESHRT_DISPATCH(
-      chk, attention_bwd(ctx, stream, q, k, v, out, dout, lse, dq, dk, dv, softmax_scale, causal));
+  MESHRT_RUN(chk, attention_bwd, q.dtype(), ctx, stream, q, k, v, out, dout, lse, dq, dk, dv,
+             softmax_scale, causal);
 }
 
 // ---- embedding ----------------------------------------------------------------------------------
@@ -558,7 +584,7 @@ void embedding_fwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor
   Check chk("embedding_fwd", ctx, stream);
   check_embedding(chk, ids, weight, "weight", out, "out", vocab_offset);
   if (out.numel() == 0) return;
-  MESHRT_DISPATCH(chk, embedding_fwd(ctx, stream, ids, weight, out, vocab_offset));
+  MESHRT_RUN(chk, embedding_fwd, weight.dtype(), ctx, stream, ids, weight, out, vocab_offset);
 }
 
 void embedding_bwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor& dout,
@@ -566,7 +592,8 @@ void embedding_bwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor
   Check chk("embedding_bwd", ctx, stream);
   check_embedding(chk, ids, dweight, "dweight", dout, "dout", vocab_offset);
   if (dweight.numel() == 0) return;
-  MESHRT_DISPATCH(chk, embedding_bwd(ctx, stream, ids, dout, dweight, vocab_offset, accumulate));
+  MESHRT_RUN(chk, embedding_bwd, dweight.dtype(), ctx, stream, ids, dout, dweight, vocab_offset,
+             accumulate);
 }
 
 // ---- cross-entropy ------------------------------------------------------------------------------
@@ -589,7 +616,7 @@ void xent_row_max(Context& ctx, Stream& stream, const Tensor& logits, const Tens
   check_logits(chk, logits, "logits");
   chk.rows_stat(row_max, "row_max", logits);
   if (logits.numel() == 0) return;
-  MESHRT_DISPATCH(chk, xent_row_max(ctx, stream, logits, row_max));
+  MESHRT_RUN(chk, xent_row_max, logits.dtype(), ctx, stream, logits, row_max);
 }
 
 void xent_row_sumexp(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max,
@@ -599,7 +626,7 @@ void xent_row_sumexp(Context& ctx, Stream& stream, const Tensor& logits, const T
   chk.rows_stat(row_max, "row_max", logits);
   chk.rows_stat(sumexp, "sumexp", logits);
   if (logits.numel() == 0) return;
-  MESHRT_DISPATCH(chk, xent_row_sumexp(ctx, stream, logits, row_max, sumexp));
+  MESHRT_RUN(chk, xent_row_sumexp, logits.dtype(), ctx, stream, logits, row_max, sumexp);
 }
 
 void xent_target_logit(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& targets,
@@ -611,8 +638,8 @@ void xent_target_logit(Context& ctx, Stream& stream, const Tensor& logits, const
   MESHRT_CHECK(vocab_offset >= 0,
                "op xent_target_logit: vocab_offset=" << vocab_offset << " must be >= 0");
   if (logits.numel() == 0) return;
-  MESHRT_DISPATCH(chk, xent_target_logit(ctx, stream, logits, targets, target_logit, vocab_offset,
-                                         ignore_index));
+  MESHRT_RUN(chk, xent_target_logit, logits.dtype(), ctx, stream, logits, targets, target_logit,
+             vocab_offset, ignore_index);
 }
 
 void xent_loss(Context& ctx, Stream& stream, const Tensor& row_max, const Tensor& sumexp,
@@ -629,8 +656,8 @@ void xent_loss(Context& ctx, Stream& stream, const Tensor& row_max, const Tensor
   chk.f32(loss, "loss");
   chk.numel(loss, "loss", rows, "one per row, like row_max");
   if (rows == 0) return;
-  MESHRT_DISPATCH(
-      chk, xent_loss(ctx, stream, row_max, sumexp, target_logit, targets, loss, ignore_index));
+  MESHRT_RUN(chk, xent_loss, row_max.dtype(), ctx, stream, row_max, sumexp, target_logit, targets,
+             loss, ignore_index);
 }
 
 void xent_grad(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max,
@@ -644,8 +671,8 @@ void xent_grad(Context& ctx, Stream& stream, const Tensor& logits, const Tensor&
   chk.like(logits, "logits", dlogits, "dlogits");
   MESHRT_CHECK(vocab_offset >= 0, "op xent_grad: vocab_offset=" << vocab_offset << " must be >= 0");
   if (logits.numel() == 0) return;
-  MESHRT_DISPATCH(chk, xent_grad(ctx, stream, logits, row_max, sumexp, targets, dlogits,
-                                 vocab_offset, grad_scale, ignore_index));
+  MESHRT_RUN(chk, xent_grad, logits.dtype(), ctx, stream, logits, row_max, sumexp, targets, dlogits,
+             vocab_offset, grad_scale, ignore_index);
 }
 
 // ---- optimizers ---------------------------------------------------------------------------------
@@ -690,7 +717,10 @@ void adamw_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
       cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f && cfg.beta2 < 1.f,
       "op adamw_update: betas (" << cfg.beta1 << ", " << cfg.beta2 << ") must be in [0, 1)");
   if (params.empty()) return;
-  MESHRT_DISPATCH(chk, adamw_update(ctx, stream, params, grads, exp_avg, exp_avg_sq, cfg));
+  for (const Tensor& p : params.subspan(1))
+    kernels::require_support(backend_of(chk), kernels::Op::adamw_update, p.dtype());
+  MESHRT_RUN(chk, adamw_update, params[0].dtype(), ctx, stream, params, grads, exp_avg, exp_avg_sq,
+             cfg);
 }
 
 void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
@@ -702,7 +732,10 @@ void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> p
                "op sgd_momentum_update: nesterov needs momentum > 0 and dampening 0 (got "
                    << cfg.momentum << ", " << cfg.dampening << ")");
   if (params.empty()) return;
-  MESHRT_DISPATCH(chk, sgd_momentum_update(ctx, stream, params, grads, momentum_bufs, cfg));
+  for (const Tensor& p : params.subspan(1))
+    kernels::require_support(backend_of(chk), kernels::Op::sgd_momentum_update, p.dtype());
+  MESHRT_RUN(chk, sgd_momentum_update, params[0].dtype(), ctx, stream, params, grads, momentum_bufs,
+             cfg);
 }
 
 #if !defined(MESHRT_WITH_CUDA)

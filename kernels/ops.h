@@ -18,6 +18,8 @@
 //   driven single-threaded from those threads (see kernels/host/parallel.h for why).
 // - On CUDA, ops launch on stream.native_handle(); tensors used on a stream other than the one
 //   they were allocated on need Storage::record_stream by the caller, as in PyTorch.
+// - Each device family's backend declares which ops it implements for which dtypes; an op it does
+//   not support throws meshrt::Error naming the op, the dtype and the backend.
 // - Parameter-gradient outputs (dbias, dgamma, dbeta, dweight) are overwritten, or added to
 //   when `accumulate` is true (gradient accumulation over micro-batches).
 

@@ -1,5 +1,9 @@
 #include "mesh/linear.h"
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "kernels/ops.h"
 #include "runtime/error.h"
 
@@ -9,13 +13,21 @@ namespace {
 
 Tensor rows2d(const Tensor& t) { return t.view({-1, t.size(-1)}); }
 
+// The all-ones rows accumulate_row_sum multiplies by, one per (dtype, length), kept per rank.
+struct OnesVectors {
+  std::mutex mu;
+  std::map<std::pair<DType, int64_t>, Tensor> by_shape;
+};
+
 Tensor ones_vector(Context& ctx, int64_t n, DType dt) {
-  std::string key = std::string("mesh.ones.") + dtype_name(dt) + "." + std::to_string(n);
-  return ctx.state<Tensor>(key, [&] {
-    auto t = std::make_shared<Tensor>(ctx.empty({1, n}, dt));
-    t->fill_(1.0, ctx.compute_stream());
-    return t;
-  });
+  auto& cache = ctx.state<OnesVectors>([] { return std::make_shared<OnesVectors>(); });
+  std::lock_guard<std::mutex> lk(cache.mu);
+  Tensor& t = cache.by_shape[{dt, n}];
+  if (!t.defined()) {
+    t = ctx.empty({1, n}, dt);
+    t.fill_(1.0, ctx.compute_stream());
+  }
+  return t;
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <typeindex>
+#include <typeinfo>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -50,11 +53,13 @@ class Context {
   // Waits for the compute stream and every side stream.
   void synchronize();
 
-  // Type-erased state that upper layers keep per rank (BLAS / cuBLASLt handles, plan caches):
-  // created by `make` on first use under `key`, destroyed with the context (in reverse order).
+  // Per-rank state of upper layers (BLAS / cuBLASLt handles, plan caches), one object per type:
+  // T, usually a struct private to its layer, is its own key, so two layers cannot collide on a
+  // name. Created by `make` on first use, destroyed with the context in reverse order of creation.
   template <class T>
-  T& state(const std::string& key, const std::function<std::shared_ptr<T>()>& make) {
+  T& state(const std::function<std::shared_ptr<T>()>& make) {
     std::lock_guard<std::mutex> lk(state_mu_);
+    const std::type_index key(typeid(T));
     auto it = state_.find(key);
     if (it == state_.end()) {
       std::shared_ptr<T> v = make();
@@ -73,8 +78,8 @@ class Context {
   std::mutex streams_mu_;
   std::map<std::string, std::unique_ptr<Stream>> streams_;
   std::mutex state_mu_;
-  std::map<std::string, std::shared_ptr<void>> state_;
-  std::vector<std::string> state_order_;
+  std::map<std::type_index, std::shared_ptr<void>> state_;
+  std::vector<std::type_index> state_order_;
 };
 
 }  // namespace meshrt

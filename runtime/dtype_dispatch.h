@@ -1,5 +1,5 @@
-// dispatch_dtype: one switch per call turning a DType into its storage type (host and CUDA
-// backends), so loops are templated and never branch on the dtype.
+// The dtype dispatcher: one switch per call turning a DType into its storage type, so host and
+// CUDA loops are templated and never branch on the dtype inside.
 #pragma once
 
 #include <cstdint>
@@ -10,36 +10,66 @@
 
 namespace meshrt {
 
-template <class T>
-struct Elem {
-  using type = T;
-};
-
-// Calls f(Elem<T>{}) with T the storage type of `dt` (float, bf16, f16, int32_t, int64_t,
+// Calls f(T{}) with T the storage type of any dtype (float, bf16, f16, int32_t, int64_t,
 // uint8_t).
 template <class F>
-void dispatch_dtype(DType dt, F&& f) {
+void dispatch_any(DType dt, F&& f) {
   switch (dt) {
     case DType::f32:
-      f(Elem<float>{});
+      f(float{});
       return;
     case DType::bf16:
-      f(Elem<bf16>{});
+      f(bf16{});
       return;
     case DType::f16:
-      f(Elem<f16>{});
+      f(f16{});
       return;
     case DType::i32:
-      f(Elem<int32_t>{});
+      f(int32_t{});
       return;
     case DType::i64:
-      f(Elem<int64_t>{});
+      f(int64_t{});
       return;
     case DType::u8:
-      f(Elem<uint8_t>{});
+      f(uint8_t{});
       return;
   }
   MESHRT_FAIL("unknown dtype code " << static_cast<int>(dt));
+}
+
+// Calls f(T{}) with T the storage type of a floating dtype (f32, bf16, f16).
+template <class F>
+void dispatch_float(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::bf16:
+      f(bf16{});
+      return;
+    case DType::f16:
+      f(f16{});
+      return;
+    default:
+      break;
+  }
+  MESHRT_FAIL("dtype " << dtype_name(dt) << " is not a floating type (f32, bf16, f16)");
+}
+
+// Calls f(T{}) with T the storage type of an index dtype (i32, i64).
+template <class F>
+void dispatch_index(DType dt, F&& f) {
+  switch (dt) {
+    case DType::i32:
+      f(int32_t{});
+      return;
+    case DType::i64:
+      f(int64_t{});
+      return;
+    default:
+      break;
+  }
+  MESHRT_FAIL("dtype " << dtype_name(dt) << " is not an index type (i32, i64)");
 }
 
 }  // namespace meshrt

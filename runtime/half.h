@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "runtime/hd.h"
 
@@ -89,7 +90,25 @@ struct f16 {
   MESHRT_HD float to_float() const { return f16_bits_to_f32(bits); }
 };
 
-// Loads/stores an element of storage type T as float: the one place kernels convert.
+// The one element conversion between storage types (copies, fills, casts; host and CUDA): 16-bit
+// floats go through f32 (round to nearest even), everything else is a static_cast.
+template <class D, class S>
+MESHRT_HD D convert_elem(S v) {
+  constexpr bool kHalfS = std::is_same_v<S, bf16> || std::is_same_v<S, f16>;
+  constexpr bool kHalfD = std::is_same_v<D, bf16> || std::is_same_v<D, f16>;
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (kHalfS) {
+    return convert_elem<D>(v.to_float());
+  } else if constexpr (kHalfD) {
+    return D::from_float(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// Loads/stores an element of storage type T as float: how kernels read and write their tensors
+// (math is done in f32).
 template <class T>
 MESHRT_HD float load_f32(const T* p, int64_t i) {
   if constexpr (sizeof(T) == 2) {

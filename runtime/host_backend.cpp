@@ -13,22 +13,6 @@ namespace meshrt {
 
 namespace {
 
-template <class T>
-constexpr bool kIsHalf = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
-
-template <class D, class S>
-inline D convert(S v) {
-  if constexpr (std::is_same_v<D, S>) {
-    return v;
-  } else if constexpr (kIsHalf<S>) {
-    return convert<D>(v.to_float());
-  } else if constexpr (kIsHalf<D>) {
-    return D::from_float(static_cast<float>(v));
-  } else {
-    return static_cast<D>(v);
-  }
-}
-
 // Visits every innermost row of an n-d iteration: f(dst_offset, src_offset, count, dst_inner,
 // src_inner) with offsets in elements.
 template <class F>
@@ -70,10 +54,10 @@ void host_copy_strided(const TensorDesc& dst, const TensorDesc& src) {
     std::memmove(dst.ptr, src.ptr, static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype));
     return;
   }
-  dispatch_dtype(dst.dtype, [&](auto de) {
-    using D = typename decltype(de)::type;
-    dispatch_dtype(src.dtype, [&](auto se) {
-      using S = typename decltype(se)::type;
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
+    dispatch_any(src.dtype, [&](auto se) {
+      using S = decltype(se);
       D* dp = static_cast<D*>(dst.ptr);
       const S* sp = static_cast<const S*>(src.ptr);
       for_each_row(dst, src.strides,
@@ -81,9 +65,9 @@ void host_copy_strided(const TensorDesc& dst, const TensorDesc& src) {
                      D* o = dp + doff;
                      const S* in = sp + soff;
                      if (ds == 1 && ss == 1) {
-                       for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(in[i]);
+                       for (int64_t i = 0; i < n; ++i) o[i] = convert_elem<D>(in[i]);
                      } else {
-                       for (int64_t i = 0; i < n; ++i) o[i * ds] = convert<D>(in[i * ss]);
+                       for (int64_t i = 0; i < n; ++i) o[i * ds] = convert_elem<D>(in[i * ss]);
                      }
                    });
     });
@@ -91,14 +75,9 @@ void host_copy_strided(const TensorDesc& dst, const TensorDesc& src) {
 }
 
 void host_fill(const TensorDesc& dst, double value) {
-  dispatch_dtype(dst.dtype, [&](auto de) {
-    using D = typename decltype(de)::type;
-    D v;
-    if constexpr (kIsHalf<D>) {
-      v = D::from_float(static_cast<float>(value));
-    } else {
-      v = static_cast<D>(value);
-    }
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
+    const D v = convert_elem<D>(value);
     D* dp = static_cast<D*>(dst.ptr);
     for_each_row(dst, dst.strides, [&](int64_t doff, int64_t, int64_t n, int64_t ds, int64_t) {
       D* o = dp + doff;
@@ -110,8 +89,8 @@ void host_fill(const TensorDesc& dst, double value) {
 void host_init_philox(const TensorDesc& dst, const PhiloxInit& init, const Shape& full,
                       const Shape& offsets) {
   Shape fstride = contiguous_strides(full);
-  dispatch_dtype(dst.dtype, [&](auto de) {
-    using D = typename decltype(de)::type;
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
     if constexpr (std::is_integral_v<D>) {
       MESHRT_FAIL("init_philox_: integer dtype " << dtype_name(dst.dtype));
     } else {

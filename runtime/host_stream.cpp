@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "runtime/error.h"
+#include "runtime/event_impl.h"
 #include "runtime/logging.h"
 #include "runtime/stream.h"
 
@@ -17,7 +18,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class HostEventImpl final : public Event::Impl {
+class HostEventImpl final : public EventImpl {
  public:
   void signal(std::exception_ptr err) {
     {
@@ -41,14 +42,13 @@ class HostEventImpl final : public Event::Impl {
     std::lock_guard<std::mutex> lk(mu_);
     return done_;
   }
-  float elapsed_ms_since(const Impl& start) const override {
+  float elapsed_ms_since(const EventImpl& start) const override {
     auto* s = dynamic_cast<const HostEventImpl*>(&start);
     MESHRT_CHECK(s != nullptr, "Event::elapsed_ms: start event is not a host event");
     std::scoped_lock lk(mu_, s->mu_);
     MESHRT_CHECK(done_ && s->done_, "Event::elapsed_ms: both events must have completed");
     return std::chrono::duration<float, std::milli>(time_ - s->time_).count();
   }
-  DeviceType device_type() const override { return DeviceType::CPU; }
 
  private:
   mutable std::mutex mu_;
@@ -94,12 +94,12 @@ class HostStream final : public Stream {
   Event record() override {
     auto ev = std::make_shared<HostEventImpl>();
     enqueue([this, ev] { ev->signal(current_error()); });
-    return Event(ev);
+    return EventAccess::wrap(ev);
   }
 
   void wait(const Event& e) override {
     if (!e.valid()) return;
-    auto impl = e.shared_impl();
+    std::shared_ptr<EventImpl> impl = EventAccess::impl(e);
     if (auto* host = dynamic_cast<HostEventImpl*>(impl.get())) {
       enqueue([this, impl, host] {
         if (auto err = host->wait()) set_error(err);
@@ -112,7 +112,7 @@ class HostStream final : public Stream {
 
   void synchronize() override {
     Event e = record();
-    auto* host = static_cast<HostEventImpl*>(e.impl());
+    auto* host = static_cast<HostEventImpl*>(EventAccess::impl(e).get());
     std::exception_ptr err = host->wait();
     if (err) {
       std::lock_guard<std::mutex> lk(err_mu_);

@@ -9,34 +9,25 @@
 
 namespace meshrt {
 
-class Stream;
+// What a backend's event implements (runtime/event_impl.h): not part of the user-facing API.
+class EventImpl;
 
 // A point on a stream. Cheap to copy (shared state). Default-constructed events are "already
 // complete". An event records the error of the work before it, if any; synchronize() rethrows it.
 class Event {
  public:
-  struct Impl {
-    virtual ~Impl() = default;
-    virtual void synchronize() = 0;
-    virtual bool query() = 0;
-    // Milliseconds from `start` to this event; both must be complete and timing-enabled.
-    virtual float elapsed_ms_since(const Impl& start) const = 0;
-    virtual DeviceType device_type() const = 0;
-  };
-
   Event() = default;
-  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
   void synchronize() const;
   bool query() const;
   bool valid() const { return impl_ != nullptr; }
   // Milliseconds elapsed between `start` and this event (both recorded with timing).
   float elapsed_ms(const Event& start) const;
-  Impl* impl() const { return impl_.get(); }
-  const std::shared_ptr<Impl>& shared_impl() const { return impl_; }
 
  private:
-  std::shared_ptr<Impl> impl_;
+  friend struct EventAccess;  // the backends' door to impl_ (runtime/event_impl.h)
+  explicit Event(std::shared_ptr<EventImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<EventImpl> impl_;
 };
 
 class Stream {

@@ -361,7 +361,7 @@ unsigned tiles(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) 
 
 void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& lse, float scale, bool causal) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const Dims D = dims(q, k);
   if (D.sq == 0) return;
   const AttnArgs a{D.sq, D.sk, D.d, scale, causal};
@@ -382,7 +382,7 @@ void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
 void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv, float scale, bool causal) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const Dims D = dims(q, k);
   const cudaStream_t st = native(s);
   if (D.sq == 0) {
@@ -420,6 +420,11 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
                                                      << ">");
     });
   });
+}
+
+void register_attention(Backend& be) {
+  MESHRT_REGISTER_OP(be, attention_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, attention_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::cuda

@@ -1,5 +1,5 @@
-// Shared pieces of the CUDA kernels: stream / device plumbing, scratch memory from the caching
-// allocator, launch shapes, warp and block reductions.
+// Shared pieces of the CUDA kernels: stream plumbing, scratch memory from the caching allocator,
+// launch shapes, warp and block reductions.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,33 +8,18 @@
 #include <string>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/dispatch.h"
 #include "kernels/math.h"
 #include "runtime/context.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/device_guard.h"
+#include "runtime/dtype_dispatch.h"
 #include "runtime/half.h"
 
 namespace meshrt::kernels::cuda {
 
+using cuda_detail::DeviceGuard;
+
 inline cudaStream_t native(Stream& s) { return static_cast<cudaStream_t>(s.native_handle()); }
-
-// Makes the stream's device current for the scope of an op (ranks may share a host thread).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(const Stream& s) : dev_(s.device().index) {
-    MESHRT_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != dev_) MESHRT_CUDA_CHECK(cudaSetDevice(dev_));
-  }
-  ~DeviceGuard() {
-    if (prev_ != dev_ && cudaSetDevice(prev_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int dev_;
-  int prev_ = 0;
-};
 
 // Temporary device memory from the rank's caching allocator, released when the scope ends: the
 // allocator's stream-aware reuse keeps it from being handed out before the work enqueued on

@@ -18,16 +18,6 @@ __global__ void axpby_kernel(const T* a, const T* b, T* o, int64_t n, float alph
   }
 }
 
-template <class In, class Out>
-__global__ void cast_kernel(const In* __restrict__ x, Out* __restrict__ o, int64_t n) {
-  MESHRT_GRID_STRIDE(i, n) { store_f32(o, i, load_f32(x, i)); }
-}
-
-template <class T>
-__global__ void fill_kernel(T* __restrict__ o, int64_t n, T v) {
-  MESHRT_GRID_STRIDE(i, n) { o[i] = v; }
-}
-
 template <ops::GeluKind K>
 __device__ __forceinline__ float gelu(float x) {
   if constexpr (K == ops::GeluKind::Tanh) {
@@ -118,7 +108,7 @@ void dispatch_gelu(ops::GeluKind k, F&& f) {
 
 void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor& out, float alpha,
          float beta) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t n = out.numel();
   dispatch_float(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -128,40 +118,18 @@ void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor
   MESHRT_CUDA_CHECK_LAUNCH("axpby<" << dtype_name(out.dtype()) << ">");
 }
 
-void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
-  DeviceGuard g(s);
-  const int64_t n = out.numel();
-  dispatch_float(x.dtype(), [&](auto tin) {
-    using In = decltype(tin);
-    dispatch_float(out.dtype(), [&](auto tout) {
-      using Out = decltype(tout);
-      cast_kernel<In, Out>
-          <<<grid_for(n), kThreads, 0, native(s)>>>(x.data<In>(), out.data<Out>(), n);
-    });
-  });
-  MESHRT_CUDA_CHECK_LAUNCH("cast<" << dtype_name(x.dtype()) << ", " << dtype_name(out.dtype())
-                                   << ">");
+void scale(Context& ctx, Stream& s, const Tensor& x, const Tensor& out, float alpha) {
+  add(ctx, s, x, x, out, alpha, 0.f);
 }
 
-void fill(Context& ctx, Stream& s, const Tensor& out, double value) {
-  DeviceGuard g(s);
-  const int64_t n = out.numel();
-  dispatch_any(out.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T v;
-    if constexpr (sizeof(T) == 2) {
-      v = T::from_float(static_cast<float>(value));
-    } else {
-      v = static_cast<T>(value);
-    }
-    fill_kernel<T><<<grid_for(n), kThreads, 0, native(s)>>>(out.data<T>(), n, v);
-  });
-  MESHRT_CUDA_CHECK_LAUNCH("fill<" << dtype_name(out.dtype()) << ">");
-}
+// cast and fill are the runtime's strided copy and fill (one implementation per device family).
+void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) { out.copy_(x, s); }
+
+void fill(Context& ctx, Stream& s, const Tensor& out, double value) { out.fill_(value, s); }
 
 void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias, const Tensor& y,
                    ops::GeluKind kind) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t total = x.numel(), n = row_len(x);
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -177,7 +145,7 @@ void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias,
 
 void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& bias,
                    const Tensor& dx, const Tensor& dbias, ops::GeluKind kind, bool accumulate) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t total = x.numel(), n = row_len(x), rows = row_count(x);
   const cudaStream_t st = native(s);
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -203,9 +171,9 @@ void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, c
   });
 }
 
-void dropout(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
-             uint64_t offset, int64_t index_base) {
-  DeviceGuard g(s);
+void dropout_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
+                 uint64_t offset, int64_t index_base) {
+  DeviceGuard g(s.device().index);
   const int64_t n = x.numel();
   const float inv = 1.0f / (1.0f - p);
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -214,6 +182,23 @@ void dropout(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p,
         x.data<T>(), y.data<T>(), n, p, inv, seed, offset, static_cast<uint64_t>(index_base));
   });
   MESHRT_CUDA_CHECK_LAUNCH("dropout<" << dtype_name(x.dtype()) << ">");
+}
+
+// The mask is a function of (seed, offset, index): backward applies the forward's.
+void dropout_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& dx, float p,
+                 uint64_t seed, uint64_t offset, int64_t index_base) {
+  dropout_fwd(ctx, s, dy, dx, p, seed, offset, index_base);
+}
+
+void register_elementwise(Backend& be) {
+  MESHRT_REGISTER_OP(be, add, kFloating);
+  MESHRT_REGISTER_OP(be, scale, kFloating);
+  MESHRT_REGISTER_OP(be, cast, kFloating);
+  MESHRT_REGISTER_OP(be, fill, kAnyDType);
+  MESHRT_REGISTER_OP(be, bias_gelu_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, bias_gelu_bwd, kFloating);
+  MESHRT_REGISTER_OP(be, dropout_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, dropout_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::cuda

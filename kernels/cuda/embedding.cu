@@ -50,7 +50,7 @@ __global__ void add_f32_into_kernel(const float* __restrict__ acc, T* __restrict
 
 void embedding_fwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& weight,
                    const Tensor& out, int64_t vocab_offset) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t tokens = ids.numel(), v = weight.size(0), d = weight.size(1);
   dispatch_float(weight.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -65,7 +65,7 @@ void embedding_fwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& wei
 
 void embedding_bwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& dout,
                    const Tensor& dweight, int64_t vocab_offset, bool accumulate) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t tokens = ids.numel(), v = dweight.size(0), d = dweight.size(1);
   const cudaStream_t st = native(s);
   const bool f32 = dweight.dtype() == DType::f32;
@@ -94,6 +94,11 @@ void embedding_bwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& dou
     });
     MESHRT_CUDA_CHECK_LAUNCH("embedding_bwd_store");
   }
+}
+
+void register_embedding(Backend& be) {
+  MESHRT_REGISTER_OP(be, embedding_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, embedding_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::cuda

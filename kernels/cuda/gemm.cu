@@ -11,6 +11,16 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/ops.h"
 
+// MESHRT_CUBLAS_CHECK(cublasLtMatmul(...)): cuBLAS / cuBLASLt status codes become meshrt::Error.
+#define MESHRT_CUBLAS_CHECK(expr)                                                        \
+  do {                                                                                   \
+    const cublasStatus_t meshrt_cublas_st_ = (expr);                                     \
+    if (meshrt_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                    \
+      MESHRT_FAIL(#expr << " failed: " << cublasGetStatusName(meshrt_cublas_st_) << " (" \
+                        << cublasGetStatusString(meshrt_cublas_st_) << ")");             \
+    }                                                                                    \
+  } while (0)
+
 namespace meshrt::kernels::cuda {
 
 namespace {
@@ -81,7 +91,7 @@ struct LtState {
 };
 
 LtState& lt_state(Context& ctx) {
-  return ctx.state<LtState>("kernels.cuda.cublaslt", [&ctx] {
+  return ctx.state<LtState>([&ctx] {
     auto s = std::make_shared<LtState>();
     MESHRT_CUBLAS_CHECK(cublasLtCreate(&s->handle));
     s->alloc = ctx.allocator_ptr();
@@ -183,7 +193,7 @@ __global__ void gemm_k0_kernel(CT* c, const CT* __restrict__ bias, int64_t m, in
 }  // namespace
 
 void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
-  DeviceGuard guard(s);
+  DeviceGuard guard(s.device().index);
   const cudaStream_t st = native(s);
   if (p.k == 0) {
     dispatch_float(p.c.dtype(), [&](auto tag) {
@@ -236,6 +246,14 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
   MESHRT_CUBLAS_CHECK(cublasLtMatmul(lt.handle, plan.desc, &alpha, p.b.data_ptr(), plan.la,
                                      p.a.data_ptr(), plan.lb, &beta, p.c.data_ptr(), plan.lc,
                                      p.c.data_ptr(), plan.lc, &plan.algo, ws, kWorkspaceBytes, st));
+}
+
+// The batch count and strides are in the problem: one entry point serves both.
+void gemm_strided_batched(Context& ctx, Stream& s, const GemmProblem& p) { gemm(ctx, s, p); }
+
+void register_gemm(Backend& be) {
+  MESHRT_REGISTER_OP(be, gemm, kFloating);
+  MESHRT_REGISTER_OP(be, gemm_strided_batched, kFloating);
 }
 
 }  // namespace meshrt::kernels::cuda

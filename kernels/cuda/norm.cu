@@ -95,10 +95,10 @@ __global__ void norm_bwd_params_kernel(const T* __restrict__ dy, const T* __rest
 
 }  // namespace
 
-void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma,
-                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
-                   float eps, bool rms) {
-  DeviceGuard g(s);
+// LayerNorm and RMSNorm share one pass; rms drops the mean (and beta).
+void norm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+              const Tensor& y, const Tensor& mean, const Tensor& rstd, float eps, bool rms) {
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(x), rows = row_count(x);
   const int threads = row_threads(n);
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -117,10 +117,10 @@ void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma
                            << dtype_name(x.dtype()) << ">");
 }
 
-void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                   const Tensor& dbeta, bool rms, bool accumulate) {
-  DeviceGuard g(s);
+void norm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+              const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+              const Tensor& dbeta, bool rms, bool accumulate) {
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(x), rows = row_count(x);
   const cudaStream_t st = native(s);
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -150,6 +150,35 @@ void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, c
       MESHRT_CUDA_CHECK_LAUNCH("norm_bwd_dx<" << dtype_name(x.dtype()) << ">");
     }
   });
+}
+
+void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma,
+                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                   float eps) {
+  norm_fwd(ctx, s, x, gamma, beta, y, mean, rstd, eps, false);
+}
+
+void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                   const Tensor& dbeta, bool accumulate) {
+  norm_bwd(ctx, s, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, false, accumulate);
+}
+
+void rmsnorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma, const Tensor& y,
+                 const Tensor& rstd, float eps) {
+  norm_fwd(ctx, s, x, gamma, Tensor(), y, Tensor(), rstd, eps, true);
+}
+
+void rmsnorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                 const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, bool accumulate) {
+  norm_bwd(ctx, s, dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(), true, accumulate);
+}
+
+void register_norm(Backend& be) {
+  MESHRT_REGISTER_OP(be, layernorm_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, layernorm_bwd, kFloating);
+  MESHRT_REGISTER_OP(be, rmsnorm_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, rmsnorm_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::cuda

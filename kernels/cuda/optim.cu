@@ -129,7 +129,7 @@ void for_dtype_pairs(std::span<const Tensor> params, std::span<const Tensor> gra
 void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,
                   std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
                   std::span<const Tensor> exp_avg_sq, const ops::AdamWConfig& cfg) {
-  DeviceGuard guard(s);
+  DeviceGuard guard(s.device().index);
   kmath::AdamWScalars c;
   c.lr = cfg.lr;
   c.beta1 = cfg.beta1;
@@ -156,7 +156,7 @@ void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,
 void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params,
                          std::span<const Tensor> grads, std::span<const Tensor> bufs,
                          const ops::SgdConfig& cfg) {
-  DeviceGuard guard(s);
+  DeviceGuard guard(s.device().index);
   kmath::SgdScalars c{cfg.lr,         cfg.momentum, cfg.dampening,   cfg.weight_decay,
                       cfg.grad_scale, cfg.nesterov, cfg.init_buffers};
   const cudaStream_t st = native(s);
@@ -168,6 +168,11 @@ void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params
       MESHRT_CUDA_CHECK_LAUNCH("sgd_momentum<" << dtype_name(pd) << ", " << dtype_name(gd) << ">");
     });
   });
+}
+
+void register_optim(Backend& be) {
+  MESHRT_REGISTER_OP(be, adamw_update, kFloating);
+  MESHRT_REGISTER_OP(be, sgd_momentum_update, kFloating);
 }
 
 }  // namespace meshrt::kernels::cuda

@@ -107,7 +107,7 @@ __global__ void xent_grad_kernel(const T* logits, const float* __restrict__ row_
 }  // namespace
 
 void softmax_rows_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float scale) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(x), rows = row_count(x);
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -119,7 +119,7 @@ void softmax_rows_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y,
 
 void softmax_rows_bwd(Context& ctx, Stream& s, const Tensor& y, const Tensor& dy, const Tensor& dx,
                       float scale) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(y), rows = row_count(y);
   dispatch_float(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -130,7 +130,7 @@ void softmax_rows_bwd(Context& ctx, Stream& s, const Tensor& y, const Tensor& dy
 }
 
 void xent_row_max(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(logits), rows = row_count(logits);
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -142,7 +142,7 @@ void xent_row_max(Context& ctx, Stream& s, const Tensor& logits, const Tensor& r
 
 void xent_row_sumexp(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max,
                      const Tensor& sumexp) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(logits), rows = row_count(logits);
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -154,7 +154,7 @@ void xent_row_sumexp(Context& ctx, Stream& s, const Tensor& logits, const Tensor
 
 void xent_target_logit(Context& ctx, Stream& s, const Tensor& logits, const Tensor& targets,
                        const Tensor& target_logit, int64_t vocab_offset, int64_t ignore_index) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(logits), rows = row_count(logits);
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -171,7 +171,7 @@ void xent_target_logit(Context& ctx, Stream& s, const Tensor& logits, const Tens
 void xent_loss(Context& ctx, Stream& s, const Tensor& row_max, const Tensor& sumexp,
                const Tensor& target_logit, const Tensor& targets, const Tensor& loss,
                int64_t ignore_index) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t rows = row_max.numel();
   dispatch_index(targets.dtype(), [&](auto itag) {
     using I = decltype(itag);
@@ -185,7 +185,7 @@ void xent_loss(Context& ctx, Stream& s, const Tensor& row_max, const Tensor& sum
 void xent_grad(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max,
                const Tensor& sumexp, const Tensor& targets, const Tensor& dlogits,
                int64_t vocab_offset, float grad_scale, int64_t ignore_index) {
-  DeviceGuard g(s);
+  DeviceGuard g(s.device().index);
   const int64_t n = row_len(logits), rows = row_count(logits);
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -197,6 +197,16 @@ void xent_grad(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_
     });
   });
   MESHRT_CUDA_CHECK_LAUNCH("xent_grad");
+}
+
+void register_softmax(Backend& be) {
+  MESHRT_REGISTER_OP(be, softmax_rows_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, softmax_rows_bwd, kFloating);
+  MESHRT_REGISTER_OP(be, xent_row_max, kFloating);
+  MESHRT_REGISTER_OP(be, xent_row_sumexp, kFloating);
+  MESHRT_REGISTER_OP(be, xent_target_logit, kFloating);
+  MESHRT_REGISTER_OP(be, xent_loss, kFloating);
+  MESHRT_REGISTER_OP(be, xent_grad, kFloating);
 }
 
 }  // namespace meshrt::kernels::cuda

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
 
@@ -224,6 +224,11 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
       });
     });
   });
+}
+
+void register_attention(Backend& be) {
+  MESHRT_REGISTER_OP(be, attention_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, attention_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::host

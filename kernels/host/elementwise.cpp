@@ -3,9 +3,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
+#include "kernels/host/reduce.h"
 #include "kernels/math.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
 
@@ -41,40 +42,14 @@ void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor
   });
 }
 
-void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
-  ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, x, out] {
-    dispatch_float(x.dtype(), [&](auto tin) {
-      using In = decltype(tin);
-      dispatch_float(out.dtype(), [&](auto tout) {
-        using Out = decltype(tout);
-        const In* px = x.data<In>();
-        Out* po = out.data<Out>();
-        tp->parallel_for(out.numel(), kGrain, [=](int64_t lo, int64_t hi) {
-          for (int64_t i = lo; i < hi; ++i) store_f32(po, i, load_f32(px, i));
-        });
-      });
-    });
-  });
+void scale(Context& ctx, Stream& s, const Tensor& x, const Tensor& out, float alpha) {
+  add(ctx, s, x, x, out, alpha, 0.f);
 }
 
-void fill(Context& ctx, Stream& s, const Tensor& out, double value) {
-  ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, out, value] {
-    dispatch_any(out.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      T v;
-      if constexpr (sizeof(T) == 2) {
-        v = T::from_float(static_cast<float>(value));
-      } else {
-        v = static_cast<T>(value);
-      }
-      T* po = out.data<T>();
-      tp->parallel_for(out.numel(), kGrain,
-                       [=](int64_t lo, int64_t hi) { std::fill(po + lo, po + hi, v); });
-    });
-  });
-}
+// cast and fill are the runtime's strided copy and fill (one implementation per device family).
+void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) { out.copy_(x, s); }
+
+void fill(Context& ctx, Stream& s, const Tensor& out, double value) { out.fill_(value, s); }
 
 namespace {
 template <ops::GeluKind K>
@@ -198,8 +173,8 @@ void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, c
   });
 }
 
-void dropout(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
-             uint64_t offset, int64_t index_base) {
+void dropout_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
+                 uint64_t offset, int64_t index_base) {
   ThreadPool* tp = &pool(ctx);
   s.enqueue([tp, x, y, p, seed, offset, index_base] {
     const float inv = 1.0f / (1.0f - p);
@@ -220,6 +195,23 @@ void dropout(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p,
       });
     });
   });
+}
+
+// The mask is a function of (seed, offset, index): backward applies the forward's.
+void dropout_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& dx, float p,
+                 uint64_t seed, uint64_t offset, int64_t index_base) {
+  dropout_fwd(ctx, s, dy, dx, p, seed, offset, index_base);
+}
+
+void register_elementwise(Backend& be) {
+  MESHRT_REGISTER_OP(be, add, kFloating);
+  MESHRT_REGISTER_OP(be, scale, kFloating);
+  MESHRT_REGISTER_OP(be, cast, kFloating);
+  MESHRT_REGISTER_OP(be, fill, kAnyDType);
+  MESHRT_REGISTER_OP(be, bias_gelu_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, bias_gelu_bwd, kFloating);
+  MESHRT_REGISTER_OP(be, dropout_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, dropout_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::host

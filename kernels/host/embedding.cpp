@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
 
@@ -107,6 +107,11 @@ void embedding_bwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& dou
                        });
     });
   });
+}
+
+void register_embedding(Backend& be) {
+  MESHRT_REGISTER_OP(be, embedding_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, embedding_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::host

@@ -7,8 +7,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
+#include "kernels/host/reduce.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
 
@@ -199,6 +200,14 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
     tp->run(static_cast<int64_t>(tiles.size()),
             [&](int64_t i) { body(tiles[static_cast<size_t>(i)]); });
   });
+}
+
+// The batch count and strides are in the problem: one entry point serves both.
+void gemm_strided_batched(Context& ctx, Stream& s, const GemmProblem& p) { gemm(ctx, s, p); }
+
+void register_gemm(Backend& be) {
+  MESHRT_REGISTER_OP(be, gemm, kFloating);
+  MESHRT_REGISTER_OP(be, gemm_strided_batched, kFloating);
 }
 
 }  // namespace meshrt::kernels::host

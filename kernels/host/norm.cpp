@@ -4,10 +4,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
 
@@ -54,9 +54,9 @@ void reduce_partials(ThreadPool* tp, const float* part, int64_t chunks, int64_t 
 }
 }  // namespace
 
-void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma,
-                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
-                   float eps, bool rms) {
+// LayerNorm and RMSNorm share one pass; rms drops the mean (and beta).
+void norm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+              const Tensor& y, const Tensor& mean, const Tensor& rstd, float eps, bool rms) {
   ThreadPool* tp = &pool(ctx);
   s.enqueue([tp, x, gamma, beta, y, mean, rstd, eps, rms] {
     const int64_t n = row_len(x), rows = row_count(x);
@@ -99,9 +99,9 @@ void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma
   });
 }
 
-void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                   const Tensor& dbeta, bool rms, bool accumulate) {
+void norm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+              const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+              const Tensor& dbeta, bool rms, bool accumulate) {
   ThreadPool* tp = &pool(ctx);
   s.enqueue([tp, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rms, accumulate] {
     const int64_t n = row_len(x), rows = row_count(x);
@@ -158,6 +158,35 @@ void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, c
       if (want_db) reduce_partials(tp, partb, rc.count, n, dbeta.data<T>(), accumulate);
     });
   });
+}
+
+void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma,
+                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                   float eps) {
+  norm_fwd(ctx, s, x, gamma, beta, y, mean, rstd, eps, false);
+}
+
+void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                   const Tensor& dbeta, bool accumulate) {
+  norm_bwd(ctx, s, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, false, accumulate);
+}
+
+void rmsnorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma, const Tensor& y,
+                 const Tensor& rstd, float eps) {
+  norm_fwd(ctx, s, x, gamma, Tensor(), y, Tensor(), rstd, eps, true);
+}
+
+void rmsnorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                 const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, bool accumulate) {
+  norm_bwd(ctx, s, dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(), true, accumulate);
+}
+
+void register_norm(Backend& be) {
+  MESHRT_REGISTER_OP(be, layernorm_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, layernorm_bwd, kFloating);
+  MESHRT_REGISTER_OP(be, rmsnorm_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, rmsnorm_bwd, kFloating);
 }
 
 }  // namespace meshrt::kernels::host

@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
 #include "kernels/math.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
 
@@ -105,6 +105,11 @@ void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params
       });
     });
   });
+}
+
+void register_optim(Backend& be) {
+  MESHRT_REGISTER_OP(be, adamw_update, kFloating);
+  MESHRT_REGISTER_OP(be, sgd_momentum_update, kFloating);
 }
 
 }  // namespace meshrt::kernels::host

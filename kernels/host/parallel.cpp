@@ -160,7 +160,7 @@ int threads_for(const Context& ctx) {
 }  // namespace
 
 ThreadPool& pool(Context& ctx) {
-  return ctx.state<ThreadPool>("kernels.host.pool", [&ctx] {
+  return ctx.state<ThreadPool>([&ctx] {
     int n = threads_for(ctx);
     MESHRT_LOG_DEBUG("kernels: host pool of " << n << " threads (" << usable_cores() << " cores, "
                                               << ctx.local_ranks() << " local ranks)");

@@ -1,10 +1,38 @@
-// Host row reductions written with independent partial sums so that they vectorize without
-// -ffast-math (a plain `s += x[i]` loop is a serial dependency the compiler must keep).
+// Host row helpers: f32 row loads / stores, and reductions written with independent partial sums
+// so that they vectorize without -ffast-math (a plain `s += x[i]` loop is a serial dependency the
+// compiler must keep).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include "runtime/half.h"
 
 namespace meshrt::kernels::host {
+
+// Converts n elements to f32 (contiguous; vectorizes for f32 / bf16; f16 uses the F16C
+// instruction when the loops are built for it, an exact conversion like the software one).
+template <class T>
+inline void load_row(const T* __restrict src, float* __restrict dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (std::is_same_v<T, f16>) {
+    for (; i + 8 <= n; i += 8) {
+      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+  }
+#endif
+  for (; i < n; ++i) dst[i] = load_f32(src, i);
+}
+template <class T>
+inline void store_row(T* __restrict dst, const float* __restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) store_f32(dst, i, src[i]);
+}
 
 inline float sum_f32(const float* __restrict x, int64_t n) {
   float acc[16] = {};

@@ -3,10 +3,10 @@
 #include <cmath>
 
 #include "kernels/backend.h"
-#include "kernels/dispatch.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
 
@@ -185,6 +185,16 @@ void xent_grad(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_
           });
         });
       });
+}
+
+void register_softmax(Backend& be) {
+  MESHRT_REGISTER_OP(be, softmax_rows_fwd, kFloating);
+  MESHRT_REGISTER_OP(be, softmax_rows_bwd, kFloating);
+  MESHRT_REGISTER_OP(be, xent_row_max, kFloating);
+  MESHRT_REGISTER_OP(be, xent_row_sumexp, kFloating);
+  MESHRT_REGISTER_OP(be, xent_target_logit, kFloating);
+  MESHRT_REGISTER_OP(be, xent_loss, kFloating);
+  MESHRT_REGISTER_OP(be, xent_grad, kFloating);
 }
 
 }  // namespace meshrt::kernels::host

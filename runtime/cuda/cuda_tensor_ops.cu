@@ -19,23 +19,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <class T>
-constexpr bool kIsHalf = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
-
-// The host backend's conversion rule: 16-bit floats go through f32, the rest is static_cast.
-template <class D, class S>
-MESHRT_HD D convert_elem(S v) {
-  if constexpr (std::is_same_v<D, S>) {
-    return v;
-  } else if constexpr (kIsHalf<S>) {
-    return convert_elem<D>(v.to_float());
-  } else if constexpr (kIsHalf<D>) {
-    return D::from_float(static_cast<float>(v));
-  } else {
-    return static_cast<D>(v);
-  }
-}
-
 // The iteration space of an op: extents and two stride sets (`a`: the destination; `b`: the
 // source, or the full tensor's strides for Philox), with size-1 dims dropped and neighbouring
 // dims merged where both sides walk them as one. Dim 0 is outermost.
@@ -160,15 +143,6 @@ unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t{sms} * 8)));
 }
 
-template <class D>
-D host_fill_value(double v) {
-  if constexpr (kIsHalf<D>) {
-    return D::from_float(static_cast<float>(v));
-  } else {
-    return static_cast<D>(v);
-  }
-}
-
 }  // namespace
 
 void launch_copy_strided(TensorDesc dst, TensorDesc src, cudaStream_t stream) {
@@ -213,10 +187,10 @@ void launch_copy_strided(TensorDesc dst, TensorDesc src, cudaStream_t stream) {
     }
   }
   const unsigned grid = grid_for(n);
-  dispatch_dtype(dst.dtype, [&](auto de) {
-    using D = typename decltype(de)::type;
-    dispatch_dtype(src.dtype, [&](auto se) {
-      using S = typename decltype(se)::type;
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
+    dispatch_any(src.dtype, [&](auto se) {
+      using S = decltype(se);
       D* dp = static_cast<D*>(dst.ptr);
       const S* sp = static_cast<const S*>(src.ptr);
       if (fits_u32(n))
@@ -234,9 +208,9 @@ void launch_fill(TensorDesc dst, double value, cudaStream_t stream) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   const Layout l = make_layout(dst.ndim, dst.shape, dst.strides, dst.strides);
-  dispatch_dtype(dst.dtype, [&](auto de) {
-    using D = typename decltype(de)::type;
-    const D v = host_fill_value<D>(value);
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
+    const D v = convert_elem<D>(value);
     unsigned char bytes[sizeof(D)];
     std::memcpy(bytes, &v, sizeof(D));
     const bool one_byte =
@@ -278,9 +252,9 @@ void launch_init_philox(TensorDesc dst, const PhiloxInit& init, const Shape& ful
   p.normal = init.dist == PhiloxInit::Dist::Normal;
   const Layout l = make_layout(dst.ndim, dst.shape, dst.strides, fstride.begin());
   const unsigned grid = grid_for(n);
-  dispatch_dtype(dst.dtype, [&](auto de) {
-    using D = typename decltype(de)::type;
-    if constexpr (kIsHalf<D> || std::is_same_v<D, float>) {
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
+    if constexpr (!std::is_integral_v<D>) {
       D* dp = static_cast<D*>(dst.ptr);
       if (fits_u32(n))
         philox_kernel<D, uint32_t><<<grid, kThreads, 0, stream>>>(dp, p, l, n);

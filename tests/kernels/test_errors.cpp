@@ -1,5 +1,10 @@
-// Shape, dtype and device mismatches raise meshrt::Error naming the op and the tensors.
+// Shape, dtype and device mismatches raise meshrt::Error naming the op and the tensors; ops a
+// backend does not support fail naming the op, the dtype and the backend.
+#include <set>
+#include <string>
+
 #include "helpers.h"
+#include "kernels/backend.h"
 #include "runtime/error.h"
 
 using namespace kt;
@@ -123,4 +128,64 @@ TEST_CASE("an op refuses a stream of another device than its context", "[errors]
   auto s1 = meshrt::make_host_stream("other", 1);
   REQUIRE_THROWS_WITH(ops::add(h.ctx, *s1, a, a, a),
                       Contains("op add") && Contains("cpu:1") && Contains("context"));
+}
+
+namespace {
+namespace k = meshrt::kernels;
+
+// The host backend is the reference: every op for f32 / bf16 / f16, and fill for every dtype.
+void check_complete(const k::Backend& be) {
+  std::set<std::string> names;
+  for (int i = 0; i < k::kOpCount; ++i) {
+    const auto op = static_cast<k::Op>(i);
+    names.insert(k::op_name(op));
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      INFO(be.name << " " << k::op_name(op) << " " << meshrt::dtype_name(dt));
+      CHECK(be.supports(op, dt));
+    }
+    INFO(be.name << " " << k::op_name(op) << " i32");
+    CHECK(be.supports(op, DType::i32) == (op == k::Op::fill));
+  }
+  CHECK(names.size() == static_cast<size_t>(k::kOpCount));
+  CHECK(be.supports(k::Op::fill, DType::u8));
+  CHECK(be.supports(k::Op::fill, DType::i64));
+}
+}  // namespace
+
+TEST_CASE("the op table names the public ops and the host backend implements all of them",
+          "[errors]") {
+  CHECK(std::string(k::op_name(k::Op::gemm)) == "gemm");
+  CHECK(std::string(k::op_name(k::Op::rmsnorm_bwd)) == "rmsnorm_bwd");
+  CHECK(std::string(k::op_name(k::Op::sgd_momentum_update)) == "sgd_momentum_update");
+  CHECK(std::string(k::host::backend().name) == "host");
+  check_complete(k::host::backend());
+#if defined(MESHRT_WITH_CUDA)
+  // The table only (no GPU needed). CUDA may lack an op; what it has takes the host's dtypes.
+  const k::Backend& cu = k::cuda::backend();
+  CHECK(std::string(cu.name) == "cuda");
+  CHECK(cu.supports(k::Op::gemm, DType::bf16));
+  for (int i = 0; i < k::kOpCount; ++i) {
+    const auto op = static_cast<k::Op>(i);
+    INFO("cuda " << k::op_name(op));
+    if (!cu.dtypes[i].empty()) CHECK(cu.dtypes[i].str() == k::host::backend().dtypes[i].str());
+  }
+#endif
+}
+
+TEST_CASE("an op a backend lacks or a dtype it does not take fails naming op, dtype and backend",
+          "[errors]") {
+  k::Backend be("test");
+  be.dtypes[static_cast<int>(k::Op::add)] = k::DTypeSet{DType::f32, DType::f16};
+  CHECK(be.supports(k::Op::add, DType::f32));
+  CHECK_FALSE(be.supports(k::Op::add, DType::bf16));
+  CHECK_FALSE(be.supports(k::Op::attention_fwd, DType::f32));
+  REQUIRE_NOTHROW(k::require_support(be, k::Op::add, DType::f16));
+  REQUIRE_THROWS_AS(k::require_support(be, k::Op::add, DType::bf16), meshrt::Error);
+  REQUIRE_THROWS_WITH(k::require_support(be, k::Op::add, DType::bf16),
+                      Contains("op add:") && Contains("the test backend") &&
+                          Contains("does not support dtype bf16") &&
+                          Contains("it supports f32, f16"));
+  REQUIRE_THROWS_WITH(k::require_support(be, k::Op::attention_fwd, DType::f32),
+                      Contains("op attention_fwd:") && Contains("the test backend") &&
+                          Contains("does not implement it") && Contains("dtype f32"));
 }

@@ -22,6 +22,7 @@
 #include "collectives/nccl_check.h"
 #include "runtime/backend.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/device_guard.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/tensor.h"
@@ -55,22 +56,7 @@ struct NcclUniqueId {
   std::array<char, 128> bytes{};
 };
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    MESHRT_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device) MESHRT_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) (void)cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = 0;
-};
+using cuda_detail::DeviceGuard;
 
 ncclDataType_t nccl_type(DType dt) {
   switch (dt) {

@@ -9,7 +9,7 @@
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
 #include "collectives/mpi_runtime.h"
-#include "runtime/backend.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 

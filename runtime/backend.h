@@ -1,4 +1,5 @@
 // DeviceBackend: what runtime/ needs from a device family (streams, memory, copies, fills).
+// Internal: users query devices through runtime/device.h.
 #pragma once
 
 #include <memory>
@@ -40,7 +41,5 @@ const DeviceBackend& host_backend();
 const DeviceBackend* cuda_backend();
 // Backend for a device; throws naming the device when that backend is not built or usable.
 const DeviceBackend& backend_for(Device d);
-// Whether CUDA devices can be used now; when not, why (not built / no driver / no device).
-bool cuda_available(std::string* why = nullptr);
 
 }  // namespace meshrt

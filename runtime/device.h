@@ -1,6 +1,7 @@
 // Device: where a tensor lives and a rank runs (cpu or cuda:N); device-spec parsing.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,5 +26,13 @@ struct Device {
 // "cuda:all" (every visible GPU; needs a working CUDA runtime). Each entry is one rank's device.
 // Throws meshrt::Error saying what is accepted.
 std::vector<Device> parse_devices(std::string_view spec);
+
+// Whether CUDA devices can be used now; when not, why (not built / no driver / no device).
+bool cuda_available(std::string* why = nullptr);
+// Usable CUDA devices (0 in a build without CUDA or without a usable driver).
+int cuda_device_count();
+// What the device family's libraries report ("CUDA runtime 13.0, driver ..., cuda:0 NAME
+// (sm_90) ..."); "" for CUDA in a build without it.
+std::string device_versions(DeviceType type);
 
 }  // namespace meshrt

@@ -1,4 +1,5 @@
 // The host DeviceBackend: streams are worker threads; copies, fills and Philox init run as tasks.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -7,6 +8,7 @@
 #include "runtime/dtype_dispatch.h"
 #include "runtime/error.h"
 #include "runtime/half.h"
+#include "runtime/host_copy.h"
 #include "runtime/philox.h"
 
 namespace meshrt {
@@ -47,43 +49,6 @@ bool contiguous_desc(const TensorDesc& d) {
     expect *= d.shape[i];
   }
   return true;
-}
-
-void host_copy_strided(const TensorDesc& dst, const TensorDesc& src) {
-  if (dst.dtype == src.dtype && contiguous_desc(dst) && contiguous_desc(src)) {
-    std::memmove(dst.ptr, src.ptr, static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype));
-    return;
-  }
-  dispatch_any(dst.dtype, [&](auto de) {
-    using D = decltype(de);
-    dispatch_any(src.dtype, [&](auto se) {
-      using S = decltype(se);
-      D* dp = static_cast<D*>(dst.ptr);
-      const S* sp = static_cast<const S*>(src.ptr);
-      for_each_row(dst, src.strides,
-                   [&](int64_t doff, int64_t soff, int64_t n, int64_t ds, int64_t ss) {
-                     D* o = dp + doff;
-                     const S* in = sp + soff;
-                     if (ds == 1 && ss == 1) {
-                       for (int64_t i = 0; i < n; ++i) o[i] = convert_elem<D>(in[i]);
-                     } else {
-                       for (int64_t i = 0; i < n; ++i) o[i * ds] = convert_elem<D>(in[i * ss]);
-                     }
-                   });
-    });
-  });
-}
-
-void host_fill(const TensorDesc& dst, double value) {
-  dispatch_any(dst.dtype, [&](auto de) {
-    using D = decltype(de);
-    const D v = convert_elem<D>(value);
-    D* dp = static_cast<D*>(dst.ptr);
-    for_each_row(dst, dst.strides, [&](int64_t doff, int64_t, int64_t n, int64_t ds, int64_t) {
-      D* o = dp + doff;
-      for (int64_t i = 0; i < n; ++i) o[i * ds] = v;
-    });
-  });
 }
 
 void host_init_philox(const TensorDesc& dst, const PhiloxInit& init, const Shape& full,
@@ -152,6 +117,43 @@ class HostBackend final : public DeviceBackend {
 
 }  // namespace
 
+void host_copy_strided(const TensorDesc& dst, const TensorDesc& src) {
+  if (dst.dtype == src.dtype && contiguous_desc(dst) && contiguous_desc(src)) {
+    std::memmove(dst.ptr, src.ptr, static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype));
+    return;
+  }
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
+    dispatch_any(src.dtype, [&](auto se) {
+      using S = decltype(se);
+      D* dp = static_cast<D*>(dst.ptr);
+      const S* sp = static_cast<const S*>(src.ptr);
+      for_each_row(dst, src.strides,
+                   [&](int64_t doff, int64_t soff, int64_t n, int64_t ds, int64_t ss) {
+                     D* o = dp + doff;
+                     const S* in = sp + soff;
+                     if (ds == 1 && ss == 1) {
+                       for (int64_t i = 0; i < n; ++i) o[i] = convert_elem<D>(in[i]);
+                     } else {
+                       for (int64_t i = 0; i < n; ++i) o[i * ds] = convert_elem<D>(in[i * ss]);
+                     }
+                   });
+    });
+  });
+}
+
+void host_fill(const TensorDesc& dst, double value) {
+  dispatch_any(dst.dtype, [&](auto de) {
+    using D = decltype(de);
+    const D v = convert_elem<D>(value);
+    D* dp = static_cast<D*>(dst.ptr);
+    for_each_row(dst, dst.strides, [&](int64_t doff, int64_t, int64_t n, int64_t ds, int64_t) {
+      D* o = dp + doff;
+      for (int64_t i = 0; i < n; ++i) o[i * ds] = v;
+    });
+  });
+}
+
 const DeviceBackend& host_backend() {
   static const HostBackend be;
   return be;
@@ -178,6 +180,17 @@ bool cuda_available(std::string* why) {
   int n = be->device_count(&reason);
   if (n <= 0 && why) *why = reason;
   return n > 0;
+}
+
+int cuda_device_count() {
+  const DeviceBackend* be = cuda_backend();
+  return be ? std::max(0, be->device_count(nullptr)) : 0;
+}
+
+std::string device_versions(DeviceType type) {
+  if (type == DeviceType::CPU) return host_backend().versions();
+  const DeviceBackend* be = cuda_backend();
+  return be ? be->versions() : "";
 }
 
 }  // namespace meshrt

@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "kernels/ops.h"
-#include "runtime/backend.h"
+#include "runtime/device.h"
 #if defined(MESHRT_WITH_CUDA)
 #include "collectives/nccl_comm.h"
 #endif
@@ -31,7 +31,7 @@ int run_info(std::ostream& os) {
      << " hardware threads (host ranks: --devices cpu:N)\n";
   std::string why;
   if (cuda_available(&why)) {
-    os << "  cuda     " << cuda_backend()->device_count(nullptr) << " device(s)\n";
+    os << "  cuda     " << cuda_device_count() << " device(s)\n";
   } else {
     os << "  cuda     unavailable: " << why << "\n";
   }
@@ -58,7 +58,7 @@ std::map<std::string, std::string> version_info() {
                         : "OFF";
   v["sanitize"] = std::string(MESHRT_BUILD_SANITIZE).empty() ? "none" : MESHRT_BUILD_SANITIZE;
   std::string why;
-  if (const DeviceBackend* be = cuda_backend()) v["cuda"] = be->versions();
+  if (const std::string c = device_versions(DeviceType::CUDA); !c.empty()) v["cuda"] = c;
   if (!cuda_available(&why)) v["cuda_unavailable"] = why;
   if (const std::string g = ops::gemm_library_version(); !g.empty()) v["cublaslt"] = g;
 #if defined(MESHRT_WITH_CUDA)

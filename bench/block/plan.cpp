@@ -11,7 +11,7 @@
 
 #include "bench/common/command.h"
 #include "bench/common/stats.h"
-#include "runtime/backend.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 
 namespace meshrt {

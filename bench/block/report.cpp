@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "bench/common/stats.h"
-#include "runtime/backend.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 
 namespace meshrt {
@@ -24,9 +24,8 @@ using bench::percentile;
 
 // The GPU model name of cuda:<index> from the backend's version string ("; cuda:0 NAME (sm_").
 std::string cuda_device_name(int index) {
-  const DeviceBackend* be = cuda_backend();
-  if (!be) return "";
-  const std::string v = be->versions();
+  const std::string v = device_versions(DeviceType::CUDA);
+  if (v.empty()) return "";
   const std::string key = "cuda:" + std::to_string(index) + " ";
   size_t p = v.find(key);
   if (p == std::string::npos) return "";

@@ -23,19 +23,22 @@ int launcher_rank() {
   return 0;
 }
 
+// The ranks that stay quiet about an error every rank raised exit 0: OpenMPI aborts the whole job
+// at the first non-zero exit, which could kill rank 0 before it prints. Rank 0's status is the
+// job's.
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
   if (launcher_rank() == 0) return app.exit(e);
   std::ostringstream quiet;
-  return app.exit(e, quiet, quiet);
+  app.exit(e, quiet, quiet);
+  return 0;
 }
 
 int report_error(std::string_view program, const std::exception& e, bool every_rank) {
   const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
   if (dynamic_cast<const UniformError*>(&e) != nullptr) every_rank = false;
-  if (every_rank || launcher_rank() == 0) {
-    // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
-    std::cerr << program << (ours ? ": error: " : ": internal error: ") << error_message(e) << "\n";
-  }
+  if (!every_rank && launcher_rank() != 0) return 0;  // rank 0 reports it (see above)
+  // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
+  std::cerr << program << (ours ? ": error: " : ": internal error: ") << error_message(e) << "\n";
   return ours ? 1 : 2;
 }
 

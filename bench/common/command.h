@@ -59,7 +59,8 @@ void bind_flags(CLI::App& app, Command& cmd);
 int launcher_rank();
 
 // How a parse error (or --help) ends: CLI11's message and exit status, printed by the process with
-// launcher rank 0 only (the others would print the same text).
+// launcher rank 0 only (the others would print the same text, and exit 0 so the launcher cannot
+// kill rank 0 before it prints: the job's status is rank 0's).
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e);
 
 // An error that every rank of a launch raises alike, such as options that do not fit the world
@@ -71,7 +72,8 @@ class UniformError : public Error {
 
 // How a failure ends: "<program>: error: <message>" and status 1 for meshrt::Error, "<program>:
 // internal error: ..." and status 2 otherwise. `every_rank` false: printed by launcher rank 0
-// only, for errors that every rank raises alike (wrong options; always so for a UniformError).
+// only (the others exit 0, as above), for errors that every rank raises alike (wrong options;
+// always so for a UniformError).
 int report_error(std::string_view program, const std::exception& e, bool every_rank);
 
 // "<program> <args...>", as recorded in JSON.

@@ -6,7 +6,9 @@
 
 #include "bench/common/stats.h"
 #include "bench/gemm/cuda_baseline.h"
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cublas_check.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/device_guard.h"
 
 namespace meshrt::bench {
 
@@ -23,17 +25,7 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-class DeviceScope {
- public:
-  explicit DeviceScope(int d) {
-    MESHRT_CUDA_CHECK(cudaGetDevice(&prev_));
-    MESHRT_CUDA_CHECK(cudaSetDevice(d));
-  }
-  ~DeviceScope() { (void)cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
+using cuda_detail::DeviceGuard;
 
 // Times `fn` (enqueued on st) with CUDA events: median milliseconds over `repeats`.
 template <class F>
@@ -61,7 +53,7 @@ double time_ms(cudaStream_t st, int warmup, int repeats, F&& fn) {
 
 double cublas_gemm_ms(int device, int64_t m, int64_t n, int64_t k, bool trans_b, DType dtype,
                       int warmup, int repeats) {
-  DeviceScope scope(device);
+  DeviceGuard scope(device);
   const size_t es = dtype_size(dtype);
   void *a = nullptr, *b = nullptr, *c = nullptr;
   MESHRT_CUDA_CHECK(cudaMalloc(&a, static_cast<size_t>(m * k) * es));
@@ -94,7 +86,7 @@ double cublas_gemm_ms(int device, int64_t m, int64_t n, int64_t k, bool trans_b,
 }
 
 double device_copy_ms(int device, size_t bytes, int warmup, int repeats) {
-  DeviceScope scope(device);
+  DeviceGuard scope(device);
   void *src = nullptr, *dst = nullptr;
   MESHRT_CUDA_CHECK(cudaMalloc(&src, bytes));
   MESHRT_CUDA_CHECK(cudaMalloc(&dst, bytes));

@@ -16,7 +16,6 @@
 #include "bench/common/stats.h"
 #include "kernels/host/parallel.h"
 #include "kernels/ops.h"
-#include "runtime/backend.h"
 #include "runtime/context.h"
 #include "runtime/device.h"
 #include "runtime/error.h"

@@ -9,17 +9,8 @@
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/ops.h"
-
-// MESHRT_CUBLAS_CHECK(cublasLtMatmul(...)): cuBLAS / cuBLASLt status codes become meshrt::Error.
-#define MESHRT_CUBLAS_CHECK(expr)                                                        \
-  do {                                                                                   \
-    const cublasStatus_t meshrt_cublas_st_ = (expr);                                     \
-    if (meshrt_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                    \
-      MESHRT_FAIL(#expr << " failed: " << cublasGetStatusName(meshrt_cublas_st_) << " (" \
-                        << cublasGetStatusString(meshrt_cublas_st_) << ")");             \
-    }                                                                                    \
-  } while (0)
 
 namespace meshrt::kernels::cuda {
 

@@ -7,6 +7,7 @@
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
 #include "runtime/dtype_dispatch.h"
+#include "runtime/host_copy.h"
 
 namespace meshrt::kernels::host {
 
@@ -46,10 +47,41 @@ void scale(Context& ctx, Stream& s, const Tensor& x, const Tensor& out, float al
   add(ctx, s, x, x, out, alpha, 0.f);
 }
 
-// cast and fill are the runtime's strided copy and fill (one implementation per device family).
-void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) { out.copy_(x, s); }
+namespace {
+// A contiguous [lo, hi) element range of `t` as a 1-d descriptor.
+TensorDesc range_desc(const Tensor& t, int64_t lo, int64_t hi) {
+  TensorDesc d;
+  d.ptr = static_cast<char*>(t.data_ptr()) + lo * static_cast<int64_t>(dtype_size(t.dtype()));
+  d.dtype = t.dtype();
+  d.ndim = 1;
+  d.shape[0] = hi - lo;
+  d.strides[0] = 1;
+  return d;
+}
+}  // namespace
 
-void fill(Context& ctx, Stream& s, const Tensor& out, double value) { out.fill_(value, s); }
+// cast and fill are the runtime's host copy and fill (one implementation per device family),
+// split across the rank's threads when both sides are contiguous.
+void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
+  if (!x.is_contiguous() || !out.is_contiguous()) {
+    out.copy_(x, s);
+    return;
+  }
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, x, out] {
+    tp->parallel_for(out.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      host_copy_strided(range_desc(out, lo, hi), range_desc(x, lo, hi));
+    });
+  });
+}
+
+void fill(Context& ctx, Stream& s, const Tensor& out, double value) {
+  ThreadPool* tp = &pool(ctx);  // ops::fill requires a contiguous out
+  s.enqueue([tp, out, value] {
+    tp->parallel_for(out.numel(), kGrain,
+                     [&](int64_t lo, int64_t hi) { host_fill(range_desc(out, lo, hi), value); });
+  });
+}
 
 namespace {
 template <ops::GeluKind K>

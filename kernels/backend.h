@@ -143,27 +143,21 @@ void require_support(const Backend& be, Op op, DType dtype);
 
 }  // namespace meshrt::kernels
 
-// Each backend's table is built once from its families' register functions (one per source file).
+// Each backend's table is built once from its families' register functions (one per source file,
+// named register_<family>, in the backend's namespace). A new family is one entry here.
+#define MESHRT_KERNEL_FAMILIES(X) \
+  X(gemm) X(elementwise) X(norm) X(softmax) X(attention) X(embedding) X(optim)
+#define MESHRT_DECLARE_FAMILY(family) void register_##family(Backend& be);
+#define MESHRT_CALL_FAMILY(family) register_##family(b);
+
 namespace meshrt::kernels::host {
 const Backend& backend();
-void register_gemm(Backend& be);
-void register_elementwise(Backend& be);
-void register_norm(Backend& be);
-void register_softmax(Backend& be);
-void register_attention(Backend& be);
-void register_embedding(Backend& be);
-void register_optim(Backend& be);
+MESHRT_KERNEL_FAMILIES(MESHRT_DECLARE_FAMILY)
 }  // namespace meshrt::kernels::host
 
 #if defined(MESHRT_WITH_CUDA)
 namespace meshrt::kernels::cuda {
 const Backend& backend();
-void register_gemm(Backend& be);
-void register_elementwise(Backend& be);
-void register_norm(Backend& be);
-void register_softmax(Backend& be);
-void register_attention(Backend& be);
-void register_embedding(Backend& be);
-void register_optim(Backend& be);
+MESHRT_KERNEL_FAMILIES(MESHRT_DECLARE_FAMILY)
 }  // namespace meshrt::kernels::cuda
 #endif

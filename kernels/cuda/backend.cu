@@ -6,13 +6,7 @@ namespace meshrt::kernels::cuda {
 const Backend& backend() {
   static const Backend be = [] {
     Backend b("cuda");
-    register_gemm(b);
-    register_elementwise(b);
-    register_norm(b);
-    register_softmax(b);
-    register_attention(b);
-    register_embedding(b);
-    register_optim(b);
+    MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
     return b;
   }();
   return be;

@@ -287,21 +287,7 @@ class HostEngine final : public detail::OrderedEngine {
     me.desc.key = key;
     me.arrived.store(seq);
     g->notify();
-    auto all_arrived = [&] {
-      for (int j = 0; j < n; ++j) {
-        if (g->slot(j).arrived.load() < seq) return false;
-      }
-      return true;
-    };
-    if (!all_arrived()) {
-      g->wait(
-          all_arrived, op.dl, [&] { return context(op); },
-          [&] {
-            std::string who =
-                ranks_where(n, [&](int j) { return g->slot(j).arrived.load() < seq; });
-            return timeout(op, who + " never arrived");
-          });
-    }
+    await_all(&Slot::arrived, seq, op, "never arrived");
     std::vector<CallSig> sigs(static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) sigs[static_cast<size_t>(j)] = g->slot(j).desc.sig;
     std::string mm = detail::mismatch_message(g->name(), sigs);
@@ -315,23 +301,25 @@ class HostEngine final : public detail::OrderedEngine {
 
   // Waits until every rank finished this collective: after it, no rank reads our buffers.
   void leave(uint64_t seq, const Op& op) {
-    const int n = g->size();
     g->slot(rank()).left.store(seq);
     g->notify();
-    auto all_left = [&] {
+    await_all(&Slot::left, seq, op, "did not finish");
+  }
+
+  // Waits until every rank's `mark` reached `seq`; a timeout names the ranks that did not.
+  void await_all(std::atomic<uint64_t> Slot::*mark, uint64_t seq, const Op& op, const char* what) {
+    const int n = g->size();
+    auto behind = [&](int j) { return (g->slot(j).*mark).load() < seq; };
+    auto all_reached = [&] {
       for (int j = 0; j < n; ++j) {
-        if (g->slot(j).left.load() < seq) return false;
+        if (behind(j)) return false;
       }
       return true;
     };
-    if (!all_left()) {
-      g->wait(
-          all_left, op.dl, [&] { return context(op); },
-          [&] {
-            std::string who = ranks_where(n, [&](int j) { return g->slot(j).left.load() < seq; });
-            return timeout(op, who + " did not finish");
-          });
-    }
+    if (all_reached()) return;
+    g->wait(
+        all_reached, op.dl, [&] { return context(op); },
+        [&] { return timeout(op, ranks_where(n, behind) + " " + what); });
   }
 
   void publish_progress(uint64_t seq, uint64_t steps) {

@@ -72,15 +72,23 @@ const char* st_dtype_name(DType d) {
   return "?";
 }
 
+// Host memory filled by the CPU directly (pread, stores), outside any stream's order: a caching
+// allocator's block may still be in use by work queued before it was freed.
+const std::shared_ptr<Allocator>& host_plain() {
+  static const std::shared_ptr<Allocator> a = make_host_plain_allocator();
+  return a;
+}
+
 // Collective over the world: elementwise `op` of v over ranks (small host vectors).
 std::vector<int64_t> agree(DeviceMesh& mesh, const std::vector<int64_t>& v, ReduceOp op) {
   Context& ctx = mesh.ctx();
   Stream& cs = ctx.compute_stream();
   const auto n = static_cast<int64_t>(v.size());
-  Tensor h = Tensor::empty({n}, DType::i64, ctx.host_allocator());
+  Tensor h = Tensor::empty({n}, DType::i64, host_plain());
   std::copy(v.begin(), v.end(), h.data<int64_t>());
   Tensor d = ctx.zeros({n}, DType::i64);
   d.copy_(h, cs);
+  cs.synchronize();  // h is freed on return
   cs.wait(mesh.world().all_reduce(d, op, cs));
   Tensor r = d.to(ctx.host_allocator(), cs);
   cs.synchronize();
@@ -288,7 +296,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   NamedTensors mine;
   for (const Saved& s : all)
     if (owns(s.p->placements, mesh.coords())) mine.emplace_back(s.key, s.local);
-  Tensor step_t = Tensor::empty({1}, DType::i64, ctx.host_allocator());
+  Tensor step_t = Tensor::empty({1}, DType::i64, host_plain());
   step_t.data<int64_t>()[0] = opt ? opt->steps() : meta.step;
   mine.emplace_back("optimizer.step", step_t);
   uint32_t crc = 0;
@@ -663,7 +671,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
     std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
     for (const Saved& s : want) {
       const IndexTensor& t = tensors.at(s.key);
-      Tensor h = Tensor::empty(s.local.shape(), s.local.dtype(), ctx.host_allocator());
+      Tensor h = Tensor::empty(s.local.shape(), s.local.dtype(), host_plain());
       int64_t covered = 0;
       for (const ShardRef& sh : t.shards) {
         auto& rd = readers[sh.file];

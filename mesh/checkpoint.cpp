@@ -534,12 +534,10 @@ int64_t copy_overlap(const SafetensorsReader& r, const SafetensorsReader::Entry&
 
 }  // namespace
 
-CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& expect,
-                               DeviceMesh& mesh, const std::vector<Param*>& params,
-                               Optimizer* opt) {
-  Context& ctx = mesh.ctx();
-  Stream& cs = ctx.compute_stream();
-  const std::string dir = resolve_checkpoint(path);
+namespace {
+
+// The parsed index of checkpoint `dir` after its format, version and config checks.
+json read_index(const std::string& dir, const CheckpointMeta& expect, CheckpointMeta* meta) {
   const std::string index_path = dir + "/" + kIndex;
   // Everything up to the file checks is a function of the index and the model, equal on every
   // rank, so every rank throws the same error without communicating.
@@ -574,6 +572,27 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
                                                  << it->second << " but this run has " << k << "="
                                                  << v << "; use the same " << k << " to resume");
   }
+  if (meta) *meta = got;
+  return idx;
+}
+
+}  // namespace
+
+CheckpointMeta read_checkpoint_meta(const std::string& path, const CheckpointMeta& expect) {
+  CheckpointMeta m;
+  read_index(resolve_checkpoint(path), expect, &m);
+  return m;
+}
+
+CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& expect,
+                               DeviceMesh& mesh, const std::vector<Param*>& params,
+                               Optimizer* opt) {
+  Context& ctx = mesh.ctx();
+  Stream& cs = ctx.compute_stream();
+  const std::string dir = resolve_checkpoint(path);
+  const std::string index_path = dir + "/" + kIndex;
+  CheckpointMeta got;
+  json idx = read_index(dir, expect, &got);
   std::map<std::string, uint64_t> file_bytes;
   std::map<std::string, uint32_t> file_crc;
   std::map<std::string, IndexTensor> tensors;

@@ -48,6 +48,10 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
 // `path` itself when it holds an index. Throws when it is neither.
 std::string resolve_checkpoint(const std::string& path);
 
+// Reads the index of checkpoint `path` (see resolve_checkpoint) and checks its format and every
+// `expect.config` field (no tensors are read): a resumed run's early check.
+CheckpointMeta read_checkpoint_meta(const std::string& path, const CheckpointMeta& expect);
+
 // Collective. Loads checkpoint `dir` (see resolve_checkpoint) into `params` and the optimizer
 // state on this mesh, whatever mesh it was saved from: each rank reads only the byte ranges of
 // its shards. Before anything is modified it checks the index, every `expect.config` field (a

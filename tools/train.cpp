@@ -7,6 +7,7 @@
 #include "bench/common/cli_checks.h"
 #include "collectives/bootstrap.h"
 #include "mesh/train.h"
+#include "mesh/train_checkpoint.h"
 #include "runtime/error.h"
 
 namespace meshrt::cli {
@@ -136,7 +137,8 @@ std::vector<StepStats> run_once(const TrainConfig& cfg, const TrainCliOptions& o
   auto launch = bootstrap(lo);
   validate_train(cfg, launch->world_size());  // before any rank starts
   if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
-  if (!cfg.checkpoint.resume.empty()) resolve_checkpoint(cfg.checkpoint.resume);
+  if (!cfg.checkpoint.resume.empty())
+    read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));
   std::vector<StepStats> out;
   std::mutex mu;
   launch->run([&](const RankPlacement& rp, Communicator& world) {

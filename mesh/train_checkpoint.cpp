@@ -52,7 +52,9 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
   CheckpointMeta got = load_checkpoint(dir, train_checkpoint_meta(cfg, 0), mesh, params, &opt);
   if (log && mesh.rank() == 0)
     *log << "resumed from " << dir << " (step " << got.step << ", saved on " << got.mesh
-         << ", now on " << mesh.str() << ")" << std::endl;
+         << ", now on " << mesh.str() << ")"
+         << (got.step >= cfg.steps ? "; it is at or past --steps, nothing to train" : "")
+         << std::endl;
   return static_cast<int>(got.step);
 }
 

@@ -79,6 +79,19 @@ void Optimizer::step(GradSync* sync, float lr_scale, int grad_set) {
   first_ = false;
 }
 
+NamedTensors Optimizer::state(size_t i) const {
+  MESHRT_CHECK(i < params_.size(),
+               "optimizer: state of parameter " << i << " of " << params_.size());
+  if (cfg_.kind == OptimizerKind::AdamW) return {{"exp_avg", m_[i]}, {"exp_avg_sq", v_[i]}};
+  return {{"momentum", m_[i]}};
+}
+
+void Optimizer::set_steps(int64_t n) {
+  MESHRT_CHECK(n >= 0, "optimizer: step count " << n << " must be >= 0");
+  step_ = n;
+  first_ = n == 0;
+}
+
 double Optimizer::grad_norm() {
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();

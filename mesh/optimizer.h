@@ -6,6 +6,7 @@
 
 #include "kernels/ops.h"
 #include "mesh/data_parallel.h"
+#include "runtime/safetensors.h"
 
 namespace meshrt {
 
@@ -32,6 +33,15 @@ class Optimizer {
   double grad_norm();
   int64_t steps() const { return step_; }
   const OptimizerConfig& config() const { return cfg_; }
+  const std::vector<Param*>& params() const { return params_; }
+
+  // For checkpoints: parameter i's state tensors (handles: writing them restores the state), each
+  // f32 with the shape and layout of the parameter's value, by name: AdamW "exp_avg" and
+  // "exp_avg_sq", SGD "momentum".
+  NamedTensors state(size_t i) const;
+  // Resuming after n updates: AdamW's bias correction continues from n, and SGD's momentum
+  // buffers are taken as they are (not re-initialised from the first gradient) when n > 0.
+  void set_steps(int64_t n);
 
  private:
   void update(const std::vector<Param*>& ps, float lr);

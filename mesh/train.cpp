@@ -3,6 +3,7 @@
 #include <chrono>
 #include <iomanip>
 
+#include "mesh/train_checkpoint.h"
 #include "runtime/error.h"
 
 namespace meshrt {
@@ -61,6 +62,7 @@ void validate_train(const TrainConfig& cfg, int world_size) {
   MESHRT_CHECK(cfg.staleness >= 0, "train: --staleness " << cfg.staleness << " must be >= 0");
   MESHRT_CHECK(cfg.sync_every >= 1, "train: --sync-every " << cfg.sync_every << " must be >= 1");
   validate_block(cfg.model.block, tp, cfg.tp, cfg.seq);
+  validate_checkpointing(cfg);
 }
 
 std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator& world,
@@ -76,12 +78,14 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   sync.broadcast_params();
   Optimizer opt(mesh, model.params(), cfg.optim);
   Stream& cs = ctx.compute_stream();
+  // --- checkpoint: resume ---
+  const int first_step = resume_training(cfg, mesh, model.params(), opt, log);
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
   CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
   std::vector<StepStats> out;
-  for (int step = 0; step < cfg.steps; ++step) {
+  for (int step = first_step; step < cfg.steps; ++step) {
     ctx.synchronize();
     sync.scheduler().reset_times();
     tp.reset_times();
@@ -141,6 +145,11 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
            << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
            << " ms (exposed " << st.tp_exposed_ms << " ms)" << std::endl;
     }
+    // --- checkpoint: save, then stop when asked ---
+    const bool stopping = cfg.stop_requested && cfg.stop_requested();
+    if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, stopping))
+      save_training(cfg, st.step, mesh, model.params(), opt, log);
+    if (stopping) break;
   }
   return out;
 }

@@ -2,10 +2,12 @@
 // (async) or local-SGD gradient synchronisation over dp.
 #pragma once
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "mesh/checkpoint.h"
 #include "mesh/model.h"
 #include "mesh/optimizer.h"
 
@@ -29,6 +31,10 @@ struct TrainConfig {
   GradSyncMode grad_sync = GradSyncMode::Sync;
   int staleness = 1;   // async: gradients applied this many steps late, lr / staleness
   int sync_every = 4;  // local: parameters averaged over dp every this many steps
+  // --save / --save-every / --keep / --resume (mesh/checkpoint.h, mesh/train_checkpoint.h).
+  CheckpointOptions checkpoint;
+  // When set and true after a step, the loop stops there (a checkpoint is written with --save).
+  std::function<bool()> stop_requested;
 };
 
 struct StepStats {

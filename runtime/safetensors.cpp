@@ -2,10 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 
 #include "runtime/error.h"
 
@@ -55,7 +58,8 @@ const Tensor& SafetensorsFile::at(const std::string& name) const {
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, Stream& stream,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata,
+                      const SafetensorsWriteOptions& options) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<Tensor> host;
@@ -81,37 +85,77 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, Stre
   std::string hs = header.dump();
   while (hs.size() % 8) hs.push_back(' ');
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    MESHRT_CHECK(f.good(), "save_safetensors: cannot open "
-                               << tmp << " for writing: " << std::strerror(errno));
-    uint64_t n = hs.size();
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
-    f.write(reinterpret_cast<const char*>(le), 8);
-    f.write(hs.data(), static_cast<std::streamsize>(hs.size()));
-    for (auto& h : host)
-      f.write(static_cast<const char*>(h.data_ptr()), static_cast<std::streamsize>(h.nbytes()));
-    f.flush();
-    MESHRT_CHECK(f.good(),
-                 "save_safetensors: write to " << tmp << " failed: " << std::strerror(errno));
-  }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  MESHRT_CHECK(fd >= 0,
+               "save_safetensors: cannot open " << tmp << " for writing: " << std::strerror(errno));
+  auto put = [&](const void* data, size_t n) {
+    if (options.on_bytes) options.on_bytes(data, n);
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int e = errno;
+        ::close(fd);
+        MESHRT_FAIL("save_safetensors: write to " << tmp << " failed: " << std::strerror(e));
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  };
+  uint64_t n = hs.size();
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
+  put(le, 8);
+  put(hs.data(), hs.size());
+  for (auto& h : host) put(h.data_ptr(), h.nbytes());
+  const bool synced = !options.durable || ::fsync(fd) == 0;
+  const int sync_errno = errno;
+  MESHRT_CHECK(::close(fd) == 0 && synced,
+               "save_safetensors: flushing "
+                   << tmp << " failed: " << std::strerror(synced ? errno : sync_errno));
   MESHRT_CHECK(
       std::rename(tmp.c_str(), path.c_str()) == 0,
       "save_safetensors: rename " << tmp << " -> " << path << " failed: " << std::strerror(errno));
+  if (options.durable) {
+    // The rename is durable once the directory entry is.
+    const std::string dir = std::filesystem::path(path).has_parent_path()
+                                ? std::filesystem::path(path).parent_path().string()
+                                : std::string(".");
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    MESHRT_CHECK(dfd >= 0 && ::fsync(dfd) == 0, "save_safetensors: fsync of directory "
+                                                    << dir << " failed: " << std::strerror(errno));
+    ::close(dfd);
+  }
 }
 
-SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<Allocator>& host) {
-  std::ifstream f(path, std::ios::binary);
-  MESHRT_CHECK(f.good(), "load_safetensors: cannot open " << path << ": " << std::strerror(errno));
-  f.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(f.tellg());
-  f.seekg(0);
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  MESHRT_CHECK(fd_ >= 0, "load_safetensors: cannot open " << path << ": " << std::strerror(errno));
+  try {
+    parse();
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsReader::parse() {
+  const std::string& path = path_;
+  struct stat sb {};
+  MESHRT_CHECK(::fstat(fd_, &sb) == 0 && S_ISREG(sb.st_mode),
+               "load_safetensors(" << path << "): not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
+  file_size_ = file_size;
   MESHRT_CHECK(file_size >= 8, "load_safetensors(" << path << "): file is " << file_size
                                                    << " bytes, shorter than the 8-byte header "
                                                       "length; not a safetensors file");
   unsigned char le[8];
-  f.read(reinterpret_cast<char*>(le), 8);
+  read_at(0, 8, le);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(le[i]) << (8 * i);
   MESHRT_CHECK(n <= kMaxHeaderBytes, "load_safetensors(" << path << "): header length " << n
@@ -121,20 +165,12 @@ SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<
                                                        << " runs past the end of the " << file_size
                                                        << "-byte file (truncated?)");
   std::string hs(n, '\0');
-  f.read(hs.data(), static_cast<std::streamsize>(n));
-  MESHRT_CHECK(f.good(), "load_safetensors(" << path << "): short read of the header");
+  read_at(8, n, hs.data());
   nlohmann::json header = nlohmann::json::parse(hs, nullptr, /*allow_exceptions=*/false);
   MESHRT_CHECK(!header.is_discarded() && header.is_object(),
                "load_safetensors(" << path << "): header is not a JSON object");
   const uint64_t data_size = file_size - 8 - n;
-
-  SafetensorsFile out;
-  struct Entry {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
+  data_start_ = 8 + n;
   std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -145,7 +181,7 @@ SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<
       for (auto m = v.begin(); m != v.end(); ++m) {
         MESHRT_CHECK(m.value().is_string(), "load_safetensors(" << path << "): metadata '"
                                                                 << m.key() << "' is not a string");
-        out.metadata[m.key()] = m.value().get<std::string>();
+        metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
@@ -156,6 +192,7 @@ SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<
     MESHRT_CHECK(v["dtype"].is_string(), where << ": dtype is not a string");
     Entry e;
     e.name = name;
+    std::vector<int64_t> extents;
     const std::string ds = v["dtype"].get<std::string>();
     MESHRT_CHECK(parse_st_dtype(ds, &e.dtype), where << ": unsupported dtype '" << ds
                                                      << "' (meshrt reads F32, BF16, F16, I32, "
@@ -167,8 +204,9 @@ SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<
                    where << ": shape has a non-integer or negative extent " << d.dump());
       MESHRT_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
                    where << ": extent " << d.dump() << " too large");
-      e.shape.push_back(d.get<int64_t>());
+      extents.push_back(d.get<int64_t>());
     }
+    e.shape = Shape(extents);
     const auto& off = v["data_offsets"];
     MESHRT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
                      off[1].is_number_unsigned(),
@@ -178,7 +216,7 @@ SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<
     MESHRT_CHECK(e.begin <= e.end && e.end <= data_size,
                  where << ": data_offsets [" << e.begin << ", " << e.end << "] out of range of the "
                        << data_size << "-byte data section");
-    Shape s(e.shape);
+    const Shape& s = e.shape;
     int64_t numel = s.numel();
     uint64_t expect;
     MESHRT_CHECK(
@@ -209,14 +247,50 @@ SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<
   }
   MESHRT_CHECK(cursor == data_size, "load_safetensors(" << path << "): " << data_size - cursor
                                                         << " trailing bytes after the last tensor");
-  // Tensors in file order.
-  for (const Entry* e : sorted) {
-    Tensor t = Tensor::empty(Shape(e->shape), e->dtype, host);
-    f.seekg(static_cast<std::streamoff>(8 + n + e->begin));
-    f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e->end - e->begin));
-    MESHRT_CHECK(f.good() || e->end == e->begin,
-                 "load_safetensors(" << path << "): short read of tensor '" << e->name << "'");
-    out.tensors.emplace_back(e->name, t);
+  for (const Entry* e : sorted) entries_.push_back(*e);
+}
+
+void SafetensorsReader::read_at(uint64_t pos, uint64_t bytes, void* dst) const {
+  char* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const ssize_t r = ::pread(fd_, p, bytes, static_cast<off_t>(pos));
+    if (r < 0 && errno == EINTR) continue;
+    MESHRT_CHECK(r > 0, "load_safetensors(" << path_ << "): short read at byte " << pos << ": "
+                                            << (r == 0 ? "end of file" : std::strerror(errno)));
+    p += r;
+    pos += static_cast<uint64_t>(r);
+    bytes -= static_cast<uint64_t>(r);
+  }
+}
+
+const SafetensorsReader::Entry* SafetensorsReader::find(const std::string& name) const {
+  for (auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+const SafetensorsReader::Entry& SafetensorsReader::at(const std::string& name) const {
+  const Entry* e = find(name);
+  MESHRT_CHECK(e, "load_safetensors(" << path_ << "): no tensor named '" << name << "'");
+  return *e;
+}
+
+void SafetensorsReader::read(const Entry& e, uint64_t offset, uint64_t bytes, void* dst) const {
+  MESHRT_CHECK(offset <= e.end - e.begin && bytes <= e.end - e.begin - offset,
+               "load_safetensors(" << path_ << "): bytes [" << offset << ", " << offset + bytes
+                                   << ") are outside tensor '" << e.name << "' (" << e.end - e.begin
+                                   << " bytes)");
+  read_at(data_start_ + e.begin + offset, bytes, dst);
+}
+
+SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<Allocator>& host) {
+  SafetensorsReader r(path);
+  SafetensorsFile out;
+  out.metadata = r.metadata();
+  for (const auto& e : r.entries()) {
+    Tensor t = Tensor::empty(e.shape, e.dtype, host);
+    r.read(e, 0, e.end - e.begin, t.data_ptr());
+    out.tensors.emplace_back(e.name, t);
   }
   return out;
 }

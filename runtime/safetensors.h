@@ -1,6 +1,8 @@
 // safetensors read / write (the format of Hugging Face, PyTorch and NumPy tools), validated.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,15 +17,62 @@ namespace meshrt {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+struct SafetensorsWriteOptions {
+  // fsync the file before the rename and its directory after it, so the file survives a crash
+  // of the machine once save_safetensors returns (checkpoints need it; dumps do not).
+  bool durable = false;
+  // Sees every byte written, in file order (checksums without reading the file back).
+  std::function<void(const void* data, size_t n)> on_bytes;
+};
+
 // Writes the tensors (any device; non-host ones are copied through `stream`) and string metadata.
 // Written to path.tmp then renamed, so a crash never leaves a half file under `path`.
 void save_safetensors(const std::string& path, const NamedTensors& tensors, Stream& stream,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      const SafetensorsWriteOptions& options = {});
 
 struct SafetensorsFile {
   NamedTensors tensors;  // host tensors, in file order
   std::map<std::string, std::string> metadata;
   const Tensor& at(const std::string& name) const;
+};
+
+// An open, validated safetensors file whose tensors are read on demand, whole or by byte range,
+// so a reader touches only the bytes it needs. Only regular files are opened (never a device or
+// a FIFO). Validation as load_safetensors.
+class SafetensorsReader {
+ public:
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin = 0, end = 0;  // byte range in the data section
+  };
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t file_size() const { return file_size_; }
+  const std::vector<Entry>& entries() const { return entries_; }  // in file order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // nullptr when absent.
+  const Entry* find(const std::string& name) const;
+  // Throws naming the file and the tensor when absent.
+  const Entry& at(const std::string& name) const;
+  // Copies `bytes` bytes of tensor `e`'s data starting `offset` bytes into it to `dst`.
+  void read(const Entry& e, uint64_t offset, uint64_t bytes, void* dst) const;
+
+ private:
+  void parse();
+  void read_at(uint64_t pos, uint64_t bytes, void* dst) const;
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t file_size_ = 0, data_start_ = 0;
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // Reads and validates a whole file: rejects truncated files, oversized or malformed headers,

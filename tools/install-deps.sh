@@ -1,7 +1,22 @@
 #!/usr/bin/env bash
 # Installs, only when missing, the Debian packages meshrt's build, tests and benches need.
 # Idempotent and quiet when nothing is missing. Run as root (or with sudo available).
+# Also makes (or reuses) the Python venv .venv-ci at the repository root with safetensors and
+# numpy, which the checkpoint test reads files with (Debian's python is externally managed).
+# --python-venv: only the venv (no root needed); exits non-zero when pip cannot install.
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+python_venv() {
+  local venv="$root/.venv-ci"
+  if "$venv/bin/python" -c "import safetensors, numpy" 2>/dev/null; then return 0; fi
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || return 1
+  echo "install-deps: pip installing safetensors numpy into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check safetensors numpy || return 1
+}
+if [ "${1:-}" = "--python-venv" ]; then
+  python_venv
+  exit $?
+fi
 pkgs=(build-essential cmake catch2 libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
       libopenblas-dev libopenmpi-dev openmpi-bin libdlpack-dev gnuplot-nox)
 missing=()
@@ -10,6 +25,7 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
+python_venv || echo "install-deps: warning: no .venv-ci with safetensors (pip offline?); the checkpoint python test will skip"
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "install-deps: installing ${missing[*]}"
 SUDO=""

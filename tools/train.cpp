@@ -7,6 +7,7 @@
 #include "bench/common/cli_checks.h"
 #include "collectives/bootstrap.h"
 #include "mesh/train.h"
+#include "mesh/train_checkpoint.h"
 #include "runtime/error.h"
 
 namespace meshrt::cli {
@@ -61,6 +62,16 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       ->capture_default_str();
   c->add_flag("--compare,!--no-compare", o.compare,
               "async/local: also run synchronous DP and print the trade (default on)");
+  c->add_option("--save", o.save,
+                "Checkpoint directory: step-N/ per checkpoint (a safetensors file per rank and "
+                "index.json) and a 'latest' pointer; written at the last step");
+  c->add_option("--save-every", o.save_every, "Also write a checkpoint every N steps")
+      ->check(kPositiveInt);
+  c->add_option("--keep", o.keep, "Keep only the newest N checkpoints (default all)")
+      ->check(kPositiveInt);
+  c->add_option("--resume", o.resume,
+                "Continue from a checkpoint (a --save directory or one step-N/ in it), on any "
+                "mesh; --steps counts from the start of the original run");
   return c;
 }
 
@@ -91,6 +102,10 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.grad_sync = mode;
   c.staleness = o.staleness;
   c.sync_every = o.sync_every;
+  c.checkpoint.save = o.save;
+  c.checkpoint.save_every = o.save_every;
+  c.checkpoint.keep = o.keep;
+  c.checkpoint.resume = o.resume;
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
   return c;
 }
@@ -121,6 +136,9 @@ std::vector<StepStats> run_once(const TrainConfig& cfg, const TrainCliOptions& o
   lo.devices = o.devices;
   auto launch = bootstrap(lo);
   validate_train(cfg, launch->world_size());  // before any rank starts
+  if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
+  if (!cfg.checkpoint.resume.empty())
+    read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));
   std::vector<StepStats> out;
   std::mutex mu;
   launch->run([&](const RankPlacement& rp, Communicator& world) {

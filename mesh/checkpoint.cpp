@@ -1,0 +1,735 @@
+#include "mesh/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mesh/crc32c.h"
+#include "runtime/error.h"
+#include "runtime/safetensors.h"
+
+namespace meshrt {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr const char* kFormat = "meshrt-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kIndex = "index.json";
+constexpr const char* kLatest = "latest";
+constexpr uint64_t kMaxIndexBytes = 64ull << 20;
+
+std::string step_name(int64_t step) {
+  std::ostringstream s;
+  s << "step-" << std::setw(8) << std::setfill('0') << step;
+  return s.str();
+}
+
+std::string rank_file(int rank) {
+  std::ostringstream s;
+  s << "rank-" << std::setw(5) << std::setfill('0') << rank << ".safetensors";
+  return s.str();
+}
+
+// A step-N name (digits only after the dash) as written by step_name; -1 otherwise.
+int64_t parse_step_name(const std::string& n) {
+  if (n.rfind("step-", 0) != 0 || n.size() == 5 || n.size() > 24) return -1;
+  for (size_t i = 5; i < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return -1;
+  return std::stoll(n.substr(5));
+}
+
+const char* st_dtype_name(DType d) {
+  switch (d) {
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
+  }
+  return "?";
+}
+
+// Host memory filled by the CPU directly (pread, stores), outside any stream's order: a caching
+// allocator's block may still be in use by work queued before it was freed.
+const std::shared_ptr<Allocator>& host_plain() {
+  static const std::shared_ptr<Allocator> a = make_host_plain_allocator();
+  return a;
+}
+
+// Collective over the world: elementwise `op` of v over ranks (small host vectors).
+std::vector<int64_t> agree(DeviceMesh& mesh, const std::vector<int64_t>& v, ReduceOp op) {
+  Context& ctx = mesh.ctx();
+  Stream& cs = ctx.compute_stream();
+  const auto n = static_cast<int64_t>(v.size());
+  Tensor h = Tensor::empty({n}, DType::i64, host_plain());
+  std::copy(v.begin(), v.end(), h.data<int64_t>());
+  Tensor d = ctx.zeros({n}, DType::i64);
+  d.copy_(h, cs);
+  cs.synchronize();  // h is freed on return
+  cs.wait(mesh.world().all_reduce(d, op, cs));
+  Tensor r = d.to(ctx.host_allocator(), cs);
+  cs.synchronize();
+  return {r.data<int64_t>(), r.data<int64_t>() + n};
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MESHRT_CHECK(fd >= 0,
+               "checkpoint: cannot open directory " << dir << ": " << std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  MESHRT_CHECK(rc == 0,
+               "checkpoint: fsync of directory " << dir << " failed: " << std::strerror(e));
+}
+
+// Creates `path` (which must not exist: no following into whatever is there), writes, fsyncs.
+void write_new_file(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  MESHRT_CHECK(fd >= 0, "checkpoint: cannot create " << path << ": " << std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = errno;
+      ::close(fd);
+      MESHRT_FAIL("checkpoint: write to " << path << " failed: " << std::strerror(e));
+    }
+    done += static_cast<size_t>(w);
+  }
+  const bool ok = ::fsync(fd) == 0;
+  const int e = errno;
+  ::close(fd);
+  MESHRT_CHECK(ok, "checkpoint: fsync of " << path << " failed: " << std::strerror(e));
+}
+
+// Reads a small regular file (never a device node or FIFO).
+std::string read_small_file(const std::string& path, uint64_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  MESHRT_CHECK(fd >= 0, "checkpoint: cannot open " << path << ": " << std::strerror(errno));
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || static_cast<uint64_t>(sb.st_size) > limit) {
+    ::close(fd);
+    MESHRT_FAIL("checkpoint: " << path << " is not a regular file of at most " << limit
+                               << " bytes");
+  }
+  std::string s(static_cast<size_t>(sb.st_size), '\0');
+  size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t r = ::read(fd, s.data() + done, s.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  MESHRT_CHECK(done == s.size(), "checkpoint: short read of " << path);
+  return s;
+}
+
+// Shard extent of a tensor on the rank at `coords` of a mesh with `dims`: shard_extent for any
+// rank (the index records every rank's shards).
+void extent_at(const Shape& full, const std::vector<MeshDim>& dims, const std::vector<int>& coords,
+               const std::vector<Placement>& pl, Shape* local, Shape* off) {
+  Shape l = full, o = full;
+  for (int i = 0; i < o.ndim(); ++i) o[i] = 0;
+  for (size_t m = 0; m < dims.size(); ++m) {
+    if (!pl[m].is_shard()) continue;
+    const int d = full.wrap_dim(pl[m].dim);
+    o[d] += shard_offset(l[d], dims[m].size, coords[m]);
+    l[d] = shard_size(l[d], dims[m].size, coords[m]);
+  }
+  *local = l;
+  *off = o;
+}
+
+// The rank at `coords` writes a shard when it is the first of the replicas holding it: coordinate
+// 0 on every mesh dim the tensor is not sharded over.
+bool owns(const std::vector<Placement>& pl, const std::vector<int>& coords) {
+  for (size_t m = 0; m < pl.size(); ++m)
+    if (!pl[m].is_shard() && coords[m] != 0) return false;
+  return true;
+}
+
+std::vector<int> coords_of(const std::vector<MeshDim>& dims, int rank) {
+  std::vector<int> c(dims.size());
+  for (size_t i = dims.size(); i-- > 0;) {
+    c[i] = rank % dims[i].size;
+    rank /= dims[i].size;
+  }
+  return c;
+}
+
+// A parameter and its optimizer state, each saved as its own tensor under one layout.
+struct Saved {
+  std::string key;
+  Tensor local;
+  const Param* p;
+};
+
+std::vector<Saved> saved_tensors(const std::vector<Param*>& params, const Optimizer* opt) {
+  std::vector<Saved> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param* p = params[i];
+    out.push_back({p->name, p->value, p});
+    if (!opt) continue;
+    MESHRT_CHECK(i < opt->params().size() && opt->params()[i] == p,
+                 "checkpoint: the optimizer's parameter " << i << " is not " << p->name);
+    for (auto& [n, t] : opt->state(i)) out.push_back({p->name + "." + n, t, p});
+  }
+  return out;
+}
+
+json shape_json(const Shape& s) { return s.vec(); }
+
+// Test hook MESHRT_CHECKPOINT_FAULT="rank=R,mode=kill|throw": rank R fails after writing part
+// of its file (the header and its first tensor), as a crash during the write would.
+struct Fault {
+  int rank = -1;
+  bool kill = false;
+};
+
+Fault fault_from_env() {
+  Fault f;
+  const char* e = std::getenv("MESHRT_CHECKPOINT_FAULT");
+  if (!e) return f;
+  std::string s(e);
+  auto get = [&](const std::string& k) {
+    auto p = s.find(k + "=");
+    if (p == std::string::npos) return std::string();
+    auto q = s.find(',', p);
+    return s.substr(p + k.size() + 1,
+                    q == std::string::npos ? std::string::npos : q - p - 1 - k.size());
+  };
+  if (!get("rank").empty()) f.rank = std::stoi(get("rank"));
+  f.kill = get("mode") == "kill";
+  return f;
+}
+
+}  // namespace
+
+bool checkpoint_due(const CheckpointOptions& o, int step, int last, bool stopping) {
+  if (o.save.empty()) return false;
+  return stopping || step == last || (o.save_every > 0 && step % o.save_every == 0);
+}
+
+void prepare_checkpoint_root(const std::string& root) {
+  MESHRT_CHECK(!root.empty(), "--save: empty path");
+  struct stat sb {};
+  if (::stat(root.c_str(), &sb) == 0) {
+    MESHRT_CHECK(S_ISDIR(sb.st_mode),
+                 "--save " << root << ": exists and is not a directory ("
+                           << (S_ISREG(sb.st_mode)                          ? "a regular file"
+                               : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device node"
+                                                                            : "not a directory")
+                           << "); give a directory to hold the checkpoints");
+  } else {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    MESHRT_CHECK(!ec, "--save " << root << ": cannot create the directory: " << ec.message());
+  }
+  MESHRT_CHECK(::access(root.c_str(), W_OK | X_OK) == 0,
+               "--save " << root << ": directory is not writable: " << std::strerror(errno));
+}
+
+std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta, DeviceMesh& mesh,
+                            const std::vector<Param*>& params, const Optimizer* opt, int keep) {
+  Context& ctx = mesh.ctx();
+  Stream& cs = ctx.compute_stream();
+  const int rank = mesh.rank(), world = mesh.world_size();
+  const std::string name = step_name(meta.step);
+  // Rank 0 makes a temporary directory with a unique name (mkdtemp) and hands its suffix to all.
+  constexpr int kSuffix = 6;
+  std::vector<int64_t> tmpname(kSuffix + 1, 0);
+  std::string err0;
+  if (rank == 0) {
+    try {
+      prepare_checkpoint_root(root);
+      std::string templ = root + "/.tmp-" + name + "-XXXXXX";
+      MESHRT_CHECK(::mkdtemp(templ.data()), "checkpoint: cannot create a temporary directory in "
+                                                << root << ": " << std::strerror(errno));
+      // mkdtemp makes it private; the checkpoint is as readable as the root.
+      MESHRT_CHECK(::chmod(templ.c_str(), 0755) == 0,
+                   "checkpoint: chmod " << templ << ": " << std::strerror(errno));
+      for (int i = 0; i < kSuffix; ++i)
+        tmpname[static_cast<size_t>(i)] = templ[templ.size() - kSuffix + static_cast<size_t>(i)];
+      tmpname[kSuffix] = 1;
+    } catch (const std::exception& e) {
+      err0 = e.what();
+    }
+  }
+  tmpname = agree(mesh, tmpname, ReduceOp::Sum);
+  if (tmpname[kSuffix] == 0) {
+    MESHRT_CHECK(rank != 0, err0);
+    MESHRT_FAIL("checkpoint: rank 0 could not prepare " << root << " (its error says why)");
+  }
+  std::string tmp = root + "/.tmp-" + name + "-";
+  for (int i = 0; i < kSuffix; ++i)
+    tmp.push_back(static_cast<char>(tmpname[static_cast<size_t>(i)]));
+
+  // Every rank writes the shards it owns.
+  const auto all = saved_tensors(params, opt);
+  const auto& dims = mesh.dims();
+  NamedTensors mine;
+  for (const Saved& s : all)
+    if (owns(s.p->placements, mesh.coords())) mine.emplace_back(s.key, s.local);
+  Tensor step_t = Tensor::empty({1}, DType::i64, host_plain());
+  step_t.data<int64_t>()[0] = opt ? opt->steps() : meta.step;
+  mine.emplace_back("optimizer.step", step_t);
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  std::string err;
+  try {
+    const Fault fault = fault_from_env();
+    int calls = 0;
+    SafetensorsWriteOptions wo;
+    wo.durable = true;
+    wo.on_bytes = [&](const void* data, size_t n) {
+      if (fault.rank == rank && ++calls == 4) {
+        if (fault.kill) std::raise(SIGKILL);
+        MESHRT_FAIL("checkpoint: injected fault on rank " << rank << " (MESHRT_CHECKPOINT_FAULT)");
+      }
+      crc = crc32c(crc, data, n);
+      bytes += n;
+    };
+    save_safetensors(
+        tmp + "/" + rank_file(rank), mine, cs,
+        {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"rank", std::to_string(rank)}},
+        wo);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  std::vector<int64_t> info(3 * static_cast<size_t>(world), 0);
+  info[3 * static_cast<size_t>(rank)] = err.empty() ? 1 : 0;
+  info[3 * static_cast<size_t>(rank) + 1] = static_cast<int64_t>(bytes);
+  info[3 * static_cast<size_t>(rank) + 2] = crc;
+  info = agree(mesh, info, ReduceOp::Sum);
+  int failed = -1;
+  for (int r = 0; r < world && failed < 0; ++r)
+    if (info[3 * static_cast<size_t>(r)] != 1) failed = r;
+  if (failed >= 0) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    MESHRT_CHECK(err.empty(), err);
+    MESHRT_FAIL("checkpoint: rank " << failed << " failed to write its file in " << tmp
+                                    << "; the previous checkpoint is kept");
+  }
+
+  // Rank 0 writes the index, publishes the directory, then the pointer, then prunes.
+  const std::string final_dir = root + "/" + name;
+  if (rank == 0) {
+    try {
+      json idx;
+      idx["format"] = kFormat;
+      idx["version"] = kVersion;
+      idx["step"] = meta.step;
+      idx["mesh"] = mesh.str();
+      idx["world_size"] = world;
+      json cfg = json::object();
+      for (auto& [k, v] : meta.config) cfg[k] = v;
+      idx["config"] = cfg;
+      idx["data"] = {{"seed", meta.seed},
+                     {"step", meta.step},
+                     {"note", "samples are a pure function of (seed, step, dp rank)"}};
+      idx["rng"] = {{"generator", "philox4x32-10"}, {"seed", meta.seed}, {"offset", meta.step}};
+      idx["optimizer"] = {{"step", opt ? opt->steps() : meta.step}};
+      idx["checksum"] = "crc32c";
+      json files = json::object();
+      for (int r = 0; r < world; ++r) {
+        std::ostringstream h;
+        h << std::hex << std::setw(8) << std::setfill('0')
+          << static_cast<uint32_t>(info[3 * static_cast<size_t>(r) + 2]);
+        files[rank_file(r)] = {{"bytes", info[3 * static_cast<size_t>(r) + 1]},
+                               {"crc32c", h.str()}};
+      }
+      idx["files"] = files;
+      json tensors = json::object();
+      for (const Saved& s : all) {
+        json shards = json::array();
+        for (int r = 0; r < world; ++r) {
+          const auto c = coords_of(dims, r);
+          if (!owns(s.p->placements, c)) continue;
+          Shape l, o;
+          extent_at(s.p->full_shape, dims, c, s.p->placements, &l, &o);
+          shards.push_back(
+              {{"file", rank_file(r)}, {"offsets", shape_json(o)}, {"shape", shape_json(l)}});
+        }
+        json pl = json::array();
+        for (auto& p : s.p->placements) pl.push_back(p.str());
+        tensors[s.key] = {{"dtype", st_dtype_name(s.local.dtype())},
+                          {"shape", shape_json(s.p->full_shape)},
+                          {"placements", pl},
+                          {"shards", shards}};
+      }
+      idx["tensors"] = tensors;
+      write_new_file(tmp + "/" + kIndex, idx.dump(1) + "\n");
+      fsync_dir(tmp);
+      // A checkpoint of the same step (a resumed run saving again) is replaced only once the new
+      // one is complete.
+      std::string old;
+      if (fs::exists(fs::symlink_status(final_dir))) {
+        old = root + "/.old-" + name + "-" + tmp.substr(tmp.size() - kSuffix);
+        MESHRT_CHECK(std::rename(final_dir.c_str(), old.c_str()) == 0,
+                     "checkpoint: cannot move " << final_dir << " aside: " << std::strerror(errno));
+      }
+      MESHRT_CHECK(std::rename(tmp.c_str(), final_dir.c_str()) == 0,
+                   "checkpoint: rename " << tmp << " -> " << final_dir
+                                         << " failed: " << std::strerror(errno));
+      fsync_dir(root);
+      const std::string ptr = root + "/.latest-" + tmp.substr(tmp.size() - kSuffix);
+      write_new_file(ptr, name + "\n");
+      MESHRT_CHECK(
+          std::rename(ptr.c_str(), (root + "/" + kLatest).c_str()) == 0,
+          "checkpoint: cannot update " << root << "/" << kLatest << ": " << std::strerror(errno));
+      fsync_dir(root);
+      std::error_code ec;
+      if (!old.empty()) fs::remove_all(old, ec);
+      if (keep > 0) {
+        std::vector<std::pair<int64_t, std::string>> found;
+        for (auto& e : fs::directory_iterator(root, ec)) {
+          const std::string n = e.path().filename().string();
+          const int64_t s = parse_step_name(n);
+          if (s >= 0 && n != name && e.is_directory() && fs::exists(e.path() / kIndex))
+            found.emplace_back(s, n);
+        }
+        std::sort(found.begin(), found.end());
+        // The new checkpoint counts as one of the `keep`.
+        const size_t drop = found.size() + 1 > static_cast<size_t>(keep)
+                                ? found.size() + 1 - static_cast<size_t>(keep)
+                                : 0;
+        for (size_t i = 0; i < drop && i < found.size(); ++i)
+          fs::remove_all(root + "/" + found[i].second, ec);
+      }
+    } catch (const std::exception& e) {
+      err0 = e.what();
+    }
+  }
+  const auto ok = agree(mesh, {rank == 0 && err0.empty() ? 1 : 0}, ReduceOp::Sum);
+  if (ok[0] == 0) {
+    MESHRT_CHECK(rank != 0, err0);
+    MESHRT_FAIL("checkpoint: rank 0 could not publish " << final_dir << " (its error says why)");
+  }
+  return final_dir;
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  struct stat sb {};
+  MESHRT_CHECK(::stat(path.c_str(), &sb) == 0, "--resume " << path << ": " << std::strerror(errno));
+  MESHRT_CHECK(S_ISDIR(sb.st_mode), "--resume " << path << ": not a directory");
+  const std::string latest = path + "/" + kLatest;
+  if (::lstat(latest.c_str(), &sb) == 0) {
+    std::string n = read_small_file(latest, 256);
+    while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+    MESHRT_CHECK(parse_step_name(n) >= 0,
+                 "--resume: " << latest << " does not name a checkpoint (holds '" << n << "')");
+    return path + "/" + n;
+  }
+  MESHRT_CHECK(::lstat((path + "/" + kIndex).c_str(), &sb) == 0,
+               "--resume " << path << ": not a meshrt checkpoint (no '" << kLatest << "' pointer "
+                           << "and no " << kIndex << ")");
+  return path;
+}
+
+namespace {
+
+struct ShardRef {
+  std::string file;
+  Shape offsets, shape;
+};
+
+struct IndexTensor {
+  std::string dtype;
+  Shape shape;
+  std::vector<ShardRef> shards;
+};
+
+Shape shape_from(const json& j, const std::string& where) {
+  MESHRT_CHECK(j.is_array() && j.size() <= static_cast<size_t>(kMaxDims),
+               where << ": not an array of at most " << kMaxDims << " extents");
+  std::vector<int64_t> v;
+  for (auto& d : j) {
+    MESHRT_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0,
+                 where << ": extent " << d.dump() << " is not a non-negative integer");
+    v.push_back(d.get<int64_t>());
+  }
+  return Shape(v);
+}
+
+// Copies the part of saved shard `s` (tensor `e` of file `r`) that overlaps this rank's block
+// [off, off + local) into `dst` (the block, contiguous). Returns the elements copied.
+int64_t copy_overlap(const SafetensorsReader& r, const SafetensorsReader::Entry& e,
+                     const ShardRef& s, const Shape& off, const Shape& local, char* dst) {
+  const int nd = local.ndim();
+  const size_t es = dtype_size(e.dtype);
+  std::vector<int64_t> lo(static_cast<size_t>(nd)), hi(static_cast<size_t>(nd));
+  int64_t count = 1;
+  for (int d = 0; d < nd; ++d) {
+    lo[static_cast<size_t>(d)] = std::max(off[d], s.offsets[d]);
+    hi[static_cast<size_t>(d)] = std::min(off[d] + local[d], s.offsets[d] + s.shape[d]);
+    if (hi[static_cast<size_t>(d)] <= lo[static_cast<size_t>(d)]) return 0;
+    count *= hi[static_cast<size_t>(d)] - lo[static_cast<size_t>(d)];
+  }
+  // Dims after k are covered whole in both blocks, so one run spans them: read it in one piece.
+  int k = nd - 1;
+  while (k >= 0 && lo[static_cast<size_t>(k)] == s.offsets[k] &&
+         lo[static_cast<size_t>(k)] == off[k] &&
+         hi[static_cast<size_t>(k)] == s.offsets[k] + s.shape[k] &&
+         hi[static_cast<size_t>(k)] == off[k] + local[k])
+    --k;
+  std::vector<int64_t> sstride(static_cast<size_t>(nd), 1), dstride(static_cast<size_t>(nd), 1);
+  for (int d = nd - 2; d >= 0; --d) {
+    sstride[static_cast<size_t>(d)] = sstride[static_cast<size_t>(d) + 1] * s.shape[d + 1];
+    dstride[static_cast<size_t>(d)] = dstride[static_cast<size_t>(d) + 1] * local[d + 1];
+  }
+  if (k < 0) {
+    r.read(e, 0, static_cast<uint64_t>(count) * es, dst);
+    return count;
+  }
+  const int64_t run =
+      (hi[static_cast<size_t>(k)] - lo[static_cast<size_t>(k)]) * sstride[static_cast<size_t>(k)];
+  std::vector<int64_t> idx(lo.begin(), lo.begin() + k);  // odometer over dims < k
+  while (true) {
+    int64_t so = (lo[static_cast<size_t>(k)] - s.offsets[k]) * sstride[static_cast<size_t>(k)];
+    int64_t dof = (lo[static_cast<size_t>(k)] - off[k]) * dstride[static_cast<size_t>(k)];
+    for (int d = 0; d < k; ++d) {
+      so += (idx[static_cast<size_t>(d)] - s.offsets[d]) * sstride[static_cast<size_t>(d)];
+      dof += (idx[static_cast<size_t>(d)] - off[d]) * dstride[static_cast<size_t>(d)];
+    }
+    r.read(e, static_cast<uint64_t>(so) * es, static_cast<uint64_t>(run) * es,
+           dst + static_cast<size_t>(dof) * es);
+    int d = k - 1;
+    while (d >= 0 && ++idx[static_cast<size_t>(d)] == hi[static_cast<size_t>(d)]) {
+      idx[static_cast<size_t>(d)] = lo[static_cast<size_t>(d)];
+      --d;
+    }
+    if (d < 0) break;
+  }
+  return count;
+}
+
+}  // namespace
+
+namespace {
+
+// The parsed index of checkpoint `dir` after its format, version and config checks.
+json read_index(const std::string& dir, const CheckpointMeta& expect, CheckpointMeta* meta) {
+  const std::string index_path = dir + "/" + kIndex;
+  // Everything up to the file checks is a function of the index and the model, equal on every
+  // rank, so every rank throws the same error without communicating.
+  const std::string text = read_small_file(index_path, kMaxIndexBytes);
+  json idx = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  MESHRT_CHECK(!idx.is_discarded() && idx.is_object(),
+               "checkpoint: " << index_path << " is not JSON; not a meshrt checkpoint");
+  MESHRT_CHECK(idx.contains("format") && idx["format"] == kFormat,
+               "checkpoint: " << index_path << " is not a meshrt checkpoint index (format "
+                              << (idx.contains("format") ? idx["format"].dump() : "missing")
+                              << ", expected \"" << kFormat << "\"); written by another tool?");
+  MESHRT_CHECK(idx["version"] == kVersion, "checkpoint: " << index_path << " has version "
+                                                          << idx["version"].dump()
+                                                          << "; this meshrt reads " << kVersion);
+  CheckpointMeta got;
+  try {
+    got.step = idx.at("step").get<int64_t>();
+    got.seed = idx.at("data").at("seed").get<uint64_t>();
+    got.mesh = idx.at("mesh").get<std::string>();
+    for (auto it = idx.at("config").begin(); it != idx.at("config").end(); ++it)
+      got.config.emplace_back(it.key(), it.value().get<std::string>());
+  } catch (const json::exception& e) {
+    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
+  }
+  for (auto& [k, v] : expect.config) {
+    auto it =
+        std::find_if(got.config.begin(), got.config.end(), [&](auto& kv) { return kv.first == k; });
+    MESHRT_CHECK(it != got.config.end(), "checkpoint: " << index_path << " does not record '" << k
+                                                        << "' (this run has " << k << "=" << v
+                                                        << ")");
+    MESHRT_CHECK(it->second == v, "checkpoint: " << index_path << " was saved with " << k << "="
+                                                 << it->second << " but this run has " << k << "="
+                                                 << v << "; use the same " << k << " to resume");
+  }
+  if (meta) *meta = got;
+  return idx;
+}
+
+}  // namespace
+
+CheckpointMeta read_checkpoint_meta(const std::string& path, const CheckpointMeta& expect) {
+  CheckpointMeta m;
+  read_index(resolve_checkpoint(path), expect, &m);
+  return m;
+}
+
+CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& expect,
+                               DeviceMesh& mesh, const std::vector<Param*>& params,
+                               Optimizer* opt) {
+  Context& ctx = mesh.ctx();
+  Stream& cs = ctx.compute_stream();
+  const std::string dir = resolve_checkpoint(path);
+  const std::string index_path = dir + "/" + kIndex;
+  CheckpointMeta got;
+  json idx = read_index(dir, expect, &got);
+  std::map<std::string, uint64_t> file_bytes;
+  std::map<std::string, uint32_t> file_crc;
+  std::map<std::string, IndexTensor> tensors;
+  try {
+    for (auto it = idx.at("files").begin(); it != idx.at("files").end(); ++it) {
+      const std::string f = it.key();
+      MESHRT_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(),
+                   "checkpoint: " << index_path << " names file '" << f << "' outside " << dir);
+      file_bytes[f] = it.value().at("bytes").get<uint64_t>();
+      file_crc[f] = static_cast<uint32_t>(
+          std::stoul(it.value().at("crc32c").get<std::string>(), nullptr, 16));
+    }
+    for (auto it = idx.at("tensors").begin(); it != idx.at("tensors").end(); ++it) {
+      const std::string where = index_path + ": tensor '" + it.key() + "'";
+      IndexTensor t;
+      t.dtype = it.value().at("dtype").get<std::string>();
+      t.shape = shape_from(it.value().at("shape"), where + " shape");
+      for (auto& s : it.value().at("shards")) {
+        ShardRef r;
+        r.file = s.at("file").get<std::string>();
+        MESHRT_CHECK(file_bytes.count(r.file),
+                     where << ": shard in '" << r.file << "', which the index does not list");
+        r.offsets = shape_from(s.at("offsets"), where + " offsets");
+        r.shape = shape_from(s.at("shape"), where + " shard shape");
+        MESHRT_CHECK(r.offsets.ndim() == t.shape.ndim() && r.shape.ndim() == t.shape.ndim(),
+                     where << ": a shard's rank differs from the tensor's");
+        for (int d = 0; d < t.shape.ndim(); ++d)
+          MESHRT_CHECK(r.offsets[d] + r.shape[d] <= t.shape[d],
+                       where << ": shard at " << r.offsets.str() << " of shape " << r.shape.str()
+                             << " runs past " << t.shape.str());
+        t.shards.push_back(r);
+      }
+      tensors[it.key()] = t;
+    }
+  } catch (const json::exception& e) {
+    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
+  } catch (const std::logic_error& e) {
+    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
+  }
+  const auto want = saved_tensors(params, opt);
+  for (const Saved& s : want) {
+    auto it = tensors.find(s.key);
+    MESHRT_CHECK(it != tensors.end(), "checkpoint: " << index_path << " has no tensor '" << s.key
+                                                     << "' that the model needs");
+    MESHRT_CHECK(it->second.shape == s.p->full_shape,
+                 "checkpoint: " << index_path << ": tensor '" << s.key << "' has shape "
+                                << it->second.shape.str() << " but the model's is "
+                                << s.p->full_shape.str());
+    MESHRT_CHECK(it->second.dtype == st_dtype_name(s.local.dtype()),
+                 "checkpoint: " << index_path << ": tensor '" << s.key << "' is "
+                                << it->second.dtype << " but the model's is "
+                                << st_dtype_name(s.local.dtype()));
+  }
+  for (auto& [f, n] : file_bytes) {
+    const std::string fp = dir + "/" + f;
+    struct stat sb {};
+    MESHRT_CHECK(::stat(fp.c_str(), &sb) == 0,
+                 "checkpoint: " << fp << " (listed in " << index_path
+                                << ") is missing: " << std::strerror(errno));
+    MESHRT_CHECK(S_ISREG(sb.st_mode), "checkpoint: " << fp << " is not a regular file");
+    MESHRT_CHECK(static_cast<uint64_t>(sb.st_size) == n,
+                 "checkpoint: " << fp << " is " << sb.st_size << " bytes but the index says " << n
+                                << " (truncated or overwritten)");
+  }
+
+  // Per rank work, agreed on before anything is modified: checksums (file i on rank i % world,
+  // so each file is read whole once) and this rank's byte ranges into host buffers.
+  const int rank = mesh.rank(), world = mesh.world_size();
+  std::string err;
+  int64_t bad_file = -1;
+  std::vector<Tensor> staged;
+  try {
+    int i = 0;
+    for (auto& [f, n] : file_bytes) {
+      if (i++ % world != rank) continue;
+      bad_file = i - 1;
+      SafetensorsReader r(dir + "/" + f);  // also validates the header
+      std::vector<char> buf(std::min<uint64_t>(n, 8ull << 20));
+      uint32_t crc = 0;
+      const int fd = ::open((dir + "/" + f).c_str(), O_RDONLY | O_CLOEXEC);
+      MESHRT_CHECK(fd >= 0, "checkpoint: cannot open " << dir << "/" << f);
+      uint64_t total = 0;
+      ssize_t got_n;
+      while ((got_n = ::read(fd, buf.data(), buf.size())) > 0) {
+        crc = crc32c(crc, buf.data(), static_cast<size_t>(got_n));
+        total += static_cast<uint64_t>(got_n);
+      }
+      ::close(fd);
+      MESHRT_CHECK(total == n && crc == file_crc[f],
+                   "checkpoint: " << dir << "/" << f << " fails its checksum (crc32c " << std::hex
+                                  << crc << ", index says " << file_crc[f] << std::dec
+                                  << "): the file is corrupt");
+    }
+    bad_file = -1;
+    std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
+    for (const Saved& s : want) {
+      const IndexTensor& t = tensors.at(s.key);
+      Tensor h = Tensor::empty(s.local.shape(), s.local.dtype(), host_plain());
+      int64_t covered = 0;
+      for (const ShardRef& sh : t.shards) {
+        auto& rd = readers[sh.file];
+        if (!rd) rd = std::make_unique<SafetensorsReader>(dir + "/" + sh.file);
+        const auto* e = rd->find(s.key);
+        MESHRT_CHECK(e && e->shape == sh.shape && st_dtype_name(e->dtype) == t.dtype,
+                     "checkpoint: " << dir << "/" << sh.file << " has no " << t.dtype << " tensor '"
+                                    << s.key << "' of shape " << sh.shape.str()
+                                    << " as its index says");
+        covered += copy_overlap(*rd, *e, sh, s.p->offsets, s.local.shape(),
+                                static_cast<char*>(h.data_ptr()));
+      }
+      MESHRT_CHECK(covered == s.local.numel(), "checkpoint: " << index_path << ": the shards of '"
+                                                              << s.key << "' cover " << covered
+                                                              << " of the " << s.local.numel()
+                                                              << " elements this rank needs");
+      staged.push_back(h);
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  std::vector<int64_t> fail(2, 0);
+  if (!err.empty()) fail = {rank + 1, bad_file + 1};
+  fail = agree(mesh, fail, ReduceOp::Max);
+  if (fail[0] != 0) {
+    MESHRT_CHECK(err.empty(), err);
+    std::string fname = "its files";
+    if (fail[1] > 0) {
+      auto it = file_bytes.begin();
+      std::advance(it, fail[1] - 1);
+      fname = dir + "/" + it->first;
+    }
+    MESHRT_FAIL("checkpoint: rank " << fail[0] - 1 << " rejected " << fname << " of " << dir
+                                    << " (its error says why)");
+  }
+  for (size_t i = 0; i < want.size(); ++i) want[i].local.copy_(staged[i], cs);
+  if (opt) opt->set_steps(idx.at("optimizer").at("step").get<int64_t>());
+  cs.synchronize();
+  return got;
+}
+
+}  // namespace meshrt

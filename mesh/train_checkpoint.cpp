@@ -1,0 +1,73 @@
+#include "mesh/train_checkpoint.h"
+
+#include <chrono>
+#include <iomanip>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace meshrt {
+
+void validate_checkpointing(const TrainConfig& cfg) {
+  const CheckpointOptions& o = cfg.checkpoint;
+  if (o.save.empty() && o.resume.empty()) return;
+  // Delayed gradients and unsynchronised replicas are state a checkpoint does not hold.
+  MESHRT_CHECK(cfg.grad_sync == GradSyncMode::Sync,
+               "train: --save / --resume need --grad-sync sync (got "
+                   << grad_sync_name(cfg.grad_sync)
+                   << ": its in-flight gradients or diverged replicas are not checkpointed)");
+  MESHRT_CHECK(o.save_every >= 0, "train: --save-every " << o.save_every << " must be >= 0");
+  MESHRT_CHECK(o.keep >= 0, "train: --keep " << o.keep << " must be >= 0");
+}
+
+CheckpointMeta train_checkpoint_meta(const TrainConfig& cfg, int64_t step) {
+  CheckpointMeta m;
+  m.step = step;
+  m.seed = cfg.seed;
+  const BlockConfig& b = cfg.model.block;
+  auto num = [](auto v) {
+    std::ostringstream s;
+    s << std::setprecision(9) << v;
+    return s.str();
+  };
+  m.config = {{"hidden", num(b.hidden)},
+              {"ffn", num(b.ffn)},
+              {"heads", num(b.heads)},
+              {"layers", num(cfg.model.layers)},
+              {"vocab", num(cfg.model.vocab)},
+              {"dtype", dtype_name(b.dtype)},
+              {"norm", b.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm"},
+              {"gelu", ops::gelu_kind_name(b.gelu)},
+              {"bias", b.bias ? "true" : "false"},
+              {"eps", num(b.eps)},
+              {"optimizer", cfg.optim.kind == OptimizerKind::AdamW ? "adamw" : "sgd"},
+              {"seed", num(cfg.seed)}};
+  return m;
+}
+
+int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<Param*>& params,
+                    Optimizer& opt, std::ostream* log) {
+  if (cfg.checkpoint.resume.empty()) return 0;
+  const std::string dir = resolve_checkpoint(cfg.checkpoint.resume);
+  CheckpointMeta got = load_checkpoint(dir, train_checkpoint_meta(cfg, 0), mesh, params, &opt);
+  if (log && mesh.rank() == 0)
+    *log << "resumed from " << dir << " (step " << got.step << ", saved on " << got.mesh
+         << ", now on " << mesh.str() << ")"
+         << (got.step >= cfg.steps ? "; it is at or past --steps, nothing to train" : "")
+         << std::endl;
+  return static_cast<int>(got.step);
+}
+
+void save_training(const TrainConfig& cfg, int step, DeviceMesh& mesh,
+                   const std::vector<Param*>& params, const Optimizer& opt, std::ostream* log) {
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string dir = save_checkpoint(cfg.checkpoint.save, train_checkpoint_meta(cfg, step),
+                                          mesh, params, &opt, cfg.checkpoint.keep);
+  if (log && mesh.rank() == 0)
+    *log << "checkpoint step " << step << " -> " << dir << " (" << std::fixed
+         << std::setprecision(1)
+         << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()
+         << " ms)" << std::endl;
+}
+
+}  // namespace meshrt

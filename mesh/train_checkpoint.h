@@ -1,0 +1,27 @@
+// The training loop's checkpoint steps: what a run records, resuming before the first step and
+// saving after a step (mesh/checkpoint.h does the work).
+#pragma once
+
+#include <ostream>
+
+#include "mesh/checkpoint.h"
+#include "mesh/train.h"
+
+namespace meshrt {
+
+// Rejects checkpoint options the loop cannot honour (before any rank starts).
+void validate_checkpointing(const TrainConfig& cfg);
+
+// The meta a run at `step` records: the model fields and optimizer that must match on resume.
+CheckpointMeta train_checkpoint_meta(const TrainConfig& cfg, int64_t step);
+
+// Loads cfg.checkpoint.resume (when set) into the model's parameters and the optimizer; returns
+// the number of steps already done (0 without --resume). Rank 0 logs what it loaded.
+int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<Param*>& params,
+                    Optimizer& opt, std::ostream* log);
+
+// Writes the checkpoint of step `step` under cfg.checkpoint.save; rank 0 logs where.
+void save_training(const TrainConfig& cfg, int step, DeviceMesh& mesh,
+                   const std::vector<Param*>& params, const Optimizer& opt, std::ostream* log);
+
+}  // namespace meshrt

@@ -1,0 +1,509 @@
+// Checkpoints: the format, atomic writes that survive a rank failing mid-write, loading onto
+// every other layout bit-exactly, exact resume, and rejection of corrupt or foreign input.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include <unistd.h>
+
+#include "mesh/checkpoint.h"
+#include "mesh/crc32c.h"
+#include "mesh/train.h"
+#include "mesh/train_checkpoint.h"
+#include "runtime/error.h"
+#include "tests/mesh/harness.h"
+
+using namespace meshrt;
+using meshrt::test::rel_err;
+using meshrt::test::run_ranks;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test process (ctest runs test cases as parallel processes).
+std::string scratch(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("meshrt_ckpt_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// hidden and heads divide by 4; ffn (90) and vocab (130) do not: tp=4 shards them unevenly.
+ModelConfig small_model(uint64_t seed = 5) {
+  ModelConfig m;
+  m.block.hidden = 32;
+  m.block.ffn = 90;
+  m.block.heads = 4;
+  m.block.init_std = 0.1f;
+  m.block.param_noise = 0.1f;
+  m.block.seed = seed;
+  m.layers = 1;
+  m.vocab = 130;
+  return m;
+}
+
+struct Layout {
+  int world;
+  std::string mesh;
+  bool sp;
+  std::string str() const { return mesh + (sp ? "+sp" : ""); }
+};
+
+const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> l = {
+      {1, "dp=1", false}, {2, "tp=2", false},      {2, "dp=2", false}, {2, "tp=2", true},
+      {4, "tp=4", false}, {4, "dp=2,tp=2", false}, {4, "dp=4", false}, {4, "tp=4", true}};
+  return l;
+}
+
+// Full (unsharded) parameters and optimizer moments, by checkpoint name, as f32 bit patterns.
+using Full = std::map<std::string, std::vector<double>>;
+
+Full gather_full(DeviceMesh& mesh, const std::vector<Param*>& params, const Optimizer& opt) {
+  Stream& cs = mesh.ctx().compute_stream();
+  std::vector<std::pair<std::string, Tensor>> host;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param* p = params[i];
+    auto put = [&](const std::string& k, const Tensor& t) {
+      host.emplace_back(
+          k, full_tensor(t, mesh, p->placements, cs).to(mesh.ctx().host_allocator(), cs));
+    };
+    put(p->name, p->value);
+    for (auto& [n, t] : opt.state(i)) put(p->name + "." + n, t);
+  }
+  cs.synchronize();
+  Full out;
+  for (auto& [k, t] : host) out[k] = t.to_vector();
+  return out;
+}
+
+struct Rig {
+  DeviceMesh mesh;
+  CommScheduler tp;
+  DecoderModel model;
+  GradSync sync;
+  Optimizer opt;
+  Rig(Context& ctx, Communicator& w, const Layout& l, const ModelConfig& m)
+      : mesh(ctx, w, l.mesh),
+        tp(mesh, kTpDim, Overlap::None),
+        model(mesh, tp, TpOptions{l.sp, Overlap::None}, m),
+        sync(mesh, model.params(), DpOptions{}),
+        opt(mesh, model.params(), OptimizerConfig{}) {
+    sync.broadcast_params();
+  }
+  // One synchronous training step on 4 samples of length 8 (moments become non-zero).
+  void step() {
+    Context& ctx = mesh.ctx();
+    const int64_t local = 4 / mesh.size(kDpDim);
+    sync.set_active(0);
+    sync.zero_grad();
+    sync.enable_sync(true);
+    Tensor ids, tg;
+    make_synthetic_batch(ctx, 9, mesh.coord(kDpDim) * local, local, 8, 130, &ids, &tg);
+    model.forward(ids, tg);
+    model.backward(1.f, &sync);
+    opt.step(&sync, 1.f, 0);
+    ctx.synchronize();
+  }
+};
+
+// The run the checkpoints of save_on claim to come from (its config fields are checked on load).
+TrainConfig base_cfg() {
+  TrainConfig c;
+  c.model = small_model();
+  c.seed = 9;
+  c.seq = 8;
+  c.batch = 4;
+  return c;
+}
+
+CheckpointMeta meta_at(int64_t step) { return train_checkpoint_meta(base_cfg(), step); }
+
+// Trains one step on `l`, saves to `root` at `step`; returns the full tensors saved.
+Full save_on(const Layout& l, const std::string& root, int64_t step = 1, int keep = 0) {
+  Full ref;
+  std::mutex mu;
+  run_ranks(l.world, [&](int r, Communicator& w, Context& ctx) {
+    Rig rig(ctx, w, l, small_model());
+    rig.step();
+    save_checkpoint(root, meta_at(step), rig.mesh, rig.model.params(), &rig.opt, keep);
+    Full f = gather_full(rig.mesh, rig.model.params(), rig.opt);
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    ref = std::move(f);
+  });
+  return ref;
+}
+
+// Loads `dir` on `l` into a model initialised differently; returns the full tensors loaded.
+Full load_on(const Layout& l, const std::string& dir, int64_t* opt_steps = nullptr) {
+  Full got;
+  std::mutex mu;
+  run_ranks(l.world, [&](int r, Communicator& w, Context& ctx) {
+    Rig rig(ctx, w, l, small_model(/*seed=*/77));
+    load_checkpoint(dir, meta_at(0), rig.mesh, rig.model.params(), &rig.opt);
+    Full f = gather_full(rig.mesh, rig.model.params(), rig.opt);
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    got = std::move(f);
+    if (opt_steps) *opt_steps = rig.opt.steps();
+  });
+  return got;
+}
+
+void require_bit_identical(const Full& got, const Full& ref) {
+  REQUIRE(got.size() == ref.size());
+  for (auto& [k, v] : ref) {
+    INFO("tensor " << k);
+    REQUIRE(got.count(k) == 1);
+    const auto& g = got.at(k);
+    REQUIRE(g.size() == v.size());
+    size_t diff = 0;
+    for (size_t i = 0; i < v.size(); ++i) diff += std::memcmp(&g[i], &v[i], sizeof(double)) != 0;
+    CHECK(diff == 0);
+  }
+}
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void spit(const std::string& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << s;
+}
+
+// Every regular file under `root` with its contents: "nothing was overwritten" is equality.
+std::map<std::string, std::string> snapshot(const std::string& root) {
+  std::map<std::string, std::string> m;
+  for (auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) m[e.path().string()] = slurp(e.path().string());
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("crc32c matches the standard check value and chains", "[checkpoint]") {
+  const char* s = "123456789";
+  CHECK(crc32c(0, s, 9) == 0xE3069283u);
+  CHECK(crc32c(crc32c(0, s, 4), s + 4, 5) == 0xE3069283u);
+  CHECK(crc32c(0, s, 0) == 0u);
+  std::string big(1000, 'x');
+  CHECK(crc32c(crc32c(0, big.data(), 333), big.data() + 333, 667) == crc32c(0, big.data(), 1000));
+}
+
+TEST_CASE("checkpoints are due every N steps, at the last step and when stopping", "[checkpoint]") {
+  CheckpointOptions o;
+  CHECK_FALSE(checkpoint_due(o, 10, 10, true));  // no --save
+  o.save = "x";
+  CHECK(checkpoint_due(o, 10, 10, false));
+  CHECK_FALSE(checkpoint_due(o, 3, 10, false));
+  CHECK(checkpoint_due(o, 3, 10, true));
+  o.save_every = 3;
+  CHECK(checkpoint_due(o, 3, 10, false));
+  CHECK(checkpoint_due(o, 6, 10, false));
+  CHECK_FALSE(checkpoint_due(o, 7, 10, false));
+}
+
+TEST_CASE("a safetensors reader reads byte ranges of one tensor", "[checkpoint]") {
+  const std::string d = scratch("reader");
+  Context ctx(Device::cpu());
+  Tensor t = Tensor::empty({4, 5}, DType::f32, ctx.host_allocator());
+  for (int i = 0; i < 20; ++i) t.data<float>()[i] = static_cast<float>(i) * 1.5f;
+  Tensor u = Tensor::empty({3}, DType::i64, ctx.host_allocator());
+  for (int i = 0; i < 3; ++i) u.data<int64_t>()[i] = 100 + i;
+  save_safetensors(d + "/f.safetensors", {{"u", u}, {"t", t}}, ctx.compute_stream(), {{"k", "v"}});
+  SafetensorsReader r(d + "/f.safetensors");
+  CHECK(r.metadata().at("k") == "v");
+  const auto& e = r.at("t");
+  CHECK(e.shape == Shape({4, 5}));
+  float row[5];
+  r.read(e, 2 * 5 * sizeof(float), sizeof(row), row);  // row 2
+  for (int i = 0; i < 5; ++i) CHECK(row[i] == static_cast<float>(10 + i) * 1.5f);
+  int64_t v;
+  r.read(r.at("u"), 2 * sizeof(int64_t), sizeof(v), &v);
+  CHECK(v == 102);
+  CHECK_THROWS_WITH(r.read(e, 76, 8, row), Catch::Contains("outside tensor 't'"));
+  CHECK_THROWS_WITH(r.at("w"), Catch::Contains("f.safetensors") && Catch::Contains("'w'"));
+  CHECK_THROWS_WITH(SafetensorsReader("/dev/zero"), Catch::Contains("not a regular file"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("a checkpoint loads bit-identically onto every layout of 1, 2 and 4 ranks",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("reshard");
+  for (const Layout& src : layouts()) {
+    const std::string dir = root + "/" + src.str();
+    Full ref = save_on(src, dir);
+    REQUIRE(ref.count("embed.weight.exp_avg") == 1);
+    for (const Layout& dst : layouts()) {
+      INFO("saved on " << src.str() << ", loaded on " << dst.str());
+      int64_t steps = 0;
+      require_bit_identical(load_on(dst, dir, &steps), ref);
+      CHECK(steps == 1);
+    }
+  }
+  fs::remove_all(root);
+}
+
+TEST_CASE("a checkpoint is one safetensors file per rank, replicas once, and an index",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("format");
+  save_on({4, "dp=2,tp=2", false}, root, 3);
+  CHECK(slurp(root + "/latest") == "step-00000003\n");
+  const std::string dir = root + "/step-00000003";
+  auto idx = nlohmann::json::parse(slurp(dir + "/index.json"));
+  CHECK(idx["format"] == "meshrt-checkpoint");
+  CHECK(idx["mesh"] == "dp=2,tp=2");
+  CHECK(idx["step"] == 3);
+  CHECK(idx["data"]["seed"] == 9);
+  CHECK(idx["files"].size() == 4);
+  for (auto it = idx["files"].begin(); it != idx["files"].end(); ++it) {
+    const std::string f = slurp(dir + "/" + it.key());
+    CHECK(f.size() == it.value()["bytes"].get<size_t>());
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", crc32c(0, f.data(), f.size()));
+    CHECK(it.value()["crc32c"] == hex);
+  }
+  // The vocabulary-sharded embedding: two tp shards from the dp=0 ranks 0 and 1.
+  auto emb = idx["tensors"]["embed.weight"];
+  CHECK(emb["shape"] == nlohmann::json::array({130, 32}));
+  REQUIRE(emb["shards"].size() == 2);
+  CHECK(emb["shards"][1]["file"] == "rank-00001.safetensors");
+  CHECK(emb["shards"][1]["offsets"] == nlohmann::json::array({65, 0}));
+  Context ctx(Device::cpu());
+  auto f0 = load_safetensors(dir + "/rank-00000.safetensors", ctx.host_allocator());
+  auto f2 = load_safetensors(dir + "/rank-00002.safetensors", ctx.host_allocator());
+  CHECK(f0.at("embed.weight").shape() == Shape({65, 32}));
+  CHECK(f0.at("optimizer.step").item(0) == 1);
+  CHECK(f2.tensors.size() == 1);  // a dp replica writes only the step count
+  fs::remove_all(root);
+}
+
+namespace {
+
+TrainConfig train_cfg(const std::string& mesh, int steps) {
+  TrainConfig c;
+  c.model = small_model();
+  c.model.layers = 2;
+  c.mesh = mesh;
+  c.batch = 8;
+  c.seq = 16;
+  c.steps = steps;
+  c.optim.lr = 3e-3f;
+  return c;
+}
+
+std::vector<double> run_train(int world, const TrainConfig& cfg) {
+  std::vector<double> out;
+  std::mutex mu;
+  run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
+    auto st = train(cfg, ctx, w, nullptr);
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& s : st) out.push_back(s.loss);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "resuming continues the loss curve exactly on the same mesh and within tolerance on "
+    "another",
+    "[checkpoint][train][multirank]") {
+  const std::string root = scratch("resume");
+  const auto full = run_train(4, train_cfg("dp=2,tp=2", 6));
+  REQUIRE(full.size() == 6);
+  {
+    TrainConfig c = train_cfg("dp=2,tp=2", 6);
+    c.checkpoint.save = root;
+    c.checkpoint.save_every = 2;
+    c.checkpoint.keep = 2;
+    c.stop_requested = [] {  // after step 3, on every rank (each asks once per step)
+      thread_local int calls = 0;
+      return ++calls == 3;
+    };
+    auto first = run_train(4, c);
+    REQUIRE(first.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(first[i] == full[i]);
+  }
+  // Steps 2 and 3 are kept (--keep 2); latest is the stop's checkpoint.
+  CHECK(fs::exists(root + "/step-00000002/index.json"));
+  CHECK(fs::exists(root + "/step-00000003/index.json"));
+  CHECK(slurp(root + "/latest") == "step-00000003\n");
+  TrainConfig r = train_cfg("dp=2,tp=2", 6);
+  r.checkpoint.resume = root;
+  auto same = run_train(4, r);
+  REQUIRE(same.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(same[i] == full[3 + i]);  // bit-identical f32
+  for (auto [w, m] :
+       std::vector<std::pair<int, std::string>>{{4, "tp=4"}, {1, "dp=1"}, {2, "dp=2"}}) {
+    INFO("resumed on " << m);
+    TrainConfig o = train_cfg(m, 6);
+    o.checkpoint.resume = root + "/step-00000002";
+    auto got = run_train(w, o);
+    REQUIRE(got.size() == 4);
+    CHECK(rel_err(got, {full.begin() + 2, full.end()}) < 1e-4);
+  }
+  // Saving again at a step that exists (a resumed run) replaces it whole.
+  r.steps = 3;
+  r.checkpoint.save = root;
+  r.checkpoint.resume = root + "/step-00000002";
+  auto again = run_train(4, r);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0] == full[2]);
+  CHECK(slurp(root + "/latest") == "step-00000003\n");
+  r.steps = 6;
+  r.checkpoint.save.clear();
+  r.checkpoint.resume = root;
+  auto after = run_train(4, r);
+  REQUIRE(after.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(after[i] == full[3 + i]);
+  fs::remove_all(root);
+}
+
+TEST_CASE("a mismatched model config is refused naming the field and both values",
+          "[checkpoint][train][multirank]") {
+  const std::string root = scratch("mismatch");
+  TrainConfig c = train_cfg("tp=2", 1);
+  c.checkpoint.save = root;
+  run_train(2, c);
+  TrainConfig r = train_cfg("tp=2", 2);
+  r.model.block.ffn = 60;
+  r.checkpoint.resume = root;
+  CHECK_THROWS_WITH(run_train(2, r), Catch::Contains("ffn=90") && Catch::Contains("ffn=60") &&
+                                         Catch::Contains("index.json"));
+  r = train_cfg("tp=2", 2);
+  r.optim.kind = OptimizerKind::Sgd;
+  r.checkpoint.resume = root;
+  CHECK_THROWS_WITH(run_train(2, r),
+                    Catch::Contains("optimizer=adamw") && Catch::Contains("optimizer=sgd"));
+  r = train_cfg("tp=2", 2);
+  r.grad_sync = GradSyncMode::Local;
+  r.checkpoint.resume = root;
+  CHECK_THROWS_WITH(validate_train(r, 2), Catch::Contains("--grad-sync sync"));
+  fs::remove_all(root);
+}
+
+TEST_CASE("corrupt or foreign checkpoints are rejected naming the file, nothing overwritten",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("corrupt");
+  const Layout two{2, "tp=2", false};
+  save_on(two, root + "/good");
+  const std::string dir = root + "/good/step-00000001";
+  const auto pristine = snapshot(root);
+  auto expect_rejected = [&](const std::string& path, const std::string& what) {
+    INFO("expecting: " << what);
+    const auto before = snapshot(root);
+    CHECK_THROWS_WITH(load_on(two, path), Catch::Contains(what));
+    // A run resuming from it with --save on the same root writes nothing either.
+    TrainConfig c = base_cfg();
+    c.mesh = "tp=2";
+    c.steps = 3;
+    c.checkpoint.resume = path;
+    c.checkpoint.save = root + "/good";
+    CHECK_THROWS(run_train(2, c));
+    CHECK(snapshot(root) == before);
+  };
+  const std::string r0 = dir + "/rank-00000.safetensors", r1 = dir + "/rank-00001.safetensors";
+  const std::string f0 = slurp(r0), f1 = slurp(r1), index = slurp(dir + "/index.json");
+
+  spit(r0, f0.substr(0, f0.size() - 10));
+  expect_rejected(root + "/good", "rank-00000.safetensors is " + std::to_string(f0.size() - 10) +
+                                      " bytes but the index says");
+  spit(r0, f0);
+
+  std::string flipped = f1;
+  flipped[flipped.size() / 2] ^= 0x10;
+  spit(r1, flipped);
+  expect_rejected(root + "/good", "rank-00001.safetensors");
+  CHECK_THROWS_WITH(load_on({1, "dp=1", false}, dir), Catch::Contains("fails its checksum"));
+  spit(r1, f1);
+
+  fs::remove(r1);
+  expect_rejected(dir, "rank-00001.safetensors (listed in");
+  spit(r1, f1);
+
+  auto idx = nlohmann::json::parse(index);
+  idx["tensors"]["embed.weight"]["shape"] = {131, 32};
+  spit(dir + "/index.json", idx.dump());
+  expect_rejected(dir, "'embed.weight' has shape [131, 32] but the model's is [130, 32]");
+  idx = nlohmann::json::parse(index);
+  for (auto& [k, v] : idx["tensors"].items())
+    if (k.find("exp_avg_sq") != std::string::npos) {
+      idx["tensors"].erase(k);
+      break;
+    }
+  spit(dir + "/index.json", idx.dump());
+  expect_rejected(dir, "has no tensor");
+  spit(dir + "/index.json", index);
+
+  fs::remove(r0);
+  fs::create_symlink("/dev/zero", r0);
+  expect_rejected(dir, "rank-00000.safetensors is not a regular file");
+  fs::remove(r0);
+  spit(r0, f0);
+  CHECK(snapshot(root) == pristine);
+  CHECK_NOTHROW(load_on(two, root + "/good"));
+
+  // Directories from other tools.
+  fs::create_directories(root + "/hf");
+  spit(root + "/hf/index.json", R"({"metadata": {}, "weight_map": {"w": "model.safetensors"}})");
+  expect_rejected(root + "/hf", "hf/index.json is not a meshrt checkpoint index");
+  fs::create_directories(root + "/other");
+  spit(root + "/other/model.safetensors", f0);
+  expect_rejected(root + "/other", "not a meshrt checkpoint (no 'latest' pointer");
+  spit(root + "/other/latest", "../../etc\n");
+  expect_rejected(root + "/other", "does not name a checkpoint");
+  fs::remove_all(root);
+}
+
+TEST_CASE("a rank failing mid-write leaves the previous checkpoint and latest loadable",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("crash");
+  const Layout two{2, "tp=2", false};
+  Full ref = save_on(two, root, 1);
+  ::setenv("MESHRT_CHECKPOINT_FAULT", "rank=1,mode=throw", 1);
+  CHECK_THROWS_WITH(save_on(two, root, 2), Catch::Contains("injected fault on rank 1") ||
+                                               Catch::Contains("rank 1 failed"));
+  ::unsetenv("MESHRT_CHECKPOINT_FAULT");
+  CHECK_FALSE(fs::exists(root + "/step-00000002"));
+  CHECK(slurp(root + "/latest") == "step-00000001\n");
+  require_bit_identical(load_on(two, root), ref);
+  require_bit_identical(load_on({4, "tp=4", false}, root), ref);
+  fs::remove_all(root);
+}
+
+TEST_CASE("save targets must be directories that can be created and temporary names are unique",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("paths");
+  spit(root + "/file", "x");
+  CHECK_THROWS_WITH(prepare_checkpoint_root(root + "/file"),
+                    Catch::Contains("file: exists and is not a directory (a regular file)"));
+  CHECK_THROWS_WITH(prepare_checkpoint_root("/dev/null"), Catch::Contains("a device node"));
+  CHECK_THROWS_WITH(prepare_checkpoint_root(root + "/file/sub"),
+                    Catch::Contains("cannot create the directory"));
+  prepare_checkpoint_root(root + "/a/b");
+  CHECK(fs::is_directory(root + "/a/b"));
+  // Another job's temporary directory for the same step is left alone.
+  const std::string stale = root + "/ck/.tmp-step-00000001-AAAAAA";
+  fs::create_directories(stale);
+  spit(stale + "/rank-00000.safetensors", "partial");
+  Full ref = save_on({2, "dp=2", false}, root + "/ck", 1);
+  CHECK(slurp(stale + "/rank-00000.safetensors") == "partial");
+  require_bit_identical(load_on({1, "dp=1", false}, root + "/ck"), ref);
+  // --keep 1 leaves only the newest.
+  save_on({2, "dp=2", false}, root + "/ck", 2, /*keep=*/1);
+  CHECK_FALSE(fs::exists(root + "/ck/step-00000001"));
+  CHECK(fs::exists(root + "/ck/step-00000002/index.json"));
+  fs::remove_all(root);
+}

@@ -2,14 +2,20 @@
 // (async) or local-SGD gradient synchronisation over dp.
 #pragma once
 
+#include <functional>
+#include <limits>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "mesh/model.h"
 #include "mesh/optimizer.h"
+#include "runtime/error.h"
 
 namespace meshrt {
+
+class TokenFile;
 
 enum class GradSyncMode : uint8_t { Sync, Async, Local };
 GradSyncMode parse_grad_sync(std::string_view s);
@@ -29,6 +35,21 @@ struct TrainConfig {
   GradSyncMode grad_sync = GradSyncMode::Sync;
   int staleness = 1;   // async: gradients applied this many steps late, lr / staleness
   int sync_every = 4;  // local: parameters averaged over dp every this many steps
+  // Real data (mesh/token_data.h) instead of the synthetic walk; with val_data, a validation
+  // loss over eval_batches global batches every eval_every steps (0: after the last step only).
+  std::shared_ptr<const TokenFile> data, val_data;
+  int eval_every = 0;
+  int eval_batches = 4;
+  // A non-finite loss or gradient stops the run (NonFiniteError) unless skipped: no update.
+  bool skip_nonfinite = false;
+  // Polled once a step on every rank; when it returns true on any, all stop after that step.
+  std::function<bool()> stop_requested;
+};
+
+// A non-finite loss or gradient stopped the run; every rank raises it alike.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
 };
 
 struct StepStats {
@@ -38,13 +59,17 @@ struct StepStats {
   double dp_comm_ms = 0;     // dp collectives' time on the dp stream
   double dp_exposed_ms = 0;  // time the compute stream waited for them
   double tp_comm_ms = 0, tp_exposed_ms = 0;
+  bool skipped = false;  // non-finite and skip_nonfinite: no update this step
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  // when evaluated after this step
 };
 
 // Checks the configuration before anything is communicated; throws saying what to change.
 void validate_train(const TrainConfig& cfg, int world_size);
 
 // Runs the loop on this rank (every rank calls it with the same config). Rank 0 writes one line
-// per step to `log` when given: "step N loss X.XXXXXX  time T ms  dp comm C ms (exposed E ms)".
+// per step to `log` when given: "step N loss X.XXXXXX  time T ms  dp comm C ms (exposed E ms)",
+// and "val step N loss X.XXXXXX" after evaluations. Returns fewer than cfg.steps entries when
+// stop_requested ended the run early.
 std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator& world,
                              std::ostream* log);
 

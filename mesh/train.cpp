@@ -2,8 +2,11 @@
 
 #include <chrono>
 #include <iomanip>
+#include <sstream>
 
+#include "mesh/token_data.h"
 #include "mesh/train_checkpoint.h"
+#include "mesh/train_guard.h"
 #include "runtime/error.h"
 
 namespace meshrt {
@@ -35,6 +38,54 @@ std::string default_mesh(const TrainConfig& cfg, int world_size) {
   m += "=" + std::to_string(world_size);
   return m;
 }
+
+// Samples from the token file when there is one, else the synthetic walk; both keyed by the global
+// sample index only.
+void make_batch(const TrainConfig& cfg, Context& ctx, const TokenFile* file, uint64_t stream,
+                int64_t first, int64_t n, Tensor* ids, Tensor* targets) {
+  if (file != nullptr)
+    make_token_batch(ctx, *file, cfg.seed, stream, first, n, cfg.seq, ids, targets);
+  else
+    make_synthetic_batch(ctx, cfg.seed, first, n, cfg.seq, cfg.model.vocab, ids, targets);
+}
+
+// Mean loss over eval_batches fixed global batches of val_data (forward only).
+double evaluate(const TrainConfig& cfg, Context& ctx, DeviceMesh& mesh, DecoderModel& model,
+                CommScheduler& dp_loss) {
+  Stream& cs = ctx.compute_stream();
+  const int64_t local = cfg.batch / mesh.size(kDpDim), micro = local / cfg.micro_batches;
+  const float w = 1.f / static_cast<float>(cfg.eval_batches * cfg.micro_batches);
+  Tensor sum = ctx.zeros({1}, DType::f32);
+  for (int b = 0; b < cfg.eval_batches; ++b)
+    for (int mb = 0; mb < cfg.micro_batches; ++mb) {
+      Tensor ids, targets;
+      const int64_t first = b * cfg.batch + mesh.coord(kDpDim) * local + mb * micro;
+      make_batch(cfg, ctx, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
+      ops::add(ctx, cs, sum, model.forward(ids, targets), sum, 1.f, w);
+    }
+  dp_loss.all_reduce(sum, "val_loss", ReduceOp::Avg);
+  Tensor h = sum.to(ctx.host_allocator(), cs);
+  ctx.synchronize();
+  return h.item(0);
+}
+
+// Every rank raises the same message: the verdict and the culprit search are collective.
+[[noreturn]] void throw_nonfinite(const TrainConfig& cfg, int step, const StepVerdict& v,
+                                  const std::string& culprit) {
+  std::ostringstream os;
+  os << "step " << step << ": ";
+  if (!v.loss_finite) os << "the loss is not finite";
+  if (!v.loss_finite && !v.grads_finite) os << " and ";
+  if (!v.grads_finite) {
+    if (culprit.empty())
+      os << "the gradient norm overflows f32";
+    else
+      os << "the gradient of " << culprit << " is not finite (the first such parameter)";
+  }
+  os << "; lower --lr (" << cfg.optim.lr << "), set --clip, or pass --skip-nonfinite to skip "
+     << "such steps";
+  throw NonFiniteError(os.str());
+}
 }  // namespace
 
 void validate_train(const TrainConfig& cfg, int world_size) {
@@ -61,6 +112,13 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                "train: --vocab " << cfg.model.vocab << " must be >= 2 and >= tp=" << tp);
   MESHRT_CHECK(cfg.staleness >= 0, "train: --staleness " << cfg.staleness << " must be >= 0");
   MESHRT_CHECK(cfg.sync_every >= 1, "train: --sync-every " << cfg.sync_every << " must be >= 1");
+  MESHRT_CHECK(cfg.eval_every >= 0, "train: --eval-every " << cfg.eval_every << " must be >= 0");
+  MESHRT_CHECK(cfg.eval_batches >= 1,
+               "train: --eval-batches " << cfg.eval_batches << " must be >= 1");
+  MESHRT_CHECK(cfg.eval_every == 0 || cfg.val_data,
+               "train: --eval-every " << cfg.eval_every << " needs --val-data FILE");
+  if (cfg.data) cfg.data->check(cfg.model.vocab, cfg.seq);
+  if (cfg.val_data) cfg.val_data->check(cfg.model.vocab, cfg.seq);
   validate_block(cfg.model.block, tp, cfg.tp, cfg.seq);
   validate_checkpointing(cfg);
 }
@@ -100,30 +158,44 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       Tensor ids, targets;
       const int64_t first =
           static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
-      make_synthetic_batch(ctx, cfg.seed, first, micro, cfg.seq, cfg.model.vocab, &ids, &targets);
+      make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
       Tensor loss = model.forward(ids, targets);
       ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
       model.backward(grad_scale, &sync);
     }
-    switch (cfg.grad_sync) {
-      case GradSyncMode::Sync:
-        opt.step(&sync, 1.f, set);
-        break;
-      case GradSyncMode::Async:
-        // Step t's all-reduce overlaps the next K steps; it is applied K steps late, with the
-        // learning rate divided by the staleness (Zhang et al. 2016).
-        if (step >= cfg.staleness) {
-          const int apply = (step - cfg.staleness) % sets;
-          sync.bind(apply);
-          opt.step(&sync, cfg.staleness > 0 ? 1.f / static_cast<float>(cfg.staleness) : 1.f, apply);
-          sync.bind(set);
-        }
-        break;
-      case GradSyncMode::Local:
-        opt.step(nullptr);
-        if ((step + 1) % cfg.sync_every == 0) sync.average_params();
-        break;
+    // --- guard: the gradients about to be applied, the loss and the stop request, agreed by
+    // every rank before any parameter changes ---
+    const bool updates = cfg.grad_sync != GradSyncMode::Async || step >= cfg.staleness;
+    const int apply = cfg.grad_sync == GradSyncMode::Async ? (step - cfg.staleness) % sets : set;
+    if (updates && cfg.grad_sync != GradSyncMode::Local) {
+      sync.bind(apply);
+      sync.wait_all(apply);
     }
+    const StepVerdict verdict =
+        agree_step(ctx, world, loss_sum, updates ? model.params() : std::vector<Param*>{},
+                   cfg.stop_requested && cfg.stop_requested());
+    if (!verdict.finite() && !cfg.skip_nonfinite)
+      throw_nonfinite(cfg, step + 1, verdict,
+                      verdict.grads_finite ? "" : first_nonfinite_grad(ctx, world, model.params()));
+    if (verdict.finite()) {
+      switch (cfg.grad_sync) {
+        case GradSyncMode::Sync:
+          opt.step(&sync, 1.f, set);
+          break;
+        case GradSyncMode::Async:
+          // Step t's all-reduce overlaps the next K steps; it is applied K steps late, with the
+          // learning rate divided by the staleness (Zhang et al. 2016).
+          if (updates)
+            opt.step(&sync, cfg.staleness > 0 ? 1.f / static_cast<float>(cfg.staleness) : 1.f,
+                     apply);
+          break;
+        case GradSyncMode::Local:
+          opt.step(nullptr);
+          if ((step + 1) % cfg.sync_every == 0) sync.average_params();
+          break;
+      }
+    }
+    if (cfg.grad_sync == GradSyncMode::Async) sync.bind(set);
     // The reported loss is the global batch mean (equal micro-batch and dp shard sizes).
     dp_loss.all_reduce(loss_sum, "loss", ReduceOp::Avg);
     Tensor lh = loss_sum.to(ctx.host_allocator(), cs);
@@ -138,18 +210,29 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.dp_exposed_ms = d.exposed_ms;
     st.tp_comm_ms = t.comm_ms;
     st.tp_exposed_ms = t.exposed_ms;
-    out.push_back(st);
+    st.skipped = !verdict.finite();
     if (log && world.rank() == 0) {
       *log << "step " << st.step << " loss " << std::fixed << std::setprecision(6) << st.loss
            << std::setprecision(1) << "  time " << st.step_ms << " ms  dp comm " << st.dp_comm_ms
            << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
-           << " ms (exposed " << st.tp_exposed_ms << " ms)" << std::endl;
+           << " ms (exposed " << st.tp_exposed_ms << " ms)"
+           << (st.skipped ? "  skipped: non-finite" : "") << std::endl;
     }
-    // --- checkpoint: save, then stop when asked ---
-    const bool stopping = cfg.stop_requested && cfg.stop_requested();
-    if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, stopping))
+    // --- validation ---
+    const bool last = step + 1 == cfg.steps;
+    if (cfg.val_data && !verdict.stop &&
+        (last || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0))) {
+      st.val_loss = evaluate(cfg, ctx, mesh, model, dp_loss);
+      if (log && world.rank() == 0)
+        *log << "val step " << st.step << " loss " << std::fixed << std::setprecision(6)
+             << st.val_loss << std::endl;
+    }
+    out.push_back(st);
+    // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
+    // guard above) ---
+    if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, verdict.stop))
       save_training(cfg, st.step, mesh, model.params(), opt, log);
-    if (stopping) break;
+    if (verdict.stop) break;
   }
   return out;
 }

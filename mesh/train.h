@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <limits>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -10,8 +12,11 @@
 #include "mesh/checkpoint.h"
 #include "mesh/model.h"
 #include "mesh/optimizer.h"
+#include "runtime/error.h"
 
 namespace meshrt {
+
+class TokenFile;
 
 enum class GradSyncMode : uint8_t { Sync, Async, Local };
 GradSyncMode parse_grad_sync(std::string_view s);
@@ -33,8 +38,22 @@ struct TrainConfig {
   int sync_every = 4;  // local: parameters averaged over dp every this many steps
   // --save / --save-every / --keep / --resume (mesh/checkpoint.h, mesh/train_checkpoint.h).
   CheckpointOptions checkpoint;
-  // When set and true after a step, the loop stops there (a checkpoint is written with --save).
+  // Real data (mesh/token_data.h) instead of the synthetic walk; with val_data, a validation
+  // loss over eval_batches global batches every eval_every steps (0: after the last step only).
+  std::shared_ptr<const TokenFile> data, val_data;
+  int eval_every = 0;
+  int eval_batches = 4;
+  // A non-finite loss or gradient stops the run (NonFiniteError) unless skipped: no update.
+  bool skip_nonfinite = false;
+  // Polled once a step on every rank; when it returns true on any, all stop after that step
+  // (a checkpoint is written first with --save).
   std::function<bool()> stop_requested;
+};
+
+// A non-finite loss or gradient stopped the run; every rank raises it alike.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
 };
 
 struct StepStats {
@@ -44,13 +63,17 @@ struct StepStats {
   double dp_comm_ms = 0;     // dp collectives' time on the dp stream
   double dp_exposed_ms = 0;  // time the compute stream waited for them
   double tp_comm_ms = 0, tp_exposed_ms = 0;
+  bool skipped = false;  // non-finite and skip_nonfinite: no update this step
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  // when evaluated after this step
 };
 
 // Checks the configuration before anything is communicated; throws saying what to change.
 void validate_train(const TrainConfig& cfg, int world_size);
 
 // Runs the loop on this rank (every rank calls it with the same config). Rank 0 writes one line
-// per step to `log` when given: "step N loss X.XXXXXX  time T ms  dp comm C ms (exposed E ms)".
+// per step to `log` when given: "step N loss X.XXXXXX  time T ms  dp comm C ms (exposed E ms)",
+// and "val step N loss X.XXXXXX" after evaluations. Returns fewer than cfg.steps entries when
+// stop_requested ended the run early.
 std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator& world,
                              std::ostream* log);
 

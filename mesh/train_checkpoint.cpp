@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "mesh/token_data.h"
 #include "runtime/error.h"
 
 namespace meshrt {
@@ -41,7 +42,13 @@ CheckpointMeta train_checkpoint_meta(const TrainConfig& cfg, int64_t step) {
               {"bias", b.bias ? "true" : "false"},
               {"eps", num(b.eps)},
               {"optimizer", cfg.optim.kind == OptimizerKind::AdamW ? "adamw" : "sgd"},
-              {"seed", num(cfg.seed)}};
+              {"seed", num(cfg.seed)},
+              // The data position is the step: samples are drawn by (seed, step, dp rank) from
+              // global batches of `batch` sequences of `seq` tokens of this token stream.
+              {"batch", num(cfg.batch)},
+              {"seq", num(cfg.seq)},
+              {"data", cfg.data ? cfg.data->format() + ", " + num(cfg.data->size()) + " tokens"
+                                : "synthetic"}};
   return m;
 }
 

@@ -1,14 +1,23 @@
 #include "tools/train.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <csignal>
+#include <exception>
 #include <iomanip>
 #include <mutex>
 
 #include "bench/common/cli_checks.h"
+#include "bench/common/command.h"
+#include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
+#include "mesh/token_data.h"
 #include "mesh/train.h"
 #include "mesh/train_checkpoint.h"
+#include "mesh/train_guard.h"
 #include "runtime/error.h"
+#include "tools/signals.h"
 
 namespace meshrt::cli {
 
@@ -16,7 +25,8 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   auto* c = app.add_subcommand(
       "train",
       "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
-      "parallel) on synthetic tokens over a dp x tp mesh; one line per step");
+      "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line per "
+      "step. SIGINT / SIGTERM stop after the current step (exit status 128 + signal)");
   c->add_option("--devices", o.devices, "Ranks: cpu:N (threads) | cuda:all | cuda:0-3")
       ->capture_default_str();
   c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)");
@@ -72,6 +82,22 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_option("--resume", o.resume,
                 "Continue from a checkpoint (a --save directory or one step-N/ in it), on any "
                 "mesh; --steps counts from the start of the original run");
+  c->add_option("--data", o.data,
+                "Token file to train on: raw u16/u32 (.bin, nanoGPT), llm.c .bin (by its header) "
+                "or .npy of integers; memory-mapped (default: synthetic tokens)");
+  c->add_option("--val-data", o.val_data, "Validation token file (same formats as --data)");
+  c->add_option("--data-dtype", o.data_dtype, "Element type of raw token files: u16 | u32")
+      ->capture_default_str();
+  c->add_option("--eval-every", o.eval_every,
+                "Validation loss every N steps (0: after the last step); needs --val-data")
+      ->capture_default_str()
+      ->check(kNonNegativeInt);
+  c->add_option("--eval-batches", o.eval_batches, "Global batches per validation loss")
+      ->capture_default_str()
+      ->check(kPositiveInt);
+  c->add_flag("--skip-nonfinite", o.skip_nonfinite,
+              "Skip steps with a non-finite loss or gradient (no update; counted) instead of "
+              "stopping");
   return c;
 }
 
@@ -106,8 +132,44 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.checkpoint.save_every = o.save_every;
   c.checkpoint.keep = o.keep;
   c.checkpoint.resume = o.resume;
+  c.eval_every = o.eval_every;
+  c.eval_batches = o.eval_batches;
+  c.skip_nonfinite = o.skip_nonfinite;
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
+  // Mapped and scanned once per process; the rank threads share the mapping.
+  const TokenDType raw = parse_token_dtype(o.data_dtype);
+  MESHRT_CHECK(o.val_data.empty() || !o.data.empty(),
+               "--val-data " << o.val_data << " needs --data FILE to train on");
+  if (!o.data.empty()) c.data = TokenFile::open(o.data, raw, "--data");
+  if (!o.val_data.empty()) c.val_data = TokenFile::open(o.val_data, raw, "--val-data");
+  c.stop_requested = [] { return StopSignals::received() != 0; };
   return c;
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+// Refuses, before anything is allocated, a run the host cannot hold (as `bench block` does):
+// otherwise the kernel kills it without a message, or the allocator fails mid-run.
+void check_host_memory(const TrainConfig& cfg, const Launch& launch) {
+  if (!launch.local().front().device.is_cpu()) return;
+  const int local = launch.kind() == LaunchKind::Threads ? static_cast<int>(launch.local().size())
+                                                         : launch.local().front().local_size;
+  const TrainMemory m = estimate_train_memory(cfg, launch.world_size());
+  const double need = m.total() * local;
+  const int64_t have = physical_memory_bytes();
+  using bench::human_bytes;
+  MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
+               "this run needs about "
+                   << human_bytes(need) << " of host memory for " << local
+                   << " rank(s) (per rank: " << human_bytes(m.weights) << " weights, "
+                   << human_bytes(m.grads) << " gradients, " << human_bytes(m.optimizer)
+                   << " optimizer state, " << human_bytes(m.activations)
+                   << " activations) and the machine has " << human_bytes(static_cast<double>(have))
+                   << "; reduce --hidden, --ffn, --layers or --vocab, shard over tp (--mesh), or "
+                      "lower --batch or --seq (or raise --micro-batches)");
 }
 
 struct Summary {
@@ -129,30 +191,53 @@ Summary summarize(const std::vector<StepStats>& st) {
   return s;
 }
 
-// Runs on every rank of this process; returns rank 0's stats (empty in processes without rank 0).
-std::vector<StepStats> run_once(const TrainConfig& cfg, const TrainCliOptions& o,
-                                std::ostream* os) {
+struct RunResult {
+  std::vector<StepStats> stats;  // of this process's first rank (every rank runs as many steps)
+  bool has_rank0 = false;
+};
+
+// Runs on every rank of this process.
+RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
   LaunchOptions lo;
   lo.devices = o.devices;
   auto launch = bootstrap(lo);
-  validate_train(cfg, launch->world_size());  // before any rank starts
-  if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
-  if (!cfg.checkpoint.resume.empty())
-    read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));
-  std::vector<StepStats> out;
+  // Before any rank starts; every process fails alike, so mpirun prints it once.
+  try {
+    validate_train(cfg, launch->world_size());
+    check_host_memory(cfg, *launch);
+    if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
+    if (!cfg.checkpoint.resume.empty())
+      read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));
+  } catch (const Error& e) {
+    throw bench::UniformError(e);
+  }
+  RunResult out;
   std::mutex mu;
+  std::exception_ptr nonfinite;
+  const int first = launch->local().front().rank;
   launch->run([&](const RankPlacement& rp, Communicator& world) {
     ContextOptions co;
     co.rank = rp.rank;
     co.world_size = rp.world_size;
     co.local_ranks = rp.local_size;
     Context ctx(rp.device, co);
-    auto st = train(cfg, ctx, world, os);
-    if (rp.rank == 0) {
+    std::vector<StepStats> st;
+    try {
+      st = train(cfg, ctx, world, os);
+    } catch (const NonFiniteError& e) {
+      // Every rank raises it after the same collective: no rank is left waiting, so it is not a
+      // rank failure (which would abort the world and log from every rank).
       std::lock_guard<std::mutex> lk(mu);
-      out = std::move(st);
+      nonfinite = std::make_exception_ptr(bench::UniformError(e));
+      return;
+    }
+    if (rp.rank == first) {
+      std::lock_guard<std::mutex> lk(mu);
+      out.stats = std::move(st);
+      out.has_rank0 = rp.rank == 0;
     }
   });
+  if (nonfinite) std::rethrow_exception(nonfinite);
   return out;
 }
 
@@ -160,13 +245,46 @@ std::vector<StepStats> run_once(const TrainConfig& cfg, const TrainCliOptions& o
 
 int run_train(const TrainCliOptions& o, std::ostream& os) {
   const GradSyncMode mode = parse_grad_sync(o.grad_sync);
-  TrainConfig cfg = to_config(o, mode);
-  auto st = run_once(cfg, o, &os);
+  StopSignals signals(bench::launcher_rank() == 0);
+  TrainConfig cfg;
+  try {
+    cfg = to_config(o, mode);
+  } catch (const Error& e) {
+    throw bench::UniformError(e);
+  }
+  const RunResult run = run_once(cfg, o, &os);
+  const std::vector<StepStats>& st = run.stats;
+  // The one-line summary: steps done, last loss, why it stopped.
+  const int skipped = static_cast<int>(
+      std::count_if(st.begin(), st.end(), [](const StepStats& s) { return s.skipped; }));
+  // A resumed run starts past step 0: count by step numbers.
+  const int done = st.empty() ? 0 : st.back().step;
+  const bool stopped = !st.empty() && done < o.steps;
+  const int sig = StopSignals::received();
+  if (st.empty()) {
+    if (run.has_rank0) os << "train: no step to run (the checkpoint is at or past --steps)\n";
+    return 0;
+  }
+  if (run.has_rank0) {
+    os << "train: " << done << " of " << o.steps << " steps";
+    if (stopped)
+      os << ", stopped by " << StopSignals::name(sig);
+    else
+      os << ", finished";
+    os << "; last loss " << std::fixed << std::setprecision(6) << st.back().loss << "; " << skipped
+       << " skipped (non-finite)" << std::endl;
+  }
+  // Stopped by a signal (here or, under mpirun, at another rank): no comparison run.
+  if (stopped) return 128 + (sig != 0 ? sig : SIGTERM);
   const bool compare = mode != GradSyncMode::Sync && o.compare;
   // Every process runs the comparison (it is collective); only rank 0's process prints.
   std::vector<StepStats> ss;
-  if (compare) ss = run_once(to_config(o, GradSyncMode::Sync), o, nullptr);
-  if (st.empty()) return 0;
+  if (compare) {
+    TrainConfig sync_cfg = cfg;
+    sync_cfg.grad_sync = GradSyncMode::Sync;
+    ss = run_once(sync_cfg, o, nullptr).stats;
+  }
+  if (!run.has_rank0) return 0;
   Summary a = summarize(st);
   auto line = [&](const char* name, const Summary& s) {
     os << std::left << std::setw(22) << name << std::right << std::fixed << std::setprecision(2)

@@ -22,11 +22,17 @@ struct TrainCliOptions {
   bool compare = true;       // async / local: also run synchronous DP and print the trade
   std::string save, resume;  // checkpoints (mesh/checkpoint.h)
   int save_every = 0, keep = 0;
+  // Real data and validation (mesh/token_data.h), non-finite steps.
+  std::string data, val_data, data_dtype = "u16";
+  int eval_every = 0, eval_batches = 4;
+  bool skip_nonfinite = false;
 };
 
 // Registers the `train` subcommand and its flags on `app`.
 CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o);
-// Runs it (launch from the environment: threads from --devices, or mpirun processes).
+// Runs it (launch from the environment: threads from --devices, or mpirun processes). SIGINT /
+// SIGTERM stop every rank after the same step: a one-line summary, and 128 + the signal's number
+// as the exit status (a second signal exits at once).
 int run_train(const TrainCliOptions& o, std::ostream& os);
 
 }  // namespace meshrt::cli

@@ -14,6 +14,7 @@
 
 #include "mesh/checkpoint.h"
 #include "mesh/crc32c.h"
+#include "mesh/token_data.h"
 #include "mesh/train.h"
 #include "mesh/train_checkpoint.h"
 #include "runtime/error.h"
@@ -369,6 +370,50 @@ TEST_CASE(
   REQUIRE(after.size() == 3);
   for (size_t i = 0; i < 3; ++i) CHECK(after[i] == full[3 + i]);
   fs::remove_all(root);
+}
+
+TEST_CASE("resuming on a token file continues at the saved data position",
+          "[checkpoint][train][multirank]") {
+  const std::string root = scratch("resume-data");
+  // Tokens of a varied byte pattern below the vocabulary, as raw u16.
+  std::string bytes;
+  for (int i = 0; i < 4096; ++i) {
+    const uint16_t t = static_cast<uint16_t>((i * 37 + i / 7) % small_model().vocab);
+    bytes.append(reinterpret_cast<const char*>(&t), 2);
+  }
+  const std::string file = root + "-tokens.bin";
+  std::ofstream(file, std::ios::binary) << bytes;
+  auto with_data = [&](const std::string& mesh, int steps) {
+    TrainConfig c = train_cfg(mesh, steps);
+    c.data = TokenFile::open(file, TokenDType::U16);
+    return c;
+  };
+  const auto full = run_train(2, with_data("dp=2", 5));
+  REQUIRE(full.size() == 5);
+  TrainConfig c = with_data("dp=2", 2);
+  c.checkpoint.save = root;
+  run_train(2, c);
+  TrainConfig r = with_data("dp=2", 5);
+  r.checkpoint.resume = root;
+  auto same = run_train(2, r);
+  REQUIRE(same.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(same[i] == full[2 + i]);  // the batches of steps 3..5
+  auto tp = with_data("tp=2", 5);
+  tp.checkpoint.resume = root;
+  auto other = run_train(2, tp);
+  REQUIRE(other.size() == 3);
+  CHECK(rel_err(other, {full.begin() + 2, full.end()}) < 1e-4);
+  // Another stream of tokens or another batch would continue somewhere else: refused.
+  TrainConfig synth = train_cfg("dp=2", 5);
+  synth.checkpoint.resume = root;
+  CHECK_THROWS_WITH(run_train(2, synth), Catch::Contains("data=raw u16, 4096 tokens") &&
+                                             Catch::Contains("data=synthetic"));
+  TrainConfig batch = with_data("dp=2", 5);
+  batch.batch = 4;
+  batch.checkpoint.resume = root;
+  CHECK_THROWS_WITH(run_train(2, batch), Catch::Contains("batch=8") && Catch::Contains("batch=4"));
+  fs::remove_all(root);
+  fs::remove(file);
 }
 
 TEST_CASE("a mismatched model config is refused naming the field and both values",

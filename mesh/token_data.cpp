@@ -1,0 +1,267 @@
+#include "mesh/token_data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/philox.h"
+
+namespace meshrt {
+
+TokenDType parse_token_dtype(std::string_view s) {
+  if (s == "u16" || s == "uint16") return TokenDType::U16;
+  if (s == "u32" || s == "uint32") return TokenDType::U32;
+  MESHRT_FAIL("unknown --data-dtype '" << s << "': use u16 or u32");
+}
+
+namespace {
+
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
+
+// Little-endian unsigned integer of `n` bytes at `p` (x86 and ARM hosts are little-endian; .npy
+// files that say otherwise are refused).
+uint64_t load_le(const unsigned char* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// What a .npy header says: element type, order and shape.
+struct NpyHeader {
+  size_t data_offset = 0;
+  int elem_bytes = 0;
+  bool is_signed = false;
+  std::string descr;
+  int64_t count = 1;
+};
+
+// The value of `key` in the header dict, up to the next top-level ',' or '}' (shape keeps its
+// parentheses).
+std::string npy_field(const std::string& h, const std::string& key, const std::string& path) {
+  const size_t k = h.find("'" + key + "'");
+  MESHRT_CHECK(k != std::string::npos, path << ": the .npy header has no '" << key
+                                            << "' entry; save the tokens with numpy.save");
+  size_t v = h.find(':', k);
+  MESHRT_CHECK(v != std::string::npos, path << ": malformed .npy header: " << h);
+  ++v;
+  while (v < h.size() && h[v] == ' ') ++v;
+  size_t e = v;
+  if (e < h.size() && h[e] == '(') {
+    e = h.find(')', e);
+    MESHRT_CHECK(e != std::string::npos, path << ": malformed .npy shape in header: " << h);
+    return h.substr(v, e + 1 - v);
+  }
+  while (e < h.size() && h[e] != ',' && h[e] != '}') ++e;
+  std::string s = h.substr(v, e - v);
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  if (s.size() >= 2 && (s.front() == '\'' || s.front() == '"')) s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+NpyHeader parse_npy(const unsigned char* p, size_t bytes, const std::string& path) {
+  static const unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  MESHRT_CHECK(bytes >= 10 && std::memcmp(p, kMagic, 6) == 0,
+               path << ": not a NumPy .npy file (bad magic); write it with numpy.save, or give a "
+                       "raw token file a name not ending in .npy");
+  const int major = p[6];
+  MESHRT_CHECK(major >= 1 && major <= 3,
+               path << ": .npy format version " << major << " is not supported (1, 2 or 3)");
+  const size_t len_bytes = major == 1 ? 2 : 4;
+  MESHRT_CHECK(bytes >= 8 + len_bytes, path << ": truncated .npy header");
+  const size_t hlen = load_le(p + 8, static_cast<int>(len_bytes));
+  NpyHeader h;
+  h.data_offset = 8 + len_bytes + hlen;
+  MESHRT_CHECK(h.data_offset <= bytes, path << ": truncated .npy header (" << hlen
+                                            << " header bytes, file has " << bytes << ")");
+  const std::string dict(reinterpret_cast<const char*>(p + 8 + len_bytes), hlen);
+  h.descr = npy_field(dict, "descr", path);
+  const std::string order = npy_field(dict, "fortran_order", path);
+  MESHRT_CHECK(order == "False", path << ": the array is in Fortran order; save a C-order array "
+                                         "(numpy.save(f, numpy.ascontiguousarray(tokens)))");
+  MESHRT_CHECK(h.descr.size() >= 3, path << ": unknown .npy dtype '" << h.descr << "'");
+  const char endian = h.descr[0], kind = h.descr[1];
+  const int size = std::atoi(h.descr.c_str() + 2);
+  MESHRT_CHECK(kind == 'u' || kind == 'i',
+               path << ": dtype '" << h.descr
+                    << "' is not an integer type; save the tokens as numpy.uint16 or "
+                       "numpy.uint32 (tokens.astype(numpy.uint16))");
+  MESHRT_CHECK(size == 1 || size == 2 || size == 4 || size == 8,
+               path << ": integer dtype '" << h.descr << "' has an unsupported size");
+  MESHRT_CHECK(endian == '<' || endian == '|' || endian == '=',
+               path << ": dtype '" << h.descr
+                    << "' is big-endian; save little-endian tokens (tokens.astype('<u2'))");
+  h.elem_bytes = size;
+  h.is_signed = kind == 'i';
+  // Shape "(N,)", "(A, B)" or "()": the tokens are the C-order flattening.
+  const std::string shape = npy_field(dict, "shape", path);
+  const char* s = shape.c_str() + 1;
+  while (*s != '\0' && *s != ')') {
+    if (*s == ' ' || *s == ',') {
+      ++s;
+      continue;
+    }
+    char* end = nullptr;
+    const long long d = std::strtoll(s, &end, 10);
+    MESHRT_CHECK(end != s && d >= 0, path << ": malformed .npy shape " << shape);
+    h.count *= d;
+    s = end;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenDType raw_dtype,
+                                                 const std::string& flag) {
+  std::shared_ptr<TokenFile> f(new TokenFile());
+  f->path_ = path;
+  f->flag_ = flag;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MESHRT_CHECK(fd >= 0, flag << " " << path << ": cannot open (" << std::strerror(errno)
+                             << "); give an existing token file");
+  struct stat st {};
+  const int rc = fstat(fd, &st);
+  const int err = errno;
+  if (rc != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MESHRT_FAIL(flag << " " << path << ": "
+                     << (rc != 0 ? std::string(std::strerror(err)) : "not a regular file")
+                     << "; give a token file");
+  }
+  f->map_bytes_ = static_cast<size_t>(st.st_size);
+  if (f->map_bytes_ > 0) {
+    f->map_ = mmap(nullptr, f->map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
+    const int merr = errno;
+    ::close(fd);
+    MESHRT_CHECK(f->map_ != MAP_FAILED,
+                 flag << " " << path << ": cannot map (" << std::strerror(merr) << ")");
+  } else {
+    ::close(fd);
+  }
+  const auto* p = static_cast<const unsigned char*>(f->map_);
+  const size_t bytes = f->map_bytes_;
+  MESHRT_CHECK(bytes > 0, flag << " " << path << " is empty; give a file of tokens");
+
+  const bool npy = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
+  size_t offset = 0;
+  if (npy) {
+    NpyHeader h = parse_npy(p, bytes, path);
+    f->elem_bytes_ = h.elem_bytes;
+    f->is_signed_ = h.is_signed;
+    f->count_ = h.count;
+    f->format_ = ".npy " + h.descr;
+    offset = h.data_offset;
+    const size_t have = (bytes - offset) / static_cast<size_t>(h.elem_bytes);
+    MESHRT_CHECK(have >= static_cast<size_t>(h.count), path << ": truncated: the .npy header says "
+                                                            << h.count << " tokens, the file "
+                                                            << "holds " << have);
+  } else if (bytes >= kLlmcHeaderBytes && static_cast<int32_t>(load_le(p, 4)) == kLlmcMagic) {
+    // llm.c: 256 int32 (magic, version, token count, ...), then the tokens.
+    const int64_t version = static_cast<int32_t>(load_le(p + 4, 4));
+    const int64_t n = static_cast<int32_t>(load_le(p + 8, 4));
+    MESHRT_CHECK(version == 1 || version == 2,
+                 path << ": llm.c header version " << version << " is unknown (1: u16, 2: u32)");
+    f->elem_bytes_ = version == 1 ? 2 : 4;
+    f->count_ = n;
+    f->format_ = version == 1 ? "llm.c u16" : "llm.c u32";
+    offset = kLlmcHeaderBytes;
+    const size_t have = (bytes - offset) / static_cast<size_t>(f->elem_bytes_);
+    MESHRT_CHECK(
+        n >= 0 && have >= static_cast<size_t>(n),
+        path << ": truncated: the llm.c header says " << n << " tokens, the file holds " << have);
+  } else {
+    f->elem_bytes_ = raw_dtype == TokenDType::U16 ? 2 : 4;
+    f->format_ = raw_dtype == TokenDType::U16 ? "raw u16" : "raw u32";
+    MESHRT_CHECK(bytes % static_cast<size_t>(f->elem_bytes_) == 0,
+                 flag << " " << path << ": " << bytes << " bytes is not a whole number of "
+                      << f->format_ << " tokens; is --data-dtype right (u16 or u32)?");
+    f->count_ = static_cast<int64_t>(bytes) / f->elem_bytes_;
+  }
+  f->data_ = p + offset;
+
+  // One pass for the largest token, so the vocabulary check at every run is O(1).
+  int64_t mx = 0;
+  for (int64_t i = 0; i < f->count_; ++i) {
+    const int64_t t = f->token(i);
+    if (t > mx) mx = t;
+    MESHRT_CHECK(t >= 0, path << ": token " << t << " at position " << i
+                              << " is negative; token ids are >= 0");
+  }
+  f->max_token_ = mx;
+  return f;
+}
+
+TokenFile::~TokenFile() {
+  if (map_ != nullptr && map_ != MAP_FAILED) munmap(map_, map_bytes_);
+}
+
+std::string TokenFile::format() const { return format_; }
+
+int64_t TokenFile::token(int64_t i) const {
+  const unsigned char* q = data_ + i * elem_bytes_;
+  switch (elem_bytes_) {
+    case 1:
+      return is_signed_ ? static_cast<int8_t>(*q) : *q;
+    case 2: {
+      const auto v = static_cast<uint16_t>(load_le(q, 2));
+      return is_signed_ ? static_cast<int16_t>(v) : v;
+    }
+    case 4: {
+      const auto v = static_cast<uint32_t>(load_le(q, 4));
+      return is_signed_ ? static_cast<int32_t>(v) : static_cast<int64_t>(v);
+    }
+    default:
+      return static_cast<int64_t>(load_le(q, 8));
+  }
+}
+
+void TokenFile::check(int64_t vocab, int64_t seq) const {
+  if (max_token_ >= vocab) {
+    int64_t i = 0;
+    while (token(i) < vocab) ++i;
+    MESHRT_FAIL(flag_ << " " << path_ << ": token " << token(i) << " at position " << i
+                      << " is >= --vocab " << vocab << "; raise --vocab to at least "
+                      << max_token_ + 1 << " (the file's largest token is " << max_token_ << ")");
+  }
+  MESHRT_CHECK(count_ >= seq + 1, flag_ << " " << path_ << " holds " << count_
+                                        << " tokens and one sample needs --seq + 1 = " << seq + 1
+                                        << "; use a longer file or a smaller --seq");
+}
+
+void make_token_batch(Context& ctx, const TokenFile& file, uint64_t seed, uint64_t stream,
+                      int64_t first_sample, int64_t n, int64_t seq, Tensor* ids, Tensor* targets) {
+  MESHRT_CHECK(n >= 1 && seq >= 1 && file.size() >= seq + 1,
+               "token batch: n=" << n << ", seq=" << seq << ", " << file.size() << " tokens");
+  auto host = ctx.host_allocator();
+  Tensor hi = Tensor::empty({seq, n}, DType::i64, host),
+         ht = Tensor::empty({seq, n}, DType::i64, host);
+  int64_t* pi = hi.data<int64_t>();
+  int64_t* pt = ht.data<int64_t>();
+  const auto starts = static_cast<uint64_t>(file.size() - seq);
+  for (int64_t j = 0; j < n; ++j) {
+    const Philox4 r = philox_draw(seed, stream, static_cast<uint64_t>(first_sample + j));
+    const uint64_t word = (static_cast<uint64_t>(r.v[1]) << 32) | r.v[0];
+    const auto start = static_cast<int64_t>(word % starts);
+    for (int64_t k = 0; k < seq; ++k) {
+      pi[k * n + j] = file.token(start + k);
+      pt[k * n + j] = file.token(start + k + 1);
+    }
+  }
+  if (ctx.device().is_cpu()) {
+    *ids = hi;
+    *targets = ht;
+  } else {
+    *ids = hi.to(ctx.allocator_ptr(), ctx.compute_stream());
+    *targets = ht.to(ctx.allocator_ptr(), ctx.compute_stream());
+    ctx.compute_stream().synchronize();
+  }
+}
+
+}  // namespace meshrt

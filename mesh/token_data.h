@@ -1,0 +1,68 @@
+// Token files for training (memory-mapped raw uint16 / uint32, llm.c's headed .bin, NumPy .npy of
+// integers) and the deterministic sampler that draws training windows from them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "runtime/context.h"
+
+namespace meshrt {
+
+// Element type of a raw token file (no header): nanoGPT's .bin is u16, llm.c's tokens after its
+// header are u16 (version 1) or u32 (version 2).
+enum class TokenDType : uint8_t { U16, U32 };
+TokenDType parse_token_dtype(std::string_view s);  // "u16" | "u32" (also uint16, uint32)
+
+class TokenFile {
+ public:
+  // Maps `path` read-only and scans it once for its largest token (a negative one in a signed .npy
+  // is an error naming its position). The format comes from the file: ".npy" by its header; a .bin
+  // starting with llm.c's magic (20240520) by that header; anything else is raw `raw_dtype`.
+  // Errors name the file and what to change. `flag` names the option in messages ("--data").
+  static std::shared_ptr<const TokenFile> open(const std::string& path, TokenDType raw_dtype,
+                                               const std::string& flag = "--data");
+  ~TokenFile();
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::string& flag() const { return flag_; }
+  int64_t size() const { return count_; }  // tokens
+  int64_t max_token() const { return max_token_; }
+  std::string format() const;  // "raw u16", "llm.c u32", ".npy <u2", ...
+  int64_t token(int64_t i) const;
+
+  // Throws unless every token is < vocab (naming the first position that is not: the slow path
+  // rescans, the check itself is O(1)) and the file holds one window of seq + 1 tokens.
+  void check(int64_t vocab, int64_t seq) const;
+
+ private:
+  TokenFile() = default;
+
+  std::string path_, flag_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const unsigned char* data_ = nullptr;  // first token
+  int64_t count_ = 0;
+  int elem_bytes_ = 2;
+  bool is_signed_ = false;
+  std::string format_;
+  int64_t max_token_ = 0;
+};
+
+// Sample `i` (a global index: step x global batch + position in the batch) is the window of
+// seq + 1 tokens starting at a Philox draw of (seed, stream, i) over the file: a pure function of
+// those, so any mesh and any resumed run draw the same global batch at a step. ids = window[0,
+// seq), targets = window[1, seq]; both [seq, n] i64 on the context's device, samples
+// first_sample .. first_sample + n - 1.
+void make_token_batch(Context& ctx, const TokenFile& file, uint64_t seed, uint64_t stream,
+                      int64_t first_sample, int64_t n, int64_t seq, Tensor* ids, Tensor* targets);
+
+// Streams of make_token_batch: training and validation draw independently.
+inline constexpr uint64_t kTrainTokenStream = 0x7a11;
+inline constexpr uint64_t kValTokenStream = 0x7a12;
+
+}  // namespace meshrt

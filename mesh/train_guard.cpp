@@ -1,0 +1,91 @@
+#include "mesh/train_guard.h"
+
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "runtime/error.h"
+
+namespace meshrt {
+
+TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
+  int dp = 1, tp = 1;
+  const std::string spec =
+      cfg.mesh.empty() ? std::string(kDpDim) + "=" + std::to_string(world_size) : cfg.mesh;
+  for (const MeshDim& d : parse_mesh_spec(spec, world_size)) (d.name == kTpDim ? tp : dp) = d.size;
+  const BlockConfig& b = cfg.model.block;
+  const double h = static_cast<double>(b.hidden), f = static_cast<double>(b.ffn);
+  const double v = static_cast<double>(cfg.model.vocab), L = cfg.model.layers;
+  const double es = static_cast<double>(dtype_size(b.dtype));
+  // Sharded over tp: the block matrices, the embedding and the head; norms and biases are small.
+  const double params = (L * (4 * h * h + 2 * h * f) + 2 * v * h) / tp + L * 9 * h + 2 * h;
+  const int sets = cfg.grad_sync == GradSyncMode::Async ? cfg.staleness + 1 : 1;
+  TrainMemory m;
+  m.weights = params * es;
+  m.grads = params * sets * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
+  m.optimizer = params * 4.0 * (cfg.optim.kind == OptimizerKind::AdamW ? 2 : 1);
+  // Per layer, what the blocks save for backward (the bench block estimate) plus the attention
+  // probabilities; the head keeps the logits, their gradient and a softmax-sized temporary.
+  const double micro = static_cast<double>(cfg.batch / dp / std::max(1, cfg.micro_batches));
+  const double tok = micro * static_cast<double>(cfg.seq);
+  const double per_layer = tok * (12 * h / tp + 3 * f / tp + 6 * h) +
+                           micro * static_cast<double>(b.heads) / tp * cfg.seq * cfg.seq;
+  m.activations = (L * per_layer + 3 * tok * v / tp) * std::max(es, 4.0) * 1.5;
+  return m;
+}
+
+StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss,
+                       const std::vector<Param*>& grads, bool stop_local) {
+  Stream& cs = ctx.compute_stream();
+  // Sum of squares: NaN or infinite as soon as one element is (or the sum overflows).
+  Tensor acc = ctx.zeros({1, 1}, DType::f32);
+  for (Param* p : grads) {
+    Tensor g = p->grad.to(DType::f32, cs).view({1, p->grad.numel()});
+    ops::gemm(ctx, cs, g, false, g, true, acc, 1.f, 1.f);
+  }
+  Tensor l = loss.to(DType::f32, cs).to(ctx.host_allocator(), cs);
+  Tensor a = acc.to(ctx.host_allocator(), cs);
+  cs.synchronize();
+  Tensor h = Tensor::empty({3}, DType::f32, ctx.host_allocator());
+  float* ph = h.data<float>();
+  ph[0] = static_cast<float>(l.item(0));
+  ph[1] = static_cast<float>(a.item(0));
+  ph[2] = stop_local ? 1.f : 0.f;
+  // Sum propagates NaN and infinities from any rank, and counts the ranks asking to stop.
+  Tensor d = ctx.device().is_cpu() ? h : h.to(ctx.allocator_ptr(), cs);
+  world.all_reduce(d, ReduceOp::Sum, cs).synchronize();
+  Tensor r = ctx.device().is_cpu() ? d : d.to(ctx.host_allocator(), cs);
+  cs.synchronize();
+  StepVerdict v;
+  v.loss_finite = std::isfinite(r.item(0));
+  v.grads_finite = std::isfinite(r.item(1));
+  v.stop = r.item(2) > 0;
+  return v;
+}
+
+std::string first_nonfinite_grad(Context& ctx, Communicator& world,
+                                 const std::vector<Param*>& grads) {
+  Stream& cs = ctx.compute_stream();
+  // Only on the failure path: copying each gradient to the host is fine here.
+  const auto n = static_cast<int64_t>(grads.size());
+  int64_t first = n;
+  for (int64_t i = 0; i < n && first == n; ++i) {
+    Tensor g = grads[static_cast<size_t>(i)]->grad.to(DType::f32, cs).to(ctx.host_allocator(), cs);
+    cs.synchronize();
+    const float* p = g.data<float>();
+    for (int64_t k = 0; k < g.numel(); ++k)
+      if (!std::isfinite(p[k])) {
+        first = i;
+        break;
+      }
+  }
+  Tensor h = Tensor::empty({1}, DType::f32, ctx.host_allocator());
+  h.data<float>()[0] = static_cast<float>(first);
+  Tensor d = ctx.device().is_cpu() ? h : h.to(ctx.allocator_ptr(), cs);
+  world.all_reduce(d, ReduceOp::Min, cs).synchronize();
+  Tensor r = ctx.device().is_cpu() ? d : d.to(ctx.host_allocator(), cs);
+  cs.synchronize();
+  const auto i = static_cast<int64_t>(r.item(0));
+  return i < n ? grads[static_cast<size_t>(i)]->name : std::string();
+}
+
+}  // namespace meshrt

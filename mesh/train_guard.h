@@ -1,0 +1,38 @@
+// Guards of the training loop: the memory a run will need (checked before allocating), non-finite
+// losses and gradients (naming the first bad tensor), and a stop request every rank agrees on.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mesh/train.h"
+
+namespace meshrt {
+
+// What one rank allocates to train `cfg` on a mesh of `world_size` ranks, in bytes: weights,
+// gradients (per grad set, plus their bf16 communication copies), optimizer states, and the live
+// activations of one micro-batch (saved for backward, with the logits). An estimate: it errs high.
+struct TrainMemory {
+  double weights = 0, grads = 0, optimizer = 0, activations = 0;
+  double total() const { return weights + grads + optimizer + activations; }
+};
+TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size);
+
+// The step's verdict, identical on every rank: one world all-reduce of the local loss, the local
+// gradients' sum of squares and the local stop flag.
+struct StepVerdict {
+  bool loss_finite = true, grads_finite = true, stop = false;
+  bool finite() const { return loss_finite && grads_finite; }
+};
+
+// Collective over `world`. `grads` are the gradients about to be applied (empty when this step
+// applies none); `loss` a [1] f32 tensor on the compute stream.
+StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss,
+                       const std::vector<Param*>& grads, bool stop_local);
+
+// Collective over `world`: the name of the first parameter (in `grads` order) whose gradient holds
+// a NaN or an infinity on some rank, or "" when none does (the norm overflowed instead).
+std::string first_nonfinite_grad(Context& ctx, Communicator& world,
+                                 const std::vector<Param*>& grads);
+
+}  // namespace meshrt

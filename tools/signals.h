@@ -1,0 +1,22 @@
+// SIGINT / SIGTERM for long commands: the first asks the command to stop at its next safe point
+// (`meshrt train`: after the current step), a second exits at once.
+#pragma once
+
+namespace meshrt::cli {
+
+// Installs the handlers while it lives and restores the previous ones after. One at a time.
+class StopSignals {
+ public:
+  // `announce`: this process says on stderr that it is stopping (launcher rank 0 only, so an
+  // mpirun job prints it once).
+  explicit StopSignals(bool announce);
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // The first signal received (SIGINT or SIGTERM), 0 when none.
+  static int received();
+  static const char* name(int sig);  // "SIGINT", "SIGTERM"
+};
+
+}  // namespace meshrt::cli

@@ -6,7 +6,16 @@
 
 #include "bench/common/stats.h"
 #include "bench/gemm/cuda_baseline.h"
-#include "kernels/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/error.h"
+
+// cuBLAS status codes become meshrt::Error (the kernels' own check is private to gemm.cu).
+#define MESHRT_CUBLAS_CHECK(expr)                                                 \
+  do {                                                                            \
+    const cublasStatus_t meshrt_cublas_st_ = (expr);                              \
+    MESHRT_CHECK(meshrt_cublas_st_ == CUBLAS_STATUS_SUCCESS,                      \
+                 #expr << " failed: " << cublasGetStatusName(meshrt_cublas_st_)); \
+  } while (0)
 
 namespace meshrt::bench {
 

@@ -1,7 +1,9 @@
 // Validation of every op's arguments and dispatch to the host or CUDA backend.
 #include "kernels/ops.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "kernels/backend.h"
@@ -556,6 +558,50 @@ void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& 
   if (q.numel() == 0 && k.numel() == 0) return;
   MESHRT_RUN(chk, attention_bwd, q.dtype(), ctx, stream, q, k, v, out, dout, lse, dq, dk, dv,
              softmax_scale, causal);
+}
+
+const char* attention_kernel_name(AttentionKernel k) {
+  return k == AttentionKernel::Flash ? "flash" : "reference";
+}
+
+AttentionKernel parse_attention_kernel(const std::string& name) {
+  if (name == "flash") return AttentionKernel::Flash;
+  if (name == "reference") return AttentionKernel::Reference;
+  MESHRT_FAIL("attention kernel '" << name << "' must be flash or reference");
+}
+
+namespace {
+// -1 until the first attention_kernel() reads MESHRT_ATTENTION or a set_attention_kernel().
+std::atomic<int> g_attention_kernel{-1};
+}  // namespace
+
+AttentionKernel attention_kernel() {
+  int v = g_attention_kernel.load(std::memory_order_relaxed);
+  if (v < 0) {
+    AttentionKernel k = AttentionKernel::Flash;
+    if (const char* e = std::getenv("MESHRT_ATTENTION"); e && *e) {
+      try {
+        k = parse_attention_kernel(e);
+      } catch (const Error&) {
+        MESHRT_FAIL("MESHRT_ATTENTION=" << e << " must be flash or reference");
+      }
+    }
+    int expected = -1;  // a concurrent first use or set_attention_kernel may have won
+    g_attention_kernel.compare_exchange_strong(expected, static_cast<int>(k));
+    v = g_attention_kernel.load(std::memory_order_relaxed);
+  }
+  return static_cast<AttentionKernel>(v);
+}
+
+void set_attention_kernel(AttentionKernel k) {
+  g_attention_kernel.store(static_cast<int>(k), std::memory_order_relaxed);
+}
+
+AttentionKernel cuda_attention_kernel(DType dtype, int64_t head_dim, AttentionKernel setting) {
+  const bool flash_ok =
+      (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128);
+  return setting == AttentionKernel::Flash && flash_ok ? AttentionKernel::Flash
+                                                       : AttentionKernel::Reference;
 }
 
 // ---- embedding ----------------------------------------------------------------------------------

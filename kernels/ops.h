@@ -121,6 +121,24 @@ void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& 
                    const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv, float softmax_scale, bool causal = true);
 
+// The CUDA backend has two attention kernels with the same contract (inputs, outputs, lse):
+// - Flash: FlashAttention-2 on tensor cores (mma.sync, 16-bit inputs, f32 accumulation), for
+//   bf16 / f16 with head_dim 64 or 128 (and 16-byte aligned tensors);
+// - Reference: f32 math on CUDA cores, every floating dtype, head_dim <= 256; the cross-check.
+// The setting starts as MESHRT_ATTENTION=flash|reference (default flash) and set_attention_kernel
+// changes it for the process; Flash falls back to Reference where unsupported. The host backend
+// has one kernel (the numerical reference of both) and ignores the setting.
+enum class AttentionKernel : uint8_t { Flash, Reference };
+const char* attention_kernel_name(AttentionKernel k);
+// "flash" | "reference"; throws meshrt::Error naming the value otherwise.
+AttentionKernel parse_attention_kernel(const std::string& name);
+// The process-wide setting (MESHRT_ATTENTION, read on first use, unless set before).
+AttentionKernel attention_kernel();
+void set_attention_kernel(AttentionKernel k);
+// The kernel the CUDA backend runs for this dtype and head_dim under `setting`.
+AttentionKernel cuda_attention_kernel(DType dtype, int64_t head_dim,
+                                      AttentionKernel setting = attention_kernel());
+
 // ---- embedding ----------------------------------------------------------------------------------
 
 // out[..., :] = weight[id - vocab_offset, :] for ids (i32/i64, any shape) inside this shard's

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cublas_check.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/device_guard.h"
+#include "runtime/error.h"
 
 namespace meshrt::bench {
 

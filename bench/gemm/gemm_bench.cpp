@@ -300,24 +300,65 @@ void Bench::attention_section(Context& ctx) {
   // Causal: half of the 4 * B * H * S^2 * D multiply-add FLOPs of full attention; backward 2.5x.
   const double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(S) *
                            static_cast<double>(S) * static_cast<double>(D);
-  double fwd_ms = time_stream(s, o.warmup, o.repeats, [&] {
-    ops::attention_fwd(ctx, s, q, k, v, out_t, lse, scale, true);
-  });
-  double bwd_ms = time_stream(s, o.warmup, o.repeats, [&] {
-    ops::attention_bwd(ctx, s, q, k, v, out_t, dout, lse, dq, dk, dv, scale, true);
-  });
   const double unit = cuda ? 1e-12 : 1e-9;
   const char* u = cuda ? "TFLOP/s" : "GFLOP/s";
-  double f = fwd_flops / (fwd_ms * 1e-3) * unit, bw = 2.5 * fwd_flops / (bwd_ms * 1e-3) * unit;
   out << "Causal attention " << dtype_name(dt) << " [" << B << ", " << H << ", " << S << ", " << D
       << "], median of " << o.repeats << " runs\n";
-  out << "  forward   " << std::setw(10) << fmt("%.3f", fwd_ms) << " ms  " << std::setw(10)
-      << fmt("%.2f", f) << " " << u << "\n";
-  out << "  backward  " << std::setw(10) << fmt("%.3f", bwd_ms) << " ms  " << std::setw(10)
-      << fmt("%.2f", bw) << " " << u << "\n\n";
-  report["attention"] = {{"batch", B},    {"heads", H},       {"seq", S},
-                         {"head_dim", D}, {"fwd_ms", fwd_ms}, {"bwd_ms", bwd_ms},
-                         {"fwd_rate", f}, {"bwd_rate", bw},   {"unit", u}};
+  out << "  " << std::left << std::setw(11) << "kernel" << std::setw(10) << "pass" << std::right
+      << std::setw(10) << "ms" << std::setw(12) << u << "\n";
+  // CUDA: both kernels (ops.h, AttentionKernel), each forced through the process setting; the
+  // host has one.
+  struct Kernel {
+    std::string name;
+    ops::AttentionKernel setting;
+  };
+  std::vector<Kernel> kernels;
+  if (cuda) {
+    kernels = {{"flash", ops::AttentionKernel::Flash},
+               {"reference", ops::AttentionKernel::Reference}};
+  } else {
+    kernels = {{"host", ops::attention_kernel()}};
+  }
+  const ops::AttentionKernel saved = ops::attention_kernel();
+  json rows = json::array();
+  json default_row;  // the figures of the kernel the op runs by default
+  for (const Kernel& kn : kernels) {
+    if (cuda && ops::cuda_attention_kernel(dt, D, kn.setting) != kn.setting) {
+      out << "  " << std::left << std::setw(11) << kn.name << "not supported for " << dtype_name(dt)
+          << ", head_dim " << D << " (bf16 / f16 with 64 or 128)\n"
+          << std::right;
+      continue;
+    }
+    ops::set_attention_kernel(kn.setting);
+    const double fwd_ms = time_stream(s, o.warmup, o.repeats, [&] {
+      ops::attention_fwd(ctx, s, q, k, v, out_t, lse, scale, true);
+    });
+    const double bwd_ms = time_stream(s, o.warmup, o.repeats, [&] {
+      ops::attention_bwd(ctx, s, q, k, v, out_t, dout, lse, dq, dk, dv, scale, true);
+    });
+    const double f = fwd_flops / (fwd_ms * 1e-3) * unit;
+    const double bw = 2.5 * fwd_flops / (bwd_ms * 1e-3) * unit;
+    out << "  " << std::left << std::setw(11) << kn.name << std::setw(10) << "forward" << std::right
+        << std::setw(10) << fmt("%.3f", fwd_ms) << std::setw(12) << fmt("%.2f", f) << "\n";
+    out << "  " << std::left << std::setw(11) << "" << std::setw(10) << "backward" << std::right
+        << std::setw(10) << fmt("%.3f", bwd_ms) << std::setw(12) << fmt("%.2f", bw) << "\n";
+    json row = {{"kernel", kn.name},
+                {"fwd_ms", fwd_ms},
+                {"bwd_ms", bwd_ms},
+                {"fwd_rate", f},
+                {"bwd_rate", bw}};
+    if (!cuda || ops::cuda_attention_kernel(dt, D, saved) == kn.setting) default_row = row;
+    rows.push_back(row);
+  }
+  ops::set_attention_kernel(saved);
+  out << "\n";
+  report["attention"] = {{"batch", B},
+                         {"heads", H},
+                         {"seq", S},
+                         {"head_dim", D},
+                         {"unit", u},
+                         {"kernels", rows},
+                         {"default", default_row}};
 }
 
 }  // namespace

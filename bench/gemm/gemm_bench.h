@@ -33,8 +33,8 @@ void check_gemm_options(const GemmBenchOptions& opts);
 // Runs the benchmark and prints its tables to `out`: for the host, meshrt GEMM GFLOP/s next to
 // raw cblas_sgemm on the same shapes ("vs blas 0.98x") and elementwise GB/s next to a memcpy of
 // the same bytes; for CUDA, GEMM TFLOP/s next to a plain cublasGemmEx, kernel GB/s next to a
-// device-to-device copy, attention TFLOP/s. Medians of `repeats` runs. Returns 0; throws
-// meshrt::Error on invalid options.
+// device-to-device copy, attention TFLOP/s of both CUDA kernels (flash and reference). Medians of
+// `repeats` runs. Returns 0; throws meshrt::Error on invalid options.
 int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out);
 
 }  // namespace meshrt

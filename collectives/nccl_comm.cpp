@@ -20,6 +20,7 @@
 #include "collectives/comm_detail.h"
 #include "collectives/comm_impl.h"
 #include "collectives/nccl_check.h"
+#include "collectives/poll_thread.h"
 #include "runtime/backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/device_guard.h"
@@ -90,12 +91,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-bool env_flag(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  return v[0] != '0';
-}
-
 // Aborts every NCCL communicator of the process (defined with the registry below).
 void abort_everything(const std::string& why);
 
@@ -106,6 +101,8 @@ struct NcclEngine {
   int size = 1;
   int device = 0;
   std::string name;
+  // The name handed to NCCL as ncclConfig.commName: NCCL may keep the pointer past init.
+  std::shared_ptr<const std::string> nccl_name;
   CommConfig cfg;
   std::atomic<bool> aborted{false};
   bool comm_released = false;  // ncclCommAbort freed it
@@ -120,9 +117,6 @@ struct NcclEngine {
     const char* v = std::getenv("MESHRT_NCCL_HALF_REDUCE");
     return v && std::string(v) == "native";
   }();
-  // After each operation a host function on the stream raises CommError if the communicator was
-  // aborted meanwhile, so the stream's later events carry the failure.
-  bool stream_check = env_flag("MESHRT_NCCL_STREAM_CHECK", true);
 
   ~NcclEngine() {
     if (comm == nullptr || comm_released) return;
@@ -215,8 +209,14 @@ struct NcclEngine {
 class NcclRegistry {
  public:
   static NcclRegistry& get() {
-    static NcclRegistry* r = new NcclRegistry;  // leaked: its thread outlives static destructors
-    return *r;
+    static NcclRegistry r;  // its destructor stops and joins the watchdog at exit
+    return r;
+  }
+  ~NcclRegistry() {
+    watchdog_.stop();
+    // The CUDA runtime may already be torn down: the watched events are leaked, not destroyed.
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!inflight_.empty()) leaked_ = new std::vector<Inflight>(std::move(inflight_));
   }
 
   void add(const std::shared_ptr<NcclEngine>& e) {
@@ -253,15 +253,13 @@ class NcclRegistry {
     Deadline dl;
   };
 
-  void start_locked() {
-    if (started_) return;
-    started_ = true;
-    std::thread([this] { loop(); }).detach();
-  }
+  // After shutdown began, nothing is watched any more (the process is exiting).
+  void start_locked() { (void)watchdog_.start(); }
 
-  void loop() {
-    for (;;) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // One watchdog round: drops completed operations (their events are pooled, timing-free CUDA
+  // events: no host function stalls the stream), times out late ones, polls async errors.
+  void tick() {
+    {
       std::vector<Inflight> items;
       std::vector<std::shared_ptr<NcclEngine>> live;
       {
@@ -320,22 +318,24 @@ class NcclRegistry {
   }
 
   std::mutex mu_;
-  bool started_ = false;
   std::vector<std::weak_ptr<NcclEngine>> engines_;
   std::vector<Inflight> inflight_;
+  std::vector<Inflight>* leaked_ = nullptr;  // reachable from static storage: no leak report
+  detail::PollThread watchdog_{std::chrono::milliseconds(50), [this] { tick(); }};
 };
 
 void abort_everything(const std::string& why) { NcclRegistry::get().abort_all(why); }
 
 ncclComm_t init_comm(const NcclUniqueId& id, int rank, int size, int device,
-                     const std::string& name, const CommConfig& cfg) {
+                     const std::shared_ptr<const std::string>& keep_name, const CommConfig& cfg) {
+  const std::string& name = *keep_name;
   DeviceGuard g(device);
   ncclUniqueId uid;
   static_assert(sizeof(uid.internal) == sizeof(id.bytes));
   std::memcpy(uid.internal, id.bytes.data(), sizeof(uid.internal));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  config.commName = name.c_str();
+  config.commName = keep_name->c_str();
   ncclComm_t comm = nullptr;
   MESHRT_NCCL_CHECK(ncclCommInitRankConfig(&comm, size, uid, rank, &config), comm);
   Deadline dl = Deadline::after(cfg.timeout_s);
@@ -366,17 +366,20 @@ ncclComm_t init_comm(const NcclUniqueId& id, int rank, int size, int device,
 }
 
 std::unique_ptr<Communicator> make_nccl_comm(ncclComm_t comm, int rank, int size, int device,
-                                             std::string name, CommConfig cfg);
+                                             std::shared_ptr<const std::string> name,
+                                             CommConfig cfg);
 
 class NcclImpl final : public CommImpl {
  public:
-  NcclImpl(ncclComm_t comm, int rank, int size, int device, std::string name, CommConfig cfg)
+  NcclImpl(ncclComm_t comm, int rank, int size, int device, std::shared_ptr<const std::string> name,
+           CommConfig cfg)
       : e_(std::make_shared<NcclEngine>()) {
     e_->comm = comm;
     e_->rank = rank;
     e_->size = size;
     e_->device = device;
-    e_->name = std::move(name);
+    e_->name = *name;
+    e_->nccl_name = std::move(name);
     e_->cfg = cfg;
     NcclRegistry::get().add(e_);
   }
@@ -400,13 +403,9 @@ class NcclImpl final : public CommImpl {
       if (e.cfg.debug && !p2p && e.size > 1) compare_calls(is);
       run(is);
     }
+    // The watchdog polls this event: completion is tracked without a host function on the
+    // stream (which would stall it until the host ran it).
     NcclRegistry::get().watch(e_, stream.record(), what, c.seq, dl);
-    if (e.stream_check) {
-      std::shared_ptr<NcclEngine> keep = e_;
-      stream.enqueue([keep, what] {
-        if (keep->aborted.load()) keep->throw_aborted(what);
-      });
-    }
   }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name,
@@ -421,7 +420,8 @@ class NcclImpl final : public CommImpl {
     DeviceGuard g(e.device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    config.commName = name.c_str();
+    auto keep_name = std::make_shared<const std::string>(name);
+    config.commName = keep_name->c_str();
     ncclComm_t nc = nullptr;
     ncclResult_t r = MESHRT_NCCL_CHECK(
         ncclCommSplit(e.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, &config), e.comm);
@@ -430,7 +430,7 @@ class NcclImpl final : public CommImpl {
     int nrank = 0, nsize = 0;
     MESHRT_NCCL_CHECK(ncclCommUserRank(nc, &nrank), nc);
     MESHRT_NCCL_CHECK(ncclCommCount(nc, &nsize), nc);
-    return make_nccl_comm(nc, nrank, nsize, e.device, name, e.cfg);
+    return make_nccl_comm(nc, nrank, nsize, e.device, std::move(keep_name), e.cfg);
   }
 
   void abort(const std::string& reason) override {
@@ -475,22 +475,34 @@ class NcclImpl final : public CommImpl {
                                          base, CallSig::kWords, ncclInt64, e.comm, cs),
                            e.comm),
          is);
-    MESHRT_CUDA_CHECK(cudaMemcpyAsync(all.data(), base, sizeof(CallSig) * all.size(),
-                                      cudaMemcpyDeviceToHost, cs));
-    for (;;) {
-      cudaError_t q = cudaStreamQuery(cs);
-      if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) MESHRT_CUDA_CHECK(q);
-      if (e.aborted.load()) e.throw_aborted(is.what);
-      if (is.dl.passed()) {
-        std::string msg = detail::timeout_message(
-            is.what, e.name, c.seq, e.rank, e.cfg.timeout_s,
-            "the call comparison (MESHRT_COMM_DEBUG=1) did not complete: a rank never arrived");
-        NcclRegistry::get().abort_all(msg);
-        throw CommError(msg);
-      }
-      std::this_thread::yield();
+    // Wait for the all-gather on an event, within the deadline, and only then copy: a copy into
+    // pageable memory blocks the host until the stream reaches it, which a rank that never
+    // arrives would make forever, with call_mu held.
+    cudaEvent_t ev = nullptr;
+    MESHRT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    std::unique_ptr<CUevent_st, void (*)(cudaEvent_t)> ev_guard(
+        ev, [](cudaEvent_t x) { (void)cudaEventDestroy(x); });
+    MESHRT_CUDA_CHECK(cudaEventRecord(ev, cs));
+    const detail::PollResult r = detail::poll_until(
+        [&] {
+          const cudaError_t q = cudaEventQuery(ev);
+          if (q == cudaErrorNotReady) return false;
+          MESHRT_CUDA_CHECK(q);
+          return true;
+        },
+        [&] { return e.aborted.load(); }, is.dl);
+    if (r == detail::PollResult::Aborted) e.throw_aborted(is.what);
+    if (r == detail::PollResult::TimedOut) {
+      std::string msg = detail::timeout_message(
+          is.what, e.name, c.seq, e.rank, e.cfg.timeout_s,
+          "the call comparison (MESHRT_COMM_DEBUG=1) did not complete: a rank never arrived");
+      NcclRegistry::get().abort_all(msg);
+      throw CommError(msg);
     }
+    // On this thread's default stream: the copy waits for nothing enqueued on `cs` since.
+    MESHRT_CUDA_CHECK(cudaMemcpyAsync(all.data(), base, sizeof(CallSig) * all.size(),
+                                      cudaMemcpyDeviceToHost, cudaStreamPerThread));
+    MESHRT_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
     std::string mm = detail::mismatch_message(e.name, all);
     if (!mm.empty()) throw CommError(mm);
   }
@@ -646,8 +658,9 @@ class NcclImpl final : public CommImpl {
 };
 
 std::unique_ptr<Communicator> make_nccl_comm(ncclComm_t comm, int rank, int size, int device,
-                                             std::string name, CommConfig cfg) {
-  std::string n = name;
+                                             std::shared_ptr<const std::string> name,
+                                             CommConfig cfg) {
+  std::string n = *name;
   return std::make_unique<Communicator>(
       rank, size, std::move(n), Device::cuda(device), cfg,
       std::make_unique<NcclImpl>(comm, rank, size, device, std::move(name), cfg));
@@ -675,8 +688,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int
     throw CommError("NCCL communicator '" + name + "' on cuda:" + std::to_string(device) +
                     ": CUDA is unavailable: " + why);
   }
-  ncclComm_t comm = init_comm(id, rank, size, device, name, config);
-  return make_nccl_comm(comm, rank, size, device, name, config);
+  auto keep_name = std::make_shared<const std::string>(name);
+  ncclComm_t comm = init_comm(id, rank, size, device, keep_name, config);
+  return make_nccl_comm(comm, rank, size, device, std::move(keep_name), config);
 }
 
 std::string nccl_refuses(const WorldPlan& plan) {

@@ -137,9 +137,9 @@ template <class F>
 Event CommScheduler::timed(F&& call) {
   Stream& cs = comm();
   cs.wait(compute_.record());
-  Event t0 = cs.record();
+  Event t0 = cs.record_timed();
   Event done = call(cs);
-  Event t1 = cs.record();
+  Event t1 = cs.record_timed();
   shared_->add_pending(&Shared::comm_pending, t0, t1);
   return done;
 }
@@ -194,9 +194,9 @@ void CommScheduler::wait(const Event& e) {
     });
   } else {
     // The compute stream idles from w0 to w1: the device-side exposed time.
-    Event w0 = compute_.record();
+    Event w0 = compute_.record_timed();
     compute_.wait(e);
-    Event w1 = compute_.record();
+    Event w1 = compute_.record_timed();
     shared_->add_pending(&Shared::exposed_pending, w0, w1);
   }
 }

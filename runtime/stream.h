@@ -21,7 +21,7 @@ class Event {
   void synchronize() const;
   bool query() const;
   bool valid() const { return impl_ != nullptr; }
-  // Milliseconds elapsed between `start` and this event (both recorded with timing).
+  // Milliseconds elapsed between `start` and this event (both from Stream::record_timed()).
   float elapsed_ms(const Event& start) const;
 
  private:
@@ -45,8 +45,18 @@ class Stream {
   // it as a host function once prior device work on the stream is done (fn must not call CUDA).
   // An exception thrown by fn is captured: later events carry it and synchronize() rethrows it.
   virtual void enqueue(std::function<void()> fn) = 0;
-  // Marks the current end of this stream.
+  // Keeps `owner` alive until the work enqueued so far on this stream has finished, without
+  // delaying the stream: host streams hold it in a task; CUDA streams behind a recorded event,
+  // released by later calls into the stream once it completed (no host callback that would stall
+  // the stream until the host runs it).
+  virtual void hold_until_done(std::shared_ptr<const void> owner) {
+    enqueue([o = std::move(owner)] {});
+  }
+  // Marks the current end of this stream. On CUDA streams the event is a pooled, timing-free
+  // CUDA event (cheap to record and wait on): it cannot be timed.
   virtual Event record() = 0;
+  // Like record(), for events that Event::elapsed_ms times (host events always can).
+  virtual Event record_timed() { return record(); }
   // Work enqueued after this call starts only after `e` completes.
   virtual void wait(const Event& e) = 0;
   // Blocks until everything enqueued so far has run; rethrows the first captured error and

@@ -268,8 +268,10 @@ const Tensor& Tensor::copy_(const Tensor& src, Stream& stream) const {
   be.memcpy_async(data_ptr(), device(), src.data_ptr(), src.device(), nbytes(), stream);
   src.storage_->record_stream(stream);
   storage_->record_stream(stream);
-  auto a = storage_, b = src.storage_;
-  stream.enqueue([a, b] {});
+  // Both storages live until the copy has run (an allocator without stream-aware reuse, or the
+  // last reference dropped right after this call, must not free memory a DMA still reads).
+  stream.hold_until_done(storage_);
+  stream.hold_until_done(src.storage_);
   return *this;
 }
 

@@ -64,7 +64,7 @@ void TraceRecorder::begin_step(int step, double host_offset_us) {
   std::lock_guard<std::mutex> lk(mu_);
   step_ = step;
   base_us_ = host_offset_us;
-  base_ = compute_.record();
+  base_ = compute_.record_timed();
   ++markers_;
 }
 
@@ -94,7 +94,7 @@ int TraceRecorder::open_slice(Stream& stream, std::string name, std::string args
   o.tid = track_of(stream);
   o.name = std::move(name);
   o.args = std::move(args_json);
-  o.start = stream.record();
+  o.start = stream.record_timed();
   ++markers_;
   open_.push_back(std::move(o));
   return static_cast<int>(open_.size()) - 1;
@@ -106,7 +106,7 @@ void TraceRecorder::end(int handle) {
   std::lock_guard<std::mutex> lk(mu_);
   Open& o = open_.at(static_cast<size_t>(handle));
   if (o.ranged) ranges::pop();  // first, so that a failing record() leaves no range open
-  o.stop = o.stream->record();
+  o.stop = o.stream->record_timed();
   ++markers_;
 }
 

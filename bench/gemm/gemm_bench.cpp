@@ -58,9 +58,9 @@ double time_stream(Stream& s, int warmup, int repeats, const std::function<void(
   s.synchronize();
   std::vector<double> ms;
   for (int i = 0; i < repeats; ++i) {
-    Event a = s.record();
+    Event a = s.record_timed();
     fn();
-    Event b = s.record();
+    Event b = s.record_timed();
     b.synchronize();
     ms.push_back(b.elapsed_ms(a));
   }

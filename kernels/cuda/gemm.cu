@@ -1,15 +1,19 @@
-// CUDA GEMM through cuBLASLt: per-rank handle, plans (descriptors + heuristic algorithm) cached
-// per problem shape, workspace per stream from the caching allocator, bias epilogue.
+// CUDA GEMM through cuBLASLt: per-rank handle, plans (descriptors + the heuristic's algorithms,
+// tried in order until one runs) cached per problem shape, workspace per stream from the caching
+// allocator, bias in the epilogue (or a separate kernel when the bias is under 16-byte aligned).
 #include <cublasLt.h>
 
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cublas_check.h"
+#include "kernels/gemm_algos.h"
 #include "kernels/ops.h"
 
 namespace meshrt::kernels::cuda {
@@ -18,6 +22,8 @@ namespace {
 
 // 32 MiB: what NVIDIA recommends for Hopper so that every cuBLASLt kernel is eligible.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// Heuristic results asked for: the fallbacks when the preferred algorithm refuses to run.
+constexpr int kMaxAlgos = 8;
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -57,8 +63,15 @@ using PlanKey =
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  size_t workspace = 0;
+  // Wrapped: nvcc's front end fails on a std::vector of cuBLASLt's unnamed-struct typedef.
+  struct Algo {
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::vector<Algo> algos;  // the heuristic's results, best first
+  std::vector<int> order;   // the usable ones
+  size_t pos = 0;           // position in `order` of the one that last ran
+  bool bias_epilogue = false;
+  std::string problem;  // for errors
   ~Plan() {
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -102,9 +115,13 @@ void set_layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B and
 // its "B" is our A, each stored column-major as the transpose of our row-major storage.
 std::unique_ptr<Plan> make_plan(LtState& st, const GemmProblem& p, uint32_t al_a, uint32_t al_b,
-                                uint32_t al_c, uint32_t al_bias) {
+                                uint32_t al_c, bool bias_epilogue) {
   auto plan = std::make_unique<Plan>();
   const DType in = p.a.dtype(), out = p.c.dtype();
+  plan->bias_epilogue = bias_epilogue;
+  plan->problem =
+      gemm_problem_str(p.m, p.n, p.k, p.batch, p.trans_a, p.trans_b, dtype_name(in),
+                       dtype_name(out), p.bias.defined() ? dtype_name(p.bias.dtype()) : "");
   const cublasComputeType_t compute =
       (in == DType::f32 && allow_tf32()) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   MESHRT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
@@ -114,7 +131,7 @@ std::unique_ptr<Plan> make_plan(LtState& st, const GemmProblem& p, uint32_t al_a
                                                      &op_lt_a, sizeof(op_lt_a)));
   MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                      &op_lt_b, sizeof(op_lt_b)));
-  if (p.bias.defined()) {
+  if (bias_epilogue) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                        &epi, sizeof(epi)));
@@ -152,17 +169,25 @@ std::unique_ptr<Plan> make_plan(LtState& st, const GemmProblem& p, uint32_t al_a
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   MESHRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  (void)al_bias;  // part of the plan key; cuBLASLt has no preference for the bias alignment
 
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMaxAlgos] = {};
   int found = 0;
-  MESHRT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->la, plan->lb,
-                                                     plan->lc, plan->lc, pref, 1, &result, &found));
-  MESHRT_CHECK(found > 0, "op gemm: cuBLASLt has no algorithm for m="
-                              << p.m << " n=" << p.n << " k=" << p.k << " batch=" << p.batch << " "
-                              << dtype_name(in) << " -> " << dtype_name(out));
-  plan->algo = result.algo;
-  plan->workspace = result.workspaceSize;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(st.handle, plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
+                                     pref, kMaxAlgos, results, &found);
+  MESHRT_CHECK(hs == CUBLAS_STATUS_SUCCESS, "op gemm: cuBLASLt heuristic failed for "
+                                                << plan->problem << ": "
+                                                << cublasGetStatusName(hs));
+  std::vector<AlgoCandidate> cands;
+  for (int i = 0; i < found; ++i) {
+    const bool fits = results[i].workspaceSize <= kWorkspaceBytes;
+    AlgoCandidate c;
+    c.usable = results[i].state == CUBLAS_STATUS_SUCCESS && fits;
+    c.state = fits ? cublasGetStatusName(results[i].state) : "workspace too large";
+    cands.push_back(std::move(c));
+    plan->algos.push_back(Plan::Algo{results[i].algo});
+  }
+  plan->order = usable_algos(cands, plan->problem);
   return plan;
 }
 
@@ -178,6 +203,19 @@ __global__ void gemm_k0_kernel(CT* c, const CT* __restrict__ bias, int64_t m, in
     float v = beta == 0.f ? 0.f : beta * load_f32(e, j);
     if (bias) v += load_f32(bias, j);
     store_f32(e, j, v);
+  }
+}
+
+// C[b, r, :] += bias: the bias of a GEMM whose bias is too little aligned for the epilogue.
+template <class CT>
+__global__ void add_bias_kernel(CT* c, const CT* __restrict__ bias, int64_t m, int64_t n,
+                                int64_t ldc, int64_t stride_c, int64_t batch) {
+  const int64_t total = batch * m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / (m * n), r = (i / n) % m, j = i % n;
+    CT* e = c + b * stride_c + r * ldc;
+    store_f32(e, j, load_f32(e, j) + load_f32(bias, j));
   }
 }
 
@@ -201,7 +239,8 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
   LtState& lt = lt_state(ctx);
   const void* bias_ptr = p.bias.defined() ? p.bias.data_ptr() : nullptr;
   const uint32_t al_a = alignment(p.a.data_ptr()), al_b = alignment(p.b.data_ptr());
-  const uint32_t al_c = alignment(p.c.data_ptr()), al_bias = alignment(bias_ptr);
+  const uint32_t al_c = alignment(p.c.data_ptr());
+  const bool bias_epilogue = bias_in_epilogue(bias_ptr);
   PlanKey key{p.trans_a,
               p.trans_b,
               p.m,
@@ -220,23 +259,39 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
               al_a,
               al_b,
               al_c,
-              al_bias};
+              bias_epilogue ? 1u : 0u};
   std::lock_guard<std::mutex> lk(lt.mu);
   auto it = lt.plans.find(key);
   if (it == lt.plans.end()) {
-    it = lt.plans.emplace(key, make_plan(lt, p, al_a, al_b, al_c, al_bias)).first;
+    it = lt.plans.emplace(key, make_plan(lt, p, al_a, al_b, al_c, bias_epilogue)).first;
   }
   Plan& plan = *it->second;
   void*& ws = lt.workspaces[st];
   if (!ws) ws = lt.alloc->allocate(kWorkspaceBytes, &s);
-  if (bias_ptr) {
+  if (plan.bias_epilogue) {
     MESHRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &bias_ptr, sizeof(bias_ptr)));
   }
   const float alpha = p.alpha, beta = p.beta;
-  MESHRT_CUBLAS_CHECK(cublasLtMatmul(lt.handle, plan.desc, &alpha, p.b.data_ptr(), plan.la,
-                                     p.a.data_ptr(), plan.lb, &beta, p.c.data_ptr(), plan.lc,
-                                     p.c.data_ptr(), plan.lc, &plan.algo, ws, kWorkspaceBytes, st));
+  plan.pos = run_with_fallback(
+      plan.order, plan.pos,
+      [&](int i) -> std::string {
+        const cublasStatus_t r =
+            cublasLtMatmul(lt.handle, plan.desc, &alpha, p.b.data_ptr(), plan.la, p.a.data_ptr(),
+                           plan.lb, &beta, p.c.data_ptr(), plan.lc, p.c.data_ptr(), plan.lc,
+                           &plan.algos[static_cast<size_t>(i)].algo, ws, kWorkspaceBytes, st);
+        return r == CUBLAS_STATUS_SUCCESS ? std::string() : cublasGetStatusName(r);
+      },
+      plan.problem);
+  if (bias_ptr && !plan.bias_epilogue) {
+    // Rounds twice for 16-bit outputs (GEMM result, then the sum), where the epilogue rounds once.
+    dispatch_float(p.c.dtype(), [&](auto tag) {
+      using CT = decltype(tag);
+      add_bias_kernel<CT><<<grid_for(p.batch * p.m * p.n), kThreads, 0, st>>>(
+          p.c.data<CT>(), p.bias.data<CT>(), p.m, p.n, p.ldc, p.stride_c, p.batch);
+    });
+    MESHRT_CUDA_CHECK_LAUNCH("gemm add_bias");
+  }
 }
 
 // The batch count and strides are in the problem: one entry point serves both.

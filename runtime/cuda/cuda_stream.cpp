@@ -18,12 +18,30 @@
 #include "runtime/cuda/device_guard.h"
 #include "runtime/error.h"
 #include "runtime/event_impl.h"
+#include "runtime/event_pool.h"
 
 namespace meshrt::cuda_detail {
 
 namespace {
 
 class CudaEventImpl;
+
+using EventPool = HandlePool<cudaEvent_t>;
+
+// Events of one kind (timing or not); created on the stream's device when the pool is empty.
+std::shared_ptr<EventPool> make_event_pool(bool timing) {
+  return std::make_shared<EventPool>(
+      [timing] {
+        cudaEvent_t ev = nullptr;
+        MESHRT_CUDA_CHECK(
+            cudaEventCreateWithFlags(&ev, timing ? cudaEventDefault : cudaEventDisableTiming));
+        return ev;
+      },
+      [](cudaEvent_t ev) {
+        const cudaError_t err = cudaEventDestroy(ev);
+        if (err != cudaSuccess) warn_cuda("cudaEventDestroy", err);
+      });
+}
 
 // Errors raised by host work on a CUDA stream (enqueued functions, waited-for host events, and the
 // errors carried by CUDA events of other streams it waited for), each tagged with the stream
@@ -65,14 +83,17 @@ class ErrorLog {
 
 class CudaEventImpl final : public EventImpl {
  public:
-  // Takes ownership of `ev`. Work with sequence numbers in (low, high] of the stream owning `log`
-  // precedes the event.
-  CudaEventImpl(cudaEvent_t ev, std::shared_ptr<ErrorLog> log, uint64_t low, uint64_t high)
-      : ev_(ev), log_(std::move(log)), low_(low), high_(high) {}
-  ~CudaEventImpl() override {
-    const cudaError_t err = cudaEventDestroy(ev_);
-    if (err != cudaSuccess) warn_cuda("cudaEventDestroy", err);
-  }
+  // Holds `ev` (from `pool`, which gets it back). Work with sequence numbers in (low, high] of
+  // the stream owning `log` precedes the event.
+  CudaEventImpl(cudaEvent_t ev, std::shared_ptr<EventPool> pool, bool timing,
+                std::shared_ptr<ErrorLog> log, uint64_t low, uint64_t high)
+      : ev_(ev),
+        pool_(std::move(pool)),
+        timing_(timing),
+        log_(std::move(log)),
+        low_(low),
+        high_(high) {}
+  ~CudaEventImpl() override { pool_->release(ev_); }
   CudaEventImpl(const CudaEventImpl&) = delete;
   CudaEventImpl& operator=(const CudaEventImpl&) = delete;
 
@@ -95,6 +116,9 @@ class CudaEventImpl final : public EventImpl {
     MESHRT_CHECK(s != nullptr,
                  "Event::elapsed_ms: start event is not a CUDA event (events of "
                  "host and CUDA streams cannot be timed against each other)");
+    MESHRT_CHECK(timing_ && s->timing_,
+                 "Event::elapsed_ms: CUDA events to time must come from Stream::record_timed() "
+                 "(record() makes timing-free events)");
     float ms = 0.f;
     const cudaError_t r = cudaEventElapsedTime(&ms, s->ev_, ev_);
     if (r == cudaErrorNotReady) {
@@ -113,6 +137,8 @@ class CudaEventImpl final : public EventImpl {
 
  private:
   cudaEvent_t ev_;
+  std::shared_ptr<EventPool> pool_;
+  bool timing_;
   std::shared_ptr<ErrorLog> log_;
   uint64_t low_, high_;
 };
@@ -292,8 +318,15 @@ struct HostTask {
 
 struct StreamState {
   std::shared_ptr<ErrorLog> log = std::make_shared<ErrorLog>();
+  // Recorded events come back here when dropped: recording (on every allocator free, every
+  // collective) creates no CUDA event once the pools are warm.
+  std::shared_ptr<EventPool> events = make_event_pool(false);
+  std::shared_ptr<EventPool> timed_events = make_event_pool(true);
   std::mutex retired_mu;
   std::vector<HostTask*> retired;
+  // hold_until_done: owners behind the event after the work they outlive, in stream order.
+  std::mutex held_mu;
+  std::deque<std::pair<Event, std::shared_ptr<const void>>> held;
 };
 
 void CUDART_CB run_host_task(void* arg) {
@@ -361,23 +394,18 @@ class CudaStream final : public Stream {
     (void)task.release();  // run_host_task retires it
   }
 
+  void hold_until_done(std::shared_ptr<const void> owner) override {
+    if (!owner) return;
+    drain_retired();
+    Event done = record();
+    std::lock_guard<std::mutex> lk(state_->held_mu);
+    state_->held.emplace_back(std::move(done), std::move(owner));
+  }
+
   // Called by allocators while they hold their lock: must not destroy retired tasks (which may
   // free memory into the same allocator).
-  Event record() override {
-    DeviceGuard g(device_);
-    cudaEvent_t ev = nullptr;
-    MESHRT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault));  // timing enabled
-    std::shared_ptr<CudaEventImpl> impl;
-    std::lock_guard<std::mutex> lk(launch_mu_);
-    try {
-      impl = std::make_shared<CudaEventImpl>(ev, state_->log, state_->log->reported(), seq_);
-    } catch (...) {
-      (void)cudaEventDestroy(ev);
-      throw;
-    }
-    MESHRT_CUDA_CHECK(cudaEventRecord(ev, stream_));
-    return EventAccess::wrap(std::move(impl));
-  }
+  Event record() override { return record_from(state_->events, false); }
+  Event record_timed() override { return record_from(state_->timed_events, true); }
 
   void wait(const Event& e) override {
     if (!e.valid()) return;
@@ -425,6 +453,22 @@ class CudaStream final : public Stream {
   }
 
  private:
+  Event record_from(const std::shared_ptr<EventPool>& pool, bool timing) {
+    DeviceGuard g(device_);
+    cudaEvent_t ev = pool->acquire();
+    std::shared_ptr<CudaEventImpl> impl;
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    try {
+      impl = std::make_shared<CudaEventImpl>(ev, pool, timing, state_->log, state_->log->reported(),
+                                             seq_);
+    } catch (...) {
+      pool->release(ev);
+      throw;
+    }
+    MESHRT_CUDA_CHECK(cudaEventRecord(ev, stream_));
+    return EventAccess::wrap(std::move(impl));
+  }
+
   void drain_retired() {
     std::vector<HostTask*> done;
     {
@@ -432,6 +476,23 @@ class CudaStream final : public Stream {
       done.swap(state_->retired);
     }
     for (HostTask* t : done) delete t;
+    // Owners whose event completed, front first (events of one stream complete in order). They
+    // are dropped outside the lock: freeing memory records events on this stream.
+    std::vector<std::shared_ptr<const void>> free;
+    {
+      std::lock_guard<std::mutex> lk(state_->held_mu);
+      while (!state_->held.empty()) {
+        bool complete = true;
+        try {
+          complete = state_->held.front().first.query();
+        } catch (...) {
+          // the stream failed: its error surfaces where it is synchronised; release the owner
+        }
+        if (!complete) break;
+        free.push_back(std::move(state_->held.front().second));
+        state_->held.pop_front();
+      }
+    }
   }
 
   int device_;

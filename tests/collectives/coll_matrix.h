@@ -49,10 +49,14 @@ class DeviceData {
 
 // Runs every collective on `comm` for every dtype, in place and out of place, for each element
 // count in `sizes`, checking each result exactly. Every rank must call this with the same
-// arguments. Returns the number of collectives run; failures go to `f`.
+// arguments. Returns the number of collectives run; failures go to `f`. `avg_check`, when set,
+// checks Avg results instead of the exact sum / n (NCCL averages differently: nccl_avg.h).
+using AvgCheck = std::function<bool(Failures&, const std::string& what, const Tensor& got, DType,
+                                    uint64_t seed, int n, int64_t first, int64_t count)>;
 inline int64_t run_matrix(Communicator& comm, Stream& s, const std::vector<int64_t>& sizes,
                           Failures& f, uint64_t seed0 = 1,
-                          std::shared_ptr<Allocator> alloc = nullptr) {
+                          std::shared_ptr<Allocator> alloc = nullptr,
+                          const AvgCheck& avg_check = nullptr) {
   DeviceData dd(s, alloc ? alloc : test_allocator());
   const int n = comm.size();
   const int r = comm.rank();
@@ -88,8 +92,12 @@ inline int64_t run_matrix(Communicator& comm, Stream& s, const std::vector<int64
                 Tensor out = in_place ? in : dd.make(N, dt);
                 if (!in_place) dd.fill_const(out, 99);
                 comm.all_reduce(in, out, oc.redop, s).synchronize();
-                check_values(f, what, dd.host(out), 0, N,
-                             [&](int64_t i) { return reduced(dt, oc.redop, seed, n, i); });
+                if (avg_check && oc.redop == ReduceOp::Avg) {
+                  avg_check(f, what, dd.host(out), dt, seed, n, 0, N);
+                } else {
+                  check_values(f, what, dd.host(out), 0, N,
+                               [&](int64_t i) { return reduced(dt, oc.redop, seed, n, i); });
+                }
                 if (!in_place) {
                   check_values(f, what + " (input untouched)", dd.host(in), 0, N,
                                [&](int64_t i) { return pattern(seed, r, i); });
@@ -101,8 +109,13 @@ inline int64_t run_matrix(Communicator& comm, Stream& s, const std::vector<int64
                 dd.fill(in, seed, r);
                 Tensor out = in_place ? in.narrow(0, r * N, N) : dd.make(N, dt);
                 comm.reduce_scatter(in, out, oc.redop, s).synchronize();
-                check_values(f, what, dd.host(out), 0, N,
-                             [&](int64_t i) { return reduced(dt, oc.redop, seed, n, r * N + i); });
+                if (avg_check && oc.redop == ReduceOp::Avg) {
+                  avg_check(f, what, dd.host(out), dt, seed, n, r * N, N);
+                } else {
+                  check_values(f, what, dd.host(out), 0, N, [&](int64_t i) {
+                    return reduced(dt, oc.redop, seed, n, r * N + i);
+                  });
+                }
                 break;
               }
               case CommOp::AllGather: {

@@ -1,22 +1,16 @@
 // CUDA backend: every op on the GPU against the host implementation on the same inputs.
-// Skipped, with the reason printed, when no usable GPU is present (see main.cpp).
+// Skipped with 77 and the reason printed when no usable GPU is present (see main.cpp).
 #include <cmath>
 
 #include "helpers.h"
 #include "runtime/error.h"
+#include "tests/common/cuda_skip.h"
 
 using namespace kt;
 using Catch::Matchers::Contains;
 namespace ops = meshrt::ops;
 
 namespace {
-
-bool gpu_ready() {
-  std::string why;
-  if (meshrt::cuda_available(&why)) return true;
-  WARN("SKIPPED: CUDA unavailable: " << why);
-  return false;
-}
 
 // The same tensor on the host and on the GPU.
 struct Pair {
@@ -56,7 +50,7 @@ struct Rig {
 }  // namespace
 
 TEST_CASE("cuda gemm matches the host", "[cuda]") {
-  if (!gpu_ready()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
   auto ta = GENERATE(false, true);
@@ -88,7 +82,7 @@ TEST_CASE("cuda gemm matches the host", "[cuda]") {
 }
 
 TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda]") {
-  if (!gpu_ready()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
   for (Shape s : {Shape{1, 1}, Shape{3, 17}, Shape{129, 1000}}) {
@@ -129,7 +123,7 @@ TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda]")
 }
 
 TEST_CASE("cuda layernorm and rmsnorm match the host", "[cuda]") {
-  if (!gpu_ready()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16);
   for (Shape s : {Shape{1, 1}, Shape{3, 17}, Shape{64, 768}, Shape{5, 4099}}) {
@@ -160,7 +154,7 @@ TEST_CASE("cuda layernorm and rmsnorm match the host", "[cuda]") {
 }
 
 TEST_CASE("cuda softmax and cross-entropy pieces match the host", "[cuda]") {
-  if (!gpu_ready()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16);
   for (Shape s : {Shape{1, 1}, Shape{7, 33}, Shape{13, 5003}}) {
@@ -200,7 +194,7 @@ TEST_CASE("cuda softmax and cross-entropy pieces match the host", "[cuda]") {
 }
 
 TEST_CASE("cuda fused attention matches the host", "[cuda]") {
-  if (!gpu_ready()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
   auto causal = GENERATE(true, false);
@@ -234,7 +228,7 @@ TEST_CASE("cuda fused attention matches the host", "[cuda]") {
 }
 
 TEST_CASE("cuda embedding and optimizers match the host", "[cuda]") {
-  if (!gpu_ready()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16);
   Vec ids;
@@ -286,7 +280,7 @@ TEST_CASE("cuda embedding and optimizers match the host", "[cuda]") {
 }
 
 TEST_CASE("cuda ops reject host tensors on a CUDA stream", "[cuda]") {
-  if (!gpu_ready()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   Tensor a = r.host.ctx.empty({3, 4}, DType::f32);
   Tensor d = r.gpu.empty({3, 4}, DType::f32);

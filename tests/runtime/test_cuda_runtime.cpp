@@ -20,6 +20,7 @@
 #include "runtime/half.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "tests/common/cuda_skip.h"
 
 #if defined(MESHRT_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -31,14 +32,6 @@ using namespace meshrt;
 using namespace std::chrono_literals;
 
 namespace {
-
-// True when a GPU is usable; otherwise reports why the calling test is skipped.
-bool gpu_or_skip() {
-  std::string why;
-  if (cuda_available(&why)) return true;
-  WARN("SKIPPED: no usable CUDA device: " << why);
-  return false;
-}
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -200,7 +193,7 @@ TEST_CASE("a CUDA-enabled build without a usable GPU says why and runs on the CP
 }
 
 TEST_CASE("CUDA copy_ converts every dtype pair exactly as the host does", "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Context cpu(Device::cpu());
   Context gpu(Device::cuda(0));
   Stream& hs = cpu.compute_stream();
@@ -234,7 +227,7 @@ TEST_CASE("CUDA copy_ converts every dtype pair exactly as the host does", "[cud
 }
 
 TEST_CASE("CUDA fill_ writes the host's values into contiguous and strided views", "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Context cpu(Device::cpu());
   Context gpu(Device::cuda(0));
   Stream& hs = cpu.compute_stream();
@@ -260,7 +253,7 @@ TEST_CASE("CUDA fill_ writes the host's values into contiguous and strided views
 
 TEST_CASE("CUDA Philox init equals the host's values and shards equal slices of the full tensor",
           "[cuda][philox]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Context cpu(Device::cpu());
   Context gpu(Device::cuda(0));
   Stream& hs = cpu.compute_stream();
@@ -294,7 +287,7 @@ TEST_CASE("CUDA Philox init equals the host's values and shards equal slices of 
 }
 
 TEST_CASE("CUDA streams run host functions in order and report their errors once", "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   auto s = cuda_backend()->create_stream(0, "s");
   REQUIRE(s->device() == Device::cuda(0));
   REQUIRE(s->native_handle() != nullptr);
@@ -317,8 +310,42 @@ TEST_CASE("CUDA streams run host functions in order and report their errors once
   REQUIRE_NOTHROW(s->record().synchronize());
 }
 
+TEST_CASE("a cross-device copy holds its storages behind an event until the copy ran",
+          "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  Context gpu(Device::cuda(0));
+  Stream& a = gpu.stream("a");
+  auto host = make_host_stream_jitter("host", false);
+  // A host allocator without stream-aware reuse: only the hold keeps the destination alive.
+  auto plain = make_host_plain_allocator();
+  Tensor x = Tensor::empty({1 << 20}, DType::f32, gpu.allocator_ptr(), &a);
+  x.fill_(3.0, a);
+  a.synchronize();
+  std::atomic<bool> gate{false};
+  host->enqueue([&] {
+    while (!gate) std::this_thread::sleep_for(100us);
+  });
+  a.wait(host->record());  // the copy below waits behind the gate
+  Tensor out = Tensor::empty(x.shape(), DType::f32, plain, &a);
+  out.copy_(x, a);
+  std::weak_ptr<Storage> held = out.storage();
+  out = Tensor();  // the last user reference goes while the copy is still queued
+  std::this_thread::sleep_for(20ms);
+  REQUIRE(!held.expired());
+  REQUIRE(plain->stats().live_blocks == 1);
+  gate = true;
+  a.synchronize();
+  REQUIRE(held.expired());  // released by the stream's next call once its event completed
+  REQUIRE(plain->stats().live_blocks == 0);
+  // And the copy itself is right.
+  Tensor back = Tensor::empty(x.shape(), DType::f32, plain, &a);
+  back.copy_(x, a);
+  a.synchronize();
+  REQUIRE(back.item(4321) == 3.0);
+}
+
 TEST_CASE("CUDA events order streams, carry errors across waits and time work", "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Context gpu(Device::cuda(0));
   Stream& a = gpu.stream("a");
   Stream& b = gpu.stream("b");
@@ -331,9 +358,9 @@ TEST_CASE("CUDA events order streams, carry errors across waits and time work", 
   a.synchronize();
   host->enqueue([] { std::this_thread::sleep_for(100ms); });
   a.wait(host->record());
-  Event start = a.record();
+  Event start = a.record_timed();
   x.fill_(7.0, a);
-  Event done = a.record();
+  Event done = a.record_timed();
   Tensor early = Tensor::empty(x.shape(), DType::f32, gpu.host_allocator(), &b);
   early.copy_(x, b);  // no wait: runs while a is still held
   b.synchronize();
@@ -347,6 +374,10 @@ TEST_CASE("CUDA events order streams, carry errors across waits and time work", 
   REQUIRE(late.item(12345) == 7.0);
   REQUIRE(late.item((1 << 20) - 1) == 7.0);
   REQUIRE(done.elapsed_ms(start) >= 0.f);
+  // record() makes pooled timing-free events: timing them is refused, saying what to use.
+  Event plain = a.record();
+  plain.synchronize();
+  REQUIRE_THROWS_WITH(plain.elapsed_ms(start), Catch::Matchers::Contains("record_timed"));
 
   // A host stream waits for a CUDA event: its next task sees the event complete and the data.
   x.fill_(3.0, a);
@@ -375,7 +406,7 @@ TEST_CASE("CUDA events order streams, carry errors across waits and time work", 
 
 TEST_CASE("a CUDA stream held by a host event does not stall other streams' host functions",
           "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   // Host functions of all streams may share one driver thread: blocking it to wait for a host
   // event would deadlock here (the host event waits for b's host function). The gate does not.
   auto a = cuda_backend()->create_stream(0, "a");
@@ -397,7 +428,7 @@ TEST_CASE("a CUDA stream held by a host event does not stall other streams' host
 }
 
 TEST_CASE("CUDA caching allocator reuses blocks only after their streams' work", "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   auto alloc = cuda_backend()->create_caching_allocator(0);
   auto s1 = cuda_backend()->create_stream(0, "s1");
   auto s2 = cuda_backend()->create_stream(0, "s2");
@@ -449,7 +480,7 @@ TEST_CASE("CUDA caching allocator reuses blocks only after their streams' work",
 }
 
 TEST_CASE("host <-> device copies round-trip on CUDA and host streams", "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   Context cpu(Device::cpu());
   Context gpu(Device::cuda(0));
   Stream& gs = gpu.compute_stream();
@@ -498,7 +529,7 @@ TEST_CASE("host <-> device copies round-trip on CUDA and host streams", "[cuda]"
 
 #if defined(MESHRT_WITH_CUDA)
 TEST_CASE("an engine's cudaStream_t is wrapped without taking ownership", "[cuda]") {
-  if (!gpu_or_skip()) return;
+  if (!meshrt::test::gpu_or_warn()) return;
   MESHRT_CUDA_CHECK(cudaSetDevice(0));
   cudaStream_t raw = nullptr;
   MESHRT_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));

@@ -79,6 +79,24 @@ TEST_CASE("events signal, report elapsed time and query state", "[stream][event]
   REQUIRE(Event().query());  // default events are complete
 }
 
+TEST_CASE("hold_until_done keeps an owner alive until the work before it ran", "[stream]") {
+  auto s = make_host_stream_jitter("s", false);
+  std::atomic<bool> gate{false};
+  s->enqueue([&] {
+    while (!gate) std::this_thread::sleep_for(100us);
+  });
+  auto owner = std::make_shared<int>(7);
+  std::weak_ptr<int> w = owner;
+  s->hold_until_done(std::move(owner));
+  std::this_thread::sleep_for(20ms);
+  REQUIRE(!w.expired());  // the task before it has not run
+  gate = true;
+  s->synchronize();
+  REQUIRE(w.expired());
+  s->hold_until_done(nullptr);  // nothing to hold: a no-op
+  s->synchronize();
+}
+
 TEST_CASE("an error in a task reaches synchronize and waiting streams", "[stream][event]") {
   auto a = make_host_stream_jitter("a", false), b = make_host_stream_jitter("b", false);
   a->enqueue([] { MESHRT_FAIL("boom in task 3 of stream a"); });

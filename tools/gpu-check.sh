@@ -151,7 +151,7 @@ if ! step "probe build" 8 "$RES/probe-build.log" \
   finish 1
 fi
 if ! timeout 30 "$BUILD/gpu-probe/probe" >"$RES/probe.txt" 2>&1; then
-  log "NO USABLE GPU: $(tail -n 2 "$RES/probe.txt" | tr '\n' ';' | sed 's/;$//')"
+  log "NO USABLE GPU: $(tail -n 2 "$RES/probe.txt" | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
   finish 3
 fi
 log "probe: $(tr '\n' ';' <"$RES/probe.txt" | sed 's/;$//')"

@@ -16,6 +16,7 @@
 #include "mesh/token_data.h"
 #include "mesh/train.h"
 #include "mesh/train_guard.h"
+#include "tests/common/files.h"
 
 using namespace meshrt;
 using namespace meshrt::test;
@@ -24,11 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path scratch() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("meshrt-test-tokens-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path d = scratch_dir("tokens");
   return d;
 }
 

@@ -14,46 +14,24 @@
 
 #include "runtime/allocator.h"
 #include "runtime/safetensors.h"
+#include "tests/common/files.h"
 
 using namespace meshrt;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int rc = -1;
-  std::string out, err;
-};
+using meshrt::test::Run;
+using meshrt::test::slurp;
 
 fs::path scratch() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("meshrt-test-block-cli-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path d = meshrt::test::scratch_dir("block-cli");
   return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 // Runs `meshrt <args>` (no shell quoting needed for the arguments used here).
 Run cli(const std::string& args) {
-  static int n = 0;
-  const fs::path out = scratch() / ("out" + std::to_string(n) + ".txt");
-  const fs::path err = scratch() / ("err" + std::to_string(n++) + ".txt");
-  const std::string cmd = std::string("MESHRT_COMM_TIMEOUT=60 ") + MESHRT_CLI_BIN + " " + args +
-                          " >" + out.string() + " 2>" + err.string();
-  const int st = std::system(cmd.c_str());
-  Run r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, scratch());
 }
 
 double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {

@@ -17,49 +17,24 @@
 #include "runtime/allocator.h"
 #include "runtime/backend.h"
 #include "runtime/safetensors.h"
+#include "tests/common/files.h"
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int rc = -1;
-  bool signaled = false;
-  std::string out, err;
-};
+using meshrt::test::Run;
+using meshrt::test::slurp;
 
 fs::path scratch() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("meshrt-test-tools-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path d = meshrt::test::scratch_dir("tools");
   return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 // Runs `<bin> <args>` (no shell quoting needed for the arguments used here).
 Run run(const std::string& bin, const std::string& args) {
-  static int n = 0;
-  const fs::path out = scratch() / ("out" + std::to_string(n) + ".txt");
-  const fs::path err = scratch() / ("err" + std::to_string(n++) + ".txt");
-  // MESHRT_COMM_TIMEOUT: a hang becomes a failure, not a stuck test.
-  const std::string cmd =
-      "MESHRT_COMM_TIMEOUT=60 " + bin + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int st = std::system(cmd.c_str());
-  Run r;
-  r.signaled = WIFSIGNALED(st);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return meshrt::test::run_shell(bin + " " + args, scratch());
 }
 
 // Runs `meshrt <args>`.

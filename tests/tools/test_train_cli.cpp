@@ -16,39 +16,22 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/common/files.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
+using meshrt::test::Run;
+using meshrt::test::slurp;
+
 fs::path scratch() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("meshrt-test-train-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path d = meshrt::test::scratch_dir("train");
   return d;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Run {
-  int rc = -1;
-  std::string out, err;
-};
-
 Run cli(const std::string& args) {
-  static int n = 0;
-  const fs::path out = scratch() / ("out" + std::to_string(n) + ".txt");
-  const fs::path err = scratch() / ("err" + std::to_string(n++) + ".txt");
-  const std::string cmd = "MESHRT_COMM_TIMEOUT=60 " + std::string(MESHRT_CLI_BIN) + " " + args +
-                          " >" + out.string() + " 2>" + err.string();
-  const int st = std::system(cmd.c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err)};
+  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, scratch());
 }
 
 // Byte-level tokens of some text as raw u16, the README's recipe.

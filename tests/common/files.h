@@ -1,0 +1,57 @@
+// Files and commands for tests: a scratch folder per test process, whole-file reads, and a shell
+// command run with its stdout and stderr captured.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace meshrt::test {
+
+// <tmp>/meshrt-test-<name>-<pid>, created on first use (ctest runs cases as parallel processes,
+// so each process gets its own).
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  std::filesystem::path p = std::filesystem::temp_directory_path() /
+                            ("meshrt-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Run {
+  int rc = -1;  // exit status; -1 when killed by a signal
+  bool signaled = false;
+  std::string out, err;
+};
+
+// Runs `cmd` through /bin/sh with stdout and stderr captured in files under `dir` (no shell
+// quoting is added: callers pass arguments that need none). MESHRT_COMM_TIMEOUT=60 turns a hang
+// into a failure rather than a stuck test.
+inline Run run_shell(const std::string& cmd, const std::filesystem::path& dir) {
+  static int n = 0;
+  const int id = n++;
+  const std::filesystem::path out = dir / ("out" + std::to_string(id) + ".txt");
+  const std::filesystem::path err = dir / ("err" + std::to_string(id) + ".txt");
+  const std::string full =
+      "MESHRT_COMM_TIMEOUT=60 " + cmd + " >" + out.string() + " 2>" + err.string();
+  const int st = std::system(full.c_str());
+  Run r;
+  r.signaled = WIFSIGNALED(st);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+}  // namespace meshrt::test

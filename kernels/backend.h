@@ -39,6 +39,7 @@ inline int64_t row_count(const Tensor& t) {
   X(gemm_strided_batched, const GemmProblem& p)                                                  \
   X(add, const Tensor& a, const Tensor& b, const Tensor& out, float alpha, float beta)           \
   X(scale, const Tensor& x, const Tensor& out, float alpha)                                      \
+  X(sum_squares, const Tensor& x, const Tensor& out)                                             \
   X(cast, const Tensor& x, const Tensor& out)                                                    \
   X(fill, const Tensor& out, double value)                                                       \
   X(bias_gelu_fwd, const Tensor& x, const Tensor& bias, const Tensor& y, ops::GeluKind kind)     \

@@ -353,6 +353,16 @@ void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out, flo
   MESHRT_RUN(chk, scale, x.dtype(), ctx, stream, x, out, alpha);
 }
 
+void sum_squares(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out) {
+  Check chk("sum_squares", ctx, stream);
+  chk.floating(x, "x");
+  chk.contiguous(x, "x");
+  chk.f32(out, "out");
+  MESHRT_CHECK(out.numel() == 1, "sum_squares: out " << out.str() << " must hold one element");
+  if (x.numel() == 0) return;
+  MESHRT_RUN(chk, sum_squares, x.dtype(), ctx, stream, x, out);
+}
+
 void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out) {
   Check chk("cast", ctx, stream);
   chk.floating(x, "x");

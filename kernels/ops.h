@@ -62,6 +62,10 @@ void add(Context& ctx, Stream& stream, const Tensor& a, const Tensor& b, const T
          float alpha = 1.f, float beta = 1.f);
 // out = alpha * x.
 void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out, float alpha);
+// out[0] += sum of x[i]^2 over every element of x (contiguous, any floating dtype), accumulated
+// in f32 (host: f64 partials) into out, an f32 tensor of one element: a gradient norm's partial
+// sum, NaN or infinite as soon as one element is.
+void sum_squares(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out);
 // out = x converted to out's dtype (any floating <-> floating; rounding to nearest even).
 void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out);
 // Every element of out = value (floating and integer dtypes).

@@ -9,6 +9,10 @@
 
 namespace meshrt {
 
+// Adds the sum of squares of `grad` (any floating dtype) to `sumsq`, a [1, 1] f32 tensor, on the
+// compute stream: NaN or infinite as soon as one element is (or the sum overflows).
+void add_sumsq(Context& ctx, const Tensor& grad, const Tensor& sumsq);
+
 struct DpOptions {
   double bucket_mb = 25.0;  // bucket capacity; a parameter larger than this gets its own bucket
   bool bf16_comm = false;   // communicate f32 gradients as bf16 (reduced in f32, cast back)
@@ -47,6 +51,10 @@ class GradSync {
   void mark_ready(const std::vector<Param*>& ps);
   // Launches any bucket not launched yet (end of backward).
   void finish();
+  // When defined (a [1, 1] f32 tensor), each bucket adds the sum of squares of its local
+  // gradients to it on the compute stream just before its all-reduce is launched: the training
+  // guard's finiteness check then overlaps backward and needs no wait for the all-reduces.
+  void set_sumsq_probe(Tensor sumsq) { probe_ = std::move(sumsq); }
   // Compute-stream wait for bucket b of `grad_set` (-1: active); the optimizer calls it per bucket
   // so it waits only for the buckets it is about to update.
   void wait_bucket(int b, int grad_set = -1);
@@ -82,6 +90,7 @@ class GradSync {
   int sets_ = 1;
   int active_ = 0;
   bool sync_enabled_ = true;
+  Tensor probe_;
 };
 
 }  // namespace meshrt

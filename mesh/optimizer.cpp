@@ -98,9 +98,8 @@ double Optimizer::grad_norm() {
   // [0]: tp-sharded parameters (summed over tp), [1]: replicated ones (already complete).
   Tensor acc_sharded = ctx.zeros({1, 1}, DType::f32), acc_repl = ctx.zeros({1, 1}, DType::f32);
   for (Param* p : params_) {
-    Tensor g = p->grad.to(DType::f32, cs).view({1, p->grad.numel()});
     const bool sharded = p->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
-    ops::gemm(ctx, cs, g, false, g, true, sharded ? acc_sharded : acc_repl, 1.f, 1.f);
+    ops::sum_squares(ctx, cs, p->grad.contiguous(cs), sharded ? acc_sharded : acc_repl);
   }
   if (mesh_.size(kTpDim) > 1) {
     CommScheduler tp(mesh_, kTpDim, Overlap::None);

@@ -152,6 +152,12 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     sync.set_active(set);
     sync.zero_grad();
     Tensor loss_sum = ctx.zeros({1}, DType::f32);
+    // Sum of squares of the gradients this step applies, for the guard. Synchronous DP adds each
+    // bucket's local gradients as it launches (overlapping backward; any non-finite local
+    // gradient makes the reduced one non-finite), so the optimizer still waits bucket by bucket.
+    Tensor sumsq = ctx.zeros({1, 1}, DType::f32);
+    const bool probe = cfg.grad_sync == GradSyncMode::Sync;
+    sync.set_sumsq_probe(probe ? sumsq : Tensor());
     for (int mb = 0; mb < cfg.micro_batches; ++mb) {
       const bool last = mb == cfg.micro_batches - 1;
       sync.enable_sync(last && cfg.grad_sync != GradSyncMode::Local);
@@ -167,13 +173,17 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     // every rank before any parameter changes ---
     const bool updates = cfg.grad_sync != GradSyncMode::Async || step >= cfg.staleness;
     const int apply = cfg.grad_sync == GradSyncMode::Async ? (step - cfg.staleness) % sets : set;
-    if (updates && cfg.grad_sync != GradSyncMode::Local) {
-      sync.bind(apply);
-      sync.wait_all(apply);
+    const bool dp_synced = updates && cfg.grad_sync != GradSyncMode::Local;
+    if (dp_synced) sync.bind(apply);
+    if (updates && !probe) {
+      if (dp_synced) sync.wait_all(apply);
+      for (Param* p : model.params()) add_sumsq(ctx, p->grad, sumsq);
     }
     const StepVerdict verdict =
-        agree_step(ctx, world, loss_sum, updates ? model.params() : std::vector<Param*>{},
-                   cfg.stop_requested && cfg.stop_requested());
+        agree_step(ctx, world, loss_sum, sumsq, cfg.stop_requested && cfg.stop_requested());
+    // A skipped or failing step applies nothing: its all-reduces still finish before the
+    // gradients are named or zeroed.
+    if (!verdict.finite() && dp_synced) sync.wait_all(apply);
     if (!verdict.finite() && !cfg.skip_nonfinite)
       throw_nonfinite(cfg, step + 1, verdict,
                       verdict.grads_finite ? "" : first_nonfinite_grad(ctx, world, model.params()));

@@ -33,15 +33,10 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
   return m;
 }
 
-StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss,
-                       const std::vector<Param*>& grads, bool stop_local) {
+StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, const Tensor& sumsq,
+                       bool stop_local) {
   Stream& cs = ctx.compute_stream();
-  // Sum of squares: NaN or infinite as soon as one element is (or the sum overflows).
-  Tensor acc = ctx.zeros({1, 1}, DType::f32);
-  for (Param* p : grads) {
-    Tensor g = p->grad.to(DType::f32, cs).view({1, p->grad.numel()});
-    ops::gemm(ctx, cs, g, false, g, true, acc, 1.f, 1.f);
-  }
+  const Tensor& acc = sumsq;
   Tensor l = loss.to(DType::f32, cs).to(ctx.host_allocator(), cs);
   Tensor a = acc.to(ctx.host_allocator(), cs);
   cs.synchronize();

@@ -25,10 +25,11 @@ struct StepVerdict {
   bool finite() const { return loss_finite && grads_finite; }
 };
 
-// Collective over `world`. `grads` are the gradients about to be applied (empty when this step
-// applies none); `loss` a [1] f32 tensor on the compute stream.
-StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss,
-                       const std::vector<Param*>& grads, bool stop_local);
+// Collective over `world`. `sumsq` holds the sum of squares of this rank's gradients about to be
+// applied (add_sumsq; zero when this step applies none), `loss` is a [1] f32 tensor; both on the
+// compute stream.
+StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, const Tensor& sumsq,
+                       bool stop_local);
 
 // Collective over `world`: the name of the first parameter (in `grads` order) whose gradient holds
 // a NaN or an infinity on some rank, or "" when none does (the norm overflowed instead).

@@ -1,4 +1,4 @@
-// CUDA elementwise ops: add / scale, cast, fill, bias + GeLU (with dbias), Philox dropout.
+// CUDA elementwise ops: add / scale, sum of squares, cast, fill, bias + GeLU (with dbias), Philox dropout.
 #include "kernels/cuda/common.cuh"
 
 namespace meshrt::kernels::cuda {
@@ -16,6 +16,19 @@ __global__ void axpby_kernel(const T* a, const T* b, T* o, int64_t n, float alph
   } else {
     MESHRT_GRID_STRIDE(i, n) { store_f32(o, i, alpha * load_f32(a, i) + beta * load_f32(b, i)); }
   }
+}
+
+// out[0] += sum of x^2: per-thread grid-stride partials, one block sum, one atomic add per block.
+template <class T>
+__global__ void sum_squares_kernel(const T* x, int64_t n, float* out) {
+  __shared__ float smem[32];
+  float acc = 0.f;
+  MESHRT_GRID_STRIDE(i, n) {
+    const float v = load_f32(x, i);
+    acc += v * v;
+  }
+  acc = block_sum(acc, smem);
+  if (threadIdx.x == 0) atomicAdd(out, acc);
 }
 
 template <ops::GeluKind K>
@@ -122,6 +135,17 @@ void scale(Context& ctx, Stream& s, const Tensor& x, const Tensor& out, float al
   add(ctx, s, x, x, out, alpha, 0.f);
 }
 
+void sum_squares(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
+  DeviceGuard g(s.device().index);
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    sum_squares_kernel<T><<<grid_for(n), kThreads, 0, native(s)>>>(x.data<T>(), n,
+                                                                   out.data<float>());
+  });
+  MESHRT_CUDA_CHECK_LAUNCH("sum_squares<" << dtype_name(x.dtype()) << ">");
+}
+
 // cast and fill are the runtime's strided copy and fill (one implementation per device family).
 void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) { out.copy_(x, s); }
 
@@ -193,6 +217,7 @@ void dropout_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& dx, fl
 void register_elementwise(Backend& be) {
   MESHRT_REGISTER_OP(be, add, kFloating);
   MESHRT_REGISTER_OP(be, scale, kFloating);
+  MESHRT_REGISTER_OP(be, sum_squares, kFloating);
   MESHRT_REGISTER_OP(be, cast, kFloating);
   MESHRT_REGISTER_OP(be, fill, kAnyDType);
   MESHRT_REGISTER_OP(be, bias_gelu_fwd, kFloating);

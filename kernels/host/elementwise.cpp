@@ -1,5 +1,6 @@
-// Host elementwise ops: add / scale, cast, fill, bias + GeLU, dropout.
+// Host elementwise ops: add / scale, sum of squares, cast, fill, bias + GeLU, dropout.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -45,6 +46,34 @@ void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor
 
 void scale(Context& ctx, Stream& s, const Tensor& x, const Tensor& out, float alpha) {
   add(ctx, s, x, x, out, alpha, 0.f);
+}
+
+void sum_squares(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, x, out] {
+    const int64_t n = x.numel(), chunks = (n + kGrain - 1) / kGrain;
+    // One f64 partial per fixed chunk, summed in chunk order: the result does not depend on the
+    // number of threads.
+    std::vector<double> part(static_cast<size_t>(chunks));
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* px = x.data<T>();
+      tp->run(chunks, [&](int64_t c) {
+        const int64_t lo = c * kGrain, len = std::min(kGrain, n - lo);
+        if constexpr (std::is_same_v<T, float>) {
+          part[static_cast<size_t>(c)] = dot_f32(px + lo, px + lo, len);
+        } else {
+          float buf[kGrain];
+          load_row(px + lo, buf, len);
+          part[static_cast<size_t>(c)] = dot_f32(buf, buf, len);
+        }
+      });
+    });
+    double total = 0;
+    for (double p : part) total += p;
+    float* po = out.data<float>();
+    po[0] = static_cast<float>(po[0] + total);
+  });
 }
 
 namespace {
@@ -238,6 +267,7 @@ void dropout_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& dx, fl
 void register_elementwise(Backend& be) {
   MESHRT_REGISTER_OP(be, add, kFloating);
   MESHRT_REGISTER_OP(be, scale, kFloating);
+  MESHRT_REGISTER_OP(be, sum_squares, kFloating);
   MESHRT_REGISTER_OP(be, cast, kFloating);
   MESHRT_REGISTER_OP(be, fill, kAnyDType);
   MESHRT_REGISTER_OP(be, bias_gelu_fwd, kFloating);

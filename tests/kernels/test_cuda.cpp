@@ -101,6 +101,12 @@ TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda]")
       ops::cast(r.gpu, r.gs(), a.d, c.d);
       r.same(c, 0.0, "cast " + tag + " -> " + dt_name(to));
     }
+    Pair ss = r.empty({1}, DType::f32);
+    ops::fill(r.host.ctx, r.host.s(), ss.h, 0.25);
+    ops::fill(r.gpu, r.gs(), ss.d, 0.25);
+    ops::sum_squares(r.host.ctx, r.host.s(), a.h, ss.h);
+    ops::sum_squares(r.gpu, r.gs(), a.d, ss.d);
+    r.same(ss, 1e-5, "sum_squares " + tag);
     ops::fill(r.host.ctx, r.host.s(), o.h, 1.5);
     ops::fill(r.gpu, r.gs(), o.d, 1.5);
     r.same(o, 0.0, "fill " + tag);

@@ -1,4 +1,4 @@
-// add / scale / cast / fill, bias + GeLU (forward, backward, finite differences), dropout.
+// add / scale / sum of squares / cast / fill, bias + GeLU (forward, backward, finite differences), dropout.
 #include <cmath>
 
 #include "helpers.h"
@@ -196,4 +196,31 @@ TEST_CASE("dropout: reproducible Philox mask, inverted scaling, shard = slice",
     REQUIRE((dxv[k] != 0) == (yv[k] != 0));
     if (dxv[k] != 0) REQUIRE(std::abs(dxv[k] - 1.0 / (1.0 - p)) <= tol_for(dt, 1e-6));
   }
+}
+
+TEST_CASE("sum_squares accumulates the sum of squares and propagates NaN", "[elementwise]") {
+  Host h;
+  auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
+  // Sizes around the host chunk (32768 elements) and a multi-chunk one.
+  for (int64_t n : {int64_t{1}, int64_t{31}, int64_t{32768}, int64_t{32769}, int64_t{200003}}) {
+    INFO(dt_name(dt) << " n " << n);
+    Tensor x = rand_tensor(h, {n}, dt, 7);
+    double ref = 0.5;  // out starts at 0.5: the op adds to it
+    for (double v : read(h, x)) ref += v * v;
+    Tensor out = make(h, {1}, DType::f32, Vec{0.5});
+    ops::sum_squares(h.ctx, h.s(), x, out);
+    // f32 lanes of up to 2048 positive terms per chunk: typically sqrt(2048) * 2^-24 ~ 3e-6.
+    CHECK(read(h, out)[0] == Approx(ref).epsilon(3e-5));
+    // One NaN (or infinity) anywhere makes the sum non-finite.
+    Vec xv = read(h, x);
+    xv[static_cast<size_t>(n / 2)] = std::nan("");
+    Tensor bad = make(h, {n}, dt, xv);
+    ops::sum_squares(h.ctx, h.s(), bad, out);
+    CHECK(std::isnan(read(h, out)[0]));
+  }
+  Tensor x = rand_tensor(h, {8}, dt, 1);
+  Tensor two = make(h, {2}, DType::f32, Vec{0, 0});
+  CHECK_THROWS_WITH(ops::sum_squares(h.ctx, h.s(), x, two), Catch::Contains("one element"));
+  Tensor wrong = make(h, {1}, DType::bf16, Vec{0});
+  CHECK_THROWS_WITH(ops::sum_squares(h.ctx, h.s(), x, wrong), Catch::Contains("out"));
 }

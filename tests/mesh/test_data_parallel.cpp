@@ -2,10 +2,12 @@
 // batch, buckets of every size agree, and the loss curve is the same for every dp x tp layout.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 
 #include "mesh/train.h"
+#include "mesh/train_guard.h"
 #include "runtime/error.h"
 #include "tests/mesh/harness.h"
 
@@ -257,4 +259,53 @@ TEST_CASE("bad training configurations are rejected with what to change", "[dp][
   c.model.vocab = 66;
   REQUIRE_NOTHROW(validate_train(c, 4));
   REQUIRE_THROWS_WITH(parse_grad_sync("ring"), Catch::Contains("sync, async or local"));
+}
+
+TEST_CASE("the bucket probe sums local squared gradients and the guard sees one rank's NaN",
+          "[dp][train][multirank]") {
+  for (bool poison : {false, true}) {
+    INFO("NaN on rank 1: " << poison);
+    std::mutex mu;
+    std::vector<StepVerdict> verdicts;
+    run_ranks(2, [&](int r, Communicator& world, Context& ctx) {
+      DeviceMesh mesh(ctx, world, "dp=2");
+      CommScheduler tp(mesh, kTpDim, Overlap::Async);
+      DecoderModel model(mesh, tp, {}, tiny_model());
+      DpOptions o;
+      o.bucket_mb = 0.01;  // several buckets
+      GradSync sync(mesh, model.params(), o);
+      REQUIRE(sync.num_buckets() > 2);
+      sync.set_active(0);
+      sync.zero_grad();
+      Tensor sumsq = ctx.zeros({1, 1}, DType::f32);
+      sync.set_sumsq_probe(sumsq);
+      Tensor ids, tg;
+      make_synthetic_batch(ctx, 3, r * 2, 2, 8, 64, &ids, &tg);
+      Tensor loss = model.forward(ids, tg);
+      // The local gradients as they are when their buckets launch: backward without the sync.
+      model.backward(1.f, nullptr);
+      ctx.synchronize();
+      double expect = 0;
+      for (Param* p : model.params())
+        for (double v : p->grad.to_vector()) expect += v * v;
+      if (poison && r == 1) {
+        Param* p = model.params().back();
+        p->grad.view({p->grad.numel()}).narrow(0, 0, 1).fill_(std::nan(""), ctx.compute_stream());
+      }
+      sync.finish();  // launches every bucket: each adds its local sum of squares first
+      ctx.synchronize();
+      const double got = sumsq.to(ctx.host_allocator(), ctx.compute_stream()).item(0);
+      if (!(poison && r == 1)) CHECK(got == Approx(expect).epsilon(1e-5));
+      StepVerdict v = agree_step(ctx, world, loss.view({1}), sumsq, false);
+      sync.wait_all();
+      std::lock_guard<std::mutex> lk(mu);
+      verdicts.push_back(v);
+    });
+    REQUIRE(verdicts.size() == 2);
+    for (const StepVerdict& v : verdicts) {
+      CHECK(v.loss_finite);
+      CHECK(v.grads_finite == !poison);
+      CHECK_FALSE(v.stop);
+    }
+  }
 }

@@ -1,4 +1,5 @@
-// CUDA elementwise ops: add / scale, sum of squares, cast, fill, bias + GeLU (with dbias), Philox dropout.
+// CUDA elementwise ops: add / scale, sum of squares, cast, fill, bias + GeLU (with dbias),
+// Philox dropout.
 #include "kernels/cuda/common.cuh"
 
 namespace meshrt::kernels::cuda {
@@ -140,8 +141,8 @@ void sum_squares(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
   const int64_t n = x.numel();
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    sum_squares_kernel<T><<<grid_for(n), kThreads, 0, native(s)>>>(x.data<T>(), n,
-                                                                   out.data<float>());
+    sum_squares_kernel<T>
+        <<<grid_for(n), kThreads, 0, native(s)>>>(x.data<T>(), n, out.data<float>());
   });
   MESHRT_CUDA_CHECK_LAUNCH("sum_squares<" << dtype_name(x.dtype()) << ">");
 }

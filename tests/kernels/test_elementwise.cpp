@@ -1,4 +1,5 @@
-// add / scale / sum of squares / cast / fill, bias + GeLU (forward, backward, finite differences), dropout.
+// add / scale / sum of squares / cast / fill, bias + GeLU (forward, backward, finite
+// differences), dropout.
 #include <cmath>
 
 #include "helpers.h"

@@ -310,8 +310,7 @@ TEST_CASE("CUDA streams run host functions in order and report their errors once
   REQUIRE_NOTHROW(s->record().synchronize());
 }
 
-TEST_CASE("a cross-device copy holds its storages behind an event until the copy ran",
-          "[cuda]") {
+TEST_CASE("a cross-device copy holds its storages behind an event until the copy ran", "[cuda]") {
   if (!meshrt::test::gpu_or_warn()) return;
   Context gpu(Device::cuda(0));
   Stream& a = gpu.stream("a");

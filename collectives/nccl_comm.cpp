@@ -106,6 +106,7 @@ struct NcclEngine {
   CommConfig cfg;
   std::atomic<bool> aborted{false};
   bool comm_released = false;  // ncclCommAbort freed it
+  bool borrowed = false;       // adopted from the caller, who destroys it (abort still aborts it)
   mutable std::mutex state_mu;
   std::string reason;
   // NCCL calls on one communicator are serialised. Recursive: a timeout noticed while issuing
@@ -119,7 +120,7 @@ struct NcclEngine {
   }();
 
   ~NcclEngine() {
-    if (comm == nullptr || comm_released) return;
+    if (comm == nullptr || comm_released || borrowed) return;
     try {
       DeviceGuard g(device);
       // Finalize flushes outstanding work; it is non-blocking, so wait for it (bounded).
@@ -367,14 +368,15 @@ ncclComm_t init_comm(const NcclUniqueId& id, int rank, int size, int device,
 
 std::unique_ptr<Communicator> make_nccl_comm(ncclComm_t comm, int rank, int size, int device,
                                              std::shared_ptr<const std::string> name,
-                                             CommConfig cfg);
+                                             CommConfig cfg, bool borrowed = false);
 
 class NcclImpl final : public CommImpl {
  public:
   NcclImpl(ncclComm_t comm, int rank, int size, int device, std::shared_ptr<const std::string> name,
-           CommConfig cfg)
+           CommConfig cfg, bool borrowed)
       : e_(std::make_shared<NcclEngine>()) {
     e_->comm = comm;
+    e_->borrowed = borrowed;
     e_->rank = rank;
     e_->size = size;
     e_->device = device;
@@ -659,11 +661,11 @@ class NcclImpl final : public CommImpl {
 
 std::unique_ptr<Communicator> make_nccl_comm(ncclComm_t comm, int rank, int size, int device,
                                              std::shared_ptr<const std::string> name,
-                                             CommConfig cfg) {
+                                             CommConfig cfg, bool borrowed) {
   std::string n = *name;
   return std::make_unique<Communicator>(
       rank, size, std::move(n), Device::cuda(device), cfg,
-      std::make_unique<NcclImpl>(comm, rank, size, device, std::move(name), cfg));
+      std::make_unique<NcclImpl>(comm, rank, size, device, std::move(name), cfg, borrowed));
 }
 
 // ncclGetUniqueId: made once (by rank 0) and handed to every rank.
@@ -724,6 +726,26 @@ WorldFactory nccl_prepare(const WorldPlan& plan) {
 }
 
 }  // namespace
+
+std::unique_ptr<Communicator> adopt_nccl_communicator(void* nccl_comm, int device,
+                                                      const std::string& name, CommConfig config) {
+  MESHRT_CHECK(nccl_comm != nullptr, "adopt_nccl_communicator: the NCCL communicator is null");
+  std::string why;
+  MESHRT_CHECK(cuda_available(&why), "adopting an NCCL communicator on cuda:"
+                                         << device << ": CUDA is unavailable: " << why);
+  ncclComm_t comm = static_cast<ncclComm_t>(nccl_comm);
+  int rank = 0;
+  int size = 0;
+  MESHRT_NCCL_CHECK(ncclCommUserRank(comm, &rank), comm);
+  MESHRT_NCCL_CHECK(ncclCommCount(comm, &size), comm);
+  int cu_dev = -1;
+  MESHRT_NCCL_CHECK(ncclCommCuDevice(comm, &cu_dev), comm);
+  MESHRT_CHECK(cu_dev == device, "adopting an NCCL communicator: it runs on cuda:"
+                                     << cu_dev << " but device " << device
+                                     << " was given: pass the communicator's device");
+  return make_nccl_comm(comm, rank, size, device, std::make_shared<const std::string>(name), config,
+                        /*borrowed=*/true);
+}
 
 std::string nccl_version_string() {
   int v = 0;

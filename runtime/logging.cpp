@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 
 namespace meshrt {
 
@@ -44,7 +46,23 @@ std::shared_ptr<spdlog::logger> logger() {
   return lg;
 }
 
+std::mutex& sink_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::shared_ptr<const LogSink>& sink_store() {
+  static std::shared_ptr<const LogSink> sink;
+  return sink;
+}
+
 }  // namespace
+
+void set_log_sink(LogSink sink) {
+  std::shared_ptr<const LogSink> s;
+  if (sink) s = std::make_shared<const LogSink>(std::move(sink));
+  std::lock_guard<std::mutex> lk(sink_mu());
+  sink_store() = std::move(s);
+}
 
 LogLevel log_level() {
   return static_cast<LogLevel>(level_store().load(std::memory_order_relaxed));
@@ -61,6 +79,15 @@ int log_rank() { return tls_rank; }
 int log_world() { return tls_world; }
 
 void log_message(LogLevel level, const std::string& msg) {
+  std::shared_ptr<const LogSink> sink;
+  {
+    std::lock_guard<std::mutex> lk(sink_mu());
+    sink = sink_store();
+  }
+  if (sink) {
+    (*sink)(level, tls_rank, tls_world, msg);
+    return;
+  }
   static const spdlog::level::level_enum map[] = {spdlog::level::trace, spdlog::level::debug,
                                                   spdlog::level::info,  spdlog::level::warn,
                                                   spdlog::level::err,   spdlog::level::off};

@@ -1,6 +1,7 @@
 // Logging: spdlog behind a plain interface; each line carries the rank ("[rank 3/8]").
 #pragma once
 
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -17,6 +18,13 @@ void set_log_rank(int rank, int world);
 int log_rank();
 int log_world();
 void log_message(LogLevel level, const std::string& msg);
+
+// Where log lines go instead of stderr (an embedding engine's logger, e.g. through the C API's
+// meshrt_set_log_callback): called with the line's level, the logging thread's rank and world
+// size, and the message without timestamp or rank prefix. An empty function restores stderr.
+// Safe to call from any thread; the sink itself may be called from any thread at once.
+using LogSink = std::function<void(LogLevel level, int rank, int world, const std::string& msg)>;
+void set_log_sink(LogSink sink);
 
 }  // namespace meshrt
 

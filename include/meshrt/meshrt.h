@@ -1,0 +1,280 @@
+/* meshrt's stable C API: communicators, DLPack tensors and collectives for embedding engines.
+ *
+ * C99, no CUDA / MPI / NCCL types: a cudaStream_t, an ncclComm_t or an MPI_Comm* is passed as a
+ * void* where a call documents it. Conventions:
+ *  - Every call returns a meshrt_status_t; MESHRT_SUCCESS is 0. On failure,
+ *    meshrt_last_error() returns the calling thread's full message (what failed, the values, what
+ *    to change). No call throws a C++ exception or aborts the process on bad input.
+ *  - Call meshrt_init(MESHRT_API_VERSION) once before creating communicators: a library built
+ *    for another API version refuses it, naming both versions.
+ *  - Handles (meshrt_comm_t, meshrt_stream_t, meshrt_event_t, meshrt_tensor_t) are opaque and
+ *    checked on every call: a destroyed or never-created handle gets
+ *    MESHRT_ERROR_INVALID_USAGE, not a crash (a freed handle's address could be reused by a new
+ *    handle of the same kind; do not keep handles past destroy).
+ *  - Tensors are DLPack tensors, used in place (zero copy); see "Tensors" below.
+ *  - Asynchronous calls take a stream (NULL: the communicator's default stream) and may return an
+ *    event; nothing waits behind the caller's back. */
+#ifndef MESHRT_MESHRT_H_
+#define MESHRT_MESHRT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h> /* DLTensor, DLManagedTensor, DLDataType (DLPack >= 0.6) */
+
+/* Bumped when a call, struct or meaning changes incompatibly. */
+#define MESHRT_API_VERSION 1
+
+#ifndef MESHRT_C_API
+#define MESHRT_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status and errors ----------------------------------------------------------------- */
+
+typedef enum meshrt_status {
+  MESHRT_SUCCESS = 0,
+  MESHRT_ERROR_INVALID_ARGUMENT = 1, /* a null pointer, a bad value, a tensor meshrt refuses */
+  MESHRT_ERROR_INVALID_USAGE = 2,    /* a call out of order, a dead handle, a refused call */
+  MESHRT_ERROR_UNSUPPORTED = 3,      /* not in this build or not for this device / dtype */
+  MESHRT_ERROR_SYSTEM = 4,           /* the operating system or a library (files, MPI) failed */
+  MESHRT_ERROR_INTERNAL = 5,         /* a bug in meshrt: please report the message */
+  MESHRT_ERROR_COMM = 6,             /* a collective failed or a peer did; communicator aborted */
+  MESHRT_ERROR_TIMEOUT = 7,          /* a rank never arrived (init, collective) in time */
+  MESHRT_ERROR_OUT_OF_MEMORY = 8     /* an allocation failed */
+} meshrt_status_t;
+
+/* "success", "invalid argument", ... ("unknown status" for other values). Never NULL. */
+MESHRT_C_API const char* meshrt_status_string(meshrt_status_t status);
+/* The message of the last failed call on the calling thread ("" if none). Successful calls do
+ * not clear it. Valid until the next failing call on this thread. */
+MESHRT_C_API const char* meshrt_last_error(void);
+
+/* Refuses (MESHRT_ERROR_INVALID_USAGE) an api_version other than the library's, naming both.
+ * Idempotent; required before any communicator is created. */
+MESHRT_C_API meshrt_status_t meshrt_init(int api_version);
+/* The library's version (meshrt's project version, e.g. 0.1.0). Any pointer may be NULL. */
+MESHRT_C_API meshrt_status_t meshrt_get_version(int* major, int* minor, int* patch);
+/* The API version the library was built with (MESHRT_API_VERSION of its header). */
+MESHRT_C_API int meshrt_get_api_version(void);
+
+/* ---- logging --------------------------------------------------------------------------- */
+
+typedef enum meshrt_log_level {
+  MESHRT_LOG_TRACE = 0,
+  MESHRT_LOG_DEBUG = 1,
+  MESHRT_LOG_INFO = 2,
+  MESHRT_LOG_WARN = 3,
+  MESHRT_LOG_ERROR = 4,
+  MESHRT_LOG_OFF = 5
+} meshrt_log_level_t;
+
+/* Called for each log line at `level` or above, from any thread (possibly several at once), with
+ * the logging rank and the message (no timestamp or rank prefix; valid during the call). */
+typedef void (*meshrt_log_fn)(meshrt_log_level_t level, int rank, const char* message,
+                              void* user_data);
+/* Sends meshrt's log lines to fn instead of stderr and sets the process-wide level. fn NULL
+ * restores stderr (the level still applies). */
+MESHRT_C_API meshrt_status_t meshrt_set_log_callback(meshrt_log_fn fn, void* user_data,
+                                                     meshrt_log_level_t level);
+
+/* ---- handles ----------------------------------------------------------------------------- */
+
+typedef struct meshrt_comm_s* meshrt_comm_t;
+typedef struct meshrt_stream_s* meshrt_stream_t;
+typedef struct meshrt_event_s* meshrt_event_t;
+typedef struct meshrt_tensor_s* meshrt_tensor_t;
+
+/* ---- communicators ---------------------------------------------------------------------- */
+
+typedef enum meshrt_device_type {
+  MESHRT_DEVICE_CPU = 0,
+  MESHRT_DEVICE_CUDA = 1
+} meshrt_device_type_t;
+
+#define MESHRT_COMM_CONFIG_MAGIC 0x4d525443u /* "MRTC" */
+
+/* Options of a new communicator. Initialise with MESHRT_COMM_CONFIG_INITIALIZER, then set
+ * fields; `size` lets later versions append fields (a caller built against an older header
+ * passes a smaller size and gets defaults for the rest). Pass NULL for all defaults. */
+typedef struct meshrt_comm_config {
+  size_t size;           /* sizeof(meshrt_comm_config_t) */
+  unsigned int magic;    /* MESHRT_COMM_CONFIG_MAGIC */
+  unsigned int version;  /* MESHRT_API_VERSION */
+  double timeout_s;      /* a collective not done after this long fails (MESHRT_ERROR_TIMEOUT);
+                            0 disables; < 0: MESHRT_COMM_TIMEOUT or 300 */
+  double init_timeout_s; /* how long init waits for the other ranks (MESHRT_ERROR_TIMEOUT);
+                            0: no limit; < 0: as timeout_s */
+  int debug;             /* 1: ranks compare each call first; 0: no; < 0: MESHRT_COMM_DEBUG */
+  int device_type;       /* meshrt_device_type_t of the ranks (all ranks alike) */
+  int device_index;      /* CUDA: this rank's GPU, < 0: the rank; CPU: ignored */
+  const char* backend;   /* NULL or "auto": the best registered backend; or "host", "mpi", ... */
+} meshrt_comm_config_t;
+
+#define MESHRT_COMM_CONFIG_INITIALIZER                                                          \
+  {                                                                                             \
+    sizeof(meshrt_comm_config_t), MESHRT_COMM_CONFIG_MAGIC, MESHRT_API_VERSION, -1.0, -1.0, -1, \
+        MESHRT_DEVICE_CPU, -1, NULL                                                             \
+  }
+
+/* An id naming one world, made by one rank and handed to the others (like ncclUniqueId). The
+ * world's ranks are threads of the process that made it. */
+#define MESHRT_UNIQUE_ID_BYTES 64
+typedef struct meshrt_unique_id {
+  char internal[MESHRT_UNIQUE_ID_BYTES];
+} meshrt_unique_id_t;
+
+MESHRT_C_API meshrt_status_t meshrt_get_unique_id(meshrt_unique_id_t* id);
+
+/* Rank `rank` of the `nranks`-rank world named by `id`, called once per rank, each from its own
+ * thread (collective: returns once every rank arrived, or MESHRT_ERROR_TIMEOUT naming the missing
+ * ranks after the config's init timeout; the world is then unusable for every rank). */
+MESHRT_C_API meshrt_status_t meshrt_comm_init_rank(meshrt_comm_t* comm, int nranks,
+                                                   meshrt_unique_id_t id, int rank,
+                                                   const meshrt_comm_config_t* config);
+/* All `n` ranks of a new world at once, from one thread (comms[i] is rank i). `devices` NULL:
+ * CPU ranks (or, with a CUDA config, GPUs 0..n-1); else devices[i] is rank i's GPU. */
+MESHRT_C_API meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* devices,
+                                                  const meshrt_comm_config_t* config);
+/* This process's rank of an MPI job (mpirun / srun; one rank per process). mpi_comm: a pointer
+ * to an MPI_Comm (MPI_Comm*) identical or congruent to MPI_COMM_WORLD, or NULL for
+ * MPI_COMM_WORLD; other groups: create the world, then meshrt_comm_split. Collective. */
+MESHRT_C_API meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi_comm,
+                                                  const meshrt_comm_config_t* config);
+/* Rank `rank` of `nranks` processes meeting through files in `dir` (a directory every rank can
+ * read and write; MESHRT_RUN_ID keeps separate jobs apart). Collective; MESHRT_ERROR_TIMEOUT
+ * names the ranks that never arrived. The backend must serve processes: CPU processes need MPI
+ * (MESHRT_ERROR_UNSUPPORTED with the reason), CUDA ones get NCCL. */
+MESHRT_C_API meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int nranks,
+                                                   int rank, const meshrt_comm_config_t* config);
+/* Wraps an engine's ncclComm_t (passed as void*) on CUDA device `device`, not owned: meshrt
+ * never destroys it (it does ncclCommAbort it when a collective times out or
+ * meshrt_comm_abort is called). CUDA builds only: MESHRT_ERROR_UNSUPPORTED otherwise. */
+MESHRT_C_API meshrt_status_t meshrt_comm_adopt_nccl(meshrt_comm_t* comm, void* nccl_comm,
+                                                    int device, const meshrt_comm_config_t* config);
+
+/* Waits for the communicator's work, then frees it (NULL is a no-op). Not collective. */
+MESHRT_C_API meshrt_status_t meshrt_comm_destroy(meshrt_comm_t comm);
+/* Fails pending and later work of the communicator and of every communicator sharing its
+ * ranks (MESHRT_ERROR_COMM); safe from any thread. The handle stays valid until destroyed. */
+MESHRT_C_API meshrt_status_t meshrt_comm_abort(meshrt_comm_t comm);
+MESHRT_C_API meshrt_status_t meshrt_comm_rank(meshrt_comm_t comm, int* rank);
+MESHRT_C_API meshrt_status_t meshrt_comm_size(meshrt_comm_t comm, int* size);
+/* The rank's device: type and index (CPU ranks as threads: cpu:<rank>). */
+MESHRT_C_API meshrt_status_t meshrt_comm_device(meshrt_comm_t comm, meshrt_device_type_t* type,
+                                                int* index);
+
+#define MESHRT_SPLIT_NO_COLOR (-1)
+/* Collective over `comm` (blocks): ranks passing the same colour form a new communicator, ranked
+ * by (key, old rank). A negative colour gives *new_comm = NULL. */
+MESHRT_C_API meshrt_status_t meshrt_comm_split(meshrt_comm_t comm, int color, int key,
+                                               meshrt_comm_t* new_comm);
+
+/* ---- streams and events ------------------------------------------------------------------- */
+
+/* A new stream on the communicator's device (CPU: an in-order worker thread). */
+MESHRT_C_API meshrt_status_t meshrt_stream_create(meshrt_comm_t comm, meshrt_stream_t* stream);
+/* Wraps the engine's cudaStream_t (as void*), not owned (CUDA communicators only). */
+MESHRT_C_API meshrt_status_t meshrt_stream_wrap(meshrt_comm_t comm, void* native,
+                                                meshrt_stream_t* stream);
+/* The communicator's default stream (what NULL means), owned by the communicator. */
+MESHRT_C_API meshrt_status_t meshrt_comm_default_stream(meshrt_comm_t comm,
+                                                        meshrt_stream_t* stream);
+/* Blocks until the stream's work is done; returns the first error of that work and clears it. */
+MESHRT_C_API meshrt_status_t meshrt_stream_synchronize(meshrt_stream_t stream);
+/* Later work on `stream` starts after `event` completes. */
+MESHRT_C_API meshrt_status_t meshrt_stream_wait_event(meshrt_stream_t stream, meshrt_event_t event);
+/* Waits for the stream's work, then frees it (NULL is a no-op; default streams cannot be). */
+MESHRT_C_API meshrt_status_t meshrt_stream_destroy(meshrt_stream_t stream);
+
+/* Blocks until the event's work is done; its status (e.g. MESHRT_ERROR_COMM for a failed
+ * collective). */
+MESHRT_C_API meshrt_status_t meshrt_event_synchronize(meshrt_event_t event);
+/* *done = 1 when the event's work is done, else 0; never blocks. */
+MESHRT_C_API meshrt_status_t meshrt_event_query(meshrt_event_t event, int* done);
+MESHRT_C_API meshrt_status_t meshrt_event_destroy(meshrt_event_t event);
+
+/* ---- tensors (DLPack) --------------------------------------------------------------------
+ * Accepted: device kDLCPU or kDLCUDA (the communicator's device when used), dtypes float32,
+ * bfloat16, float16, int32, int64 (lanes 1; uint8 for data movement only), compact row-major
+ * (C-contiguous) layout: strides NULL or equal to the row-major strides (extents of 1 may have
+ * any stride); anything else is MESHRT_ERROR_INVALID_ARGUMENT naming the strides (copy to a
+ * contiguous tensor first). byte_offset is honoured. Memory is used in place, never copied. */
+
+/* DLPack >= 1.0's versioned managed tensor (defined by dlpack.h 1.0; declared here so this
+ * header also works with older dlpack.h). */
+struct DLManagedTensorVersioned;
+
+/* Borrows `t` (and the memory it points to): the engine keeps them alive until the tensor is
+ * destroyed and the work using it has completed (its events). */
+MESHRT_C_API meshrt_status_t meshrt_tensor_from_dltensor(const DLTensor* t,
+                                                         meshrt_tensor_t* tensor);
+/* Takes ownership of `t` on success: its deleter runs once the tensor is destroyed and the work
+ * using it has completed. On failure the caller still owns it. */
+MESHRT_C_API meshrt_status_t meshrt_tensor_from_dlpack(DLManagedTensor* t, meshrt_tensor_t* tensor);
+/* Same for DLPack >= 1.0 (major version 1). A read-only tensor (flag bit 0) may only be read. */
+MESHRT_C_API meshrt_status_t meshrt_tensor_from_dlpack_versioned(struct DLManagedTensorVersioned* t,
+                                                                 meshrt_tensor_t* tensor);
+/* A new contiguous tensor from the communicator's allocator on its device (uninitialised). */
+MESHRT_C_API meshrt_status_t meshrt_tensor_empty(meshrt_comm_t comm, int ndim, const int64_t* shape,
+                                                 DLDataType dtype, meshrt_tensor_t* tensor);
+/* A DLPack view of the tensor for the engine: the memory stays alive until the returned tensor's
+ * deleter is called (memory meshrt allocated then goes back to meshrt's allocator). The handle
+ * stays valid and independent. */
+MESHRT_C_API meshrt_status_t meshrt_tensor_to_dlpack(meshrt_tensor_t tensor, DLManagedTensor** out);
+MESHRT_C_API meshrt_status_t
+meshrt_tensor_to_dlpack_versioned(meshrt_tensor_t tensor, struct DLManagedTensorVersioned** out);
+/* Releases the handle; the memory lives on while work using it runs (NULL is a no-op). */
+MESHRT_C_API meshrt_status_t meshrt_tensor_destroy(meshrt_tensor_t tensor);
+
+/* ---- collectives --------------------------------------------------------------------------
+ * Enqueued on `stream` (NULL: the communicator's default stream); every rank issues the same
+ * collectives in the same order. `event` (may be NULL) receives the completion event, which
+ * carries the call's errors (a timeout, a peer's mismatch). Tensors are kept alive until the call
+ * completes. Reductions: bf16 / f16 reduce in f32; integer sums wrap; avg divides by the size
+ * (truncating for integers). */
+
+typedef enum meshrt_reduce_op {
+  MESHRT_SUM = 0,
+  MESHRT_AVG = 1,
+  MESHRT_MAX = 2,
+  MESHRT_MIN = 3
+} meshrt_reduce_op_t;
+
+/* recv = op over ranks of send (same count); send == recv is in place. */
+MESHRT_C_API meshrt_status_t meshrt_all_reduce(meshrt_comm_t comm, meshrt_tensor_t send,
+                                               meshrt_tensor_t recv, meshrt_reduce_op_t op,
+                                               meshrt_stream_t stream, meshrt_event_t* event);
+/* recv (size x send's elements) = every rank's send in rank order. */
+MESHRT_C_API meshrt_status_t meshrt_all_gather(meshrt_comm_t comm, meshrt_tensor_t send,
+                                               meshrt_tensor_t recv, meshrt_stream_t stream,
+                                               meshrt_event_t* event);
+/* recv (send's elements / size) = this rank's block of op over ranks of send. */
+MESHRT_C_API meshrt_status_t meshrt_reduce_scatter(meshrt_comm_t comm, meshrt_tensor_t send,
+                                                   meshrt_tensor_t recv, meshrt_reduce_op_t op,
+                                                   meshrt_stream_t stream, meshrt_event_t* event);
+/* recv = root's send (send is read on root only; NULL or == recv: in place). */
+MESHRT_C_API meshrt_status_t meshrt_broadcast(meshrt_comm_t comm, meshrt_tensor_t send,
+                                              meshrt_tensor_t recv, int root,
+                                              meshrt_stream_t stream, meshrt_event_t* event);
+/* Block j of send goes to rank j; block i of recv comes from rank i. */
+MESHRT_C_API meshrt_status_t meshrt_all_to_all(meshrt_comm_t comm, meshrt_tensor_t send,
+                                               meshrt_tensor_t recv, meshrt_stream_t stream,
+                                               meshrt_event_t* event);
+/* Point to point; a send completes once the peer received it, so a rank that sends to and
+ * receives from a peer posts the two on different streams. */
+MESHRT_C_API meshrt_status_t meshrt_send(meshrt_comm_t comm, meshrt_tensor_t tensor, int peer,
+                                         meshrt_stream_t stream, meshrt_event_t* event);
+MESHRT_C_API meshrt_status_t meshrt_recv(meshrt_comm_t comm, meshrt_tensor_t tensor, int peer,
+                                         meshrt_stream_t stream, meshrt_event_t* event);
+MESHRT_C_API meshrt_status_t meshrt_barrier(meshrt_comm_t comm, meshrt_stream_t stream,
+                                            meshrt_event_t* event);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MESHRT_MESHRT_H_ */

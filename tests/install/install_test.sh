@@ -9,8 +9,11 @@
 #       CUDA, MPI, NCCL, BLAS, JSON, logging or CLI header.
 #   install_test.sh exports <libmeshrt.so>
 #       every symbol libmeshrt.so exports is meshrt_* (C) or in namespace meshrt.
-# Reuses the built tree: `cmake --install` copies, it never builds.
+# Reuses the built tree: `cmake --install` copies, it never builds. MESHRT_CONSUMER_FLAGS (set by
+# ctest in sanitizer builds) is added to the consumers' compile and link flags: a program loading
+# an instrumented libmeshrt.so must be built with the same -fsanitize.
 set -euo pipefail
+extra=${MESHRT_CONSUMER_FLAGS:-}
 
 fail() {
   echo "FAIL: $*" >&2
@@ -24,8 +27,10 @@ install_into() {  # build prefix log
 
 check_output() {  # what log version
   grep -qx "meshrt $3 (header .*)" "$2" || { cat "$2" >&2; fail "$1 did not print 'meshrt $3'"; }
-  grep -q "elements exact" "$2" && grep -qx "OK" "$2" ||
-    { cat "$2" >&2; fail "$1 did not report exact all-reduce sums"; }
+  if ! grep -q "elements exact" "$2" || ! grep -qx "OK" "$2"; then
+    cat "$2" >&2
+    fail "$1 did not report exact all-reduce sums"
+  fi
 }
 
 mode=${1:-}
@@ -53,7 +58,8 @@ case "$mode" in
       [ "$v" = static ] && opt=ON
       if ! cmake -S "$src/examples/cmake-consumer" -B "$b" -G "$generator" \
         -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-        -DCMAKE_BUILD_TYPE=Release -DMESHRT_CONSUMER_STATIC=$opt >"$b.configure.log" 2>&1; then
+        -DCMAKE_BUILD_TYPE=Release -DMESHRT_CONSUMER_STATIC=$opt -DCMAKE_C_FLAGS="$extra" \
+        -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" >"$b.configure.log" 2>&1; then
         cat "$b.configure.log" >&2
         fail "configuring examples/cmake-consumer ($v) against $prefix failed"
       fi
@@ -75,7 +81,8 @@ case "$mode" in
     export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
     [ "$(pkg-config --modversion meshrt)" = "$version" ] || fail "pkg-config --modversion meshrt is not $version"
     flags=$(pkg-config --cflags --libs meshrt)
-    "$cxx" -std=c++20 -O1 "$src/examples/cmake-consumer/main.cpp" $flags -Wl,-rpath,"$prefix/lib" \
+    # shellcheck disable=SC2086 # word splitting of the flags is meant
+    "$cxx" -std=c++20 -O1 $extra "$src/examples/cmake-consumer/main.cpp" $flags -Wl,-rpath,"$prefix/lib" \
       -o "$scratch/app-pkgconfig" >"$scratch/pkgconfig.build.log" 2>&1 ||
       { cat "$scratch/pkgconfig.build.log" >&2; fail "c++ main.cpp \$(pkg-config --cflags --libs meshrt) failed: $flags"; }
     "$scratch/app-pkgconfig" >"$scratch/pkgconfig.run.log" 2>&1 ||
@@ -130,7 +137,7 @@ $bad"
     # Allowed: the C API, anything in namespace meshrt, and the compiler's per-type data for it.
     offenders=$(printf '%s\n' "$syms" | grep -vE '^(meshrt_[A-Za-z0-9_]*$|meshrt::|(typeinfo|typeinfo name|vtable|VTT|guard variable|non-virtual thunk|virtual thunk|construction vtable) (for|to) meshrt::|construction vtable for .*-in-meshrt::)' || true)
     if [ -n "$offenders" ]; then
-      echo "$offenders" | sed 's/^/  /' >&2
+      printf '  %s\n' "${offenders//$'\n'/$'\n'  }" >&2
       fail "libmeshrt.so exports $(echo "$offenders" | wc -l) symbols outside meshrt_* / meshrt:: (listed above): hide them (cmake/libmeshrt.map, -fvisibility=hidden)"
     fi
     printf '%s\n' "$syms" | grep '^meshrt::make_host_communicators(' >/dev/null ||

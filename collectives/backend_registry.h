@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "meshrt/export.h"
 #include "runtime/device.h"
 
 namespace meshrt {
@@ -20,9 +21,9 @@ enum class LaunchKind : uint8_t {
   MpiProcesses,  // mpirun / srun: one rank per process, MPI provides rank and size
   EnvProcesses,  // torchrun-style RANK / WORLD_SIZE / LOCAL_RANK with a file rendezvous
 };
-const char* launch_kind_name(LaunchKind k);
+MESHRT_API const char* launch_kind_name(LaunchKind k);
 
-struct RankPlacement {
+struct MESHRT_API RankPlacement {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;  // among the ranks on this node (processes: from a hostname hash)
@@ -31,7 +32,7 @@ struct RankPlacement {
 };
 
 // The launch a backend is asked to serve.
-struct WorldPlan {
+struct MESHRT_API WorldPlan {
   LaunchKind kind = LaunchKind::Threads;
   DeviceType device_type = DeviceType::CPU;
   int world_size = 1;
@@ -49,7 +50,7 @@ struct WorldPlan {
 // from that rank's thread (NCCL initialisation is collective: all threads call at once).
 using WorldFactory = std::function<std::unique_ptr<Communicator>(int i)>;
 
-struct CollectiveBackend {
+struct MESHRT_API CollectiveBackend {
   std::string name;  // what --backend selects: "host", "mpi", "nccl"
   // Among the backends that serve a launch, "auto" picks the one with the highest priority.
   int auto_priority = 0;
@@ -61,15 +62,15 @@ struct CollectiveBackend {
 
 // The backends compiled into this build, in registration order (collectives/CMakeLists.txt
 // lists them; each backend file defines register_<name>_backend, called once, on first use).
-const std::vector<CollectiveBackend>& collective_backends();
+MESHRT_API const std::vector<CollectiveBackend>& collective_backends();
 // "host, mpi, nccl".
-std::string collective_backend_names();
+MESHRT_API std::string collective_backend_names();
 // The backend called `name`; throws listing the known ones when there is none.
-const CollectiveBackend& find_collective_backend(const std::string& name);
+MESHRT_API const CollectiveBackend& find_collective_backend(const std::string& name);
 // The backend for `requested` ("auto" or "" : the highest-priority one that serves `plan`);
 // throws saying why each candidate refused when none can run it.
-const CollectiveBackend& choose_collective_backend(const std::string& requested,
-                                                   const WorldPlan& plan);
+MESHRT_API const CollectiveBackend& choose_collective_backend(const std::string& requested,
+                                                              const WorldPlan& plan);
 
 namespace detail {
 // Called by the generated list of compiled-in backends (one call per backend).

@@ -10,11 +10,12 @@
 
 #include "collectives/backend_registry.h"
 #include "collectives/communicator.h"
+#include "meshrt/export.h"
 #include "runtime/device.h"
 
 namespace meshrt {
 
-struct LaunchOptions {
+struct MESHRT_API LaunchOptions {
   // Thread launches: one rank per device ("cpu:4", "cuda:0-7"). Process launches: the device
   // kind, or a list indexed by local rank ("cuda" means cuda:<local rank>).
   std::string devices = "cpu";
@@ -24,7 +25,7 @@ struct LaunchOptions {
   CommConfig config = CommConfig::from_env();
 };
 
-class Launch {
+class MESHRT_API Launch {
  public:
   virtual ~Launch() = default;
   virtual LaunchKind kind() const = 0;
@@ -48,9 +49,9 @@ class Launch {
 // RANK + WORLD_SIZE -> one rank per process with MESHRT_RENDEZVOUS=file:///dir; otherwise ranks
 // are threads, one per entry of opts.devices. Throws, saying what to change, when the
 // combination cannot work (e.g. CPU ranks as torchrun processes, host backend under mpirun).
-std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts = {});
+MESHRT_API std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts = {});
 
 // MESHRT_RENDEZVOUS=file:///shared/dir -> "/shared/dir"; "" when unset; throws on other forms.
-std::string rendezvous_dir_from_env();
+MESHRT_API std::string rendezvous_dir_from_env();
 
 }  // namespace meshrt

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "meshrt/export.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/stream.h"
@@ -18,9 +19,9 @@
 namespace meshrt {
 
 enum class ReduceOp : uint8_t { Sum = 0, Avg, Max, Min };
-const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
+MESHRT_API const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
 // Parses sum|avg|max|min (also "mean"); throws listing the accepted names.
-ReduceOp parse_reduce_op(std::string_view s);
+MESHRT_API ReduceOp parse_reduce_op(std::string_view s);
 
 enum class CommOp : uint8_t {
   AllReduce = 0,
@@ -33,15 +34,15 @@ enum class CommOp : uint8_t {
   Barrier,
   Split
 };
-const char* comm_op_name(CommOp op);  // "all_reduce", ...
+MESHRT_API const char* comm_op_name(CommOp op);  // "all_reduce", ...
 // Parses all_reduce|all_gather|reduce_scatter|broadcast|all_to_all (also without '_').
-CommOp parse_comm_op(std::string_view s);
+MESHRT_API CommOp parse_comm_op(std::string_view s);
 
 // Whether `dt` can be carried by collectives (f32, bf16, f16, i32, i64; u8 for data movement only).
-bool comm_dtype_supported(DType dt, bool reduction);
+MESHRT_API bool comm_dtype_supported(DType dt, bool reduction);
 
 // Behaviour read from the environment when a communicator is created.
-struct CommConfig {
+struct MESHRT_API CommConfig {
   // MESHRT_COMM_TIMEOUT (seconds, may be fractional; default 300; 0 disables): a collective not
   // complete this long after it started aborts the communicators and raises CommError.
   double timeout_s = 300.0;
@@ -74,7 +75,7 @@ constexpr int kNoColor = -1;
 // mismatch raises CommError on every rank, naming the ranks and their calls, and the
 // communicator stays usable. send completes only once the peer receives (host, NCCL), so a
 // rank exchanging with a peer posts its send and its recv on different streams.
-class Communicator {
+class MESHRT_API Communicator {
  public:
   // Made by a backend (collectives/comm_impl.h) or by a wrapper around another communicator.
   Communicator(int rank, int size, std::string name, Device device, CommConfig config,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "meshrt/export.h"
 
 namespace meshrt {
 
@@ -14,7 +15,7 @@ namespace meshrt {
 // all-reduce is a reduce-scatter in which each rank reduces its 1/n of every cache-sized chunk
 // reading all peers' buffers in rank order (so every rank gets bit-identical results), followed
 // by an all-gather of the reduced parts. Waiting ranks spin briefly, then sleep on a futex.
-std::vector<std::unique_ptr<Communicator>> make_host_communicators(
+MESHRT_API std::vector<std::unique_ptr<Communicator>> make_host_communicators(
     int n, const std::string& name = "world", CommConfig config = CommConfig::from_env());
 
 }  // namespace meshrt

@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 
+#include "meshrt/export.h"
 #include "runtime/context.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -34,7 +35,7 @@
 namespace meshrt::ops {
 
 enum class GeluKind : uint8_t { Tanh, Erf };
-const char* gelu_kind_name(GeluKind k);
+MESHRT_API const char* gelu_kind_name(GeluKind k);
 
 // ---- GEMM ---------------------------------------------------------------------------------------
 
@@ -44,86 +45,90 @@ const char* gelu_kind_name(GeluKind k);
 // view (unit stride on dim 0). op(x) is x^T when trans_x. Shapes: op(a) [m, k], op(b) [k, n],
 // c [m, n] (c rows flattened the same way), bias [n]. dtypes: a and b equal; c and bias equal
 // to a's dtype or f32.
-void gemm(Context& ctx, Stream& stream, const Tensor& a, bool trans_a, const Tensor& b,
-          bool trans_b, const Tensor& c, float alpha = 1.f, float beta = 0.f,
-          const Tensor* bias = nullptr);
+MESHRT_API void gemm(Context& ctx, Stream& stream, const Tensor& a, bool trans_a, const Tensor& b,
+                     bool trans_b, const Tensor& c, float alpha = 1.f, float beta = 0.f,
+                     const Tensor* bias = nullptr);
 
 // Batched: a [..., m, k] (or [..., k, m] when trans_a), b [..., k, n] (or [..., n, k]),
 // c [..., m, n]; the leading dims are one batch of equal count for all three, with a uniform
 // batch stride (e.g. [batch, heads, seq, head_dim] for attention scores).
-void gemm_strided_batched(Context& ctx, Stream& stream, const Tensor& a, bool trans_a,
-                          const Tensor& b, bool trans_b, const Tensor& c, float alpha = 1.f,
-                          float beta = 0.f);
+MESHRT_API void gemm_strided_batched(Context& ctx, Stream& stream, const Tensor& a, bool trans_a,
+                                     const Tensor& b, bool trans_b, const Tensor& c,
+                                     float alpha = 1.f, float beta = 0.f);
 
 // ---- elementwise --------------------------------------------------------------------------------
 
 // out = alpha * a + beta * b (residual add). Same shapes.
-void add(Context& ctx, Stream& stream, const Tensor& a, const Tensor& b, const Tensor& out,
-         float alpha = 1.f, float beta = 1.f);
+MESHRT_API void add(Context& ctx, Stream& stream, const Tensor& a, const Tensor& b,
+                    const Tensor& out, float alpha = 1.f, float beta = 1.f);
 // out = alpha * x.
-void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out, float alpha);
+MESHRT_API void scale(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out,
+                      float alpha);
 // out[0] += sum of x[i]^2 over every element of x (contiguous, any floating dtype), accumulated
 // in f32 (host: f64 partials) into out, an f32 tensor of one element: a gradient norm's partial
 // sum, NaN or infinite as soon as one element is.
-void sum_squares(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out);
+MESHRT_API void sum_squares(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out);
 // out = x converted to out's dtype (any floating <-> floating; rounding to nearest even).
-void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out);
+MESHRT_API void cast(Context& ctx, Stream& stream, const Tensor& x, const Tensor& out);
 // Every element of out = value (floating and integer dtypes).
-void fill(Context& ctx, Stream& stream, const Tensor& out, double value);
+MESHRT_API void fill(Context& ctx, Stream& stream, const Tensor& out, double value);
 
 // y = gelu(x + bias); x [..., n], bias [n] or null.
-void bias_gelu_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor* bias,
-                   const Tensor& y, GeluKind kind = GeluKind::Tanh);
+MESHRT_API void bias_gelu_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor* bias,
+                              const Tensor& y, GeluKind kind = GeluKind::Tanh);
 // dx = dy * gelu'(x + bias); dbias = sum of dx over rows (when given; requires bias's shape).
 // dx may alias dy.
-void bias_gelu_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
-                   const Tensor* bias, const Tensor& dx, const Tensor* dbias,
-                   GeluKind kind = GeluKind::Tanh, bool accumulate = false);
+MESHRT_API void bias_gelu_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
+                              const Tensor* bias, const Tensor& dx, const Tensor* dbias,
+                              GeluKind kind = GeluKind::Tanh, bool accumulate = false);
 
 // Inverted dropout: y = x * keep / (1 - p). Element i of the tensor uses the Philox draw for
 // global index index_base + i under (seed, offset), so the mask is reproducible from those alone
 // and a shard starting at global element index_base sees the unsharded tensor's mask.
-void dropout_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y, float p,
-                 uint64_t seed, uint64_t offset, int64_t index_base = 0);
+MESHRT_API void dropout_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y, float p,
+                            uint64_t seed, uint64_t offset, int64_t index_base = 0);
 // dx = dy * keep / (1 - p), with the same mask as dropout_fwd for (seed, offset, index_base).
-void dropout_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& dx, float p,
-                 uint64_t seed, uint64_t offset, int64_t index_base = 0);
+MESHRT_API void dropout_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& dx,
+                            float p, uint64_t seed, uint64_t offset, int64_t index_base = 0);
 
 // ---- normalisation (over the last dim; rows = all leading dims)
 // ----------------------------------
 
 // y = (x - mean) * rstd * gamma + beta; mean and rstd (f32, numel = rows) are saved for backward.
-void layernorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& gamma,
-                   const Tensor* beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
-                   float eps = 1e-5f);
-void layernorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
-                   const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                   const Tensor* dgamma, const Tensor* dbeta, bool accumulate = false);
+MESHRT_API void layernorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& gamma,
+                              const Tensor* beta, const Tensor& y, const Tensor& mean,
+                              const Tensor& rstd, float eps = 1e-5f);
+MESHRT_API void layernorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
+                              const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& dx, const Tensor* dgamma, const Tensor* dbeta,
+                              bool accumulate = false);
 // y = x * rstd * gamma with rstd = 1 / sqrt(mean(x^2) + eps) saved (f32, numel = rows).
-void rmsnorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& gamma,
-                 const Tensor& y, const Tensor& rstd, float eps = 1e-6f);
-void rmsnorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
-                 const Tensor& gamma, const Tensor& rstd, const Tensor& dx, const Tensor* dgamma,
-                 bool accumulate = false);
+MESHRT_API void rmsnorm_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& gamma,
+                            const Tensor& y, const Tensor& rstd, float eps = 1e-6f);
+MESHRT_API void rmsnorm_bwd(Context& ctx, Stream& stream, const Tensor& dy, const Tensor& x,
+                            const Tensor& gamma, const Tensor& rstd, const Tensor& dx,
+                            const Tensor* dgamma, bool accumulate = false);
 
 // ---- softmax and attention ----------------------------------------------------------------------
 
 // y = softmax(scale * x) over the last dim.
-void softmax_rows_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y,
-                      float scale = 1.f);
+MESHRT_API void softmax_rows_fwd(Context& ctx, Stream& stream, const Tensor& x, const Tensor& y,
+                                 float scale = 1.f);
 // dx = scale * y * (dy - sum(dy * y)) over the last dim.
-void softmax_rows_bwd(Context& ctx, Stream& stream, const Tensor& y, const Tensor& dy,
-                      const Tensor& dx, float scale = 1.f);
+MESHRT_API void softmax_rows_bwd(Context& ctx, Stream& stream, const Tensor& y, const Tensor& dy,
+                                 const Tensor& dx, float scale = 1.f);
 
 // Scaled dot-product attention, fused (no seq x seq matrix is materialised):
 // q [batch, heads, seq_q, head_dim], k and v [batch, heads, seq_k, head_dim], out like q,
 // lse [batch, heads, seq_q] f32 = logsumexp of each row of scaled scores (saved for backward).
 // causal: query i sees keys j <= i (requires seq_q == seq_k).
-void attention_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& out, const Tensor& lse, float softmax_scale, bool causal = true);
-void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                   const Tensor& dk, const Tensor& dv, float softmax_scale, bool causal = true);
+MESHRT_API void attention_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse,
+                              float softmax_scale, bool causal = true);
+MESHRT_API void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, float softmax_scale, bool causal = true);
 
 // The CUDA backend has two attention kernels with the same contract (inputs, outputs, lse):
 // - Flash: FlashAttention-2 on tensor cores (mma.sync, 16-bit inputs, f32 accumulation), for
@@ -133,27 +138,28 @@ void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& 
 // changes it for the process; Flash falls back to Reference where unsupported. The host backend
 // has one kernel (the numerical reference of both) and ignores the setting.
 enum class AttentionKernel : uint8_t { Flash, Reference };
-const char* attention_kernel_name(AttentionKernel k);
+MESHRT_API const char* attention_kernel_name(AttentionKernel k);
 // "flash" | "reference"; throws meshrt::Error naming the value otherwise.
-AttentionKernel parse_attention_kernel(const std::string& name);
+MESHRT_API AttentionKernel parse_attention_kernel(const std::string& name);
 // The process-wide setting (MESHRT_ATTENTION, read on first use, unless set before).
-AttentionKernel attention_kernel();
-void set_attention_kernel(AttentionKernel k);
+MESHRT_API AttentionKernel attention_kernel();
+MESHRT_API void set_attention_kernel(AttentionKernel k);
 // The kernel the CUDA backend runs for this dtype and head_dim under `setting`.
-AttentionKernel cuda_attention_kernel(DType dtype, int64_t head_dim,
-                                      AttentionKernel setting = attention_kernel());
+MESHRT_API AttentionKernel cuda_attention_kernel(DType dtype, int64_t head_dim,
+                                                 AttentionKernel setting = attention_kernel());
 
 // ---- embedding ----------------------------------------------------------------------------------
 
 // out[..., :] = weight[id - vocab_offset, :] for ids (i32/i64, any shape) inside this shard's
 // rows [vocab_offset, vocab_offset + weight.rows); zero for ids outside (vocab-parallel: the
 // shards' outputs are then summed). weight [v_local, d], out [ids..., d].
-void embedding_fwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor& weight,
-                   const Tensor& out, int64_t vocab_offset = 0);
+MESHRT_API void embedding_fwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor& weight,
+                              const Tensor& out, int64_t vocab_offset = 0);
 // dweight[id - vocab_offset] += dout[...] for ids in the shard (scatter-add; other rows zero
 // unless accumulate).
-void embedding_bwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor& dout,
-                   const Tensor& dweight, int64_t vocab_offset = 0, bool accumulate = false);
+MESHRT_API void embedding_bwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor& dout,
+                              const Tensor& dweight, int64_t vocab_offset = 0,
+                              bool accumulate = false);
 
 // ---- vocab-parallel cross-entropy
 // ---------------------------------------------------------------- logits [rows, v_local] hold
@@ -162,26 +168,28 @@ void embedding_bwd(Context& ctx, Stream& stream, const Tensor& ids, const Tensor
 // pieces: max -> all-reduce(max) -> sum-exp -> all-reduce(sum), target logit -> all-reduce(sum),
 // then loss and gradient. All f32 [rows] statistics.
 
-void xent_row_max(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max);
+MESHRT_API void xent_row_max(Context& ctx, Stream& stream, const Tensor& logits,
+                             const Tensor& row_max);
 // sumexp = sum_j exp(logits[r, j] - row_max[r]) with the (global) row max.
-void xent_row_sumexp(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max,
-                     const Tensor& sumexp);
+MESHRT_API void xent_row_sumexp(Context& ctx, Stream& stream, const Tensor& logits,
+                                const Tensor& row_max, const Tensor& sumexp);
 // target_logit[r] = logits[r, targets[r] - vocab_offset] when in this shard, else 0.
-void xent_target_logit(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& targets,
-                       const Tensor& target_logit, int64_t vocab_offset = 0,
-                       int64_t ignore_index = -100);
+MESHRT_API void xent_target_logit(Context& ctx, Stream& stream, const Tensor& logits,
+                                  const Tensor& targets, const Tensor& target_logit,
+                                  int64_t vocab_offset = 0, int64_t ignore_index = -100);
 // loss[r] = log(sumexp[r]) + row_max[r] - target_logit[r] (0 for ignored rows).
-void xent_loss(Context& ctx, Stream& stream, const Tensor& row_max, const Tensor& sumexp,
-               const Tensor& target_logit, const Tensor& targets, const Tensor& loss,
-               int64_t ignore_index = -100);
+MESHRT_API void xent_loss(Context& ctx, Stream& stream, const Tensor& row_max, const Tensor& sumexp,
+                          const Tensor& target_logit, const Tensor& targets, const Tensor& loss,
+                          int64_t ignore_index = -100);
 // dlogits = grad_scale * (softmax(logits) - onehot(target)) over this shard (0 for ignored rows).
-void xent_grad(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max,
-               const Tensor& sumexp, const Tensor& targets, const Tensor& dlogits,
-               int64_t vocab_offset = 0, float grad_scale = 1.f, int64_t ignore_index = -100);
+MESHRT_API void xent_grad(Context& ctx, Stream& stream, const Tensor& logits, const Tensor& row_max,
+                          const Tensor& sumexp, const Tensor& targets, const Tensor& dlogits,
+                          int64_t vocab_offset = 0, float grad_scale = 1.f,
+                          int64_t ignore_index = -100);
 
 // ---- optimizers (multi-tensor: one call updates every tensor of a group) ----------------------
 
-struct AdamWConfig {
+struct MESHRT_API AdamWConfig {
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
@@ -193,11 +201,11 @@ struct AdamWConfig {
 
 // params[i] (f32/bf16/f16) updated in place from grads[i] (params[i]'s dtype or f32);
 // exp_avg[i] and exp_avg_sq[i] are f32 states of the same shape. PyTorch AdamW semantics.
-void adamw_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
-                  std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
-                  std::span<const Tensor> exp_avg_sq, const AdamWConfig& cfg);
+MESHRT_API void adamw_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
+                             std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
+                             std::span<const Tensor> exp_avg_sq, const AdamWConfig& cfg);
 
-struct SgdConfig {
+struct MESHRT_API SgdConfig {
   float lr = 1e-2f;
   float momentum = 0.9f;
   float dampening = 0.f;
@@ -208,17 +216,17 @@ struct SgdConfig {
 };
 
 // SGD with momentum (PyTorch semantics); momentum_bufs[i] f32, same shape as params[i].
-void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
-                         std::span<const Tensor> grads, std::span<const Tensor> momentum_bufs,
-                         const SgdConfig& cfg);
+MESHRT_API void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> params,
+                                    std::span<const Tensor> grads,
+                                    std::span<const Tensor> momentum_bufs, const SgdConfig& cfg);
 
 // ---- introspection ------------------------------------------------------------------------------
 
 // Host threads one rank's ops use (cores / local ranks, or MESHRT_HOST_THREADS).
-int host_threads(Context& ctx);
+MESHRT_API int host_threads(Context& ctx);
 
 // The vendor GEMM library of the CUDA backend, e.g. "cuBLASLt 13.0.2" (a library call: no GPU
 // needed); "" in builds without CUDA.
-std::string gemm_library_version();
+MESHRT_API std::string gemm_library_version();
 
 }  // namespace meshrt::ops

@@ -6,12 +6,13 @@
 
 #include "kernels/ops.h"
 #include "mesh/linear.h"
+#include "meshrt/export.h"
 
 namespace meshrt {
 
 enum class NormKind : uint8_t { LayerNorm, RMSNorm };
 
-struct BlockConfig {
+struct MESHRT_API BlockConfig {
   int64_t hidden = 1024;
   int64_t ffn = 4096;
   int64_t heads = 16;
@@ -31,13 +32,13 @@ struct BlockConfig {
 // ffn that tp does not divide is sharded unevenly), and (seq > 0) seq % tp under sequence parallel
 // (seq % tp^2 for chunked overlap); with attention also heads % tp and hidden % heads. Messages
 // name the values and what to change.
-void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq = 0,
-                    bool attention = true);
+MESHRT_API void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt,
+                               int64_t seq = 0, bool attention = true);
 
 // LayerNorm / RMSNorm over hidden in the sequence-parallel style: weights replicated over tp;
 // under sequence parallel it runs on the sequence shard and its weight gradients are summed over
 // tp.
-class Norm {
+class MESHRT_API Norm {
  public:
   Norm(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, NormKind kind, std::string name,
        uint64_t id, int64_t hidden, DType dtype, float eps, float noise = 0.f, uint64_t seed = 0);
@@ -56,7 +57,7 @@ class Norm {
   Tensor x_, mean_, rstd_;
 };
 
-class Block {
+class MESHRT_API Block {
  public:
   virtual ~Block() = default;
   virtual Tensor forward(const Tensor& x) = 0;
@@ -71,7 +72,7 @@ class Block {
 
 // x + fc2(gelu(fc1(norm(x)))): norm sequence-parallel, fc1 colwise, fc2 rowwise. No heads: its
 // validation skips them.
-class MlpBlock : public Block {
+class MESHRT_API MlpBlock : public Block {
  public:
   MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
            std::string name, uint64_t id_base);
@@ -92,7 +93,7 @@ class MlpBlock : public Block {
 
 // x + proj(causal_attention(qkv(norm(x)))): fused QKV colwise with heads split over tp (weight
 // columns laid out per head as [q | k | v] so a column shard is whole heads), out-proj rowwise.
-class AttentionBlock : public Block {
+class MESHRT_API AttentionBlock : public Block {
  public:
   AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
                  std::string name, uint64_t id_base);
@@ -113,7 +114,7 @@ class AttentionBlock : public Block {
 };
 
 // Attention block then MLP block.
-class TransformerBlock : public Block {
+class MESHRT_API TransformerBlock : public Block {
  public:
   TransformerBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                    const BlockConfig& cfg, std::string name, uint64_t id_base);

@@ -6,20 +6,21 @@
 #include <vector>
 
 #include "mesh/parallel.h"
+#include "meshrt/export.h"
 
 namespace meshrt {
 
 // Adds the sum of squares of `grad` (any floating dtype) to `sumsq`, a [1, 1] f32 tensor, on the
 // compute stream: NaN or infinite as soon as one element is (or the sum overflows).
-void add_sumsq(Context& ctx, const Tensor& grad, const Tensor& sumsq);
+MESHRT_API void add_sumsq(Context& ctx, const Tensor& grad, const Tensor& sumsq);
 
-struct DpOptions {
+struct MESHRT_API DpOptions {
   double bucket_mb = 25.0;  // bucket capacity; a parameter larger than this gets its own bucket
   bool bf16_comm = false;   // communicate f32 gradients as bf16 (reduced in f32, cast back)
   Overlap overlap = Overlap::Async;  // None: wait for each bucket right after launching it
 };
 
-class GradSync {
+class MESHRT_API GradSync {
  public:
   // `params` in forward order. Each parameter's grad is rebound to a view of its bucket's flat
   // buffer (so the all-reduce needs no copies) and zeroed. `grad_sets` > 1 keeps that many

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "meshrt/export.h"
 #include "runtime/context.h"
 
 namespace meshrt {
@@ -17,16 +18,16 @@ namespace meshrt {
 inline constexpr std::string_view kTpDim = "tp";
 inline constexpr std::string_view kDpDim = "dp";
 
-struct MeshDim {
+struct MESHRT_API MeshDim {
   std::string name;
   int size = 1;
 };
 
 // Parses "dp=2,tp=4" (names [a-z_][a-z0-9_]*, sizes >= 1, no repeats). When world_size > 0 the
 // product must equal it; errors say both numbers and what to change.
-std::vector<MeshDim> parse_mesh_spec(std::string_view spec, int world_size = 0);
+MESHRT_API std::vector<MeshDim> parse_mesh_spec(std::string_view spec, int world_size = 0);
 
-class DeviceMesh {
+class MESHRT_API DeviceMesh {
  public:
   // Collective over `world`: every rank constructs its mesh with the same spec, in the same order
   // relative to other collectives. Rank <-> coordinates are row-major with the last dim

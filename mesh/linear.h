@@ -5,10 +5,11 @@
 #pragma once
 
 #include "mesh/style.h"
+#include "meshrt/export.h"
 
 namespace meshrt {
 
-struct LinearSpec {
+struct MESHRT_API LinearSpec {
   std::string name;
   uint64_t id = 0;  // parameter ids: weight id, bias id + 1
   int64_t in = 0, out = 0;
@@ -24,7 +25,7 @@ struct LinearSpec {
 // What backward gives every module: the input gradient and the event it is complete at (invalid
 // when it already is). The compute stream must wait for `ready` (CommScheduler::wait) before
 // reading dx; deferring that wait lets the collective overlap the weight-gradient GEMM.
-struct InputGrad {
+struct MESHRT_API InputGrad {
   Tensor dx;
   Event ready;
 };
@@ -36,7 +37,7 @@ struct InputGrad {
 // Rowwise: x [s, b, in_local] -> y [s_local, b, out]; backward all-gathers dy first under SP.
 // Overlap::Chunked splits the sequence all-gather (colwise) / reduce-scatter (rowwise) into tp
 // pieces so GEMM pieces start as their rows arrive.
-class Linear {
+class MESHRT_API Linear {
  public:
   Linear(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const LinearSpec& s,
          ParallelStyle style);
@@ -60,6 +61,6 @@ class Linear {
 };
 
 // Adds sum over rows of dy ([..., n]) into grad ([n]) with a ones-vector GEMM.
-void accumulate_row_sum(Context& ctx, Stream& s, const Tensor& dy, const Tensor& grad);
+MESHRT_API void accumulate_row_sum(Context& ctx, Stream& s, const Tensor& dy, const Tensor& grad);
 
 }  // namespace meshrt

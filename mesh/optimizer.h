@@ -6,14 +6,15 @@
 
 #include "kernels/ops.h"
 #include "mesh/data_parallel.h"
+#include "meshrt/export.h"
 #include "runtime/safetensors.h"
 
 namespace meshrt {
 
 enum class OptimizerKind : uint8_t { Sgd, AdamW };
-OptimizerKind parse_optimizer(std::string_view s);
+MESHRT_API OptimizerKind parse_optimizer(std::string_view s);
 
-struct OptimizerConfig {
+struct MESHRT_API OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;
   float lr = 1e-3f;
   float momentum = 0.9f;                            // SGD
@@ -22,7 +23,7 @@ struct OptimizerConfig {
   float clip_norm = 0.f;  // > 0: clip gradients to this global norm before the update
 };
 
-class Optimizer {
+class MESHRT_API Optimizer {
  public:
   Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg);
   // One update with lr * lr_scale. With `sync`, waits for gradient bucket b (of grad_set) just

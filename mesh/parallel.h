@@ -11,6 +11,7 @@
 
 #include "mesh/device_mesh.h"
 #include "mesh/placement.h"
+#include "meshrt/export.h"
 #include "runtime/tensor.h"
 
 namespace meshrt {
@@ -21,16 +22,16 @@ namespace meshrt {
 // sequence all-gather before a colwise GEMM and the reduce-scatter after a rowwise GEMM are split
 // into tp pieces so each GEMM piece starts as its input arrives (needs sequence parallel).
 enum class Overlap : uint8_t { None, Async, Chunked };
-const char* overlap_name(Overlap o);
-Overlap parse_overlap(std::string_view s);
+MESHRT_API const char* overlap_name(Overlap o);
+MESHRT_API Overlap parse_overlap(std::string_view s);
 
-struct TpOptions {
+struct MESHRT_API TpOptions {
   bool sequence_parallel = false;
   Overlap overlap = Overlap::Async;
 };
 
 // A parameter: the local shard, its gradient, and where the shard sits in the full tensor.
-struct Param {
+struct MESHRT_API Param {
   std::string name;
   uint64_t id = 0;  // Philox stream id: same for every layout
   Tensor value;     // local shard
@@ -43,18 +44,21 @@ struct Param {
 };
 
 // One placement per mesh dim: `p` on `dim` (when the mesh has it), Replicate elsewhere.
-std::vector<Placement> placements_on(const DeviceMesh& mesh, std::string_view dim, Placement p);
+MESHRT_API std::vector<Placement> placements_on(const DeviceMesh& mesh, std::string_view dim,
+                                                Placement p);
 
 // Creates a parameter of full shape `full` laid out by `pl` (shards may be uneven: see
 // shard_size), initialised by the Philox rule so every layout starts from the same full weights.
-Param make_param(const DeviceMesh& mesh, std::string name, uint64_t id, const Shape& full,
-                 std::vector<Placement> pl, DType dtype, const PhiloxInit& init);
+MESHRT_API Param make_param(const DeviceMesh& mesh, std::string name, uint64_t id,
+                            const Shape& full, std::vector<Placement> pl, DType dtype,
+                            const PhiloxInit& init);
 // Same, filled with a constant (norm gains 1, biases 0).
-Param make_param_const(const DeviceMesh& mesh, std::string name, uint64_t id, const Shape& full,
-                       std::vector<Placement> pl, DType dtype, double value);
+MESHRT_API Param make_param_const(const DeviceMesh& mesh, std::string name, uint64_t id,
+                                  const Shape& full, std::vector<Placement> pl, DType dtype,
+                                  double value);
 
 // Time accounting of communication, per mesh dim (host: exact; CUDA: from events).
-struct CommTimes {
+struct MESHRT_API CommTimes {
   double comm_ms = 0;     // time collectives ran on the comm stream
   double exposed_ms = 0;  // time the compute stream stood waiting for them
   int64_t bytes = 0;
@@ -63,7 +67,7 @@ struct CommTimes {
 
 // Issues one mesh dim's collectives on that dim's stream, ordered after the compute stream's
 // current point, and places compute waits. With a dim of size 1 every call is a local no-op copy.
-class CommScheduler {
+class MESHRT_API CommScheduler {
  public:
   CommScheduler(DeviceMesh& mesh, std::string_view dim, Overlap overlap);
   int size() const { return size_; }
@@ -104,7 +108,7 @@ class CommScheduler {
 // A change of an activation's placement over one mesh dim. Supported: Shard(0) -> Replicate
 // (all-gather), Partial -> Shard(0) (reduce-scatter), Partial -> Replicate (all-reduce) and
 // no change. Sequence-first activations make a dim-0 shard contiguous, so none needs reshuffling.
-struct Redistribution {
+struct MESHRT_API Redistribution {
   Placement from, to;
   bool is_identity() const { return from == to; }
   bool operator==(const Redistribution&) const = default;
@@ -120,7 +124,7 @@ struct Redistribution {
 // as r.from) into `out` (r.to) on the scheduler's stream and returns its completion event without
 // making compute wait, so each caller keeps its overlap (wait where the result is needed). `out`
 // may alias `in` for all-reduce. With no change, or a dim of size 1, a local copy at most.
-Event redistribute(CommScheduler& c, const Tensor& in, const Tensor& out, const Redistribution& r,
-                   const char* what);
+MESHRT_API Event redistribute(CommScheduler& c, const Tensor& in, const Tensor& out,
+                              const Redistribution& r, const char* what);
 
 }  // namespace meshrt

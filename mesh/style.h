@@ -5,6 +5,7 @@
 #include <string>
 
 #include "mesh/parallel.h"
+#include "meshrt/export.h"
 
 namespace meshrt {
 
@@ -12,7 +13,7 @@ namespace meshrt {
 // its output from `compute_output` to `output` after it (redistribute(), with the conjugates in
 // backward), so the communication of a block follows from the styles it is composed of: adjacent
 // modules agree on the placement between them and nothing moves there.
-struct ParallelStyle {
+struct MESHRT_API ParallelStyle {
   std::string name;
   Placement input;           // what the caller passes
   Placement compute_input;   // what the local compute reads
@@ -31,17 +32,17 @@ struct ParallelStyle {
 // replicated; pass false at tp=1, where there is nothing to shard.
 //
 // Linear, weight [in, out] sharded on out: Replicate (or gathered Shard(0)) in, Shard(-1) out.
-ParallelStyle colwise_parallel(bool sequence_parallel);
+MESHRT_API ParallelStyle colwise_parallel(bool sequence_parallel);
 // Linear, weight sharded on in: Shard(-1) in, Partial reduced to Replicate (or reduce-scattered
 // to Shard(0)) out; bias replicated, added once.
-ParallelStyle rowwise_parallel(bool sequence_parallel);
+MESHRT_API ParallelStyle rowwise_parallel(bool sequence_parallel);
 // Norms (and other per-token modules with replicated weights) on sequence shards.
-ParallelStyle sequence_parallel_norm(bool sequence_parallel);
+MESHRT_API ParallelStyle sequence_parallel_norm(bool sequence_parallel);
 // Embedding, weight [vocab, hidden] sharded on vocab: token ids Replicate in, the Partial lookup
 // reduced to Replicate (or reduce-scattered to Shard(0)) out.
-ParallelStyle vocab_parallel_embedding(bool sequence_parallel);
+MESHRT_API ParallelStyle vocab_parallel_embedding(bool sequence_parallel);
 // LM head: colwise over the vocabulary whose logits stay Shard(-1) for the loss-parallel
 // cross-entropy (max and sum-exp Partial -> Replicate instead of gathering the logits).
-ParallelStyle loss_parallel_head(bool sequence_parallel);
+MESHRT_API ParallelStyle loss_parallel_head(bool sequence_parallel);
 
 }  // namespace meshrt

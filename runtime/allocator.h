@@ -6,12 +6,13 @@
 #include <memory>
 #include <string>
 
+#include "meshrt/export.h"
 #include "runtime/device.h"
 #include "runtime/stream.h"
 
 namespace meshrt {
 
-struct AllocatorStats {
+struct MESHRT_API AllocatorStats {
   int64_t allocated_bytes = 0;  // currently handed out (rounded sizes)
   int64_t reserved_bytes = 0;   // held from the system, handed out or cached
   int64_t peak_allocated_bytes = 0;
@@ -21,7 +22,7 @@ struct AllocatorStats {
   int64_t live_blocks = 0;
 };
 
-class Allocator {
+class MESHRT_API Allocator {
  public:
   virtual ~Allocator() = default;
   virtual Device device() const = 0;
@@ -44,11 +45,11 @@ class Allocator {
 };
 
 // 64-byte aligned host memory with a caching pool by size class.
-std::shared_ptr<Allocator> make_host_caching_allocator(int device_index = 0);
+MESHRT_API std::shared_ptr<Allocator> make_host_caching_allocator(int device_index = 0);
 // Plain aligned malloc/free with stats and no cache (for comparisons and debugging).
-std::shared_ptr<Allocator> make_host_plain_allocator(int device_index = 0);
+MESHRT_API std::shared_ptr<Allocator> make_host_plain_allocator(int device_index = 0);
 
 // Rounds a request up to its size class (shared by the host and CUDA pools).
-size_t allocator_size_class(size_t bytes);
+MESHRT_API size_t allocator_size_class(size_t bytes);
 
 }  // namespace meshrt

@@ -11,6 +11,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "meshrt/export.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/stream.h"
@@ -18,7 +19,7 @@
 
 namespace meshrt {
 
-struct ContextOptions {
+struct MESHRT_API ContextOptions {
   int rank = 0;
   int world_size = 1;
   // Engine-provided allocator; default: the backend's caching allocator.
@@ -29,7 +30,7 @@ struct ContextOptions {
   int local_ranks = 1;
 };
 
-class Context {
+class MESHRT_API Context {
  public:
   explicit Context(Device device, ContextOptions opts = {});
   ~Context();

@@ -6,11 +6,13 @@
 #include <string_view>
 #include <vector>
 
+#include "meshrt/export.h"
+
 namespace meshrt {
 
 enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
 
-struct Device {
+struct MESHRT_API Device {
   DeviceType type = DeviceType::CPU;
   int index = 0;
 
@@ -25,14 +27,14 @@ struct Device {
 // Parses a rank list: "cpu" (1 rank), "cpu:4" (4 host ranks), "cuda:0", "cuda:0-7", "cuda:0,2,5",
 // "cuda:all" (every visible GPU; needs a working CUDA runtime). Each entry is one rank's device.
 // Throws meshrt::Error saying what is accepted.
-std::vector<Device> parse_devices(std::string_view spec);
+MESHRT_API std::vector<Device> parse_devices(std::string_view spec);
 
 // Whether CUDA devices can be used now; when not, why (not built / no driver / no device).
-bool cuda_available(std::string* why = nullptr);
+MESHRT_API bool cuda_available(std::string* why = nullptr);
 // Usable CUDA devices (0 in a build without CUDA or without a usable driver).
-int cuda_device_count();
+MESHRT_API int cuda_device_count();
 // What the device family's libraries report ("CUDA runtime 13.0, driver ..., cuda:0 NAME
 // (sm_90) ..."); "" for CUDA in a build without it.
-std::string device_versions(DeviceType type);
+MESHRT_API std::string device_versions(DeviceType type);
 
 }  // namespace meshrt

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "meshrt/export.h"
+
 namespace meshrt {
 
 enum class DType : uint8_t { f32 = 0, bf16, f16, i32, i64, u8 };
@@ -32,9 +34,9 @@ constexpr bool is_floating(DType t) {
   return t == DType::f32 || t == DType::bf16 || t == DType::f16;
 }
 
-const char* dtype_name(DType t);
+MESHRT_API const char* dtype_name(DType t);
 // Parses "f32"/"float32"/"bf16"/"bfloat16"/"f16"/"float16"/"i32"/"i64"/"u8"; throws with the
 // accepted names otherwise.
-DType parse_dtype(std::string_view s);
+MESHRT_API DType parse_dtype(std::string_view s);
 
 }  // namespace meshrt

@@ -5,9 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "meshrt/export.h"
+
 namespace meshrt {
 
-class Error : public std::runtime_error {
+class MESHRT_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what), message_(what) {}
   // `message` plus where it was raised: what() is "message [file.cpp:line]".
@@ -21,16 +23,16 @@ class Error : public std::runtime_error {
 };
 
 // Raised when a collective times out or a communicator was aborted.
-class CommError : public Error {
+class MESHRT_API CommError : public Error {
  public:
   using Error::Error;
 };
 
-[[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
+[[noreturn]] MESHRT_API void throw_error(const char* file, int line, const std::string& msg);
 
 // What to show a user for `e`: a meshrt::Error's message without its source location, or with
 // it (what()) when MESHRT_LOG_LEVEL is debug or trace; any other exception's what().
-std::string error_message(const std::exception& e);
+MESHRT_API std::string error_message(const std::exception& e);
 
 }  // namespace meshrt
 

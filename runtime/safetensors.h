@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshrt/export.h"
 #include "runtime/allocator.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -17,7 +18,7 @@ namespace meshrt {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-struct SafetensorsWriteOptions {
+struct MESHRT_API SafetensorsWriteOptions {
   // fsync the file before the rename and its directory after it, so the file survives a crash
   // of the machine once save_safetensors returns (checkpoints need it; dumps do not).
   bool durable = false;
@@ -27,11 +28,12 @@ struct SafetensorsWriteOptions {
 
 // Writes the tensors (any device; non-host ones are copied through `stream`) and string metadata.
 // Written to path.tmp then renamed, so a crash never leaves a half file under `path`.
-void save_safetensors(const std::string& path, const NamedTensors& tensors, Stream& stream,
-                      const std::map<std::string, std::string>& metadata = {},
-                      const SafetensorsWriteOptions& options = {});
+MESHRT_API void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                                 Stream& stream,
+                                 const std::map<std::string, std::string>& metadata = {},
+                                 const SafetensorsWriteOptions& options = {});
 
-struct SafetensorsFile {
+struct MESHRT_API SafetensorsFile {
   NamedTensors tensors;  // host tensors, in file order
   std::map<std::string, std::string> metadata;
   const Tensor& at(const std::string& name) const;
@@ -40,7 +42,7 @@ struct SafetensorsFile {
 // An open, validated safetensors file whose tensors are read on demand, whole or by byte range,
 // so a reader touches only the bytes it needs. Only regular files are opened (never a device or
 // a FIFO). Validation as load_safetensors.
-class SafetensorsReader {
+class MESHRT_API SafetensorsReader {
  public:
   struct Entry {
     std::string name;
@@ -78,6 +80,7 @@ class SafetensorsReader {
 // Reads and validates a whole file: rejects truncated files, oversized or malformed headers,
 // unknown dtypes, shape/size mismatches, offsets out of range or overlapping, with an Error that
 // names the file, the tensor and the values.
-SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<Allocator>& host);
+MESHRT_API SafetensorsFile load_safetensors(const std::string& path,
+                                            const std::shared_ptr<Allocator>& host);
 
 }  // namespace meshrt

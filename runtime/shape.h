@@ -8,11 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "meshrt/export.h"
 #include "runtime/tensor_desc.h"
 
 namespace meshrt {
 
-class Shape {
+class MESHRT_API Shape {
  public:
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);
@@ -41,6 +42,6 @@ class Shape {
 };
 
 // Contiguous (row-major) strides for a shape.
-Shape contiguous_strides(const Shape& s);
+MESHRT_API Shape contiguous_strides(const Shape& s);
 
 }  // namespace meshrt

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "meshrt/export.h"
 #include "runtime/device.h"
 
 namespace meshrt {
@@ -14,7 +15,7 @@ class EventImpl;
 
 // A point on a stream. Cheap to copy (shared state). Default-constructed events are "already
 // complete". An event records the error of the work before it, if any; synchronize() rethrows it.
-class Event {
+class MESHRT_API Event {
  public:
   Event() = default;
 
@@ -30,7 +31,7 @@ class Event {
   std::shared_ptr<EventImpl> impl_;
 };
 
-class Stream {
+class MESHRT_API Stream {
  public:
   Stream() : alive_(std::make_shared<char>(0)) {}
   virtual ~Stream() = default;
@@ -73,10 +74,11 @@ class Stream {
 // A host stream: one worker thread draining a queue. `name` shows in logs and traces.
 // With MESHRT_STREAM_JITTER=1 in the environment (or jitter=true) every task is preceded by a
 // random short delay (0..200 us) so a missing wait shows up in tests as a wrong result.
-std::unique_ptr<Stream> make_host_stream(std::string name = "host", int device_index = 0);
-std::unique_ptr<Stream> make_host_stream_jitter(std::string name, bool jitter);
+MESHRT_API std::unique_ptr<Stream> make_host_stream(std::string name = "host",
+                                                    int device_index = 0);
+MESHRT_API std::unique_ptr<Stream> make_host_stream_jitter(std::string name, bool jitter);
 
 // Whether MESHRT_STREAM_JITTER=1 is set (read once).
-bool stream_jitter_from_env();
+MESHRT_API bool stream_jitter_from_env();
 
 }  // namespace meshrt

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "meshrt/export.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -17,7 +18,7 @@
 namespace meshrt {
 
 // Memory owned by an allocator (or by an external owner through a deleter, e.g. DLPack).
-class Storage {
+class MESHRT_API Storage {
  public:
   Storage(void* ptr, size_t bytes, Device device, std::shared_ptr<Allocator> alloc);
   Storage(void* ptr, size_t bytes, Device device, std::function<void(void*)> deleter);
@@ -42,7 +43,7 @@ class Storage {
 };
 
 // Philox initialisation: value of full-tensor element i is a function of (seed, id, i) only.
-struct PhiloxInit {
+struct MESHRT_API PhiloxInit {
   enum class Dist : uint8_t { Uniform, Normal };
   uint64_t seed = 0;
   uint64_t id = 0;  // tensor / parameter id
@@ -51,7 +52,7 @@ struct PhiloxInit {
   float b = 1.f;  // uniform: high; normal: stddev
 };
 
-class Tensor {
+class MESHRT_API Tensor {
  public:
   Tensor() = default;  // undefined tensor
 
@@ -111,9 +112,10 @@ class Tensor {
   // Fills this tensor, which is the block of a tensor of shape `full_shape` starting at
   // `offsets`, with values that depend only on (init.seed, init.id, global element index):
   // a shard initialised on its own equals the same slice of the full tensor.
-  const Tensor& init_philox_(const PhiloxInit& init, const Shape& full_shape,
-                             const Shape& offsets, Stream& stream) const;
-  const Tensor& init_philox_(const PhiloxInit& init, Stream& stream) const;  // this tensor is the full one
+  const Tensor& init_philox_(const PhiloxInit& init, const Shape& full_shape, const Shape& offsets,
+                             Stream& stream) const;
+  const Tensor& init_philox_(const PhiloxInit& init,
+                             Stream& stream) const;  // this tensor is the full one
 
   // Host tensors only: reads/writes one element as double after the stream work is done.
   double item(int64_t flat_index) const;

@@ -3,13 +3,14 @@
 
 #include <cstdint>
 
+#include "meshrt/export.h"
 #include "runtime/dtype.h"
 
 namespace meshrt {
 
 constexpr int kMaxDims = 8;
 
-struct TensorDesc {
+struct MESHRT_API TensorDesc {
   void* ptr = nullptr;  // points at element 0 of the view (storage offset applied)
   DType dtype = DType::f32;
   int ndim = 0;

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "bench/common/command.h"
+#include "meshrt/version.h"
 #include "tools/bench_cli.h"
 #include "tools/blas_env.h"
 #include "tools/info.h"
@@ -14,7 +15,7 @@ int main(int argc, char** argv) {
   meshrt::cli::maybe_reexec_for_blas(argc, argv);
   CLI::App app{"meshrt: a runtime for mixed data + tensor parallelism"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "meshrt 0.1.0");
+  app.set_version_flag("--version", "meshrt " MESHRT_VERSION_STRING);
   auto* info = app.add_subcommand("info",
                                   "Devices found, why CUDA is unavailable if it is, "
                                   "library versions and build options");

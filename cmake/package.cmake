@@ -1,0 +1,167 @@
+# Packaging (included by the top CMakeLists.txt when MESHRT_BUILD_SHARED is ON):
+#   libmeshrt.so      the static layer libraries (and the C API's meshrt_capi when it exists)
+#                     linked --whole-archive into one shared library, SONAME libmeshrt.so.<major>,
+#                     exporting only meshrt_* and meshrt:: symbols (cmake/libmeshrt.map)
+#   public headers    include/meshrt/meshrt.hpp's #include lines and their include closure
+#   CMake package     lib/cmake/meshrt: meshrtConfig.cmake (target meshrt::meshrt) + version file
+#   pkg-config        lib/pkgconfig/meshrt.pc
+#   libmeshrt.a       with -DMESHRT_INSTALL_STATIC=ON: every layer in one archive
+#                     (target meshrt::meshrt_static)
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(_layers meshrt_runtime meshrt_kernels meshrt_collectives meshrt_mesh)
+if(TARGET meshrt_capi)
+  list(APPEND _layers meshrt_capi)
+endif()
+set(_incdir ${CMAKE_INSTALL_INCLUDEDIR})
+set(_libdir ${CMAKE_INSTALL_LIBDIR})
+set(_cmakedir ${CMAKE_INSTALL_LIBDIR}/cmake/meshrt)
+
+# ---- public headers ---------------------------------------------------------------------------
+# The set is the project #include lines of include/meshrt/meshrt.hpp; everything they include,
+# transitively, is installed too, under <prefix>/include/meshrt/<same path>. A header in that
+# closure may include only the standard library and other meshrt headers: one that reaches a
+# third-party or backend header (or a backend-internal meshrt header) stops the configure here,
+# naming the chain, instead of producing a package that does not compile for its users.
+set(_forbidden_system "^(cuda|cuda_[a-z0-9_]+|cublas[A-Za-z]*|curand[a-z_]*|nvtx3?/.*|mpi|mpi[a-z_]*|nccl|cblas|openblas[a-z_]*|nlohmann/.*|spdlog/.*|fmt/.*|CLI/.*)\\.(h|hpp)$")
+set(_forbidden_meshrt "(^|/)(cuda|host)/|(^|/)(backend|event_impl|event_pool|caching_allocator|comm_impl|ordered_comm)\\.h$")
+set(_todo)
+file(STRINGS ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.hpp _lines REGEX "^#include \"")
+foreach(_l ${_lines})
+  string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" _h "${_l}")
+  if(NOT _h MATCHES "^meshrt/")
+    list(APPEND _todo ${_h})
+    set(_why_${_h} "include/meshrt/meshrt.hpp")
+  endif()
+endforeach()
+set(MESHRT_PUBLIC_HEADERS)
+while(_todo)
+  list(POP_FRONT _todo _h)
+  if(_h IN_LIST MESHRT_PUBLIC_HEADERS)
+    continue()
+  endif()
+  set(_chain "${_why_${_h}} -> ${_h}")
+  if(NOT EXISTS ${PROJECT_SOURCE_DIR}/${_h})
+    message(FATAL_ERROR "public header set: ${_chain}: no such file (paths are relative to the "
+                        "source root, as in the rest of meshrt)")
+  endif()
+  if(_h MATCHES "${_forbidden_meshrt}")
+    message(FATAL_ERROR "public header set: ${_chain}: ${_h} is backend-internal and is not "
+                        "installed; include it from the .cpp instead")
+  endif()
+  list(APPEND MESHRT_PUBLIC_HEADERS ${_h})
+  file(STRINGS ${PROJECT_SOURCE_DIR}/${_h} _incs REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<]")
+  foreach(_i ${_incs})
+    if(_i MATCHES "include[ \t]*\"([^\"]+)\"")
+      set(_dep ${CMAKE_MATCH_1})
+      if(_dep MATCHES "^meshrt/(export|version|meshrt)\\.h$")
+        continue()  # installed below
+      endif()
+      if(NOT DEFINED _why_${_dep})
+        set(_why_${_dep} "${_chain}")
+      endif()
+      list(APPEND _todo ${_dep})
+    elseif(_i MATCHES "include[ \t]*<([^>]+)>")
+      set(_sys ${CMAKE_MATCH_1})
+      if(NOT _sys MATCHES "${_forbidden_system}")
+        continue()
+      endif()
+      message(FATAL_ERROR "public header set: ${_chain} includes <${_sys}>: installed "
+                          "headers may not need CUDA, MPI, NCCL, BLAS, JSON, logging or CLI "
+                          "headers; move that include (and what uses it) to the .cpp or to a "
+                          "private header")
+    endif()
+  endforeach()
+endwhile()
+list(SORT MESHRT_PUBLIC_HEADERS)
+list(LENGTH MESHRT_PUBLIC_HEADERS _n)
+message(STATUS "meshrt: ${_n} public headers (include/meshrt/meshrt.hpp and its closure)")
+
+foreach(_h ${MESHRT_PUBLIC_HEADERS})
+  get_filename_component(_dir ${_h} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${_h} DESTINATION ${_incdir}/meshrt/${_dir})
+endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.hpp
+              ${PROJECT_SOURCE_DIR}/include/meshrt/export.h
+              ${PROJECT_BINARY_DIR}/include/meshrt/version.h DESTINATION ${_incdir}/meshrt)
+if(EXISTS ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.h)
+  install(FILES ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.h DESTINATION ${_incdir}/meshrt)
+endif()
+
+# ---- libmeshrt.so -----------------------------------------------------------------------------
+# --whole-archive of the existing static libraries rather than object libraries: the layers stay
+# ordinary static libraries (tests and the CLI link them as before, with their own usage
+# requirements), every object is compiled once for both, and nothing is dropped from the shared
+# library for lack of a reference (the linker would otherwise take only the archive members the
+# library itself references, leaving most of the API out).
+set(_empty ${PROJECT_BINARY_DIR}/generated/libmeshrt.cpp)
+file(CONFIGURE OUTPUT ${_empty} CONTENT
+     "// Generated by cmake/package.cmake: libmeshrt.so is made of the layer libraries only.\n")
+add_library(meshrt_shared SHARED ${_empty})
+# The archives by path between the two flags (CMake's WHOLE_ARCHIVE feature refuses a library
+# that also comes in as another layer's dependency), then the layers as targets, which bring
+# their usage requirements and dependencies (OpenBLAS, MPI, spdlog, CUDA, ...).
+set(_archives)
+foreach(_t ${_layers})
+  list(APPEND _archives $<TARGET_FILE:${_t}>)
+endforeach()
+target_link_libraries(meshrt_shared PRIVATE -Wl,--whole-archive ${_archives}
+                                            -Wl,--no-whole-archive ${_layers})
+set(_map ${PROJECT_SOURCE_DIR}/cmake/libmeshrt.map)
+target_link_options(meshrt_shared PRIVATE "LINKER:--version-script=${_map}" "LINKER:--no-undefined")
+set_target_properties(
+  meshrt_shared
+  PROPERTIES OUTPUT_NAME meshrt
+             VERSION ${PROJECT_VERSION}
+             SOVERSION ${PROJECT_VERSION_MAJOR}
+             LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/lib
+             LINK_DEPENDS ${_map}
+             # CUDA / NCCL outside the default search path stay reachable once installed.
+             INSTALL_RPATH_USE_LINK_PATH ON)
+install(TARGETS meshrt_shared LIBRARY DESTINATION ${_libdir})
+
+# ---- libmeshrt.a (optional) -------------------------------------------------------------------
+set(MESHRT_STATIC_INSTALLED OFF)
+if(MESHRT_INSTALL_STATIC)
+  # One archive with every layer's members, made by ar's MRI script mode.
+  set(_mri "CREATE ${PROJECT_BINARY_DIR}/lib/libmeshrt.a\n")
+  foreach(_t ${_layers})
+    string(APPEND _mri "ADDLIB $<TARGET_FILE:${_t}>\n")
+  endforeach()
+  string(APPEND _mri "SAVE\nEND\n")
+  file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/generated/libmeshrt.mri CONTENT "${_mri}")
+  add_custom_command(
+    OUTPUT ${PROJECT_BINARY_DIR}/lib/libmeshrt.a
+    COMMAND ${CMAKE_COMMAND} -E rm -f ${PROJECT_BINARY_DIR}/lib/libmeshrt.a
+    COMMAND ${CMAKE_AR} -M < ${PROJECT_BINARY_DIR}/generated/libmeshrt.mri
+    DEPENDS ${_layers} ${PROJECT_BINARY_DIR}/generated/libmeshrt.mri
+    COMMENT "Combining the layer libraries into libmeshrt.a")
+  add_custom_target(meshrt_static_archive ALL DEPENDS ${PROJECT_BINARY_DIR}/lib/libmeshrt.a)
+  install(FILES ${PROJECT_BINARY_DIR}/lib/libmeshrt.a DESTINATION ${_libdir})
+  set(MESHRT_STATIC_INSTALLED ON)
+else()
+  message(STATUS "meshrt: libmeshrt.a not installed (-DMESHRT_INSTALL_STATIC=ON adds it)")
+endif()
+
+# ---- CMake package ----------------------------------------------------------------------------
+# What the config file needs to know about this build.
+set(MESHRT_PKG_CUDA ${MESHRT_WITH_CUDA})
+set(MESHRT_PKG_NCCL_DIR "")
+if(MESHRT_WITH_CUDA)
+  get_filename_component(MESHRT_PKG_NCCL_DIR "${NCCL_LIBRARY}" DIRECTORY)
+endif()
+configure_package_config_file(cmake/meshrtConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/generated/meshrtConfig.cmake
+                              INSTALL_DESTINATION ${_cmakedir})
+# While the major version is 0, a minor release may break the API: 0.2 accepts 0.2.x only.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/generated/meshrtConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/generated/meshrtConfig.cmake
+              ${PROJECT_BINARY_DIR}/generated/meshrtConfigVersion.cmake DESTINATION ${_cmakedir})
+
+# ---- pkg-config -------------------------------------------------------------------------------
+file(RELATIVE_PATH MESHRT_PC_TO_PREFIX /${_libdir}/pkgconfig /)
+string(REGEX REPLACE "/$" "" MESHRT_PC_TO_PREFIX "${MESHRT_PC_TO_PREFIX}")
+configure_file(cmake/meshrt.pc.in ${PROJECT_BINARY_DIR}/generated/meshrt.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/generated/meshrt.pc DESTINATION ${_libdir}/pkgconfig)

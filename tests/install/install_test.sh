@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The installed package, checked from the outside (ctest install.*; tests/install/CMakeLists.txt).
+#   install_test.sh consumer <build> <source> <scratch> <version> <meshrt-cli> <generator> <cc> <cxx> <static ON|OFF>
+#       `cmake --install` into <scratch>/prefix, then examples/cmake-consumer built with
+#       find_package(meshrt) and with `pkg-config --cflags --libs meshrt`; both must run and print
+#       the version and exact all-reduce sums.
+#   install_test.sh headers <build> <scratch> <cc> <cxx>
+#       every installed header compiles alone (C++20; the C headers also as C99); none includes a
+#       CUDA, MPI, NCCL, BLAS, JSON, logging or CLI header.
+#   install_test.sh exports <libmeshrt.so>
+#       every symbol libmeshrt.so exports is meshrt_* (C) or in namespace meshrt.
+# Reuses the built tree: `cmake --install` copies, it never builds. MESHRT_CONSUMER_FLAGS (set by
+# ctest in sanitizer builds) is added to the consumers' compile and link flags: a program loading
+# an instrumented libmeshrt.so must be built with the same -fsanitize.
+set -euo pipefail
+extra=${MESHRT_CONSUMER_FLAGS:-}
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+install_into() {  # build prefix log
+  cmake --install "$1" --prefix "$2" >"$3" 2>&1 ||
+    { cat "$3" >&2; fail "cmake --install $1 failed (is libmeshrt.so built? cmake --build $1)"; }
+}
+
+check_output() {  # what log version
+  grep -qx "meshrt $3 (header .*)" "$2" || { cat "$2" >&2; fail "$1 did not print 'meshrt $3'"; }
+  if ! grep -q "elements exact" "$2" || ! grep -qx "OK" "$2"; then
+    cat "$2" >&2
+    fail "$1 did not report exact all-reduce sums"
+  fi
+}
+
+mode=${1:-}
+shift || true
+case "$mode" in
+  consumer)
+    build=$1 src=$2 scratch=$3 version=$4 cli=$5 generator=$6 cc=$7 cxx=$8 static=$9
+    rm -rf "$scratch" && mkdir -p "$scratch"
+    prefix=$scratch/prefix
+    # The CLI and the package report the one version (project() in CMakeLists.txt).
+    [ "$("$cli" --version)" = "meshrt $version" ] || fail "'meshrt --version' says '$("$cli" --version)', want 'meshrt $version'"
+    install_into "$build" "$prefix" "$scratch/install.log"
+    for f in lib/cmake/meshrt/meshrtConfig.cmake lib/cmake/meshrt/meshrtConfigVersion.cmake \
+      lib/pkgconfig/meshrt.pc include/meshrt/meshrt.hpp include/meshrt/version.h \
+      include/meshrt/export.h "lib/libmeshrt.so.$version" lib/libmeshrt.so.${version%%.*}; do
+      [ -e "$prefix/$f" ] || fail "the install has no $f"
+    done
+
+    # 1. CMake: find_package(meshrt 0.2 REQUIRED) + meshrt::meshrt.
+    variants=(shared)
+    [ "$static" = ON ] && variants+=(static)
+    for v in "${variants[@]}"; do
+      b=$scratch/cmake-$v
+      opt=OFF
+      [ "$v" = static ] && opt=ON
+      if ! cmake -S "$src/examples/cmake-consumer" -B "$b" -G "$generator" \
+        -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+        -DCMAKE_BUILD_TYPE=Release -DMESHRT_CONSUMER_STATIC=$opt -DCMAKE_C_FLAGS="$extra" \
+        -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" >"$b.configure.log" 2>&1; then
+        cat "$b.configure.log" >&2
+        fail "configuring examples/cmake-consumer ($v) against $prefix failed"
+      fi
+      grep -q "meshrt $version from $prefix/lib/cmake/meshrt" "$b.configure.log" ||
+        { cat "$b.configure.log" >&2; fail "find_package(meshrt) did not take the package in $prefix"; }
+      cmake --build "$b" >"$b.build.log" 2>&1 ||
+        { cat "$b.build.log" >&2; fail "building examples/cmake-consumer ($v) failed"; }
+      "$b/app" >"$b.run.log" 2>&1 || { cat "$b.run.log" >&2; fail "the $v consumer failed"; }
+      check_output "the $v CMake consumer" "$b.run.log" "$version"
+      if [ "$v" = shared ]; then
+        ldd "$b/app" | grep "libmeshrt.so.${version%%.*} => $prefix/lib/" >/dev/null ||
+          { ldd "$b/app" >&2; fail "the consumer does not load libmeshrt from $prefix/lib"; }
+      fi
+      echo "cmake consumer ($v):"
+      sed 's/^/  /' "$b.run.log"
+    done
+
+    # 2. pkg-config: the same main.cpp from one compiler line.
+    export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+    [ "$(pkg-config --modversion meshrt)" = "$version" ] || fail "pkg-config --modversion meshrt is not $version"
+    flags=$(pkg-config --cflags --libs meshrt)
+    # shellcheck disable=SC2086 # word splitting of the flags is meant
+    "$cxx" -std=c++20 -O1 $extra "$src/examples/cmake-consumer/main.cpp" $flags -Wl,-rpath,"$prefix/lib" \
+      -o "$scratch/app-pkgconfig" >"$scratch/pkgconfig.build.log" 2>&1 ||
+      { cat "$scratch/pkgconfig.build.log" >&2; fail "c++ main.cpp \$(pkg-config --cflags --libs meshrt) failed: $flags"; }
+    "$scratch/app-pkgconfig" >"$scratch/pkgconfig.run.log" 2>&1 ||
+      { cat "$scratch/pkgconfig.run.log" >&2; fail "the pkg-config consumer failed"; }
+    check_output "the pkg-config consumer" "$scratch/pkgconfig.run.log" "$version"
+    echo "pkg-config consumer: c++ -std=c++20 main.cpp $flags"
+    echo "PASS"
+    ;;
+
+  headers)
+    build=$1 scratch=$2 cc=$3 cxx=$4
+    rm -rf "$scratch" && mkdir -p "$scratch/tu"
+    prefix=$scratch/prefix
+    install_into "$build" "$prefix" "$scratch/install.log"
+    cd "$prefix/include"
+    mapfile -t headers < <(find meshrt -type f \( -name '*.h' -o -name '*.hpp' \) | sort)
+    [ "${#headers[@]}" -gt 10 ] || fail "only ${#headers[@]} headers installed under $prefix/include/meshrt"
+    bad=$(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(cuda|cublas|curand|nvtx|mpi|nccl|cblas|openblas|nlohmann/|spdlog/|fmt/|CLI/)' \
+      "${headers[@]}" || true)
+    [ -z "$bad" ] || fail "installed headers include third-party or backend headers:
+$bad"
+    # One translation unit per header, including only it; C headers (.h without C++) also as C99.
+    for h in "${headers[@]}"; do
+      tu=$scratch/tu/$(echo "$h" | tr '/.' '__')
+      # (the typedef keeps a C file that only defines macros from being an empty unit)
+      printf '#include <%s>\ntypedef int meshrt_header_test_unit;\n' "$h" >"$tu.cpp"
+      echo "$cxx -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I$prefix/include -I$prefix/include/meshrt $tu.cpp" >>"$scratch/commands"
+      case "$h" in
+        meshrt/version.h | meshrt/export.h | meshrt/meshrt.h)
+          printf '#include <%s>\ntypedef int meshrt_header_test_unit;\n' "$h" >"$tu.c"
+          echo "$cc -std=c99 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I$prefix/include $tu.c" >>"$scratch/commands"
+          ;;
+      esac
+    done
+    status=0
+    # shellcheck disable=SC2016
+    xargs -P 2 -I{} sh -c '{} 2>&1 || { echo "FAILED: {}"; exit 1; }' <"$scratch/commands" >"$scratch/compile.log" || status=1
+    if [ $status -ne 0 ]; then
+      cat "$scratch/compile.log" >&2
+      fail "some installed headers do not compile alone (see FAILED lines above)"
+    fi
+    echo "$(wc -l <"$scratch/commands") translation units compiled, ${#headers[@]} headers:"
+    printf '  %s\n' "${headers[@]}"
+    echo "PASS"
+    ;;
+
+  exports)
+    lib=$1
+    [ -f "$lib" ] || fail "$lib does not exist (build meshrt_shared)"
+    syms=$(nm -D --defined-only "$lib" | awk '{ $1 = ""; $2 = ""; sub(/^  /, ""); print }' | c++filt)
+    n=$(printf '%s\n' "$syms" | grep -c . || true)
+    # Allowed: the C API, anything in namespace meshrt, and the compiler's per-type data for it.
+    offenders=$(printf '%s\n' "$syms" | grep -vE '^(meshrt_[A-Za-z0-9_]*$|meshrt::|(typeinfo|typeinfo name|vtable|VTT|guard variable|non-virtual thunk|virtual thunk|construction vtable) (for|to) meshrt::|construction vtable for .*-in-meshrt::)' || true)
+    if [ -n "$offenders" ]; then
+      printf '  %s\n' "${offenders//$'\n'/$'\n'  }" >&2
+      fail "libmeshrt.so exports $(echo "$offenders" | wc -l) symbols outside meshrt_* / meshrt:: (listed above): hide them (cmake/libmeshrt.map, -fvisibility=hidden)"
+    fi
+    printf '%s\n' "$syms" | grep '^meshrt::make_host_communicators(' >/dev/null ||
+      fail "libmeshrt.so does not export meshrt::make_host_communicators: is MESHRT_API on the public declarations?"
+    echo "$n exported symbols, all meshrt_* or meshrt::"
+    echo "PASS"
+    ;;
+
+  *)
+    fail "usage: install_test.sh consumer|headers|exports ... (see the header of this script)"
+    ;;
+esac

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "capi/capi_internal.h"
+#include "meshrt/version.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 

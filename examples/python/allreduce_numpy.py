@@ -1,7 +1,7 @@
 """meshrt's C API from Python (ctypes + NumPy): zero-copy all-reduce of NumPy arrays across
 threads, and an all-gather into a tensor meshrt allocates, handed back through DLPack.
 
-Usage: allreduce_numpy.py <path to a shared library with the C API (meshrt_capi_test_so)>
+Usage: allreduce_numpy.py <path to libmeshrt.so>
 Exits 77 (skipped) when NumPy is missing.
 """
 import ctypes as C

@@ -89,6 +89,28 @@ case "$mode" in
       { cat "$scratch/pkgconfig.run.log" >&2; fail "the pkg-config consumer failed"; }
     check_output "the pkg-config consumer" "$scratch/pkgconfig.run.log" "$version"
     echo "pkg-config consumer: c++ -std=c++20 main.cpp $flags"
+
+    # 3. The C API examples against the installed package: examples/c as strict C99 from one
+    # compiler line, and examples/python (ctypes + NumPy) loading the installed libmeshrt.so.
+    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/allreduce_threads.c" \
+      $flags -pthread -Wl,-rpath,"$prefix/lib" -o "$scratch/c-example" >"$scratch/c-example.build.log" 2>&1 ||
+      { cat "$scratch/c-example.build.log" >&2; fail "cc -std=c99 examples/c/allreduce_threads.c \$(pkg-config --cflags --libs meshrt) failed"; }
+    "$scratch/c-example" >"$scratch/c-example.run.log" 2>&1 ||
+      { cat "$scratch/c-example.run.log" >&2; fail "examples/c against the install failed"; }
+    grep -q "^meshrt $version, C API" "$scratch/c-example.run.log" && grep -qx "OK: 0 mismatches" "$scratch/c-example.run.log" ||
+      { cat "$scratch/c-example.run.log" >&2; fail "examples/c did not report version $version and 0 mismatches"; }
+    echo "C example (installed package):"
+    sed 's/^/  /' "$scratch/c-example.run.log"
+    py=$src/.venv-ci/bin/python
+    if [ -x "$py" ] && "$py" -c "import numpy" 2>/dev/null; then
+      "$py" "$src/examples/python/allreduce_numpy.py" "$prefix/lib/libmeshrt.so" >"$scratch/python.run.log" 2>&1 ||
+        { cat "$scratch/python.run.log" >&2; fail "examples/python against $prefix/lib/libmeshrt.so failed"; }
+      grep -qx "OK" "$scratch/python.run.log" || { cat "$scratch/python.run.log" >&2; fail "examples/python did not print OK"; }
+      echo "Python example (installed libmeshrt.so):"
+      sed 's/^/  /' "$scratch/python.run.log"
+    else
+      echo "Python example: not run (no .venv-ci with numpy; tools/install-deps.sh --python-venv makes it)"
+    fi
     echo "PASS"
     ;;
 

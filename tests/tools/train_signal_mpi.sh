@@ -20,6 +20,9 @@ fail() {
 start() {
   n="$1"
   shift
+  # Emptied here, not by the background job's redirection: the wait below must not see the
+  # previous case's "step N" before the new job has truncated the file.
+  : >"$out"
   "$@" -np 2 "$meshrt" train --devices cpu --hidden 512 --heads 8 --seq 128 --batch 4 \
     --steps 100000 --seed "$seed" >"$out" 2>&1 &
   pid=$!

@@ -302,13 +302,23 @@ void run_rank(meshrt_comm_t comm, const char* spec, const Shape3& d, const Varia
                             (var.layernorm ? " layernorm" : " rmsnorm") +
                             (var.bias ? " bias" : " no-bias") + " rank tp" + std::to_string(tr) +
                             " dp" + std::to_string(dpc);
+  // OUT_IN runs on a stream of the engine's (the block orders itself after it and the stream
+  // waits for the block), IN_OUT on the default stream.
+  meshrt_stream_t stream = nullptr;
+  if (oi) CAPI_THROW_UNLESS_OK(meshrt_stream_create(comm, &stream));
   for (int step = 1; step <= 2; ++step) {  // gradients add up: the second step doubles them
     meshrt_event_t ev = nullptr;
-    CAPI_THROW_UNLESS_OK(meshrt_mlp_forward(mlp, xt.h, yt.h, nullptr, &ev));
+    CAPI_THROW_UNLESS_OK(meshrt_mlp_forward(mlp, xt.h, yt.h, stream, &ev));
     CAPI_THROW_UNLESS_OK(meshrt_event_synchronize(ev));
     CAPI_THROW_UNLESS_OK(meshrt_event_destroy(ev));
     expect_close(yt.v, local(out), "y", where);
-    CAPI_THROW_UNLESS_OK(meshrt_mlp_backward(mlp, dyt.h, dxt.h, &g, nullptr, &ev));
+    CAPI_THROW_UNLESS_OK(meshrt_mlp_backward(mlp, dyt.h, dxt.h, &g, stream, &ev));
+    if (stream) {  // the engine's stream is behind the block's work
+      CAPI_THROW_UNLESS_OK(meshrt_stream_synchronize(stream));
+      int done = 0;
+      CAPI_THROW_UNLESS_OK(meshrt_event_query(ev, &done));
+      RANK_EXPECT(done == 1, "the caller's stream waits for the block's event");
+    }
     CAPI_THROW_UNLESS_OK(meshrt_event_synchronize(ev));
     CAPI_THROW_UNLESS_OK(meshrt_event_destroy(ev));
     expect_close(dxt.v, local(dx), "dx", where);
@@ -323,6 +333,7 @@ void run_rank(meshrt_comm_t comm, const char* spec, const Shape3& d, const Varia
       expect_close(gb2.v, scaled(rb2, k), "fc2_bias grad", where);
     }
   }
+  CAPI_THROW_UNLESS_OK(meshrt_stream_destroy(stream));
   CAPI_THROW_UNLESS_OK(meshrt_mlp_destroy(mlp));
   CAPI_THROW_UNLESS_OK(meshrt_mesh_destroy(mesh));
 }

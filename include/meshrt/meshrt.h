@@ -397,9 +397,11 @@ MESHRT_C_API meshrt_status_t meshrt_mlp_destroy(meshrt_mlp_t mlp);
 MESHRT_C_API meshrt_status_t meshrt_mlp_shard_info(meshrt_mlp_t mlp, meshrt_mlp_param_t which,
                                                    int64_t* offset, int64_t* size);
 /* Binds this rank's shards (shapes in meshrt_mlp_params_t, the config's dtype, the mesh's
- * device; anything else is MESHRT_ERROR_INVALID_ARGUMENT naming the expected shape). Borrowed:
- * keep the tensors and their memory alive until the block is destroyed or bound again. May be
- * called again to bind other tensors (after the block's earlier work has completed). */
+ * device; anything else is MESHRT_ERROR_INVALID_ARGUMENT naming the expected shape). The block
+ * holds the tensors (the handles may be destroyed after the call; a managed tensor's deleter then
+ * runs once the block lets go), but a borrowed DLTensor's memory must stay valid until the block
+ * is destroyed or bound again. May be called again to bind other tensors (after the block's
+ * earlier work has completed). */
 MESHRT_C_API meshrt_status_t meshrt_mlp_bind_weights(meshrt_mlp_t mlp,
                                                      const meshrt_mlp_params_t* weights);
 /* OUT_IN: copies (transposes) the bound weights again, after the engine changed them; enqueued on

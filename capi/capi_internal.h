@@ -73,8 +73,10 @@ struct CommObj {
   std::shared_ptr<Context> ctx;
   // Process launches: the transport lives as long as the communicator (backends may keep it).
   std::shared_ptr<BootstrapTransport> transport;
-  std::unique_ptr<Communicator> comm;
+  // Owned, or (a mesh's dim communicator) aliasing the mesh that owns it.
+  std::shared_ptr<Communicator> comm;
   void* default_stream_handle = nullptr;  // its StreamObj's handle, removed with the comm
+  bool mesh_owned = false;                // handed out by meshrt_mesh_comm: the mesh frees it
 };
 
 struct StreamObj {
@@ -93,7 +95,7 @@ struct TensorObj {
   bool read_only = false;
 };
 
-enum class Kind { Comm, Stream, Event, Tensor };
+enum class Kind { Comm, Stream, Event, Tensor, Mesh, Mlp };
 const char* kind_name(Kind k);  // "communicator", ...
 
 // Every live handle of the process: a handle is the address of its object, and a call finds the

@@ -459,6 +459,16 @@ meshrt_status_t meshrt_comm_adopt_nccl(meshrt_comm_t* comm, void* nccl_comm, int
 meshrt_status_t meshrt_comm_destroy(meshrt_comm_t comm) {
   return guarded(__func__, [&] {
     if (comm == nullptr) return;
+    std::shared_ptr<CommObj> live;
+    try {
+      live = find_comm(comm);
+    } catch (const StatusError&) {
+      // not live: reported below
+    }
+    CAPI_CHECK(!live || !live->mesh_owned, MESHRT_ERROR_INVALID_USAGE,
+               "comm (" << static_cast<void*>(comm)
+                        << ") is a mesh's dim communicator (from meshrt_mesh_comm), owned by the "
+                           "mesh: meshrt_mesh_destroy frees it, do not destroy it yourself");
     std::shared_ptr<CommObj> c =
         std::static_pointer_cast<CommObj>(Registry::get().remove(comm, Kind::Comm));
     CAPI_CHECK(c != nullptr, MESHRT_ERROR_INVALID_USAGE,

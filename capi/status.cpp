@@ -74,6 +74,10 @@ const char* kind_name(Kind k) {
       return "event";
     case Kind::Tensor:
       return "tensor";
+    case Kind::Mesh:
+      return "mesh";
+    case Kind::Mlp:
+      return "mlp";
   }
   return "handle";
 }

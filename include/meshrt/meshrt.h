@@ -1,4 +1,5 @@
-/* meshrt's stable C API: communicators, DLPack tensors and collectives for embedding engines.
+/* meshrt's stable C API: communicators, DLPack tensors, collectives, device meshes and sharded
+ * transformer blocks for embedding engines.
  *
  * C99, no CUDA / MPI / NCCL types: a cudaStream_t, an ncclComm_t or an MPI_Comm* is passed as a
  * void* where a call documents it. Conventions:
@@ -7,10 +8,10 @@
  *    to change). No call throws a C++ exception or aborts the process on bad input.
  *  - Call meshrt_init(MESHRT_API_VERSION) once before creating communicators: a library built
  *    for another API version refuses it, naming both versions.
- *  - Handles (meshrt_comm_t, meshrt_stream_t, meshrt_event_t, meshrt_tensor_t) are opaque and
- *    checked on every call: a destroyed or never-created handle gets
- *    MESHRT_ERROR_INVALID_USAGE, not a crash (a freed handle's address could be reused by a new
- *    handle of the same kind; do not keep handles past destroy).
+ *  - Handles (meshrt_comm_t, meshrt_stream_t, meshrt_event_t, meshrt_tensor_t, meshrt_mesh_t,
+ *    meshrt_mlp_t) are opaque and checked on every call: a destroyed or never-created handle
+ *    gets MESHRT_ERROR_INVALID_USAGE, not a crash (a freed handle's address could be reused
+ *    by a new handle of the same kind; do not keep handles past destroy).
  *  - Tensors are DLPack tensors, used in place (zero copy); see "Tensors" below.
  *  - Asynchronous calls take a stream (NULL: the communicator's default stream) and may return an
  *    event; nothing waits behind the caller's back. */
@@ -272,6 +273,156 @@ MESHRT_C_API meshrt_status_t meshrt_recv(meshrt_comm_t comm, meshrt_tensor_t ten
                                          meshrt_stream_t stream, meshrt_event_t* event);
 MESHRT_C_API meshrt_status_t meshrt_barrier(meshrt_comm_t comm, meshrt_stream_t stream,
                                             meshrt_event_t* event);
+
+/* ---- device mesh ---------------------------------------------------------------------------
+ * An n-D grid of the ranks of a communicator with named dims ("dp=2,tp=2"): row-major, last dim
+ * innermost, so a tp group is a run of consecutive ranks. The blocks below shard over dim "tp"
+ * (a mesh without one has tp size 1). */
+
+typedef struct meshrt_mesh_s* meshrt_mesh_t;
+
+/* Collective over `comm` (every rank, same spec, same order relative to other collectives):
+ * splits one sub-communicator per dim. Spec: "name=size,..." with names [a-z_][a-z0-9_]*, sizes
+ * >= 1, no repeats, and the product equal to comm's size; otherwise
+ * MESHRT_ERROR_INVALID_ARGUMENT with both numbers. The mesh keeps `comm` alive (it may be
+ * destroyed first) and runs on comm's default stream. */
+MESHRT_C_API meshrt_status_t meshrt_mesh_create(meshrt_mesh_t* mesh, meshrt_comm_t comm,
+                                                const char* spec);
+/* Frees the mesh and the dim communicators meshrt_mesh_comm handed out (NULL is a no-op). Blocks
+ * created on it keep what they use alive until destroyed. */
+MESHRT_C_API meshrt_status_t meshrt_mesh_destroy(meshrt_mesh_t mesh);
+/* The communicator of the ranks that differ from this one only along dim `dim` (not collective).
+ * Owned by the mesh: the same handle on every call, valid until meshrt_mesh_destroy;
+ * meshrt_comm_destroy refuses it. Its default stream is the mesh's. */
+MESHRT_C_API meshrt_status_t meshrt_mesh_comm(meshrt_mesh_t mesh, const char* dim,
+                                              meshrt_comm_t* comm);
+/* Number of dims, and the world size. Either pointer may be NULL. */
+MESHRT_C_API meshrt_status_t meshrt_mesh_shape(meshrt_mesh_t mesh, int* ndim, int* world_size);
+/* Size of dim `dim` and this rank's coordinate along it (1 and 0 for a dim the mesh lacks, so a
+ * dp-only mesh has tp size 1). Either pointer may be NULL. */
+MESHRT_C_API meshrt_status_t meshrt_mesh_dim(meshrt_mesh_t mesh, const char* dim, int* size,
+                                             int* coord);
+
+/* ---- sharded MLP block ---------------------------------------------------------------------
+ * y = x + fc2(gelu(fc1(norm(x)))) over the mesh's tp dim (Megatron): norm weights replicated,
+ * fc1 colwise (weight [hidden, ffn] split by columns, its bias split alike), fc2 rowwise (weight
+ * [ffn, hidden] split by rows, its bias replicated). An ffn that tp does not divide is split
+ * unevenly: the first ffn % tp ranks hold one more column / row; meshrt_mlp_shard_info says which.
+ * Activations are sequence-first [seq, batch, hidden]; under sequence parallel each rank passes
+ * and gets its contiguous sequence shard [seq / tp, batch, hidden] (seq % tp == 0). */
+
+typedef struct meshrt_mlp_s* meshrt_mlp_t;
+
+typedef enum meshrt_norm_kind {
+  MESHRT_NORM_LAYERNORM = 0, /* gamma and beta */
+  MESHRT_NORM_RMSNORM = 1    /* gamma only */
+} meshrt_norm_kind_t;
+
+typedef enum meshrt_gelu_kind {
+  MESHRT_GELU_TANH = 0, /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
+  MESHRT_GELU_ERF = 1   /* 0.5 x (1 + erf(x / sqrt(2))) */
+} meshrt_gelu_kind_t;
+
+typedef enum meshrt_weight_layout {
+  /* meshrt's [in, out] (y = x W): bound weights are used in place, never copied, so the engine's
+   * updates are seen by the next forward; gradients are accumulated straight into the engine's
+   * tensors. */
+  MESHRT_WEIGHT_LAYOUT_IN_OUT = 0,
+  /* PyTorch nn.Linear's [out, in] (y = x W^T): the 2-D weights are copied transposed into
+   * meshrt-owned memory at bind time and again at each meshrt_mlp_sync_weights (call it after
+   * changing them); weight gradients are transposed back into the engine's [out, in] tensors.
+   * 1-D tensors (norm, biases) are used in place as with IN_OUT. */
+  MESHRT_WEIGHT_LAYOUT_OUT_IN = 1
+} meshrt_weight_layout_t;
+
+/* Initialise with MESHRT_MLP_CONFIG_INITIALIZER, then set fields; `size` lets later versions
+ * append fields (an older caller's smaller size gets defaults for the rest). */
+typedef struct meshrt_mlp_config {
+  size_t size;           /* sizeof(meshrt_mlp_config_t) */
+  int64_t hidden;        /* model width; tp must divide it */
+  int64_t ffn;           /* inner width; >= tp (uneven shards allowed) */
+  DLDataType dtype;      /* of weights and activations: float32, bfloat16 or float16 */
+  int norm;              /* meshrt_norm_kind_t */
+  float eps;             /* norm epsilon */
+  int gelu;              /* meshrt_gelu_kind_t */
+  int bias;              /* 1: fc1 and fc2 have biases; 0: none */
+  int sequence_parallel; /* 1: activations are sequence shards over tp (Megatron SP) */
+  int weight_layout;     /* meshrt_weight_layout_t of fc1 / fc2 weights and their gradients */
+} meshrt_mlp_config_t;
+
+#define MESHRT_MLP_CONFIG_INITIALIZER                                                         \
+  {                                                                                           \
+    sizeof(meshrt_mlp_config_t), 1024, 4096, {kDLFloat, 32, 1}, MESHRT_NORM_LAYERNORM, 1e-5f, \
+        MESHRT_GELU_TANH, 1, 0, MESHRT_WEIGHT_LAYOUT_IN_OUT                                   \
+  }
+
+/* The block's parameter tensors (this rank's shards), for binding weights and receiving
+ * gradients. A tensor the config does not use (norm_bias with RMSNorm, biases with bias = 0) must
+ * be NULL. `size` as in the config. */
+typedef struct meshrt_mlp_params {
+  size_t size;                 /* sizeof(meshrt_mlp_params_t) */
+  meshrt_tensor_t norm_weight; /* [hidden], replicated */
+  meshrt_tensor_t norm_bias;   /* [hidden], replicated; LayerNorm only */
+  meshrt_tensor_t fc1_weight;  /* IN_OUT [hidden, ffn_shard], OUT_IN [ffn_shard, hidden] */
+  meshrt_tensor_t fc1_bias;    /* [ffn_shard] */
+  meshrt_tensor_t fc2_weight;  /* IN_OUT [ffn_shard, hidden], OUT_IN [hidden, ffn_shard] */
+  meshrt_tensor_t fc2_bias;    /* [hidden], replicated */
+} meshrt_mlp_params_t;
+
+#define MESHRT_MLP_PARAMS_INITIALIZER \
+  { sizeof(meshrt_mlp_params_t), NULL, NULL, NULL, NULL, NULL, NULL }
+
+typedef enum meshrt_mlp_param {
+  MESHRT_MLP_NORM_WEIGHT = 0,
+  MESHRT_MLP_NORM_BIAS = 1,
+  MESHRT_MLP_FC1_WEIGHT = 2,
+  MESHRT_MLP_FC1_BIAS = 3,
+  MESHRT_MLP_FC2_WEIGHT = 4,
+  MESHRT_MLP_FC2_BIAS = 5
+} meshrt_mlp_param_t;
+
+/* Checks the config against the mesh (hidden % tp, ffn >= tp, dtype, enums) and makes the block;
+ * not collective. Weights must be bound before the first forward. The block keeps the mesh
+ * alive. */
+MESHRT_C_API meshrt_status_t meshrt_mlp_create(meshrt_mlp_t* mlp, meshrt_mesh_t mesh,
+                                               const meshrt_mlp_config_t* config);
+/* Waits for the block's work, then frees it (NULL is a no-op). */
+MESHRT_C_API meshrt_status_t meshrt_mlp_destroy(meshrt_mlp_t mlp);
+/* Where this rank's shard of parameter `which` sits in the full tensor, along its sharded
+ * dimension in meshrt's [in, out] terms: fc1 weight: columns [offset, offset + size) of the
+ * [hidden, ffn] weight (OUT_IN: rows of the [ffn, hidden] one); fc1 bias: the same range; fc2
+ * weight: rows [offset, offset + size) of [ffn, hidden] (OUT_IN: columns of [hidden, ffn]).
+ * Replicated ones (norm, fc2 bias): offset 0, size = the full length. Either pointer may be
+ * NULL. */
+MESHRT_C_API meshrt_status_t meshrt_mlp_shard_info(meshrt_mlp_t mlp, meshrt_mlp_param_t which,
+                                                   int64_t* offset, int64_t* size);
+/* Binds this rank's shards (shapes in meshrt_mlp_params_t, the config's dtype, the mesh's
+ * device; anything else is MESHRT_ERROR_INVALID_ARGUMENT naming the expected shape). The block
+ * holds the tensors (the handles may be destroyed after the call; a managed tensor's deleter then
+ * runs once the block lets go), but a borrowed DLTensor's memory must stay valid until the block
+ * is destroyed or bound again. May be called again to bind other tensors (after the block's
+ * earlier work has completed). */
+MESHRT_C_API meshrt_status_t meshrt_mlp_bind_weights(meshrt_mlp_t mlp,
+                                                     const meshrt_mlp_params_t* weights);
+/* OUT_IN: copies (transposes) the bound weights again, after the engine changed them; enqueued on
+ * `stream` like forward. IN_OUT: nothing to do. */
+MESHRT_C_API meshrt_status_t meshrt_mlp_sync_weights(meshrt_mlp_t mlp, meshrt_stream_t stream,
+                                                     meshrt_event_t* event);
+/* y = block(x), x and y [seq (or seq / tp under SP), batch, hidden]; y is written (it may not
+ * alias x). Collective over the tp group. x is read again by meshrt_mlp_backward: keep it
+ * unchanged and alive until then. Asynchronous on `stream` (NULL: the mesh's default stream);
+ * `event` (may be NULL) completes when y is written and carries the call's errors. */
+MESHRT_C_API meshrt_status_t meshrt_mlp_forward(meshrt_mlp_t mlp, meshrt_tensor_t x,
+                                                meshrt_tensor_t y, meshrt_stream_t stream,
+                                                meshrt_event_t* event);
+/* Backward of the last forward: dx (x's shape) is written; the gradients are ADDED to the
+ * tensors in `grads` (zero them to start a step; shapes and layout as in bind), every tensor the
+ * config uses being required. Norm and fc2-bias gradients are already summed over tp (identical on
+ * the tp ranks); nothing is reduced over dp. Asynchronous like forward. */
+MESHRT_C_API meshrt_status_t meshrt_mlp_backward(meshrt_mlp_t mlp, meshrt_tensor_t dy,
+                                                 meshrt_tensor_t dx,
+                                                 const meshrt_mlp_params_t* grads,
+                                                 meshrt_stream_t stream, meshrt_event_t* event);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -101,6 +101,16 @@ case "$mode" in
       { cat "$scratch/c-example.run.log" >&2; fail "examples/c did not report version $version and 0 mismatches"; }
     echo "C example (installed package):"
     sed 's/^/  /' "$scratch/c-example.run.log"
+    # shellcheck disable=SC2086 # word splitting of the flags is meant
+    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/mlp_tp.c" \
+      $flags -pthread -lm -Wl,-rpath,"$prefix/lib" -o "$scratch/c-mlp" >"$scratch/c-mlp.build.log" 2>&1 ||
+      { cat "$scratch/c-mlp.build.log" >&2; fail "cc -std=c99 examples/c/mlp_tp.c \$(pkg-config --cflags --libs meshrt) failed"; }
+    "$scratch/c-mlp" >"$scratch/c-mlp.run.log" 2>&1 ||
+      { cat "$scratch/c-mlp.run.log" >&2; fail "examples/c/mlp_tp.c against the install failed"; }
+    grep -qx "OK: 0 mismatches" "$scratch/c-mlp.run.log" ||
+      { cat "$scratch/c-mlp.run.log" >&2; fail "examples/c/mlp_tp.c did not report 0 mismatches"; }
+    echo "C MLP example (installed package):"
+    sed 's/^/  /' "$scratch/c-mlp.run.log"
     py=$src/.venv-ci/bin/python
     if [ -x "$py" ] && "$py" -c "import numpy" 2>/dev/null; then
       "$py" "$src/examples/python/allreduce_numpy.py" "$prefix/lib/libmeshrt.so" >"$scratch/python.run.log" 2>&1 ||
@@ -108,6 +118,11 @@ case "$mode" in
       grep -qx "OK" "$scratch/python.run.log" || { cat "$scratch/python.run.log" >&2; fail "examples/python did not print OK"; }
       echo "Python example (installed libmeshrt.so):"
       sed 's/^/  /' "$scratch/python.run.log"
+      "$py" "$src/examples/python/mlp_numpy.py" "$prefix/lib/libmeshrt.so" >"$scratch/python-mlp.run.log" 2>&1 ||
+        { cat "$scratch/python-mlp.run.log" >&2; fail "examples/python/mlp_numpy.py against $prefix/lib/libmeshrt.so failed"; }
+      grep -qx "OK" "$scratch/python-mlp.run.log" || { cat "$scratch/python-mlp.run.log" >&2; fail "examples/python/mlp_numpy.py did not print OK"; }
+      echo "Python MLP example (installed libmeshrt.so):"
+      sed 's/^/  /' "$scratch/python-mlp.run.log"
     else
       echo "Python example: not run (no .venv-ci with numpy; tools/install-deps.sh --python-venv makes it)"
     fi

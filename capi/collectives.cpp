@@ -56,6 +56,14 @@ std::shared_ptr<StreamObj> find_stream(meshrt_stream_t h) {
   return find_handle<StreamObj>(h, Kind::Stream, "stream");
 }
 
+// Send / recv: `peer` must be another rank of the communicator.
+void check_peer(const CommObj& c, int peer) {
+  CAPI_CHECK(peer >= 0 && peer < c.comm->size() && peer != c.comm->rank(),
+             MESHRT_ERROR_INVALID_ARGUMENT,
+             "peer " << peer << " is not another rank of communicator '" << c.comm->name()
+                     << "' (rank " << c.comm->rank() << " of " << c.comm->size() << ")");
+}
+
 }  // namespace
 
 Stream& resolve_stream(const CommObj& c, meshrt_stream_t h, std::shared_ptr<StreamObj>* keep) {
@@ -243,10 +251,7 @@ meshrt_status_t meshrt_send(meshrt_comm_t comm, meshrt_tensor_t tensor, int peer
                             meshrt_stream_t stream, meshrt_event_t* event) {
   return guarded(__func__, [&] {
     collective(comm, stream, event, [&](CommObj& c, Stream& s) {
-      CAPI_CHECK(peer >= 0 && peer < c.comm->size() && peer != c.comm->rank(),
-                 MESHRT_ERROR_INVALID_ARGUMENT,
-                 "peer " << peer << " is not another rank of communicator '" << c.comm->name()
-                         << "' (rank " << c.comm->rank() << " of " << c.comm->size() << ")");
+      check_peer(c, peer);
       return c.comm->send(tensor_for(c, tensor, "tensor", false), peer, s);
     });
   });
@@ -256,10 +261,7 @@ meshrt_status_t meshrt_recv(meshrt_comm_t comm, meshrt_tensor_t tensor, int peer
                             meshrt_stream_t stream, meshrt_event_t* event) {
   return guarded(__func__, [&] {
     collective(comm, stream, event, [&](CommObj& c, Stream& s) {
-      CAPI_CHECK(peer >= 0 && peer < c.comm->size() && peer != c.comm->rank(),
-                 MESHRT_ERROR_INVALID_ARGUMENT,
-                 "peer " << peer << " is not another rank of communicator '" << c.comm->name()
-                         << "' (rank " << c.comm->rank() << " of " << c.comm->size() << ")");
+      check_peer(c, peer);
       return c.comm->recv(tensor_for(c, tensor, "tensor", true), peer, s);
     });
   });

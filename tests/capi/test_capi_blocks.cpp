@@ -54,6 +54,19 @@ struct Variant {
   bool layernorm = true, bias = true, erf = false;
 };
 
+// The six parameter slots of a bind or backward call; null where the config has no such tensor.
+meshrt_mlp_params_t mlp_params(meshrt_tensor_t gamma, meshrt_tensor_t beta, meshrt_tensor_t w1,
+                               meshrt_tensor_t b1, meshrt_tensor_t w2, meshrt_tensor_t b2) {
+  meshrt_mlp_params_t p = MESHRT_MLP_PARAMS_INITIALIZER;
+  p.norm_weight = gamma;
+  p.norm_bias = beta;
+  p.fc1_weight = w1;
+  p.fc1_bias = b1;
+  p.fc2_weight = w2;
+  p.fc2_bias = b2;
+  return p;
+}
+
 // Full weights ([in, out] as meshrt) and the naive double-precision block.
 struct Ref {
   Shape3 d;
@@ -264,13 +277,8 @@ void run_rank(meshrt_comm_t comm, const char* spec, const Shape3& d, const Varia
   fill(b1, block_of(ref.b1, f, 0, 1, off1, n1, false));
   fill(w2, block_of(ref.w2, h, off2, n2, 0, h, oi));
   fill(b2, ref.b2);
-  meshrt_mlp_params_t w = MESHRT_MLP_PARAMS_INITIALIZER;
-  w.norm_weight = gamma.h;
-  w.norm_bias = var.layernorm ? beta.h : nullptr;
-  w.fc1_weight = w1.h;
-  w.fc1_bias = var.bias ? b1.h : nullptr;
-  w.fc2_weight = w2.h;
-  w.fc2_bias = var.bias ? b2.h : nullptr;
+  meshrt_mlp_params_t w = mlp_params(gamma.h, var.layernorm ? beta.h : nullptr, w1.h,
+                                     var.bias ? b1.h : nullptr, w2.h, var.bias ? b2.h : nullptr);
   CAPI_THROW_UNLESS_OK(meshrt_mlp_bind_weights(mlp, &w));
   // Activations: each dp replica its own data; under SP this rank's sequence shard.
   const int64_t rows = d.seq * d.batch;
@@ -288,13 +296,8 @@ void run_rank(meshrt_comm_t comm, const char* spec, const Shape3& d, const Varia
   fill(dyt, local(dout));
   F32 ggam({h}), gbeta({h}), gw1(oi ? std::vector<int64_t>{n1, h} : std::vector<int64_t>{h, n1}),
       gb1({n1}), gw2(oi ? std::vector<int64_t>{h, n1} : std::vector<int64_t>{n1, h}), gb2({h});
-  meshrt_mlp_params_t g = MESHRT_MLP_PARAMS_INITIALIZER;
-  g.norm_weight = ggam.h;
-  g.norm_bias = var.layernorm ? gbeta.h : nullptr;
-  g.fc1_weight = gw1.h;
-  g.fc1_bias = var.bias ? gb1.h : nullptr;
-  g.fc2_weight = gw2.h;
-  g.fc2_bias = var.bias ? gb2.h : nullptr;
+  meshrt_mlp_params_t g = mlp_params(ggam.h, var.layernorm ? gbeta.h : nullptr, gw1.h,
+                                     var.bias ? gb1.h : nullptr, gw2.h, var.bias ? gb2.h : nullptr);
   std::vector<double> out, dx, rg(static_cast<size_t>(h), 0.0), rb(rg), rw1(ref.w1.size(), 0.0),
       rb1(static_cast<size_t>(f), 0.0), rw2(ref.w2.size(), 0.0), rb2(rg);
   ref.run(x, dout, out, dx, rg, rb, rw1, rb1, rw2, rb2);
@@ -451,13 +454,7 @@ TEST_CASE("capi: IN_OUT weights are read in place and OUT_IN ones at bind and sy
         w1.v[i] = static_cast<float>(val(7, int64_t(i), 0.5));
       for (size_t i = 0; i < w2.v.size(); ++i)
         w2.v[i] = static_cast<float>(val(8, int64_t(i), 0.5));
-      meshrt_mlp_params_t p = MESHRT_MLP_PARAMS_INITIALIZER;
-      p.norm_weight = gamma.h;
-      p.norm_bias = beta.h;
-      p.fc1_weight = w1.h;
-      p.fc1_bias = b1.h;
-      p.fc2_weight = w2.h;
-      p.fc2_bias = b2.h;
+      meshrt_mlp_params_t p = mlp_params(gamma.h, beta.h, w1.h, b1.h, w2.h, b2.h);
       CAPI_THROW_UNLESS_OK(meshrt_mlp_bind_weights(mlp, &p));
       F32 x({4, 1, 8}), y1({4, 1, 8}), y2({4, 1, 8}), y3({4, 1, 8});
       for (size_t i = 0; i < x.v.size(); ++i) x.v[i] = static_cast<float>(val(9, int64_t(i), 1.0));
@@ -471,14 +468,8 @@ TEST_CASE("capi: IN_OUT weights are read in place and OUT_IN ones at bind and sy
       // The engine updates its fc2 weight shard in its own memory; no re-bind.
       for (float& v : w2.v) v *= 3.f;
       F32 dy({4, 1, 8}), dx({4, 1, 8});
-      meshrt_mlp_params_t g = MESHRT_MLP_PARAMS_INITIALIZER;
       F32 gg({8}), gb({8}), gw1(s1), gb1({4}), gw2(s2), gb2({8});
-      g.norm_weight = gg.h;
-      g.norm_bias = gb.h;
-      g.fc1_weight = gw1.h;
-      g.fc1_bias = gb1.h;
-      g.fc2_weight = gw2.h;
-      g.fc2_bias = gb2.h;
+      meshrt_mlp_params_t g = mlp_params(gg.h, gb.h, gw1.h, gb1.h, gw2.h, gb2.h);
       CAPI_THROW_UNLESS_OK(meshrt_mlp_backward(mlp, dy.h, dx.h, &g, nullptr, nullptr));
       forward(y2);
       double diff12 = 0;
@@ -536,13 +527,7 @@ TEST_CASE("capi: bad MLP configs and shards and tensors case by case", "[capi]")
   SECTION("shards and tensors") {
     CAPI_REQUIRE_OK(meshrt_mlp_create(&mlp, mesh, &cfg));
     F32 gamma({8}), beta({8}), w1({6, 8}), b1({6}), w2({8, 6}), b2({8}), bad({8, 6});
-    meshrt_mlp_params_t p = MESHRT_MLP_PARAMS_INITIALIZER;
-    p.norm_weight = gamma.h;
-    p.norm_bias = beta.h;
-    p.fc1_weight = w1.h;
-    p.fc1_bias = b1.h;
-    p.fc2_weight = w2.h;
-    p.fc2_bias = b2.h;
+    meshrt_mlp_params_t p = mlp_params(gamma.h, beta.h, w1.h, b1.h, w2.h, b2.h);
     F32 x({4, 1, 8}), y({4, 1, 8});
     require_status(meshrt_mlp_forward(mlp, x.h, y.h, nullptr, nullptr), MESHRT_ERROR_INVALID_USAGE,
                    {"meshrt_mlp_bind_weights"});

@@ -54,24 +54,6 @@ int64_t parse_step_name(const std::string& n) {
   return std::stoll(n.substr(5));
 }
 
-const char* st_dtype_name(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "F32";
-    case DType::bf16:
-      return "BF16";
-    case DType::f16:
-      return "F16";
-    case DType::i32:
-      return "I32";
-    case DType::i64:
-      return "I64";
-    case DType::u8:
-      return "U8";
-  }
-  return "?";
-}
-
 // Host memory filled by the CPU directly (pread, stores), outside any stream's order: a caching
 // allocator's block may still be in use by work queued before it was freed.
 const std::shared_ptr<Allocator>& host_plain() {
@@ -381,7 +363,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
         }
         json pl = json::array();
         for (auto& p : s.p->placements) pl.push_back(p.str());
-        tensors[s.key] = {{"dtype", st_dtype_name(s.local.dtype())},
+        tensors[s.key] = {{"dtype", safetensors_dtype_name(s.local.dtype())},
                           {"shape", shape_json(s.p->full_shape)},
                           {"placements", pl},
                           {"shards", shards}};
@@ -641,10 +623,10 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
                  "checkpoint: " << index_path << ": tensor '" << s.key << "' has shape "
                                 << it->second.shape.str() << " but the model's is "
                                 << s.p->full_shape.str());
-    MESHRT_CHECK(it->second.dtype == st_dtype_name(s.local.dtype()),
+    MESHRT_CHECK(it->second.dtype == safetensors_dtype_name(s.local.dtype()),
                  "checkpoint: " << index_path << ": tensor '" << s.key << "' is "
                                 << it->second.dtype << " but the model's is "
-                                << st_dtype_name(s.local.dtype()));
+                                << safetensors_dtype_name(s.local.dtype()));
   }
   for (auto& [f, n] : file_bytes) {
     const std::string fp = dir + "/" + f;
@@ -696,7 +678,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
         auto& rd = readers[sh.file];
         if (!rd) rd = std::make_unique<SafetensorsReader>(dir + "/" + sh.file);
         const auto* e = rd->find(s.key);
-        MESHRT_CHECK(e && e->shape == sh.shape && st_dtype_name(e->dtype) == t.dtype,
+        MESHRT_CHECK(e && e->shape == sh.shape && safetensors_dtype_name(e->dtype) == t.dtype,
                      "checkpoint: " << dir << "/" << sh.file << " has no " << t.dtype << " tensor '"
                                     << s.key << "' of shape " << sh.shape.str()
                                     << " as its index says");

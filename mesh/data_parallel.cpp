@@ -89,15 +89,11 @@ void GradSync::zero_grad() {
   for (auto& b : buckets_) b.flat[static_cast<size_t>(active_)].zero_(mesh_.ctx().compute_stream());
 }
 
-void add_sumsq(Context& ctx, const Tensor& grad, const Tensor& sumsq) {
-  ops::sum_squares(ctx, ctx.compute_stream(), grad, sumsq);
-}
-
 void GradSync::launch(Bucket& b) {
   const size_t s = static_cast<size_t>(active_);
   if (b.launched[s]) return;
   b.launched[s] = true;
-  if (probe_.defined()) add_sumsq(mesh_.ctx(), b.flat[s], probe_);
+  if (probe_.defined()) ops::sum_squares(mesh_.ctx(), dp_.compute(), b.flat[s], probe_);
   if (dp_.size() == 1) {
     b.done[s] = Event();
     return;

@@ -10,10 +10,6 @@
 
 namespace meshrt {
 
-// Adds the sum of squares of `grad` (any floating dtype) to `sumsq`, a [1, 1] f32 tensor, on the
-// compute stream: NaN or infinite as soon as one element is (or the sum overflows).
-MESHRT_API void add_sumsq(Context& ctx, const Tensor& grad, const Tensor& sumsq);
-
 struct MESHRT_API DpOptions {
   double bucket_mb = 25.0;  // bucket capacity; a parameter larger than this gets its own bucket
   bool bf16_comm = false;   // communicate f32 gradients as bf16 (reduced in f32, cast back)
@@ -52,7 +48,7 @@ class MESHRT_API GradSync {
   void mark_ready(const std::vector<Param*>& ps);
   // Launches any bucket not launched yet (end of backward).
   void finish();
-  // When defined (a [1, 1] f32 tensor), each bucket adds the sum of squares of its local
+  // When defined (a one-element f32 tensor), each bucket adds ops::sum_squares of its local
   // gradients to it on the compute stream just before its all-reduce is launched: the training
   // guard's finiteness check then overlaps backward and needs no wait for the all-reduces.
   void set_sumsq_probe(Tensor sumsq) { probe_ = std::move(sumsq); }

@@ -177,7 +177,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     if (dp_synced) sync.bind(apply);
     if (updates && !probe) {
       if (dp_synced) sync.wait_all(apply);
-      for (Param* p : model.params()) add_sumsq(ctx, p->grad, sumsq);
+      for (Param* p : model.params()) ops::sum_squares(ctx, cs, p->grad, sumsq);
     }
     const StepVerdict verdict =
         agree_step(ctx, world, loss_sum, sumsq, cfg.stop_requested && cfg.stop_requested());

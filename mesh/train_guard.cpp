@@ -36,9 +36,8 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
 StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, const Tensor& sumsq,
                        bool stop_local) {
   Stream& cs = ctx.compute_stream();
-  const Tensor& acc = sumsq;
   Tensor l = loss.to(DType::f32, cs).to(ctx.host_allocator(), cs);
-  Tensor a = acc.to(ctx.host_allocator(), cs);
+  Tensor a = sumsq.to(ctx.host_allocator(), cs);
   cs.synchronize();
   Tensor h = Tensor::empty({3}, DType::f32, ctx.host_allocator());
   float* ph = h.data<float>();

@@ -26,8 +26,8 @@ struct StepVerdict {
 };
 
 // Collective over `world`. `sumsq` holds the sum of squares of this rank's gradients about to be
-// applied (add_sumsq; zero when this step applies none), `loss` is a [1] f32 tensor; both on the
-// compute stream.
+// applied (ops::sum_squares; zero when this step applies none), `loss` is a [1] f32 tensor; both on
+// the compute stream.
 StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, const Tensor& sumsq,
                        bool stop_local);
 

@@ -18,7 +18,21 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // as the reference implementation
 
-const char* st_dtype(DType d) {
+bool parse_st_dtype(const std::string& s, DType* out) {
+  static const std::pair<const char*, DType> map[] = {{"F32", DType::f32}, {"BF16", DType::bf16},
+                                                      {"F16", DType::f16}, {"I32", DType::i32},
+                                                      {"I64", DType::i64}, {"U8", DType::u8}};
+  for (auto& [n, d] : map)
+    if (s == n) {
+      *out = d;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+const char* safetensors_dtype_name(DType d) {
   switch (d) {
     case DType::f32:
       return "F32";
@@ -35,20 +49,6 @@ const char* st_dtype(DType d) {
   }
   return "?";
 }
-
-bool parse_st_dtype(const std::string& s, DType* out) {
-  static const std::pair<const char*, DType> map[] = {{"F32", DType::f32}, {"BF16", DType::bf16},
-                                                      {"F16", DType::f16}, {"I32", DType::i32},
-                                                      {"I64", DType::i64}, {"U8", DType::u8}};
-  for (auto& [n, d] : map)
-    if (s == n) {
-      *out = d;
-      return true;
-    }
-  return false;
-}
-
-}  // namespace
 
 const Tensor& SafetensorsFile::at(const std::string& name) const {
   for (auto& [n, t] : tensors)
@@ -76,7 +76,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, Stre
         t.device().is_cpu() ? t.contiguous(stream) : t.contiguous(stream).to(host_alloc, stream);
     host.push_back(h);
     uint64_t bytes = h.nbytes();
-    header[name] = {{"dtype", st_dtype(t.dtype())},
+    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
                     {"shape", t.shape().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -26,6 +26,9 @@ struct MESHRT_API SafetensorsWriteOptions {
   std::function<void(const void* data, size_t n)> on_bytes;
 };
 
+// The safetensors name of a dtype: "F32", "BF16", "F16", "I32", "I64", "U8".
+MESHRT_API const char* safetensors_dtype_name(DType d);
+
 // Writes the tensors (any device; non-host ones are copied through `stream`) and string metadata.
 // Written to path.tmp then renamed, so a crash never leaves a half file under `path`.
 MESHRT_API void save_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/host_comm.h"
+#include "mesh/train.h"
 #include "runtime/context.h"
 #include "runtime/logging.h"
 
@@ -53,6 +54,19 @@ inline double rel_err(const std::vector<double>& got, const std::vector<double>&
     mr = std::max(mr, std::abs(ref[i]));
   }
   return md / mr;
+}
+
+// Runs train(cfg) on `world` thread ranks and returns rank 0's per-step losses.
+inline std::vector<double> train_losses(int world, const TrainConfig& cfg) {
+  std::vector<double> out;
+  std::mutex mu;
+  run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
+    auto st = train(cfg, ctx, w, nullptr);
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& s : st) out.push_back(s.loss);
+  });
+  return out;
 }
 
 }  // namespace meshrt::test

@@ -18,6 +18,7 @@
 #include "mesh/train.h"
 #include "mesh/train_checkpoint.h"
 #include "runtime/error.h"
+#include "tests/common/files.h"
 #include "tests/mesh/harness.h"
 
 using namespace meshrt;
@@ -172,10 +173,7 @@ void require_bit_identical(const Full& got, const Full& ref) {
   }
 }
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+std::string slurp(const std::string& p) { return meshrt::test::slurp(p); }
 
 void spit(const std::string& p, const std::string& s) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
@@ -304,15 +302,7 @@ TrainConfig train_cfg(const std::string& mesh, int steps) {
 }
 
 std::vector<double> run_train(int world, const TrainConfig& cfg) {
-  std::vector<double> out;
-  std::mutex mu;
-  run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
-    auto st = train(cfg, ctx, w, nullptr);
-    if (r != 0) return;
-    std::lock_guard<std::mutex> lk(mu);
-    for (auto& s : st) out.push_back(s.loss);
-  });
-  return out;
+  return meshrt::test::train_losses(world, cfg);
 }
 
 }  // namespace

@@ -162,28 +162,20 @@ std::vector<double> losses(int world, const std::string& mesh, GradSyncMode mode
                            OptimizerKind opt = OptimizerKind::AdamW, int staleness = 1,
                            int sync_every = 1, bool sp = false,
                            const ModelConfig& model = tiny_model()) {
-  std::vector<double> out;
-  std::mutex mu;
-  run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
-    TrainConfig cfg;
-    cfg.model = model;
-    cfg.mesh = mesh;
-    cfg.tp.sequence_parallel = sp;
-    cfg.batch = 8;
-    cfg.seq = 16;
-    cfg.steps = 5;
-    cfg.optim.kind = opt;
-    cfg.optim.lr = opt == OptimizerKind::AdamW ? 3e-3f : 0.5f;
-    cfg.optim.momentum = 0.f;
-    cfg.grad_sync = mode;
-    cfg.staleness = staleness;
-    cfg.sync_every = sync_every;
-    auto st = train(cfg, ctx, w, nullptr);
-    if (r != 0) return;
-    std::lock_guard<std::mutex> lk(mu);
-    for (auto& s : st) out.push_back(s.loss);
-  });
-  return out;
+  TrainConfig cfg;
+  cfg.model = model;
+  cfg.mesh = mesh;
+  cfg.tp.sequence_parallel = sp;
+  cfg.batch = 8;
+  cfg.seq = 16;
+  cfg.steps = 5;
+  cfg.optim.kind = opt;
+  cfg.optim.lr = opt == OptimizerKind::AdamW ? 3e-3f : 0.5f;
+  cfg.optim.momentum = 0.f;
+  cfg.grad_sync = mode;
+  cfg.staleness = staleness;
+  cfg.sync_every = sync_every;
+  return meshrt::test::train_losses(world, cfg);
 }
 
 }  // namespace

@@ -126,6 +126,23 @@ case "$mode" in
     else
       echo "Python example: not run (no .venv-ci with numpy; tools/install-deps.sh --python-venv makes it)"
     fi
+    # The PyTorch variant (optional): MESHRT_TORCH_PYTHON, else .venv-torch, else .venv-ci.
+    tpy=""
+    for cand in "${MESHRT_TORCH_PYTHON:-}" "$src/.venv-torch/bin/python" "$py"; do
+      if [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c "import torch, numpy" 2>/dev/null; then
+        tpy=$cand
+        break
+      fi
+    done
+    if [ -n "$tpy" ]; then
+      "$tpy" "$src/examples/python/attn_torch.py" "$prefix/lib/libmeshrt.so" >"$scratch/python-torch.run.log" 2>&1 ||
+        { cat "$scratch/python-torch.run.log" >&2; fail "examples/python/attn_torch.py against $prefix/lib/libmeshrt.so failed"; }
+      grep -qx "OK" "$scratch/python-torch.run.log" || { cat "$scratch/python-torch.run.log" >&2; fail "examples/python/attn_torch.py did not print OK"; }
+      echo "PyTorch attention example (installed libmeshrt.so, $tpy):"
+      sed 's/^/  /' "$scratch/python-torch.run.log"
+    else
+      echo "PyTorch example: skipped (no python with torch and numpy: set MESHRT_TORCH_PYTHON or make .venv-torch with pip install torch numpy)"
+    fi
     echo "PASS"
     ;;
 

@@ -72,6 +72,9 @@ class OrderedEngine {
   // mismatched count would read or write out of bounds, every collective under
   // MESHRT_COMM_DEBUG=1.
   bool must_compare(CommOp op) const;
+  // How messages name a rank of this group: "rank 3", or with the global rank where the group
+  // is not the world ("rank 6 [group rank 1]").
+  virtual std::string rank_label(int group_rank) const;
   // "<call> on group 'world' (seq 3, rank 1)".
   std::string context(const Op& op) const;
   [[noreturn]] void throw_aborted(const Op& op) const;

@@ -30,6 +30,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_option("--devices", o.devices, "Ranks: cpu:N (threads) | cuda:all | cuda:0-3")
       ->capture_default_str();
   c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)");
+  bench::add_fault_flag(*c);
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
       ->capture_default_str()

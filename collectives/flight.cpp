@@ -157,7 +157,8 @@ Registry& registry() {
 sem_t g_sem;
 volatile sig_atomic_t g_pending_sig = 0;
 std::atomic<int> g_dumps_done{0};
-constexpr int kFatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+// SIGTERM too: mpirun ends the other ranks of a failed job with it.
+constexpr int kFatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
 struct sigaction g_old[64];
 
 void on_usr1(int sig) {
@@ -258,21 +259,14 @@ std::string flight_dir() {
   return d && *d ? std::string(d) : std::string(".");
 }
 
-std::vector<std::string> flight_dump_all(const std::string& reason) {
-  std::vector<std::shared_ptr<FlightRing>> live;
-  {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lk(r.mu);
-    for (auto& w : r.rings) {
-      if (auto p = w.lock()) live.push_back(std::move(p));
-    }
-  }
-  std::vector<std::string> written;
+namespace {
+
+// Writes one record (temporary file, then rename); "" and a warning on failure.
+std::string write_record(int rank, const std::string& text) {
   const std::string dir = flight_dir();
-  for (auto& ring : live) {
-    const std::string path = dir + "/meshrt-flight-" + std::to_string(ring->rank()) + ".json";
+  {
+    const std::string path = dir + "/meshrt-flight-" + std::to_string(rank) + ".json";
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
-    const std::string text = ring->json(reason);
     FILE* f = std::fopen(tmp.c_str(), "wb");
     bool ok = f != nullptr;
     if (f) {
@@ -285,9 +279,40 @@ std::vector<std::string> flight_dump_all(const std::string& reason) {
       std::remove(tmp.c_str());
       MESHRT_LOG_WARN("flight recorder: cannot write " << path << ": " << std::strerror(err)
                                                        << " (set MESHRT_FLIGHT_DIR)");
-      continue;
+      return "";
     }
-    written.push_back(path);
+    return path;
+  }
+}
+
+}  // namespace
+
+FlightRing::~FlightRing() {
+  // MESHRT_FLIGHT_ON_EXIT=1: every rank's record also when its communicators are destroyed
+  // (a run that ended normally, e.g. to read the skew of a slow rank).
+  const char* v = std::getenv("MESHRT_FLIGHT_ON_EXIT");
+  if (!v || v[0] != '1') return;
+  try {
+    write_record(rank_, json("end of run"));
+  } catch (...) {
+    // a destructor: the record is lost, nothing else
+  }
+}
+
+std::vector<std::string> flight_dump_all(const std::string& reason) {
+  std::vector<std::shared_ptr<FlightRing>> live;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    for (auto& w : r.rings) {
+      if (auto p = w.lock()) live.push_back(std::move(p));
+    }
+  }
+  std::vector<std::string> written;
+  const std::string dir = flight_dir();
+  for (auto& ring : live) {
+    std::string path = write_record(ring->rank(), ring->json(reason));
+    if (!path.empty()) written.push_back(std::move(path));
   }
   if (!written.empty()) {
     MESHRT_LOG_WARN("flight recorder: wrote "

@@ -41,6 +41,9 @@ struct FlightEntry {
 class FlightRing {
  public:
   FlightRing(int rank, size_t capacity) : rank_(rank), slots_(capacity) {}
+  ~FlightRing();
+  FlightRing(const FlightRing&) = delete;
+  FlightRing& operator=(const FlightRing&) = delete;
   int rank() const { return rank_; }
   // Records a call being issued; returns its id (for started / ended).
   uint64_t issue(const FlightEntry& e);

@@ -135,6 +135,15 @@ struct Group {
   std::map<int, std::map<uint64_t, const Entry*>> by;  // global rank -> seq -> entry
 };
 
+bool seqs_all_completed(const Group& g) {
+  for (auto& [w, seqs] : g.by) {
+    for (auto& [q, e] : seqs) {
+      if (e->state != "completed") return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
@@ -157,13 +166,9 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
     os << "  " << format_ranks(no_record)
        << " left no record (killed or crashed before writing one, or the file was not given)\n";
   }
-  {
-    // The reasons, each once.
-    std::map<std::string, std::vector<int>> reasons;
-    for (const Record& r : rs) reasons[r.reason].push_back(r.rank);
-    for (auto& [why, ranks] : reasons)
-      os << "  why written (" << format_ranks(ranks) << "): " << why << "\n";
-  }
+  // Why the first record was written (the others were written for the same failure, seen
+  // from their rank).
+  os << "  why written (rank " << rs.front().rank << "): " << rs.front().reason << "\n";
   // Injected faults the records mention (the recorder logs them; the diagnosis below does not
   // use them).
   for (const Record& r : rs) {
@@ -202,8 +207,24 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
     }
   }
 
-  std::set<int> culprits;
+  // The call the first rank to wait started waiting in.
+  std::string earliest_open;
+  {
+    int64_t t = INT64_MAX;
+    for (const Record& r : rs) {
+      for (const Entry& e : r.entries) {
+        if (e.open() && e.collective() && e.start_ns > 0 && e.start_ns < t) {
+          t = e.start_ns;
+          earliest_open = e.sig() + " seq " + std::to_string(e.seq) + " on group '" + e.group + "'";
+        }
+      }
+    }
+  }
+  std::set<int> culprits;  // from a call mismatch (the strongest evidence), else silent / skew
   std::string culprit_call;
+  std::set<int> behind_idle, behind_blocked;
+  bool mismatch_found = false;  // ranks that never reached a call others issued
+  std::string behind_call;
   std::ostringstream findings;
   for (auto& [gid, g] : groups) {
     // Members: ranks with entries, plus (for a world-sized 'world') the ranks with no record.
@@ -239,9 +260,25 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         fewest = std::min(fewest, ws.size());
       }
       findings << "\n";
-      if (culprits.empty()) {
+      if (!mismatch_found) {
+        mismatch_found = true;
+        culprits.clear();
+        // Two sides of one size (two ranks): the side whose previous call is the other side's
+        // current one runs one call ahead, i.e. skipped one.
+        std::string ahead;
+        if (sigs.size() == 2 && sigs.begin()->second.size() == sigs.rbegin()->second.size()) {
+          auto call_at = [&](int w, uint64_t q) -> std::string {
+            auto it = g.by.find(w);
+            if (it == g.by.end() || !it->second.count(q)) return "";
+            return it->second.at(q)->sig();
+          };
+          const int a = sigs.begin()->second.front(), b = sigs.rbegin()->second.front();
+          const bool a_ahead = s > 1 && call_at(a, s - 1) == call_at(b, s);
+          const bool b_ahead = s > 1 && call_at(b, s - 1) == call_at(a, s);
+          if (a_ahead != b_ahead) ahead = a_ahead ? sigs.begin()->first : sigs.rbegin()->first;
+        }
         for (auto& [sig, ws] : sigs) {
-          if (ws.size() == fewest) {
+          if (ahead.empty() ? ws.size() == fewest : sig == ahead) {
             culprits.insert(ws.begin(), ws.end());
             culprit_call = sig + " seq " + std::to_string(s) + " on group '" + g.name + "'";
             break;
@@ -250,18 +287,60 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
       }
       break;
     }
-    // The first sequence number some member never reached.
+    // The first sequence number some member with a record never reached.
     uint64_t first = hi + 1;
-    for (int w : members) {
-      auto it = g.by.find(w);
-      const uint64_t last = it == g.by.end() ? 0 : it->second.rbegin()->first;
+    for (auto& [w, seqs] : g.by) {
+      const uint64_t last = seqs.rbegin()->first;
       if (last < hi) first = std::min(first, std::max(last + 1, lo));
+    }
+    // Members without any record: where the others got to is all that is known.
+    std::vector<int> silent;
+    for (int w : members) {
+      if (!g.by.count(w)) silent.push_back(w);
+    }
+    if (!silent.empty() && first > hi && hi > 0) {
+      std::vector<int> present;
+      uint64_t at = hi;  // the first call the others did not finish (where they waited)
+      for (auto& [w, seqs] : g.by) {
+        present.push_back(w);
+        for (auto& [q, e] : seqs) {
+          if (e->state != "completed") {
+            at = std::min(at, q);
+            break;
+          }
+        }
+      }
+      std::string sig;
+      for (auto& [w, seqs] : g.by) {
+        if (sig.empty() && seqs.count(at)) sig = seqs.at(at)->sig();
+      }
+      if (seqs_all_completed(g)) {
+        // Nobody waits here: the others moved on to groups the silent ranks belong to.
+        findings << "  group '" << g.name << "' (" << g.size << " ranks): " << format_ranks(silent)
+                 << " left no record; the others finished every call on it they issued\n";
+        if (culprits.empty()) {
+          culprits.insert(silent.begin(), silent.end());
+          culprit_call = earliest_open.empty()
+                             ? "(no record)"
+                             : earliest_open + " (where the others waited; no record of its own)";
+        }
+        continue;
+      }
+      findings << "  group '" << g.name << "' (" << g.size << " ranks): " << format_ranks(present)
+               << " issued up to seq " << hi << " and stopped at seq " << at << " (" << sig << "); "
+               << format_ranks(silent) << " left no record\n";
+      if (culprits.empty()) {
+        culprits.insert(silent.begin(), silent.end());
+        culprit_call = sig + " seq " + std::to_string(at) + " on group '" + g.name +
+                       "' (where the others waited; no record of its own)";
+      }
     }
     if (first <= hi || !unknown.empty()) {
       std::vector<int> did, didnt;
       std::string sig;
       for (int w : members) {
         auto it = g.by.find(w);
+        if (it == g.by.end()) continue;  // no record: reported above
         const bool reached = it != g.by.end() && it->second.rbegin()->first >= first;
         (reached ? did : didnt).push_back(w);
         if (reached && sig.empty() && it->second.count(first)) sig = it->second.at(first)->sig();
@@ -279,28 +358,11 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         }
         findings << "\n";
         // Ranks behind here but waiting inside another collective are blocked, not culprits.
-        std::vector<int> idle;
         for (int w : didnt) {
-          if (!blocked.count(w)) idle.push_back(w);
+          (blocked.count(w) ? behind_blocked : behind_idle).insert(w);
         }
-        const std::vector<int>& blame = idle.empty() ? didnt : idle;
-        if (!idle.empty() || culprits.empty()) {
-          if (!idle.empty() && culprit_call.find("mismatch") == std::string::npos) {
-            // An idle rank behind is a stronger verdict than a blocked one.
-            std::set<int> prev = culprits;
-            bool prev_idle =
-                std::any_of(prev.begin(), prev.end(), [&](int w) { return !blocked.count(w); });
-            if (!prev_idle) {
-              culprits.clear();
-              culprits.insert(blame.begin(), blame.end());
-              culprit_call = sig + " seq " + std::to_string(first) + " on group '" + g.name + "'";
-            } else {
-              culprits.insert(blame.begin(), blame.end());
-            }
-          } else if (culprits.empty()) {
-            culprits.insert(blame.begin(), blame.end());
-            culprit_call = sig + " seq " + std::to_string(first) + " on group '" + g.name + "'";
-          }
+        if (behind_call.empty()) {
+          behind_call = sig + " seq " + std::to_string(first) + " on group '" + g.name + "'";
         }
       }
       if (!unknown.empty()) {
@@ -335,7 +397,7 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         late[last].second += static_cast<double>(t1 - t0);
       }
       for (auto& [w, v] : late) {
-        if (n >= 4 && v.first * 4 >= n * 3 && v.second / v.first >= 5e6) {
+        if (n >= 4 && v.first * 4 >= n * 3 && v.second / v.first >= 25e6) {
           findings << "  group '" << g.name << "': skew: rank " << w << " issued last in "
                    << v.first << " of " << n << " collectives, on average "
                    << ms(static_cast<int64_t>(v.second / v.first)) << " after the first rank\n";
@@ -346,6 +408,11 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         }
       }
     }
+  }
+  // Ranks behind that were not waiting elsewhere come before ranks without a record and skew.
+  if (!mismatch_found && (!behind_idle.empty() || !behind_blocked.empty())) {
+    culprits = behind_idle.empty() ? behind_blocked : behind_idle;
+    culprit_call = behind_call;
   }
   // A rank without a record in a world whose others all waited: it is the one to look at.
   if (culprits.empty() && !no_record.empty()) {

@@ -193,11 +193,13 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
       g.by[r.rank][e.seq] = &e;
     }
   }
-  // Open collectives: the ranks that were waiting when they wrote their record.
+  // Open collectives: the ranks that were waiting when they wrote their record (the first
+  // entry not completed).
   std::set<int> blocked;
   for (const Record& r : rs) {
     for (const Entry& e : r.entries) {
-      if (e.open() && e.collective()) {
+      // Open, or failed (it timed out or was aborted while waiting): either way inside a call.
+      if ((e.open() || e.state == "failed") && e.collective()) {
         blocked.insert(r.rank);
         os << "  rank " << r.rank << " was inside " << e.sig() << " seq " << e.seq << " on group '"
            << e.group << "' (" << e.state << ", "
@@ -225,6 +227,8 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
   std::set<int> behind_idle, behind_blocked;
   bool mismatch_found = false;  // ranks that never reached a call others issued
   std::string behind_call;
+  int64_t behind_t = INT64_MAX;
+  int behind_rank = 2;  // 0: a group where an idle rank is behind; 1: only blocked ones
   std::ostringstream findings;
   for (auto& [gid, g] : groups) {
     // Members: ranks with entries, plus (for a world-sized 'world') the ranks with no record.
@@ -361,8 +365,24 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         for (int w : didnt) {
           (blocked.count(w) ? behind_blocked : behind_idle).insert(w);
         }
-        if (behind_call.empty()) {
+        // The call to name: of the groups where an idle rank is behind, the one the others
+        // entered first.
+        int64_t t = INT64_MAX;
+        for (int w : did) {
+          auto it = g.by.find(w);
+          if (it != g.by.end() && it->second.count(first)) {
+            const Entry& e = *it->second.at(first);
+            t = std::min(t, e.start_ns ? e.start_ns : e.enqueue_ns);
+          }
+        }
+        const bool has_idle =
+            std::any_of(didnt.begin(), didnt.end(), [&](int w) { return !blocked.count(w); });
+        const int rank_of_group = has_idle ? 0 : 1;
+        if (behind_call.empty() || rank_of_group < behind_rank ||
+            (rank_of_group == behind_rank && t < behind_t)) {
           behind_call = sig + " seq " + std::to_string(first) + " on group '" + g.name + "'";
+          behind_t = t;
+          behind_rank = rank_of_group;
         }
       }
       if (!unknown.empty()) {

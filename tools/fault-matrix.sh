@@ -5,14 +5,14 @@
 # own line) names the faulty rank, `meshrt doctor` on the flight records names it, no process
 # is left behind; `slow` completes with correct results and doctor reports the skew.
 #
-# Usage: tools/fault-matrix.sh MESHRT_BIN [--mpiexec PATH] [--backends "threads np2 np4"]
+# Usage: tools/fault-matrix.sh MESHRT_BIN [--mpiexec PATH] [--backends "threads np2 np4 np4-mesh"]
 #                              [--kinds "hang crash skip slow corrupt"] [--table FILE.md]
 # Exits non-zero when any expectation fails; --table writes the results as a Markdown table.
 set -u
 bin="$1"
 shift
 mpiexec=mpirun
-backends="threads np2 np4"
+backends="threads np2 np4 np4-mesh"
 kinds="hang crash skip slow corrupt"
 table=""
 while [ $# -gt 0 ]; do
@@ -38,6 +38,8 @@ for backend in $backends; do
     case "$backend" in
       threads) R=1; launch=("$bin") ; devs=(--devices cpu:4) ;;
       np2) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
+      # dp=2,tp=2 training: global rank 2 stops; every rank's watchdog must name rank 2 (global).
+      np4-mesh) R=2; launch=("$mpiexec" $root_flag -np 4 --oversubscribe --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       np4) R=2; launch=("$mpiexec" $root_flag -np 4 --oversubscribe --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       *) echo "fault-matrix: unknown backend $backend" >&2; exit 2 ;;
     esac
@@ -55,9 +57,15 @@ for backend in $backends; do
     [ "$kind" = skip ] && export MESHRT_COMM_DEBUG=1
     [ "$kind" = slow ] && export MESHRT_FLIGHT_ON_EXIT=1
     t0=$(date +%s.%N)
+    if [ "$backend" = np4-mesh ]; then
+      [ "$kind" = hang ] || continue
+      spec="hang@rank=$R,step=10"
+      cmd=(train --mesh dp=2,tp=2 --steps 4 --hidden 64 --layers 1 --fault "$spec")
+    else
+      cmd=(bench collective "${devs[@]}" -b 4K -e 4K -w 2 -n 6 --fault "$spec")
+    fi
     # Own session: every process it starts is found (and reaped) by its process group.
-    setsid "${launch[@]}" bench collective "${devs[@]}" -b 4K -e 4K -w 2 -n 6 --fault "$spec" \
-      >"$dir/out.log" 2>&1 &
+    setsid "${launch[@]}" "${cmd[@]}" >"$dir/out.log" 2>&1 &
     pid=$!
     # A run that outlives the limit by far is stopped (and fails).
     ( sleep $((limit + 20)); kill -9 -- -"$pid" 2>/dev/null ) &
@@ -87,6 +95,12 @@ for backend in $backends; do
     fi
     ok=yes
     why=""
+    if [ "$backend" = np4-mesh ]; then
+      # The ranks agree: every watchdog message (one per surviving rank) names global rank 2.
+      wd=$(grep -c "watchdog:.*did not complete" "$dir/out.log")
+      wd2=$(grep "watchdog:.*did not complete" "$dir/out.log" | grep -c "culprit: rank $R ")
+      [ "$wd" -gt 0 ] && [ "$wd" -eq "$wd2" ] || { ok=no; why="$why watchdog-lines=$wd-naming-$R=$wd2"; }
+    fi
     within=$(awk -v s="$secs" -v l="$limit" 'BEGIN { print (s <= l) ? "yes" : "no" }')
     [ "$within" = yes ] || { ok=no; why="$why slow-exit"; }
     [ "$left" -eq 0 ] || { ok=no; why="$why left=$left"; }

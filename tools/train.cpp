@@ -12,6 +12,7 @@
 #include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
+#include "collectives/config_check.h"
 #include "mesh/token_data.h"
 #include "mesh/train.h"
 #include "mesh/train_checkpoint.h"
@@ -222,6 +223,14 @@ RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostrea
     co.world_size = rp.world_size;
     co.local_ranks = rp.local_size;
     Context ctx(rp.device, co);
+    if (launch->kind() != LaunchKind::Threads) {
+      // Processes parse their own command lines: refuse ranks started differently (the
+      // checkpoint's config fields, plus what shapes the run but is not saved with it).
+      detail::ConfigFields f = train_checkpoint_meta(cfg, 0).config;
+      f.emplace_back("mesh", o.mesh);
+      f.emplace_back("steps", std::to_string(o.steps));
+      detail::check_same_config(world, f, "meshrt train");
+    }
     std::vector<StepStats> st;
     try {
       st = train(cfg, ctx, world, os);

@@ -87,7 +87,7 @@ TEST_CASE("fault slow: results stay right, the doctor reports the late rank", "[
   fs::remove_all(d);
 }
 
-TEST_CASE("fault skip: the next call mismatches, naming the rank; the doctor agrees",
+TEST_CASE("fault skip: the next call mismatches, naming the rank, and the doctor agrees",
           "[multirank]") {
   fs::path d = flight_tmp("skip");
   const int n = 4;
@@ -132,7 +132,7 @@ TEST_CASE("fault corrupt: only the injected rank's result is wrong", "[multirank
   CHECK(got[1] != 2.0f);
 }
 
-TEST_CASE("flight records name global ranks through split groups; a timeout writes them",
+TEST_CASE("flight records name global ranks through split groups, a timeout writes them",
           "[multirank]") {
   fs::path d = flight_tmp("split");
   const int n = 4;

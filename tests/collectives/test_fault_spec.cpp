@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "collectives/comm_detail.h"
+#include "collectives/config_check.h"
 #include "collectives/fault.h"
 #include "collectives/flight.h"
 #include "collectives/flight_doctor.h"
@@ -170,4 +171,17 @@ TEST_CASE("doctor: files that are not flight records are refused naming the file
   FlightFile r0 = record(0, 2, 1, false);
   CHECK_THROWS_WITH(flight_diagnose({r0, {"again.json", r0.text}}),
                     Catch::Contains("are both records of rank 0"));
+}
+
+TEST_CASE("config check: differing fields are named with every rank's value", "[unit]") {
+  using F = std::vector<std::pair<std::string, std::string>>;
+  CHECK(config_mismatch({F{{"hidden", "64"}}, F{{"hidden", "64"}}}, "meshrt train").empty());
+  const std::string m =
+      config_mismatch({F{{"hidden", "64"}, {"layers", "2"}}, F{{"hidden", "128"}, {"layers", "2"}},
+                       F{{"hidden", "64"}}},
+                      "meshrt train");
+  CHECK(m ==
+        "the ranks of this meshrt train were started with different configurations (hidden: "
+        "rank 0 has 64, rank 1 has 128, rank 2 has 64; layers: rank 0 has 2, rank 1 has 2, rank "
+        "2 has (unset)): start every rank with the same options");
 }

@@ -319,9 +319,11 @@ void Communicator::inject(detail::FaultKind kind, const CommCall& call, Stream& 
       std::fprintf(stderr, "%s: %s\n", os.str().c_str(),
                    st.threads ? "the rank thread stops for good (no cleanup, its communicators "
                                 "never answer)"
-                              : "the process exits at once (status 86)");
+                              : "the process writes its flight record and exits (status 86)");
       std::fflush(stderr);
       if (st.threads) park_forever();
+      // As the recorder's fatal-signal path would: the record first, then the process is gone.
+      detail::flight_dump_all("crash: " + os.str().substr(8));
       std::_Exit(86);
     case FaultKind::None:
       return;

@@ -189,7 +189,9 @@ void install_signals() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (sem_init(&g_sem, 0, 0) != 0) return;
-    std::thread([] {
+    const int lr = log_rank(), lw = log_world();
+    std::thread([lr, lw] {
+      set_log_rank(lr, lw);
       for (;;) {
         if (sem_wait(&g_sem) != 0) continue;
         const int sig = g_pending_sig;
@@ -211,7 +213,8 @@ void install_signals() {
     for (int s : kFatal) {
       struct sigaction fa {};
       fa.sa_sigaction = on_fatal;
-      fa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER;
+      // SA_RESTART as an application handler we chain to would expect (blocking calls resume).
+      fa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER | SA_RESTART;
       sigemptyset(&fa.sa_mask);
       sigaction(s, &fa, &g_old[s]);
     }

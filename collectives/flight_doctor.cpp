@@ -434,6 +434,18 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
     culprits = behind_idle.empty() ? behind_blocked : behind_idle;
     culprit_call = behind_call;
   }
+  // A rank whose record was written as it crashed (a fatal signal other than the launcher's
+  // SIGTERM, or an injected crash) comes before ranks without a record.
+  if (culprits.empty()) {
+    for (const Record& r : rs) {
+      const bool fatal =
+          r.reason.rfind("fatal signal", 0) == 0 && r.reason.rfind("fatal signal 15 ", 0) != 0;
+      if (fatal || r.reason.rfind("crash", 0) == 0) {
+        culprits.insert(r.rank);
+        culprit_call = "(crashed) " + r.reason.substr(0, 160);
+      }
+    }
+  }
   // A rank without a record in a world whose others all waited: it is the one to look at.
   if (culprits.empty() && !no_record.empty()) {
     culprits.insert(no_record.begin(), no_record.end());
@@ -446,8 +458,9 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
     os << "verdict: the records agree: no rank diverged\n";
   } else {
     os << "verdict: " << format_ranks(rep.culprits) << " "
-       << (culprit_call == "(no record)" ? "left no record: look there first"
-                                         : "diverged first, at " + culprit_call)
+       << (culprit_call == "(no record)"              ? "left no record: look there first"
+           : culprit_call.rfind("(crashed) ", 0) == 0 ? "crashed: " + culprit_call.substr(10)
+                                                      : "diverged first, at " + culprit_call)
        << "\n";
   }
   rep.text = os.str();

@@ -44,7 +44,7 @@ for backend in $backends; do
       *) echo "fault-matrix: unknown backend $backend" >&2; exit 2 ;;
     esac
     case "$kind" in
-      slow) spec="slow@rank=$R,step=2,op=all_reduce,ms=150" ;;
+      slow) spec="slow@rank=$R,step=2,op=all_reduce,ms=100" ;;
       # The 13th all_reduce of this command line is the benchmark's result check.
       corrupt) spec="corrupt@rank=$R,step=13,op=all_reduce" ;;
       *) spec="$kind@rank=$R,step=3,op=all_reduce" ;;
@@ -102,7 +102,8 @@ for backend in $backends; do
       [ "$wd" -gt 0 ] && [ "$wd" -eq "$wd2" ] || { ok=no; why="$why watchdog-lines=$wd-naming-$R=$wd2"; }
     fi
     within=$(awk -v s="$secs" -v l="$limit" 'BEGIN { print (s <= l) ? "yes" : "no" }')
-    [ "$within" = yes ] || { ok=no; why="$why slow-exit"; }
+    # A slow run is not a failure: it ends when its (delayed) work is done.
+    [ "$within" = yes ] || [ "$kind" = slow ] || { ok=no; why="$why slow-exit"; }
     [ "$left" -eq 0 ] || { ok=no; why="$why left=$left"; }
     case "$kind" in
       slow)

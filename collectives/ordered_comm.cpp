@@ -86,6 +86,16 @@ void OrderedEngine::run(const CommCall& c) {
   TicketOrder& order = orders_.order(c.op, c.peer);
   take_turn(order, op);
   if (c.flight) c.flight->started(c.flight_id);
+  try {
+    run_op(c, op);
+  } catch (...) {
+    failed(c);
+    throw;
+  }
+}
+
+void OrderedEngine::run_op(const CommCall& c, const Op& op) {
+  TicketOrder& order = orders_.order(c.op, c.peer);
   TicketGuard guard(order, c.seq);
   if (aborted()) throw_aborted(op);
   if (c.op != CommOp::Send && c.op != CommOp::Recv) entering(op);

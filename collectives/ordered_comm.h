@@ -67,6 +67,8 @@ class OrderedEngine {
                                               const Op& op) = 0;
   // Called before every collective and split (not send / recv), once its turn came.
   virtual void entering(const Op& op) { (void)op; }
+  // Called when `c` fails with an exception (before it propagates).
+  virtual void failed(const CommCall& c) { (void)c; }
 
   // Whether the ranks must compare their calls before this collective: always where a
   // mismatched count would read or write out of bounds, every collective under
@@ -85,6 +87,7 @@ class OrderedEngine {
 
  private:
   void take_turn(TicketOrder& order, const Op& op);
+  void run_op(const CommCall& c, const Op& op);
 
   int rank_;
   int size_;

@@ -64,17 +64,13 @@ for backend in $backends; do
     else
       cmd=(bench collective "${devs[@]}" -b 4K -e 4K -w 2 -n 6 --fault "$spec")
     fi
-    # Own session: every process it starts is found (and reaped) by its process group.
-    setsid "${launch[@]}" "${cmd[@]}" >"$dir/out.log" 2>&1 &
+    # Own session: every process it starts is found (and reaped) by its process group; a run
+    # that outlives the limit by far is killed (and fails).
+    setsid timeout -s KILL $((limit + 20)) "${launch[@]}" "${cmd[@]}" >"$dir/out.log" 2>&1 &
     pid=$!
-    # A run that outlives the limit by far is stopped (and fails).
-    ( sleep $((limit + 20)); kill -9 -- -"$pid" 2>/dev/null ) &
-    guard=$!
     wait "$pid"
     rc=$?
     t1=$(date +%s.%N)
-    kill "$guard" 2>/dev/null
-    wait "$guard" 2>/dev/null
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
     sleep 0.5
     left=$(pgrep -g "$pid" | wc -l)

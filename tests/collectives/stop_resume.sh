@@ -7,7 +7,11 @@ meshrt="$1"
 out=$(mktemp)
 dir=$(mktemp -d)
 cd "$dir" || exit 1
-MESHRT_COMM_TIMEOUT=2 "$meshrt" bench collective --devices cpu:4 -b 1M -e 1M -n 100000 >"$out" 2>&1 &
+# Rank 1 issues each all_reduce 1.5 s late (under the 2 s timeout), so the other ranks spend
+# nearly all their time waiting inside a collective: the stop lands inside one, and on resume
+# its deadline has passed.
+MESHRT_COMM_TIMEOUT=2 "$meshrt" bench collective --devices cpu:4 -b 1M -e 1M -n 100000 \
+  --fault slow@rank=1,step=3,op=all_reduce,ms=1500 >"$out" 2>&1 &
 pid=$!
 i=0
 until grep -q "Rank  3" "$out" 2>/dev/null; do
@@ -15,7 +19,7 @@ until grep -q "Rank  3" "$out" 2>/dev/null; do
   [ $i -gt 300 ] && { echo "FAIL: no start within 30 s"; kill -9 "$pid"; exit 1; }
   sleep 0.1
 done
-sleep 1
+sleep 4
 kill -STOP "$pid"
 sleep 4
 kill -CONT "$pid"

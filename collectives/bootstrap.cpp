@@ -1,8 +1,12 @@
 #include "collectives/bootstrap.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -206,8 +210,46 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
   if (n == 1) {
     body(0);
   } else {
+    // Threads: once a rank failed (and so aborted the world), the others get kAbortGraceS to
+    // return. A rank stuck outside collectives (in compute, or stopped by an injected fault)
+    // never notices the abort; then the process ends here, naming the cause once, rather than
+    // waiting forever (under mpirun the same job ends through MPI_Abort).
+    constexpr double kAbortGraceS = 3.0;
+    std::atomic<int> running{n};
+    std::vector<std::atomic<bool>> done(static_cast<size_t>(n));
     std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        body(i);
+        done[static_cast<size_t>(i)].store(true);
+        running.fetch_sub(1);
+      });
+    }
+    std::optional<std::chrono::steady_clock::time_point> failed_at;
+    while (running.load() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      bool failed = false;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        failed = first != nullptr;
+      }
+      if (!failed) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (!failed_at) failed_at = now;
+      if (std::chrono::duration<double>(now - *failed_at).count() < kAbortGraceS) continue;
+      std::vector<int> stuck;
+      for (int i = 0; i < n; ++i) {
+        if (!done[static_cast<size_t>(i)].load())
+          stuck.push_back(local()[static_cast<size_t>(i)].rank);
+      }
+      // The cause was logged when the rank failed ("rank R failed: ...").
+      std::fprintf(stderr,
+                   "meshrt: %s did not return within %.0f s of the abort (stuck outside a "
+                   "collective); exiting without cleanup\n",
+                   detail::format_ranks(stuck).c_str(), kAbortGraceS);
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
     for (auto& t : threads) t.join();
   }
   if (first) std::rethrow_exception(first);

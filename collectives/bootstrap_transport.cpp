@@ -107,6 +107,16 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
                               << " (or its .ack) already exists, left by an earlier job: use a "
                                  "fresh directory or a unique MESHRT_RUN_ID");
   const std::string header = "meshrt-rendezvous world=" + std::to_string(world) + "\n";
+  // Whatever happens, this rank's own files go when it leaves: a later launch in the same
+  // directory with the same run id must not find them ("left by an earlier job").
+  struct Cleanup {
+    fs::path data, ack;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove(data, ec);
+      fs::remove(ack, ec);
+    }
+  } cleanup{data_path(rank), ack_path(rank)};
   write_atomically(d, data_path(rank), header + mine);
 
   detail::Deadline dl = detail::Deadline::after(timeout_s);
@@ -126,11 +136,22 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
                                 << "'): stale file or mismatched WORLD_SIZE");
     out[static_cast<size_t>(r)] = s.substr(header.size());
   }
-  // Acknowledge, then remove our data file once everyone has read it. If some rank is slow to
-  // acknowledge the file is simply left behind (harmless: it is namespaced by run id and key).
+  // Three phases so that no file outlives the exchange: acknowledge having read every data
+  // file; once every rank acknowledged, remove our data file; once every data file is gone
+  // (so every rank has seen every acknowledgement), the Cleanup removes our acknowledgement.
   write_atomically(d, ack_path(rank), "");
   detail::Deadline ack_dl = detail::Deadline::after(std::min(timeout_s, 5.0));
-  if (poll_files(world, ack_path, nullptr, ack_dl).empty()) fs::remove(data_path(rank), ec);
+  if (poll_files(world, ack_path, nullptr, ack_dl).empty()) {
+    fs::remove(data_path(rank), ec);
+    auto sleep = std::chrono::microseconds(500);
+    for (;;) {
+      bool any = false;
+      for (int r = 0; r < world && !any; ++r) any = fs::exists(data_path(r), ec);
+      if (!any || ack_dl.passed()) break;
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, std::chrono::microseconds(100000));
+    }
+  }
   return out;
 }
 

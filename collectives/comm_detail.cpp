@@ -101,9 +101,9 @@ std::string mismatch_message(const std::string& group, const std::vector<CallSig
 }
 
 std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
-                            int rank, double timeout_s, const std::string& missing) {
+                            const std::string& rank, double timeout_s, const std::string& missing) {
   std::ostringstream os;
-  os << "watchdog: " << call << " on group '" << group << "' (seq " << seq << ", rank " << rank
+  os << "watchdog: " << call << " on group '" << group << "' (seq " << seq << ", " << rank
      << ") did not complete within " << timeout_s << " s (MESHRT_COMM_TIMEOUT)";
   if (!missing.empty()) os << "; " << missing;
   os << "; the communicators were aborted";
@@ -113,9 +113,14 @@ std::string timeout_message(const std::string& call, const std::string& group, u
 Deadline Deadline::after(double seconds) {
   Deadline d;
   if (seconds > 0 && std::isfinite(seconds)) {
+    // Saturate: a timeout past what the clock's 64-bit ticks can hold from now (about 292
+    // years of nanoseconds) means never; converting it would overflow.
+    const auto now = Clock::now();
+    const double room = std::chrono::duration<double>(Clock::time_point::max() - now).count() * 0.5;
+    if (seconds >= room) return d;
     d.never = false;
-    d.at = Clock::now() +
-           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    d.at =
+        now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   }
   return d;
 }

@@ -49,7 +49,11 @@ std::string format_ranks(const std::vector<int>& ranks);
 // The watchdog's message: "watchdog: all_reduce(f32, count=8, sum) on group 'world' (seq 7,
 // rank 0) did not complete within 1 s; rank 3 never arrived; the communicators were aborted".
 std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
-                            int rank, double timeout_s, const std::string& missing);
+                            const std::string& rank, double timeout_s, const std::string& missing);
+inline std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
+                                   int rank, double timeout_s, const std::string& missing) {
+  return timeout_message(call, group, seq, "rank " + std::to_string(rank), timeout_s, missing);
+}
 
 // A point in time after which a wait gives up (never, when the timeout is 0).
 struct Deadline {

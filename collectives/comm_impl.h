@@ -11,6 +11,10 @@
 
 namespace meshrt {
 
+namespace detail {
+class FlightRing;
+}
+
 // One validated call, as the Communicator hands it to its backend. `count` is the per-rank
 // element count the ranks must agree on: all_reduce / broadcast: numel; all_gather: input numel;
 // reduce_scatter: output numel; all_to_all: block numel; send / recv: numel.
@@ -26,6 +30,9 @@ struct CommCall {
   // Collectives: the group's sequence number (also their execution order on each rank).
   // send / recv: the number of this message between the pair, in that direction.
   uint64_t seq = 0;
+  // This call's flight-recorder entry (collectives/flight.h): backends mark its start and end.
+  std::shared_ptr<detail::FlightRing> flight;
+  uint64_t flight_id = 0;
   std::string str() const;  // "all_reduce(f32, count=8, sum)"
   // Bytes of this rank's side of the call: the output for all_gather and recv (the gathered
   // tensor), the input otherwise; 0 for barrier and split.

@@ -1,11 +1,17 @@
 #include "collectives/communicator.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "collectives/comm_detail.h"
 #include "collectives/comm_impl.h"
+#include "collectives/fault.h"
+#include "collectives/flight.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/ranges.h"
@@ -97,6 +103,10 @@ CommConfig CommConfig::from_env() {
   if (const char* d = std::getenv("MESHRT_COMM_DEBUG"); d && *d) {
     c.debug = d[0] != '0';
   }
+  if (const char* f = std::getenv("MESHRT_FAULT"); f && *f) {
+    detail::parse_fault_spec(f);  // refuses a malformed spec here, saying what to change
+    c.fault = f;
+  }
   return c;
 }
 
@@ -130,6 +140,14 @@ Communicator::Communicator(int rank, int size, std::string name, Device device, 
   MESHRT_CHECK(size >= 1 && rank >= 0 && rank < size,
                "communicator '" << name_ << "': rank " << rank << " outside [0, " << size << ")");
   MESHRT_CHECK(impl_ != nullptr, "communicator '" << name_ << "' has no backend implementation");
+  if (impl_->opens_ranges()) {
+    // A root communicator (a world): its rank is the global rank. split() hands its children
+    // the parent's state instead.
+    state_ = detail::make_rank_state(rank_, size_, impl_->backend(), config_.fault);
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the name
+    for (char ch : name_) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    gid_ = h;
+  }
 }
 
 Communicator::~Communicator() = default;
@@ -160,6 +178,21 @@ namespace {
 
 const char* byte_ptr(const Tensor& t) { return static_cast<const char*>(t.data_ptr()); }
 
+bool counted_for_faults(CommOp op) {
+  return op != CommOp::Send && op != CommOp::Recv && op != CommOp::Split;
+}
+
+void copy_name(char* dst, size_t cap, std::string_view src) {
+  const size_t n = std::min(cap - 1, src.size());
+  std::memcpy(dst, src.data(), n);
+  dst[n] = '\0';
+}
+
+// Stops the calling thread for good: it never returns, so nothing it owns is cleaned up.
+[[noreturn]] void park_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 // Whether [a, a+na) and [b, b+nb) overlap.
 bool overlaps(const char* a, size_t na, const char* b, size_t nb) {
   return na > 0 && nb > 0 && a < b + nb && b < a + na;
@@ -176,6 +209,20 @@ Event Communicator::submit(CommCall& call, Stream& stream, const EventList& afte
   if (aborted()) {
     throw CommError(std::string(comm_op_name(call.op)) + " on group '" + name_ +
                     "': the communicator was aborted: " + abort_reason());
+  }
+  detail::RankState* st = state_.get();
+  detail::FaultKind fault = detail::FaultKind::None;
+  if (st && st->fault.active() && counted_for_faults(call.op) &&
+      (!st->fault.has_op || st->fault.op == call.op)) {
+    const uint64_t n = ++st->counted;
+    if (st->fault.kind == detail::FaultKind::Slow ? n >= st->fault.step : n == st->fault.step) {
+      fault = st->fault.kind;
+    }
+  }
+  if (fault != detail::FaultKind::None) inject(fault, call, stream);
+  if (fault == detail::FaultKind::Skip) {
+    for (const Event& e : after) stream.wait(e);
+    return stream.record();
   }
   if (call.op == CommOp::Send || call.op == CommOp::Recv) {
     std::lock_guard<std::mutex> lk(p2p_mu_);
@@ -194,8 +241,93 @@ Event Communicator::submit(CommCall& call, Stream& stream, const EventList& afte
   std::optional<ranges::Scoped> range;
   if (ranges::enabled() && impl_->opens_ranges())
     range.emplace(std::string(comm_op_name(call.op)) + " " + name_, uint64_t(call.bytes()));
+  if (st && st->ring) {
+    detail::FlightEntry e = flight_entry(call, stream);
+    if (fault == detail::FaultKind::Slow || fault == detail::FaultKind::Corrupt) {
+      copy_name(e.note, sizeof(e.note), std::string("injected ") + fault_kind_name(fault));
+    }
+    call.flight = st->ring;
+    call.flight_id = st->ring->issue(e);
+  }
+  Tensor out = call.out;
   impl_->issue(std::move(call), stream);
+  if (fault == detail::FaultKind::Corrupt && out.defined() && out.numel() > 0 &&
+      out.device().is_cpu()) {
+    // The data this rank ends up with is wrong: the first element's bytes are flipped after the
+    // collective, as a corrupted transfer into this rank would leave them.
+    stream.enqueue([out] {
+      auto* p = static_cast<unsigned char*>(out.data_ptr());
+      for (size_t i = 0; i < dtype_size(out.dtype()); ++i) p[i] ^= 0x5a;
+    });
+  }
   return stream.record();
+}
+
+detail::FlightEntry Communicator::flight_entry(const CommCall& call, Stream& stream) const {
+  detail::FlightEntry e;
+  e.gid = gid_;
+  e.seq = call.seq;
+  copy_name(e.group, sizeof(e.group), name_);
+  copy_name(e.stream, sizeof(e.stream), stream.name());
+  e.group_rank = rank_;
+  e.group_size = size_;
+  e.root = call.root;
+  e.peer = call.peer;
+  e.op = static_cast<uint8_t>(call.op);
+  e.dtype = static_cast<uint8_t>(call.dtype);
+  e.redop = static_cast<uint8_t>(call.redop);
+  e.count = call.count;
+  e.bytes = call.bytes();
+  e.enqueue_ns = detail::flight_now_ns();
+  return e;
+}
+
+void Communicator::inject(detail::FaultKind kind, const CommCall& call, Stream& stream) {
+  const detail::RankState& st = *state_;
+  const bool p2p = call.op == CommOp::Send || call.op == CommOp::Recv;
+  const uint64_t seq = p2p ? 0 : next_seq_.load();
+  std::ostringstream os;
+  os << "meshrt: injected fault (MESHRT_FAULT=" << st.fault.str() << "): rank " << st.global_rank
+     << " " << fault_kind_name(kind) << " at " << call.str() << " on group '" << name_ << "' (seq "
+     << seq << ", group rank " << rank_ << ", step " << st.counted.load() << ")";
+  using detail::FaultKind;
+  switch (kind) {
+    case FaultKind::Slow:
+      // Each collective from the step on is delayed; said once.
+      if (st.counted.load() == st.fault.step)
+        MESHRT_LOG_WARN(os.str().substr(8) << ", +" << st.fault.ms << " ms each from here on");
+      std::this_thread::sleep_for(std::chrono::milliseconds(st.fault.ms));
+      return;
+    case FaultKind::Skip:
+      MESHRT_LOG_WARN(os.str().substr(8) << ": not issued");
+      if (st.ring) {
+        detail::FlightEntry e = flight_entry(call, stream);
+        e.seq = 0;  // never numbered: the rank's code skipped the call
+        e.state = detail::FlightState::Skipped;
+        copy_name(e.note, sizeof(e.note), "injected skip");
+        st.ring->issue(e);
+      }
+      return;
+    case FaultKind::Corrupt:
+      MESHRT_LOG_WARN(os.str().substr(8) << ": its result will be wrong");
+      return;
+    case FaultKind::Hang:
+      std::fprintf(stderr, "%s: the rank stops issuing\n", os.str().c_str());
+      std::fflush(stderr);
+      park_forever();
+    case FaultKind::Crash:
+      std::fprintf(stderr, "%s: %s\n", os.str().c_str(),
+                   st.threads ? "the rank thread stops for good (no cleanup, its communicators "
+                                "never answer)"
+                              : "the process writes its flight record and exits (status 86)");
+      std::fflush(stderr);
+      if (st.threads) park_forever();
+      // As the recorder's fatal-signal path would: the record first, then the process is gone.
+      detail::flight_dump_all("crash: " + os.str().substr(8));
+      std::_Exit(86);
+    case FaultKind::None:
+      return;
+  }
 }
 
 Event Communicator::all_reduce(const Tensor& t, ReduceOp op, Stream& stream,
@@ -375,7 +507,37 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
   uint64_t seq = next_seq_.fetch_add(1);
   std::string n = name;
   if (n.empty() && color >= 0) n = name_ + "/split" + std::to_string(color);
-  return impl_->split(color < 0 ? kNoColor : color, key, n, seq);
+  detail::RankState* st = state_.get();
+  uint64_t id = 0;
+  if (st && st->ring) {
+    detail::FlightEntry e;
+    e.gid = gid_;
+    e.seq = seq;
+    copy_name(e.group, sizeof(e.group), name_);
+    copy_name(e.stream, sizeof(e.stream), "(caller)");
+    e.group_rank = rank_;
+    e.group_size = size_;
+    e.op = static_cast<uint8_t>(CommOp::Split);
+    e.enqueue_ns = detail::flight_now_ns();
+    id = st->ring->issue(e);
+    st->ring->started(id);
+  }
+  std::unique_ptr<Communicator> child;
+  try {
+    child = impl_->split(color < 0 ? kNoColor : color, key, n, seq);
+  } catch (...) {
+    if (id) st->ring->ended(id, false);
+    throw;
+  }
+  if (id) st->ring->ended(id, true);
+  if (child && state_ && child->impl_->opens_ranges()) {
+    child->state_ = state_;
+    uint64_t h = gid_ ^ (0x9e3779b97f4a7c15ull + (seq << 6) + static_cast<uint64_t>(color));
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    child->gid_ = h ^ (h >> 29);
+  }
+  return child;
 }
 
 void Communicator::abort(const std::string& reason) { impl_->abort(reason); }

@@ -49,6 +49,9 @@ struct MESHRT_API CommConfig {
   // MESHRT_COMM_DEBUG=1: ranks compare (op, dtype, count, root, sequence number) before each
   // collective and raise an error naming the differing ranks instead of hanging or corrupting.
   bool debug = false;
+  // MESHRT_FAULT (or --fault): a fault to inject, kind@rank=R,step=S[,op=NAME][,ms=T]
+  // (collectives/fault.h; README "When things go wrong"). Empty: none.
+  std::string fault;
   static CommConfig from_env();
 };
 
@@ -58,6 +61,11 @@ using EventList = std::vector<Event>;
 // (collectives/comm_impl.h).
 class CommImpl;
 struct CommCall;
+namespace detail {
+struct RankState;
+struct FlightEntry;
+enum class FaultKind : uint8_t;
+}  // namespace detail
 
 // Colour that makes split() return no communicator for the calling rank.
 constexpr int kNoColor = -1;
@@ -139,6 +147,8 @@ class MESHRT_API Communicator {
  private:
   Event submit(CommCall& call, Stream& stream, const EventList& after);
   void check_tensor(const char* what, const char* role, const Tensor& t, bool reduction) const;
+  detail::FlightEntry flight_entry(const CommCall& call, Stream& stream) const;
+  void inject(detail::FaultKind kind, const CommCall& call, Stream& stream);
 
   int rank_;
   int size_;
@@ -149,6 +159,10 @@ class MESHRT_API Communicator {
   std::atomic<uint64_t> next_seq_{1};
   std::mutex p2p_mu_;
   std::unordered_map<int, uint64_t> send_seq_, recv_seq_;
+  // Shared by every communicator of this rank: global rank, flight recorder, injected fault
+  // (collectives/flight.h). Null for communicators that forward to another one.
+  std::shared_ptr<detail::RankState> state_;
+  uint64_t gid_ = 0;  // group instance id in flight records: equal on all members
 };
 
 }  // namespace meshrt

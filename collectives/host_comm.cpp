@@ -19,6 +19,7 @@
 
 #include "collectives/backend_registry.h"
 #include "collectives/comm_detail.h"
+#include "collectives/flight.h"
 #include "collectives/host_reduce.h"
 #include "collectives/ordered_comm.h"
 #include "runtime/error.h"
@@ -226,11 +227,13 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
 
 void HostFamily::abort(const std::string& why) {
   std::vector<std::shared_ptr<HostGroup>> live;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!aborted_.load()) {
       reason_ = why;
       aborted_.store(true, std::memory_order_release);
+      first = true;
       MESHRT_LOG_ERROR("host communicators aborted: " << why);
     }
     for (auto& w : groups_) {
@@ -238,6 +241,10 @@ void HostFamily::abort(const std::string& why) {
     }
   }
   for (auto& g : live) g->notify();
+  if (first) {
+    // Every rank thread's record, as it stood when the first rank gave up.
+    detail::flight_dump_all(why);
+  }
 }
 
 constexpr int kStepBits = 24;  // progress = (seq << kStepBits) | steps
@@ -261,6 +268,18 @@ class HostEngine final : public detail::OrderedEngine {
         dev(d) {}
 
   std::string_view backend() const override { return "host"; }
+  // A collective that fails after an abort may leave peers still reading or writing this rank's
+  // buffers (they check for the abort only between steps): keep them alive for good rather than
+  // let the allocator hand them out again (a use after free, seen after a process was stopped
+  // and resumed past the timeout). Only after an abort: the process is failing anyway.
+  void failed(const CommCall& c) override {
+    if (!aborted()) return;
+    static std::mutex mu;
+    static auto* graveyard = new std::vector<Tensor>;  // leaked on purpose
+    std::lock_guard<std::mutex> lk(mu);
+    if (c.in.defined()) graveyard->push_back(c.in);
+    if (c.out.defined()) graveyard->push_back(c.out);
+  }
   bool aborted() const override { return g->family().aborted(); }
   std::string abort_reason() const override { return g->family().reason(); }
   void abort_group(const std::string& why) override { g->family().abort(why); }

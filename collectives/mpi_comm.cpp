@@ -83,7 +83,7 @@ class MpiEngine final : public detail::OrderedEngine {
       std::lock_guard<std::mutex> lk(p.mu);
       p.next_slot = std::max(p.next_slot, agreed + 1);
     }
-    slot = (agreed < detail::kMpiWatchSlots && !p.node_words.empty()) ? agreed : -1;
+    slot = (agreed < detail::kMpiCommSlots && !p.node_words.empty()) ? agreed : -1;
     MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
     MESHRT_MPI_CHECK(MPI_Comm_group(comm, &g));
     MESHRT_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &wg));
@@ -146,32 +146,51 @@ class MpiEngine final : public detail::OrderedEngine {
     if (must_compare(static_cast<CommOp>(op.sig.op))) compare_calls(op);
   }
 
-  // Which ranks have not entered collective `seq`, as far as this node can see.
+  std::string rank_label(int group_rank) const override {
+    const int w =
+        group_rank >= 0 && group_rank < size() ? world_ranks[static_cast<size_t>(group_rank)] : -1;
+    if (w == group_rank && name() == "world") return "rank " + std::to_string(w);
+    return "rank " + std::to_string(w) + " [group rank " + std::to_string(group_rank) + "]";
+  }
+
+  // Which ranks have not entered collective `seq`, as far as this node can see, named by
+  // global rank, each with what it is doing; and the ranks of this node that are not making
+  // progress (outside every collective, or stopped), which every rank computes alike, so the
+  // ranks of a job agree on the culprit even when they wait on different groups.
   std::string missing_ranks(uint64_t seq) const {
     MpiProcess& p = mpi_process();
     if (slot < 0 || p.node_words.empty()) {
       return "which ranks never arrived is unknown (no node-shared window)";
     }
-    std::vector<int> missing, remote;
+    std::vector<std::string> missing;
+    std::vector<int> remote;
     for (int j = 0; j < size(); ++j) {
       int w = world_ranks[static_cast<size_t>(j)];
       int ni = (w >= 0 && static_cast<size_t>(w) < p.world_to_node.size())
                    ? p.world_to_node[static_cast<size_t>(w)]
                    : -1;
       if (ni < 0) {
-        remote.push_back(j);
+        remote.push_back(w);
         continue;
       }
       uint64_t v = __atomic_load_n(&p.node_words[static_cast<size_t>(ni)][slot], __ATOMIC_ACQUIRE);
-      if (v < seq) missing.push_back(j);
+      if (v < seq) {
+        missing.push_back(rank_label(j) + " (" + detail::mpi_rank_activity(ni) + ")");
+      }
     }
     std::string s;
-    if (!missing.empty()) s = detail::format_ranks(missing) + " never arrived";
+    for (size_t i = 0; i < missing.size(); ++i) s += (i ? ", " : "") + missing[i];
+    if (!missing.empty()) s += " never arrived";
     if (!remote.empty()) {
       s += (s.empty() ? "" : "; ") + detail::format_ranks(remote) +
            " run on other nodes (their state is unknown)";
     }
     if (s.empty()) s = "every rank entered it (one may be stuck inside it)";
+    const std::vector<int> stalled = detail::mpi_stalled_ranks();
+    if (!stalled.empty()) {
+      s += "; likely culprit: " + detail::format_ranks(stalled) +
+           " (not inside any collective, or not responding)";
+    }
     return s;
   }
 
@@ -181,7 +200,9 @@ class MpiEngine final : public detail::OrderedEngine {
             const std::function<std::string()>& missing, const std::shared_ptr<void>& keep,
             int* rc_out = nullptr) {
     int done = 0;
+    detail::MpiWaitMark mark;  // what other local ranks see this process doing
     for (int64_t i = 0;; ++i) {
+      mark.beat();
       int rc = MPI_Test(req, &done, st ? st : MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
         if (rc_out) {
@@ -190,7 +211,10 @@ class MpiEngine final : public detail::OrderedEngine {
         }
         detail::mpi_fail("MPI_Test", rc, __FILE__, __LINE__);
       }
-      if (done) return;
+      if (done) {
+        mark.finished();
+        return;
+      }
       if (aborted()) {
         detail::mpi_bury(keep);
         throw_aborted(op);

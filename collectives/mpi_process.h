@@ -17,8 +17,13 @@ namespace meshrt {
 
 namespace detail {
 
-// Number of communicators whose progress other local ranks can see.
+// Words per process in the node-shared window: one per communicator (the sequence number it
+// entered), then this process's activity: how many collective waits it is inside, and a
+// heartbeat those waits update (steady-clock ns; ~0 once a wait gave up after an abort).
 constexpr int kMpiWatchSlots = 1024;
+constexpr int kMpiCommSlots = kMpiWatchSlots - 2;
+constexpr int kMpiBusySlot = kMpiWatchSlots - 2;
+constexpr int kMpiBeatSlot = kMpiWatchSlots - 1;
 
 // Process-wide MPI state (one per process, never destroyed: the exit handler uses it).
 struct MpiProcess {
@@ -50,6 +55,28 @@ bool mpi_live();
 // Sets up the node-shared watch words once (call with mpi_process().mu held); without them the
 // watchdog still works but cannot name missing ranks.
 void mpi_setup_watch_window();
+
+// Marks this process as waiting inside a collective while it lives (node-shared words), beats
+// the heartbeat, and on destruction without finished() (an abort or timeout) leaves the process
+// marked as having given up, which peers do not count as stalled.
+class MpiWaitMark {
+ public:
+  MpiWaitMark();
+  ~MpiWaitMark();
+  void beat();
+  void finished() { finished_ = true; }
+  MpiWaitMark(const MpiWaitMark&) = delete;
+  MpiWaitMark& operator=(const MpiWaitMark&) = delete;
+
+ private:
+  uint64_t* words_ = nullptr;
+  bool finished_ = false;
+};
+// What node-local process `node_index` is doing: "waiting in another collective", "not inside
+// any collective", "not responding" (its wait stopped polling: stopped or descheduled).
+std::string mpi_rank_activity(int node_index);
+// Global ranks on this node that are outside every collective or not responding.
+std::vector<int> mpi_stalled_ranks();
 
 // `n` as MPI's int count; throws naming `what` when it does not fit.
 int mpi_int_count(int64_t n, const char* what);

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
+#include "collectives/flight.h"
 #include "collectives/mpi_check.h"
 #include "collectives/mpi_process.h"
 #include "runtime/error.h"
@@ -46,12 +48,17 @@ MpiProcess& mpi_process() {
 
 void mpi_process_abort(const std::string& why) {
   MpiProcess& p = mpi_process();
-  std::lock_guard<std::mutex> lk(p.mu);
-  if (!p.aborted.load()) {
-    p.reason = why;
-    p.aborted.store(true);
-    MESHRT_LOG_ERROR("MPI communicators aborted: " << why);
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lk(p.mu);
+    if (!p.aborted.load()) {
+      p.reason = why;
+      p.aborted.store(true);
+      first = true;
+      MESHRT_LOG_ERROR("MPI communicators aborted: " << why);
+    }
   }
+  if (first) flight_dump_all(why);
 }
 
 std::string mpi_abort_reason() {
@@ -111,6 +118,68 @@ void mpi_setup_watch_window() {
     p.node_words.clear();
     p.world_to_node.clear();
   }
+}
+
+namespace {
+
+uint64_t steady_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+constexpr uint64_t kGaveUp = ~uint64_t{0};
+constexpr uint64_t kStaleNs = 1000000000ull;  // a waiting rank polls far more often than this
+
+}  // namespace
+
+MpiWaitMark::MpiWaitMark() {
+  MpiProcess& p = mpi_process();
+  if (p.my_node_index < 0 || p.node_words.empty()) return;
+  words_ = p.node_words[static_cast<size_t>(p.my_node_index)];
+  __atomic_store_n(&words_[kMpiBeatSlot], steady_ns(), __ATOMIC_RELEASE);
+  __atomic_fetch_add(&words_[kMpiBusySlot], 1, __ATOMIC_ACQ_REL);
+}
+
+MpiWaitMark::~MpiWaitMark() {
+  if (!words_) return;
+  if (finished_) {
+    __atomic_fetch_sub(&words_[kMpiBusySlot], 1, __ATOMIC_ACQ_REL);
+  } else {
+    __atomic_store_n(&words_[kMpiBeatSlot], kGaveUp, __ATOMIC_RELEASE);
+  }
+}
+
+void MpiWaitMark::beat() {
+  if (!words_) return;
+  const uint64_t last = __atomic_load_n(&words_[kMpiBeatSlot], __ATOMIC_RELAXED);
+  if (last != kGaveUp) __atomic_store_n(&words_[kMpiBeatSlot], steady_ns(), __ATOMIC_RELEASE);
+}
+
+std::string mpi_rank_activity(int node_index) {
+  MpiProcess& p = mpi_process();
+  if (node_index < 0 || static_cast<size_t>(node_index) >= p.node_words.size()) return "unknown";
+  const uint64_t* w = p.node_words[static_cast<size_t>(node_index)];
+  const uint64_t busy = __atomic_load_n(&w[kMpiBusySlot], __ATOMIC_ACQUIRE);
+  const uint64_t beat = __atomic_load_n(&w[kMpiBeatSlot], __ATOMIC_ACQUIRE);
+  if (beat == kGaveUp) return "gave up after an abort";
+  if (busy == 0) return "not inside any collective";
+  if (steady_ns() - beat > kStaleNs) return "not responding inside a collective";
+  return "waiting in another collective";
+}
+
+std::vector<int> mpi_stalled_ranks() {
+  MpiProcess& p = mpi_process();
+  std::vector<int> out;
+  for (size_t w = 0; w < p.world_to_node.size(); ++w) {
+    const int ni = p.world_to_node[w];
+    if (ni < 0 || ni == p.my_node_index) continue;
+    const std::string a = mpi_rank_activity(ni);
+    if (a == "not inside any collective" || a == "not responding inside a collective") {
+      out.push_back(static_cast<int>(w));
+    }
+  }
+  return out;
 }
 
 int mpi_int_count(int64_t n, const char* what) {

@@ -1,7 +1,9 @@
 #include "collectives/ordered_comm.h"
 
+#include <exception>
 #include <utility>
 
+#include "collectives/flight.h"
 #include "runtime/error.h"
 
 namespace meshrt::detail {
@@ -21,6 +23,10 @@ OrderedEngine::OrderedEngine(int rank, int size, std::string name, CommConfig cf
 
 OrderedEngine::~OrderedEngine() = default;
 
+std::string OrderedEngine::rank_label(int group_rank) const {
+  return "rank " + std::to_string(group_rank);
+}
+
 bool OrderedEngine::must_compare(CommOp op) const {
   if (size_ <= 1) return false;
   return cfg_.debug || op == CommOp::AllGather || op == CommOp::ReduceScatter ||
@@ -28,8 +34,8 @@ bool OrderedEngine::must_compare(CommOp op) const {
 }
 
 std::string OrderedEngine::context(const Op& op) const {
-  return op.str() + " on group '" + name_ + "' (seq " + std::to_string(op.seq()) + ", rank " +
-         std::to_string(rank_) + ")";
+  return op.str() + " on group '" + name_ + "' (seq " + std::to_string(op.seq()) + ", " +
+         rank_label(rank_) + ")";
 }
 
 void OrderedEngine::throw_aborted(const Op& op) const {
@@ -37,7 +43,7 @@ void OrderedEngine::throw_aborted(const Op& op) const {
 }
 
 std::string OrderedEngine::timeout(const Op& op, const std::string& missing) const {
-  return timeout_message(op.str(), name_, op.seq(), rank_, cfg_.timeout_s, missing);
+  return timeout_message(op.str(), name_, op.seq(), rank_label(rank_), cfg_.timeout_s, missing);
 }
 
 void OrderedEngine::fail_timeout(const Op& op, const std::string& missing) {
@@ -54,11 +60,42 @@ void OrderedEngine::take_turn(TicketOrder& order, const Op& op) {
   }
 }
 
+namespace {
+
+// Marks the call's flight-recorder entry ended (failed when an exception leaves the scope).
+class FlightEnd {
+ public:
+  explicit FlightEnd(const CommCall& c) : c_(c), uncaught_(std::uncaught_exceptions()) {}
+  ~FlightEnd() {
+    if (c_.flight) c_.flight->ended(c_.flight_id, std::uncaught_exceptions() == uncaught_);
+  }
+  FlightEnd(const FlightEnd&) = delete;
+  FlightEnd& operator=(const FlightEnd&) = delete;
+
+ private:
+  const CommCall& c_;
+  int uncaught_;
+};
+
+}  // namespace
+
 void OrderedEngine::run(const CommCall& c) {
   const Op op{CallSig::make(c.op, c.dtype, c.redop, c.count, c.root, c.seq), c.peer,
               Deadline::after(cfg_.timeout_s)};
+  FlightEnd flight_end(c);
   TicketOrder& order = orders_.order(c.op, c.peer);
   take_turn(order, op);
+  if (c.flight) c.flight->started(c.flight_id);
+  try {
+    run_op(c, op);
+  } catch (...) {
+    failed(c);
+    throw;
+  }
+}
+
+void OrderedEngine::run_op(const CommCall& c, const Op& op) {
+  TicketOrder& order = orders_.order(c.op, c.peer);
   TicketGuard guard(order, c.seq);
   if (aborted()) throw_aborted(op);
   if (c.op != CommOp::Send && c.op != CommOp::Recv) entering(op);

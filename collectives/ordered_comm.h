@@ -67,11 +67,16 @@ class OrderedEngine {
                                               const Op& op) = 0;
   // Called before every collective and split (not send / recv), once its turn came.
   virtual void entering(const Op& op) { (void)op; }
+  // Called when `c` fails with an exception (before it propagates).
+  virtual void failed(const CommCall& c) { (void)c; }
 
   // Whether the ranks must compare their calls before this collective: always where a
   // mismatched count would read or write out of bounds, every collective under
   // MESHRT_COMM_DEBUG=1.
   bool must_compare(CommOp op) const;
+  // How messages name a rank of this group: "rank 3", or with the global rank where the group
+  // is not the world ("rank 6 [group rank 1]").
+  virtual std::string rank_label(int group_rank) const;
   // "<call> on group 'world' (seq 3, rank 1)".
   std::string context(const Op& op) const;
   [[noreturn]] void throw_aborted(const Op& op) const;
@@ -82,6 +87,7 @@ class OrderedEngine {
 
  private:
   void take_turn(TicketOrder& order, const Op& op);
+  void run_op(const CommCall& c, const Op& op);
 
   int rank_;
   int size_;

@@ -32,6 +32,8 @@ CachingAllocator::~CachingAllocator() {
     raw_.free(b.ptr);
   }
   pending_.clear();
+  for (auto& b : stranded_) raw_.free(b.ptr);
+  stranded_.clear();
   release_cached_locked();
   if (!live_.empty())
     MESHRT_LOG_WARN("allocator " << name_ << " destroyed with " << live_.size()
@@ -164,9 +166,20 @@ void CachingAllocator::deallocate(void* ptr) {
   stats_.allocated_bytes -= static_cast<int64_t>(b.size);
   stats_.live_blocks--;
   // A stream that no longer exists drained its work when it was destroyed: nothing to wait for.
-  if (b.stream && !b.alive.expired()) b.pending.push_back(b.stream->record());
-  for (auto& [s, alive] : b.used_on)
-    if (!alive.expired()) b.pending.push_back(s->record());
+  // Recording can fail on a stream being shut down (a task's captures are freed while it
+  // drains, after a watchdog abort); deallocate runs in destructors and must not throw, so the
+  // block is then kept out of circulation until the allocator goes.
+  try {
+    if (b.stream && !b.alive.expired()) b.pending.push_back(b.stream->record());
+    for (auto& [s, alive] : b.used_on)
+      if (!alive.expired()) b.pending.push_back(s->record());
+  } catch (const std::exception& e) {
+    MESHRT_LOG_DEBUG("allocator " << name_ << ": block " << ptr
+                                  << " not reused (cannot record on its stream: " << e.what()
+                                  << ")");
+    stranded_.push_back(std::move(b));
+    return;
+  }
   if (b.pending.empty()) {
     b.used_on.clear();
     free_.emplace(b.size, std::move(b));

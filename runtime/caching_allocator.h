@@ -57,6 +57,7 @@ class CachingAllocator : public Allocator {
   std::unordered_map<void*, Block> live_;
   std::multimap<size_t, Block> free_;  // ready for reuse, keyed by size class
   std::vector<Block> pending_;         // freed, waiting on stream events
+  std::vector<Block> stranded_;        // freed, but their stream could not record: never reused
   AllocatorStats stats_;
 };
 

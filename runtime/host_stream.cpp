@@ -85,7 +85,10 @@ class HostStream final : public Stream {
   void enqueue(std::function<void()> fn) override {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      MESHRT_CHECK(!stop_, "stream '" << name_ << "': enqueue after shutdown");
+      // While the stream shuts down its worker still drains the queue, so work it enqueues
+      // itself (an event recorded as a task's captures are freed) still runs.
+      MESHRT_CHECK(!stop_ || std::this_thread::get_id() == worker_.get_id(),
+                   "stream '" << name_ << "': enqueue after shutdown");
       q_.push_back(std::move(fn));
     }
     cv_.notify_one();

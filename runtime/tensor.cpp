@@ -6,6 +6,7 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/half.h"
+#include "runtime/logging.h"
 
 namespace meshrt {
 
@@ -18,10 +19,19 @@ Storage::Storage(void* ptr, size_t bytes, Device device, std::function<void(void
     : ptr_(ptr), bytes_(bytes), device_(device), deleter_(std::move(deleter)) {}
 
 Storage::~Storage() {
-  if (alloc_) {
-    alloc_->deallocate(ptr_);
-  } else if (deleter_) {
-    deleter_(ptr_);
+  // A destructor must not throw (it would terminate the process, e.g. while a stream drains).
+  try {
+    if (alloc_) {
+      alloc_->deallocate(ptr_);
+    } else if (deleter_) {
+      deleter_(ptr_);
+    }
+  } catch (const std::exception& e) {
+    MESHRT_LOG_ERROR("freeing " << bytes_ << " bytes on " << device_.str()
+                                << " failed (the memory is leaked): " << e.what());
+  } catch (...) {
+    MESHRT_LOG_ERROR("freeing " << bytes_ << " bytes on " << device_.str()
+                                << " failed (the memory is leaked)");
   }
 }
 

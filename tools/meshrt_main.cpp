@@ -1,5 +1,5 @@
-// The `meshrt` command line: info, train, and the benchmark registry's commands (`bench <name>`,
-// `sweep`).
+// The `meshrt` command line: info, train, doctor, and the benchmark registry's commands (`bench
+// <name>`, `sweep`).
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -8,6 +8,7 @@
 #include "meshrt/version.h"
 #include "tools/bench_cli.h"
 #include "tools/blas_env.h"
+#include "tools/doctor.h"
 #include "tools/info.h"
 #include "tools/train.h"
 
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
                                   "library versions and build options");
   meshrt::cli::TrainCliOptions train_opts;
   auto* train = meshrt::cli::add_train_command(app, train_opts);
+  meshrt::cli::DoctorCliOptions doctor_opts;
+  auto* doctor = meshrt::cli::add_doctor_command(app, doctor_opts);
   meshrt::cli::BenchCommands bench;
   meshrt::cli::add_bench_commands(app, bench);
   try {
@@ -40,6 +43,7 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) return meshrt::cli::run_info(std::cout);
     if (train->parsed()) return meshrt::cli::run_train(train_opts, std::cout);
+    if (doctor->parsed()) return meshrt::cli::run_doctor(doctor_opts, std::cout);
     if (cmd)
       return cmd->run(
           {meshrt::bench::command_line("meshrt", argc, argv), &meshrt::cli::version_info},

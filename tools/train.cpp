@@ -12,6 +12,7 @@
 #include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
+#include "collectives/config_check.h"
 #include "mesh/token_data.h"
 #include "mesh/train.h"
 #include "mesh/train_checkpoint.h"
@@ -30,6 +31,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_option("--devices", o.devices, "Ranks: cpu:N (threads) | cuda:all | cuda:0-3")
       ->capture_default_str();
   c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)");
+  bench::add_fault_flag(*c);
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
       ->capture_default_str()
@@ -221,6 +223,14 @@ RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostrea
     co.world_size = rp.world_size;
     co.local_ranks = rp.local_size;
     Context ctx(rp.device, co);
+    if (launch->kind() != LaunchKind::Threads) {
+      // Processes parse their own command lines: refuse ranks started differently (the
+      // checkpoint's config fields, plus what shapes the run but is not saved with it).
+      detail::ConfigFields f = train_checkpoint_meta(cfg, 0).config;
+      f.emplace_back("mesh", o.mesh);
+      f.emplace_back("steps", std::to_string(o.steps));
+      detail::check_same_config(world, f, "meshrt train");
+    }
     std::vector<StepStats> st;
     try {
       st = train(cfg, ctx, world, os);

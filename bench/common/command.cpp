@@ -4,13 +4,32 @@
 #include <iostream>
 #include <sstream>
 
+#include "collectives/fault.h"
 #include "runtime/error.h"
 
 namespace meshrt::bench {
 
+void add_fault_flag(CLI::App& app) {
+  app.add_option_function<std::string>(
+         "--fault", [](const std::string& v) { setenv("MESHRT_FAULT", v.c_str(), 1); },
+         "Inject a fault, as MESHRT_FAULT: kind@rank=R,step=S[,op=NAME][,ms=T], kind "
+         "crash|hang|slow|skip|corrupt (README: When things go wrong)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              detail::parse_fault_spec(v);
+              return std::string();
+            } catch (const std::exception& e) {
+              return error_message(e);
+            }
+          },
+          "SPEC"));
+}
+
 void bind_flags(CLI::App& app, Command& cmd) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd.add_flags(app);
+  add_fault_flag(app);
 }
 
 int launcher_rank() {

@@ -50,6 +50,10 @@ struct Entry {
 // lines of bench/*/CMakeLists.txt.
 const std::vector<Entry>& registry();
 
+// `--fault SPEC`: validates the spec and sets MESHRT_FAULT (collectives/fault.h) before the
+// command bootstraps its ranks. bind_flags adds it to every command; `meshrt train` too.
+void add_fault_flag(CLI::App& app);
+
 // Adds `cmd`'s flags to `app`, where repeating a flag keeps the last value (as most command lines
 // do) instead of an error. The CLI and the standalone programs both add flags through this.
 void bind_flags(CLI::App& app, Command& cmd);

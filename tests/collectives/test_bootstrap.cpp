@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <thread>
 
@@ -190,10 +191,26 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
             "payload-" + std::to_string(j) + std::string(3, '\0'));
     }
   }
-  // Data files are removed once everyone acknowledged; reusing the run id is refused.
-  CHECK_FALSE(fs::exists(d / "meshrt.run1.blob.0"));
+  // Nothing is left behind: the next launch in this directory with the same run id works.
+  CHECK(fs::is_empty(d));
+  {
+    std::vector<std::thread> again;
+    std::vector<std::string> first(n);
+    for (int r = 0; r < n; ++r) {
+      again.emplace_back([&, r] {
+        first[static_cast<size_t>(r)] =
+            make_file_transport(d.string(), r, n, 10, "run1")->all_gather("blob", "b").at(0);
+      });
+    }
+    for (auto& t : again) t.join();
+    for (auto& f : first) CHECK(f == "b");
+    CHECK(fs::is_empty(d));
+  }
+  // A file a killed job really left behind is still refused.
+  { std::ofstream(d / "meshrt.run1.blob.0") << "stale"; }
   CHECK_THROWS_WITH(make_file_transport(d.string(), 0, n, 1, "run1")->all_gather("blob", "x"),
                     Catch::Contains("left by an earlier job"));
+  fs::remove(d / "meshrt.run1.blob.0");
   // Ranks 2 and 3 never come: rank 0 gives up at the deadline, naming them.
   std::vector<std::string> errs(2);
   auto t0 = std::chrono::steady_clock::now();
@@ -211,6 +228,8 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(dt < 3.0);
   for (auto& e : errs) CHECK_THAT(e, Catch::Contains("ranks 2, 3 never wrote"));
+  // The ranks that gave up removed their files too.
+  CHECK(fs::is_empty(d));
   CHECK_THROWS_WITH(make_file_transport((d / "nope").string(), 0, 1, 1)->all_gather("k", "x"),
                     Catch::Contains("does not exist"));
   fs::remove_all(d);

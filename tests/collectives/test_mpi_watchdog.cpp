@@ -1,5 +1,6 @@
 // MPI watchdog: the last rank never calls the second all_reduce; every other rank must raise
-// CommError naming the op, group, sequence number and the missing rank within timeout + 5 s.
+// CommError naming the op, group, sequence number and the missing rank within timeout + 5 s,
+// and the same likely culprit.
 // Prints "WATCHDOG OK" / "WATCHDOG FAIL" lines that ctest matches; the job then ends non-zero
 // (MPI_Abort) because its communicators were aborted, which is the point.
 #include <chrono>
@@ -38,10 +39,14 @@ int main() {
     msg = e.what();
   }
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string missing = "rank " + std::to_string(n - 1) + " never arrived";
+  // Global ranks, with what the missing rank was doing; every rank names the same culprit.
+  const std::string missing =
+      "rank " + std::to_string(n - 1) + " (not inside any collective) never arrived";
+  const std::string culprit = "likely culprit: rank " + std::to_string(n - 1) + " (";
   bool ok = msg.find("all_reduce") != std::string::npos &&
             msg.find("'world'") != std::string::npos && msg.find("seq 2") != std::string::npos &&
-            msg.find(missing) != std::string::npos && dt < cfg.timeout_s + 5;
+            msg.find(missing) != std::string::npos && msg.find(culprit) != std::string::npos &&
+            dt < cfg.timeout_s + 5;
   std::printf("WATCHDOG %s rank %d after %.2f s: %s\n", ok ? "OK" : "FAIL", r, dt, msg.c_str());
   std::fflush(stdout);
   // Let the other waiting ranks report before this one's exit aborts the job.

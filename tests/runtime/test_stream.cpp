@@ -5,9 +5,11 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/allocator.h"
 #include "runtime/context.h"
 #include "runtime/error.h"
 #include "runtime/stream.h"
+#include "runtime/tensor.h"
 
 using namespace meshrt;
 using namespace std::chrono_literals;
@@ -143,4 +145,23 @@ TEST_CASE("context side streams are created once and synchronised", "[stream][co
   });
   ctx.synchronize();
   REQUIRE(n == 1);
+}
+
+TEST_CASE("a task freeing the last view of a tensor while its stream shuts down does not throw",
+          "[unit]") {
+  // The block was allocated on `s`, so freeing it records an event on `s`. When that free
+  // happens in a task's destructor while `s` drains in its own destructor, recording must still
+  // work (it used to raise "enqueue after shutdown" out of a destructor: std::terminate).
+  auto alloc = make_host_caching_allocator();
+  std::atomic<int> ran{0};
+  {
+    auto s = make_host_stream("dying");
+    Tensor t = Tensor::empty(Shape{4096}, DType::f32, alloc, s.get());
+    // Keep the worker busy so the next task is still queued when the destructor starts.
+    s->enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+    s->enqueue([t, &ran] { ran.fetch_add(1); });
+    t = Tensor();  // the queued task holds the last view
+  }                // ~HostStream drains the queue; the task's captures are freed there
+  CHECK(ran.load() == 1);
+  CHECK(alloc->stats().allocated_bytes == 0);
 }

@@ -1,0 +1,328 @@
+#include "collectives/flight.h"
+
+#include <semaphore.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+
+namespace meshrt::detail {
+
+const char* flight_state_name(FlightState s) {
+  switch (s) {
+    case FlightState::Issued:
+      return "issued";
+    case FlightState::Started:
+      return "started";
+    case FlightState::Completed:
+      return "completed";
+    case FlightState::Failed:
+      return "failed";
+    case FlightState::Skipped:
+      return "skipped";
+  }
+  return "?";
+}
+
+int64_t flight_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t FlightRing::issue(const FlightEntry& e) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const uint64_t id = next_++;
+  FlightEntry& s = slots_[id % slots_.size()];
+  s = e;
+  s.id = id;
+  return id;
+}
+
+FlightEntry* FlightRing::find(uint64_t id) {
+  FlightEntry& s = slots_[id % slots_.size()];
+  return s.id == id ? &s : nullptr;
+}
+
+void FlightRing::started(uint64_t id) {
+  const int64_t t = flight_now_ns();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (FlightEntry* e = find(id)) {
+    e->start_ns = t;
+    if (e->state == FlightState::Issued) e->state = FlightState::Started;
+  }
+}
+
+void FlightRing::ended(uint64_t id, bool ok) {
+  const int64_t t = flight_now_ns();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (FlightEntry* e = find(id)) {
+    e->end_ns = t;
+    e->state = ok ? FlightState::Completed : FlightState::Failed;
+  }
+}
+
+void FlightRing::set_context(int world_size, std::string_view backend, std::string_view fault) {
+  std::lock_guard<std::mutex> lk(mu_);
+  world_size_ = world_size;
+  backend_ = backend;
+  fault_ = fault;
+}
+
+namespace {
+
+void json_string(std::ostream& os, std::string_view s) {
+  os << '"';
+  for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      os << '\\' << c;
+    } else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", u);
+      os << buf;
+    } else {
+      os << c;
+    }
+  }
+  os << '"';
+}
+
+std::string_view fixed(const char* s, size_t cap) { return std::string_view(s, strnlen(s, cap)); }
+
+}  // namespace
+
+std::string FlightRing::json(const std::string& reason) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::ostringstream os;
+  os << "{\"meshrt_flight\": 1, \"rank\": " << rank_ << ", \"world_size\": " << world_size_
+     << ", \"backend\": ";
+  json_string(os, backend_);
+  os << ", \"pid\": " << getpid() << ", \"fault\": ";
+  json_string(os, fault_);
+  os << ", \"reason\": ";
+  json_string(os, reason);
+  os << ", \"dumped_ns\": " << flight_now_ns() << ", \"capacity\": " << slots_.size()
+     << ", \"recorded\": " << next_ - 1 << ",\n \"entries\": [";
+  const uint64_t first = next_ > slots_.size() ? next_ - slots_.size() : 1;
+  bool any = false;
+  for (uint64_t id = first; id < next_; ++id) {
+    const FlightEntry& e = slots_[id % slots_.size()];
+    if (e.id != id) continue;
+    const auto op = static_cast<CommOp>(e.op);
+    os << (any ? ",\n  " : "\n  ") << "{\"id\": " << e.id << ", \"group\": ";
+    json_string(os, fixed(e.group, sizeof(e.group)));
+    os << ", \"gid\": \"" << std::hex << e.gid << std::dec << "\", \"group_rank\": " << e.group_rank
+       << ", \"group_size\": " << e.group_size << ", \"seq\": " << e.seq << ", \"op\": \""
+       << comm_op_name(op) << "\", \"dtype\": \"" << dtype_name(static_cast<DType>(e.dtype))
+       << "\", \"redop\": \"" << reduce_op_name(static_cast<ReduceOp>(e.redop))
+       << "\", \"count\": " << e.count << ", \"root\": " << e.root << ", \"peer\": " << e.peer
+       << ", \"bytes\": " << e.bytes << ", \"stream\": ";
+    json_string(os, fixed(e.stream, sizeof(e.stream)));
+    os << ", \"enqueue_ns\": " << e.enqueue_ns << ", \"start_ns\": " << e.start_ns
+       << ", \"end_ns\": " << e.end_ns << ", \"state\": \"" << flight_state_name(e.state)
+       << "\", \"note\": ";
+    json_string(os, fixed(e.note, sizeof(e.note)));
+    os << "}";
+    any = true;
+  }
+  os << "\n ]}\n";
+  return os.str();
+}
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::weak_ptr<FlightRing>> rings;
+};
+Registry& registry() {
+  static Registry* r = new Registry;  // leaked on purpose: signal dumps may run during exit
+  return *r;
+}
+
+// Signals: SIGUSR1 and fatal signals wake a dedicated thread that writes the records (a signal
+// handler may not lock or allocate). A fatal signal's handler waits for it at most 2 s, then
+// hands the signal to the previous handler (or the default action).
+sem_t g_sem;
+volatile sig_atomic_t g_pending_sig = 0;
+std::atomic<int> g_dumps_done{0};
+// SIGTERM too: mpirun ends the other ranks of a failed job with it.
+constexpr int kFatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
+struct sigaction g_old[64];
+
+void on_usr1(int sig) {
+  g_pending_sig = sig;
+  sem_post(&g_sem);
+}
+
+void on_fatal(int sig, siginfo_t* info, void* ctx) {
+  const int before = g_dumps_done.load();
+  g_pending_sig = sig;
+  sem_post(&g_sem);
+  for (int i = 0; i < 200 && g_dumps_done.load() == before; ++i) {
+    timespec ts{0, 10 * 1000 * 1000};
+    nanosleep(&ts, nullptr);
+  }
+  struct sigaction& old = g_old[sig];
+  sigaction(sig, &old, nullptr);
+  if ((old.sa_flags & SA_SIGINFO) && old.sa_sigaction) {
+    old.sa_sigaction(sig, info, ctx);
+  } else if (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
+    old.sa_handler(sig);
+  } else {
+    raise(sig);
+  }
+}
+
+void install_signals() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (sem_init(&g_sem, 0, 0) != 0) return;
+    const int lr = log_rank(), lw = log_world();
+    std::thread([lr, lw] {
+      set_log_rank(lr, lw);
+      for (;;) {
+        if (sem_wait(&g_sem) != 0) continue;
+        const int sig = g_pending_sig;
+        const std::string why =
+            sig == SIGUSR1 ? std::string("SIGUSR1")
+                           : "fatal signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+        flight_dump_all(why);
+        g_dumps_done.fetch_add(1);
+      }
+    }).detach();
+    struct sigaction sa {};
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    struct sigaction prev {};
+    sigaction(SIGUSR1, nullptr, &prev);
+    // Leave an application's own SIGUSR1 handler alone.
+    if (prev.sa_handler == SIG_DFL) sigaction(SIGUSR1, &sa, nullptr);
+    for (int s : kFatal) {
+      struct sigaction fa {};
+      fa.sa_sigaction = on_fatal;
+      // SA_RESTART as an application handler we chain to would expect (blocking calls resume).
+      fa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER | SA_RESTART;
+      sigemptyset(&fa.sa_mask);
+      sigaction(s, &fa, &g_old[s]);
+    }
+  });
+}
+
+size_t ring_capacity() {
+  const char* v = std::getenv("MESHRT_FLIGHT");
+  if (!v || !*v) return 512;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  MESHRT_CHECK(end != v && *end == '\0' && n >= 0 && n <= 1000000,
+               "MESHRT_FLIGHT='" << v
+                                 << "' is not a number of entries in [0, 1000000] (0 turns the "
+                                    "flight recorder off; default 512)");
+  return static_cast<size_t>(n);
+}
+
+}  // namespace
+
+std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
+                                           std::string_view backend, const std::string& fault) {
+  auto st = std::make_shared<RankState>();
+  st->global_rank = global_rank;
+  st->threads = backend == "host";
+  FaultSpec f = parse_fault_spec(fault);
+  if (f.active() && f.rank == global_rank) st->fault = f;
+  if (const size_t cap = ring_capacity(); cap > 0) {
+    st->ring = std::make_shared<FlightRing>(global_rank, cap);
+    st->ring->set_context(world_size, backend, fault);
+    Registry& r = registry();
+    {
+      std::lock_guard<std::mutex> lk(r.mu);
+      // Drop rings of ranks that are gone.
+      std::erase_if(r.rings, [](const std::weak_ptr<FlightRing>& w) { return w.expired(); });
+      r.rings.push_back(st->ring);
+    }
+    install_signals();
+  }
+  return st;
+}
+
+std::string flight_dir() {
+  const char* d = std::getenv("MESHRT_FLIGHT_DIR");
+  return d && *d ? std::string(d) : std::string(".");
+}
+
+namespace {
+
+// Writes one record (temporary file, then rename); "" and a warning on failure.
+std::string write_record(int rank, const std::string& text) {
+  const std::string dir = flight_dir();
+  {
+    const std::string path = dir + "/meshrt-flight-" + std::to_string(rank) + ".json";
+    const std::string tmp = path + ".tmp." + std::to_string(getpid());
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    bool ok = f != nullptr;
+    if (f) {
+      ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+      ok = (std::fclose(f) == 0) && ok;
+    }
+    if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;
+    if (!ok) {
+      const int err = errno;
+      std::remove(tmp.c_str());
+      MESHRT_LOG_WARN("flight recorder: cannot write " << path << ": " << std::strerror(err)
+                                                       << " (set MESHRT_FLIGHT_DIR)");
+      return "";
+    }
+    return path;
+  }
+}
+
+}  // namespace
+
+FlightRing::~FlightRing() {
+  // MESHRT_FLIGHT_ON_EXIT=1: every rank's record also when its communicators are destroyed
+  // (a run that ended normally, e.g. to read the skew of a slow rank).
+  const char* v = std::getenv("MESHRT_FLIGHT_ON_EXIT");
+  if (!v || v[0] != '1') return;
+  try {
+    write_record(rank_, json("end of run"));
+  } catch (...) {
+    // a destructor: the record is lost, nothing else
+  }
+}
+
+std::vector<std::string> flight_dump_all(const std::string& reason) {
+  std::vector<std::shared_ptr<FlightRing>> live;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    for (auto& w : r.rings) {
+      if (auto p = w.lock()) live.push_back(std::move(p));
+    }
+  }
+  std::vector<std::string> written;
+  const std::string dir = flight_dir();
+  for (auto& ring : live) {
+    std::string path = write_record(ring->rank(), ring->json(reason));
+    if (!path.empty()) written.push_back(std::move(path));
+  }
+  if (!written.empty()) {
+    MESHRT_LOG_WARN("flight recorder: wrote "
+                    << written.size() << " record" << (written.size() == 1 ? "" : "s") << " to "
+                    << dir << " (" << reason.substr(0, 60) << "); read them with `meshrt doctor`");
+  }
+  return written;
+}
+
+}  // namespace meshrt::detail

@@ -1,0 +1,89 @@
+// The flight recorder: each rank's ring of its last N collectives, written as JSON
+// (meshrt-flight-<rank>.json in MESHRT_FLIGHT_DIR, default the working directory) on a watchdog
+// timeout, an abort, a fatal signal or SIGUSR1; and the per-rank state (global rank, fault
+// injection) that every communicator of one rank shares. Internal to collectives/.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "collectives/comm_impl.h"
+#include "collectives/fault.h"
+
+namespace meshrt::detail {
+
+enum class FlightState : uint8_t { Issued = 0, Started, Completed, Failed, Skipped };
+const char* flight_state_name(FlightState s);
+
+// One collective as this rank saw it. Plain data (fixed-size names) so that recording costs no
+// allocation. Times are steady-clock nanoseconds (CLOCK_MONOTONIC: comparable between the
+// processes of one node), 0 when the point was not reached.
+struct FlightEntry {
+  uint64_t id = 0;   // 1, 2, ... per rank; slot id % capacity
+  uint64_t gid = 0;  // group instance: equal on every member, distinct for same-named groups
+  uint64_t seq = 0;  // the group's sequence number (send / recv: message number to / from peer)
+  char group[48] = {};
+  char stream[32] = {};
+  char note[48] = {};  // an injected fault on this call, if any
+  int group_rank = 0, group_size = 0;
+  int root = -1, peer = -1;
+  uint8_t op = 0, dtype = 0, redop = 0;
+  FlightState state = FlightState::Issued;
+  int64_t count = 0, bytes = 0;
+  int64_t enqueue_ns = 0, start_ns = 0, end_ns = 0;
+};
+
+class FlightRing {
+ public:
+  FlightRing(int rank, size_t capacity) : rank_(rank), slots_(capacity) {}
+  ~FlightRing();
+  FlightRing(const FlightRing&) = delete;
+  FlightRing& operator=(const FlightRing&) = delete;
+  int rank() const { return rank_; }
+  // Records a call being issued; returns its id (for started / ended).
+  uint64_t issue(const FlightEntry& e);
+  void started(uint64_t id);
+  void ended(uint64_t id, bool ok);
+  void set_context(int world_size, std::string_view backend, std::string_view fault);
+  // The record as JSON ("meshrt_flight": 1 ...), with `reason` and the time of the dump.
+  std::string json(const std::string& reason) const;
+
+ private:
+  FlightEntry* find(uint64_t id);  // with mu_ held
+  int rank_;
+  mutable std::mutex mu_;
+  std::vector<FlightEntry> slots_;
+  uint64_t next_ = 1;
+  int world_size_ = 0;
+  std::string backend_, fault_;
+};
+
+// What every communicator of one rank shares: its global rank, its ring, the fault to inject.
+struct RankState {
+  int global_rank = 0;
+  bool threads = false;              // ranks are threads of this process (host backend)
+  std::shared_ptr<FlightRing> ring;  // null when MESHRT_FLIGHT=0
+  FaultSpec fault;                   // active only on the rank it hits
+  std::atomic<uint64_t> counted{0};  // collectives counted for fault steps
+};
+
+// A rank's state: a new ring (registered for dumps) unless MESHRT_FLIGHT=0, and the fault spec
+// when it names this rank. `fault` was validated by CommConfig::from_env.
+std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
+                                           std::string_view backend, const std::string& fault);
+
+// Writes every live ring of this process to <dir>/meshrt-flight-<rank>.json (dir:
+// MESHRT_FLIGHT_DIR, default "."); returns the paths written. Failures are logged, not thrown.
+std::vector<std::string> flight_dump_all(const std::string& reason);
+// The directory the records go to.
+std::string flight_dir();
+
+// Steady-clock nanoseconds now.
+int64_t flight_now_ns();
+
+}  // namespace meshrt::detail

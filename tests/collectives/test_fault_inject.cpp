@@ -1,0 +1,165 @@
+// Injected faults on the threads backend, in process (the kinds whose rank returns: slow, skip,
+// corrupt), and the flight recorder: written on SIGUSR1 and on an abort, with global ranks
+// through split groups. hang / crash stop a rank for good; tools/fault-matrix.sh covers them
+// through the CLI (collectives.faults.*).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "coll_test_util.h"
+#include "collectives/flight_doctor.h"
+#include "collectives/host_comm.h"
+#include "runtime/stream.h"
+
+using namespace meshrt;
+using namespace meshrt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path flight_tmp(const char* tag) {
+  fs::path d = fs::temp_directory_path() /
+               ("meshrt-flight-test-" + std::string(tag) + "-" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  setenv("MESHRT_FLIGHT_DIR", d.c_str(), 1);
+  return d;
+}
+
+std::vector<detail::FlightFile> read_records(const fs::path& d, int n) {
+  std::vector<detail::FlightFile> fs_;
+  for (int r = 0; r < n; ++r) {
+    fs::path p = d / ("meshrt-flight-" + std::to_string(r) + ".json");
+    std::ifstream f(p);
+    std::ostringstream s;
+    s << f.rdbuf();
+    fs_.push_back({p.string(), s.str()});
+  }
+  return fs_;
+}
+
+CommConfig fault_config(const std::string& fault, double timeout_s = 30) {
+  CommConfig c;
+  c.timeout_s = timeout_s;
+  c.fault = fault;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("fault slow: results stay right, the doctor reports the late rank", "[multirank]") {
+  fs::path d = flight_tmp("slow");
+  const int n = 3, iters = 6;
+  auto comms = make_host_communicators(n, "world", fault_config("slow@rank=2,step=2,ms=60"));
+  auto errs = run_ranks(comms, [&](int r) {
+    auto s = make_host_stream("comm");
+    for (int i = 0; i < iters; ++i) {
+      Tensor t = host_tensor(8, DType::f32);
+      fill_value(t, r + 1 + i);
+      comms[static_cast<size_t>(r)]->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+      const float want = static_cast<float>(1 + 2 + 3 + 3 * i);
+      for (int k = 0; k < 8; ++k) REQUIRE(static_cast<float*>(t.data_ptr())[k] == want);
+    }
+  });
+  INFO(join_errors(errs));
+  REQUIRE(join_errors(errs).empty());
+  // SIGUSR1 writes every rank's record (from the recorder's own thread).
+  kill(getpid(), SIGUSR1);
+  const fs::path p2 = d / "meshrt-flight-2.json";
+  for (int i = 0; i < 200 && !fs::exists(p2); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(fs::exists(p2));
+  detail::DoctorReport rep = detail::flight_diagnose(read_records(d, n));
+  INFO(rep.text);
+  CHECK(rep.culprits == std::vector<int>{2});
+  CHECK(rep.text.find("skew: rank 2 issued last in") != std::string::npos);
+  CHECK(rep.text.find("SIGUSR1") != std::string::npos);
+  unsetenv("MESHRT_FLIGHT_DIR");
+  fs::remove_all(d);
+}
+
+TEST_CASE("fault skip: the next call mismatches, naming the rank, and the doctor agrees",
+          "[multirank]") {
+  fs::path d = flight_tmp("skip");
+  const int n = 4;
+  // Rank 3 skips its 2nd all_reduce; its 3rd call (a broadcast) meets the others' all_reduce.
+  auto comms = make_host_communicators(n, "world", fault_config("skip@rank=3,step=2", 10));
+  auto errs = run_ranks(comms, [&](int r) {
+    auto s = make_host_stream("comm");
+    Tensor t = host_tensor(8, DType::f32);
+    fill_value(t, 1);
+    auto& c = *comms[static_cast<size_t>(r)];
+    c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    c.broadcast(t, 0, *s).synchronize();
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errs[static_cast<size_t>(r)]);
+    CHECK_THAT(errs[static_cast<size_t>(r)],
+               Catch::Contains("collective mismatch on group 'world'") &&
+                   Catch::Contains("rank 3 called broadcast(f32, count=8, root=0) at seq 2"));
+  }
+  detail::DoctorReport rep = detail::flight_diagnose(read_records(d, n));
+  INFO(rep.text);
+  CHECK(rep.culprits == std::vector<int>{3});
+  CHECK(rep.culprit_call.find("seq 2 on group 'world'") != std::string::npos);
+  unsetenv("MESHRT_FLIGHT_DIR");
+  fs::remove_all(d);
+}
+
+TEST_CASE("fault corrupt: only the injected rank's result is wrong", "[multirank]") {
+  const int n = 2;
+  auto comms = make_host_communicators(n, "world", fault_config("corrupt@rank=1,step=1"));
+  std::vector<float> got(n);
+  auto errs = run_ranks(comms, [&](int r) {
+    auto s = make_host_stream("comm");
+    Tensor t = host_tensor(4, DType::f32);
+    fill_value(t, 1);
+    comms[static_cast<size_t>(r)]->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    got[static_cast<size_t>(r)] = static_cast<float*>(t.data_ptr())[0];
+  });
+  REQUIRE(join_errors(errs).empty());
+  CHECK(got[0] == 2.0f);
+  CHECK(got[1] != 2.0f);
+}
+
+TEST_CASE("flight records name global ranks through split groups, a timeout writes them",
+          "[multirank]") {
+  fs::path d = flight_tmp("split");
+  const int n = 4;
+  CommConfig cfg;
+  cfg.timeout_s = 1;
+  auto comms = make_host_communicators(n, "world", cfg);
+  // Rows {0,1}, {2,3}; global rank 2 never calls its row's all_reduce.
+  auto errs = run_ranks(
+      comms,
+      [&](int r) {
+        auto s = make_host_stream("comm");
+        auto row = comms[static_cast<size_t>(r)]->split(r / 2, r, "world/row");
+        Tensor t = host_tensor(8, DType::f32);
+        fill_value(t, 1);
+        row->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+        if (r == 2) return;
+        row->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+        // Rank 3's row all_reduce times out first (its deadline is the earliest).
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        comms[static_cast<size_t>(r)]->barrier(*s).synchronize();
+      },
+      /*abort_on_error=*/false);
+  CHECK_THAT(errs[3], Catch::Contains("rank 0 never arrived"));  // group-local on threads
+  detail::DoctorReport rep = detail::flight_diagnose(read_records(d, n));
+  INFO(rep.text);
+  CHECK(rep.culprits == std::vector<int>{2});
+  CHECK(rep.culprit_call == "all_reduce(f32, count=8, sum) seq 2 on group 'world/row'");
+  unsetenv("MESHRT_FLIGHT_DIR");
+  fs::remove_all(d);
+}

@@ -1,0 +1,187 @@
+// Fault specs (MESHRT_FAULT), the saturating deadline, flight records and `meshrt doctor`'s
+// diagnosis of synthetic records: the pure parts of the fault tooling, on one thread.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "collectives/comm_detail.h"
+#include "collectives/config_check.h"
+#include "collectives/fault.h"
+#include "collectives/flight.h"
+#include "collectives/flight_doctor.h"
+#include "runtime/error.h"
+
+using namespace meshrt;
+using namespace meshrt::detail;
+
+TEST_CASE("fault spec: every kind parses and prints back", "[unit]") {
+  CHECK_FALSE(parse_fault_spec("").active());
+  for (const char* s :
+       {"crash@rank=0,step=1", "hang@rank=3,step=7", "skip@rank=1,step=2,op=barrier",
+        "corrupt@rank=2,step=13,op=all_reduce", "slow@rank=1,step=2,op=all_gather,ms=150"}) {
+    INFO(s);
+    FaultSpec f = parse_fault_spec(s);
+    CHECK(f.active());
+    CHECK(f.str() == s);
+  }
+  FaultSpec f = parse_fault_spec("slow@step=4,ms=20,rank=5,op=allreduce");
+  CHECK(f.kind == FaultKind::Slow);
+  CHECK(f.rank == 5);
+  CHECK(f.step == 4);
+  CHECK(f.ms == 20);
+  CHECK(f.has_op);
+  CHECK(f.op == CommOp::AllReduce);
+}
+
+TEST_CASE("fault spec: malformed input is refused saying what to change", "[unit]") {
+  const std::pair<const char*, const char*> bad[] = {
+      {"hang", "has no '@'"},
+      {"explode@rank=1,step=1", "unknown fault kind 'explode'"},
+      {"hang@rank=1", "rank= and step= are required"},
+      {"hang@step=1", "rank= and step= are required"},
+      {"hang@rank=1,step=0", "step='0' is not an integer in [1,"},
+      {"hang@rank=-1,step=1", "rank='-1' is not an integer"},
+      {"hang@rank=1x,step=1", "rank='1x' is not an integer"},
+      {"hang@rank=1,step=1,rank=2", "rank given twice"},
+      {"hang@rank=1,step=1,", "'' is not key=value"},
+      {"hang@rank=1,,step=1", "'' is not key=value"},
+      {"hang@rank=1,step=1,color=2", "unknown key 'color'"},
+      {"hang@rank=1,step=1,op=send", "op='send' is not a collective"},
+      {"hang@rank=1,step=1,ms=5", "ms= applies to slow only"},
+      {"slow@rank=1,step=1", "slow needs ms=T"},
+      {"slow@rank=1,step=1,ms=0", "ms='0' is not an integer in [1, 3600000]"},
+      {"hang@rank=99999999999999999999,step=1", "is not an integer"},
+      {"hang@rank=1,step=1,op=\x01", "op='\\x01'"},
+  };
+  for (auto& [spec, want] : bad) {
+    INFO(spec);
+    CHECK_THROWS_AS(parse_fault_spec(spec), Error);
+    CHECK_THROWS_WITH(parse_fault_spec(spec), Catch::Contains(want));
+  }
+}
+
+TEST_CASE("MESHRT_FAULT and MESHRT_COMM_TIMEOUT are checked where they enter", "[unit]") {
+  setenv("MESHRT_FAULT", "hang@rank=1", 1);
+  CHECK_THROWS_WITH(CommConfig::from_env(), Catch::Contains("rank= and step= are required"));
+  setenv("MESHRT_FAULT", "slow@rank=1,step=1,ms=3", 1);
+  CHECK(CommConfig::from_env().fault == "slow@rank=1,step=1,ms=3");
+  unsetenv("MESHRT_FAULT");
+  // A timeout too large for the clock saturates to "never" instead of overflowing into the past.
+  setenv("MESHRT_COMM_TIMEOUT", "1e10", 1);
+  CommConfig c = CommConfig::from_env();
+  unsetenv("MESHRT_COMM_TIMEOUT");
+  CHECK(c.timeout_s == 1e10);
+  for (double s : {9.3e9, 1e10, 1e300}) {
+    Deadline d = Deadline::after(s);
+    CHECK_FALSE(d.passed());
+    CHECK(d.left_s() > 1e6);
+  }
+  Deadline d = Deadline::after(1e6);
+  CHECK_FALSE(d.never);
+  CHECK(d.left_s() > 0.99e6);
+}
+
+namespace {
+
+FlightEntry entry(const char* group, uint64_t gid, int grank, int gsize, uint64_t seq, CommOp op,
+                  int64_t count, int64_t t_ns, FlightState st) {
+  FlightEntry e;
+  std::snprintf(e.group, sizeof(e.group), "%s", group);
+  std::snprintf(e.stream, sizeof(e.stream), "comm");
+  e.gid = gid;
+  e.group_rank = grank;
+  e.group_size = gsize;
+  e.seq = seq;
+  e.op = static_cast<uint8_t>(op);
+  e.count = count;
+  e.bytes = count * 4;
+  e.enqueue_ns = t_ns;
+  e.state = st;
+  return e;
+}
+
+// Rank r's record: `n` all_reduces on 'world' (size `world`), the last one open when `open`.
+FlightFile record(int r, int world, int n, bool open, int64_t lateness_ns = 0, int64_t count = 8) {
+  FlightRing ring(r, 64);
+  ring.set_context(world, "host", "");
+  for (int s = 1; s <= n; ++s) {
+    const bool last_open = open && s == n;
+    uint64_t id =
+        ring.issue(entry("world", 42, r, world, static_cast<uint64_t>(s), CommOp::AllReduce, count,
+                         int64_t{1000000000} * s + lateness_ns, FlightState::Issued));
+    ring.started(id);
+    if (!last_open) ring.ended(id, true);
+  }
+  return {"rank" + std::to_string(r) + ".json", ring.json("test")};
+}
+
+}  // namespace
+
+TEST_CASE("doctor: the rank that never issued a collective is the culprit", "[unit]") {
+  // Ranks 0, 1, 3 wait in seq 5; rank 2 stopped after seq 4.
+  std::vector<FlightFile> fs = {record(0, 4, 5, true), record(1, 4, 5, true),
+                                record(2, 4, 4, false), record(3, 4, 5, true)};
+  DoctorReport rep = flight_diagnose(fs);
+  INFO(rep.text);
+  CHECK(rep.culprits == std::vector<int>{2});
+  CHECK(rep.culprit_call == "all_reduce(f32, count=8, sum) seq 5 on group 'world'");
+  CHECK(rep.text.find("first divergence at seq 5") != std::string::npos);
+  CHECK(rep.text.find("ranks 0, 1, 3 reached it; rank 2 never did") != std::string::npos);
+  // A trace with one slice per entry.
+  const std::string trace = flight_trace(fs);
+  size_t slices = 0;
+  for (size_t at = trace.find("\"ph\":\"X\""); at != std::string::npos;
+       at = trace.find("\"ph\":\"X\"", at + 1))
+    ++slices;
+  CHECK(slices == 5 + 5 + 4 + 5);
+}
+
+TEST_CASE("doctor: a mismatched call names the minority, a missing record the silent rank",
+          "[unit]") {
+  DoctorReport mm =
+      flight_diagnose({record(0, 3, 3, true), record(1, 3, 3, true, 0, 9), record(2, 3, 3, true)});
+  INFO(mm.text);
+  CHECK(mm.culprits == std::vector<int>{1});
+  CHECK(mm.text.find("mismatched calls") != std::string::npos);
+  DoctorReport silent = flight_diagnose({record(0, 2, 3, true)});
+  INFO(silent.text);
+  CHECK(silent.culprits == std::vector<int>{1});
+  CHECK(silent.text.find("rank 1 left no record") != std::string::npos);
+}
+
+TEST_CASE("doctor: a rank that issues every collective late is reported as skew", "[unit]") {
+  DoctorReport rep = flight_diagnose({record(0, 2, 8, false), record(1, 2, 8, false, 150000000)});
+  INFO(rep.text);
+  CHECK(rep.culprits == std::vector<int>{1});
+  CHECK(rep.text.find("skew: rank 1 issued last in 8 of 8 collectives, on average 150 ms") !=
+        std::string::npos);
+  DoctorReport fine = flight_diagnose({record(0, 2, 8, false), record(1, 2, 8, false, 1000)});
+  CHECK(fine.culprits.empty());
+  CHECK(fine.text.find("no rank diverged") != std::string::npos);
+}
+
+TEST_CASE("doctor: files that are not flight records are refused naming the file", "[unit]") {
+  CHECK_THROWS_WITH(flight_diagnose({}), Catch::Contains("no flight records given"));
+  CHECK_THROWS_WITH(flight_diagnose({{"a.json", "{"}}), Catch::Contains("a.json: not JSON"));
+  CHECK_THROWS_WITH(flight_diagnose({{"b.json", "{\"x\": 1}"}}),
+                    Catch::Contains("b.json: not a meshrt flight record"));
+  CHECK_THROWS_WITH(flight_diagnose({{"c.json", "{\"meshrt_flight\": 1, \"rank\": \"zero\"}"}}),
+                    Catch::Contains("c.json: field 'rank' has the wrong type"));
+  FlightFile r0 = record(0, 2, 1, false);
+  CHECK_THROWS_WITH(flight_diagnose({r0, {"again.json", r0.text}}),
+                    Catch::Contains("are both records of rank 0"));
+}
+
+TEST_CASE("config check: differing fields are named with every rank's value", "[unit]") {
+  using F = std::vector<std::pair<std::string, std::string>>;
+  CHECK(config_mismatch({F{{"hidden", "64"}}, F{{"hidden", "64"}}}, "meshrt train").empty());
+  const std::string m =
+      config_mismatch({F{{"hidden", "64"}, {"layers", "2"}}, F{{"hidden", "128"}, {"layers", "2"}},
+                       F{{"hidden", "64"}}},
+                      "meshrt train");
+  CHECK(m ==
+        "the ranks of this meshrt train were started with different configurations (hidden: "
+        "rank 0 has 64, rank 1 has 128, rank 2 has 64; layers: rank 0 has 2, rank 1 has 2, rank "
+        "2 has (unset)): start every rank with the same options");
+}

@@ -105,8 +105,9 @@ void write_new_file(const std::string& path, const std::string& text) {
   }
   const bool ok = ::fsync(fd) == 0;
   const int e = errno;
-  ::close(fd);
-  MESHRT_CHECK(ok, "checkpoint: fsync of " << path << " failed: " << std::strerror(e));
+  const bool closed = ::close(fd) == 0;
+  MESHRT_CHECK(ok && closed, "checkpoint: " << (ok ? "closing " : "fsync of ") << path
+                                            << " failed: " << std::strerror(ok ? errno : e));
 }
 
 // Reads a small regular file (never a device node or FIFO).

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -21,6 +20,7 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/half.h"
+#include "runtime/output_file.h"
 #include "runtime/tensor.h"
 
 namespace meshrt {
@@ -632,9 +632,7 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
     }
     j["wrong_total"] = wrong;
     j["avg_busbw_gbps"] = bus_n ? bus_sum / bus_n : 0.0;
-    std::ofstream f(o.json_path);
-    MESHRT_CHECK(f.good(), "--json: cannot write " << o.json_path);
-    f << j.dump(2) << "\n";
+    write_output_file(o.json_path, j.dump(2) + "\n", "--json");
   }
   return wrong == 0 ? 0 : 1;
 }

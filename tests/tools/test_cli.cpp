@@ -304,6 +304,52 @@ TEST_CASE("dumps of a tp=2 sequence-parallel run equal the unsharded run", "[mul
   CHECK(fa.metadata.at("meshrt.mesh") == "tp=2");
 }
 
+TEST_CASE("outputs refuse device nodes and shared files, follow links, and fail on write errors",
+          "[multirank]") {
+  const std::string shape =
+      "--devices cpu:2 --seq 32 --hidden 64 --heads 4 --steps 1 --warmup 0 --no-calibrate";
+  // A device node is refused before the run (as root, the rename would have replaced it).
+  for (const char* flag : {"--dump", "--json", "--trace"}) {
+    Run r = cli("bench block " + shape + " " + flag + " /dev/null");
+    INFO(r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.err.find(std::string(flag) + " /dev/null is a character device") != std::string::npos);
+  }
+  CHECK(fs::is_character_file("/dev/null"));
+  const fs::path same = scratch() / "same.json";
+  Run r = cli("bench block " + shape + " --json " + same.string() + " --trace " + same.string());
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("name the same file") != std::string::npos);
+  CHECK(!fs::exists(same));
+  // A symlink is followed: the file it names gets the JSON, the link stays.
+  const fs::path real = scratch() / "real.json", link = scratch() / "link.json";
+  fs::remove(link);
+  fs::create_symlink(real, link);
+  r = cli("bench block " + shape + " --json " + link.string());
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(fs::is_symlink(link));
+  CHECK(json::parse(slurp(real))["config"].is_object());
+  // A write error (file size limit: EFBIG, as a full disk gives ENOSPC) fails naming it, says
+  // nothing was written, and leaves no file and no temporary behind.
+  const fs::path dir = scratch() / "efbig";
+  fs::create_directories(dir);
+  const fs::path err = scratch() / "efbig.err";
+  for (const char* flag : {"--json", "--trace"}) {
+    const std::string cmd = "ulimit -f 1; trap '' XFSZ; " + std::string(MESHRT_CLI_BIN) +
+                            " bench block " + shape + " " + flag + " " + (dir / "x").string() +
+                            " >/dev/null 2>" + err.string();
+    const int st = std::system(cmd.c_str());
+    const std::string e = slurp(err);
+    INFO(flag << ": " << e);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 1);
+    CHECK(e.find("File too large; nothing was written to " + (dir / "x").string()) !=
+          std::string::npos);
+    CHECK(fs::is_empty(dir));
+  }
+}
+
 TEST_CASE("a tiny sweep covers every factorisation and writes JSON and a PNG", "[multirank]") {
   const fs::path js = scratch() / "sweep.json", png = scratch() / "sweep.png";
   Run r =

@@ -5,7 +5,9 @@
 
 #include "bench/common/command.h"
 #include "meshrt/version.h"
+#include "runtime/env.h"
 #include "tools/info.h"
+#include "tools/signals.h"
 
 namespace meshrt::cli {
 
@@ -54,14 +56,22 @@ void MeshrtCli::parse(int argc, const char* const* argv) {
 }
 
 void MeshrtCli::validate() {
+  check_environment();
   if (bench::Command* cmd = parsed_bench_command(bench_)) cmd->validate();
 }
 
 int MeshrtCli::run(int argc, char** argv, std::ostream& os) {
   if (info_->parsed()) return run_info(os);
   if (train_->parsed()) return run_train(train_opts_, os);
-  if (bench::Command* cmd = parsed_bench_command(bench_))
+  if (bench::Command* cmd = parsed_bench_command(bench_)) {
+    // The command's name as typed: "meshrt bench collective", "meshrt sweep".
+    std::string name = "meshrt";
+    for (const CLI::App* a = app_.get_subcommands().empty() ? nullptr : app_.get_subcommands()[0];
+         a != nullptr; a = a->get_subcommands().empty() ? nullptr : a->get_subcommands()[0])
+      name += " " + a->get_name();
+    ExitOnSignal on_signal(name, bench::launcher_rank() == 0);
     return cmd->run({bench::command_line("meshrt", argc, argv), &version_info}, os);
+  }
   return 0;
 }
 

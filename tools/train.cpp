@@ -27,8 +27,11 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
       "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line per "
       "step. SIGINT / SIGTERM stop after the current step (exit status 128 + signal)");
-  c->add_option("--devices", o.devices, "Ranks: cpu:N (threads) | cuda:all | cuda:0-3")
-      ->capture_default_str();
+  CLI::Option* devices =
+      c->add_option("--devices", o.devices,
+                    "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
+          ->capture_default_str();
+  c->callback([&o, devices] { o.devices_given = devices->count() > 0; });
   c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)");
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
@@ -146,11 +149,6 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   return c;
 }
 
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
 // Refuses, before anything is allocated, a run the host cannot hold (as `bench block` does):
 // otherwise the kernel kills it without a message, or the allocator fails mid-run.
 void check_host_memory(const TrainConfig& cfg, const Launch& launch) {
@@ -159,7 +157,7 @@ void check_host_memory(const TrainConfig& cfg, const Launch& launch) {
                                                          : launch.local().front().local_size;
   const TrainMemory m = estimate_train_memory(cfg, launch.world_size());
   const double need = m.total() * local;
-  const int64_t have = physical_memory_bytes();
+  const int64_t have = bench::physical_memory_bytes();
   using bench::human_bytes;
   MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
                "this run needs about "
@@ -200,6 +198,7 @@ struct RunResult {
 RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
   LaunchOptions lo;
   lo.devices = o.devices;
+  lo.devices_defaulted = !o.devices_given;
   auto launch = bootstrap(lo);
   // Before any rank starts; every process fails alike, so mpirun prints it once.
   try {

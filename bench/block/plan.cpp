@@ -20,11 +20,7 @@ namespace meshrt {
 namespace {
 
 using bench::human_bytes;
-
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
+using bench::physical_memory_bytes;
 
 LayerKind layer_kind(BenchBlockKind k) {
   switch (k) {

@@ -98,6 +98,9 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_option("--eval-batches", o.eval_batches, "Global batches per validation loss")
       ->capture_default_str()
       ->check(kPositiveInt);
+  c->add_flag("--mem-stats", o.mem_stats,
+              "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
+              "allocated, reserved (tools/soak.sh checks they stay flat)");
   c->add_flag("--skip-nonfinite", o.skip_nonfinite,
               "Skip steps with a non-finite loss or gradient (no update; counted) instead of "
               "stopping");
@@ -138,6 +141,7 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.eval_every = o.eval_every;
   c.eval_batches = o.eval_batches;
   c.skip_nonfinite = o.skip_nonfinite;
+  c.mem_stats = o.mem_stats;
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
   // Mapped and scanned once per process; the rank threads share the mapping.
   const TokenDType raw = parse_token_dtype(o.data_dtype);

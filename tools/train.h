@@ -27,6 +27,7 @@ struct TrainCliOptions {
   std::string data, val_data, data_dtype = "u16";
   int eval_every = 0, eval_batches = 4;
   bool skip_nonfinite = false;
+  bool mem_stats = false;
 };
 
 // Registers the `train` subcommand and its flags on `app`.

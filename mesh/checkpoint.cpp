@@ -686,7 +686,8 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
   } catch (const json::exception& e) {
     MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
   }
-  for (auto& [k, v] : expect.config) {
+  for (const auto& want : expect.config) {
+    const std::string &k = want.first, &v = want.second;
     auto it =
         std::find_if(got.config.begin(), got.config.end(), [&](auto& kv) { return kv.first == k; });
     MESHRT_CHECK(it != got.config.end(), "checkpoint: " << index_path << " does not record '" << k

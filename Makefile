@@ -20,6 +20,8 @@ CLANGXX ?= clang++
 export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/lsan.supp:print_suppressions=0
 export TSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+# Tests that ask for absurd sizes expect meshrt's "cannot allocate" error, not ASan's abort.
+export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
 # Install tests (packaging) and the Python examples (ctypes cannot load a sanitized library into
 # an uninstrumented interpreter) do not run in sanitizer builds; they are built with
 # MESHRT_BUILD_SHARED=OFF.

@@ -1,13 +1,40 @@
 # meshrt: `make test` (deps, configure, build, all CPU tests) and `make bench` (Release build,
 # the main benchmark). Variables: BUILD (build dir), CUDA (AUTO|ON|OFF), JOBS, CMAKE_ARGS.
+# Sanitizers and fuzzing: `make sanitize` (one clang build with ASan + UBSan and libFuzzer's
+# coverage: the unit and multirank suites), `make fuzz` (that build's fuzz targets, FUZZ_SECONDS
+# each), `make tsan` (ThreadSanitizer: the multirank suite).
 BUILD ?= build
 BENCH_BUILD ?= build-release
 CUDA ?= AUTO
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
+SAN_BUILD ?= build-san
+TSAN_BUILD ?= build-tsan
+FUZZ_SECONDS ?= 60
+CLANG ?= clang
+CLANGXX ?= clang++
+# Sanitizer runtime options for every test run here (harmless for other builds): Open MPI's
+# process-lifetime allocations are not leaks, OpenBLAS's spin-wait pool is not a race (each file
+# says why).
+export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/lsan.supp:print_suppressions=0
+export TSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+# Tests that ask for absurd sizes expect meshrt's "cannot allocate" error, not ASan's abort.
+export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
+# Install tests (packaging) and the Python examples (ctypes cannot load a sanitized library into
+# an uninstrumented interpreter) do not run in sanitizer builds; they are built with
+# MESHRT_BUILD_SHARED=OFF.
+SAN_CMAKE = -DMESHRT_CUDA=OFF -DMESHRT_WERROR=ON -DMESHRT_BUILD_SHARED=OFF \
+  -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" "-DCMAKE_C_FLAGS_DEBUG=-O1 -g"
+# The suites a sanitizer build needs (not the benchmarks' Release extras or the install tests).
+SAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_runtime test_kernels \
+  test_collectives_host test_mesh test_tools test_capi meshrt_example_c_allreduce \
+  meshrt_example_c_mlp
+TSAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_collectives_host test_mesh \
+  test_tools test_capi meshrt_example_c_allreduce meshrt_example_c_mlp
 
-.PHONY: all deps configure build test bench format clean
+.PHONY: all deps configure build test bench format clean sanitize san-build fuzz tsan soak
 
 all: build
 
@@ -30,8 +57,32 @@ bench: deps
 	@cmake --build $(BENCH_BUILD) -j $(JOBS)
 	@tools/bench-default.sh $(BENCH_BUILD)
 
+san-build: deps
+	@cmake -S . -B $(SAN_BUILD) -DCMAKE_C_COMPILER=$(CLANG) -DCMAKE_CXX_COMPILER=$(CLANGXX) \
+	  $(SAN_CMAKE) -DMESHRT_SANITIZE=address,undefined -DMESHRT_FUZZ=ON $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(SAN_BUILD) -j $(JOBS) --target $(SAN_TARGETS) fuzz
+
+# ASan + UBSan: the unit and multirank suites (fuzz.<name>.corpus replays every corpus input).
+sanitize: san-build
+	@cd $(SAN_BUILD) && ctest --output-on-failure --timeout 600 -j $(JOBS) -L 'unit|multirank' \
+	  $(CTEST_ARGS)
+
+# Each fuzz target for FUZZ_SECONDS from its corpus (tests/fuzz/run.sh).
+fuzz: san-build
+	@tests/fuzz/run.sh $(SAN_BUILD) $(FUZZ_SECONDS)
+
+tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) $(SAN_CMAKE) -DMESHRT_SANITIZE=thread $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
+	@cd $(TSAN_BUILD) && ctest --output-on-failure --timeout 600 -j $(JOBS) -L multirank \
+	  $(CTEST_ARGS)
+
+# 2000 training steps under stream jitter: finite losses, flat allocator statistics.
+soak: build
+	@tools/soak.sh $(BUILD)
+
 format:
 	@git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) $(BENCH_BUILD)
+	rm -rf $(BUILD) $(BENCH_BUILD) $(SAN_BUILD) $(TSAN_BUILD)

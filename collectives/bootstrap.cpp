@@ -93,9 +93,15 @@ std::string hash_bytes() {
 
 // A process rank's device: from a list, the entry of its local rank; "cuda" means
 // cuda:<local rank>; "cpu" (or "cpu:N") means the CPU.
-Device process_device(const std::string& spec, int local_rank) {
+Device process_device(const std::string& spec, int local_rank, bool defaulted) {
   if (spec == "cuda") return Device::cuda(local_rank);
   std::vector<Device> ds = parse_devices(spec);
+  MESHRT_CHECK(!ds.front().is_cpu() || ds.size() == 1 || defaulted,
+               "--devices " << spec << ": this is one process of a multi-process launch (mpirun, "
+                            << "srun or RANK / WORLD_SIZE), which runs one rank per process; use "
+                            << "--devices cpu and start " << ds.size() << " processes (mpirun -np "
+                            << ds.size() << "), or run without the "
+                            << "launcher for " << ds.size() << " ranks as threads");
   if (ds.front().is_cpu()) return Device::cpu(0);
   return ds[static_cast<size_t>(local_rank) % ds.size()];
 }
@@ -130,7 +136,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     p.rank = transport->rank();
     p.world_size = transport->size();
     local_from_hashes(transport->all_gather("hosts", hash_bytes()), &p);
-    p.device = process_device(spec, p.local_rank);
+    p.device = process_device(spec, p.local_rank, opts.devices_defaulted);
     plan.kind = LaunchKind::MpiProcesses;
     plan.local.push_back(p);
   } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
@@ -154,7 +160,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     } else if (transport) {
       local_from_hashes(transport->all_gather("hosts", hash_bytes()), &p);
     }
-    p.device = process_device(spec, p.local_rank);
+    p.device = process_device(spec, p.local_rank, opts.devices_defaulted);
     plan.kind = LaunchKind::EnvProcesses;
     plan.local.push_back(p);
   } else {

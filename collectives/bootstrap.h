@@ -23,6 +23,10 @@ struct MESHRT_API LaunchOptions {
   // backend that serves the launch (host for CPU threads, mpi for CPU processes, nccl for CUDA).
   std::string backend = "auto";
   CommConfig config = CommConfig::from_env();
+  // `devices` is a command's default, not the user's choice: a process launch then takes only
+  // its device kind (a default "cpu:2" means cpu). A thread count given by the user ("cpu:4")
+  // is refused under a process launch, which runs one rank per process.
+  bool devices_defaulted = false;
 };
 
 class MESHRT_API Launch {

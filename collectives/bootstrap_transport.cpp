@@ -106,7 +106,6 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
                "rendezvous: " << data_path(rank).string()
                               << " (or its .ack) already exists, left by an earlier job: use a "
                                  "fresh directory or a unique MESHRT_RUN_ID");
-  const std::string header = "meshrt-rendezvous world=" + std::to_string(world) + "\n";
   // Whatever happens, this rank's own files go when it leaves: a later launch in the same
   // directory with the same run id must not find them ("left by an earlier job").
   struct Cleanup {
@@ -117,7 +116,7 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
       fs::remove(ack, ec);
     }
   } cleanup{data_path(rank), ack_path(rank)};
-  write_atomically(d, data_path(rank), header + mine);
+  write_atomically(d, data_path(rank), detail::rendezvous_file(world, mine));
 
   detail::Deadline dl = detail::Deadline::after(timeout_s);
   std::vector<std::string> got(static_cast<size_t>(world));
@@ -128,14 +127,9 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
                     " s (is every rank started with the same WORLD_SIZE and MESHRT_RENDEZVOUS?)");
   }
   std::vector<std::string> out(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    std::string& s = got[static_cast<size_t>(r)];
-    MESHRT_CHECK(s.compare(0, header.size(), header) == 0,
-                 "rendezvous: " << data_path(r).string() << " was written for another world size "
-                                << "(expected '" << header.substr(0, header.size() - 1)
-                                << "'): stale file or mismatched WORLD_SIZE");
-    out[static_cast<size_t>(r)] = s.substr(header.size());
-  }
+  for (int r = 0; r < world; ++r)
+    out[static_cast<size_t>(r)] =
+        detail::rendezvous_payload(got[static_cast<size_t>(r)], world, data_path(r).string());
   // Three phases so that no file outlives the exchange: acknowledge having read every data
   // file; once every rank acknowledged, remove our data file; once every data file is gone
   // (so every rank has seen every acknowledgement), the Cleanup removes our acknowledgement.
@@ -180,6 +174,23 @@ class FileTransport final : public BootstrapTransport {
 };
 
 }  // namespace
+
+namespace detail {
+
+std::string rendezvous_file(int world, const std::string& payload) {
+  return "meshrt-rendezvous world=" + std::to_string(world) + "\n" + payload;
+}
+
+std::string rendezvous_payload(const std::string& contents, int world, const std::string& path) {
+  const std::string header = rendezvous_file(world, "");
+  MESHRT_CHECK(contents.compare(0, header.size(), header) == 0,
+               "rendezvous: " << path << " was written for another world size "
+                              << "(expected '" << header.substr(0, header.size() - 1)
+                              << "'): stale file or mismatched WORLD_SIZE");
+  return contents.substr(header.size());
+}
+
+}  // namespace detail
 
 std::unique_ptr<BootstrapTransport> make_file_transport(const std::string& dir, int rank, int size,
                                                         double timeout_s, const std::string& run) {

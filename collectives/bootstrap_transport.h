@@ -28,6 +28,14 @@ std::unique_ptr<BootstrapTransport> make_file_transport(const std::string& dir, 
                                                         double timeout_s,
                                                         const std::string& run = "");
 
+namespace detail {
+// The file format of the file transport: "meshrt-rendezvous world=<world>\n" then the payload.
+std::string rendezvous_file(int world, const std::string& payload);
+// The payload of a rendezvous file read from `path`; throws naming it when it was written for
+// another world size or is not a rendezvous file.
+std::string rendezvous_payload(const std::string& contents, int world, const std::string& path);
+}  // namespace detail
+
 // Over MPI_COMM_WORLD (initialising MPI if needed); gives up after `timeout_s` and then aborts the
 // MPI communicators of the process, like a collective timeout. Defined with the MPI runtime.
 std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s);

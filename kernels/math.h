@@ -45,7 +45,8 @@ MESHRT_HD float exp_f32(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t ni = static_cast<int32_t>(n);
+  // NaN in gives NaN out through p; converting a NaN n would be undefined (UBSan), so 0 instead.
+  int32_t ni = static_cast<int32_t>(n == n ? n : 0.0f);
   float scale = bits_f32(static_cast<uint32_t>(ni + 127) << 23);
   float y = p * scale;
   return underflow ? 0.0f : y;

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mesh/checkpoint_index.h"
 #include "mesh/crc32c.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
@@ -105,8 +106,9 @@ void write_new_file(const std::string& path, const std::string& text) {
   }
   const bool ok = ::fsync(fd) == 0;
   const int e = errno;
-  ::close(fd);
-  MESHRT_CHECK(ok, "checkpoint: fsync of " << path << " failed: " << std::strerror(e));
+  const bool closed = ::close(fd) == 0;
+  MESHRT_CHECK(ok && closed, "checkpoint: " << (ok ? "closing " : "fsync of ") << path
+                                            << " failed: " << std::strerror(ok ? errno : e));
 }
 
 // Reads a small regular file (never a device node or FIFO).
@@ -439,16 +441,8 @@ std::string resolve_checkpoint(const std::string& path) {
 
 namespace {
 
-struct ShardRef {
-  std::string file;
-  Shape offsets, shape;
-};
-
-struct IndexTensor {
-  std::string dtype;
-  Shape shape;
-  std::vector<ShardRef> shards;
-};
+using ShardRef = detail::CheckpointShardRef;
+using IndexTensor = detail::CheckpointIndexTensor;
 
 Shape shape_from(const json& j, const std::string& where) {
   MESHRT_CHECK(j.is_array() && j.size() <= static_cast<size_t>(kMaxDims),
@@ -518,52 +512,19 @@ int64_t copy_overlap(const SafetensorsReader& r, const SafetensorsReader::Entry&
 
 namespace {
 
-// The parsed index of checkpoint `dir` after its format, version and config checks.
-json read_index(const std::string& dir, const CheckpointMeta& expect, CheckpointMeta* meta) {
+// The index of checkpoint `dir`, read and validated.
+detail::CheckpointIndex read_index(const std::string& dir, const CheckpointMeta& expect) {
   const std::string index_path = dir + "/" + kIndex;
   // Everything up to the file checks is a function of the index and the model, equal on every
   // rank, so every rank throws the same error without communicating.
-  const std::string text = read_small_file(index_path, kMaxIndexBytes);
-  json idx = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  MESHRT_CHECK(!idx.is_discarded() && idx.is_object(),
-               "checkpoint: " << index_path << " is not JSON; not a meshrt checkpoint");
-  MESHRT_CHECK(idx.contains("format") && idx["format"] == kFormat,
-               "checkpoint: " << index_path << " is not a meshrt checkpoint index (format "
-                              << (idx.contains("format") ? idx["format"].dump() : "missing")
-                              << ", expected \"" << kFormat << "\"); written by another tool?");
-  MESHRT_CHECK(idx["version"] == kVersion, "checkpoint: " << index_path << " has version "
-                                                          << idx["version"].dump()
-                                                          << "; this meshrt reads " << kVersion);
-  CheckpointMeta got;
-  try {
-    got.step = idx.at("step").get<int64_t>();
-    got.seed = idx.at("data").at("seed").get<uint64_t>();
-    got.mesh = idx.at("mesh").get<std::string>();
-    for (auto it = idx.at("config").begin(); it != idx.at("config").end(); ++it)
-      got.config.emplace_back(it.key(), it.value().get<std::string>());
-  } catch (const json::exception& e) {
-    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
-  }
-  for (auto& [k, v] : expect.config) {
-    auto it =
-        std::find_if(got.config.begin(), got.config.end(), [&](auto& kv) { return kv.first == k; });
-    MESHRT_CHECK(it != got.config.end(), "checkpoint: " << index_path << " does not record '" << k
-                                                        << "' (this run has " << k << "=" << v
-                                                        << ")");
-    MESHRT_CHECK(it->second == v, "checkpoint: " << index_path << " was saved with " << k << "="
-                                                 << it->second << " but this run has " << k << "="
-                                                 << v << "; use the same " << k << " to resume");
-  }
-  if (meta) *meta = got;
-  return idx;
+  return detail::parse_checkpoint_index(read_small_file(index_path, kMaxIndexBytes), index_path,
+                                        dir, expect);
 }
 
 }  // namespace
 
 CheckpointMeta read_checkpoint_meta(const std::string& path, const CheckpointMeta& expect) {
-  CheckpointMeta m;
-  read_index(resolve_checkpoint(path), expect, &m);
-  return m;
+  return read_index(resolve_checkpoint(path), expect).meta;
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& expect,
@@ -573,47 +534,11 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
   Stream& cs = ctx.compute_stream();
   const std::string dir = resolve_checkpoint(path);
   const std::string index_path = dir + "/" + kIndex;
-  CheckpointMeta got;
-  json idx = read_index(dir, expect, &got);
-  std::map<std::string, uint64_t> file_bytes;
-  std::map<std::string, uint32_t> file_crc;
-  std::map<std::string, IndexTensor> tensors;
-  try {
-    for (auto it = idx.at("files").begin(); it != idx.at("files").end(); ++it) {
-      const std::string f = it.key();
-      MESHRT_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(),
-                   "checkpoint: " << index_path << " names file '" << f << "' outside " << dir);
-      file_bytes[f] = it.value().at("bytes").get<uint64_t>();
-      file_crc[f] = static_cast<uint32_t>(
-          std::stoul(it.value().at("crc32c").get<std::string>(), nullptr, 16));
-    }
-    for (auto it = idx.at("tensors").begin(); it != idx.at("tensors").end(); ++it) {
-      const std::string where = index_path + ": tensor '" + it.key() + "'";
-      IndexTensor t;
-      t.dtype = it.value().at("dtype").get<std::string>();
-      t.shape = shape_from(it.value().at("shape"), where + " shape");
-      for (auto& s : it.value().at("shards")) {
-        ShardRef r;
-        r.file = s.at("file").get<std::string>();
-        MESHRT_CHECK(file_bytes.count(r.file),
-                     where << ": shard in '" << r.file << "', which the index does not list");
-        r.offsets = shape_from(s.at("offsets"), where + " offsets");
-        r.shape = shape_from(s.at("shape"), where + " shard shape");
-        MESHRT_CHECK(r.offsets.ndim() == t.shape.ndim() && r.shape.ndim() == t.shape.ndim(),
-                     where << ": a shard's rank differs from the tensor's");
-        for (int d = 0; d < t.shape.ndim(); ++d)
-          MESHRT_CHECK(r.offsets[d] + r.shape[d] <= t.shape[d],
-                       where << ": shard at " << r.offsets.str() << " of shape " << r.shape.str()
-                             << " runs past " << t.shape.str());
-        t.shards.push_back(r);
-      }
-      tensors[it.key()] = t;
-    }
-  } catch (const json::exception& e) {
-    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
-  } catch (const std::logic_error& e) {
-    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
-  }
+  const detail::CheckpointIndex idx = read_index(dir, expect);
+  const CheckpointMeta& got = idx.meta;
+  const auto& file_bytes = idx.file_bytes;
+  const auto& file_crc = idx.file_crc;
+  const auto& tensors = idx.tensors;
   const auto want = saved_tensors(params, opt);
   for (const Saved& s : want) {
     auto it = tensors.find(s.key);
@@ -663,9 +588,9 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
         total += static_cast<uint64_t>(got_n);
       }
       ::close(fd);
-      MESHRT_CHECK(total == n && crc == file_crc[f],
+      MESHRT_CHECK(total == n && crc == file_crc.at(f),
                    "checkpoint: " << dir << "/" << f << " fails its checksum (crc32c " << std::hex
-                                  << crc << ", index says " << file_crc[f] << std::dec
+                                  << crc << ", index says " << file_crc.at(f) << std::dec
                                   << "): the file is corrupt");
     }
     bad_file = -1;
@@ -709,9 +634,112 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
                                     << " (its error says why)");
   }
   for (size_t i = 0; i < want.size(); ++i) want[i].local.copy_(staged[i], cs);
-  if (opt) opt->set_steps(idx.at("optimizer").at("step").get<int64_t>());
+  if (opt) opt->set_steps(idx.optimizer_step);
   cs.synchronize();
   return got;
 }
+
+namespace detail {
+
+namespace {
+
+// Element count of `s` and every stride fit in int64 (zero extents or not).
+void check_shape_fits(const Shape& s, const std::string& where) {
+  int64_t span = 1;
+  for (int d = 0; d < s.ndim(); ++d)
+    MESHRT_CHECK(!__builtin_mul_overflow(span, std::max<int64_t>(s[d], 1), &span),
+                 where << ": shape " << s.str() << " overflows 64-bit sizes");
+}
+
+// "0000abcd": 1 to 8 hex digits, nothing else.
+uint32_t parse_crc(const std::string& h, const std::string& where) {
+  MESHRT_CHECK(!h.empty() && h.size() <= 8 &&
+                   h.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos,
+               where << ": crc32c '" << h << "' is not 1 to 8 hex digits");
+  return static_cast<uint32_t>(std::stoul(h, nullptr, 16));
+}
+
+}  // namespace
+
+CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& index_path,
+                                       const std::string& dir, const CheckpointMeta& expect) {
+  json idx = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  MESHRT_CHECK(!idx.is_discarded() && idx.is_object(),
+               "checkpoint: " << index_path << " is not JSON; not a meshrt checkpoint");
+  MESHRT_CHECK(idx.contains("format") && idx["format"] == kFormat,
+               "checkpoint: " << index_path << " is not a meshrt checkpoint index (format "
+                              << (idx.contains("format") ? idx["format"].dump() : "missing")
+                              << ", expected \"" << kFormat << "\"); written by another tool?");
+  MESHRT_CHECK(idx["version"] == kVersion, "checkpoint: " << index_path << " has version "
+                                                          << idx["version"].dump()
+                                                          << "; this meshrt reads " << kVersion);
+  CheckpointIndex out;
+  CheckpointMeta& got = out.meta;
+  try {
+    got.step = idx.at("step").get<int64_t>();
+    got.seed = idx.at("data").at("seed").get<uint64_t>();
+    got.mesh = idx.at("mesh").get<std::string>();
+    MESHRT_CHECK(idx.at("config").is_object(),
+                 "checkpoint: " << index_path << ": config is not an object");
+    for (auto it = idx.at("config").begin(); it != idx.at("config").end(); ++it)
+      got.config.emplace_back(it.key(), it.value().get<std::string>());
+  } catch (const json::exception& e) {
+    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
+  }
+  for (const auto& want : expect.config) {
+    const std::string &k = want.first, &v = want.second;
+    auto it =
+        std::find_if(got.config.begin(), got.config.end(), [&](auto& kv) { return kv.first == k; });
+    MESHRT_CHECK(it != got.config.end(), "checkpoint: " << index_path << " does not record '" << k
+                                                        << "' (this run has " << k << "=" << v
+                                                        << ")");
+    MESHRT_CHECK(it->second == v, "checkpoint: " << index_path << " was saved with " << k << "="
+                                                 << it->second << " but this run has " << k << "="
+                                                 << v << "; use the same " << k << " to resume");
+  }
+  try {
+    MESHRT_CHECK(idx.at("files").is_object() && idx.at("tensors").is_object(),
+                 "checkpoint: " << index_path << ": files and tensors must be objects");
+    for (auto it = idx.at("files").begin(); it != idx.at("files").end(); ++it) {
+      const std::string f = it.key();
+      MESHRT_CHECK(f.find('/') == std::string::npos && f != ".." && f != "." && !f.empty() &&
+                       f.find('\0') == std::string::npos,
+                   "checkpoint: " << index_path << " names file '" << f << "' outside " << dir);
+      out.file_bytes[f] = it.value().at("bytes").get<uint64_t>();
+      out.file_crc[f] = parse_crc(it.value().at("crc32c").get<std::string>(),
+                                  "checkpoint: " + index_path + ": file '" + f + "'");
+    }
+    for (auto it = idx.at("tensors").begin(); it != idx.at("tensors").end(); ++it) {
+      const std::string where = "checkpoint: " + index_path + ": tensor '" + it.key() + "'";
+      IndexTensor t;
+      t.dtype = it.value().at("dtype").get<std::string>();
+      t.shape = shape_from(it.value().at("shape"), where + " shape");
+      check_shape_fits(t.shape, where);
+      MESHRT_CHECK(it.value().at("shards").is_array(), where << ": shards is not an array");
+      for (auto& s : it.value().at("shards")) {
+        ShardRef r;
+        r.file = s.at("file").get<std::string>();
+        MESHRT_CHECK(out.file_bytes.count(r.file),
+                     where << ": shard in '" << r.file << "', which the index does not list");
+        r.offsets = shape_from(s.at("offsets"), where + " offsets");
+        r.shape = shape_from(s.at("shape"), where + " shard shape");
+        MESHRT_CHECK(r.offsets.ndim() == t.shape.ndim() && r.shape.ndim() == t.shape.ndim(),
+                     where << ": a shard's rank differs from the tensor's");
+        for (int d = 0; d < t.shape.ndim(); ++d)
+          MESHRT_CHECK(r.offsets[d] <= t.shape[d] && r.shape[d] <= t.shape[d] - r.offsets[d],
+                       where << ": shard at " << r.offsets.str() << " of shape " << r.shape.str()
+                             << " runs past " << t.shape.str());
+        t.shards.push_back(r);
+      }
+      out.tensors[it.key()] = t;
+    }
+    out.optimizer_step = idx.at("optimizer").at("step").get<int64_t>();
+  } catch (const json::exception& e) {
+    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
+  }
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace meshrt

@@ -46,7 +46,7 @@ class LmHead {
  private:
   DeviceMesh& mesh_;
   CommScheduler& tp_;
-  int64_t vocab_;
+  [[maybe_unused]] int64_t vocab_;  // clang -Wunused-private-field (sanitizer builds)
   int64_t seq_ = 0, batch_ = 0;
   Tensor logits_, row_max_, sumexp_, targets_;
 };

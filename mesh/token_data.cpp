@@ -85,9 +85,10 @@ NpyHeader parse_npy(const unsigned char* p, size_t bytes, const std::string& pat
   const std::string order = npy_field(dict, "fortran_order", path);
   MESHRT_CHECK(order == "False", path << ": the array is in Fortran order; save a C-order array "
                                          "(numpy.save(f, numpy.ascontiguousarray(tokens)))");
-  MESHRT_CHECK(h.descr.size() >= 3, path << ": unknown .npy dtype '" << h.descr << "'");
+  MESHRT_CHECK(h.descr.size() == 3 && h.descr[2] >= '0' && h.descr[2] <= '9',
+               path << ": unknown .npy dtype '" << h.descr << "'");
   const char endian = h.descr[0], kind = h.descr[1];
-  const int size = std::atoi(h.descr.c_str() + 2);
+  const int size = h.descr[2] - '0';
   MESHRT_CHECK(kind == 'u' || kind == 'i',
                path << ": dtype '" << h.descr
                     << "' is not an integer type; save the tokens as numpy.uint16 or "
@@ -101,16 +102,20 @@ NpyHeader parse_npy(const unsigned char* p, size_t bytes, const std::string& pat
   h.is_signed = kind == 'i';
   // Shape "(N,)", "(A, B)" or "()": the tokens are the C-order flattening.
   const std::string shape = npy_field(dict, "shape", path);
+  MESHRT_CHECK(shape.size() >= 2 && shape.front() == '(' && shape.back() == ')',
+               path << ": malformed .npy shape '" << shape << "' (expected a tuple like (N,))");
   const char* s = shape.c_str() + 1;
   while (*s != '\0' && *s != ')') {
     if (*s == ' ' || *s == ',') {
       ++s;
       continue;
     }
+    MESHRT_CHECK(*s >= '0' && *s <= '9', path << ": malformed .npy shape " << shape);
+    errno = 0;
     char* end = nullptr;
     const long long d = std::strtoll(s, &end, 10);
-    MESHRT_CHECK(end != s && d >= 0, path << ": malformed .npy shape " << shape);
-    h.count *= d;
+    MESHRT_CHECK(end != s && d >= 0 && errno == 0 && !__builtin_mul_overflow(h.count, d, &h.count),
+                 path << ": malformed or too large .npy shape " << shape);
     s = end;
   }
   return h;

@@ -226,7 +226,13 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
            << std::setprecision(1) << "  time " << st.step_ms << " ms  dp comm " << st.dp_comm_ms
            << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
            << " ms (exposed " << st.tp_exposed_ms << " ms)"
-           << (st.skipped ? "  skipped: non-finite" : "") << std::endl;
+           << (st.skipped ? "  skipped: non-finite" : "");
+      if (cfg.mem_stats) {
+        const AllocatorStats m = ctx.allocator().stats();
+        *log << "  mem alloc " << m.allocated_bytes << " peak " << m.peak_allocated_bytes
+             << " reserved " << m.reserved_bytes;
+      }
+      *log << std::endl;
     }
     // --- validation ---
     const bool last = step + 1 == cfg.steps;

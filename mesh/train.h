@@ -45,6 +45,9 @@ struct TrainConfig {
   int eval_batches = 4;
   // A non-finite loss or gradient stops the run (NonFiniteError) unless skipped: no update.
   bool skip_nonfinite = false;
+  // Each step line also gives rank 0's allocator statistics: "  mem alloc A peak P reserved R"
+  // (bytes currently allocated, peak allocated, reserved), for soak runs checking for growth.
+  bool mem_stats = false;
   // Polled once a step on every rank; when it returns true on any, all stop after that step
   // (a checkpoint is written first with --save).
   std::function<bool()> stop_requested;

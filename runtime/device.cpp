@@ -1,6 +1,7 @@
 #include "runtime/device.h"
 
 #include <charconv>
+#include <set>
 
 #include "runtime/backend.h"
 #include "runtime/error.h"
@@ -52,6 +53,16 @@ std::vector<Device> parse_devices(std::string_view spec) {
     for (int i = 0; i < n; ++i) out.push_back(Device::cuda(i));
     return out;
   }
+  // At most kMaxRanksPerProcess devices in all (ranges add up), duplicates refused as they come.
+  std::set<int> seen;
+  auto add = [&](int i) {
+    MESHRT_CHECK(seen.insert(i).second,
+                 "device spec '" << spec << "' names cuda:" << i << " twice");
+    MESHRT_CHECK(
+        out.size() < static_cast<size_t>(kMaxRanksPerProcess),
+        "device spec '" << spec << "' names more than " << kMaxRanksPerProcess << " devices");
+    out.push_back(Device::cuda(i));
+  };
   size_t pos = 0;
   while (pos <= rest.size()) {
     size_t comma = rest.find(',', pos);
@@ -63,17 +74,13 @@ std::vector<Device> parse_devices(std::string_view spec) {
       MESHRT_CHECK(a <= b, "device spec '" << spec << "': range " << a << "-" << b
                                            << " is empty; write it low-high");
       MESHRT_CHECK(b - a < kMaxRanksPerProcess, "device spec '" << spec << "': range too large");
-      for (int i = a; i <= b; ++i) out.push_back(Device::cuda(i));
+      for (int i = a; i <= b; ++i) add(i);
     } else {
-      out.push_back(Device::cuda(parse_int(item, spec)));
+      add(parse_int(item, spec));
     }
     if (comma == std::string_view::npos) break;
     pos = comma + 1;
   }
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t j = i + 1; j < out.size(); ++j)
-      MESHRT_CHECK(out[i].index != out[j].index,
-                   "device spec '" << spec << "' names cuda:" << out[i].index << " twice");
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/event_impl.h"
 #include "runtime/logging.h"
@@ -181,10 +182,7 @@ float Event::elapsed_ms(const Event& start) const {
 }
 
 bool stream_jitter_from_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("MESHRT_STREAM_JITTER");
-    return v && v[0] != '\0' && v[0] != '0';
-  }();
+  static const bool on = env_switch("MESHRT_STREAM_JITTER");
   return on;
 }
 

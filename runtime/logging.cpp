@@ -8,19 +8,34 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 namespace meshrt {
+
+bool parse_log_level(const char* v, LogLevel* out) {
+  if (!v || !*v) {
+    *out = LogLevel::Warn;
+    return true;
+  }
+  static const std::pair<const char*, LogLevel> kLevels[] = {
+      {"trace", LogLevel::Trace}, {"debug", LogLevel::Debug},  {"info", LogLevel::Info},
+      {"warn", LogLevel::Warn},   {"warning", LogLevel::Warn}, {"error", LogLevel::Error},
+      {"off", LogLevel::Off}};
+  for (const auto& [name, level] : kLevels)
+    if (!std::strcmp(v, name)) {
+      *out = level;
+      return true;
+    }
+  return false;
+}
 
 namespace {
 
 LogLevel parse_level(const char* v) {
-  if (!v || !*v) return LogLevel::Warn;
-  if (!std::strcmp(v, "trace")) return LogLevel::Trace;
-  if (!std::strcmp(v, "debug")) return LogLevel::Debug;
-  if (!std::strcmp(v, "info")) return LogLevel::Info;
-  if (!std::strcmp(v, "warn") || !std::strcmp(v, "warning")) return LogLevel::Warn;
-  if (!std::strcmp(v, "error")) return LogLevel::Error;
-  if (!std::strcmp(v, "off")) return LogLevel::Off;
+  LogLevel l = LogLevel::Warn;
+  if (parse_log_level(v, &l)) return l;
+  // Read lazily, possibly inside a destructor: no exception here. Commands refuse the value up
+  // front (check_environment, runtime/env.h).
   std::fprintf(stderr,
                "meshrt: MESHRT_LOG_LEVEL='%s' is not one of trace, debug, info, warn, "
                "error, off; using warn\n",

@@ -11,6 +11,8 @@ enum class LogLevel : int { Trace = 0, Debug, Info, Warn, Error, Off };
 
 // Level from MESHRT_LOG_LEVEL (trace|debug|info|warn|error|off; default warn), read once.
 LogLevel log_level();
+// Parses a MESHRT_LOG_LEVEL value ("" is the default, warn); false when it is not a level.
+bool parse_log_level(const char* v, LogLevel* out);
 void set_log_level(LogLevel level);
 bool log_enabled(LogLevel level);
 // The calling thread's rank for log lines; stream workers inherit their creator's.

@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 
 namespace meshrt {
 
@@ -53,8 +55,8 @@ const char* safetensors_dtype_name(DType d) {
 const Tensor& SafetensorsFile::at(const std::string& name) const {
   for (auto& [n, t] : tensors)
     if (n == name) return t;
-  MESHRT_FAIL("safetensors: no tensor named '" << name << "' (file has " << tensors.size()
-                                               << " tensors)");
+  MESHRT_FAIL("safetensors" << (path.empty() ? std::string() : " " + path) << ": no tensor named '"
+                            << name << "' (file has " << tensors.size() << " tensors)");
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, Stream& stream,
@@ -84,24 +86,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, Stre
   stream.synchronize();
   std::string hs = header.dump();
   while (hs.size() % 8) hs.push_back(' ');
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-  MESHRT_CHECK(fd >= 0,
-               "save_safetensors: cannot open " << tmp << " for writing: " << std::strerror(errno));
+  OutputFile f(path, "save_safetensors", options.durable);
   auto put = [&](const void* data, size_t n) {
     if (options.on_bytes) options.on_bytes(data, n);
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const int e = errno;
-        ::close(fd);
-        MESHRT_FAIL("save_safetensors: write to " << tmp << " failed: " << std::strerror(e));
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
+    f.write(data, n);
   };
   uint64_t n = hs.size();
   unsigned char le[8];
@@ -109,24 +97,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, Stre
   put(le, 8);
   put(hs.data(), hs.size());
   for (auto& h : host) put(h.data_ptr(), h.nbytes());
-  const bool synced = !options.durable || ::fsync(fd) == 0;
-  const int sync_errno = errno;
-  MESHRT_CHECK(::close(fd) == 0 && synced,
-               "save_safetensors: flushing "
-                   << tmp << " failed: " << std::strerror(synced ? errno : sync_errno));
-  MESHRT_CHECK(
-      std::rename(tmp.c_str(), path.c_str()) == 0,
-      "save_safetensors: rename " << tmp << " -> " << path << " failed: " << std::strerror(errno));
-  if (options.durable) {
-    // The rename is durable once the directory entry is.
-    const std::string dir = std::filesystem::path(path).has_parent_path()
-                                ? std::filesystem::path(path).parent_path().string()
-                                : std::string(".");
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    MESHRT_CHECK(dfd >= 0 && ::fsync(dfd) == 0, "save_safetensors: fsync of directory "
-                                                    << dir << " failed: " << std::strerror(errno));
-    ::close(dfd);
-  }
+  f.commit();
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
@@ -166,9 +137,22 @@ void SafetensorsReader::parse() {
                                                        << "-byte file (truncated?)");
   std::string hs(n, '\0');
   read_at(8, n, hs.data());
-  nlohmann::json header = nlohmann::json::parse(hs, nullptr, /*allow_exceptions=*/false);
+  // JSON objects may repeat a key (the parser keeps the last): a repeated tensor name is refused
+  // here, where the parser still sees both, instead of surfacing later as a gap in the data.
+  std::string duplicate;
+  std::set<std::string> seen;
+  const nlohmann::json::parser_callback_t on_key = [&](int depth, nlohmann::json::parse_event_t ev,
+                                                       nlohmann::json& parsed) {
+    if (depth == 1 && ev == nlohmann::json::parse_event_t::key && parsed.is_string() &&
+        !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json header = nlohmann::json::parse(hs, on_key, /*allow_exceptions=*/false);
   MESHRT_CHECK(!header.is_discarded() && header.is_object(),
                "load_safetensors(" << path << "): header is not a JSON object");
+  MESHRT_CHECK(duplicate.empty(),
+               "load_safetensors(" << path << "): the header names '" << duplicate << "' twice");
   const uint64_t data_size = file_size - 8 - n;
   data_start_ = 8 + n;
   std::vector<Entry> entries;
@@ -185,6 +169,7 @@ void SafetensorsReader::parse() {
       }
       continue;
     }
+    MESHRT_CHECK(!name.empty(), "load_safetensors(" << path << "): a tensor has an empty name");
     const std::string where = "load_safetensors(" + path + "): tensor '" + name + "'";
     MESHRT_CHECK(
         v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
@@ -206,6 +191,13 @@ void SafetensorsReader::parse() {
                    where << ": extent " << d.dump() << " too large");
       extents.push_back(d.get<int64_t>());
     }
+    // Every stride and the byte size must fit in int64, zero extents or not: [0, 2^62, 2^62]
+    // holds no element but its strides overflow.
+    int64_t span = static_cast<int64_t>(dtype_size(e.dtype));
+    for (int64_t x : extents)
+      MESHRT_CHECK(
+          !__builtin_mul_overflow(span, std::max<int64_t>(x, 1), &span),
+          where << ": shape " << v["shape"].dump() << " overflows 64-bit strides / byte sizes");
     e.shape = Shape(extents);
     const auto& off = v["data_offsets"];
     MESHRT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
@@ -286,6 +278,7 @@ void SafetensorsReader::read(const Entry& e, uint64_t offset, uint64_t bytes, vo
 SafetensorsFile load_safetensors(const std::string& path, const std::shared_ptr<Allocator>& host) {
   SafetensorsReader r(path);
   SafetensorsFile out;
+  out.path = path;
   out.metadata = r.metadata();
   for (const auto& e : r.entries()) {
     Tensor t = Tensor::empty(e.shape, e.dtype, host);

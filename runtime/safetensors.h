@@ -30,7 +30,9 @@ struct MESHRT_API SafetensorsWriteOptions {
 MESHRT_API const char* safetensors_dtype_name(DType d);
 
 // Writes the tensors (any device; non-host ones are copied through `stream`) and string metadata.
-// Written to path.tmp then renamed, so a crash never leaves a half file under `path`.
+// Written through OutputFile (runtime/output_file.h): a unique temporary file renamed over
+// `path` (a symlink is followed, a non-regular target refused), every write checked; a crash or a
+// failure never leaves a half file under `path`.
 MESHRT_API void save_safetensors(const std::string& path, const NamedTensors& tensors,
                                  Stream& stream,
                                  const std::map<std::string, std::string>& metadata = {},
@@ -39,6 +41,7 @@ MESHRT_API void save_safetensors(const std::string& path, const NamedTensors& te
 struct MESHRT_API SafetensorsFile {
   NamedTensors tensors;  // host tensors, in file order
   std::map<std::string, std::string> metadata;
+  std::string path;  // the file it was read from (named in errors)
   const Tensor& at(const std::string& name) const;
 };
 

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <ctime>
 
 #include "runtime/error.h"
 
@@ -34,7 +36,69 @@ extern "C" void on_stop_signal(int sig) {
   _exit(128 + sig);
 }
 
+// ExitOnSignal's line, composed before the handler is installed: "<command>: interrupted by ".
+char g_exit_prefix[256];
+size_t g_exit_prefix_len = 0;
+timespec g_exit_start{};
+struct sigaction g_exit_old_int {
+}, g_exit_old_term{};
+
+// Appends `v` in decimal to buf at *n (async-signal-safe).
+void put_uint(char* buf, size_t cap, size_t* n, unsigned long long v) {
+  char digits[24];
+  int k = 0;
+  do {
+    digits[k++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0 && k < 24);
+  while (k > 0 && *n < cap) buf[(*n)++] = digits[--k];
+}
+
+void put_str(char* buf, size_t cap, size_t* n, const char* s) {
+  while (*s != '\0' && *n < cap) buf[(*n)++] = *s++;
+}
+
+extern "C" void on_exit_signal(int sig) {
+  char line[512];
+  size_t n = 0;
+  for (size_t i = 0; i < g_exit_prefix_len && n < sizeof line; ++i) line[n++] = g_exit_prefix[i];
+  put_str(line, sizeof line, &n,
+          sig == SIGINT    ? "SIGINT"
+          : sig == SIGTERM ? "SIGTERM"
+                           : "a signal");
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const long long ms = (now.tv_sec - g_exit_start.tv_sec) * 1000LL +
+                       (now.tv_nsec - g_exit_start.tv_nsec) / 1000000LL;
+  put_str(line, sizeof line, &n, " after ");
+  put_uint(line, sizeof line, &n, static_cast<unsigned long long>(ms < 0 ? 0 : ms) / 1000);
+  put_str(line, sizeof line, &n, ".");
+  put_uint(line, sizeof line, &n, static_cast<unsigned long long>(ms < 0 ? 0 : ms) % 1000 / 100);
+  put_str(line, sizeof line, &n, " s; its --json / --trace / --dump files were not written\n");
+  if (g_announce.load()) (void)!write(STDERR_FILENO, line, n);
+  _exit(128 + sig);
+}
+
 }  // namespace
+
+ExitOnSignal::ExitOnSignal(const std::string& command, bool announce) {
+  g_announce.store(announce);
+  const std::string prefix = "\n" + command.substr(0, 200) + ": interrupted by ";
+  std::memcpy(g_exit_prefix, prefix.data(), prefix.size());
+  g_exit_prefix_len = prefix.size();
+  clock_gettime(CLOCK_MONOTONIC, &g_exit_start);
+  struct sigaction sa {};
+  sa.sa_handler = on_exit_signal;
+  sigemptyset(&sa.sa_mask);
+  MESHRT_CHECK(sigaction(SIGINT, &sa, &g_exit_old_int) == 0 &&
+                   sigaction(SIGTERM, &sa, &g_exit_old_term) == 0,
+               "cannot install the SIGINT / SIGTERM handlers");
+}
+
+ExitOnSignal::~ExitOnSignal() {
+  sigaction(SIGINT, &g_exit_old_int, nullptr);
+  sigaction(SIGTERM, &g_exit_old_term, nullptr);
+}
 
 StopSignals::StopSignals(bool announce) {
   g_signal.store(0);

@@ -2,6 +2,8 @@
 // (`meshrt train`: after the current step), a second exits at once.
 #pragma once
 
+#include <string>
+
 namespace meshrt::cli {
 
 // Installs the handlers while it lives and restores the previous ones after. One at a time.
@@ -17,6 +19,18 @@ class StopSignals {
   // The first signal received (SIGINT or SIGTERM), 0 when none.
   static int received();
   static const char* name(int sig);  // "SIGINT", "SIGTERM"
+};
+
+// SIGINT / SIGTERM for commands with no safe point to stop at (benchmarks): the signal ends the
+// process at once with one summary line on stderr, "meshrt bench collective: interrupted by SIGINT
+// after 12.3 s; its --json / --trace / --dump files were not written", and exit status 128 + the
+// signal's number. `announce` as for StopSignals. One at a time; not with StopSignals.
+class ExitOnSignal {
+ public:
+  ExitOnSignal(const std::string& command, bool announce);
+  ~ExitOnSignal();
+  ExitOnSignal(const ExitOnSignal&) = delete;
+  ExitOnSignal& operator=(const ExitOnSignal&) = delete;
 };
 
 }  // namespace meshrt::cli

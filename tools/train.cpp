@@ -28,8 +28,11 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
       "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line per "
       "step. SIGINT / SIGTERM stop after the current step (exit status 128 + signal)");
-  c->add_option("--devices", o.devices, "Ranks: cpu:N (threads) | cuda:all | cuda:0-3")
-      ->capture_default_str();
+  CLI::Option* devices =
+      c->add_option("--devices", o.devices,
+                    "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
+          ->capture_default_str();
+  c->callback([&o, devices] { o.devices_given = devices->count() > 0; });
   c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)");
   bench::add_fault_flag(*c);
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
@@ -97,6 +100,9 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_option("--eval-batches", o.eval_batches, "Global batches per validation loss")
       ->capture_default_str()
       ->check(kPositiveInt);
+  c->add_flag("--mem-stats", o.mem_stats,
+              "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
+              "allocated, reserved (tools/soak.sh checks they stay flat)");
   c->add_flag("--skip-nonfinite", o.skip_nonfinite,
               "Skip steps with a non-finite loss or gradient (no update; counted) instead of "
               "stopping");
@@ -137,6 +143,7 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.eval_every = o.eval_every;
   c.eval_batches = o.eval_batches;
   c.skip_nonfinite = o.skip_nonfinite;
+  c.mem_stats = o.mem_stats;
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
   // Mapped and scanned once per process; the rank threads share the mapping.
   const TokenDType raw = parse_token_dtype(o.data_dtype);
@@ -148,11 +155,6 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   return c;
 }
 
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
 // Refuses, before anything is allocated, a run the host cannot hold (as `bench block` does):
 // otherwise the kernel kills it without a message, or the allocator fails mid-run.
 void check_host_memory(const TrainConfig& cfg, const Launch& launch) {
@@ -161,7 +163,7 @@ void check_host_memory(const TrainConfig& cfg, const Launch& launch) {
                                                          : launch.local().front().local_size;
   const TrainMemory m = estimate_train_memory(cfg, launch.world_size());
   const double need = m.total() * local;
-  const int64_t have = physical_memory_bytes();
+  const int64_t have = bench::physical_memory_bytes();
   using bench::human_bytes;
   MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
                "this run needs about "
@@ -202,6 +204,7 @@ struct RunResult {
 RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
   LaunchOptions lo;
   lo.devices = o.devices;
+  lo.devices_defaulted = !o.devices_given;
   auto launch = bootstrap(lo);
   // Before any rank starts; every process fails alike, so mpirun prints it once.
   try {

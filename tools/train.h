@@ -10,7 +10,8 @@ namespace meshrt::cli {
 
 struct TrainCliOptions {
   std::string devices = "cpu:2";
-  std::string mesh;  // default dp=<world>
+  bool devices_given = false;  // --devices was on the command line (else the default)
+  std::string mesh;            // default dp=<world>
   bool sp = false;
   int64_t batch = 8, seq = 64, hidden = 256, heads = 8, ffn = 0, vocab = 512;
   int layers = 2, steps = 20, micro_batches = 1, staleness = 1, sync_every = 4;
@@ -26,6 +27,7 @@ struct TrainCliOptions {
   std::string data, val_data, data_dtype = "u16";
   int eval_every = 0, eval_batches = 4;
   bool skip_nonfinite = false;
+  bool mem_stats = false;
 };
 
 // Registers the `train` subcommand and its flags on `app`.

@@ -13,33 +13,14 @@
 #include "bench/common/stats.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 
 namespace meshrt {
 
 namespace {
 
 using bench::human_bytes;
-
-// Checks up front that `path` can be written, so a typo does not cost a whole run.
-void check_writable(const std::string& path, const char* flag) {
-  if (path.empty()) return;
-  namespace fs = std::filesystem;
-  fs::path p(path);
-  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::error_code ec;
-  MESHRT_CHECK(fs::is_directory(dir, ec), flag << " " << path << ": directory " << dir.string()
-                                               << " does not exist; create it or choose another "
-                                                  "path");
-  MESHRT_CHECK(!fs::is_directory(p, ec),
-               flag << " " << path << " is a directory; give a file name");
-  MESHRT_CHECK(access(dir.c_str(), W_OK) == 0,
-               flag << " " << path << ": directory " << dir.string() << " is not writable");
-}
-
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
+using bench::physical_memory_bytes;
 
 LayerKind layer_kind(BenchBlockKind k) {
   switch (k) {
@@ -91,9 +72,12 @@ void check_options(const BlockBenchOptions& o) {
     const DType dt = parse_dtype(o.dtype);
     MESHRT_CHECK(is_floating(dt), "--dtype " << o.dtype << ": use f32, bf16 or f16");
   }
-  check_writable(o.json_path, "--json");
-  check_writable(o.trace_path, "--trace");
-  check_writable(o.dump_path, "--dump");
+  // Up front, so a typo does not cost a whole run.
+  check_output_path(o.json_path, "--json");
+  check_output_path(o.trace_path, "--trace");
+  check_output_path(o.dump_path, "--dump");
+  check_distinct_outputs(
+      {{"--json", o.json_path}, {"--trace", o.trace_path}, {"--dump", o.dump_path}});
 }
 
 void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {

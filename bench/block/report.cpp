@@ -3,13 +3,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
 #include "bench/common/stats.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 
 namespace meshrt {
 
@@ -334,14 +335,11 @@ BlockBenchResult block_report(const BlockPlan& p, const BlockBenchOptions& o,
 
   // ---- files ----------------------------------------------------------------------------------
   if (!o.json_path.empty()) {
-    std::ofstream f(o.json_path);
-    MESHRT_CHECK(f.good(), "--json: cannot write " << o.json_path);
-    f << res.json << "\n";
+    write_output_file(o.json_path, res.json + "\n", "--json");
     if (!o.quiet) os << "wrote " << o.json_path << "\n";
   }
   if (!o.trace_path.empty()) {
-    std::ofstream f(o.trace_path);
-    MESHRT_CHECK(f.good(), "--trace: cannot write " << o.trace_path);
+    std::ostringstream f;
     f << "{\"displayTimeUnit\":\"ms\",\"otherData\":" << json(j["config"]).dump()
       << ",\n\"traceEvents\":[\n";
     bool first = true;
@@ -352,6 +350,7 @@ BlockBenchResult block_report(const BlockPlan& p, const BlockBenchOptions& o,
       first = false;
     }
     f << "\n]}\n";
+    write_output_file(o.trace_path, f.str(), "--trace");
     if (!o.quiet)
       os << "wrote " << o.trace_path << " (" << fmt("%.0f", markers_per_step)
          << " markers per step on rank 0; open in ui.perfetto.dev or chrome://tracing)\n";

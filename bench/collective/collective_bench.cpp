@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -21,6 +20,7 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/half.h"
+#include "runtime/output_file.h"
 #include "runtime/tensor.h"
 
 namespace meshrt {
@@ -52,7 +52,10 @@ int64_t parse_bench_size(std::string_view s) {
       !digits.empty() && digits.size() <= 15 &&
           std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }),
       "size '" << s << "' is not a byte count: use e.g. 8, 512K, 64M or 1G");
-  return std::stoll(std::string(digits)) * mult;
+  int64_t bytes = 0;
+  MESHRT_CHECK(!__builtin_mul_overflow(std::stoll(std::string(digits)), mult, &bytes),
+               "size '" << s << "' is too large: use at most 8E bytes");
+  return bytes;
 }
 
 namespace {
@@ -534,12 +537,33 @@ Settings settings_for(const CollBenchOptions& o) {
                "iterations: -n " << o.iters << " must be >= 1 and -w " << o.warmup << " >= 0");
   MESHRT_CHECK(o.average >= 0 && o.average <= 3,
                "-a " << o.average << ": use 0 (rank 0), 1 (average), 2 (minimum) or 3 (maximum)");
+  // A size is a whole number of elements: -b 3 of f32 would be 0 elements, measured as nothing.
+  const auto es = static_cast<int64_t>(dtype_size(s.dt));
+  for (const auto& [flag, v] :
+       {std::pair<const char*, int64_t>{"-b", o.min_bytes}, {"-e", o.max_bytes}})
+    MESHRT_CHECK(v % es == 0, flag << " " << v << ": not a whole number of " << dtype_name(s.dt)
+                                   << " elements (" << es << " bytes each); use a multiple of "
+                                   << es << ", e.g. " << flag << " " << (v / es + 1) * es);
+  MESHRT_CHECK(o.step_bytes <= 0 || o.step_bytes % es == 0,
+               "-i " << o.step_bytes << ": not a whole number of " << dtype_name(s.dt)
+                     << " elements (" << es << " bytes each); use a multiple of " << es);
+  // Sizes in between (from -f) are rounded down to whole elements, as the table shows.
+  constexpr size_t kMaxSizes = 1000;
   for (int64_t b = o.min_bytes; b <= o.max_bytes;) {
-    s.sizes.push_back(b);
-    int64_t next = o.step_bytes > 0
-                       ? b + o.step_bytes
-                       : static_cast<int64_t>(std::ceil(static_cast<double>(b) * o.step_factor));
-    if (next <= b) next = b + 1;
+    MESHRT_CHECK(s.sizes.size() < kMaxSizes,
+                 "sizes: -b " << o.min_bytes << " to -e " << o.max_bytes << " in steps of "
+                              << (o.step_bytes > 0 ? "-i " + std::to_string(o.step_bytes)
+                                                   : "-f " + std::to_string(o.step_factor))
+                              << " is more than " << kMaxSizes
+                              << " sizes; use a larger step or a smaller range");
+    const int64_t whole = b / es * es;
+    if (s.sizes.empty() || s.sizes.back() != whole) s.sizes.push_back(whole);
+    const double grown = std::ceil(static_cast<double>(b) * o.step_factor);
+    int64_t next = o.step_bytes > 0  ? (b > INT64_MAX - o.step_bytes ? INT64_MAX : b + o.step_bytes)
+                   : grown >= 9.2e18 ? INT64_MAX
+                                     : static_cast<int64_t>(grown);
+    if (next <= b) next = b + es;
+    if (b == INT64_MAX) break;
     b = next;
   }
   return s;
@@ -554,10 +578,28 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
 
   LaunchOptions lo;
   lo.devices = o.devices;
+  lo.devices_defaulted = o.devices_defaulted;
   lo.backend = o.backend;
   std::unique_ptr<Launch> launch = bootstrap(lo);
   MESHRT_CHECK(s.op != CommOp::Broadcast || (o.root >= 0 && o.root < launch->world_size()),
                "--root " << o.root << " outside [0, " << launch->world_size() << ")");
+  if (launch->local().front().device.is_cpu()) {
+    // Every rank of this machine holds the largest size's send and receive buffers (and, with
+    // --memcpy-bound, two copies of -e): refuse what the host cannot hold before allocating.
+    const auto es = static_cast<int64_t>(dtype_size(s.dt));
+    const Layout l = layout_for(s.op, o.max_bytes / es, launch->world_size(), dtype_size(s.dt));
+    const int local = launch->kind() == LaunchKind::Threads
+                          ? static_cast<int>(launch->local().size())
+                          : launch->local().front().local_size;
+    const double need = (static_cast<double>(l.send + l.recv) * static_cast<double>(es) +
+                         (o.memcpy_bound ? 2.0 * static_cast<double>(o.max_bytes) : 0.0)) *
+                        local;
+    const int64_t have = bench::physical_memory_bytes();
+    MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
+                 "-e " << o.max_bytes << ": " << local << " rank(s) on this machine need "
+                       << bench::human_bytes(need) << " for their buffers and it has "
+                       << bench::human_bytes(static_cast<double>(have)) << " of memory; lower -e");
+  }
 
   std::mutex mu;
   std::vector<Row> rows;
@@ -632,9 +674,7 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
     }
     j["wrong_total"] = wrong;
     j["avg_busbw_gbps"] = bus_n ? bus_sum / bus_n : 0.0;
-    std::ofstream f(o.json_path);
-    MESHRT_CHECK(f.good(), "--json: cannot write " << o.json_path);
-    f << j.dump(2) << "\n";
+    write_output_file(o.json_path, j.dump(2) + "\n", "--json");
   }
   return wrong == 0 ? 0 : 1;
 }

@@ -11,18 +11,19 @@ namespace meshrt {
 struct CollBenchOptions {
   std::string op =
       "all_reduce";  // all_reduce | all_gather | reduce_scatter | broadcast | all_to_all
-  std::string devices = "cpu:2";  // ranks as threads; under mpirun: the device kind per process
-  std::string backend = "auto";   // auto | host | mpi | nccl (auto: from the environment)
-  int64_t min_bytes = 32 << 20;   // -b
-  int64_t max_bytes = 32 << 20;   // -e
-  double step_factor = 2.0;       // -f: multiply the size by this (when > 1)
-  int64_t step_bytes = 0;         // -i: else add this many bytes
-  std::string dtype = "f32";      // f32 | bf16 | f16 | i32 | i64
-  std::string redop = "sum";      // sum | avg | max | min (reductions only)
-  int root = 0;                   // broadcast root
-  int warmup = 5;                 // untimed iterations per size
-  int iters = 20;                 // timed iterations per size
-  bool check = true;              // run once more on fresh inputs and count wrong elements
+  std::string devices = "cpu:2";   // ranks as threads; under mpirun: the device kind per process
+  bool devices_defaulted = false;  // `devices` is the default (see LaunchOptions)
+  std::string backend = "auto";    // auto | host | mpi | nccl (auto: from the environment)
+  int64_t min_bytes = 32 << 20;    // -b
+  int64_t max_bytes = 32 << 20;    // -e
+  double step_factor = 2.0;        // -f: multiply the size by this (when > 1)
+  int64_t step_bytes = 0;          // -i: else add this many bytes
+  std::string dtype = "f32";       // f32 | bf16 | f16 | i32 | i64
+  std::string redop = "sum";       // sum | avg | max | min (reductions only)
+  int root = 0;                    // broadcast root
+  int warmup = 5;                  // untimed iterations per size
+  int iters = 20;                  // timed iterations per size
+  bool check = true;               // run once more on fresh inputs and count wrong elements
   int average = 1;  // time reported in the table: 0 rank 0, 1 average, 2 minimum, 3 maximum
   uint64_t seed = 1;
   bool memcpy_bound = false;  // also measure concurrent memcpy bandwidth (CPU devices)

@@ -12,8 +12,9 @@ class CollectiveCommand : public Command {
   void add_flags(CLI::App& c) override {
     c.add_option("--op", o_.op, "all_reduce | all_gather | reduce_scatter | broadcast | all_to_all")
         ->capture_default_str();
-    c.add_option("--devices", o_.devices, "ranks: cpu:N, cuda:0-7 (under mpirun: cpu or cuda)")
-        ->capture_default_str();
+    devices_ =
+        c.add_option("--devices", o_.devices, "ranks: cpu:N, cuda:0-7 (under mpirun: cpu or cuda)")
+            ->capture_default_str();
     c.add_option("--backend", o_.backend,
                  "host | mpi | nccl | auto (threads: host/nccl; under mpirun: mpi/nccl)")
         ->capture_default_str();
@@ -43,6 +44,7 @@ class CollectiveCommand : public Command {
   }
 
   void validate() override {
+    o_.devices_defaulted = devices_->count() == 0;
     o_.min_bytes = parse_bench_size(min_);
     o_.max_bytes = parse_bench_size(max_);
     if (!step_.empty()) o_.step_bytes = parse_bench_size(step_);
@@ -54,6 +56,7 @@ class CollectiveCommand : public Command {
 
  private:
   CollBenchOptions o_;
+  CLI::Option* devices_ = nullptr;
   std::string min_ = "32M", max_ = "32M", step_;  // sizes as typed ("64M")
   int check_ = 1;
 };

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "collectives/fault.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 namespace meshrt::bench {
@@ -77,6 +78,7 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
     return exit_parse_error(app, e);
   }
   try {
+    check_environment();
     cmd->validate();
   } catch (const std::exception& e) {
     return report_error(program, e, false);

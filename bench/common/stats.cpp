@@ -1,6 +1,7 @@
 #include "bench/common/stats.h"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -49,6 +50,11 @@ std::string human_flops(double f) {
   if (f >= 1e12) return fmt("%.2f", f / 1e12) + " TFLOP";
   if (f >= 1e9) return fmt("%.2f", f / 1e9) + " GFLOP";
   return fmt("%.2f", f / 1e6) + " MFLOP";
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
 }  // namespace meshrt::bench

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,5 +24,9 @@ std::string fmt(const char* format, double v);
 // 1536 -> "1.5 KiB"; 3e9 FLOP -> "3.00 GFLOP".
 std::string human_bytes(double bytes);
 std::string human_flops(double flop);
+
+// The machine's physical memory in bytes; 0 when unknown. Runs check what they will allocate
+// against it up front, so an impossible size fails with a message instead of the kernel's OOM kill.
+int64_t physical_memory_bytes();
 
 }  // namespace meshrt::bench

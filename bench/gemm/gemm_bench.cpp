@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <iomanip>
 #include <memory>
@@ -19,6 +18,7 @@
 #include "runtime/context.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 
 #if defined(MESHRT_WITH_CUDA)
 #include "bench/gemm/cuda_baseline.h"
@@ -426,9 +426,7 @@ int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
   if (o.elementwise) bench.elementwise_section(*ctxs[0]);
   if (o.attention) bench.attention_section(*ctxs[0]);
   if (!o.json_path.empty()) {
-    std::ofstream f(o.json_path);
-    MESHRT_CHECK(f.good(), "gemm bench: cannot write --json " << o.json_path);
-    f << bench.report.dump(2) << "\n";
+    write_output_file(o.json_path, bench.report.dump(2) + "\n", "--json");
   }
   return 0;
 }

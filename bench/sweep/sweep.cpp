@@ -14,6 +14,7 @@
 
 #include "bench/common/stats.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 
 namespace meshrt {
 
@@ -73,7 +74,7 @@ void write_plot(const std::string& path, const std::vector<Outcome>& ok, const s
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("meshrt-sweep-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  const fs::path dat = dir / "sweep.dat", gp = dir / "sweep.gp";
+  const fs::path dat = dir / "sweep.dat", gp = dir / "sweep.gp", png = dir / "sweep.png";
   {
     std::ofstream d(dat);
     for (size_t i = 0; i < ok.size(); ++i)
@@ -85,7 +86,7 @@ void write_plot(const std::string& path, const std::vector<Outcome>& ok, const s
   auto script = [&](const char* term) {
     std::ofstream g(gp);
     g << "set terminal " << term << " size 1100,560 font \",10\"\n"
-      << "set output " << gp_quote(path) << "\n"
+      << "set output " << gp_quote(png.string()) << "\n"
       << "set title " << gp_quote(title) << " noenhanced\n"
       << "set ylabel \"tokens / s\"\n"
       << "set style fill solid 0.8 border -1\n"
@@ -114,13 +115,22 @@ void write_plot(const std::string& path, const std::vector<Outcome>& ok, const s
     ss << e.rdbuf();
     err = ss.str();
   }
+  // gnuplot writes into the private folder; the plot reaches `path` as every output does.
+  std::string image;
+  if (rc == 0) {
+    std::ifstream f(png, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    image = ss.str();
+  }
   std::error_code ec;
   fs::remove_all(dir, ec);
-  MESHRT_CHECK(rc == 0, "--plot: gnuplot failed (exit " << rc << ")"
-                                                        << (err.empty() ? "" : ": " + err)
-                                                        << "; install gnuplot (Debian: "
-                                                           "gnuplot-nox, tools/install-deps.sh "
-                                                           "does it) or drop --plot");
+  MESHRT_CHECK(rc == 0 && !image.empty(), "--plot: gnuplot failed (exit "
+                                              << rc << ")" << (err.empty() ? "" : ": " + err)
+                                              << "; install gnuplot (Debian: "
+                                                 "gnuplot-nox, tools/install-deps.sh "
+                                                 "does it) or drop --plot");
+  write_output_file(path, image, "--plot");
 }
 
 }  // namespace
@@ -160,16 +170,9 @@ void check_sweep_options(const SweepOptions& o) {
   MESHRT_CHECK(o.base.mesh.empty(),
                "sweep: --mesh is swept; leave it out (every dp x tp "
                "factorisation of the devices runs)");
-  for (const std::string* p : {&o.json_path, &o.plot_path}) {
-    if (p->empty()) continue;
-    namespace fs = std::filesystem;
-    fs::path f(*p);
-    fs::path dir = f.has_parent_path() ? f.parent_path() : fs::path(".");
-    std::error_code ec;
-    MESHRT_CHECK(fs::is_directory(dir, ec), (p == &o.json_path ? "--json " : "--plot ")
-                                                << *p << ": directory " << dir.string()
-                                                << " does not exist");
-  }
+  check_output_path(o.json_path, "--json");
+  check_output_path(o.plot_path, "--plot");
+  check_distinct_outputs({{"--json", o.json_path}, {"--plot", o.plot_path}});
 }
 
 int run_sweep(const SweepOptions& o, std::ostream& os) {
@@ -332,9 +335,7 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
     }
     j["skipped"] = json::array();
     for (const auto& s : skipped) j["skipped"].push_back({{"config", s.c.label()}, {"why", s.why}});
-    std::ofstream f(o.json_path);
-    MESHRT_CHECK(f.good(), "--json: cannot write " << o.json_path);
-    f << j.dump(2) << "\n";
+    write_output_file(o.json_path, j.dump(2) + "\n", "--json");
     os << "wrote " << o.json_path << "\n";
   }
   if (!o.plot_path.empty() && !ok.empty()) {

@@ -144,6 +144,15 @@ TEST_CASE("bad token files fail naming the file and what to change", "[data][uni
   CHECK_THAT(open16(write_file("i.npy", npy("<u2", "False", "(9,)", raw_bytes(t)))),
              Catch::Contains("i.npy: truncated: the .npy header says 9 tokens, the file holds 4"));
   std::vector<int16_t> neg = {1, -3};
+  // Found by fuzzing: a shape whose element count overflows int64, no shape tuple, a dtype size
+  // atoi would overflow on.
+  CHECK_THAT(open16(write_file("k.npy", npy("<u2", "False", "(4294967296, 4294967296, 8)", ""))),
+             Catch::Contains("too large .npy shape"));
+  CHECK_THAT(open16(write_file("l.npy", npy("<u2", "False", "", raw_bytes(t)))),
+             Catch::Contains("malformed .npy shape ''"));
+  CHECK_THAT(
+      open16(write_file("m.npy", npy("<u99999999999999999999", "False", "(4,)", raw_bytes(t)))),
+      Catch::Contains("unknown .npy dtype"));
   CHECK_THAT(open16(write_file("j.npy", npy("<i2", "False", "(2,)", raw_bytes(neg)))),
              Catch::Contains("token -3 at position 1 is negative"));
 

@@ -28,6 +28,12 @@ TEST_CASE("bad device specs are rejected with what to write", "[device]") {
   REQUIRE_THROWS_WITH(parse_devices("cuda:3-1"), Catch::Contains("range 3-1 is empty"));
   REQUIRE_THROWS_WITH(parse_devices("cuda:1,1"), Catch::Contains("names cuda:1 twice"));
   REQUIRE_THROWS_WITH(parse_devices("cuda:1,,2"), Catch::Contains("empty entry"));
+  // Ranges add up to the per-process limit (found by fuzzing: many disjoint ranges made the old
+  // pairwise duplicate check quadratic in millions of devices).
+  REQUIRE(parse_devices("cuda:0-511,512-1023").size() == 1024);
+  REQUIRE_THROWS_WITH(parse_devices("cuda:0-1000,1001-2000"),
+                      Catch::Contains("names more than 1024 devices"));
+  REQUIRE_THROWS_WITH(parse_devices("cuda:0-3,2"), Catch::Contains("names cuda:2 twice"));
   std::string why;
   if (!cuda_available(&why)) {
     REQUIRE(!why.empty());

@@ -114,6 +114,36 @@ TEST_CASE("malformed safetensors files are rejected with a clear error", "[safet
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", std::string(8, 'x'));
   expect("out of range");
 
+  // No element, but strides of 2^124: refused before any stride is computed.
+  write_raw(p,
+            R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],)"
+            R"("data_offsets":[0,0]}})",
+            "");
+  expect("overflows 64-bit strides");
+  // nlohmann keeps the last of repeated keys: the first must not vanish into a "gap".
+  write_raw(p, "{" + ok_entry + "," + ok_entry + "}", std::string(8, 'x'));
+  expect("names 'a' twice");
+  write_raw(p, R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", std::string(8, 'x'));
+  expect("empty name");
+  // Every message names the file.
+  for (const std::string& h : {std::string("{\"\":1}"), std::string("{" + ok_entry + "}")}) {
+    write_raw(p, h, "");
+    REQUIRE_THROWS_WITH(load_safetensors(p, host), Catch::Contains(p));
+  }
+  {
+    const std::string dir = tmp_path("a-directory.safetensors");
+    fs::create_directories(dir);
+    REQUIRE_THROWS_WITH(load_safetensors(dir, host),
+                        Catch::Contains(dir) && Catch::Contains("not a regular file"));
+    fs::remove(dir);
+  }
+  {
+    Context ctx(Device::cpu());
+    save_safetensors(p, {{"t", ctx.zeros({2}, DType::f32)}}, ctx.compute_stream());
+    REQUIRE_THROWS_WITH(load_safetensors(p, host).at("u"),
+                        Catch::Contains(p) && Catch::Contains("no tensor named 'u'"));
+  }
+
   REQUIRE_THROWS_WITH(load_safetensors(tmp_path("does-not-exist"), host),
                       Catch::Contains("cannot open"));
   // A truncated real file.

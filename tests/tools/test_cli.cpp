@@ -77,6 +77,13 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"bench", "subcommand"},
       {"bench mlp --mesh dp=2,tp=x", "not an integer >= 1"},
       {"bench collective -b 12Q", "12Q"},
+      {"bench collective -b 3 -e 8", "-b 3: not a whole number of f32 elements \\(4 bytes each\\)"},
+      {"bench collective -b 4 -e 16 -d i64", "-b 4: not a whole number of i64 elements"},
+      {"bench collective -b 8 -e 1G -i 8", "is more than 1000 sizes"},
+      {"bench collective -e 99999999999999G", "too large"},
+      {"bench collective --devices cpu:2 -b 1000G -e 1000G", "need .* for their buffers.*lower -e"},
+      {"frobnicate", "unknown command 'frobnicate': use one of info, train, bench, sweep"},
+      {"bench frobnicate", "meshrt bench: unknown command 'frobnicate': use one of block"},
       {"sweep --batches 1,x", "'x' is not an integer >= 1"},
       {"sweep --mesh tp=2", "--mesh is swept; leave it out"},
       {"sweep --plot /nonexistent-dir/p.png", "does not exist"},
@@ -106,6 +113,53 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
     CHECK_FALSE(std::regex_search(r.err, std::regex("\\[[a-z_]+\\.(cpp|h):[0-9]+\\]")));
     // Nothing was printed before the error (flags are checked before any output).
     CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("environment switches with unknown values are refused before anything runs", "[unit]") {
+  struct Case {
+    std::string env, expect;
+  };
+  for (const Case& c :
+       {Case{"MESHRT_STREAM_JITTER=abc", "MESHRT_STREAM_JITTER='abc' is not a switch"},
+        Case{"MESHRT_LOG_LEVEL=loud", "MESHRT_LOG_LEVEL='loud' is not a log level: use trace"}}) {
+    for (const std::string& bin : {std::string(MESHRT_CLI_BIN) + " bench collective",
+                                   std::string(MESHRT_BENCH_COLLECTIVE_BIN)}) {
+      Run r = meshrt::test::run_shell(c.env + " " + bin + " -b 8 -e 8", scratch());
+      INFO(c.env << " " << bin << ": " << r.err);
+      CHECK(r.rc == 1);
+      CHECK(r.err.find(c.expect) != std::string::npos);
+      CHECK(r.out.empty());
+    }
+  }
+  // Accepted spellings still run.
+  Run r = meshrt::test::run_shell("MESHRT_STREAM_JITTER=off MESHRT_LOG_LEVEL=warning " +
+                                      std::string(MESHRT_CLI_BIN) +
+                                      " bench collective --devices cpu:2 -b 8 -e 8 -n 2 -w 0",
+                                  scratch());
+  INFO(r.err);
+  CHECK(r.rc == 0);
+}
+
+TEST_CASE("a benchmark stopped by SIGINT or SIGTERM prints one summary line", "[multirank]") {
+  for (const char* sig : {"INT", "TERM"}) {
+    const fs::path out = scratch() / (std::string("sig-") + sig + ".out");
+    const fs::path err = scratch() / (std::string("sig-") + sig + ".err");
+    // Signalled once its table header is out (the handlers are in place before the run starts).
+    const std::string cmd =
+        std::string(MESHRT_CLI_BIN) +
+        " bench collective --devices cpu:2 -b 8 -e 8 -n 100000000 -w 0 >" + out.string() + " 2>" +
+        err.string() + " & pid=$!; i=0; until grep -q '^#' " + out.string() +
+        " 2>/dev/null || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done; kill -" + sig +
+        " $pid; wait $pid";
+    const int st = std::system(cmd.c_str());
+    const std::string e = slurp(err);
+    INFO(sig << ": " << e);
+    REQUIRE(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == (std::string(sig) == "INT" ? 130 : 143));
+    CHECK(
+        std::regex_search(e, std::regex(std::string("meshrt bench collective: interrupted by SIG") +
+                                        sig + " after [0-9]+\\.[0-9] s; its --json")));
   }
 }
 
@@ -302,6 +356,52 @@ TEST_CASE("dumps of a tp=2 sequence-parallel run equal the unsharded run", "[mul
     CHECK(md / mr < 1e-4);
   }
   CHECK(fa.metadata.at("meshrt.mesh") == "tp=2");
+}
+
+TEST_CASE("outputs refuse device nodes and shared files, follow links, and fail on write errors",
+          "[multirank]") {
+  const std::string shape =
+      "--devices cpu:2 --seq 32 --hidden 64 --heads 4 --steps 1 --warmup 0 --no-calibrate";
+  // A device node is refused before the run (as root, the rename would have replaced it).
+  for (const char* flag : {"--dump", "--json", "--trace"}) {
+    Run r = cli("bench block " + shape + " " + flag + " /dev/null");
+    INFO(r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.err.find(std::string(flag) + " /dev/null is a character device") != std::string::npos);
+  }
+  CHECK(fs::is_character_file("/dev/null"));
+  const fs::path same = scratch() / "same.json";
+  Run r = cli("bench block " + shape + " --json " + same.string() + " --trace " + same.string());
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("name the same file") != std::string::npos);
+  CHECK(!fs::exists(same));
+  // A symlink is followed: the file it names gets the JSON, the link stays.
+  const fs::path real = scratch() / "real.json", link = scratch() / "link.json";
+  fs::remove(link);
+  fs::create_symlink(real, link);
+  r = cli("bench block " + shape + " --json " + link.string());
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(fs::is_symlink(link));
+  CHECK(json::parse(slurp(real))["config"].is_object());
+  // A write error (file size limit: EFBIG, as a full disk gives ENOSPC) fails naming it, says
+  // nothing was written, and leaves no file and no temporary behind.
+  const fs::path dir = scratch() / "efbig";
+  fs::create_directories(dir);
+  const fs::path err = scratch() / "efbig.err";
+  for (const char* flag : {"--json", "--trace"}) {
+    const std::string cmd = "ulimit -f 1; trap '' XFSZ; " + std::string(MESHRT_CLI_BIN) +
+                            " bench block " + shape + " " + flag + " " + (dir / "x").string() +
+                            " >/dev/null 2>" + err.string();
+    const int st = std::system(cmd.c_str());
+    const std::string e = slurp(err);
+    INFO(flag << ": " << e);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 1);
+    CHECK(e.find("File too large; nothing was written to " + (dir / "x").string()) !=
+          std::string::npos);
+    CHECK(fs::is_empty(dir));
+  }
 }
 
 TEST_CASE("a tiny sweep covers every factorisation and writes JSON and a PNG", "[multirank]") {

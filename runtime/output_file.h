@@ -1,0 +1,70 @@
+// Files meshrt writes for the user or for a later run (--json, --trace, --dump, plots,
+// checkpoints): one way to write them, so every writer gets the same guarantees.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "meshrt/export.h"
+
+namespace meshrt {
+
+// A file written whole, then published atomically:
+// - the bytes go to a temporary file with a unique name in the target's directory (two jobs
+//   writing one path never share it), renamed over the target by commit(); a reader never sees
+//   half a file;
+// - a symlink at `path` is followed (the file it points to is replaced, the link stays); a target
+//   that exists and is not a regular file (a directory, a device node such as /dev/null, a FIFO)
+//   is refused before anything is written;
+// - every write, the fsync (when durable) and the close are checked: a failure throws an Error
+//   naming `what`, the file and the errno text, and removes the temporary file. So does
+//   destruction without commit().
+// `what` names the file in messages: a flag ("--json") or a role ("checkpoint").
+class MESHRT_API OutputFile {
+ public:
+  // durable: fsync the file before the rename and its directory after it, so the file survives a
+  // crash of the machine once commit() returns (checkpoints need it; reports do not).
+  OutputFile(const std::string& path, std::string what, bool durable = false);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void write(const void* data, size_t n);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  // Flushes, closes and renames over the target. Throws (and removes the temporary) on failure.
+  void commit();
+
+  const std::string& path() const { return path_; }      // as given
+  const std::string& target() const { return target_; }  // after following symlinks
+  const std::string& temp_path() const { return tmp_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& step, int err);
+
+  std::string path_, what_, target_, tmp_;
+  bool durable_ = false;
+  int fd_ = -1;
+};
+
+// Writes `text` to `path` as OutputFile does, in one call.
+MESHRT_API void write_output_file(const std::string& path, std::string_view text,
+                                  const std::string& what, bool durable = false);
+
+// What `path` resolves to after following symlinks (relative links resolve against the link's
+// directory); `path` itself when it is not a link. Throws on a symlink loop.
+MESHRT_API std::string resolve_output_path(const std::string& path, const std::string& what);
+
+// Checks before a run that `path` can be written (so a typo does not cost a whole run): its
+// directory exists and is writable, and it is not an existing non-regular file. Messages start
+// with `what` and `path` and say what to change.
+MESHRT_API void check_output_path(const std::string& path, const std::string& what);
+
+// Refuses two outputs that name the same file (after following symlinks), e.g. `--json F
+// --trace F`: the second would replace the first. Pairs of (what, path); empty paths are skipped.
+MESHRT_API void check_distinct_outputs(
+    const std::vector<std::pair<std::string, std::string>>& outputs);
+
+}  // namespace meshrt

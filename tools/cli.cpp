@@ -1,0 +1,80 @@
+#include "tools/cli.h"
+
+#include <string>
+#include <vector>
+
+#include "bench/common/command.h"
+#include "meshrt/version.h"
+#include "runtime/env.h"
+#include "tools/info.h"
+#include "tools/signals.h"
+
+namespace meshrt::cli {
+
+namespace {
+
+// CLI11 answers an unknown command name with "A subcommand is required" (or, below a command,
+// with the extra argument alone): name it and the commands that exist instead.
+void check_command_names(CLI::App& top, int argc, const char* const* argv) {
+  CLI::App* cur = &top;
+  std::string where = "meshrt";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.empty() || a[0] == '-') return;  // flags: CLI11 checks them
+    const std::vector<CLI::App*> subs = cur->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return;  // a command's own arguments
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* s : subs) {
+      if (s->check_name(a)) next = s;
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (next == nullptr)
+      throw CLI::ExtrasError(
+          where + ": unknown command '" + a + "': use one of " + names + " (--help lists them)",
+          CLI::ExitCodes::ExtrasError);
+    cur = next;
+    where += " " + a;
+  }
+}
+
+}  // namespace
+
+MeshrtCli::MeshrtCli() : app_("meshrt: a runtime for mixed data + tensor parallelism") {
+  app_.require_subcommand(1);
+  app_.set_version_flag("--version", "meshrt " MESHRT_VERSION_STRING);
+  info_ = app_.add_subcommand("info",
+                              "Devices found, why CUDA is unavailable if it is, "
+                              "library versions and build options");
+  train_ = add_train_command(app_, train_opts_);
+  doctor_ = add_doctor_command(app_, doctor_opts_);
+  add_bench_commands(app_, bench_);
+}
+
+void MeshrtCli::parse(int argc, const char* const* argv) {
+  check_command_names(app_, argc, argv);
+  app_.parse(argc, argv);
+}
+
+void MeshrtCli::validate() {
+  check_environment();
+  if (bench::Command* cmd = parsed_bench_command(bench_)) cmd->validate();
+}
+
+int MeshrtCli::run(int argc, char** argv, std::ostream& os) {
+  if (info_->parsed()) return run_info(os);
+  if (train_->parsed()) return run_train(train_opts_, os);
+  if (doctor_->parsed()) return run_doctor(doctor_opts_, os);
+  if (bench::Command* cmd = parsed_bench_command(bench_)) {
+    // The command's name as typed: "meshrt bench collective", "meshrt sweep".
+    std::string name = "meshrt";
+    for (const CLI::App* a = app_.get_subcommands().empty() ? nullptr : app_.get_subcommands()[0];
+         a != nullptr; a = a->get_subcommands().empty() ? nullptr : a->get_subcommands()[0])
+      name += " " + a->get_name();
+    ExitOnSignal on_signal(name, bench::launcher_rank() == 0);
+    return cmd->run({bench::command_line("meshrt", argc, argv), &version_info}, os);
+  }
+  return 0;
+}
+
+}  // namespace meshrt::cli

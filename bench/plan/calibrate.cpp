@@ -36,23 +36,24 @@ struct Measured {
   double gemm_alone = 0, coll_alone = 0, both = 0;  // seconds
 };
 
-// Fastest of `reps` runs of fn after one warm-up, every rank at once (they share the machine as
-// the benchmark's ranks do).
+// Median of `reps` runs of fn after one warm-up, every rank at once (they share the machine as
+// the benchmark's ranks do). The median, not the fastest: the planner predicts a typical step, and
+// on a shared machine the fastest run is the one that found the cores idle.
 template <class F>
-double fastest(Communicator& world, Stream& cs, int reps, F&& fn) {
+double typical(Communicator& world, Stream& cs, int reps, F&& fn) {
   world.barrier(cs);
   fn();
   cs.synchronize();
-  double best = 1e30;
+  std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     world.barrier(cs);
     cs.synchronize();
     const auto t0 = Clock::now();
     fn();
     cs.synchronize();
-    best = std::min(best, ms_since(t0, Clock::now()) * 1e-3);
+    t.push_back(ms_since(t0, Clock::now()) * 1e-3);
   }
-  return best;
+  return bench::median(t);
 }
 
 Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator& world) {
@@ -73,7 +74,7 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
     Tensor a = ctx.empty({M, K}, dt), b = ctx.empty({K, N}, dt), c = ctx.empty({M, N}, dt);
     a.fill_(0.5, cs);
     b.fill_(0.25, cs);
-    const double t = fastest(world, cs, 3, [&] { ops::gemm(ctx, cs, a, false, b, false, c); });
+    const double t = typical(world, cs, 5, [&] { ops::gemm(ctx, cs, a, false, b, false, c); });
     const double fl =
         2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
     r.gemm.push_back({fl, fl / t});
@@ -108,8 +109,8 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
     const double fl =
         2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(h);
     const double tf =
-        fastest(world, cs, 3, [&] { ops::attention_fwd(ctx, cs, q, k, v, out, lse, scale); });
-    const double tb = fastest(world, cs, 3, [&] {
+        typical(world, cs, 5, [&] { ops::attention_fwd(ctx, cs, q, k, v, out, lse, scale); });
+    const double tb = typical(world, cs, 5, [&] {
       ops::attention_bwd(ctx, cs, q, k, v, out, dout, lse, dq, dk, dv, scale);
     });
     r.attn_fwd = fl / tf;
@@ -121,7 +122,7 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
     Tensor a = ctx.empty({n}, dt), b = ctx.empty({n}, dt), c = ctx.empty({n}, dt);
     a.fill_(1.0, cs);
     b.fill_(2.0, cs);
-    const double t = fastest(world, cs, 5, [&] { ops::add(ctx, cs, a, b, c); });
+    const double t = typical(world, cs, 5, [&] { ops::add(ctx, cs, a, b, c); });
     r.mem_bw = 3.0 * static_cast<double>(n) * static_cast<double>(dtype_size(dt)) / t;
   }
   // Overlap: an all-reduce of one micro-batch's activations on the tp stream during a GEMM, as the
@@ -137,9 +138,9 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
     x.fill_(0.5, cs);
     w.fill_(0.25, cs);
     t.fill_(1.0, cs);
-    r.gemm_alone = fastest(world, cs, 3, [&] { ops::gemm(ctx, cs, x, false, w, false, y); });
-    r.coll_alone = fastest(world, cs, 3, [&] { sch.wait(sch.all_reduce(t, "calibrate")); });
-    r.both = fastest(world, cs, 3, [&] {
+    r.gemm_alone = typical(world, cs, 5, [&] { ops::gemm(ctx, cs, x, false, w, false, y); });
+    r.coll_alone = typical(world, cs, 5, [&] { sch.wait(sch.all_reduce(t, "calibrate")); });
+    r.both = typical(world, cs, 5, [&] {
       Event e = sch.all_reduce(t, "calibrate");
       ops::gemm(ctx, cs, x, false, w, false, y);
       sch.wait(e);

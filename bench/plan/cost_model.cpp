@@ -660,34 +660,55 @@ std::string config_label(const PlanConfig& c) {
   return buf;
 }
 
-std::string why_best(const Prediction& best, const Prediction* second) {
+std::string why_best(const std::vector<Prediction>& all) {
+  MESHRT_CHECK(!all.empty(), "why_best: no layouts");
+  const Prediction& best = all.front();
   std::ostringstream os;
-  os << config_label(best.cfg) << " wins";
-  if (!best.fits) return os.str() + ", but nothing fits in memory";
-  if (!second) return os.str() + ": it is the only layout that fits";
-  const double gain = (best.tokens_per_s / second->tokens_per_s - 1) * 100;
-  os << " by " << std::fixed;
+  os.setf(std::ios::fixed);
   os.precision(1);
-  os << gain << "% over " << config_label(second->cfg) << ": ";
-  struct Term {
-    const char* name;
-    double d;  // seconds per token saved by best
-  };
-  auto per_tok = [](const Prediction& p, double x) {
-    return x / (static_cast<double>(p.cfg.dp) * p.cfg.micro_batch * p.cfg.accum);
-  };
-  std::vector<Term> t = {
-      {"compute", per_tok(*second, second->compute_s) - per_tok(best, best.compute_s)},
-      {"exposed tp communication",
-       per_tok(*second, second->tp_exposed_s) - per_tok(best, best.tp_exposed_s)},
-      {"exposed dp communication",
-       per_tok(*second, second->dp_exposed_s) - per_tok(best, best.dp_exposed_s)},
-      {"optimizer step", per_tok(*second, second->optimizer_s) - per_tok(best, best.optimizer_s)}};
-  std::sort(t.begin(), t.end(), [](const Term& a, const Term& b) { return a.d > b.d; });
-  const double tot = per_tok(*second, second->step_s) - per_tok(best, best.step_s);
-  os << "less " << t[0].name;
-  if (tot > 0) os << " (" << std::lround(100 * t[0].d / tot) << "% of the difference)";
-  if (t.back().d < 0) os << ", despite more " << t.back().name;
+  os << config_label(best.cfg);
+  if (!best.fits) return os.str() + " is the fastest, but no layout fits in memory";
+  // The runner-up with another mesh or sequence parallelism says more than a bucket size.
+  const Prediction* second = nullptr;
+  for (size_t i = 1; i < all.size() && all[i].fits; ++i) {
+    if (all[i].cfg.tp != best.cfg.tp || all[i].cfg.sp != best.cfg.sp) {
+      second = &all[i];
+      break;
+    }
+  }
+  if (!second && all.size() > 1 && all[1].fits) second = &all[1];
+  if (!second) {
+    os << " wins: it is the only layout that fits";
+  } else {
+    // Every layout has the same global batch: step times compare directly.
+    os << " wins by " << (best.tokens_per_s / second->tokens_per_s - 1) * 100 << "% over "
+       << config_label(second->cfg) << ":";
+    struct Term {
+      const char* name;
+      double d;  // ms per step saved by the best
+    };
+    std::vector<Term> t = {{"compute", second->compute_s - best.compute_s},
+                           {"exposed tp communication", second->tp_exposed_s - best.tp_exposed_s},
+                           {"exposed dp communication", second->dp_exposed_s - best.dp_exposed_s},
+                           {"optimizer step", second->optimizer_s - best.optimizer_s}};
+    std::sort(t.begin(), t.end(), [](const Term& a, const Term& b) { return a.d > b.d; });
+    const char* sep = " ";
+    for (const Term& x : t) {
+      if (std::fabs(x.d) < 0.05 * std::fabs(second->step_s - best.step_s) || x.d == 0) continue;
+      os << sep << std::fabs(x.d) * 1e3 << " ms " << (x.d > 0 ? "less " : "more ") << x.name;
+      sep = ", ";
+    }
+    os << " per step";
+  }
+  // Faster layouts that do not fit: why they lose.
+  for (const Prediction& p : all) {
+    if (p.fits || p.tokens_per_s <= best.tokens_per_s) continue;
+    os << "; " << config_label(p.cfg) << " would be "
+       << (p.tokens_per_s / best.tokens_per_s - 1) * 100 << "% faster but needs "
+       << p.mem.total() / 1073741824.0 << " GiB per device (over by "
+       << p.overflow_bytes / 1073741824.0 << " GiB)";
+    break;
+  }
   return os.str();
 }
 

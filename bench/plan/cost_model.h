@@ -151,7 +151,9 @@ std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int6
 // "dp=2,tp=4 sp=on mb=2 x4 bucket=25MiB"
 std::string config_label(const PlanConfig& c);
 
-// One line on why `best` beats `second` (the largest differences in the terms of the model).
-std::string why_best(const Prediction& best, const Prediction* second);
+// One line on why the first of plan_all's layouts wins: the terms (compute, exposed tp / dp
+// communication, optimizer) in which it differs from the runner-up with another mesh or sequence
+// parallelism, and the fastest layout that does not fit, if any.
+std::string why_best(const std::vector<Prediction>& sorted);
 
 }  // namespace meshrt::plan

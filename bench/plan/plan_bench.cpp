@@ -129,16 +129,7 @@ int run_table(const PlanOptions& o, std::ostream& out) {
     out << line;
   }
   if (shown < all.size()) out << "(" << all.size() - shown << " more; --top 0 shows all)\n";
-  const Prediction* second = nullptr;
-  for (size_t i = 1; i < all.size(); ++i) {
-    // The runner-up with a different mesh or sequence parallelism says more than a bucket size.
-    if (!all[i].fits) break;
-    if (all[i].cfg.tp != all[0].cfg.tp || all[i].cfg.sp != all[0].cfg.sp) {
-      second = &all[i];
-      break;
-    }
-  }
-  const std::string why = plan::why_best(all[0], second);
+  const std::string why = plan::why_best(all);
   out << "\n" << why << "\n";
   if (!o.json_path.empty()) {
     json j;

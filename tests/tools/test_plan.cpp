@@ -365,3 +365,27 @@ TEST_CASE("plan: predicted collectives equal what a real run issues", "[multiran
     CHECK(predicted == real.ops);
   }
 }
+
+TEST_CASE("plan: the command checks its options and prints the table and the JSON", "[unit]") {
+  PlanOptions o;
+  CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("--model is required"));
+  o.model = "hidden=256,heads=4,ffn=1024,layers=2,seq=128";
+  CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("--global-batch is required"));
+  o.global_batch = 3;
+  o.cluster = "h100-sxm:8";
+  std::ostringstream err;
+  CHECK_THROWS_WITH(run_plan(o, err), Catch::Contains("must divide by dp"));
+  o.global_batch = 16;
+  o.calibrate_path = "x.json";
+  o.compare_path = "y.json";
+  CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("give one of them"));
+  o.calibrate_path.clear();
+  std::ostringstream cmp;
+  CHECK_THROWS_WITH(run_plan(o, cmp), Catch::Contains("cannot read the file"));
+  o.compare_path.clear();
+  std::ostringstream out;
+  CHECK(run_plan(o, out) == 0);
+  // tp in {1, 2, 4} (heads 4), sp for tp > 1, micro-batches dividing 16 / dp.
+  CHECK(out.str().find("  best dp=") != std::string::npos);
+  CHECK(out.str().find(" wins") != std::string::npos);
+}

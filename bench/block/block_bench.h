@@ -30,6 +30,9 @@ struct BlockBenchOptions {
   double bucket_mb = 25.0;        // dp gradient bucket size
   uint64_t seed = 1;
   std::string json_path, trace_path, dump_path;
+  // Cluster (preset or file) of the planner's prediction in the JSON's "plan" (default: the GPU's
+  // preset, or the cpu preset with this run's calibrated peak).
+  std::string plan_cluster;
   // MFU denominator per rank in TFLOP/s; 0: the GPU table, else a calibration GEMM at start.
   double peak_tflops = 0;
   std::string peak_label;  // how peak_tflops was obtained (shown when set)

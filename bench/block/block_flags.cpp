@@ -56,6 +56,9 @@ class BlockCommand : public Command {
         ->capture_default_str()
         ->check(kNonNegativeInt);
     c.add_option("--json", o_.json_path, "Write every figure, the config and versions as JSON");
+    c.add_option("--plan-cluster", o_.plan_cluster,
+                 "Cluster of the planner's prediction written into --json (preset or `meshrt "
+                 "plan --calibrate` file; default: the GPU's preset, else this run's calibration)");
     c.add_option("--trace", o_.trace_path,
                  "Write a Chrome / Perfetto trace of the timed steps (one track per rank and "
                  "stream)");

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "bench/common/stats.h"
+#include "bench/plan/cost_model.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
@@ -33,6 +34,75 @@ std::string cuda_device_name(int index) {
   p += key.size();
   size_t e = v.find(" (sm_", p);
   return v.substr(p, e == std::string::npos ? std::string::npos : e - p);
+}
+
+}  // namespace
+
+namespace {
+
+// The planner's prediction for this run's own configuration (bench/plan/cost_model.h), next to
+// the measurement: the cluster given by --plan-cluster, else the GPU's preset for this many
+// devices, else the cpu preset with this run's calibrated GEMM peak. Null when no cluster fits.
+nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
+                            const BlockBenchResult& res, const std::string& gpu_name) {
+  using nlohmann::json;
+  if (o.fwd_only) return json{{"note", "forward-only runs are not modelled"}};
+  plan::ModelSpec m;
+  m.hidden = p.cfg.hidden;
+  m.heads = p.cfg.heads;
+  m.ffn = p.cfg.ffn;
+  m.seq = p.seq;
+  m.layers = p.layers;
+  m.dtype = dtype_name(p.cfg.dtype);
+  m.kind = bench_block_kind_name(p.kind);
+  plan::PlanConfig c;
+  c.dp = p.dp;
+  c.tp = p.tp;
+  c.sp = p.sp;
+  c.micro_batch = p.batch;
+  c.bucket_mb = o.bucket_mb;
+  c.overlap = plan::parse_overlap_mode(overlap_name(p.overlap));
+  c.optimizer = false;
+  plan::ClusterSpec cl;
+  std::string source;
+  try {
+    if (!o.plan_cluster.empty()) {
+      cl = plan::load_cluster(o.plan_cluster, m.dtype);
+      source = o.plan_cluster;
+    } else if (p.cuda) {
+      std::string preset;
+      for (const char* g : {"H100", "H200", "A100"})
+        if (gpu_name.find(g) != std::string::npos) preset = std::string(g) + "-sxm";
+      if (preset.empty()) return json{{"note", "no cluster preset for " + gpu_name}};
+      for (char& ch : preset) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      cl = plan::load_cluster(preset + ":" + std::to_string(std::min(p.world, 8)), m.dtype);
+      source = "preset " + cl.name;
+    } else {
+      cl = plan::cluster_preset("cpu");
+      cl.devices_per_node = p.world;
+      if (res.peak_tflops_per_rank > 0) cl.peaks[m.dtype] = res.peak_tflops_per_rank;
+      cl.select_dtype(m.dtype);
+      source = "preset cpu, GEMM peak " + fmt("%.1f", cl.peak_tflops * 1e3) + " GFLOP/s";
+    }
+    if (cl.devices_per_node < p.tp) cl.devices_per_node = p.world;
+    const plan::Prediction pr = plan::predict(m, cl, c);
+    return json{{"cluster", source},
+                {"predicted",
+                 {{"step_ms", pr.step_s * 1e3},
+                  {"compute_ms", pr.compute_s * 1e3},
+                  {"tp_comm_ms", pr.tp_comm_s * 1e3},
+                  {"tp_exposed_ms", pr.tp_exposed_s * 1e3},
+                  {"dp_comm_ms", pr.dp_comm_s * 1e3},
+                  {"dp_exposed_ms", pr.dp_exposed_s * 1e3},
+                  {"tp_bytes_per_step_per_rank", pr.tp_bytes},
+                  {"tp_collectives_per_step_per_rank", pr.tp_count},
+                  {"dp_bytes_per_step_per_rank", pr.dp_bytes},
+                  {"dp_collectives_per_step_per_rank", pr.dp_count},
+                  {"memory_bytes", pr.mem.total()}}},
+                {"step_error", res.step_ms > 0 ? pr.step_s * 1e3 / res.step_ms - 1 : 0.0}};
+  } catch (const Error& e) {
+    return json{{"note", "no prediction: " + e.message()}};
+  }
 }
 
 }  // namespace
@@ -263,6 +333,7 @@ BlockBenchResult block_report(const BlockPlan& p, const BlockBenchOptions& o,
                     "3% of the step"}};
   j["ranks"] = ranks;
   j["wall_s"] = wall_s;
+  j["plan"] = planner_json(p, o, res, gpu_name);
   res.json = j.dump(2);
 
   // ---- report ---------------------------------------------------------------------------------
@@ -297,9 +368,16 @@ BlockBenchResult block_report(const BlockPlan& p, const BlockBenchOptions& o,
                            "; causal attention counted at half (the kernel skips masked tiles)");
     row("TFLOP/s",
         fmt("%.3f", res.tflops) + " model total, " + fmt("%.3f", res.tflops / W) + " per rank");
-    if (res.mfu >= 0)
-      row("MFU", fmt("%.1f", 100 * res.mfu) + "% of " + res.peak_label);
-    else
+    if (res.mfu >= 0) row("MFU", fmt("%.1f", 100 * res.mfu) + "% of " + res.peak_label);
+    if (j["plan"].contains("predicted")) {
+      const json& pr = j["plan"]["predicted"];
+      row("planner", "predicts " + fmt("%.2f", pr["step_ms"].get<double>()) + " ms (" +
+                         fmt("%+.1f", 100 * j["plan"]["step_error"].get<double>()) +
+                         "% of measured), tp exposed " +
+                         fmt("%.2f", pr["tp_exposed_ms"].get<double>()) + " ms, dp exposed " +
+                         fmt("%.2f", pr["dp_exposed_ms"].get<double>()) + " ms  (" +
+                         j["plan"]["cluster"].get<std::string>() + ")");
+    } else
       row("MFU", "n/a (no peak known: pass --peak-tflops)");
     row("compute", fmt("%.2f", res.compute_ms) +
                        " ms per step (step minus exposed communication, mean over ranks)");

@@ -482,7 +482,7 @@ TEST_CASE("the registry lists every benchmark and the CLI offers each with its f
     }
     CHECK(flags >= 5);
   }
-  for (const char* n : {"block", "mlp", "attn", "collective", "gemm", "sweep"})
+  for (const char* n : {"block", "mlp", "attn", "collective", "gemm", "sweep", "plan"})
     CHECK(names.count(n) == 1);
 }
 

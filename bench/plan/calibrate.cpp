@@ -1,0 +1,297 @@
+// `meshrt plan --calibrate`: this machine, measured, as a cluster file.
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "bench/block/plan.h"
+#include "bench/collective/collective_bench.h"
+#include "bench/common/stats.h"
+#include "bench/plan/plan_bench.h"
+#include "kernels/ops.h"
+#include "mesh/device_mesh.h"
+#include "mesh/parallel.h"
+#include "runtime/error.h"
+
+namespace meshrt {
+
+namespace {
+
+using bench::Clock;
+using bench::ms_since;
+using plan::ClusterSpec;
+using plan::ModelSpec;
+
+struct Measured {
+  std::vector<std::pair<double, double>> gemm;      // (flops, FLOP/s)
+  double attn_fwd = 0, attn_bwd = 0;                // model FLOP/s (causal at half)
+  double mem_bw = 0;                                // bytes/s
+  double gemm_alone = 0, coll_alone = 0, both = 0;  // seconds
+};
+
+// Median of `reps` runs of fn after one warm-up, every rank at once (they share the machine as
+// the benchmark's ranks do). The median, not the fastest: the planner predicts a typical step, and
+// on a shared machine the fastest run is the one that found the cores idle.
+template <class F>
+double typical(Communicator& world, Stream& cs, int reps, F&& fn) {
+  world.barrier(cs);
+  fn();
+  cs.synchronize();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    world.barrier(cs);
+    cs.synchronize();
+    const auto t0 = Clock::now();
+    fn();
+    cs.synchronize();
+    t.push_back(ms_since(t0, Clock::now()) * 1e-3);
+  }
+  return bench::median(t);
+}
+
+Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator& world) {
+  ContextOptions co;
+  co.rank = rp.rank;
+  co.world_size = rp.world_size;
+  co.local_ranks = rp.local_size;
+  Context ctx(rp.device, co);
+  Stream& cs = ctx.compute_stream();
+  const DType dt = parse_dtype(m.dtype);
+  const int W = world.size();
+  Measured r;
+  const int64_t h = m.hidden, f = m.ffn, s = m.seq;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, bool> done;
+  auto gemm = [&](int64_t M, int64_t N, int64_t K) {
+    if (done[{M, N, K}]) return;
+    done[{M, N, K}] = true;
+    Tensor a = ctx.empty({M, K}, dt), b = ctx.empty({K, N}, dt), c = ctx.empty({M, N}, dt);
+    a.fill_(0.5, cs);
+    b.fill_(0.25, cs);
+    const double t = typical(world, cs, 5, [&] { ops::gemm(ctx, cs, a, false, b, false, c); });
+    const double fl =
+        2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+    r.gemm.push_back({fl, fl / t});
+  };
+  for (int tp : {1, W}) {
+    for (int64_t mb : {int64_t{1}, int64_t{4}}) {
+      const int64_t T = mb * s;
+      const int64_t q = 3 * h / tp, o = h / tp, fl = (f + tp - 1) / tp;
+      gemm(T, q, h);  // qkv forward (dgrad: the same FLOPs)
+      gemm(T, h, o);  // out-proj
+      gemm(T, fl, h);
+      gemm(T, h, fl);
+      gemm(h, q, T);  // weight gradients
+      gemm(o, h, T);
+      gemm(h, fl, T);
+      gemm(fl, h, T);
+    }
+    if (W == 1) break;
+  }
+  // Attention on the block's shapes (tp = 1, micro-batch 1).
+  {
+    const int64_t d = h / m.heads;
+    const Shape sh{1, m.heads, s, d};
+    Tensor q = ctx.empty(sh, dt), k = ctx.empty(sh, dt), v = ctx.empty(sh, dt),
+           out = ctx.empty(sh, dt);
+    Tensor lse = ctx.empty({1, m.heads, s}, DType::f32);
+    Tensor dout = ctx.empty(sh, dt), dq = ctx.empty(sh, dt), dk = ctx.empty(sh, dt),
+           dv = ctx.empty(sh, dt);
+    for (Tensor* t : {&q, &k, &v, &dout})
+      t->init_philox_({3, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, cs);
+    const float scale = 1.f / std::sqrt(static_cast<float>(d));
+    const double fl =
+        2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(h);
+    const double tf =
+        typical(world, cs, 5, [&] { ops::attention_fwd(ctx, cs, q, k, v, out, lse, scale); });
+    const double tb = typical(world, cs, 5, [&] {
+      ops::attention_bwd(ctx, cs, q, k, v, out, dout, lse, dq, dk, dv, scale);
+    });
+    r.attn_fwd = fl / tf;
+    r.attn_bwd = 2 * fl / tb;
+  }
+  // Elementwise: a residual add over 4 sequences' activations.
+  {
+    const int64_t n = 4 * s * h;
+    Tensor a = ctx.empty({n}, dt), b = ctx.empty({n}, dt), c = ctx.empty({n}, dt);
+    a.fill_(1.0, cs);
+    b.fill_(2.0, cs);
+    const double t = typical(world, cs, 5, [&] { ops::add(ctx, cs, a, b, c); });
+    r.mem_bw = 3.0 * static_cast<double>(n) * static_cast<double>(dtype_size(dt)) / t;
+  }
+  // Overlap: an all-reduce of one micro-batch's activations on the tp stream during a GEMM, as the
+  // block's backward runs them, against each alone.
+  if (W > 1) {
+    DeviceMesh mesh(ctx, world, std::string(kTpDim) + "=" + std::to_string(W));
+    CommScheduler sch(mesh, kTpDim, Overlap::Async);
+    // Sizes where both take a comparable time on a host (a GEMM of half a sequence x hidden x
+    // ffn, an all-reduce of 32 sequences' activations).
+    const int64_t T = std::max<int64_t>(1, s / 2);
+    Tensor x = ctx.empty({T, h}, dt), w = ctx.empty({h, f}, dt), y = ctx.empty({T, f}, dt);
+    Tensor t = ctx.empty({32 * s, h}, dt);
+    x.fill_(0.5, cs);
+    w.fill_(0.25, cs);
+    t.fill_(1.0, cs);
+    r.gemm_alone = typical(world, cs, 5, [&] { ops::gemm(ctx, cs, x, false, w, false, y); });
+    r.coll_alone = typical(world, cs, 5, [&] { sch.wait(sch.all_reduce(t, "calibrate")); });
+    r.both = typical(world, cs, 5, [&] {
+      Event e = sch.all_reduce(t, "calibrate");
+      ops::gemm(ctx, cs, x, false, w, false, y);
+      sch.wait(e);
+    });
+  }
+  ctx.synchronize();
+  return r;
+}
+
+// Latency and bus bandwidth of one collective from `meshrt bench collective`'s engine at a few
+// sizes: least squares of time = latency + bytes x factor / busbw.
+plan::LinkSpec measure_collective(const std::string& op, const std::string& devices,
+                                  const std::string& dtype, std::ostream& log) {
+  CollBenchOptions o;
+  o.op = op;
+  o.devices = devices;
+  o.dtype = dtype;
+  o.min_bytes = 256 << 10;
+  o.max_bytes = 16 << 20;
+  o.step_factor = 4;
+  o.warmup = 2;
+  o.iters = 5;
+  o.check = false;
+  char tmpl[] = "/tmp/meshrt-calibrate-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  MESHRT_CHECK(fd >= 0, "--calibrate: cannot create a temporary file in /tmp");
+  close(fd);
+  o.json_path = tmpl;
+  std::ostringstream table;
+  run_collective_bench(o, table);
+  nlohmann::json j;
+  {
+    std::ifstream f(o.json_path);
+    f >> j;
+  }
+  std::filesystem::remove(o.json_path);
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0, best_bw = 0;
+  for (const auto& r : j.at("results")) {
+    const auto& t = r.at("out_of_place");
+    const double us = t.at("time_us_reported").get<double>();
+    const double bus = t.at("busbw_gbps").get<double>();
+    const double x = bus * 1e9 * us * 1e-6;  // bytes x factor
+    sx += x;
+    sy += us * 1e-6;
+    sxx += x * x;
+    sxy += x * us * 1e-6;
+    n += 1;
+    best_bw = std::max(best_bw, bus);
+  }
+  plan::LinkSpec l;
+  const double den = n * sxx - sx * sx;
+  const double slope = den > 0 ? (n * sxy - sx * sy) / den : 0;
+  const double icpt = n > 0 ? (sy - slope * sx) / n : 0;
+  if (slope > 0 && icpt >= 0) {
+    l.busbw_gbps = 1.0 / slope / 1e9;
+    l.latency_us = icpt * 1e6;
+  } else {
+    l.busbw_gbps = best_bw;
+    l.latency_us = 0;
+  }
+  log << "  " << op << ": bus bandwidth " << bench::fmt("%.2f", l.busbw_gbps) << " GB/s, latency "
+      << bench::fmt("%.0f", l.latency_us) << " us (" << n << " sizes, 256 KiB - 16 MiB)\n";
+  return l;
+}
+
+}  // namespace
+
+ClusterSpec calibrate_cluster(const ModelSpec& m, const std::string& devices, std::ostream& log) {
+  BlockBenchOptions bo;
+  bo.devices = devices;
+  std::string used;
+  std::unique_ptr<Launch> launch = launch_for(bo, &used);
+  MESHRT_CHECK(launch->kind() == LaunchKind::Threads,
+               "--calibrate runs ranks as threads of one process; run it without mpirun");
+  const bool cuda = launch->local().front().device.is_cuda();
+  log << "calibrating on " << used << " (" << launch->world_size() << " ranks), " << m.dtype
+      << ", shapes of hidden " << m.hidden << ", ffn " << m.ffn << ", seq " << m.seq << "\n";
+  Measured r0;
+  launch->run([&](const RankPlacement& rp, Communicator& world) {
+    Measured r = measure_rank(m, rp, world);
+    if (rp.rank == 0) r0 = r;
+  });
+  const int W = launch->world_size();
+  ClusterSpec c;
+  c.name = "measured " + used;
+  c.device = cuda ? "CUDA device" : "host CPU rank";
+  c.devices_per_node = W;
+  c.nodes = 1;
+  double peak = 0;
+  for (const auto& [fl, rate] : r0.gemm) peak = std::max(peak, rate);
+  c.peaks[m.dtype] = peak / 1e12;
+  std::sort(r0.gemm.begin(), r0.gemm.end());
+  for (const auto& [fl, rate] : r0.gemm) {
+    // Equal FLOPs (different shapes): one point, their mean.
+    if (!c.gemm_eff.empty() && fl <= c.gemm_eff.back().first * 1.01) {
+      c.gemm_eff.back().second = 0.5 * (c.gemm_eff.back().second + rate / peak);
+      continue;
+    }
+    c.gemm_eff.push_back({fl, rate / peak});
+  }
+  // A GEMM's efficiency does not fall with its size on an idle machine; on a shared one short
+  // GEMMs look faster (they fit in a time slice). Pool adjacent violators: the non-decreasing
+  // curve closest to the measurements (each point's weight: the GEMMs it averages).
+  {
+    struct Block {
+      double sum, n;
+      size_t last;
+    };
+    std::vector<Block> blocks;
+    for (size_t i = 0; i < c.gemm_eff.size(); ++i) {
+      blocks.push_back({c.gemm_eff[i].second, 1, i});
+      while (blocks.size() > 1 && blocks[blocks.size() - 2].sum / blocks[blocks.size() - 2].n >
+                                      blocks.back().sum / blocks.back().n) {
+        Block b = blocks.back();
+        blocks.pop_back();
+        blocks.back().sum += b.sum;
+        blocks.back().n += b.n;
+        blocks.back().last = b.last;
+      }
+    }
+    size_t i = 0;
+    for (const Block& b : blocks)
+      for (; i <= b.last; ++i) c.gemm_eff[i].second = b.sum / b.n;
+  }
+  c.attention_eff = r0.attn_fwd / peak;
+  c.attention_bwd_efficiency = r0.attn_bwd / peak;
+  c.mem_bw_gbps = r0.mem_bw / 1e9;
+  c.overlap_eff = 1.0;
+  if (W > 1 && r0.gemm_alone > 0 && r0.coll_alone > 0) {
+    const double hidden = r0.gemm_alone + r0.coll_alone - r0.both;
+    c.overlap_eff = std::clamp(hidden / std::min(r0.gemm_alone, r0.coll_alone), 0.0, 1.0);
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  c.memory_gib = cuda ? 0
+                      : static_cast<double>(pages) * static_cast<double>(page) /
+                            (1024.0 * 1024.0 * 1024.0) / W;
+  log << "  GEMM peak " << bench::fmt("%.1f", peak / 1e9) << " GFLOP/s per rank (" << r0.gemm.size()
+      << " shapes), attention fwd / bwd " << bench::fmt("%.0f", 100 * c.attention_eff) << "% / "
+      << bench::fmt("%.0f", 100 * c.attention_bwd_efficiency) << "% of it, elementwise "
+      << bench::fmt("%.2f", c.mem_bw_gbps) << " GB/s, overlap " << bench::fmt("%.2f", c.overlap_eff)
+      << " (gemm " << bench::fmt("%.1f", r0.gemm_alone * 1e3) << " ms, all-reduce "
+      << bench::fmt("%.1f", r0.coll_alone * 1e3) << " ms, both "
+      << bench::fmt("%.1f", r0.both * 1e3) << " ms)\n";
+  for (int i = 0; i < 3; ++i) {
+    const plan::CollOp op = static_cast<plan::CollOp>(i);
+    c.intra[i] = W > 1 ? measure_collective(plan::coll_op_name(op), used, m.dtype, log)
+                       : plan::LinkSpec{1, 0};
+    c.inter[i] = c.intra[i];  // one machine: no inter-node link
+  }
+  c.sources = "meshrt plan --calibrate on this machine";
+  return c;
+}
+
+}  // namespace meshrt

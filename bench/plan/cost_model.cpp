@@ -1,0 +1,715 @@
+#include "bench/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace meshrt::plan {
+
+namespace {
+
+double ceil_div(double n, int parts) { return std::ceil(n / parts); }
+
+}  // namespace
+
+int64_t ModelSpec::params() const {
+  const int64_t h = hidden, f = ffn;
+  int64_t per_layer = 0;
+  if (kind != "mlp") per_layer += 4 * h * h + 4 * h + 2 * h;   // qkv, proj (+biases), norm
+  if (kind != "attn") per_layer += 2 * h * f + f + h + 2 * h;  // fc1, fc2 (+biases), norm
+  int64_t p = per_layer * layers;
+  if (vocab > 0) p += 2 * vocab * h + 2 * h;  // embedding, LM head (untied), final norm
+  return p;
+}
+
+int dtype_bytes(const std::string& dtype) {
+  if (dtype == "f32") return 4;
+  if (dtype == "bf16" || dtype == "f16") return 2;
+  MESHRT_FAIL("dtype '" << dtype << "': use f32, bf16 or f16");
+}
+
+ModelSpec parse_model_spec(const std::string& s) {
+  ModelSpec m;
+  bool ffn_given = false, have_hidden = false, have_heads = false, have_seq = false;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t eq = item.find('=');
+    MESHRT_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
+                 "--model " << s << ": '" << item
+                            << "' is not key=value; give hidden=..,heads=..,ffn=..,layers=..,"
+                               "seq=..,vocab=..");
+    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "kind") {
+      MESHRT_CHECK(v == "block" || v == "mlp" || v == "attn",
+                   "--model " << s << ": kind=" << v << " must be block, mlp or attn");
+      m.kind = v;
+      continue;
+    }
+    int64_t x = 0;
+    size_t used = 0;
+    try {
+      x = std::stoll(v, &used);
+    } catch (...) {
+      used = 0;
+    }
+    MESHRT_CHECK(used == v.size() && x > 0 && x < (int64_t{1} << 40),
+                 "--model " << s << ": " << k << "=" << v << " must be a positive integer");
+    if (k == "hidden") {
+      m.hidden = x;
+      have_hidden = true;
+    } else if (k == "heads") {
+      m.heads = x;
+      have_heads = true;
+    } else if (k == "ffn") {
+      m.ffn = x;
+      ffn_given = true;
+    } else if (k == "layers") {
+      MESHRT_CHECK(x <= 100000, "--model " << s << ": layers=" << x << " is too many");
+      m.layers = static_cast<int>(x);
+    } else if (k == "seq") {
+      m.seq = x;
+      have_seq = true;
+    } else if (k == "vocab") {
+      m.vocab = x;
+    } else {
+      MESHRT_FAIL("--model " << s << ": unknown key '" << k
+                             << "'; the keys are hidden, heads, ffn, layers, seq, vocab, kind");
+    }
+  }
+  MESHRT_CHECK(have_hidden && have_heads && have_seq,
+               "--model " << s << ": hidden, heads and seq are required");
+  if (!ffn_given) m.ffn = 4 * m.hidden;
+  MESHRT_CHECK(m.hidden % m.heads == 0, "--model " << s << ": hidden " << m.hidden
+                                                   << " does not divide by heads " << m.heads);
+  return m;
+}
+
+const char* coll_op_name(CollOp op) {
+  switch (op) {
+    case CollOp::AllGather:
+      return "all_gather";
+    case CollOp::ReduceScatter:
+      return "reduce_scatter";
+    case CollOp::AllReduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
+OverlapMode parse_overlap_mode(const std::string& s) {
+  if (s == "none") return OverlapMode::None;
+  if (s == "async") return OverlapMode::Async;
+  if (s == "chunked") return OverlapMode::Chunked;
+  MESHRT_FAIL("overlap '" << s << "': use none, async or chunked");
+}
+
+const char* overlap_mode_name(OverlapMode o) {
+  switch (o) {
+    case OverlapMode::None:
+      return "none";
+    case OverlapMode::Async:
+      return "async";
+    case OverlapMode::Chunked:
+      return "chunked";
+  }
+  return "?";
+}
+
+double ClusterSpec::gemm_efficiency(double flops) const {
+  if (gemm_eff.empty()) return 1.0;
+  if (flops <= gemm_eff.front().first) return gemm_eff.front().second;
+  if (flops >= gemm_eff.back().first) return gemm_eff.back().second;
+  for (size_t i = 1; i < gemm_eff.size(); ++i) {
+    const auto& [x1, y1] = gemm_eff[i];
+    if (flops > x1) continue;
+    const auto& [x0, y0] = gemm_eff[i - 1];
+    const double t = (std::log(flops) - std::log(x0)) / (std::log(x1) - std::log(x0));
+    return y0 + t * (y1 - y0);
+  }
+  return gemm_eff.back().second;
+}
+
+double ClusterSpec::gemm_seconds(double m, double n, double k) const {
+  const double f = 2 * m * n * k;
+  if (f <= 0) return 0;
+  return f / (peak_tflops * 1e12 * gemm_efficiency(f));
+}
+
+double ClusterSpec::collective_seconds(const Collective& c, bool inter_node, int per_node) const {
+  if (c.group <= 1) return 0;
+  const int op = static_cast<int>(c.op);
+  const LinkSpec& l = (inter_node ? inter : intra)[op];
+  double bw = l.busbw_gbps;
+  if (inter_node) bw = std::min(intra[op].busbw_gbps, bw * std::max(1, per_node));
+  const double n = c.group;
+  const double factor = c.op == CollOp::AllReduce ? 2 * (n - 1) / n : (n - 1) / n;
+  return l.latency_us * 1e-6 + c.bytes * factor / (bw * 1e9);
+}
+
+void ClusterSpec::select_dtype(const std::string& dtype) {
+  auto it = peaks.find(dtype);
+  MESHRT_CHECK(it != peaks.end() && it->second > 0,
+               "cluster " << name << " has no peak FLOP/s for " << dtype
+                          << "; add it to the file's \"peak_tflops\" or choose another --dtype");
+  peak_tflops = it->second;
+}
+
+// ---- The structure of one micro-batch ---------------------------------------------------------
+
+namespace {
+
+// The streams of one rank: compute, and one communication stream per mesh dim (tp, dp), as
+// CommScheduler runs them: a collective starts when the compute stream reaches its issue point
+// and its dim's stream is free; a wait moves the compute clock to the collective's end.
+class Sim {
+ public:
+  Sim(const ClusterSpec& cl, bool inter_dp, int dp_per_node, OverlapMode ov)
+      : cl_(cl), inter_dp_(inter_dp), dp_per_node_(dp_per_node), ov_(ov) {}
+
+  void compute(double s) {
+    t_ += s;
+    r.compute_s += s;
+  }
+  int issue(const Collective& c) {
+    double& free = c.dp ? dp_free_ : tp_free_;
+    const double d = cl_.collective_seconds(c, c.dp && inter_dp_, dp_per_node_);
+    const double start = std::max(t_, free);
+    free = start + d;
+    evs_.push_back({start, free, c.dp, false});
+    (c.dp ? r.dp_comm_s : r.tp_comm_s) += d;
+    (c.dp ? r.dp_bytes : r.tp_bytes) += c.bytes;
+    log.push_back(c);
+    ++(c.dp ? r.dp_count : r.tp_count);
+    const int id = static_cast<int>(evs_.size()) - 1;
+    // Overlap::None (and dp buckets under it): the compute stream waits at once.
+    if (ov_ == OverlapMode::None) wait(id);
+    return id;
+  }
+  void wait(int id) {
+    Ev& e = evs_[static_cast<size_t>(id)];
+    if (e.waited) return;
+    e.waited = true;
+    // The part of the collective that ran under compute: hidden only by overlap_eff (host ranks
+    // share their cores with the communication threads).
+    const double hidden = std::max(0.0, std::min(e.end, t_) - e.start);
+    const double slow = (1 - cl_.overlap_eff) * hidden;
+    t_ += slow;
+    r.compute_s += slow;
+    if (e.end > t_) {
+      (e.dp ? r.dp_exposed_s : r.tp_exposed_s) += e.end - t_;
+      t_ = e.end;
+    }
+  }
+  void wait_all_dp() {
+    for (size_t i = 0; i < evs_.size(); ++i)
+      if (evs_[i].dp) wait(static_cast<int>(i));
+  }
+  double now() const { return t_; }
+  Prediction r;
+  std::vector<Collective> log;  // every collective issued, in order
+
+ private:
+  struct Ev {
+    double start, end;
+    bool dp, waited;
+  };
+  const ClusterSpec& cl_;
+  bool inter_dp_;
+  int dp_per_node_;
+  OverlapMode ov_;
+  double t_ = 0, tp_free_ = 0, dp_free_ = 0;
+  std::vector<Ev> evs_;
+};
+
+// Issues into a Sim, or only records the collectives (counting mode).
+struct Shape {
+  double T = 0;   // tokens per replica per micro-batch (micro_batch x seq)
+  double Tl = 0;  // tokens held between blocks (T / tp under sequence parallel)
+  double h = 0, f = 0, es = 0;
+  int tp = 1;
+  bool sp = false;    // sequence parallel and tp > 1
+  bool comm = false;  // tp > 1
+};
+
+class Block {
+ public:
+  Block(Sim& sim, const ClusterSpec& cl, const Shape& s, OverlapMode ov)
+      : sim_(sim), cl_(cl), s_(s), ov_(ov) {}
+
+  void ew(double bytes) { sim_.compute(bytes / (cl_.mem_bw_gbps * 1e9)); }
+  void gemm(double m, double n, double k) { sim_.compute(cl_.gemm_seconds(m, n, k)); }
+  int coll(CollOp op, double bytes) { return sim_.issue({op, false, bytes, s_.tp}); }
+
+  // Colwise linear h -> n (local n / tp), its input the block's (sequence-sharded under SP).
+  void colwise_fwd(double n_full) {
+    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
+    if (s_.sp && ov_ == OverlapMode::Chunked) {
+      std::vector<int> ids;
+      for (int c = 0; c < s_.tp; ++c) ids.push_back(coll(CollOp::AllGather, act / s_.tp));
+      for (int c = 0; c < s_.tp; ++c) {
+        sim_.wait(ids[static_cast<size_t>(c)]);
+        for (int j = 0; j < s_.tp; ++j) gemm(s_.T / (s_.tp * s_.tp), nl, s_.h);
+      }
+      return;
+    }
+    if (s_.sp) sim_.wait(coll(CollOp::AllGather, act));
+    gemm(s_.T, nl, s_.h);
+  }
+  // Backward of a colwise linear; returns the dx collective the block waits for (-1: none).
+  int colwise_bwd(double n_full, bool bias_row_sum) {
+    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
+    int regather = -1, dx = -1;
+    if (s_.sp) regather = coll(CollOp::AllGather, act);
+    gemm(s_.T, s_.h, nl);  // dgrad
+    if (s_.comm) dx = coll(s_.sp ? CollOp::ReduceScatter : CollOp::AllReduce, act);
+    if (regather >= 0) sim_.wait(regather);
+    gemm(s_.h, nl, s_.T);  // wgrad
+    if (bias_row_sum) gemm(1, nl, s_.T);
+    return dx;
+  }
+  // Rowwise linear n -> h (local input n / tp).
+  void rowwise_fwd(double n_full) {
+    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
+    if (s_.sp && ov_ == OverlapMode::Chunked) {
+      std::vector<int> ids;
+      for (int c = 0; c < s_.tp; ++c) {
+        for (int j = 0; j < s_.tp; ++j) gemm(s_.T / (s_.tp * s_.tp), s_.h, nl);
+        ids.push_back(coll(CollOp::ReduceScatter, act / s_.tp));
+      }
+      for (int id : ids) sim_.wait(id);
+      return;
+    }
+    gemm(s_.T, s_.h, nl);
+    if (s_.comm) sim_.wait(coll(s_.sp ? CollOp::ReduceScatter : CollOp::AllReduce, act));
+  }
+  void rowwise_bwd(double n_full) {
+    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
+    if (s_.sp) sim_.wait(coll(CollOp::AllGather, act));
+    gemm(s_.T, nl, s_.h);  // dgrad
+    gemm(nl, s_.h, s_.T);  // wgrad
+    gemm(1, s_.h, s_.T);   // bias row sum
+  }
+  void norm_fwd() { ew(2 * s_.Tl * s_.h * s_.es); }
+  void norm_bwd() {
+    ew(3 * s_.Tl * s_.h * s_.es);
+    if (s_.sp) {
+      // gamma and beta gradients of this sequence shard, summed over tp.
+      const int a = coll(CollOp::AllReduce, s_.h * s_.es),
+                b = coll(CollOp::AllReduce, s_.h * s_.es);
+      sim_.wait(a);
+      sim_.wait(b);
+    }
+  }
+  void residual() { ew(3 * s_.Tl * s_.h * s_.es); }
+
+  void attention_fwd(double attn_flops) {
+    norm_fwd();
+    colwise_fwd(3 * s_.h);
+    ew(6 * s_.T * s_.h / s_.tp * s_.es);  // q, k, v to [b, heads, s, d]
+    sim_.compute(attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_eff));
+    ew(2 * s_.T * s_.h / s_.tp * s_.es);  // o back to [s, b, hidden]
+    rowwise_fwd(s_.h);
+    residual();
+  }
+  void attention_bwd(double attn_flops) {
+    rowwise_bwd(s_.h);
+    ew(2 * s_.T * s_.h / s_.tp * s_.es);
+    // Backward of the fused kernel: twice the forward's model FLOPs (and the recomputed scores).
+    sim_.compute(2 * attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_bwd_eff()));
+    ew(6 * s_.T * s_.h / s_.tp * s_.es);
+    const int dx = colwise_bwd(3 * s_.h, true);
+    if (dx >= 0) sim_.wait(dx);
+    norm_bwd();
+    residual();
+  }
+  void mlp_fwd() {
+    norm_fwd();
+    colwise_fwd(s_.f);
+    ew(2 * s_.T * ceil_div(s_.f, s_.tp) * s_.es);  // bias + GeLU
+    rowwise_fwd(s_.f);
+    residual();
+  }
+  void mlp_bwd() {
+    rowwise_bwd(s_.f);
+    ew(3 * s_.T * ceil_div(s_.f, s_.tp) * s_.es);  // GeLU backward (+ its bias gradient)
+    const int dx = colwise_bwd(s_.f, false);
+    if (dx >= 0) sim_.wait(dx);
+    norm_bwd();
+    residual();
+  }
+
+ private:
+  Sim& sim_;
+  const ClusterSpec& cl_;
+  Shape s_;
+  OverlapMode ov_;
+};
+
+Shape shape_of(const ModelSpec& m, const PlanConfig& c) {
+  Shape s;
+  s.tp = c.tp;
+  s.comm = c.tp > 1;
+  s.sp = c.sp && c.tp > 1;
+  s.T = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq);
+  s.Tl = s.sp ? s.T / c.tp : s.T;
+  s.h = static_cast<double>(m.hidden);
+  s.f = static_cast<double>(m.ffn);
+  s.es = dtype_bytes(m.dtype);
+  return s;
+}
+
+// Parameters of one piece (attention or MLP block) in forward order, local element counts on tp
+// rank 0 (the largest shard when tp does not divide).
+std::vector<double> piece_params(const ModelSpec& m, int tp, bool attention) {
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
+  if (attention)
+    return {h, h, h * ceil_div(3 * h, tp), ceil_div(3 * h, tp), ceil_div(h, tp) * h, h};
+  return {h, h, h * ceil_div(f, tp), ceil_div(f, tp), ceil_div(f, tp) * h, h};
+}
+
+struct Piece {
+  bool attention = false;
+  int layer = 0;
+};
+
+std::vector<Piece> pieces(const ModelSpec& m) {
+  std::vector<Piece> ps;
+  for (int l = 0; l < m.layers; ++l) {
+    if (m.kind != "mlp") ps.push_back({true, l});
+    if (m.kind != "attn") ps.push_back({false, l});
+  }
+  return ps;
+}
+
+// The dp buckets: (bytes, index of the piece after whose backward the bucket launches). Pieces are
+// numbered in forward order; the embedding is piece -1, the LM head piece P.
+struct BucketPlan {
+  std::vector<double> bytes;
+  std::vector<int> launch_after;  // piece index; launches after that piece's backward
+};
+
+BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
+  const double es = dtype_bytes(m.dtype), cap = c.bucket_mb * 1024.0 * 1024.0;
+  const std::vector<Piece> ps = pieces(m);
+  std::vector<std::pair<double, int>> params;  // (bytes, piece), forward order
+  const double V = static_cast<double>(m.vocab), h = static_cast<double>(m.hidden);
+  if (m.vocab > 0) params.push_back({ceil_div(V, c.tp) * h * es, -1});
+  for (size_t i = 0; i < ps.size(); ++i)
+    for (double n : piece_params(m, c.tp, ps[i].attention))
+      params.push_back({n * es, static_cast<int>(i)});
+  if (m.vocab > 0) {
+    params.push_back({h * es, static_cast<int>(ps.size())});
+    params.push_back({h * es, static_cast<int>(ps.size())});
+    params.push_back({h * ceil_div(V, c.tp) * es, static_cast<int>(ps.size())});
+  }
+  BucketPlan b;
+  double cur = 0;
+  int first_piece = 0;
+  bool open = false;
+  for (size_t k = params.size(); k-- > 0;) {
+    const auto [bytes, piece] = params[k];
+    if (open && cur + bytes > cap) {
+      b.bytes.push_back(cur);
+      b.launch_after.push_back(first_piece);
+      open = false;
+      cur = 0;
+    }
+    cur += bytes;
+    first_piece = piece;  // the earliest (in forward order) piece so far: the last one ready
+    open = true;
+  }
+  if (open) {
+    b.bytes.push_back(cur);
+    b.launch_after.push_back(first_piece);
+  }
+  return b;
+}
+
+bool dp_inter_node(const ClusterSpec& cl, const PlanConfig& c) {
+  return c.dp > 1 && c.dp * c.tp > cl.devices_per_node;
+}
+
+// One step: accum micro-batches of forward + backward, the dp buckets launched during the last
+// one's backward, then the wait for all of them.
+Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
+  const int per_node = std::max(1, std::min(c.dp, cl.devices_per_node / c.tp));
+  Sim sim(cl, dp_inter_node(cl, c), per_node, c.overlap);
+  const Shape s = shape_of(m, c);
+  const std::vector<Piece> ps = pieces(m);
+  const BucketPlan bp = buckets(m, c);
+  const double h = s.h, V = static_cast<double>(m.vocab);
+  // Causal attention, counted at half (as bench/block/flops.cpp): 2 T s h per replica, / tp.
+  const double attn_flops = 2.0 * s.T * static_cast<double>(m.seq) * h / c.tp;
+  const OverlapMode dp_ov = c.overlap == OverlapMode::None ? OverlapMode::None : OverlapMode::Async;
+  Block blk(sim, cl, s, c.overlap);
+  for (int mb = 0; mb < c.accum; ++mb) {
+    const bool last = mb == c.accum - 1;
+    if (V > 0) {
+      // Vocab-parallel embedding: a row gather, then partial -> sequence shard / replicate.
+      blk.ew(2 * s.T * h * s.es);
+      if (s.comm)
+        sim.wait(blk.coll(s.sp ? CollOp::ReduceScatter : CollOp::AllReduce, s.T * h * s.es));
+    }
+    for (const Piece& p : ps) p.attention ? blk.attention_fwd(attn_flops) : blk.mlp_fwd();
+    if (V > 0) {
+      blk.norm_fwd();
+      blk.colwise_fwd(V);
+      // Vocab-parallel cross entropy: softmax over the local logits, max / sum / target over tp.
+      blk.ew(3 * s.T * ceil_div(V, c.tp) * 4);
+      if (s.comm)
+        for (int i = 0; i < 3; ++i) sim.wait(blk.coll(CollOp::AllReduce, s.T * 4));
+      blk.ew(2 * s.T * ceil_div(V, c.tp) * s.es);
+      const int dx = blk.colwise_bwd(V, false);
+      if (dx >= 0) sim.wait(dx);
+      blk.norm_bwd();
+    }
+    size_t next_bucket = 0;
+    auto launch_ready = [&](int piece) {
+      while (last && next_bucket < bp.bytes.size() && bp.launch_after[next_bucket] >= piece) {
+        Collective col{CollOp::AllReduce, true, bp.bytes[next_bucket], c.dp};
+        if (c.dp > 1) {
+          const int id = sim.issue(col);
+          if (dp_ov == OverlapMode::None) sim.wait(id);
+        }
+        ++next_bucket;
+      }
+    };
+    launch_ready(static_cast<int>(ps.size()));  // the LM head's parameters
+    for (size_t i = ps.size(); i-- > 0;) {
+      // Full activation recomputation (Megatron's --recompute-granularity full): the layer's
+      // forward again, from its saved input, just before its backward.
+      if (c.recompute) ps[i].attention ? blk.attention_fwd(attn_flops) : blk.mlp_fwd();
+      ps[i].attention ? blk.attention_bwd(attn_flops) : blk.mlp_bwd();
+      launch_ready(static_cast<int>(i));
+    }
+    if (V > 0) {
+      if (s.sp) sim.wait(blk.coll(CollOp::AllGather, s.T * h * s.es));
+      blk.ew(2 * s.T * h * s.es);  // scatter-add into the embedding gradient
+    }
+    launch_ready(-1);
+  }
+  sim.wait_all_dp();
+  return sim;
+}
+
+}  // namespace
+
+double ClusterSpec::attention_bwd_eff() const {
+  return attention_bwd_efficiency > 0 ? attention_bwd_efficiency : attention_eff;
+}
+
+std::vector<Collective> tp_collectives(const ModelSpec& m, const PlanConfig& c) {
+  // The record of the timing model's own issue calls (one micro-batch, no dp), so the counts the
+  // tests compare with a real run are the ones the times are computed from.
+  PlanConfig one = c;
+  one.accum = 1;
+  one.dp = 1;
+  ClusterSpec cl;
+  cl.devices_per_node = c.tp;
+  cl.peak_tflops = 1;
+  cl.mem_bw_gbps = 1;
+  for (int i = 0; i < 3; ++i) cl.intra[i] = cl.inter[i] = {1, 0};
+  return simulate(m, cl, one).log;
+}
+
+std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c) {
+  return buckets(m, c).bytes;
+}
+
+std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c) {
+  std::vector<Collective> out;
+  if (c.dp <= 1) return out;
+  for (double b : dp_bucket_bytes(m, c)) out.push_back({CollOp::AllReduce, true, b, c.dp});
+  return out;
+}
+
+Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
+  Memory mem;
+  const Shape s = shape_of(m, c);
+  double params = 0;
+  for (double b : buckets(m, c).bytes) params += b;  // bytes of the local parameters
+  mem.weights = params;
+  mem.grads = params;  // gradients in the parameters' dtype, in the dp buckets' flat buffers
+  if (c.optimizer) mem.optimizer = params / s.es * 8;  // AdamW: exp_avg, exp_avg_sq in f32
+  const double T = s.T, Tl = s.Tl, h = s.h, tp = c.tp, es = s.es;
+  const double fl = ceil_div(s.f, c.tp), heads = static_cast<double>(m.heads);
+  // Saved for backward, per layer (mesh/blocks.cpp, mesh/linear.cpp): the norm input and the
+  // colwise linear's input (sequence shard under SP), q, k, v, o and the out-proj input,
+  // fc1's output and fc2's input; norm statistics and the attention log-sum-exp in f32.
+  double per_layer = 0;
+  if (m.kind != "mlp")
+    per_layer += (2 * Tl * h + 5 * T * h / tp) * es + (2 * Tl + T * heads / tp) * 4;
+  if (m.kind != "attn") per_layer += (2 * Tl * h + 2 * T * fl) * es + 2 * Tl * 4;
+  mem.activations = per_layer * m.layers + 2 * Tl * h * es;  // + the stack's input and output
+  // Recomputation keeps each layer's input only, and one layer's saved set at a time.
+  if (c.recompute) mem.activations = (m.layers + 2) * Tl * h * es + per_layer;
+  // The largest set of transients, in an MLP backward: the gathered output gradient, dg, dh, the
+  // regathered input and fc1's local dgrad (and for a head, the local logits in f32).
+  mem.workspace = (3 * T * h + 2 * T * fl) * es;
+  if (m.vocab > 0)
+    mem.workspace = std::max(mem.workspace, T * ceil_div(double(m.vocab), c.tp) * (4 + es));
+  return mem;
+}
+
+double model_flops_per_step(const ModelSpec& m, int64_t global_batch) {
+  const double B = static_cast<double>(global_batch), s = static_cast<double>(m.seq),
+               h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
+  double fwd = 0;
+  if (m.kind != "mlp") fwd += 6 * B * s * h * h + 2 * B * s * s * h + 2 * B * s * h * h;
+  if (m.kind != "attn") fwd += 4 * B * s * h * f;
+  fwd *= m.layers;
+  if (m.vocab > 0) fwd += 2 * B * s * h * static_cast<double>(m.vocab);
+  return 3 * fwd;
+}
+
+void check_config(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
+  MESHRT_CHECK(c.dp >= 1 && c.tp >= 1 && c.micro_batch >= 1 && c.accum >= 1 && c.bucket_mb > 0,
+               "plan: dp " << c.dp << ", tp " << c.tp << ", micro-batch " << c.micro_batch
+                           << ", accumulation " << c.accum << " and bucket " << c.bucket_mb
+                           << " MiB must be positive");
+  MESHRT_CHECK(c.tp <= cl.devices_per_node,
+               "plan: tp=" << c.tp << " spans nodes of " << cl.devices_per_node << " devices");
+  MESHRT_CHECK(m.hidden % c.tp == 0,
+               "plan: hidden " << m.hidden << " does not divide by tp=" << c.tp);
+  MESHRT_CHECK(m.kind == "mlp" || m.heads % c.tp == 0,
+               "plan: heads " << m.heads << " do not divide by tp=" << c.tp);
+  MESHRT_CHECK(m.ffn >= c.tp, "plan: ffn " << m.ffn << " < tp=" << c.tp);
+  const bool sp = c.sp && c.tp > 1;
+  MESHRT_CHECK(!sp || m.seq % c.tp == 0, "plan: seq " << m.seq << " does not divide by tp=" << c.tp
+                                                      << " under sequence parallel");
+  MESHRT_CHECK(c.overlap != OverlapMode::Chunked || c.tp == 1 || (sp && m.seq % (c.tp * c.tp) == 0),
+               "plan: chunked overlap needs sequence parallel and seq divisible by tp^2");
+}
+
+Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
+  check_config(m, cl, c);
+  MESHRT_CHECK(cl.peak_tflops > 0 && cl.mem_bw_gbps > 0,
+               "cluster " << cl.name << ": peak FLOP/s and memory bandwidth must be positive");
+  Sim sim = simulate(m, cl, c);
+  Prediction r = sim.r;
+  r.cfg = c;
+  r.inter_node_dp = dp_inter_node(cl, c);
+  r.mem = memory_per_device(m, c);
+  if (c.optimizer) {
+    // AdamW over the local parameters: read param, grad, m, v; write param, m, v.
+    const double n = r.mem.weights / dtype_bytes(m.dtype);
+    r.optimizer_s = n * (3.0 * dtype_bytes(m.dtype) + 16) / (cl.mem_bw_gbps * 1e9);
+  }
+  r.step_s = sim.now() + r.optimizer_s;
+  const int64_t gb = static_cast<int64_t>(c.dp) * c.micro_batch * c.accum;
+  r.model_flops = model_flops_per_step(m, gb);
+  r.tokens_per_s = static_cast<double>(gb) * static_cast<double>(m.seq) / r.step_s;
+  r.mfu = r.model_flops / r.step_s / (static_cast<double>(c.dp) * c.tp * cl.peak_tflops * 1e12);
+  const double have = cl.memory_gib * 1024.0 * 1024.0 * 1024.0;
+  r.fits = cl.memory_gib <= 0 || r.mem.total() <= have;
+  r.overflow_bytes = r.fits ? 0 : r.mem.total() - have;
+  return r;
+}
+
+std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int64_t global_batch,
+                                 const std::vector<double>& bucket_list, OverlapMode overlap,
+                                 bool optimizer) {
+  MESHRT_CHECK(global_batch >= 1, "--global-batch " << global_batch << " must be >= 1");
+  std::vector<Prediction> out;
+  const int world = cl.world();
+  for (int tp = 1; tp <= cl.devices_per_node; ++tp) {
+    if (cl.devices_per_node % tp != 0 || world % tp != 0) continue;
+    const int dp = world / tp;
+    if (global_batch % dp != 0) continue;
+    const int64_t per = global_batch / dp;
+    for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+      for (int64_t mb = 1; mb <= per; ++mb) {
+        if (per % mb != 0) continue;
+        for (double bucket : bucket_list) {
+          if (dp == 1 && bucket != bucket_list.front()) continue;  // no dp: buckets do not matter
+          PlanConfig c;
+          c.dp = dp;
+          c.tp = tp;
+          c.sp = sp == 1;
+          c.micro_batch = mb;
+          c.accum = static_cast<int>(per / mb);
+          c.bucket_mb = bucket;
+          c.overlap = overlap == OverlapMode::Chunked && !c.sp ? OverlapMode::Async : overlap;
+          c.optimizer = optimizer;
+          try {
+            out.push_back(predict(m, cl, c));
+          } catch (const Error&) {
+            // A layout this model cannot take (divisibility): not a candidate.
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.tokens_per_s > b.tokens_per_s;
+  });
+  return out;
+}
+
+std::string config_label(const PlanConfig& c) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "dp=%d,tp=%d sp=%s mb=%lld x%d bucket=%gMiB", c.dp, c.tp,
+                c.tp > 1 ? (c.sp ? "on" : "off") : "-", static_cast<long long>(c.micro_batch),
+                c.accum, c.bucket_mb);
+  return buf;
+}
+
+std::string why_best(const std::vector<Prediction>& all) {
+  MESHRT_CHECK(!all.empty(), "why_best: no layouts");
+  const Prediction& best = all.front();
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << config_label(best.cfg);
+  if (!best.fits) return os.str() + " is the fastest, but no layout fits in memory";
+  // The runner-up with another mesh or sequence parallelism says more than a bucket size.
+  const Prediction* second = nullptr;
+  for (size_t i = 1; i < all.size() && all[i].fits; ++i) {
+    if (all[i].cfg.tp != best.cfg.tp || all[i].cfg.sp != best.cfg.sp) {
+      second = &all[i];
+      break;
+    }
+  }
+  if (!second && all.size() > 1 && all[1].fits) second = &all[1];
+  if (!second) {
+    os << " wins: it is the only layout that fits";
+  } else {
+    // Every layout has the same global batch: step times compare directly.
+    os << " wins by " << (best.tokens_per_s / second->tokens_per_s - 1) * 100 << "% over "
+       << config_label(second->cfg) << ":";
+    struct Term {
+      const char* name;
+      double d;  // ms per step saved by the best
+    };
+    std::vector<Term> t = {{"compute", second->compute_s - best.compute_s},
+                           {"exposed tp communication", second->tp_exposed_s - best.tp_exposed_s},
+                           {"exposed dp communication", second->dp_exposed_s - best.dp_exposed_s},
+                           {"optimizer step", second->optimizer_s - best.optimizer_s}};
+    std::sort(t.begin(), t.end(), [](const Term& a, const Term& b) { return a.d > b.d; });
+    const char* sep = " ";
+    for (const Term& x : t) {
+      if (std::fabs(x.d) < 0.05 * std::fabs(second->step_s - best.step_s) || x.d == 0) continue;
+      os << sep << std::fabs(x.d) * 1e3 << " ms " << (x.d > 0 ? "less " : "more ") << x.name;
+      sep = ", ";
+    }
+    os << " per step";
+  }
+  // Faster layouts that do not fit: why they lose.
+  for (const Prediction& p : all) {
+    if (p.fits || p.tokens_per_s <= best.tokens_per_s) continue;
+    os << "; " << config_label(p.cfg) << " would be "
+       << (p.tokens_per_s / best.tokens_per_s - 1) * 100 << "% faster but needs "
+       << p.mem.total() / 1073741824.0 << " GiB per device (over by "
+       << p.overflow_bytes / 1073741824.0 << " GiB)";
+    break;
+  }
+  return os.str();
+}
+
+}  // namespace meshrt::plan

@@ -1,0 +1,159 @@
+// The planner's cost model: pure functions from a model, a cluster and a layout to the collectives
+// meshrt issues, the memory a device needs and the predicted step time (compute, tp and dp
+// communication and the exposed part of each). No runtime: it is plain arithmetic over the
+// structure of mesh/blocks.cpp (the same GEMMs, the same collectives with the same byte counts
+// and group sizes, the same overlap rules), simulated on three streams per rank.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace meshrt::plan {
+
+// A decoder stack of `layers` transformer blocks (attention + MLP, as `meshrt bench block`),
+// plus, when vocab > 0, a vocab-parallel embedding and LM head.
+struct ModelSpec {
+  int64_t hidden = 1024, heads = 16, ffn = 4096, seq = 512, vocab = 0;
+  int layers = 1;
+  std::string dtype = "bf16";  // f32 | bf16 | f16: weights, activations, gradients
+  std::string kind = "block";  // block | mlp | attn (the block benchmark's kinds)
+  int64_t params() const;      // every parameter of the model (full, not sharded)
+};
+
+// "hidden=4096,heads=32,ffn=11008,layers=32,seq=4096,vocab=32000" (any order; ffn defaults to
+// 4 x hidden, vocab to 0, layers to 1). Throws meshrt::Error naming the key to change.
+ModelSpec parse_model_spec(const std::string& s);
+int dtype_bytes(const std::string& dtype);  // throws for an unknown name
+
+enum class CollOp { AllGather, ReduceScatter, AllReduce };
+const char* coll_op_name(CollOp op);
+
+// One collective as meshrt counts it (mesh/parallel.cpp CommScheduler): bytes are the output of
+// an all-gather, the input of a reduce-scatter, the tensor of an all-reduce.
+struct Collective {
+  CollOp op = CollOp::AllReduce;
+  bool dp = false;  // over the dp dim, else tp
+  double bytes = 0;
+  int group = 1;
+};
+
+// Time of a collective of `bytes` over `group` ranks on one link: latency + bytes x factor /
+// busbw, factor 2(n-1)/n for all-reduce and (n-1)/n for all-gather / reduce-scatter (the
+// nccl-tests bus bandwidth convention, which `meshrt bench collective` prints).
+struct LinkSpec {
+  double busbw_gbps = 0;  // GB/s (1e9 bytes/s)
+  double latency_us = 0;
+};
+
+struct ClusterSpec {
+  std::string name;    // "h100-sxm:8x4"
+  std::string device;  // "NVIDIA H100 SXM5 80GB"
+  int devices_per_node = 8, nodes = 1;
+  double peak_tflops = 0;  // dense, for the model's dtype, per device (select_dtype sets it)
+  std::map<std::string, double> peaks;  // by dtype name (f32, bf16, f16), TFLOP/s
+  double memory_gib = 0;                // usable device memory
+  double mem_bw_gbps = 0;               // elementwise kernels' achieved bandwidth
+  double attention_eff = 0.5;           // fused attention forward: fraction of peak (model FLOPs)
+  double attention_bwd_efficiency = 0;  // its backward (0: attention_eff)
+  double attention_bwd_eff() const;
+  // Per op: intra-node (the tp group and a dp group within a node) and inter-node (a dp group
+  // spanning nodes).
+  LinkSpec intra[3], inter[3];  // indexed by CollOp
+  // GEMM efficiency against peak by GEMM size (FLOPs), interpolated in log(FLOPs); constant
+  // beyond the ends.
+  std::vector<std::pair<double, double>> gemm_eff;
+  // Fraction of a collective's overlapped time that is really hidden (1: an idle copy engine /
+  // NIC; lower where communication takes the compute cores, as host ranks on a CPU).
+  double overlap_eff = 1.0;
+  std::string sources;  // where the numbers come from
+  int world() const { return devices_per_node * nodes; }
+  // Sets peak_tflops for `dtype`; throws when the cluster has no peak for it.
+  void select_dtype(const std::string& dtype);
+  double gemm_efficiency(double flops) const;
+  double gemm_seconds(double m, double n, double k) const;
+  // A dp group spanning nodes uses `per_node` NICs at once (its members on one node): its bus
+  // bandwidth is inter x per_node, at most the intra-node one.
+  double collective_seconds(const Collective& c, bool inter_node, int per_node = 1) const;
+};
+
+// Presets: h100-sxm, h200-sxm, a100-sxm with ":G" devices per node or ":GxN" for N nodes, and
+// "cpu" (this machine's order of magnitude; measure it with `meshrt plan --calibrate`). Throws
+// listing the presets.
+ClusterSpec cluster_preset(const std::string& spec);
+// A preset name, else a cluster JSON file (as --calibrate writes and docs/plan.md describes), with
+// peak_tflops selected for `dtype`.
+ClusterSpec load_cluster(const std::string& spec, const std::string& dtype);
+ClusterSpec cluster_from_json(const std::string& text, const std::string& origin);
+std::string cluster_to_json(const ClusterSpec& c);
+
+enum class OverlapMode { None, Async, Chunked };
+OverlapMode parse_overlap_mode(const std::string& s);
+const char* overlap_mode_name(OverlapMode o);
+
+struct PlanConfig {
+  int dp = 1, tp = 1;
+  bool sp = false;
+  int64_t micro_batch = 1;  // sequences per dp replica per micro-batch
+  int accum = 1;            // micro-batches per step (dp all-reduce after the last one)
+  double bucket_mb = 25;
+  OverlapMode overlap = OverlapMode::Async;
+  bool optimizer = true;  // AdamW state and step (the block benchmark runs none)
+  // Full activation recomputation: each layer's forward runs again before its backward. meshrt
+  // does not implement it; the planner models it to compare with published Megatron runs.
+  bool recompute = false;
+};
+
+struct Memory {
+  double weights = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0;
+  double total() const { return weights + grads + optimizer + activations + workspace; }
+};
+
+struct Prediction {
+  PlanConfig cfg;
+  // Per step, per rank.
+  double step_s = 0, compute_s = 0;
+  double tp_comm_s = 0, tp_exposed_s = 0, dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0;
+  double tp_bytes = 0, dp_bytes = 0;
+  int64_t tp_count = 0, dp_count = 0;
+  double model_flops = 0;  // per step, all ranks (3 x forward matmul FLOPs, causal at half)
+  double tokens_per_s = 0, mfu = 0;
+  Memory mem;
+  bool fits = true;
+  double overflow_bytes = 0;
+  bool inter_node_dp = false;
+};
+
+// The collectives of one micro-batch's forward + backward on one rank, in issue order (tp) and the
+// dp buckets of one step (one all-reduce per bucket), as meshrt issues them.
+std::vector<Collective> tp_collectives(const ModelSpec& m, const PlanConfig& c);
+std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c);
+// The dp buckets' sizes in bytes, in launch order (mesh/data_parallel.cpp's packing).
+std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c);
+
+Memory memory_per_device(const ModelSpec& m, const PlanConfig& c);
+// Model FLOPs of one step over all ranks (bench/block/flops.h's convention).
+double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
+
+// Throws meshrt::Error when the layout cannot run the model (divisibility, tp > node).
+void check_config(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c);
+Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c);
+
+// Every layout reaching `global_batch` sequences on the cluster's devices: dp x tp (tp within a
+// node, dividing heads), sp off / on, micro-batches dividing global_batch / dp, `buckets` (MiB).
+// Sorted by tokens/s, fitting layouts first. Layouts the model cannot take are skipped.
+std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int64_t global_batch,
+                                 const std::vector<double>& buckets, OverlapMode overlap,
+                                 bool optimizer = true);
+
+// "dp=2,tp=4 sp=on mb=2 x4 bucket=25MiB"
+std::string config_label(const PlanConfig& c);
+
+// One line on why the first of plan_all's layouts wins: the terms (compute, exposed tp / dp
+// communication, optimizer) in which it differs from the runner-up with another mesh or sequence
+// parallelism, and the fastest layout that does not fit, if any.
+std::string why_best(const std::vector<Prediction>& sorted);
+
+}  // namespace meshrt::plan

@@ -1,0 +1,311 @@
+#include "bench/plan/plan_bench.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "bench/common/stats.h"
+#include "runtime/error.h"
+
+namespace meshrt {
+
+namespace {
+
+using nlohmann::json;
+using plan::ClusterSpec;
+using plan::ModelSpec;
+using plan::PlanConfig;
+using plan::Prediction;
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string gib(double bytes) { return fmt("%.1f", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+json model_json(const ModelSpec& m) {
+  return {{"hidden", m.hidden}, {"heads", m.heads}, {"ffn", m.ffn},
+          {"layers", m.layers}, {"seq", m.seq},     {"vocab", m.vocab},
+          {"dtype", m.dtype},   {"kind", m.kind},   {"params", m.params()}};
+}
+
+json prediction_json(const Prediction& p) {
+  const PlanConfig& c = p.cfg;
+  return {{"dp", c.dp},
+          {"tp", c.tp},
+          {"sp", c.sp && c.tp > 1},
+          {"micro_batch", c.micro_batch},
+          {"accum", c.accum},
+          {"bucket_mb", c.bucket_mb},
+          {"overlap", plan::overlap_mode_name(c.overlap)},
+          {"recompute", c.recompute},
+          {"step_ms", p.step_s * 1e3},
+          {"compute_ms", p.compute_s * 1e3},
+          {"tp_comm_ms", p.tp_comm_s * 1e3},
+          {"tp_exposed_ms", p.tp_exposed_s * 1e3},
+          {"dp_comm_ms", p.dp_comm_s * 1e3},
+          {"dp_exposed_ms", p.dp_exposed_s * 1e3},
+          {"optimizer_ms", p.optimizer_s * 1e3},
+          {"tp_bytes_per_step", p.tp_bytes},
+          {"tp_collectives_per_step", p.tp_count},
+          {"dp_bytes_per_step", p.dp_bytes},
+          {"dp_collectives_per_step", p.dp_count},
+          {"dp_inter_node", p.inter_node_dp},
+          {"tokens_per_s", p.tokens_per_s},
+          {"mfu", p.mfu},
+          {"memory",
+           {{"weights_bytes", p.mem.weights},
+            {"grads_bytes", p.mem.grads},
+            {"optimizer_bytes", p.mem.optimizer},
+            {"activations_bytes", p.mem.activations},
+            {"workspace_bytes", p.mem.workspace},
+            {"total_bytes", p.mem.total()}}},
+          {"fits", p.fits},
+          {"overflow_bytes", p.overflow_bytes}};
+}
+
+void write_file(const std::string& path, const std::string& text, std::ostream& out) {
+  std::ofstream f(path);
+  MESHRT_CHECK(f, "cannot write " << path << "; check the directory exists and is writable");
+  f << text;
+  f.close();
+  MESHRT_CHECK(f, "writing " << path << " failed (disk full?)");
+  out << "wrote " << path << "\n";
+}
+
+int run_table(const PlanOptions& o, std::ostream& out) {
+  ModelSpec m = plan::parse_model_spec(o.model);
+  m.dtype = o.dtype;
+  const ClusterSpec cl = plan::load_cluster(o.cluster, o.dtype);
+  const plan::OverlapMode ov = plan::parse_overlap_mode(o.overlap);
+  std::vector<Prediction> all = plan::plan_all(m, cl, o.global_batch, o.buckets, ov, o.optimizer);
+  if (o.recompute) {
+    for (Prediction& p : all) {
+      PlanConfig c = p.cfg;
+      c.recompute = true;
+      p = plan::predict(m, cl, c);
+    }
+    std::stable_sort(all.begin(), all.end(), [](const Prediction& a, const Prediction& b) {
+      if (a.fits != b.fits) return a.fits;
+      return a.tokens_per_s > b.tokens_per_s;
+    });
+  }
+  MESHRT_CHECK(!all.empty(), "no layout of " << cl.world() << " devices reaches --global-batch "
+                                             << o.global_batch
+                                             << " with this model: the batch must divide by "
+                                             << "dp (try a multiple of " << cl.world() << ")");
+  out << "meshrt plan: " << m.params() / 1e9 << "B parameters (hidden " << m.hidden << ", heads "
+      << m.heads << ", ffn " << m.ffn << ", layers " << m.layers << ", seq " << m.seq << ", vocab "
+      << m.vocab << ", " << m.dtype << ") on " << cl.name << " (" << cl.world() << " x "
+      << cl.device << ", " << cl.peak_tflops << " TFLOP/s, " << cl.memory_gib
+      << " GiB), global batch " << o.global_batch << " sequences\n";
+  out << "per step and device; mb = micro-batch per dp replica x accumulation steps; "
+         "sorted by tokens/s, layouts that do not fit last\n\n";
+  char line[400];
+  std::snprintf(line, sizeof line, "%6s %-12s %4s %9s %7s %10s %10s %9s %9s %11s %6s %9s  %s\n", "",
+                "mesh", "sp", "mb", "bucket", "step ms", "compute", "tp exp", "dp exp", "tokens/s",
+                "MFU", "mem GiB", "fits");
+  out << line;
+  const size_t shown = o.top > 0 ? std::min(all.size(), static_cast<size_t>(o.top)) : all.size();
+  for (size_t i = 0; i < shown; ++i) {
+    const Prediction& p = all[i];
+    const PlanConfig& c = p.cfg;
+    const std::string mesh = "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp);
+    const std::string mb = std::to_string(c.micro_batch) + "x" + std::to_string(c.accum);
+    const std::string fits = p.fits ? "yes" : "no, over by " + gib(p.overflow_bytes) + " GiB";
+    std::snprintf(line, sizeof line,
+                  "%6s %-12s %4s %9s %7s %10.1f %10.1f %9.1f %9.1f %11.0f %5.1f%% %9s  %s\n",
+                  i == 0 && p.fits ? "best" : "", mesh.c_str(),
+                  c.tp > 1 ? (c.sp ? "on" : "off") : "-", mb.c_str(),
+                  c.dp > 1 ? fmt("%g", c.bucket_mb).c_str() : "-", p.step_s * 1e3,
+                  p.compute_s * 1e3, p.tp_exposed_s * 1e3, p.dp_exposed_s * 1e3, p.tokens_per_s,
+                  100 * p.mfu, gib(p.mem.total()).c_str(), fits.c_str());
+    out << line;
+  }
+  if (shown < all.size()) out << "(" << all.size() - shown << " more; --top 0 shows all)\n";
+  const std::string why = plan::why_best(all);
+  out << "\n" << why << "\n";
+  if (!o.json_path.empty()) {
+    json j;
+    j["tool"] = "meshrt plan";
+    j["format_version"] = 1;
+    j["command_line"] = o.command_line;
+    j["model"] = model_json(m);
+    j["cluster"] = json::parse(plan::cluster_to_json(cl));
+    j["global_batch"] = o.global_batch;
+    j["configs"] = json::array();
+    for (size_t i = 0; i < all.size(); ++i) {
+      json c = prediction_json(all[i]);
+      c["best"] = i == 0 && all[i].fits;
+      j["configs"].push_back(c);
+    }
+    j["why"] = why;
+    write_file(o.json_path, j.dump(2) + "\n", out);
+  }
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+void check_plan_options(const PlanOptions& o) {
+  const int modes = !o.calibrate_path.empty() + !o.compare_path.empty();
+  MESHRT_CHECK(modes <= 1, "--calibrate and --compare are separate runs: give one of them");
+  if (modes == 0) {
+    MESHRT_CHECK(!o.model.empty(),
+                 "--model is required (e.g. --model hidden=4096,heads=32,"
+                 "ffn=11008,layers=32,seq=4096,vocab=32000)");
+    MESHRT_CHECK(o.global_batch >= 1, "--global-batch is required (sequences per step, >= 1)");
+    plan::parse_model_spec(o.model);
+  }
+  plan::dtype_bytes(o.dtype);
+  plan::parse_overlap_mode(o.overlap);
+  MESHRT_CHECK(o.top >= 0, "--top " << o.top << " must be >= 0");
+  MESHRT_CHECK(!o.buckets.empty(), "--bucket-mb needs at least one size");
+  for (double b : o.buckets) MESHRT_CHECK(b > 0, "--bucket-mb " << b << " must be positive");
+}
+
+std::string compare_with_sweep(const std::string& path, const std::string& cluster,
+                               std::ostream& out) {
+  std::ifstream f(path);
+  MESHRT_CHECK(f, "--compare " << path << ": cannot read the file (a `meshrt sweep --json` file)");
+  json j;
+  try {
+    f >> j;
+  } catch (const json::exception& e) {
+    MESHRT_FAIL("--compare " << path << ": not valid JSON (" << e.what() << ")");
+  }
+  MESHRT_CHECK(j.contains("results") && j["results"].is_array() && !j["results"].empty(),
+               "--compare " << path << ": no \"results\" list; give a `meshrt sweep --json` file");
+  struct Row {
+    std::string label;
+    double meas_ms, pred_ms, meas_tp, pred_tp, meas_dp, pred_dp, meas_mem, pred_mem;
+    bool bytes_equal;
+  };
+  std::vector<Row> rows;
+  for (const json& r : j["results"]) {
+    const json& c = r.at("config");
+    ModelSpec m;
+    m.hidden = c.at("hidden").get<int64_t>();
+    m.heads = c.at("heads").get<int64_t>();
+    m.ffn = c.at("ffn").get<int64_t>();
+    m.layers = c.at("layers").get<int>();
+    m.seq = c.at("seq").get<int64_t>();
+    m.dtype = c.at("dtype").get<std::string>();
+    m.kind = c.at("kind").get<std::string>();
+    MESHRT_CHECK(!c.value("fwd_only", false),
+                 "--compare " << path << ": forward-only sweeps are not modelled");
+    PlanConfig pc;
+    pc.dp = c.at("dp").get<int>();
+    pc.tp = c.at("tp").get<int>();
+    pc.sp = c.at("sp").get<bool>();
+    pc.micro_batch = c.at("batch_per_replica").get<int64_t>();
+    pc.bucket_mb = c.at("bucket_mb").get<double>();
+    pc.overlap = plan::parse_overlap_mode(c.at("overlap").get<std::string>());
+    pc.optimizer = false;  // the block benchmark runs no optimizer step
+    const ClusterSpec cl = plan::load_cluster(cluster, m.dtype);
+    MESHRT_CHECK(pc.dp * pc.tp <= cl.world(), "--compare: the sweep ran "
+                                                  << pc.dp * pc.tp << " ranks, cluster " << cl.name
+                                                  << " has " << cl.world());
+    const Prediction p = plan::predict(m, cl, pc);
+    const json& tpj = r.at("comm").at("tp");
+    const json& dpj = r.at("comm").at("dp");
+    Row row;
+    row.label = c.at("mesh").get<std::string>() +
+                " sp=" + (pc.tp > 1 ? (pc.sp ? "on" : "off") : "-") +
+                " b=" + std::to_string(pc.micro_batch);
+    row.meas_ms = r.at("step_ms").at("median").get<double>();
+    row.pred_ms = p.step_s * 1e3;
+    row.meas_tp = tpj.at("exposed_ms_median").get<double>();
+    row.pred_tp = p.tp_exposed_s * 1e3;
+    row.meas_dp = dpj.at("exposed_ms_median").get<double>();
+    row.pred_dp = p.dp_exposed_s * 1e3;
+    row.meas_mem = r.at("memory").at("peak_allocated_bytes_max").get<double>();
+    row.pred_mem = p.mem.total();
+    row.bytes_equal =
+        std::llround(tpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.tp_bytes) &&
+        std::llround(tpj.at("collectives_per_step_per_rank").get<double>()) == p.tp_count &&
+        std::llround(dpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.dp_bytes) &&
+        std::llround(dpj.at("collectives_per_step_per_rank").get<double>()) == p.dp_count;
+    rows.push_back(row);
+  }
+  out << "| configuration | measured step ms | predicted step ms | error | measured tp exposed ms "
+         "| predicted | measured dp exposed ms | predicted | measured peak MiB | predicted MiB "
+         "| collectives & bytes |\n";
+  out << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  std::vector<double> errs;
+  size_t mbest = 0, pbest = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double err = (r.pred_ms - r.meas_ms) / r.meas_ms;
+    errs.push_back(std::fabs(err));
+    // Best by time per sequence (the sweep's ranking by tokens/s, batches differ).
+    auto per = [&](size_t k, bool pred) {
+      const Row& x = rows[k];
+      const json& c = j["results"][k]["config"];
+      const double seqs = c.at("global_batch").get<double>();
+      return (pred ? x.pred_ms : x.meas_ms) / seqs;
+    };
+    if (per(i, false) < per(mbest, false)) mbest = i;
+    if (per(i, true) < per(pbest, true)) pbest = i;
+    char b[400];
+    std::snprintf(b, sizeof b,
+                  "| %s | %.1f | %.1f | %+.1f%% | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %s |\n",
+                  r.label.c_str(), r.meas_ms, r.pred_ms, 100 * err, r.meas_tp, r.pred_tp, r.meas_dp,
+                  r.pred_dp, r.meas_mem / 1048576.0, r.pred_mem / 1048576.0,
+                  r.bytes_equal ? "equal" : "DIFFER");
+    out << b;
+  }
+  auto per_seq = [&](size_t k) {
+    return rows[k].meas_ms / j["results"][k]["config"].at("global_batch").get<double>();
+  };
+  const double loss = per_seq(pbest) / per_seq(mbest) - 1;
+  const double med = median(errs);
+  out << "\nmedian |error| of the step time: " << fmt("%.1f", 100 * med) << "% over " << rows.size()
+      << " configurations\n";
+  out << "measured best: " << rows[mbest].label << "; predicted best: " << rows[pbest].label
+      << " (measured " << fmt("%.1f", 100 * loss)
+      << "% slower per sequence than the measured best)\n";
+  json s = {{"median_abs_error", med},
+            {"configurations", rows.size()},
+            {"measured_best", rows[mbest].label},
+            {"predicted_best", rows[pbest].label},
+            {"predicted_best_loss", loss}};
+  return s.dump();
+}
+
+int run_plan(const PlanOptions& o, std::ostream& out) {
+  check_plan_options(o);
+  if (!o.calibrate_path.empty()) {
+    ModelSpec m;  // the CPU block benchmark's default shapes unless --model
+    m.hidden = 1024;
+    m.heads = 16;
+    m.ffn = 4096;
+    m.seq = 512;
+    if (!o.model.empty()) m = plan::parse_model_spec(o.model);
+    m.dtype = o.dtype;
+    ClusterSpec c = calibrate_cluster(m, o.devices, out);
+    write_file(o.calibrate_path, plan::cluster_to_json(c), out);
+    return 0;
+  }
+  if (!o.compare_path.empty()) {
+    const std::string summary = compare_with_sweep(o.compare_path, o.cluster, out);
+    if (!o.json_path.empty()) write_file(o.json_path, summary + "\n", out);
+    return 0;
+  }
+  return run_table(o, out);
+}
+
+}  // namespace meshrt

@@ -1,0 +1,81 @@
+// `meshrt plan`: the planner's flags and checks.
+#include "bench/common/cli_checks.h"
+#include "bench/common/command.h"
+#include "bench/plan/plan_bench.h"
+#include "bench/sweep/sweep.h"
+
+namespace meshrt::bench {
+
+namespace {
+
+using cli::kNonNegativeInt;
+using cli::kPositiveInt;
+
+class PlanCommand : public Command {
+ public:
+  void add_flags(CLI::App& c) override {
+    c.add_option("--model", o_.model,
+                 "The model: hidden=..,heads=..,ffn=..,layers=..,seq=..,vocab=.. (ffn default 4 x "
+                 "hidden, vocab 0: no embedding / LM head)");
+    c.add_option("--global-batch", o_.global_batch, "Sequences per optimizer step, all replicas")
+        ->check(kPositiveInt);
+    c.add_option("--cluster", o_.cluster,
+                 "A preset (h100-sxm:8, h200-sxm:8, a100-sxm:8, ':8xN' for N nodes, cpu) or a "
+                 "cluster JSON file (--calibrate writes one)")
+        ->capture_default_str();
+    c.add_option("--dtype", o_.dtype, "f32 | bf16 | f16")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    c.add_option("--top", o_.top, "Rows shown (0: all)")
+        ->capture_default_str()
+        ->check(kNonNegativeInt);
+    c.add_option("--bucket-mb", buckets_, "dp gradient bucket sizes tried, MiB, comma-separated")
+        ->capture_default_str();
+    c.add_option("--overlap", o_.overlap, "tp overlap modelled: none | async | chunked")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"none", "async", "chunked"}));
+    c.add_flag("--no-optimizer", no_opt_,
+               "No AdamW state or step (what `meshrt bench block` and `sweep` run)");
+    c.add_flag("--recompute", o_.recompute,
+               "Model full activation recomputation (as Megatron runs; meshrt does not)");
+    c.add_option("--json", o_.json_path, "Write every configuration's prediction as JSON");
+    c.add_option("--calibrate", o_.calibrate_path,
+                 "Measure this machine (GEMMs on the model's shapes, attention, elementwise, "
+                 "collectives, overlap) and write a cluster JSON file");
+    c.add_option("--devices", o_.devices, "Ranks --calibrate measures (default as bench block)");
+    c.add_option("--compare", o_.compare_path,
+                 "Predicted vs measured for every run of a `meshrt sweep --json` file, on "
+                 "--cluster");
+  }
+
+  void validate() override {
+    o_.optimizer = !no_opt_;
+    o_.buckets.clear();
+    for (int64_t b : parse_int_list(buckets_, "--bucket-mb"))
+      o_.buckets.push_back(static_cast<double>(b));
+    check_plan_options(o_);
+  }
+
+  int run(const RunInfo& info, std::ostream& out) override {
+    o_.command_line = info.command_line;
+    return run_plan(o_, out);
+  }
+
+ private:
+  PlanOptions o_;
+  std::string buckets_ = "25";
+  bool no_opt_ = false;
+};
+
+}  // namespace
+
+std::vector<Entry> plan_commands() {
+  return {{"plan",
+           "Cost model: predicted step time (compute, tp / dp communication and their exposed "
+           "part), memory, tokens/s and MFU of every dp x tp, sequence parallel, micro-batch and "
+           "bucket layout of a model on a cluster; --calibrate measures this machine, --compare "
+           "checks the model against a sweep",
+           true, [] { return std::make_unique<PlanCommand>(); }}};
+}
+
+}  // namespace meshrt::bench

@@ -1,0 +1,391 @@
+// The planner's cost model: collective counts and bytes against hand-computed values and against
+// what a real run of the block issues (profiler ranges and the schedulers' counters), FLOPs
+// against bench/block/flops.h, the overlap rules on clusters where the answer is known, memory,
+// the cluster presets and file.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "bench/block/block_bench.h"
+#include "bench/block/flops.h"
+#include "bench/plan/cost_model.h"
+#include "bench/plan/plan_bench.h"
+#include "runtime/error.h"
+#include "runtime/ranges.h"
+
+using namespace meshrt;
+using namespace meshrt::plan;
+using json = nlohmann::json;
+
+namespace {
+
+// hidden 256, ffn 1024, seq 128, 2 layers, f32: one activation [2 x 128, 256] is 262144 bytes.
+ModelSpec small() {
+  ModelSpec m;
+  m.hidden = 256;
+  m.heads = 4;
+  m.ffn = 1024;
+  m.seq = 128;
+  m.layers = 2;
+  m.dtype = "f32";
+  return m;
+}
+
+PlanConfig cfg(int dp, int tp, bool sp, OverlapMode ov = OverlapMode::Async) {
+  PlanConfig c;
+  c.dp = dp;
+  c.tp = tp;
+  c.sp = sp;
+  c.micro_batch = 2;
+  c.overlap = ov;
+  c.optimizer = false;
+  return c;
+}
+
+std::map<std::string, int> count_ops(const std::vector<Collective>& cs) {
+  std::map<std::string, int> n;
+  for (const Collective& c : cs) ++n[coll_op_name(c.op)];
+  return n;
+}
+
+double sum_bytes(const std::vector<Collective>& cs) {
+  double b = 0;
+  for (const Collective& c : cs) b += c.bytes;
+  return b;
+}
+
+// An idealised cluster: GEMMs at peak, no latency, elementwise free, all overlap hidden.
+ClusterSpec ideal(double tflops, double busbw_gbps) {
+  ClusterSpec c;
+  c.name = "ideal";
+  c.devices_per_node = 8;
+  c.peaks = {{"f32", tflops}};
+  c.peak_tflops = tflops;
+  c.memory_gib = 0;
+  c.mem_bw_gbps = 1e30;
+  c.attention_eff = 1;
+  c.overlap_eff = 1;
+  for (int i = 0; i < 3; ++i) c.intra[i] = c.inter[i] = {busbw_gbps, 0};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("plan: tp collectives per micro-batch match the block's structure", "[unit]") {
+  const ModelSpec m = small();
+  const double act = 2 * 128 * 256 * 4;  // 262144
+  // Sequence parallel, async: per piece forward all-gather + reduce-scatter; backward the
+  // rowwise all-gather of dy, the colwise regather and reduce-scatter, and the norm's two
+  // gradient all-reduces (hidden 256 x 4 bytes). 4 pieces.
+  auto sp = tp_collectives(m, cfg(1, 2, true));
+  CHECK(count_ops(sp) ==
+        std::map<std::string, int>{{"all_gather", 12}, {"reduce_scatter", 8}, {"all_reduce", 8}});
+  CHECK(sum_bytes(sp) == 4 * (5 * act + 2 * 1024));
+  for (const Collective& c : sp) CHECK(c.group == 2);
+  // Without: one all-reduce forward (rowwise output), one backward (colwise input gradient).
+  auto nosp = tp_collectives(m, cfg(1, 2, false));
+  CHECK(count_ops(nosp) == std::map<std::string, int>{{"all_reduce", 8}});
+  CHECK(sum_bytes(nosp) == 8 * act);
+  // Chunked: the forward all-gather and reduce-scatter in tp pieces, same bytes.
+  auto ch = tp_collectives(m, cfg(1, 2, true, OverlapMode::Chunked));
+  CHECK(count_ops(ch) ==
+        std::map<std::string, int>{{"all_gather", 16}, {"reduce_scatter", 12}, {"all_reduce", 8}});
+  CHECK(sum_bytes(ch) == sum_bytes(sp));
+  // tp = 1: none.
+  CHECK(tp_collectives(m, cfg(2, 1, false)).empty());
+}
+
+TEST_CASE("plan: dp buckets pack the local parameters as GradSync does", "[unit]") {
+  const ModelSpec m = small();
+  // Per layer at tp=1: attention 2*256 + 256*768 + 768 + 256*256 + 256 = 263680 elements,
+  // MLP 2*256 + 256*1024 + 1024 + 1024*256 + 256 = 526080; two layers, f32.
+  const double all = 2 * (263680 + 526080) * 4.0;
+  PlanConfig c = cfg(2, 1, false);
+  c.bucket_mb = 25;
+  CHECK(dp_bucket_bytes(m, c) == std::vector<double>{all});
+  CHECK(dp_collectives(m, c).size() == 1);
+  // 1 MiB buckets: a 1 MiB weight closes the bucket before it and fills its own.
+  c.bucket_mb = 1;
+  const auto b = dp_bucket_bytes(m, c);
+  double total = 0;
+  for (double x : b) {
+    total += x;
+    CHECK((x <= 1048576 || x == 1048576.0));
+  }
+  CHECK(total == all);
+  // In launch order: layer 1's fc2 bias (1 KiB) alone, then fc2's weight (1 MiB) alone.
+  REQUIRE(b.size() >= 2);
+  CHECK(b[0] == 1024);
+  CHECK(b[1] == 1048576);
+  // tp = 2: the local shards (qkv and fc1 by columns, proj and fc2 by rows; their biases
+  // replicated for the rowwise ones).
+  PlanConfig t = cfg(2, 2, true);
+  const double local = 2 *
+                       ((2 * 256 + 256 * 384 + 384 + 128 * 256 + 256) +
+                        (2 * 256 + 256 * 512 + 512 + 512 * 256 + 256)) *
+                       4.0;
+  CHECK(dp_bucket_bytes(m, t) == std::vector<double>{local});
+  CHECK(memory_per_device(m, t).weights == local);
+  CHECK(memory_per_device(m, t).grads == local);
+  t.optimizer = true;
+  CHECK(memory_per_device(m, t).optimizer == local / 4 * 8);
+}
+
+TEST_CASE("plan: FLOPs are bench block's model FLOPs", "[unit]") {
+  const ModelSpec m = small();
+  const LayerFlops lf = layer_flops(BenchBlockKind::Transformer, 6, m.seq, m.hidden, m.ffn, true);
+  CHECK(model_flops_per_step(m, 6) == step_flops(lf, m.layers, false));
+  // On an ideal cluster the compute time is those FLOPs at peak, plus the bias gradients'
+  // row sums (qkv 3h, out-proj h, fc2 h per token: 2 FLOPs each) that meshrt runs as GEMMs.
+  const ClusterSpec cl = ideal(1, 100);
+  PlanConfig c = cfg(1, 1, false);
+  c.micro_batch = 6;
+  const Prediction p = predict(m, cl, c);
+  const double T = 6.0 * 128, rowsums = m.layers * 2 * T * (3 * 256 + 256 + 256);
+  CHECK(p.compute_s * 1e12 == Approx(model_flops_per_step(m, 6) + rowsums).epsilon(1e-12));
+  CHECK(p.step_s == Approx(p.compute_s));
+  CHECK(p.mfu == Approx(model_flops_per_step(m, 6) / (model_flops_per_step(m, 6) + rowsums)));
+}
+
+TEST_CASE("plan: exposed communication follows meshrt's overlap rules", "[unit]") {
+  const ModelSpec m = small();
+  const double act = 2 * 128 * 256 * 4;
+  // Compute free: every collective is exposed in full.
+  {
+    const Prediction p = predict(m, ideal(1e9, 1), cfg(1, 2, true));
+    CHECK(p.tp_exposed_s == Approx(p.tp_comm_s).epsilon(1e-9));
+    // all-gather / reduce-scatter move (n-1)/n of their bytes, all-reduce 2(n-1)/n.
+    CHECK(p.tp_comm_s == Approx((4 * 5 * act * 0.5 + 4 * 2 * 1024 * 1.0) / 1e9));
+  }
+  // Compute slow: forward all-gathers and reduce-scatters, the backward all-gather of dy and the
+  // norm all-reduces are waited for at once; the regather hides under dgrad and the input
+  // gradient's reduce-scatter under wgrad.
+  {
+    const Prediction p = predict(m, ideal(1e-6, 1), cfg(1, 2, true));
+    const double exposed = (4 * 3 * act * 0.5 + 4 * 2 * 1024 * 1.0) / 1e9;
+    CHECK(p.tp_exposed_s == Approx(exposed).epsilon(1e-9));
+    CHECK(p.tp_comm_s - p.tp_exposed_s == Approx(4 * 2 * act * 0.5 / 1e9));
+    // Overlap none: nothing hides.
+    const Prediction n = predict(m, ideal(1e-6, 1), cfg(1, 2, true, OverlapMode::None));
+    CHECK(n.tp_exposed_s == Approx(n.tp_comm_s).epsilon(1e-9));
+    // Half of the overlapped time lost when the collectives take the compute's resources.
+    ClusterSpec half = ideal(1e-6, 1);
+    half.overlap_eff = 0.5;
+    const Prediction h = predict(m, half, cfg(1, 2, true));
+    CHECK(h.step_s - p.step_s == Approx(0.5 * 4 * 2 * act * 0.5 / 1e9));
+  }
+  // dp: buckets launched during backward hide under it, except what runs after its end.
+  {
+    PlanConfig c = cfg(2, 1, false);
+    c.bucket_mb = 1;
+    const Prediction slow = predict(m, ideal(1e-6, 1), c);
+    CHECK(slow.dp_count == static_cast<int64_t>(dp_bucket_bytes(m, c).size()));
+    // Exposed: the buckets of layer 0's attention only, launched after the last backward piece.
+    CHECK(slow.dp_exposed_s > 0);
+    CHECK(slow.dp_exposed_s < 0.5 * slow.dp_comm_s);
+    c.overlap = OverlapMode::None;
+    const Prediction none = predict(m, ideal(1e-6, 1), c);
+    CHECK(none.dp_exposed_s == Approx(none.dp_comm_s).epsilon(1e-9));
+    // Accumulation: buckets only in the last micro-batch.
+    c.overlap = OverlapMode::Async;
+    c.accum = 3;
+    CHECK(predict(m, ideal(1e-6, 1), c).dp_count == slow.dp_count);
+  }
+}
+
+TEST_CASE("plan: layouts, memory overflow and the reason for the best", "[unit]") {
+  ModelSpec m = parse_model_spec("hidden=4096,heads=32,ffn=16384,layers=32,seq=2048,vocab=51200");
+  // Per layer 4h^2 + 6h (attention, norm) + 2hf + f + 3h (MLP, norm) = 12h^2 + 13h at f = 4h;
+  // embedding and LM head 2Vh, final norm 2h.
+  CHECK(m.params() == 32 * (12LL * 4096 * 4096 + 13 * 4096) + 2LL * 51200 * 4096 + 2 * 4096);
+  m.dtype = "bf16";
+  ClusterSpec cl = load_cluster("h100-sxm:8x4", "bf16");
+  CHECK(cl.world() == 32);
+  CHECK(cl.peak_tflops == 989.4);
+  const auto all = plan_all(m, cl, 256, {25, 100}, OverlapMode::Async);
+  // tp in {1, 2, 4, 8}; sp off / on for tp > 1; micro-batches dividing 256 / dp; two buckets.
+  REQUIRE(!all.empty());
+  CHECK(all.front().fits);
+  for (size_t i = 1; i < all.size(); ++i)
+    if (all[i].fits == all[i - 1].fits) CHECK(all[i].tokens_per_s <= all[i - 1].tokens_per_s);
+  bool overflow = false;
+  for (const Prediction& p : all) {
+    CHECK(p.cfg.dp * p.cfg.micro_batch * p.cfg.accum == 256);
+    if (!p.fits) {
+      overflow = true;
+      CHECK(p.overflow_bytes == Approx(p.mem.total() - cl.memory_gib * 1073741824.0));
+    }
+  }
+  CHECK(overflow);  // dp=32, tp=1 with a micro-batch of 8 does not fit in 80 GB
+  const std::string why = why_best(all);
+  CHECK(why.find(config_label(all[0].cfg) + " wins by ") == 0);
+  // A dp group over nodes uses the NICs of its members on each node.
+  PlanConfig c;
+  c.dp = 32;
+  CHECK(predict(m, cl, c).inter_node_dp);
+  c.dp = 4;
+  c.tp = 8;
+  CHECK(predict(m, cl, c).inter_node_dp);
+  c.dp = 1;
+  CHECK(!predict(m, cl, c).inter_node_dp);
+}
+
+TEST_CASE("plan: cluster presets and files, model specs, and their errors", "[unit]") {
+  const ClusterSpec a = load_cluster("a100-sxm:8x16", "bf16");
+  CHECK(a.world() == 128);
+  CHECK(a.peak_tflops == 312);
+  const ClusterSpec back = cluster_from_json(cluster_to_json(a), "round trip");
+  CHECK(back.world() == 128);
+  CHECK(back.peaks == a.peaks);
+  CHECK(back.gemm_eff == a.gemm_eff);
+  CHECK(back.intra[2].busbw_gbps == a.intra[2].busbw_gbps);
+  CHECK(back.inter[0].latency_us == a.inter[0].latency_us);
+  CHECK(back.overlap_eff == a.overlap_eff);
+  CHECK_THROWS_WITH(load_cluster("v100:8", "bf16"), Catch::Contains("unknown preset 'v100'"));
+  CHECK_THROWS_WITH(load_cluster("h100-sxm:9", "bf16"), Catch::Contains("1-8 GPUs per node"));
+  CHECK_THROWS_WITH(load_cluster("/nonexistent/c.json", "bf16"),
+                    Catch::Contains("cannot read the file"));
+  CHECK_THROWS_WITH(cluster_from_json("{\"devices_per_node\": 2}", "x.json"),
+                    Catch::Contains("peak_tflops"));
+  CHECK_THROWS_WITH(cluster_from_json("[1", "x.json"), Catch::Contains("not valid JSON"));
+  ClusterSpec cpu = cluster_preset("cpu");
+  CHECK_THROWS_WITH(cpu.select_dtype("f8"), Catch::Contains("no peak FLOP/s for f8"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=3,seq=8"),
+                    Catch::Contains("does not divide by heads"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=4"), Catch::Contains("seq are required"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=4,seq=8,depth=2"),
+                    Catch::Contains("unknown key 'depth'"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=x,heads=4,seq=8"),
+                    Catch::Contains("hidden=x must be a positive integer"));
+  const ModelSpec m = small();
+  CHECK_THROWS_WITH(predict(m, ideal(1, 1), cfg(1, 3, false)), Catch::Contains("by tp=3"));
+  PlanConfig big = cfg(1, 16, false);
+  CHECK_THROWS_WITH(predict(m, ideal(1, 1), big), Catch::Contains("spans nodes"));
+}
+
+namespace {
+
+// What a real run issues per rank and step: each collective's profiler range (op and mesh dim)
+// and the block's counters (bytes and count per dim, from its JSON).
+struct Issued {
+  std::map<std::string, int> ops;  // "all_gather/tp" -> count per rank
+  double tp_bytes = 0, dp_bytes = 0;
+  int64_t tp_count = 0, dp_count = 0;
+};
+
+Issued run_real(const std::string& mesh, bool sp, const std::string& overlap, double bucket_mb) {
+  BlockBenchOptions o;
+  o.devices = "cpu:" + std::to_string(mesh == "dp=2,tp=2" ? 4 : 2);
+  o.mesh = mesh;
+  o.sp = sp ? 1 : 0;
+  o.overlap = overlap;
+  o.bucket_mb = bucket_mb;
+  o.seq = 16;
+  o.hidden = 64;
+  o.heads = 4;
+  o.ffn = 256;
+  o.batch = 2;
+  o.layers = 2;
+  o.steps = 1;
+  o.warmup = 0;
+  o.calibrate = false;
+  o.quiet = true;
+  std::mutex mu;
+  std::map<std::string, int> ops;
+  std::ostringstream out;
+  BlockBenchResult r;
+  {
+    ranges::ObserverGuard guard([&](bool push, const std::string& name, uint64_t) {
+      if (!push) return;
+      const size_t sp_ = name.find(' '), slash = name.rfind('/');
+      if (sp_ == std::string::npos || slash == std::string::npos) return;
+      const std::string op = name.substr(0, sp_), dim = name.substr(slash + 1);
+      if (op != "all_gather" && op != "reduce_scatter" && op != "all_reduce") return;
+      if (dim != "tp" && dim != "dp") return;
+      std::lock_guard<std::mutex> lk(mu);
+      ++ops[op + "/" + dim];
+    });
+    r = run_block_bench_result(o, out);
+  }
+  REQUIRE(r.valid);
+  Issued is;
+  for (auto& [k, n] : ops) is.ops[k] = n / r.world;
+  const json j = json::parse(r.json);
+  is.tp_bytes = j["comm"]["tp"]["bytes_per_step_per_rank"].get<double>();
+  is.tp_count = std::llround(j["comm"]["tp"]["collectives_per_step_per_rank"].get<double>());
+  is.dp_bytes = j["comm"]["dp"]["bytes_per_step_per_rank"].get<double>();
+  is.dp_count = std::llround(j["comm"]["dp"]["collectives_per_step_per_rank"].get<double>());
+  return is;
+}
+
+}  // namespace
+
+TEST_CASE("plan: predicted collectives equal what a real run issues", "[multirank]") {
+  ModelSpec m;
+  m.hidden = 64;
+  m.heads = 4;
+  m.ffn = 256;
+  m.seq = 16;
+  m.layers = 2;
+  m.dtype = "f32";
+  struct Case {
+    const char* mesh;
+    bool sp;
+    const char* overlap;
+    double bucket_mb;
+  };
+  for (const Case& k :
+       {Case{"dp=1,tp=2", true, "async", 25}, Case{"dp=1,tp=2", false, "async", 25},
+        Case{"dp=1,tp=2", true, "chunked", 25}, Case{"dp=1,tp=2", true, "none", 25},
+        Case{"dp=2,tp=1", false, "async", 0.01}, Case{"dp=2,tp=2", true, "async", 0.02}}) {
+    INFO(k.mesh << " sp " << k.sp << " overlap " << k.overlap << " bucket " << k.bucket_mb);
+    const Issued real = run_real(k.mesh, k.sp, k.overlap, k.bucket_mb);
+    CHECK(!real.ops.empty());  // the ranges were seen
+    PlanConfig c;
+    c.dp = k.mesh[3] - '0';
+    c.tp = k.mesh[8] - '0';
+    c.sp = k.sp;
+    c.micro_batch = 2;
+    c.bucket_mb = k.bucket_mb;
+    c.overlap = parse_overlap_mode(k.overlap);
+    c.optimizer = false;
+    const Prediction p = predict(m, ideal(1, 1), c);
+    CHECK(p.tp_bytes == real.tp_bytes);
+    CHECK(p.tp_count == real.tp_count);
+    CHECK(p.dp_bytes == real.dp_bytes);
+    CHECK(p.dp_count == real.dp_count);
+    std::map<std::string, int> predicted;
+    for (const Collective& x : tp_collectives(m, c))
+      ++predicted[std::string(coll_op_name(x.op)) + "/tp"];
+    for (const Collective& x : dp_collectives(m, c))
+      ++predicted[std::string(coll_op_name(x.op)) + "/dp"];
+    CHECK(predicted == real.ops);
+  }
+}
+
+TEST_CASE("plan: the command checks its options and prints the table and the JSON", "[unit]") {
+  PlanOptions o;
+  CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("--model is required"));
+  o.model = "hidden=256,heads=4,ffn=1024,layers=2,seq=128";
+  CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("--global-batch is required"));
+  o.global_batch = 3;
+  o.cluster = "h100-sxm:8";
+  std::ostringstream err;
+  CHECK_THROWS_WITH(run_plan(o, err), Catch::Contains("must divide by dp"));
+  o.global_batch = 16;
+  o.calibrate_path = "x.json";
+  o.compare_path = "y.json";
+  CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("give one of them"));
+  o.calibrate_path.clear();
+  std::ostringstream cmp;
+  CHECK_THROWS_WITH(run_plan(o, cmp), Catch::Contains("cannot read the file"));
+  o.compare_path.clear();
+  std::ostringstream out;
+  CHECK(run_plan(o, out) == 0);
+  // tp in {1, 2, 4} (heads 4), sp for tp > 1, micro-batches dividing 16 / dp.
+  CHECK(out.str().find("  best dp=") != std::string::npos);
+  CHECK(out.str().find(" wins") != std::string::npos);
+}

@@ -95,7 +95,7 @@ struct TensorObj {
   bool read_only = false;
 };
 
-enum class Kind { Comm, Stream, Event, Tensor, Mesh, Mlp };
+enum class Kind { Comm, Stream, Event, Tensor, Mesh, Mlp, Attn };
 const char* kind_name(Kind k);  // "communicator", ...
 
 // Every live handle of the process: a handle is the address of its object, and a call finds the

@@ -78,6 +78,8 @@ const char* kind_name(Kind k) {
       return "mesh";
     case Kind::Mlp:
       return "mlp";
+    case Kind::Attn:
+      return "attn";
   }
   return "handle";
 }

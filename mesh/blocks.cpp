@@ -221,7 +221,7 @@ Tensor AttentionBlock::forward(const Tensor& x) {
   o_ = ctx.empty({b, hl, s, d}, x.dtype());
   lse_ = ctx.empty({b, hl, s}, DType::f32);
   ops::attention_fwd(ctx, cs, q_, k_, v_, o_, lse_, 1.f / std::sqrt(static_cast<float>(d)),
-                     /*causal=*/true);
+                     cfg_.causal);
   Tensor attn = ctx.empty({s, b, hl * d}, x.dtype());
   sbhd_to_bhsd(attn.view({s, b, hl, d})).copy_(o_, cs);
   Tensor y = proj.forward(attn);
@@ -240,7 +240,7 @@ Tensor AttentionBlock::backward(const Tensor& dout) {
   Tensor dq = ctx.empty(q_.shape(), q_.dtype()), dk = ctx.empty(k_.shape(), k_.dtype()),
          dv = ctx.empty(v_.shape(), v_.dtype());
   ops::attention_bwd(ctx, cs, q_, k_, v_, o_, dO, lse_, dq, dk, dv,
-                     1.f / std::sqrt(static_cast<float>(d)), /*causal=*/true);
+                     1.f / std::sqrt(static_cast<float>(d)), cfg_.causal);
   Tensor dqkv = ctx.empty({s, b, hl, 3, d}, dattn.dtype());
   sbhd_to_bhsd(dqkv.select(3, 0)).copy_(dq, cs);
   sbhd_to_bhsd(dqkv.select(3, 1)).copy_(dk, cs);

@@ -26,6 +26,8 @@ struct MESHRT_API BlockConfig {
   // instead of the usual 0 / 1 / 0 (tests use it so every parameter matters).
   float param_noise = 0.f;
   uint64_t seed = 1;
+  // Attention: each position attends to itself and earlier ones only (false: to every position).
+  bool causal = true;
 };
 
 // Rejects shapes that cannot be sharded, before any collective runs: hidden % tp, ffn >= tp (an
@@ -91,8 +93,9 @@ class MESHRT_API MlpBlock : public Block {
   Tensor h1_;
 };
 
-// x + proj(causal_attention(qkv(norm(x)))): fused QKV colwise with heads split over tp (weight
-// columns laid out per head as [q | k | v] so a column shard is whole heads), out-proj rowwise.
+// x + proj(attention(qkv(norm(x)))), causal unless cfg.causal is false: fused QKV colwise with
+// heads split over tp (weight columns laid out per head as [q | k | v] so a column shard is whole
+// heads), out-proj rowwise.
 class MESHRT_API AttentionBlock : public Block {
  public:
   AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,

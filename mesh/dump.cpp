@@ -35,7 +35,7 @@ std::map<std::string, std::string> block_metadata(const BlockConfig& cfg) {
           {"meshrt.param_noise", exact(cfg.param_noise)},
           {"meshrt.seed", std::to_string(cfg.seed)},
           {"meshrt.dtype", dtype_name(cfg.dtype)},
-          {"meshrt.causal", "1"}};
+          {"meshrt.causal", cfg.causal ? "1" : "0"}};
 }
 
 int dump_safetensors(const std::string& path, const DeviceMesh& mesh,

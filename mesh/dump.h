@@ -22,7 +22,7 @@ void add_param_entries(const std::vector<Param*>& params, std::vector<DumpEntry>
 
 // What a dump needs besides its tensors to recompute a block: "meshrt.hidden", ".ffn", ".heads",
 // ".norm" (layernorm | rmsnorm), ".norm_eps", ".gelu" (tanh | erf), ".bias" (0 | 1),
-// ".init_std", ".param_noise", ".seed", ".dtype" and ".causal" (attention is causal).
+// ".init_std", ".param_noise", ".seed", ".dtype" and ".causal" (1 unless the config turned it off).
 std::map<std::string, std::string> block_metadata(const BlockConfig& cfg);
 
 // Collective over the mesh: gathers every entry (full_tensor) and rank 0 writes them, in order,

@@ -9,9 +9,9 @@
  *  - Call meshrt_init(MESHRT_API_VERSION) once before creating communicators: a library built
  *    for another API version refuses it, naming both versions.
  *  - Handles (meshrt_comm_t, meshrt_stream_t, meshrt_event_t, meshrt_tensor_t, meshrt_mesh_t,
- *    meshrt_mlp_t) are opaque and checked on every call: a destroyed or never-created handle
- *    gets MESHRT_ERROR_INVALID_USAGE, not a crash (a freed handle's address could be reused
- *    by a new handle of the same kind; do not keep handles past destroy).
+ *    meshrt_mlp_t, meshrt_attn_t) are opaque and checked on every call: a destroyed or
+ * never-created handle gets MESHRT_ERROR_INVALID_USAGE, not a crash (a freed handle's address could
+ * be reused by a new handle of the same kind; do not keep handles past destroy).
  *  - Tensors are DLPack tensors, used in place (zero copy); see "Tensors" below.
  *  - Asynchronous calls take a stream (NULL: the communicator's default stream) and may return an
  *    event; nothing waits behind the caller's back. */
@@ -423,6 +423,102 @@ MESHRT_C_API meshrt_status_t meshrt_mlp_backward(meshrt_mlp_t mlp, meshrt_tensor
                                                  meshrt_tensor_t dx,
                                                  const meshrt_mlp_params_t* grads,
                                                  meshrt_stream_t stream, meshrt_event_t* event);
+
+/* ---- sharded attention block ---------------------------------------------------------------
+ * y = x + proj(attention(qkv(norm(x)))) over the mesh's tp dim (Megatron): norm weights
+ * replicated; the fused QKV projection colwise with whole heads per rank (weight [hidden,
+ * 3 hidden], its bias [3 hidden]); multi-head scaled dot-product attention (scale
+ * 1 / sqrt(head_dim), causal unless the config says otherwise) on the rank's heads; the output
+ * projection rowwise (weight [hidden, hidden] split by rows, its bias replicated). heads % tp == 0
+ * and hidden % heads == 0. Activations as in the MLP block: [seq, batch, hidden], sequence shards
+ * [seq / tp, batch, hidden] under sequence parallel. The norm kind, eps, bias, weight layout and
+ * sequence parallel mean what they mean for the MLP block. */
+
+typedef struct meshrt_attn_s* meshrt_attn_t;
+
+/* Order of the fused QKV projection's output features (columns in [in, out] terms), given for
+ * this rank's shard, which always holds whole heads: heads [h0, h0 + hl) with hl = heads / tp and
+ * h0 = tp_rank * hl (see meshrt_attn_shard_info), head_dim d = hidden / heads. */
+typedef enum meshrt_qkv_layout {
+  /* Megatron's per-head [q | k | v]: feature (h, j, e) of the shard, j = 0 (q), 1 (k), 2 (v), at
+   * h * 3d + j * d + e. meshrt's own order: bound IN_OUT weights are used in place. */
+  MESHRT_QKV_LAYOUT_PER_HEAD = 0,
+  /* GPT-2 / Hugging Face's [Q | K | V]: the shard is [Q_r | K_r | V_r], the rank's heads of Q,
+   * then of K, then of V: feature (h, j, e) at j * hl * d + h * d + e. The QKV weight and bias are
+   * copied (permuted) into meshrt's order at bind and at each meshrt_attn_sync_weights, and their
+   * gradients permuted back. */
+  MESHRT_QKV_LAYOUT_BLOCKED = 1
+} meshrt_qkv_layout_t;
+
+typedef struct meshrt_attn_config {
+  size_t size;           /* sizeof(meshrt_attn_config_t) */
+  int64_t hidden;        /* model width */
+  int64_t heads;         /* attention heads; tp must divide it, it must divide hidden */
+  DLDataType dtype;      /* of weights and activations: float32, bfloat16 or float16 */
+  int norm;              /* meshrt_norm_kind_t */
+  float eps;             /* norm epsilon */
+  int bias;              /* 1: qkv and proj have biases; 0: none */
+  int causal;            /* 1: position i attends to positions <= i; 0: to all */
+  int sequence_parallel; /* 1: activations are sequence shards over tp (Megatron SP) */
+  int weight_layout;     /* meshrt_weight_layout_t of the qkv / proj weights and their gradients */
+  int qkv_layout;        /* meshrt_qkv_layout_t of the qkv weight, its bias and their gradients */
+} meshrt_attn_config_t;
+
+#define MESHRT_ATTN_CONFIG_INITIALIZER                                                             \
+  {                                                                                                \
+    sizeof(meshrt_attn_config_t), 1024, 16, {kDLFloat, 32, 1}, MESHRT_NORM_LAYERNORM, 1e-5f, 1, 1, \
+        0, MESHRT_WEIGHT_LAYOUT_IN_OUT, MESHRT_QKV_LAYOUT_PER_HEAD                                 \
+  }
+
+/* The block's parameter tensors (this rank's shards); NULL where the config has none, as for the
+ * MLP block. */
+typedef struct meshrt_attn_params {
+  size_t size;                 /* sizeof(meshrt_attn_params_t) */
+  meshrt_tensor_t norm_weight; /* [hidden], replicated */
+  meshrt_tensor_t norm_bias;   /* [hidden], replicated; LayerNorm only */
+  meshrt_tensor_t qkv_weight;  /* IN_OUT [hidden, 3 hl d], OUT_IN [3 hl d, hidden] */
+  meshrt_tensor_t qkv_bias;    /* [3 hl d] */
+  meshrt_tensor_t proj_weight; /* IN_OUT [hl d, hidden], OUT_IN [hidden, hl d] */
+  meshrt_tensor_t proj_bias;   /* [hidden], replicated */
+} meshrt_attn_params_t;
+
+#define MESHRT_ATTN_PARAMS_INITIALIZER \
+  { sizeof(meshrt_attn_params_t), NULL, NULL, NULL, NULL, NULL, NULL }
+
+typedef enum meshrt_attn_param {
+  MESHRT_ATTN_NORM_WEIGHT = 0,
+  MESHRT_ATTN_NORM_BIAS = 1,
+  MESHRT_ATTN_QKV_WEIGHT = 2,
+  MESHRT_ATTN_QKV_BIAS = 3,
+  MESHRT_ATTN_PROJ_WEIGHT = 4,
+  MESHRT_ATTN_PROJ_BIAS = 5
+} meshrt_attn_param_t;
+
+/* As meshrt_mlp_create (checks heads % tp, hidden % heads, the enums). */
+MESHRT_C_API meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh_t mesh,
+                                                const meshrt_attn_config_t* config);
+MESHRT_C_API meshrt_status_t meshrt_attn_destroy(meshrt_attn_t attn);
+/* Where this rank's shard of `which` sits along its sharded dimension of the full tensor, in
+ * elements: qkv weight / bias: features [offset, offset + size) = 3 d x heads [h0, h0 + hl) (in
+ * either qkv layout the shard holds those heads); proj weight: rows [offset, offset + size) = d x
+ * heads [h0, h0 + hl) of [hidden, hidden] (OUT_IN: columns). Replicated ones: 0 and hidden. */
+MESHRT_C_API meshrt_status_t meshrt_attn_shard_info(meshrt_attn_t attn, meshrt_attn_param_t which,
+                                                    int64_t* offset, int64_t* size);
+/* As meshrt_mlp_bind_weights: IN_OUT + PER_HEAD tensors are used in place; OUT_IN weights and
+ * BLOCKED qkv tensors are copied into meshrt's layout. */
+MESHRT_C_API meshrt_status_t meshrt_attn_bind_weights(meshrt_attn_t attn,
+                                                      const meshrt_attn_params_t* weights);
+/* Copies the bound weights again where bind copied them (after the engine changed them). */
+MESHRT_C_API meshrt_status_t meshrt_attn_sync_weights(meshrt_attn_t attn, meshrt_stream_t stream,
+                                                      meshrt_event_t* event);
+/* As meshrt_mlp_forward / meshrt_mlp_backward. */
+MESHRT_C_API meshrt_status_t meshrt_attn_forward(meshrt_attn_t attn, meshrt_tensor_t x,
+                                                 meshrt_tensor_t y, meshrt_stream_t stream,
+                                                 meshrt_event_t* event);
+MESHRT_C_API meshrt_status_t meshrt_attn_backward(meshrt_attn_t attn, meshrt_tensor_t dy,
+                                                  meshrt_tensor_t dx,
+                                                  const meshrt_attn_params_t* grads,
+                                                  meshrt_stream_t stream, meshrt_event_t* event);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -3,11 +3,14 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -157,6 +160,127 @@ inline meshrt_comm_config_t test_config(double timeout_s = 60) {
 inline void init_api() {
   const meshrt_status_t st = meshrt_init(MESHRT_API_VERSION);
   if (st != MESHRT_SUCCESS) throw std::runtime_error(meshrt_last_error());
+}
+
+}  // namespace capi_test
+
+namespace capi_test {
+
+// Deterministic values in about [-scale, scale], the same on every rank.
+inline double val(uint64_t seed, int64_t i, double scale) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) * 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 31;
+  z *= 0x94D049BB133111EBull;
+  z ^= z >> 29;
+  return scale * (static_cast<double>(z % 20001) / 10000.0 - 1.0);
+}
+
+// Max |got - want| / max(1, max |want|); throws naming the tensor when above tol.
+template <class T>
+void expect_close(const std::vector<T>& got, const std::vector<double>& want, const char* what,
+                  const std::string& where, double tol = 1e-4) {
+  if (got.size() != want.size())
+    throw std::runtime_error(where + ": " + what + " has " + std::to_string(got.size()) +
+                             " elements, expected " + std::to_string(want.size()));
+  double err = 0, scale = 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::fabs(want[i]));
+  }
+  if (err / scale > tol)
+    throw std::runtime_error(where + ": " + what + " relative error " +
+                             std::to_string(err / scale) + " > " + std::to_string(tol));
+}
+
+inline std::vector<double> scaled(std::vector<double> v, double s) {
+  for (double& x : v) x *= s;
+  return v;
+}
+
+// n thread ranks of one process (meshrt_comm_init_all), destroyed with the object.
+struct World {
+  explicit World(int n, double timeout_s = 60) : comms(static_cast<size_t>(n)) {
+    init_api();
+    const meshrt_comm_config_t cfg = test_config(timeout_s);
+    if (meshrt_comm_init_all(comms.data(), n, nullptr, &cfg) != MESHRT_SUCCESS)
+      throw std::runtime_error(meshrt_last_error());
+  }
+  ~World() {
+    for (meshrt_comm_t c : comms) meshrt_comm_destroy(c);
+  }
+  std::vector<meshrt_comm_t> comms;
+};
+
+// A contiguous n-D CPU tensor of any float dtype the engine owns, with its borrowed handle;
+// values go in and out as doubles.
+class Mat {
+ public:
+  Mat(std::vector<int64_t> shape, DLDataType dt) : shape_(std::move(shape)) {
+    int64_t n = 1;
+    for (int64_t e : shape_) n *= e;
+    buf_ = std::make_unique<Buf>(dt, n);
+    dl_ = *buf_->dl();
+    dl_.ndim = static_cast<int>(shape_.size());
+    dl_.shape = shape_.data();
+    if (meshrt_tensor_from_dltensor(&dl_, &h) != MESHRT_SUCCESS)
+      throw std::runtime_error(meshrt_last_error());
+  }
+  ~Mat() { meshrt_tensor_destroy(h); }
+  Mat(const Mat&) = delete;
+  Mat& operator=(const Mat&) = delete;
+  int64_t size() const { return buf_->size(); }
+  void load(const std::vector<double>& v) {
+    for (size_t i = 0; i < v.size(); ++i) buf_->set(static_cast<int64_t>(i), v[i]);
+  }
+  std::vector<double> values() const {
+    std::vector<double> out(static_cast<size_t>(size()));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = buf_->get(static_cast<int64_t>(i));
+    return out;
+  }
+  meshrt_tensor_t h = nullptr;
+
+ private:
+  std::vector<int64_t> shape_;
+  std::unique_ptr<Buf> buf_;
+  DLTensor dl_{};
+};
+
+// LayerNorm (or RMSNorm: no mean, no beta) of one row in double: n = normalised, out = n * gamma
+// + beta; returns rstd.
+inline double norm_row(const double* x, int64_t h, const std::vector<double>& gamma,
+                       const std::vector<double>& beta, bool layernorm, double eps,
+                       std::vector<double>& n, std::vector<double>& out) {
+  double mean = 0, ms = 0;
+  if (layernorm)
+    for (int64_t i = 0; i < h; ++i) mean += x[i] / static_cast<double>(h);
+  for (int64_t i = 0; i < h; ++i) ms += (x[i] - mean) * (x[i] - mean) / static_cast<double>(h);
+  const double rstd = 1 / std::sqrt(ms + eps);
+  n.resize(static_cast<size_t>(h));
+  out.resize(static_cast<size_t>(h));
+  for (int64_t i = 0; i < h; ++i) {
+    const auto k = static_cast<size_t>(i);
+    n[k] = (x[i] - mean) * rstd;
+    out[k] = n[k] * gamma[k] + (layernorm ? beta[k] : 0.0);
+  }
+  return rstd;
+}
+
+// Backward of norm_row for d(out) = dout: adds to ggamma / gbeta, writes dx (h values).
+inline void norm_row_backward(const std::vector<double>& dout, const std::vector<double>& n,
+                              double rstd, const std::vector<double>& gamma, bool layernorm,
+                              std::vector<double>& ggamma, std::vector<double>& gbeta, double* dx) {
+  const size_t h = n.size();
+  double mdn = 0, mdnn = 0;
+  std::vector<double> dn(h);
+  for (size_t k = 0; k < h; ++k) {
+    ggamma[k] += dout[k] * n[k];
+    gbeta[k] += dout[k];
+    dn[k] = dout[k] * gamma[k];
+    mdn += dn[k] / static_cast<double>(h);
+    mdnn += dn[k] * n[k] / static_cast<double>(h);
+  }
+  if (!layernorm) mdn = 0;
+  for (size_t k = 0; k < h; ++k) dx[k] = rstd * (dn[k] - mdn - n[k] * mdnn);
 }
 
 }  // namespace capi_test

@@ -11,23 +11,6 @@
 
 using namespace capi_test;
 
-namespace {
-
-// A world of n CPU ranks made from this thread.
-struct World {
-  explicit World(int n, double timeout_s = 30) : comms(static_cast<size_t>(n)) {
-    init_api();
-    const meshrt_comm_config_t cfg = test_config(timeout_s);
-    if (meshrt_comm_init_all(comms.data(), n, nullptr, &cfg) != MESHRT_SUCCESS)
-      throw std::runtime_error(meshrt_last_error());
-  }
-  ~World() {
-    for (meshrt_comm_t c : comms) meshrt_comm_destroy(c);
-  }
-  std::vector<meshrt_comm_t> comms;
-};
-
-}  // namespace
 
 TEST_CASE("capi: status strings, versions and init", "[capi]") {
   const meshrt_status_t all[] = {
@@ -137,7 +120,7 @@ TEST_CASE("capi: init_rank mistakes: bad id, nranks mismatch, rank range, a rank
 }
 
 TEST_CASE("capi: dead, NULL and wrong-kind handles get a status, not a crash", "[capi]") {
-  World w(2);
+  World w(2, 30);
   meshrt_comm_t dead = nullptr;
   {
     World tmp(1);

@@ -111,20 +111,35 @@ case "$mode" in
       { cat "$scratch/c-mlp.run.log" >&2; fail "examples/c/mlp_tp.c did not report 0 mismatches"; }
     echo "C MLP example (installed package):"
     sed 's/^/  /' "$scratch/c-mlp.run.log"
+    # run_py <python> <script> <title>: runs examples/python/<script> on the installed library;
+    # it must print OK.
+    run_py() {
+      log=$scratch/$2.run.log
+      "$1" "$src/examples/python/$2" "$prefix/lib/libmeshrt.so" >"$log" 2>&1 ||
+        { cat "$log" >&2; fail "examples/python/$2 against $prefix/lib/libmeshrt.so failed"; }
+      grep -qx "OK" "$log" || { cat "$log" >&2; fail "examples/python/$2 did not print OK"; }
+      echo "$3 (installed libmeshrt.so, $1):"
+      sed 's/^/  /' "$log"
+    }
     py=$src/.venv-ci/bin/python
     if [ -x "$py" ] && "$py" -c "import numpy" 2>/dev/null; then
-      "$py" "$src/examples/python/allreduce_numpy.py" "$prefix/lib/libmeshrt.so" >"$scratch/python.run.log" 2>&1 ||
-        { cat "$scratch/python.run.log" >&2; fail "examples/python against $prefix/lib/libmeshrt.so failed"; }
-      grep -qx "OK" "$scratch/python.run.log" || { cat "$scratch/python.run.log" >&2; fail "examples/python did not print OK"; }
-      echo "Python example (installed libmeshrt.so):"
-      sed 's/^/  /' "$scratch/python.run.log"
-      "$py" "$src/examples/python/mlp_numpy.py" "$prefix/lib/libmeshrt.so" >"$scratch/python-mlp.run.log" 2>&1 ||
-        { cat "$scratch/python-mlp.run.log" >&2; fail "examples/python/mlp_numpy.py against $prefix/lib/libmeshrt.so failed"; }
-      grep -qx "OK" "$scratch/python-mlp.run.log" || { cat "$scratch/python-mlp.run.log" >&2; fail "examples/python/mlp_numpy.py did not print OK"; }
-      echo "Python MLP example (installed libmeshrt.so):"
-      sed 's/^/  /' "$scratch/python-mlp.run.log"
+      run_py "$py" allreduce_numpy.py "Python example"
+      run_py "$py" mlp_numpy.py "Python MLP example"
     else
       echo "Python example: not run (no .venv-ci with numpy; tools/install-deps.sh --python-venv makes it)"
+    fi
+    # The PyTorch variant (optional): MESHRT_TORCH_PYTHON, else .venv-torch, else .venv-ci.
+    tpy=""
+    for cand in "${MESHRT_TORCH_PYTHON:-}" "$src/.venv-torch/bin/python" "$py"; do
+      if [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c "import torch, numpy" 2>/dev/null; then
+        tpy=$cand
+        break
+      fi
+    done
+    if [ -n "$tpy" ]; then
+      run_py "$tpy" attn_torch.py "PyTorch attention example"
+    else
+      echo "PyTorch example: skipped (no python with torch and numpy: set MESHRT_TORCH_PYTHON or make .venv-torch with pip install torch numpy)"
     fi
     echo "PASS"
     ;;

@@ -6,6 +6,10 @@
 # the threads test checks it).
 # Usage: train_signal_mpi.sh <meshrt> <mpirun.sh> <mpiexec> [mpiexec flags...]
 set -u
+# Open MPI's mpirun sends SIGKILL 1 s after forwarding SIGTERM (odls_base_sigkill_timeout): too
+# short for a rank to finish a step on a loaded machine. Jobs that want the graceful stop raise
+# it, as the README says; so does this test.
+export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-5}"
 meshrt="$1"
 shift
 out=$(mktemp)

@@ -1,0 +1,208 @@
+"""meshrt from Python with PyTorch tensors (ctypes + DLPack, zero copy): 2 threads form a tp=2
+mesh. Each rank
+  1. all-reduces a torch tensor in place through meshrt (meshrt writes torch's memory), and
+  2. runs meshrt's sharded attention block on GPT-2-layout weights: Hugging Face's Conv1D
+     `c_attn` weight [hidden, 3 hidden] with [Q | K | V] columns (MESHRT_WEIGHT_LAYOUT_IN_OUT +
+     MESHRT_QKV_LAYOUT_BLOCKED) and `c_proj` [hidden, hidden]; each rank passes its heads' shard.
+The output, the input gradient and the c_attn weight gradient equal PyTorch autograd on the full
+weights (F.scaled_dot_product_attention, causal).
+
+Tensors cross as DLPack capsules from `tensor.__dlpack__()`: meshrt takes the DLManagedTensor
+(meshrt_tensor_from_dlpack) and calls torch's deleter when it lets go.
+
+Usage: attn_torch.py <path to libmeshrt.so>
+Exits 77 (skipped) when PyTorch is not installed.
+"""
+import ctypes as C
+import sys
+import threading
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:
+    print(f"SKIPPED: PyTorch is not installed ({e}); `pip install torch` to run this example")
+    sys.exit(77)
+
+from allreduce_numpy import CommConfig, DLDataType, check, kDLFloat
+
+API_VERSION = 1  # MESHRT_API_VERSION of include/meshrt/meshrt.h
+TP, SEQ, BATCH, HIDDEN, HEADS = 2, 8, 2, 32, 4
+LAYERNORM, IN_OUT, QKV_BLOCKED, SUM = 0, 0, 1, 0
+QKV_WEIGHT = 2
+
+
+class AttnConfig(C.Structure):  # meshrt_attn_config_t, API version 1
+    _fields_ = [("size", C.c_size_t), ("hidden", C.c_int64), ("heads", C.c_int64),
+                ("dtype", DLDataType), ("norm", C.c_int), ("eps", C.c_float), ("bias", C.c_int),
+                ("causal", C.c_int), ("sequence_parallel", C.c_int), ("weight_layout", C.c_int),
+                ("qkv_layout", C.c_int)]
+
+
+class AttnParams(C.Structure):  # meshrt_attn_params_t
+    _fields_ = [("size", C.c_size_t)] + [(n, C.c_void_p) for n in (
+        "norm_weight", "norm_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")]
+
+
+def load(path):
+    lib = C.CDLL(path)
+    lib.meshrt_status_string.restype = C.c_char_p
+    lib.meshrt_last_error.restype = C.c_char_p
+    lib.meshrt_comm_init_all.argtypes = [C.POINTER(C.c_void_p), C.c_int, C.c_void_p,
+                                         C.POINTER(CommConfig)]
+    lib.meshrt_tensor_from_dlpack.argtypes = [C.c_void_p, C.POINTER(C.c_void_p)]
+    lib.meshrt_all_reduce.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_int, C.c_void_p,
+                                      C.POINTER(C.c_void_p)]
+    lib.meshrt_mesh_create.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_char_p]
+    lib.meshrt_attn_create.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.POINTER(AttnConfig)]
+    lib.meshrt_attn_shard_info.argtypes = [C.c_void_p, C.c_int, C.POINTER(C.c_int64),
+                                           C.POINTER(C.c_int64)]
+    lib.meshrt_attn_bind_weights.argtypes = [C.c_void_p, C.POINTER(AttnParams)]
+    lib.meshrt_attn_forward.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p,
+                                        C.POINTER(C.c_void_p)]
+    lib.meshrt_attn_backward.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p,
+                                         C.POINTER(AttnParams), C.c_void_p, C.POINTER(C.c_void_p)]
+    for name in ("meshrt_event_synchronize", "meshrt_event_destroy", "meshrt_tensor_destroy",
+                 "meshrt_comm_destroy", "meshrt_mesh_destroy", "meshrt_attn_destroy"):
+        getattr(lib, name).argtypes = [C.c_void_p]
+    return lib
+
+
+_get_pointer = C.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = C.c_void_p
+_get_pointer.argtypes = [C.py_object, C.c_char_p]
+_set_name = C.pythonapi.PyCapsule_SetName
+_set_name.argtypes = [C.py_object, C.c_char_p]
+
+
+def handle(lib, t):
+    """A meshrt tensor viewing torch tensor t (no copy), by the DLPack capsule protocol: meshrt
+    consumes the DLManagedTensor and the capsule is renamed "used_dltensor"."""
+    capsule = t.__dlpack__()
+    managed = _get_pointer(capsule, b"dltensor")
+    h = C.c_void_p()
+    check(lib, lib.meshrt_tensor_from_dlpack(managed, C.byref(h)), "meshrt_tensor_from_dlpack")
+    _set_name(capsule, b"used_dltensor")
+    return h
+
+
+def sync(lib, ev, what):
+    check(lib, lib.meshrt_event_synchronize(ev), what)
+    lib.meshrt_event_destroy(ev)
+
+
+def reference(x, dy, p):
+    """Full attention block with autograd: y, dx and the c_attn weight gradient."""
+    x = x.clone().requires_grad_(True)
+    w = {k: v.clone().requires_grad_(True) for k, v in p.items()}
+    s, b, h = x.shape
+    d = h // HEADS
+    ln = F.layer_norm(x, (h,), w["gamma"], w["beta"], 1e-5)
+    qkv = ln @ w["c_attn_w"] + w["c_attn_b"]  # Conv1D: [in, out]
+    q, k, v = (t.reshape(s, b, HEADS, d).permute(1, 2, 0, 3) for t in qkv.split(h, dim=-1))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, d]
+    y = x + o.permute(2, 0, 1, 3).reshape(s, b, h) @ w["c_proj_w"] + w["c_proj_b"]
+    y.backward(dy)
+    return y.detach(), x.grad, w["c_attn_w"].grad
+
+
+def main():
+    lib = load(sys.argv[1])
+    check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
+    torch.manual_seed(7)
+    f64 = torch.float64
+    full = {"gamma": 1 + 0.3 * torch.randn(HIDDEN, dtype=f64),
+            "beta": 0.3 * torch.randn(HIDDEN, dtype=f64),
+            "c_attn_w": 0.3 * torch.randn(HIDDEN, 3 * HIDDEN, dtype=f64),
+            "c_attn_b": 0.3 * torch.randn(3 * HIDDEN, dtype=f64),
+            "c_proj_w": 0.3 * torch.randn(HIDDEN, HIDDEN, dtype=f64),
+            "c_proj_b": 0.3 * torch.randn(HIDDEN, dtype=f64)}
+    x = torch.randn(SEQ, BATCH, HIDDEN, dtype=f64)
+    dy = torch.randn(SEQ, BATCH, HIDDEN, dtype=f64)
+    want_y, want_dx, want_gw = reference(x, dy, full)
+    full = {k: v.float() for k, v in full.items()}
+    cfg = CommConfig(C.sizeof(CommConfig), 0x4D525443, API_VERSION, 60.0, 60.0, -1, 0, -1, None)
+    comms = (C.c_void_p * TP)()
+    check(lib, lib.meshrt_comm_init_all(comms, TP, None, C.byref(cfg)), "meshrt_comm_init_all")
+    results, errors = {}, []
+
+    def rank_main(rank):
+        try:
+            # 1. In-place all-reduce of a torch tensor: meshrt writes torch's memory.
+            t = torch.arange(4, dtype=torch.float32) + 100 * rank
+            th, ev = handle(lib, t), C.c_void_p()
+            check(lib, lib.meshrt_all_reduce(comms[rank], th, th, SUM, None, C.byref(ev)),
+                  "meshrt_all_reduce")
+            sync(lib, ev, "all_reduce")
+            lib.meshrt_tensor_destroy(th)
+            # 2. The attention block on this rank's heads.
+            mesh, attn = C.c_void_p(), C.c_void_p()
+            check(lib, lib.meshrt_mesh_create(C.byref(mesh), comms[rank], f"tp={TP}".encode()),
+                  "meshrt_mesh_create")
+            ac = AttnConfig(C.sizeof(AttnConfig), HIDDEN, HEADS, DLDataType(kDLFloat, 32, 1),
+                            LAYERNORM, 1e-5, 1, 1, 0, IN_OUT, QKV_BLOCKED)
+            check(lib, lib.meshrt_attn_create(C.byref(attn), mesh, C.byref(ac)),
+                  "meshrt_attn_create")
+            off, n = C.c_int64(), C.c_int64()
+            check(lib, lib.meshrt_attn_shard_info(attn, QKV_WEIGHT, C.byref(off), C.byref(n)),
+                  "meshrt_attn_shard_info")
+            d = HIDDEN // HEADS
+            h0, hl = off.value // (3 * d), n.value // (3 * d)
+            mine = slice(h0 * d, (h0 + hl) * d)  # my heads' features within each of Q, K, V
+            qkv_cols = torch.cat([torch.arange(HIDDEN)[mine] + j * HIDDEN for j in range(3)])
+            shards = [full["gamma"], full["beta"], full["c_attn_w"][:, qkv_cols].contiguous(),
+                      full["c_attn_b"][qkv_cols].contiguous(),
+                      full["c_proj_w"][mine].contiguous(), full["c_proj_b"]]
+            grads = [torch.zeros_like(a) for a in shards]
+            wp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in shards])
+            gp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in grads])
+            check(lib, lib.meshrt_attn_bind_weights(attn, C.byref(wp)),
+                  "meshrt_attn_bind_weights")
+            xs, dys = x.float(), dy.float()
+            ys, dxs = torch.empty_like(xs), torch.empty_like(xs)
+            xh, yh, dyh, dxh = (handle(lib, a) for a in (xs, ys, dys, dxs))
+            check(lib, lib.meshrt_attn_forward(attn, xh, yh, None, C.byref(ev)),
+                  "meshrt_attn_forward")
+            sync(lib, ev, "forward")
+            check(lib, lib.meshrt_attn_backward(attn, dyh, dxh, C.byref(gp), None, C.byref(ev)),
+                  "meshrt_attn_backward")
+            sync(lib, ev, "backward")
+            results[rank] = (t.tolist(), qkv_cols, ys, dxs, grads[2])
+            for h in [xh, yh, dyh, dxh] + [getattr(wp, f) for f, _ in AttnParams._fields_[1:]] + \
+                    [getattr(gp, f) for f, _ in AttnParams._fields_[1:]]:
+                lib.meshrt_tensor_destroy(h)
+            check(lib, lib.meshrt_attn_destroy(attn), "meshrt_attn_destroy")
+            check(lib, lib.meshrt_mesh_destroy(mesh), "meshrt_mesh_destroy")
+        except Exception as e:  # reported by the main thread
+            errors.append(f"rank {rank}: {e}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(TP)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in comms:
+        lib.meshrt_comm_destroy(c)
+    if errors:
+        print("\n".join(errors))
+        return 1
+    want_sum = [float(sum(i + 100 * r for r in range(TP))) for i in range(4)]
+    ok = all(results[r][0] == want_sum for r in range(TP))
+    print(f"torch {torch.__version__}: all_reduce in place on torch tensors: {results[0][0]} "
+          f"{'(as expected)' if ok else f'(expected {want_sum})'}")
+    print(f"attention block, tp={TP}, x [{SEQ}, {BATCH}, {HIDDEN}], {HEADS} heads, causal, "
+          "GPT-2 Conv1D weights ([in, out], [Q|K|V])")
+    for rank in range(TP):
+        _, cols, y, dx, gw = results[rank]
+        err = max((y.double() - want_y).abs().max().item(),
+                  (dx.double() - want_dx).abs().max().item(),
+                  (gw.double() - want_gw[:, cols]).abs().max().item())
+        ok = ok and err < 1e-4
+        print(f"rank {rank}: c_attn columns {cols[0].item()}.. ({len(cols)} of {3 * HIDDEN}); "
+              f"y, dx, c_attn grad vs torch autograd: max |diff| = {err:.1e}")
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

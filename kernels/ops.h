@@ -225,6 +225,11 @@ MESHRT_API void sgd_momentum_update(Context& ctx, Stream& stream, std::span<cons
 // Host threads one rank's ops use (cores / local ranks, or MESHRT_HOST_THREADS).
 MESHRT_API int host_threads(Context& ctx);
 
+// Which path the host backend's 16-bit GEMMs take on this machine and why, e.g. "bf16: bf16
+// matmul of oneDNN 2.6.3 (CPU ISA avx512_core_bf16), f32 accumulation; f16: ..." (decided once,
+// at the first call, from the running CPU and MESHRT_HOST_BF16_GEMM).
+MESHRT_API std::string host_gemm_16bit_info();
+
 // The vendor GEMM library of the CUDA backend, e.g. "cuBLASLt 13.0.2" (a library call: no GPU
 // needed); "" in builds without CUDA.
 MESHRT_API std::string gemm_library_version();

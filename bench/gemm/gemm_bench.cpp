@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -207,6 +208,19 @@ void Bench::elementwise_section(Context& ctx) {
   Tensor b = random_tensor(ctx, {hidden}, dt, 14);
   Tensor dg = ctx.empty({hidden}, dt), db = ctx.empty({hidden}, dt);
   Tensor mean = ctx.empty({tokens}, DType::f32), rstd = ctx.empty({tokens}, DType::f32);
+  Tensor rms_rstd = ctx.empty({tokens}, DType::f32);
+  Tensor m1 = random_tensor(ctx, {tokens, hidden}, DType::f32, 15);
+  Tensor m2 = random_tensor(ctx, {tokens, hidden}, DType::f32, 16);
+  ops::scale(ctx, s, m2, m2, 0.f);  // second moments start at 0 (sqrt of a non-negative)
+  ops::AdamWConfig adamw;
+  // Token ids: a permutation of the table's rows (made on the host, copied to the device).
+  Tensor ids = ctx.empty({tokens}, DType::i64);
+  {
+    std::vector<int64_t> h(static_cast<size_t>(tokens));
+    for (int64_t i = 0; i < tokens; ++i) h[static_cast<size_t>(i)] = (i * 7919) % tokens;
+    ids.copy_(Tensor::from_blob(h.data(), {tokens}, DType::i64, Device::cpu()), s);
+    s.synchronize();
+  }
   ctx.synchronize();
 
   // The yardstick: a copy of one tensor (bytes moved = read + write).
@@ -250,9 +264,28 @@ void Bench::elementwise_section(Context& ctx) {
        [&] { ops::layernorm_bwd(ctx, s, y, x, g, mean, rstd, z, &dg, &db); }},
       {"softmax_rows_fwd", 2 * tensor_bytes, [&] { ops::softmax_rows_fwd(ctx, s, x, z); }},
       {"dropout_fwd", 2 * tensor_bytes, [&] { ops::dropout_fwd(ctx, s, x, z, 0.1f, 1, 2); }},
+      {"scale", 2 * tensor_bytes, [&] { ops::scale(ctx, s, x, z, 0.5f); }},
+      {"gelu_fwd", 2 * tensor_bytes, [&] { ops::bias_gelu_fwd(ctx, s, x, nullptr, z); }},
+      {"gelu_bwd", 3 * tensor_bytes,
+       [&] { ops::bias_gelu_bwd(ctx, s, y, x, nullptr, z, nullptr); }},
+      {"rmsnorm_fwd", 2 * tensor_bytes + stats / 2,
+       [&] { ops::rmsnorm_fwd(ctx, s, x, g, z, rms_rstd); }},
+      {"rmsnorm_bwd", 3 * tensor_bytes + stats / 2,
+       [&] { ops::rmsnorm_bwd(ctx, s, y, x, g, rms_rstd, z, &dg); }},
+      {"softmax_rows_bwd", 3 * tensor_bytes, [&] { ops::softmax_rows_bwd(ctx, s, x, y, z); }},
+      // Every row of a [tokens, hidden] table gathered once: one table read, one output write.
+      {"embedding_fwd", 2 * tensor_bytes + static_cast<double>(tokens) * 8,
+       [&] { ops::embedding_fwd(ctx, s, ids, x, z); }},
+      // param read + write, grad read, f32 moments read + write.
+      {"adamw", 3 * tensor_bytes + 16.0 * static_cast<double>(n),
+       [&] {
+         ops::adamw_update(ctx, s, std::span<const Tensor>(&z, 1), std::span<const Tensor>(&y, 1),
+                           std::span<const Tensor>(&m1, 1), std::span<const Tensor>(&m2, 1), adamw);
+       }},
   };
-  // layernorm_bwd reads the statistics of a forward pass.
+  // layernorm_bwd and rmsnorm_bwd read the statistics of a forward pass.
   ops::layernorm_fwd(ctx, s, x, g, &b, z, mean, rstd);
+  ops::rmsnorm_fwd(ctx, s, x, g, z, rms_rstd);
   out << "Elementwise " << dtype_name(dt) << " [" << tokens << ", " << hidden << "] ("
       << fmt("%.1f", tensor_bytes / (1 << 20)) << " MiB per tensor), median of " << o.repeats
       << " runs\n";

@@ -1,12 +1,16 @@
-// Host GEMM: OpenBLAS sgemm on panels split over the rank's pool; 16-bit inputs are converted to
-// f32 in cache-sized blocks (never whole-tensor copies) and accumulated in f32.
+// Host GEMM: OpenBLAS sgemm on panels split over the rank's pool. bf16 inputs go to oneDNN's
+// bf16 matmul (AVX512-BF16 / AMX dot products, f32 accumulation) when the CPU has it
+// (gemm_dnnl.h); otherwise, and for f16, 16-bit inputs are converted to f32 in cache-sized blocks
+// (never whole-tensor copies) for sgemm and accumulated in f32.
 #include <cblas.h>
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/gemm_dnnl.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "runtime/dtype_dispatch.h"
@@ -139,6 +143,64 @@ void tile_16(const GemmProblem& p, const Tile& t) {
   }
 }
 
+// bf16 inputs through oneDNN: the tile straight into C with the bias and beta fused; alpha != 1
+// with a bias (oneDNN would scale the bias) computes A B into an f32 block and runs the epilogue.
+template <class CT>
+void tile_bf16_dnnl(const GemmProblem& p, const Tile& t) {
+  const bf16* a = p.a.data<bf16>() + t.b * p.stride_a;
+  const bf16* b = p.b.data<bf16>() + t.b * p.stride_b;
+  CT* c = p.c.data<CT>() + t.b * p.stride_c;
+  const CT* bias = p.bias.defined() ? p.bias.data<CT>() : nullptr;
+  if (p.k == 0) {
+    scale_tile(p, t, c, bias);
+    return;
+  }
+  constexpr bool c16 = std::is_same_v<CT, bf16>;
+  DnnlTile d{t.i1 - t.i0,
+             t.j1 - t.j0,
+             p.k,
+             a + a_off(p, t.i0, 0),
+             p.lda,
+             p.trans_a,
+             b + b_off(p, 0, t.j0),
+             p.ldb,
+             p.trans_b,
+             c + t.i0 * p.ldc + t.j0,
+             p.ldc,
+             c16,
+             bias ? bias + t.j0 : nullptr,
+             p.alpha,
+             p.beta};
+  if (p.alpha == 1.f || !bias) {
+    dnnl_bf16_tile(d);
+    return;
+  }
+  for (int64_t i0 = t.i0; i0 < t.i1; i0 += kMB) {
+    const int64_t mb = std::min(kMB, t.i1 - i0);
+    float* acc = scratch_f32(2, static_cast<size_t>(mb * (t.j1 - t.j0)));
+    DnnlTile u = d;
+    u.m = mb;
+    u.a = a + a_off(p, i0, 0);
+    u.c = acc;
+    u.ldc = t.j1 - t.j0;
+    u.c_bf16 = false;
+    u.bias = nullptr;
+    u.alpha = 1.f;
+    u.beta = 0.f;
+    dnnl_bf16_tile(u);
+    for (int64_t i = 0; i < mb; ++i) {
+      CT* cr = c + (i0 + i) * p.ldc;
+      const float* ar = acc + i * u.ldc;
+      for (int64_t j = t.j0; j < t.j1; ++j) {
+        // The order of tile_16's epilogue: alpha A B + beta C, then the bias.
+        float v = p.alpha * ar[j - t.j0];
+        if (p.beta != 0.f) v += p.beta * load_f32(cr, j);
+        store_f32(cr, j, v + load_f32(bias, j));
+      }
+    }
+  }
+}
+
 // Splits the problem into tiles: whole batch entries when there are enough of them, else
 // panels of rows (or columns, whichever is longer) so every pool thread gets work.
 std::vector<Tile> plan_tiles(const GemmProblem& p, int threads) {
@@ -185,6 +247,12 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
     const DType at = p.a.dtype(), ct = p.c.dtype();
     if (at == DType::f32) {
       body = [&p](const Tile& t) { tile_f32(p, t); };
+    } else if (at == DType::bf16 && dnnl_bf16_gemm_enabled()) {
+      if (ct == DType::f32) {
+        body = [&p](const Tile& t) { tile_bf16_dnnl<float>(p, t); };
+      } else {
+        body = [&p](const Tile& t) { tile_bf16_dnnl<bf16>(p, t); };
+      }
     } else {
       dispatch_float(at, [&](auto tag) {
         using T = decltype(tag);

@@ -67,6 +67,8 @@ TEST_CASE("gemm alpha, beta and the bias epilogue", "[gemm]") {
   run_case(h, dt, dt, d, false, true, 0.5f, -1.25f, true, 21);
   run_case(h, dt, dt, d, true, false, 2.f, 0.f, true, 22);
   run_case(h, dt, DType::f32, d, false, false, 1.f, 1.f, true, 23);
+  // alpha and beta without a bias (oneDNN's output scale and sum post-op for bf16).
+  run_case(h, dt, dt, d, true, true, 0.5f, 0.75f, false, 24);
 }
 
 TEST_CASE("gemm 16-bit inputs accumulate in f32, with f32 or 16-bit outputs", "[gemm]") {

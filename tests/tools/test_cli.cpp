@@ -82,7 +82,7 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"bench collective -b 8 -e 1G -i 8", "is more than 1000 sizes"},
       {"bench collective -e 99999999999999G", "too large"},
       {"bench collective --devices cpu:2 -b 1000G -e 1000G", "need .* for their buffers.*lower -e"},
-      {"frobnicate", "unknown command 'frobnicate': use one of info, train, bench, sweep"},
+      {"frobnicate", "unknown command 'frobnicate': use one of info, train, doctor, bench, plan, sweep"},
       {"bench frobnicate", "meshrt bench: unknown command 'frobnicate': use one of block"},
       {"sweep --batches 1,x", "'x' is not an integer >= 1"},
       {"sweep --mesh tp=2", "--mesh is swept; leave it out"},

@@ -1,6 +1,7 @@
-// Device meshes and sharded blocks of the C API: a DeviceMesh over a communicator's handle, and an
-// MlpBlock whose parameters are the engine's tensors (IN_OUT, zero copy) or transposed copies of
-// them (OUT_IN), run on the mesh's compute stream ordered after the caller's stream.
+// Device meshes and sharded blocks of the C API: a DeviceMesh over a communicator's handle, and the
+// MLP and attention blocks (one BlockObj) whose parameters are the engine's tensors (zero copy) or
+// copies of them in meshrt's layout (OUT_IN transposes, [Q|K|V] permutations), run on the mesh's
+// compute stream ordered after the caller's stream.
 #include <array>
 #include <cstddef>
 #include <cstring>

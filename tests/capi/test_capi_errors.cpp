@@ -11,7 +11,6 @@
 
 using namespace capi_test;
 
-
 TEST_CASE("capi: status strings, versions and init", "[capi]") {
   const meshrt_status_t all[] = {
       MESHRT_SUCCESS,           MESHRT_ERROR_INVALID_ARGUMENT, MESHRT_ERROR_INVALID_USAGE,

@@ -33,6 +33,9 @@ struct CommCall {
   // This call's flight-recorder entry (collectives/flight.h): backends mark its start and end.
   std::shared_ptr<detail::FlightRing> flight;
   uint64_t flight_id = 0;
+  // MESHRT_FAULT=corrupt hit this call: the backend flips this rank's result before its data
+  // check (collectives/data_check.h) sees it.
+  bool corrupt = false;
   std::string str() const;  // "all_reduce(f32, count=8, sum)"
   // Bytes of this rank's side of the call: the output for all_gather and recv (the gathered
   // tensor), the input otherwise; 0 for barrier and split.

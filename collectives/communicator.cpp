@@ -249,17 +249,8 @@ Event Communicator::submit(CommCall& call, Stream& stream, const EventList& afte
     call.flight = st->ring;
     call.flight_id = st->ring->issue(e);
   }
-  Tensor out = call.out;
+  call.corrupt = fault == detail::FaultKind::Corrupt;
   impl_->issue(std::move(call), stream);
-  if (fault == detail::FaultKind::Corrupt && out.defined() && out.numel() > 0 &&
-      out.device().is_cpu()) {
-    // The data this rank ends up with is wrong: the first element's bytes are flipped after the
-    // collective, as a corrupted transfer into this rank would leave them.
-    stream.enqueue([out] {
-      auto* p = static_cast<unsigned char*>(out.data_ptr());
-      for (size_t i = 0; i < dtype_size(out.dtype()); ++i) p[i] ^= 0x5a;
-    });
-  }
   return stream.record();
 }
 
@@ -309,7 +300,12 @@ void Communicator::inject(detail::FaultKind kind, const CommCall& call, Stream& 
       }
       return;
     case FaultKind::Corrupt:
-      MESHRT_LOG_WARN(os.str().substr(8) << ": its result will be wrong");
+      if (backend() == "nccl") {
+        MESHRT_LOG_WARN(os.str().substr(8) << ": not injected (the nccl backend does not corrupt "
+                                              "device buffers; use the host or mpi backend)");
+      } else {
+        MESHRT_LOG_WARN(os.str().substr(8) << ": its result will be wrong");
+      }
       return;
     case FaultKind::Hang:
       std::fprintf(stderr, "%s: the rank stops issuing\n", os.str().c_str());

@@ -72,6 +72,15 @@ void FlightRing::ended(uint64_t id, bool ok) {
   }
 }
 
+void FlightRing::data_bad(uint64_t id, const std::vector<int>& group_ranks) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (FlightEntry* e = find(id)) {
+    for (int r : group_ranks) {
+      if (r >= 0 && r < 64) e->data_bad |= uint64_t{1} << r;
+    }
+  }
+}
+
 void FlightRing::set_context(int world_size, std::string_view backend, std::string_view fault) {
   std::lock_guard<std::mutex> lk(mu_);
   world_size_ = world_size;
@@ -133,6 +142,17 @@ std::string FlightRing::json(const std::string& reason) const {
        << ", \"end_ns\": " << e.end_ns << ", \"state\": \"" << flight_state_name(e.state)
        << "\", \"note\": ";
     json_string(os, fixed(e.note, sizeof(e.note)));
+    if (e.data_bad) {
+      os << ", \"data_bad\": [";
+      bool more = false;
+      for (int r = 0; r < 64; ++r) {
+        if (e.data_bad >> r & 1) {
+          os << (more ? ", " : "") << r;
+          more = true;
+        }
+      }
+      os << "]";
+    }
     os << "}";
     any = true;
   }

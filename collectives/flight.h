@@ -36,6 +36,8 @@ struct FlightEntry {
   FlightState state = FlightState::Issued;
   int64_t count = 0, bytes = 0;
   int64_t enqueue_ns = 0, start_ns = 0, end_ns = 0;
+  // Group ranks (bit r, r < 64) whose data the MESHRT_COMM_DEBUG data check found wrong.
+  uint64_t data_bad = 0;
 };
 
 class FlightRing {
@@ -49,6 +51,8 @@ class FlightRing {
   uint64_t issue(const FlightEntry& e);
   void started(uint64_t id);
   void ended(uint64_t id, bool ok);
+  // The data check of call `id` named these group ranks (collectives/data_check.h).
+  void data_bad(uint64_t id, const std::vector<int>& group_ranks);
   void set_context(int world_size, std::string_view backend, std::string_view fault);
   // The record as JSON ("meshrt_flight": 1 ...), with `reason` and the time of the dump.
   std::string json(const std::string& reason) const;

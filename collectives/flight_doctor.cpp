@@ -23,6 +23,7 @@ struct Entry {
   int group_rank = 0, group_size = 0, root = -1, peer = -1;
   uint64_t seq = 0;
   int64_t count = 0, bytes = 0, enqueue_ns = 0, start_ns = 0, end_ns = 0;
+  std::vector<int> data_bad;  // group ranks the data check named (optional field)
   bool collective() const { return op != "send" && op != "recv"; }
   bool open() const { return state == "issued" || state == "started"; }
   // What ranks must agree on (as CallSig::matches).
@@ -100,6 +101,14 @@ Record parse(const FlightFile& f) {
     x.enqueue_ns = field<int64_t>(e, "enqueue_ns", f.path);
     x.start_ns = field<int64_t>(e, "start_ns", f.path);
     x.end_ns = field<int64_t>(e, "end_ns", f.path);
+    if (e.contains("data_bad")) {
+      x.data_bad = field<std::vector<int>>(e, "data_bad", f.path);
+      for (int gr : x.data_bad) {
+        MESHRT_CHECK(gr >= 0 && gr < x.group_size, f.path << ": data_bad names group rank " << gr
+                                                          << " outside the group of "
+                                                          << x.group_size);
+      }
+    }
     r.entries.push_back(std::move(x));
   }
   return r;
@@ -249,6 +258,28 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
       lo = std::max(lo, seqs.begin()->first);
       hi = std::max(hi, seqs.rbegin()->first);
     }
+    // A failed data check (MESHRT_COMM_DEBUG=1): every rank computed the same verdict.
+    for (uint64_t s = lo; s <= hi && !mismatch_found; ++s) {
+      std::set<int> bad;
+      const Entry* at = nullptr;
+      for (auto& [w, seqs] : g.by) {
+        auto it = seqs.find(s);
+        if (it == seqs.end() || it->second->data_bad.empty()) continue;
+        at = it->second;
+        for (int gr : at->data_bad) {
+          auto gw = g.global_of.find(gr);
+          if (gw != g.global_of.end()) bad.insert(gw->second);
+        }
+      }
+      if (at == nullptr || bad.empty()) continue;
+      findings << "  group '" << g.name << "' seq " << s << ": " << at->sig()
+               << " failed its data check: the data of " << format_ranks({bad.begin(), bad.end()})
+               << " disagreed with what the ranks sent\n";
+      mismatch_found = true;
+      culprits = bad;
+      culprit_call = at->sig() + " seq " + std::to_string(s) + " on group '" + g.name +
+                     "' (its data disagreed with the other ranks')";
+    }
     // Mismatched signatures.
     for (uint64_t s = lo; s <= hi; ++s) {
       std::map<std::string, std::vector<int>> sigs;
@@ -271,9 +302,10 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         // current one runs one call ahead, i.e. skipped one.
         std::string ahead;
         if (sigs.size() == 2 && sigs.begin()->second.size() == sigs.rbegin()->second.size()) {
-          auto call_at = [&](int w, uint64_t q) -> std::string {
-            auto it = g.by.find(w);
-            if (it == g.by.end() || !it->second.count(q)) return "";
+          const Group& grp = g;  // (clang 14 cannot capture a structured binding)
+          auto call_at = [&grp](int w, uint64_t q) -> std::string {
+            auto it = grp.by.find(w);
+            if (it == grp.by.end() || !it->second.count(q)) return "";
             return it->second.at(q)->sig();
           };
           const int a = sigs.begin()->second.front(), b = sigs.rbegin()->second.front();

@@ -116,6 +116,11 @@ struct alignas(64) Slot {
   alignas(64) std::atomic<uint64_t> progress{0};  // (seq << 32) | steps done in that collective
   alignas(64) std::atomic<uint64_t> left{0};      // seq of the collective this rank finished
   alignas(64) Desc desc;
+  // The data check's exchange (MESHRT_COMM_DEBUG=1): the words this rank posted for collective
+  // `posted`, and the seq whose words it finished reading.
+  alignas(64) std::atomic<uint64_t> posted{0};
+  alignas(64) std::atomic<uint64_t> read{0};
+  const std::vector<int64_t>* words = nullptr;
   std::shared_ptr<HostGroup> split_out;  // set by a split leader for its colour
 };
 
@@ -316,6 +321,27 @@ class HostEngine final : public detail::OrderedEngine {
       leave(seq, op);
       throw CommError(mm);
     }
+  }
+
+  std::vector<int64_t> exchange_words(const Op& op, const std::vector<int64_t>& mine) override {
+    const uint64_t seq = op.seq();
+    const int n = g->size();
+    Slot& me = g->slot(rank());
+    me.words = &mine;
+    me.posted.store(seq);
+    g->notify();
+    await_all(&Slot::posted, seq, op, "never reached the data check");
+    std::vector<int64_t> all;
+    all.reserve(mine.size() * static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      const std::vector<int64_t>& w = *g->slot(j).words;
+      all.insert(all.end(), w.begin(), w.end());
+    }
+    // `mine` lives on this rank's stack frame: wait until every rank has read it.
+    me.read.store(seq);
+    g->notify();
+    await_all(&Slot::read, seq, op, "did not finish the data check");
+    return all;
   }
 
   // Waits until every rank finished this collective: after it, no rank reads our buffers.

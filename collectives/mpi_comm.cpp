@@ -252,6 +252,17 @@ class MpiEngine final : public detail::OrderedEngine {
     if (!mm.empty()) throw CommError(mm);
   }
 
+  std::vector<int64_t> exchange_words(const Op& op, const std::vector<int64_t>& mine) override {
+    auto me = std::make_shared<std::vector<int64_t>>(mine);
+    auto all = std::make_shared<std::vector<int64_t>>(mine.size() * static_cast<size_t>(size()));
+    const int n = static_cast<int>(mine.size());
+    MPI_Request req = MPI_REQUEST_NULL;
+    MESHRT_MPI_CHECK(
+        MPI_Iallgather(me->data(), n, MPI_INT64_T, all->data(), n, MPI_INT64_T, comm, &req));
+    wait_coll(&req, op, both(all, me));
+    return *all;
+  }
+
   template <class A, class B>
   static std::shared_ptr<void> both(A a, B b) {
     return std::make_shared<std::pair<A, B>>(std::move(a), std::move(b));

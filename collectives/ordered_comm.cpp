@@ -3,6 +3,7 @@
 #include <exception>
 #include <utility>
 
+#include "collectives/data_check.h"
 #include "collectives/flight.h"
 #include "runtime/error.h"
 
@@ -99,6 +100,25 @@ void OrderedEngine::run_op(const CommCall& c, const Op& op) {
   TicketGuard guard(order, c.seq);
   if (aborted()) throw_aborted(op);
   if (c.op != CommOp::Send && c.op != CommOp::Recv) entering(op);
+  // MESHRT_COMM_DEBUG=1: digest this rank's input before the collective may overwrite it.
+  const bool check = cfg_.debug && size_ > 1 && data_checked(c.op);
+  DataDigest digest;
+  if (check) digest.before(c, size_);
+  run_backend_op(c, op);
+  if (c.corrupt && c.out.defined() && c.out.numel() > 0) {
+    corrupt_first_element(c.out.data_ptr(), c.dtype);
+  }
+  if (!check) return;
+  digest.after(c, size_);
+  const std::vector<int64_t> all = exchange_words(op, digest.words());
+  DataVerdict v = verify_data(c, size_, name_, all, [this](int r) { return rank_label(r); });
+  if (v.culprits.empty()) return;
+  if (c.flight) c.flight->data_bad(c.flight_id, v.culprits);
+  // Every rank reaches the same verdict and raises it; the collectives that follow still run.
+  throw CommError(v.message);
+}
+
+void OrderedEngine::run_backend_op(const CommCall& c, const Op& op) {
   switch (c.op) {
     case CommOp::AllReduce:
       return all_reduce(c, op);

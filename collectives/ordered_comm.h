@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "collectives/comm_detail.h"
 #include "collectives/comm_impl.h"
@@ -69,6 +70,9 @@ class OrderedEngine {
   virtual void entering(const Op& op) { (void)op; }
   // Called when `c` fails with an exception (before it propagates).
   virtual void failed(const CommCall& c) { (void)c; }
+  // Every rank's `mine` (the same length on each), concatenated in group-rank order: the data
+  // check's exchange under MESHRT_COMM_DEBUG=1, run inside the collective's turn.
+  virtual std::vector<int64_t> exchange_words(const Op& op, const std::vector<int64_t>& mine) = 0;
 
   // Whether the ranks must compare their calls before this collective: always where a
   // mismatched count would read or write out of bounds, every collective under
@@ -88,6 +92,7 @@ class OrderedEngine {
  private:
   void take_turn(TicketOrder& order, const Op& op);
   void run_op(const CommCall& c, const Op& op);
+  void run_backend_op(const CommCall& c, const Op& op);
 
   int rank_;
   int size_;

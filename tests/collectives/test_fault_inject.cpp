@@ -132,6 +132,145 @@ TEST_CASE("fault corrupt: only the injected rank's result is wrong", "[multirank
   CHECK(got[1] != 2.0f);
 }
 
+namespace {
+
+// Runs one collective of `op` on n host ranks with MESHRT_COMM_DEBUG=1 (and `fault`), on
+// pattern data of `dt`; returns each rank's error ("" when it completed).
+// Fractional values where the dtype holds them (so that the reductions round), small integers
+// otherwise.
+void fill_data(const Tensor& t, int rank) {
+  if (t.dtype() == DType::i32 || t.dtype() == DType::i64 || t.dtype() == DType::u8) {
+    fill_pattern(t, 7, rank);
+    return;
+  }
+  uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank + 1);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    store(t.data_ptr(), t.dtype(), i, static_cast<double>(x >> 11) / double(1ull << 53) * 6 - 3);
+  }
+}
+
+std::vector<std::string> debug_collective(int n, CommOp op, DType dt, ReduceOp redop,
+                                          const std::string& fault, int64_t count = 257) {
+  CommConfig cfg = fault_config(fault, 20);
+  cfg.debug = true;
+  auto comms = make_host_communicators(n, "world", cfg);
+  return run_ranks(comms, [&](int r) {
+    auto s = make_host_stream("comm");
+    Communicator& c = *comms[static_cast<size_t>(r)];
+    const int64_t N = count;
+    switch (op) {
+      case CommOp::AllReduce: {
+        Tensor t = host_tensor(N, dt);
+        fill_data(t, r);
+        c.all_reduce(t, redop, *s).synchronize();
+        break;
+      }
+      case CommOp::ReduceScatter: {
+        Tensor in = host_tensor(N * n, dt), out = host_tensor(N, dt);
+        fill_data(in, r);
+        c.reduce_scatter(in, out, redop, *s).synchronize();
+        break;
+      }
+      case CommOp::AllGather: {
+        Tensor in = host_tensor(N, dt), out = host_tensor(N * n, dt);
+        fill_data(in, r);
+        c.all_gather(in, out, *s).synchronize();
+        break;
+      }
+      case CommOp::Broadcast: {
+        Tensor t = host_tensor(N, dt);
+        fill_data(t, r);
+        c.broadcast(t, n - 1, *s).synchronize();
+        break;
+      }
+      case CommOp::AllToAll: {
+        Tensor in = host_tensor(N * n, dt), out = host_tensor(N * n, dt);
+        fill_data(in, r);
+        c.all_to_all(in, out, *s).synchronize();
+        break;
+      }
+      default:
+        FAIL("unexpected op");
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("data check: correct collectives pass it in every dtype and reduction", "[multirank]") {
+  // No false alarms: real reductions round differently from the digests' double sums.
+  for (int n : {2, 3, 4}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64}) {
+      for (ReduceOp rop : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+        for (CommOp op : {CommOp::AllReduce, CommOp::ReduceScatter}) {
+          INFO("n=" << n << " " << dtype_name(dt) << " " << reduce_op_name(rop) << " "
+                    << comm_op_name(op));
+          auto errs = debug_collective(n, op, dt, rop, "", 4099);
+          CHECK(join_errors(errs).empty());
+        }
+      }
+      for (CommOp op : {CommOp::AllGather, CommOp::Broadcast, CommOp::AllToAll}) {
+        INFO("n=" << n << " " << dtype_name(dt) << " " << comm_op_name(op));
+        CHECK(join_errors(debug_collective(n, op, dt, ReduceOp::Sum, "", 1000)).empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("data check: a corrupted result names the rank on every rank, and the doctor agrees",
+          "[multirank]") {
+  struct Case {
+    int n;
+    CommOp op;
+    DType dt;
+    ReduceOp redop;
+    int bad;
+  };
+  // Two ranks: no majority; the sums against the inputs tell which result is wrong.
+  const Case cases[] = {{2, CommOp::AllReduce, DType::f32, ReduceOp::Sum, 1},
+                        {2, CommOp::AllReduce, DType::bf16, ReduceOp::Avg, 0},
+                        {3, CommOp::AllReduce, DType::f32, ReduceOp::Max, 2},
+                        {2, CommOp::AllReduce, DType::i32, ReduceOp::Sum, 1},
+                        {4, CommOp::ReduceScatter, DType::f32, ReduceOp::Sum, 2},
+                        {3, CommOp::ReduceScatter, DType::f16, ReduceOp::Sum, 1},
+                        {3, CommOp::AllGather, DType::f32, ReduceOp::Sum, 1},
+                        {2, CommOp::Broadcast, DType::i64, ReduceOp::Sum, 0},
+                        {4, CommOp::AllToAll, DType::bf16, ReduceOp::Sum, 3}};
+  for (const Case& k : cases) {
+    INFO(k.n << " ranks, " << comm_op_name(k.op) << " " << dtype_name(k.dt) << ", rank " << k.bad
+             << " corrupt");
+    fs::path d = flight_tmp("corrupt");
+    auto errs = debug_collective(k.n, k.op, k.dt, k.redop,
+                                 "corrupt@rank=" + std::to_string(k.bad) + ",step=1");
+    for (int r = 0; r < k.n; ++r) {
+      INFO("rank " << r << ": " << errs[static_cast<size_t>(r)]);
+      CHECK_THAT(
+          errs[static_cast<size_t>(r)],
+          Catch::Contains("data check (MESHRT_COMM_DEBUG=1): " + std::string(comm_op_name(k.op))) &&
+              Catch::Contains("on group 'world' (seq 1)") &&
+              Catch::Contains("culprit: rank " + std::to_string(k.bad) + " ("));
+    }
+    // The failing ranks aborted (run_ranks), which wrote the records: the doctor names the same
+    // rank and call.
+    detail::DoctorReport rep;
+    for (int i = 0; i < 300; ++i) {  // until every record is written
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      try {
+        rep = detail::flight_diagnose(read_records(d, k.n));
+        break;
+      } catch (const Error&) {
+        if (i == 299) throw;
+      }
+    }
+    INFO(rep.text);
+    CHECK(rep.culprits == std::vector<int>{k.bad});
+    CHECK(rep.text.find("failed its data check") != std::string::npos);
+    unsetenv("MESHRT_FLIGHT_DIR");
+    fs::remove_all(d);
+  }
+}
+
 TEST_CASE("flight records name global ranks through split groups, a timeout writes them",
           "[multirank]") {
   fs::path d = flight_tmp("split");

@@ -196,6 +196,42 @@ TEST_CASE("mpi: unequal all_gather counts and (debug) mismatched calls name the 
   CHECK(f.count() == 0);
 }
 
+TEST_CASE("mpi: (debug) the data check passes every op and names a corrupted rank", "[mpi]") {
+  const int n = world().size(), r = world().rank();
+  auto s = make_host_stream("comm");
+  CommConfig dbg = test_config();
+  dbg.debug = true;
+  // No false alarm over the whole matrix (every op, dtype, placement and size).
+  auto checked = make_mpi_world_communicator(dbg);
+  Failures f;
+  run_matrix(*checked, *s, {1, 37, 20001}, f, 12);
+  INFO(f.str());
+  CHECK(f.count() == 0);
+  // The last rank's result of its first collective is corrupted: every rank names it.
+  dbg.fault = "corrupt@rank=" + std::to_string(n - 1) + ",step=1";
+  auto faulty = make_mpi_world_communicator(dbg);
+  Tensor t = host_tensor(1000, DType::f32);
+  fill_pattern(t, 3, r);
+  std::string m;
+  try {
+    faulty->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+  } catch (const CommError& e) {
+    m = e.what();
+    clear_error(*s);
+  }
+  INFO(m);
+  CHECK_THAT(m, Catch::Contains("data check (MESHRT_COMM_DEBUG=1): all_reduce(f32, count=1000, "
+                                "sum) on group 'world' (seq 1)") &&
+                    Catch::Contains("culprit: rank " + std::to_string(n - 1) + " ("));
+  // The communicator still works afterwards.
+  fill_pattern(t, 4, r);
+  faulty->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+  Failures g;
+  check_values(g, "after the data check", t, 0, 1000,
+               [&](int64_t i) { return reduced(DType::f32, ReduceOp::Sum, 4, n, i); });
+  CHECK(g.count() == 0);
+}
+
 TEST_CASE("mpi: the bootstrap transport gathers blobs of any length in rank order", "[mpi]") {
   auto t = make_mpi_transport(60);
   const int r = world().rank(), n = world().size();

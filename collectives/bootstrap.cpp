@@ -12,6 +12,7 @@
 
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
+#include "collectives/config_check.h"
 #include "collectives/mpi_runtime.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -191,11 +192,16 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
   std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(n));
   std::mutex mu;
   std::exception_ptr first;
+  std::string first_msg;
   auto body = [&](int i) {
     const RankPlacement& p = local()[static_cast<size_t>(i)];
     set_log_rank(p.rank, p.world_size);
     try {
       comms[static_cast<size_t>(i)] = world(i);
+      // Processes parse their own command lines: refuse ranks started differently before they
+      // run mismatched collectives.
+      if (kind() != LaunchKind::Threads)
+        detail::check_process_config(*comms[static_cast<size_t>(i)]);
       fn(p, *comms[static_cast<size_t>(i)]);
     } catch (const std::exception& e) {
       bool was_first = false;
@@ -207,7 +213,14 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
         }
       }
       const std::string msg = error_message(e);  // the source location only at debug level
-      if (was_first) MESHRT_LOG_ERROR("rank " << p.rank << " failed: " << msg);
+      // The cause is reported once: by the caller that catches the rethrown error (the CLI's
+      // exit message), by the stuck-rank exit below, or, under mpirun, by the process abort
+      // that the communicator's abort starts (mpi_process_abort).
+      if (was_first) {
+        std::lock_guard<std::mutex> lk(mu);
+        first_msg = msg;
+      }
+      MESHRT_LOG_DEBUG("rank " << p.rank << " failed: " << msg);
       if (comms[static_cast<size_t>(i)]) {
         comms[static_cast<size_t>(i)]->abort("rank " + std::to_string(p.rank) + " failed: " + msg);
       }
@@ -248,11 +261,16 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
         if (!done[static_cast<size_t>(i)].load())
           stuck.push_back(local()[static_cast<size_t>(i)].rank);
       }
-      // The cause was logged when the rank failed ("rank R failed: ...").
+      // The one report of the cause: the error is not rethrown from here.
+      std::string cause;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        cause = first_msg;
+      }
       std::fprintf(stderr,
-                   "meshrt: %s did not return within %.0f s of the abort (stuck outside a "
-                   "collective); exiting without cleanup\n",
-                   detail::format_ranks(stuck).c_str(), kAbortGraceS);
+                   "meshrt: error: %s\nmeshrt: %s did not return within %.0f s of the abort "
+                   "(stuck outside a collective); exiting without cleanup\n",
+                   cause.c_str(), detail::format_ranks(stuck).c_str(), kAbortGraceS);
       std::fflush(stderr);
       std::_Exit(1);
     }

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "runtime/allocator.h"
@@ -100,6 +101,42 @@ void check_same_config(Communicator& world, const ConfigFields& fields, const st
           std::to_string(kBytes) + " bytes): start every rank with the same options";
   }
   throw Error(msg);
+}
+
+namespace {
+
+struct ProcessConfig {
+  std::mutex mu;
+  bool set = false;
+  ConfigFields fields;
+  std::string what;
+};
+ProcessConfig& process_config() {
+  static ProcessConfig c;
+  return c;
+}
+
+}  // namespace
+
+void set_process_config(ConfigFields fields, std::string what) {
+  ProcessConfig& c = process_config();
+  std::lock_guard<std::mutex> lk(c.mu);
+  c.set = true;
+  c.fields = std::move(fields);
+  c.what = std::move(what);
+}
+
+void check_process_config(Communicator& world) {
+  ConfigFields fields;
+  std::string what;
+  {
+    ProcessConfig& c = process_config();
+    std::lock_guard<std::mutex> lk(c.mu);
+    if (!c.set) return;
+    fields = c.fields;
+    what = c.what;
+  }
+  check_same_config(world, fields, what);
 }
 
 }  // namespace meshrt::detail

@@ -18,6 +18,13 @@ using ConfigFields = std::vector<std::pair<std::string, std::string>>;
 // whether or not MESHRT_COMM_DEBUG is set. `what` names the command in the message.
 void check_same_config(Communicator& world, const ConfigFields& fields, const std::string& what);
 
+// The configuration this process was started with (set once by the command line, before its
+// ranks start): Launch::run checks it across the ranks of a process launch (mpirun, srun) before
+// it runs anything, naming what differs. Threads of one process share it: never checked there.
+void set_process_config(ConfigFields fields, std::string what);
+// Checks the process configuration across `world` (nothing when none was set).
+void check_process_config(Communicator& world);
+
 // The message for the fields of every rank ("" when they agree). Pure: the testable part.
 std::string config_mismatch(const std::vector<ConfigFields>& by_rank, const std::string& what);
 

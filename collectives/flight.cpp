@@ -338,9 +338,9 @@ std::vector<std::string> flight_dump_all(const std::string& reason) {
     if (!path.empty()) written.push_back(std::move(path));
   }
   if (!written.empty()) {
-    MESHRT_LOG_WARN("flight recorder: wrote "
-                    << written.size() << " record" << (written.size() == 1 ? "" : "s") << " to "
-                    << dir << " (" << reason.substr(0, 60) << "); read them with `meshrt doctor`");
+    MESHRT_LOG_WARN("flight recorder: wrote " << written.size() << " record"
+                                              << (written.size() == 1 ? "" : "s") << " to " << dir
+                                              << "; read them with `meshrt doctor`");
   }
   return written;
 }

@@ -139,11 +139,13 @@ struct alignas(64) Mailbox {
 
 class HostGroup : public std::enable_shared_from_this<HostGroup> {
  public:
-  HostGroup(int n, std::string name, std::shared_ptr<HostFamily> family, CommConfig cfg)
+  HostGroup(int n, std::string name, std::shared_ptr<HostFamily> family, CommConfig cfg,
+            std::vector<int> world_ranks)
       : n_(n),
         name_(std::move(name)),
         family_(std::move(family)),
         cfg_(cfg),
+        world_ranks_(std::move(world_ranks)),
         slots_(new Slot[static_cast<size_t>(n)]),
         mail_(new Mailbox[static_cast<size_t>(n) * static_cast<size_t>(n)]) {
     // Waiting: spin briefly (a peer that is running arrives within microseconds), then yield
@@ -161,9 +163,11 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
     }
   }
 
+  // `world_ranks`: each member's rank in the family's root group (empty: this is the root).
   static std::shared_ptr<HostGroup> create(int n, std::string name,
-                                           std::shared_ptr<HostFamily> family, CommConfig cfg) {
-    auto g = std::make_shared<HostGroup>(n, std::move(name), family, cfg);
+                                           std::shared_ptr<HostFamily> family, CommConfig cfg,
+                                           std::vector<int> world_ranks = {}) {
+    auto g = std::make_shared<HostGroup>(n, std::move(name), family, cfg, std::move(world_ranks));
     family->add(g);
     return g;
   }
@@ -171,6 +175,11 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
   int size() const { return n_; }
   const std::string& name() const { return name_; }
   const CommConfig& config() const { return cfg_; }
+  bool is_root() const { return world_ranks_.empty(); }
+  // Member r's rank in the root group of its family (the global rank on the threads backend).
+  int world_rank(int r) const {
+    return world_ranks_.empty() ? r : world_ranks_[static_cast<size_t>(r)];
+  }
   HostFamily& family() { return *family_; }
   const std::shared_ptr<HostFamily>& family_ptr() const { return family_; }
   Slot& slot(int r) { return slots_[static_cast<size_t>(r)]; }
@@ -223,6 +232,7 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
   std::string name_;
   std::shared_ptr<HostFamily> family_;
   CommConfig cfg_;
+  std::vector<int> world_ranks_;
   std::unique_ptr<Slot[]> slots_;
   std::unique_ptr<Mailbox[]> mail_;
   WakeWord wake_;
@@ -239,7 +249,9 @@ void HostFamily::abort(const std::string& why) {
       reason_ = why;
       aborted_.store(true, std::memory_order_release);
       first = true;
-      MESHRT_LOG_ERROR("host communicators aborted: " << why);
+      // Not an error line: the failure that caused it reaches the caller as an exception and is
+      // reported once there (the CLI's exit message).
+      MESHRT_LOG_DEBUG("host communicators aborted: " << why);
     }
     for (auto& w : groups_) {
       if (auto g = w.lock()) live.push_back(std::move(g));
@@ -255,14 +267,6 @@ void HostFamily::abort(const std::string& why) {
 constexpr int kStepBits = 24;  // progress = (seq << kStepBits) | steps
 // All-reduce outputs at least this large are written with non-temporal stores.
 constexpr size_t kStreamingBytes = size_t{4} << 20;
-
-std::string ranks_where(int n, const std::function<bool(int)>& pred) {
-  std::vector<int> r;
-  for (int j = 0; j < n; ++j) {
-    if (pred(j)) r.push_back(j);
-  }
-  return r.empty() ? std::string() : detail::format_ranks(r);
-}
 
 // One rank's side of a host group: the ops, on the shared slots and mailboxes.
 class HostEngine final : public detail::OrderedEngine {
@@ -367,6 +371,25 @@ class HostEngine final : public detail::OrderedEngine {
         [&] { return timeout(op, ranks_where(n, behind) + " " + what); });
   }
 
+  // "rank 3" / "ranks 1, 2" in the root group, "rank 5 [group rank 1], rank 7 [group rank 2]"
+  // in a split group: the ranks where `pred` holds.
+  std::string ranks_where(int n, const std::function<bool(int)>& pred) const {
+    std::vector<int> r;
+    for (int j = 0; j < n; ++j) {
+      if (pred(j)) r.push_back(j);
+    }
+    if (r.empty() || g->is_root()) return r.empty() ? std::string() : detail::format_ranks(r);
+    std::string s;
+    for (size_t i = 0; i < r.size(); ++i) s += (i ? ", " : "") + rank_label(r[i]);
+    return s;
+  }
+
+  std::string rank_label(int group_rank) const override {
+    if (g->is_root()) return "rank " + std::to_string(group_rank);
+    return "rank " + std::to_string(g->world_rank(group_rank)) + " [group rank " +
+           std::to_string(group_rank) + "]";
+  }
+
   void publish_progress(uint64_t seq, uint64_t steps) {
     g->slot(rank()).progress.store((seq << kStepBits) | steps);
     g->notify();
@@ -378,8 +401,7 @@ class HostEngine final : public detail::OrderedEngine {
     if (s.progress.load() >= want) return;
     g->wait([&] { return s.progress.load() >= want; }, op.dl, [&] { return context(op); },
             [&] {
-              return timeout(op, "rank " + std::to_string(j) +
-                                     " stalled inside the collective (step " +
+              return timeout(op, rank_label(j) + " stalled inside the collective (step " +
                                      std::to_string(steps) + ")");
             });
   }
@@ -520,10 +542,7 @@ class HostEngine final : public detail::OrderedEngine {
     g->notify();
     if (m.taken.load() < k) {
       g->wait([&] { return m.taken.load() >= k; }, op.dl, [&] { return context(op); },
-              [&] {
-                return timeout(
-                    op, "rank " + std::to_string(c.peer) + " never posted the matching recv");
-              });
+              [&] { return timeout(op, rank_label(c.peer) + " never posted the matching recv"); });
     }
     if (!m.matched) throw CommError(p2p_mismatch(m, rank(), c.peer, k));
   }
@@ -533,10 +552,7 @@ class HostEngine final : public detail::OrderedEngine {
     const uint64_t k = c.seq;
     if (m.posted.load() < k) {
       g->wait([&] { return m.posted.load() >= k; }, op.dl, [&] { return context(op); },
-              [&] {
-                return timeout(
-                    op, "rank " + std::to_string(c.peer) + " never posted the matching send");
-              });
+              [&] { return timeout(op, rank_label(c.peer) + " never posted the matching send"); });
     }
     m.want_count = c.count;
     m.want_dtype = c.dtype;
@@ -574,8 +590,10 @@ class HostEngine final : public detail::OrderedEngine {
         if (members[i].second == rank()) new_rank = static_cast<int>(i);
       }
       if (leader == rank()) {
-        me.split_out =
-            HostGroup::create(static_cast<int>(members.size()), name, g->family_ptr(), g->config());
+        std::vector<int> world;
+        for (const auto& m : members) world.push_back(g->world_rank(m.second));
+        me.split_out = HostGroup::create(static_cast<int>(members.size()), name, g->family_ptr(),
+                                         g->config(), std::move(world));
         publish_progress(seq, 1);
         ng = me.split_out;
       } else {

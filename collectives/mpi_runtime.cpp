@@ -228,17 +228,15 @@ void mpi_init() {
 
 void mpi_finalize() {
   detail::MpiProcess& p = detail::mpi_process();
-  std::string reason;
   {
     std::lock_guard<std::mutex> lk(p.mu);
     if (!p.we_initialized || p.finalized || !detail::mpi_live()) return;
     p.finalized = true;
-    reason = p.reason;
   }
   if (p.aborted.load()) {
     // Peers may be blocked inside MPI waiting for us: end the whole job, non-zero.
-    std::fprintf(stderr, "meshrt: aborting the MPI job after a communicator failure: %s\n",
-                 reason.c_str());
+    // The cause was logged when the communicators were aborted (mpi_process_abort).
+    std::fprintf(stderr, "meshrt: aborting the MPI job after the communicator failure above\n");
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     _exit(1);

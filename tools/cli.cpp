@@ -68,9 +68,13 @@ int MeshrtCli::run(int argc, char** argv, std::ostream& os) {
   if (bench::Command* cmd = parsed_bench_command(bench_)) {
     // The command's name as typed: "meshrt bench collective", "meshrt sweep".
     std::string name = "meshrt";
+    const CLI::App* leaf = &app_;
     for (const CLI::App* a = app_.get_subcommands().empty() ? nullptr : app_.get_subcommands()[0];
-         a != nullptr; a = a->get_subcommands().empty() ? nullptr : a->get_subcommands()[0])
+         a != nullptr; a = a->get_subcommands().empty() ? nullptr : a->get_subcommands()[0]) {
       name += " " + a->get_name();
+      leaf = a;
+    }
+    bench::set_process_config(*leaf, name);
     ExitOnSignal on_signal(name, bench::launcher_rank() == 0);
     return cmd->run({bench::command_line("meshrt", argc, argv), &version_info}, os);
   }

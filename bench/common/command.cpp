@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "collectives/config_check.h"
 #include "collectives/fault.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -68,6 +69,18 @@ std::string command_line(std::string_view program, int argc, char** argv) {
   return s;
 }
 
+void set_process_config(const CLI::App& app, const std::string& what) {
+  detail::ConfigFields fields;
+  for (const CLI::Option* o : app.get_options()) {
+    const std::string name = o->get_name();  // "--hidden"
+    if (name.empty() || name == "--help" || name == "-h") continue;
+    std::string v;
+    for (const std::string& r : o->results()) v += (v.empty() ? "" : ",") + r;
+    fields.emplace_back(name.substr(name.find_first_not_of('-')), o->count() > 0 ? v : "(default)");
+  }
+  detail::set_process_config(std::move(fields), what);
+}
+
 int program_main(const Entry& entry, std::string_view program, int argc, char** argv) {
   CLI::App app{entry.description, std::string(program)};
   std::unique_ptr<Command> cmd = entry.make();
@@ -83,6 +96,7 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
   } catch (const std::exception& e) {
     return report_error(program, e, false);
   }
+  set_process_config(app, std::string(program));
   try {
     return cmd->run({command_line(program, argc, argv)}, std::cout);
   } catch (const std::exception& e) {

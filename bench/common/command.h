@@ -83,6 +83,12 @@ int report_error(std::string_view program, const std::exception& e, bool every_r
 // "<program> <args...>", as recorded in JSON.
 std::string command_line(std::string_view program, int argc, char** argv);
 
+// Records the options `app` was parsed with as this process's configuration (collectives/
+// config_check.h): under mpirun / srun, ranks started with different ones are refused at start-up
+// ("hidden: rank 0 has 64, rank 1 has 128"; an option not given shows as "(default)"). `what`
+// names the command in that message.
+void set_process_config(const CLI::App& app, const std::string& what);
+
 // A standalone benchmark program: `entry`'s flags on a program named `program`, then validate and
 // run as `meshrt bench <name>` does.
 int program_main(const Entry& entry, std::string_view program, int argc, char** argv);

@@ -294,7 +294,9 @@ TEST_CASE("flight records name global ranks through split groups, a timeout writ
         comms[static_cast<size_t>(r)]->barrier(*s).synchronize();
       },
       /*abort_on_error=*/false);
-  CHECK_THAT(errs[3], Catch::Contains("rank 0 never arrived"));  // group-local on threads
+  // Global ranks, with the group-local one in brackets, as the MPI watchdog names them.
+  CHECK_THAT(errs[3], Catch::Contains("group 'world/row' (seq 2, rank 3 [group rank 1])") &&
+                          Catch::Contains("rank 2 [group rank 0] never arrived"));
   detail::DoctorReport rep = detail::flight_diagnose(read_records(d, n));
   INFO(rep.text);
   CHECK(rep.culprits == std::vector<int>{2});

@@ -1,6 +1,7 @@
 #include "mesh/device_mesh.h"
 
 #include <charconv>
+#include <climits>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -17,6 +18,18 @@ bool valid_name(std::string_view n) {
       return false;
   return true;
 }
+
+// The number of ranks `dims` describe, or -1 when it exceeds INT_MAX (no overflow on any input).
+int64_t mesh_ranks(const std::vector<MeshDim>& dims) {
+  int64_t prod = 1;
+  for (const auto& d : dims) {
+    prod *= d.size;  // both factors <= INT_MAX: fits int64
+    if (prod > INT_MAX) return -1;
+  }
+  return prod;
+}
+
+std::string ranks_text(int64_t n) { return n < 0 ? "more than 2147483647" : std::to_string(n); }
 
 }  // namespace
 
@@ -46,11 +59,11 @@ std::vector<MeshDim> parse_mesh_spec(std::string_view spec, int world_size) {
     pos = comma + 1;
   }
   if (world_size > 0) {
-    long prod = 1;
-    for (auto& d : dims) prod *= d.size;
-    MESHRT_CHECK(prod == world_size,
-                 "mesh spec '" << spec << "' has " << prod << " ranks but the world has "
-                               << world_size << "; make the sizes multiply to " << world_size);
+    const int64_t prod = mesh_ranks(dims);
+    MESHRT_CHECK(prod == world_size, "mesh spec '" << spec << "' has " << ranks_text(prod)
+                                                   << " ranks but the world has " << world_size
+                                                   << "; make the sizes multiply to "
+                                                   << world_size);
   }
   return dims;
 }
@@ -61,9 +74,11 @@ DeviceMesh::DeviceMesh(Context& ctx, Communicator& world, std::string_view spec)
 DeviceMesh::DeviceMesh(Context& ctx, Communicator& world, const std::vector<MeshDim>& dims)
     : ctx_(ctx), world_(world), dims_(dims) {
   MESHRT_CHECK(!dims_.empty(), "DeviceMesh needs at least one dim");
-  long prod = 1;
-  for (auto& d : dims_) prod *= d.size;
-  MESHRT_CHECK(prod == world.size(), "DeviceMesh " << str() << " has " << prod
+  for (const auto& d : dims_)
+    MESHRT_CHECK(d.size >= 1, "DeviceMesh " << str() << ": dim '" << d.name << "' has size "
+                                            << d.size << "; every size must be >= 1");
+  const int64_t prod = mesh_ranks(dims_);
+  MESHRT_CHECK(prod == world.size(), "DeviceMesh " << str() << " has " << ranks_text(prod)
                                                    << " ranks but the world has " << world.size());
   MESHRT_CHECK(ctx.device() == world.device(), "DeviceMesh: context on " << ctx.device().str()
                                                                          << ", communicator on "

@@ -68,9 +68,13 @@ inline int run_catch_or_skip(int argc, char** argv) {
     return session.run();
   const Catch::Config& cfg = session.config();
   std::vector<std::vector<std::string>> tags;
+  bool gpu_cases = false;
   for (const Catch::TestCase& tc :
-       Catch::filterTests(Catch::getAllTestCasesSorted(cfg), cfg.testSpec(), cfg))
+       Catch::filterTests(Catch::getAllTestCasesSorted(cfg), cfg.testSpec(), cfg)) {
     tags.push_back(tc.lcaseTags);
+    gpu_cases = gpu_cases || !cannot_run(tc.lcaseTags, 0, "").empty();
+  }
+  if (!gpu_cases) return session.run();  // CPU cases only: no need to probe for GPUs
   std::string why_none;
   const int gpus = usable_gpus(&why_none);
   if (const std::string why = skip_reason(tags, gpus, why_none); !why.empty()) {

@@ -24,9 +24,13 @@ if [ ${#bins[@]} -eq 0 ]; then
 fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-fail=0
-summary=()
-for bin in "${bins[@]}"; do
+# Targets run FUZZ_JOBS at a time (default: the number of cores), each on one core for `secs`.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+results="$build/fuzz-artifacts/results"
+rm -rf "$results"
+mkdir -p "$results"
+run_one() {
+  local bin="$1" name seeds work art log rc execs cov
   name="$(basename "$bin")"
   name="${name#fuzz_}"
   seeds="$root/tests/fuzz/corpus/$name"
@@ -40,13 +44,24 @@ for bin in "${bins[@]}"; do
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
   if [ $rc -eq 0 ]; then
-    summary+=("$name: ok, ${execs:-?} inputs in ${secs} s, ${cov:-cov: ?} edges")
+    echo "$name: ok, ${execs:-?} inputs in ${secs} s, ${cov:-cov: ?} edges" >"$results/$name.ok"
   else
-    fail=1
-    summary+=("$name: FAILED (exit $rc): $(ls "$art" | head -3 | tr '\n' ' ') -- see $log")
-    grep -m1 -A12 'ERROR:\|runtime error\|==ERROR\|deadly signal\|timeout' "$log" | sed 's/^/    /'
+    {
+      echo "$name: FAILED (exit $rc): $(ls "$art" | head -3 | tr '\n' ' ') -- see $log"
+      grep -m1 -A12 'ERROR:\|runtime error\|==ERROR\|deadly signal\|timeout' "$log" | sed 's/^/    /'
+    } >"$results/$name.failed"
   fi
+}
+for bin in "${bins[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  run_one "$bin" &
 done
-echo "== fuzzing (${secs} s per target)"
-printf '  %s\n' "${summary[@]}"
+wait
+echo "== fuzzing (${secs} s per target, ${jobs} at a time)"
+fail=0
+for f in "$results"/*; do
+  sed -n '1p' "$f" | sed 's/^/  /'
+  case "$f" in *.failed) fail=1; sed -n '2,$p' "$f" ;; esac
+done
+[ "$(ls "$results" | wc -l)" -eq ${#bins[@]} ] || { echo "  some targets left no result"; fail=1; }
 exit $fail

@@ -18,9 +18,10 @@ CLANGXX ?= clang++
 # process-lifetime allocations are not leaks, OpenBLAS's spin-wait pool is not a race (each file
 # says why).
 export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/lsan.supp:print_suppressions=0
-export TSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
-# Tests that ask for absurd sizes expect meshrt's "cannot allocate" error, not ASan's abort.
+# Tests that ask for absurd sizes expect meshrt's "cannot allocate" error, not the sanitizer's abort
+# (allocator_may_return_null, in TSAN_OPTIONS above too).
 export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
 # Install tests (packaging) and the Python examples (ctypes cannot load a sanitized library into
 # an uninstrumented interpreter) do not run in sanitizer builds; they are built with

@@ -234,6 +234,50 @@ void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, c
   });
 }
 
+namespace {
+// Philox4x32-10 draws for kDraws consecutive counters under one key and stream, with the counters
+// laid out lane by lane so that the rounds vectorize (vpmuludq): the scalar philox_draw does one
+// draw at a time and is the whole cost of dropout. words[4 * j + w] = philox_draw(seed, offset,
+// index0 + j).v[w], bit for bit (checked against philox_draw in test_elementwise.cpp).
+constexpr int kDraws = 16;
+inline void philox_draws(uint64_t seed, uint64_t offset, uint64_t index0,
+                         uint32_t* __restrict words) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // as philox4x32_10
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  uint32_t c0[kDraws], c1[kDraws], c2[kDraws], c3[kDraws];
+  for (int j = 0; j < kDraws; ++j) {
+    const uint64_t idx = index0 + static_cast<uint64_t>(j);
+    c0[j] = static_cast<uint32_t>(idx);
+    c1[j] = static_cast<uint32_t>(idx >> 32);
+    c2[j] = static_cast<uint32_t>(offset);
+    c3[j] = static_cast<uint32_t>(offset >> 32);
+  }
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    // Kept as a loop (not unrolled into scalar code) so that it vectorizes across the draws.
+#pragma GCC unroll 1
+    for (int j = 0; j < kDraws; ++j) {
+      const uint64_t p0 = static_cast<uint64_t>(kM0) * c0[j];
+      const uint64_t p1 = static_cast<uint64_t>(kM1) * c2[j];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[j] ^ k0;
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[j] ^ k1;
+      c0[j] = n0;
+      c1[j] = static_cast<uint32_t>(p1);
+      c2[j] = n2;
+      c3[j] = static_cast<uint32_t>(p0);
+    }
+    k0 += kW0;
+    k1 += kW1;
+  }
+  for (int j = 0; j < kDraws; ++j) {
+    words[4 * j] = c0[j];
+    words[4 * j + 1] = c1[j];
+    words[4 * j + 2] = c2[j];
+    words[4 * j + 3] = c3[j];
+  }
+}
+}  // namespace
+
 void dropout_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
                  uint64_t offset, int64_t index_base) {
   ThreadPool* tp = &pool(ctx);
@@ -246,12 +290,32 @@ void dropout_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, floa
       tp->parallel_for(x.numel(), kGrain, [=](int64_t lo, int64_t hi) {
         int64_t i = lo;
         uint64_t gi = static_cast<uint64_t>(index_base + lo);
-        while (i < hi) {
+        // One element of the mask from a draw's word.
+        auto apply = [&](uint32_t word, int64_t k) {
+          store_f32(py, k, kmath::dropout_keep_word(word, p) ? load_f32(px, k) * inv : 0.f);
+        };
+        // Head up to a draw boundary, then kDraws draws (4 * kDraws elements) at a time, then
+        // the tail: draw by draw.
+        while (i < hi && (gi & 3u) != 0) {
           Philox4 r = philox_draw(seed, offset, gi >> 2);
           for (unsigned w = static_cast<unsigned>(gi & 3u); w < 4u && i < hi; ++w, ++i, ++gi) {
-            float v = kmath::dropout_keep_word(r.v[w], p) ? load_f32(px, i) * inv : 0.f;
-            store_f32(py, i, v);
+            apply(r.v[w], i);
           }
+        }
+        alignas(64) uint32_t words[4 * kDraws];
+        for (; i + 4 * kDraws <= hi; i += 4 * kDraws, gi += 4 * kDraws) {
+          philox_draws(seed, offset, gi >> 2, words);
+          const T* xi = px + i;
+          T* yi = py + i;
+          for (int e = 0; e < 4 * kDraws; ++e) {
+            // Load unconditionally, then select: a branch-free loop that vectorizes.
+            const float v = load_f32(xi, e) * inv;
+            store_f32(yi, e, kmath::dropout_keep_word(words[e], p) ? v : 0.f);
+          }
+        }
+        while (i < hi) {
+          Philox4 r = philox_draw(seed, offset, gi >> 2);
+          for (unsigned w = 0; w < 4u && i < hi; ++w, ++i, ++gi) apply(r.v[w], i);
         }
       });
     });

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "helpers.h"
+#include "kernels/math.h"
 
 using namespace kt;
 namespace ops = meshrt::ops;
@@ -224,4 +225,36 @@ TEST_CASE("sum_squares accumulates the sum of squares and propagates NaN", "[ele
   CHECK_THROWS_WITH(ops::sum_squares(h.ctx, h.s(), x, two), Catch::Contains("one element"));
   Tensor wrong = make(h, {1}, DType::bf16, Vec{0});
   CHECK_THROWS_WITH(ops::sum_squares(h.ctx, h.s(), x, wrong), Catch::Contains("out"));
+}
+
+// The host dropout draws 16 Philox counters at a time (vectorized rounds) between a scalar head
+// and tail: every element must equal the scalar reference (kmath::dropout_keep), bit for bit,
+// whatever the size and the index base (block boundaries fall anywhere), NaN / Inf included.
+TEST_CASE("dropout equals the scalar Philox reference on odd sizes, bases, NaN / Inf",
+          "[elementwise][dropout]") {
+  Host h;
+  auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
+  auto n = GENERATE(int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000003});
+  auto base = GENERATE(int64_t{0}, int64_t{3}, int64_t{65});
+  const float p = 0.3f;
+  const uint64_t seed = 0x123456789abcdefull, offset = 0x100000005ull;
+  Vec xv = uniform(n, 5, -2.0, 2.0, dt);
+  const double specials[] = {std::nan(""), INFINITY, -INFINITY, -0.0};
+  for (int64_t i = 0; i < n; i += 97) xv[static_cast<size_t>(i)] = specials[(i / 97) % 4];
+  Tensor x = make(h, {n}, dt, xv), y = h.ctx.empty({n}, dt);
+  ops::dropout_fwd(h.ctx, h.s(), x, y, p, seed, offset, base);
+  Vec yv = read(h, y);
+  const float inv = 1.0f / (1.0f - p);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    const bool keep = meshrt::kmath::dropout_keep(seed, offset, static_cast<uint64_t>(base + i), p);
+    const double want = keep ? round_to(static_cast<float>(xv[k]) * inv, dt) : 0.0;
+    const bool same = std::isnan(want) ? std::isnan(yv[k]) : yv[k] == want;
+    if (!same && bad++ < 5) {
+      INFO("i " << i << " x " << xv[k] << " got " << yv[k] << " want " << want);
+      CHECK(same);
+    }
+  }
+  CHECK(bad == 0);
 }

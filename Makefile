@@ -26,8 +26,8 @@ export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
 # Install tests (packaging) and the Python examples (ctypes cannot load a sanitized library into
 # an uninstrumented interpreter) do not run in sanitizer builds; they are built with
 # MESHRT_BUILD_SHARED=OFF.
-# SAN_G / TSAN_G: the sanitizer builds' debug information. The reports need file:line only, and
-# full -g costs clang about a fifth more compile time.
+# SAN_G / TSAN_G: the sanitizer builds' debug information; the reports need file:line only.
+# Measured stage times with these instead of -g: ASan + UBSan 950 -> 937 s, TSan 759 -> 622 s.
 SAN_G ?= -gline-tables-only
 TSAN_G ?= -g1
 SAN_CMAKE = -DMESHRT_CUDA=OFF -DMESHRT_WERROR=ON -DMESHRT_BUILD_SHARED=OFF -DCMAKE_BUILD_TYPE=Debug

@@ -64,6 +64,11 @@ std::string format_ranks(const std::vector<int>& ranks) {
   return os.str();
 }
 
+std::string global_rank_label(int global_rank, int group_rank, bool in_world) {
+  if (in_world) return "rank " + std::to_string(global_rank);
+  return "rank " + std::to_string(global_rank) + " [group rank " + std::to_string(group_rank) + "]";
+}
+
 std::string mismatch_message(const std::string& group, const std::vector<CallSig>& sigs) {
   bool all_same = true;
   for (size_t i = 1; i < sigs.size() && all_same; ++i) all_same = sigs[i].matches(sigs[0]);

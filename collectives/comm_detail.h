@@ -46,6 +46,10 @@ std::string mismatch_message(const std::string& group, const std::vector<CallSig
 // "rank 3" / "ranks 1, 2, 5".
 std::string format_ranks(const std::vector<int>& ranks);
 
+// How messages name a member of a group: "rank 6 [group rank 1]" (its global rank, then its rank
+// in the group), or "rank 3" for a member of the world (`in_world`).
+std::string global_rank_label(int global_rank, int group_rank, bool in_world);
+
 // The watchdog's message: "watchdog: all_reduce(f32, count=8, sum) on group 'world' (seq 7,
 // rank 0) did not complete within 1 s; rank 3 never arrived; the communicators were aborted".
 std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,

@@ -385,9 +385,7 @@ class HostEngine final : public detail::OrderedEngine {
   }
 
   std::string rank_label(int group_rank) const override {
-    if (g->is_root()) return "rank " + std::to_string(group_rank);
-    return "rank " + std::to_string(g->world_rank(group_rank)) + " [group rank " +
-           std::to_string(group_rank) + "]";
+    return detail::global_rank_label(g->world_rank(group_rank), group_rank, g->is_root());
   }
 
   void publish_progress(uint64_t seq, uint64_t steps) {

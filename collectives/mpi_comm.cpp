@@ -149,8 +149,7 @@ class MpiEngine final : public detail::OrderedEngine {
   std::string rank_label(int group_rank) const override {
     const int w =
         group_rank >= 0 && group_rank < size() ? world_ranks[static_cast<size_t>(group_rank)] : -1;
-    if (w == group_rank && name() == "world") return "rank " + std::to_string(w);
-    return "rank " + std::to_string(w) + " [group rank " + std::to_string(group_rank) + "]";
+    return detail::global_rank_label(w, group_rank, w == group_rank && name() == "world");
   }
 
   // Which ranks have not entered collective `seq`, as far as this node can see, named by

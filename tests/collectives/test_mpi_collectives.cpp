@@ -35,6 +35,19 @@ void clear_error(Stream& s) {
   }
 }
 
+// The CommError message `call()` (work on `s`, then synchronize) fails with; "" when it does not.
+// Clears the stream's error so that later work on `s` runs.
+template <class F>
+std::string comm_error_of(F call, Stream& s) {
+  try {
+    call();
+  } catch (const CommError& e) {
+    clear_error(s);
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("mpi: every op x dtype x in/out-of-place x sizes 0, 1, odd, large", "[mpi]") {
@@ -156,13 +169,7 @@ TEST_CASE("mpi: unequal all_gather counts and (debug) mismatched calls name the 
   // all_gather counts are always compared on MPI.
   Tensor gin = host_tensor(r == n - 1 ? 3 : 2, DType::i64);
   Tensor gout = host_tensor(gin.numel() * n, DType::i64);
-  std::string m1;
-  try {
-    w.all_gather(gin, gout, *s).synchronize();
-  } catch (const CommError& e) {
-    m1 = e.what();
-    clear_error(*s);
-  }
+  const std::string m1 = comm_error_of([&] { w.all_gather(gin, gout, *s).synchronize(); }, *s);
   INFO(m1);
   CHECK_THAT(m1, Catch::Contains("collective mismatch on group 'world'") &&
                      Catch::Contains("rank " + std::to_string(n - 1) +
@@ -176,13 +183,8 @@ TEST_CASE("mpi: unequal all_gather counts and (debug) mismatched calls name the 
   REQUIRE(dbg.debug);
   auto dbg_world = make_mpi_world_communicator(dbg);
   Tensor t = host_tensor(r == 0 ? 5 : 4, DType::f32);
-  std::string m2;
-  try {
-    dbg_world->all_reduce(t, ReduceOp::Sum, *s).synchronize();
-  } catch (const CommError& e) {
-    m2 = e.what();
-    clear_error(*s);
-  }
+  const std::string m2 =
+      comm_error_of([&] { dbg_world->all_reduce(t, ReduceOp::Sum, *s).synchronize(); }, *s);
   INFO(m2);
   CHECK_THAT(m2, Catch::Contains("rank 0 called all_reduce(f32, count=5, sum)") &&
                      Catch::Contains("called all_reduce(f32, count=4, sum)"));
@@ -212,13 +214,8 @@ TEST_CASE("mpi: (debug) the data check passes every op and names a corrupted ran
   auto faulty = make_mpi_world_communicator(dbg);
   Tensor t = host_tensor(1000, DType::f32);
   fill_pattern(t, 3, r);
-  std::string m;
-  try {
-    faulty->all_reduce(t, ReduceOp::Sum, *s).synchronize();
-  } catch (const CommError& e) {
-    m = e.what();
-    clear_error(*s);
-  }
+  const std::string m =
+      comm_error_of([&] { faulty->all_reduce(t, ReduceOp::Sum, *s).synchronize(); }, *s);
   INFO(m);
   CHECK_THAT(m, Catch::Contains("data check (MESHRT_COMM_DEBUG=1): all_reduce(f32, count=1000, "
                                 "sum) on group 'world' (seq 1)") &&

@@ -201,6 +201,8 @@ bool overlaps(const char* a, size_t na, const char* b, size_t nb) {
 }  // namespace
 
 Event Communicator::submit(CommCall& call, Stream& stream, const EventList& after) {
+  // Under MESHRT_LAUNCH_BLOCKING communication still queues: its tasks wait for peers.
+  NonBlockingEnqueue queued;
   Device sd = stream.device();
   MESHRT_CHECK(sd.type == device_.type, comm_op_name(call.op)
                                             << " on group '" << name_ << "': stream '"

@@ -31,6 +31,7 @@ void check_environment() {
                                                 "warn, error or off, or unset it");
   }
   env_switch("MESHRT_STREAM_JITTER");
+  env_switch("MESHRT_LAUNCH_BLOCKING");
 }
 
 }  // namespace meshrt

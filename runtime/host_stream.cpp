@@ -1,4 +1,5 @@
 // Host streams: a worker thread per stream draining an in-order queue; events that really signal.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -18,6 +19,12 @@ namespace meshrt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Set on stream worker threads: work a task enqueues elsewhere (an event recorded as its captures
+// are freed) never blocks under MESHRT_LAUNCH_BLOCKING, or two workers could wait on each other.
+thread_local bool tl_stream_worker = false;
+// Set by NonBlockingEnqueue.
+thread_local bool tl_no_block = false;
 
 class HostEventImpl final : public EventImpl {
  public:
@@ -61,10 +68,11 @@ class HostEventImpl final : public EventImpl {
 
 class HostStream final : public Stream {
  public:
-  HostStream(std::string name, int device_index, bool jitter)
-      : name_(std::move(name)), device_index_(device_index), jitter_(jitter) {
+  HostStream(std::string name, int device_index, bool jitter, bool blocking)
+      : name_(std::move(name)), device_index_(device_index), jitter_(jitter), blocking_(blocking) {
     int rank = log_rank(), world = log_world();
     worker_ = std::thread([this, rank, world] {
+      tl_stream_worker = true;
       set_log_rank(rank, world);
       run();
     });
@@ -84,15 +92,24 @@ class HostStream final : public Stream {
   void* native_handle() const override { return nullptr; }
 
   void enqueue(std::function<void()> fn) override {
+    const bool own = std::this_thread::get_id() == worker_.get_id();
+    uint64_t ticket = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       // While the stream shuts down its worker still drains the queue, so work it enqueues
       // itself (an event recorded as a task's captures are freed) still runs.
-      MESHRT_CHECK(!stop_ || std::this_thread::get_id() == worker_.get_id(),
-                   "stream '" << name_ << "': enqueue after shutdown");
+      MESHRT_CHECK(!stop_ || own, "stream '" << name_ << "': enqueue after shutdown");
       q_.push_back(std::move(fn));
+      ticket = ++enqueued_;
     }
     cv_.notify_one();
+    // MESHRT_LAUNCH_BLOCKING: return once the task ran and its captures were released, so that
+    // the tensors a task holds are freed in program order (as on a CUDA stream, where the
+    // caching allocator reuses a block at once) and an error surfaces at the call that caused it.
+    if (blocking_ && !tl_stream_worker && !tl_no_block) {
+      std::unique_lock<std::mutex> lk(mu_);
+      done_cv_.wait(lk, [&] { return finished_ >= ticket; });
+    }
   }
 
   Event record() override {
@@ -155,14 +172,24 @@ class HostStream final : public Stream {
         set_error(std::current_exception());
       }
       fn = nullptr;  // release captured tensors on the worker, before the next task
+      if (blocking_) {
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          ++finished_;
+        }
+        done_cv_.notify_all();
+      }
     }
   }
 
   std::string name_;
   int device_index_;
   bool jitter_;
+  bool blocking_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable done_cv_;  // blocking_: a task finished
+  uint64_t enqueued_ = 0, finished_ = 0;
   std::deque<std::function<void()>> q_;
   bool stop_ = false;
   std::mutex err_mu_;
@@ -186,12 +213,33 @@ bool stream_jitter_from_env() {
   return on;
 }
 
+namespace {
+// -1: not set by set_host_launch_blocking (MESHRT_LAUNCH_BLOCKING decides).
+std::atomic<int> g_launch_blocking{-1};
+}  // namespace
+
+bool launch_blocking_from_env() {
+  static const bool on = env_switch("MESHRT_LAUNCH_BLOCKING");
+  const int set = g_launch_blocking.load();
+  return set < 0 ? on : set == 1;
+}
+
+NonBlockingEnqueue::NonBlockingEnqueue() : prev_(tl_no_block) { tl_no_block = true; }
+NonBlockingEnqueue::~NonBlockingEnqueue() { tl_no_block = prev_; }
+
+void set_host_launch_blocking(int mode) { g_launch_blocking.store(mode < 0 ? -1 : mode ? 1 : 0); }
+
 std::unique_ptr<Stream> make_host_stream(std::string name, int device_index) {
-  return std::make_unique<HostStream>(std::move(name), device_index, stream_jitter_from_env());
+  return std::make_unique<HostStream>(std::move(name), device_index, stream_jitter_from_env(),
+                                      launch_blocking_from_env());
 }
 
 std::unique_ptr<Stream> make_host_stream_jitter(std::string name, bool jitter) {
-  return std::make_unique<HostStream>(std::move(name), 0, jitter);
+  return std::make_unique<HostStream>(std::move(name), 0, jitter, false);
+}
+
+std::unique_ptr<Stream> make_host_stream_blocking(std::string name, bool blocking) {
+  return std::make_unique<HostStream>(std::move(name), 0, false, blocking);
 }
 
 }  // namespace meshrt

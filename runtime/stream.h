@@ -74,11 +74,36 @@ class MESHRT_API Stream {
 // A host stream: one worker thread draining a queue. `name` shows in logs and traces.
 // With MESHRT_STREAM_JITTER=1 in the environment (or jitter=true) every task is preceded by a
 // random short delay (0..200 us) so a missing wait shows up in tests as a wrong result.
+// With MESHRT_LAUNCH_BLOCKING=1 (or blocking=true) an enqueue from outside a stream worker (and
+// outside a NonBlockingEnqueue scope) returns only once its task ran and released its captures
+// (as CUDA_LAUNCH_BLOCKING=1 does for kernels):
+// tensors are freed in program order, so the allocator's peak is the program's, without what
+// queued tasks hold while the host runs ahead.
 MESHRT_API std::unique_ptr<Stream> make_host_stream(std::string name = "host",
                                                     int device_index = 0);
 MESHRT_API std::unique_ptr<Stream> make_host_stream_jitter(std::string name, bool jitter);
+MESHRT_API std::unique_ptr<Stream> make_host_stream_blocking(std::string name, bool blocking);
 
 // Whether MESHRT_STREAM_JITTER=1 is set (read once).
 MESHRT_API bool stream_jitter_from_env();
+// Whether host streams created now block (MESHRT_LAUNCH_BLOCKING=1, read once, unless overridden).
+MESHRT_API bool launch_blocking_from_env();
+// Overrides MESHRT_LAUNCH_BLOCKING for host streams created from now on: 1 on, 0 off, -1 back to
+// the environment's choice (tests, and benchmarks that measure the program-order memory peak).
+MESHRT_API void set_host_launch_blocking(int mode);
+
+// While one lives, enqueues from this thread do not block under MESHRT_LAUNCH_BLOCKING. The
+// Communicator issues under one: a collective or send waits for its peers, and a host thread
+// blocked in its send could never post the receive its peer's send waits for.
+class MESHRT_API NonBlockingEnqueue {
+ public:
+  NonBlockingEnqueue();
+  ~NonBlockingEnqueue();
+  NonBlockingEnqueue(const NonBlockingEnqueue&) = delete;
+  NonBlockingEnqueue& operator=(const NonBlockingEnqueue&) = delete;
+
+ private:
+  bool prev_;
+};
 
 }  // namespace meshrt

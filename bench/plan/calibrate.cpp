@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "bench/block/plan.h"
@@ -67,17 +68,13 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
   const int W = world.size();
   Measured r;
   const int64_t h = m.hidden, f = m.ffn, s = m.seq;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, bool> done;
+  // The block's GEMM shapes, measured in rounds (each shape a few times per round) so that a
+  // change of the machine's load during the calibration moves every shape alike; per shape the
+  // median over all rounds.
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes;
   auto gemm = [&](int64_t M, int64_t N, int64_t K) {
-    if (done[{M, N, K}]) return;
-    done[{M, N, K}] = true;
-    Tensor a = ctx.empty({M, K}, dt), b = ctx.empty({K, N}, dt), c = ctx.empty({M, N}, dt);
-    a.fill_(0.5, cs);
-    b.fill_(0.25, cs);
-    const double t = typical(world, cs, 5, [&] { ops::gemm(ctx, cs, a, false, b, false, c); });
-    const double fl =
-        2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-    r.gemm.push_back({fl, fl / t});
+    const auto key = std::make_tuple(M, N, K);
+    if (std::find(shapes.begin(), shapes.end(), key) == shapes.end()) shapes.push_back(key);
   };
   for (int tp : {1, W}) {
     for (int64_t mb : {int64_t{1}, int64_t{4}}) {
@@ -93,6 +90,27 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
       gemm(fl, h, T);
     }
     if (W == 1) break;
+  }
+  {
+    std::vector<std::vector<double>> times(shapes.size());
+    constexpr int kRounds = 3, kPerRound = 3;
+    for (int round = 0; round < kRounds; ++round)
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        // One shape's operands at a time (the caching allocator keeps them cheap to remake).
+        const auto& [M, N, K] = shapes[i];
+        Tensor a = ctx.empty({M, K}, dt), b = ctx.empty({K, N}, dt), c = ctx.empty({M, N}, dt);
+        a.fill_(0.5, cs);
+        b.fill_(0.25, cs);
+        for (int rep = 0; rep < kPerRound; ++rep)
+          times[i].push_back(
+              typical(world, cs, 1, [&] { ops::gemm(ctx, cs, a, false, b, false, c); }));
+      }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const auto& [M, N, K] = shapes[i];
+      const double fl =
+          2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+      r.gemm.push_back({fl, fl / bench::median(times[i])});
+    }
   }
   // Attention on the block's shapes (tp = 1, micro-batch 1).
   {
@@ -116,14 +134,58 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
     r.attn_fwd = fl / tf;
     r.attn_bwd = 2 * fl / tb;
   }
-  // Elementwise: a residual add over 4 sequences' activations.
+  // Elementwise: the non-GEMM kernels of one attention + MLP block, forward and backward, on one
+  // sequence (tp = 1), as mesh/blocks.cpp runs them: norms, bias + GeLU, residual adds and the
+  // head layout copies. The rate is the bytes the cost model charges for them (Block::ew: 38
+  // activations of [seq, hidden] and 5 of [seq, ffn]) over their measured time, so kernels slower
+  // than their bytes (GeLU's exp, the norms' passes, strided copies) weigh as in a real step.
   {
-    const int64_t n = 4 * s * h;
-    Tensor a = ctx.empty({n}, dt), b = ctx.empty({n}, dt), c = ctx.empty({n}, dt);
-    a.fill_(1.0, cs);
-    b.fill_(2.0, cs);
-    const double t = typical(world, cs, 5, [&] { ops::add(ctx, cs, a, b, c); });
-    r.mem_bw = 3.0 * static_cast<double>(n) * static_cast<double>(dtype_size(dt)) / t;
+    const int64_t H = m.heads, d = h / m.heads;
+    Tensor x = ctx.empty({s, 1, h}, dt), ln = ctx.empty({s, 1, h}, dt),
+           y = ctx.empty({s, 1, h}, dt);
+    Tensor out = ctx.empty({s, 1, h}, dt), dx = ctx.empty({s, 1, h}, dt);
+    Tensor mean = ctx.empty({s}, DType::f32), rstd = ctx.empty({s}, DType::f32);
+    Tensor gamma = ctx.empty({h}, dt), beta = ctx.empty({h}, dt), dgamma = ctx.empty({h}, dt),
+           dbeta = ctx.empty({h}, dt);
+    Tensor h1 = ctx.empty({s, 1, f}, dt), g = ctx.empty({s, 1, f}, dt),
+           dh = ctx.empty({s, 1, f}, dt);
+    Tensor bias = ctx.empty({f}, dt), dbias = ctx.empty({f}, dt);
+    Tensor qkv = ctx.empty({s, 1, H, 3, d}, dt), attn = ctx.empty({s, 1, H, d}, dt);
+    Tensor q = ctx.empty({1, H, s, d}, dt), k = ctx.empty({1, H, s, d}, dt),
+           v = ctx.empty({1, H, s, d}, dt), o = ctx.empty({1, H, s, d}, dt);
+    for (Tensor* t : {&x, &y, &h1, &g, &qkv, &o})
+      t->init_philox_({5, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, cs);
+    for (Tensor* t : {&gamma, &bias}) t->fill_(1.0, cs);
+    for (Tensor* t : {&beta, &dgamma, &dbeta, &dbias}) t->fill_(0.0, cs);
+    auto bhsd = [](const Tensor& t) { return t.transpose(0, 1).transpose(1, 2); };
+    const double t = typical(world, cs, 9, [&] {
+      for (int piece = 0; piece < 2; ++piece) {  // forward: attention, MLP
+        ops::layernorm_fwd(ctx, cs, x, gamma, &beta, ln, mean, rstd);
+        if (piece == 0) {
+          q.copy_(bhsd(qkv.select(3, 0)), cs);
+          k.copy_(bhsd(qkv.select(3, 1)), cs);
+          v.copy_(bhsd(qkv.select(3, 2)), cs);
+          bhsd(attn).copy_(o, cs);
+        } else {
+          ops::bias_gelu_fwd(ctx, cs, h1, &bias, g);
+        }
+        ops::add(ctx, cs, x, y, out);
+      }
+      for (int piece = 1; piece >= 0; --piece) {  // backward: MLP, attention
+        if (piece == 1) {
+          ops::bias_gelu_bwd(ctx, cs, g, h1, &bias, dh, &dbias, ops::GeluKind::Tanh, true);
+        } else {
+          o.copy_(bhsd(attn), cs);
+          bhsd(qkv.select(3, 0)).copy_(q, cs);
+          bhsd(qkv.select(3, 1)).copy_(k, cs);
+          bhsd(qkv.select(3, 2)).copy_(v, cs);
+        }
+        ops::layernorm_bwd(ctx, cs, y, x, gamma, mean, rstd, dx, &dgamma, &dbeta, true);
+        ops::add(ctx, cs, dx, y, dx);
+      }
+    });
+    const double es = static_cast<double>(dtype_size(dt));
+    r.mem_bw = (38.0 * static_cast<double>(s * h) + 5.0 * static_cast<double>(s * f)) * es / t;
   }
   // Overlap: an all-reduce of one micro-batch's activations on the tp stream during a GEMM, as the
   // block's backward runs them, against each alone.
@@ -138,9 +200,9 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
     x.fill_(0.5, cs);
     w.fill_(0.25, cs);
     t.fill_(1.0, cs);
-    r.gemm_alone = typical(world, cs, 5, [&] { ops::gemm(ctx, cs, x, false, w, false, y); });
-    r.coll_alone = typical(world, cs, 5, [&] { sch.wait(sch.all_reduce(t, "calibrate")); });
-    r.both = typical(world, cs, 5, [&] {
+    r.gemm_alone = typical(world, cs, 11, [&] { ops::gemm(ctx, cs, x, false, w, false, y); });
+    r.coll_alone = typical(world, cs, 11, [&] { sch.wait(sch.all_reduce(t, "calibrate")); });
+    r.both = typical(world, cs, 11, [&] {
       Event e = sch.all_reduce(t, "calibrate");
       ops::gemm(ctx, cs, x, false, w, false, y);
       sch.wait(e);
@@ -218,11 +280,27 @@ ClusterSpec calibrate_cluster(const ModelSpec& m, const std::string& devices, st
   const bool cuda = launch->local().front().device.is_cuda();
   log << "calibrating on " << used << " (" << launch->world_size() << " ranks), " << m.dtype
       << ", shapes of hidden " << m.hidden << ", ffn " << m.ffn << ", seq " << m.seq << "\n";
-  Measured r0;
+  // A step runs at the pace of its slowest rank (ranks that share a host's cores are not equally
+  // fast: `meshrt bench block` reports the skew), so each figure is the slowest rank's.
+  std::mutex mu;
+  std::vector<Measured> all;
   launch->run([&](const RankPlacement& rp, Communicator& world) {
     Measured r = measure_rank(m, rp, world);
-    if (rp.rank == 0) r0 = r;
+    std::lock_guard<std::mutex> lk(mu);
+    all.push_back(std::move(r));
   });
+  MESHRT_CHECK(!all.empty(), "--calibrate: no rank reported its measurements");
+  Measured r0 = all.front();
+  for (const Measured& r : all) {
+    for (size_t i = 0; i < r0.gemm.size() && i < r.gemm.size(); ++i)
+      r0.gemm[i].second = std::min(r0.gemm[i].second, r.gemm[i].second);
+    r0.attn_fwd = std::min(r0.attn_fwd, r.attn_fwd);
+    r0.attn_bwd = std::min(r0.attn_bwd, r.attn_bwd);
+    r0.mem_bw = std::min(r0.mem_bw, r.mem_bw);
+    r0.gemm_alone = std::max(r0.gemm_alone, r.gemm_alone);
+    r0.coll_alone = std::max(r0.coll_alone, r.coll_alone);
+    r0.both = std::max(r0.both, r.both);
+  }
   const int W = launch->world_size();
   ClusterSpec c;
   c.name = "measured " + used;

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "runtime/allocator.h"
 #include "runtime/error.h"
 
 namespace meshrt::plan {
@@ -393,8 +394,9 @@ struct BucketPlan {
   std::vector<int> launch_after;  // piece index; launches after that piece's backward
 };
 
-BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
-  const double es = dtype_bytes(m.dtype), cap = c.bucket_mb * 1024.0 * 1024.0;
+// Every local parameter in forward order: (bytes, piece).
+std::vector<std::pair<double, int>> local_params(const ModelSpec& m, const PlanConfig& c) {
+  const double es = dtype_bytes(m.dtype);
   const std::vector<Piece> ps = pieces(m);
   std::vector<std::pair<double, int>> params;  // (bytes, piece), forward order
   const double V = static_cast<double>(m.vocab), h = static_cast<double>(m.hidden);
@@ -407,6 +409,18 @@ BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
     params.push_back({h * es, static_cast<int>(ps.size())});
     params.push_back({h * ceil_div(V, c.tp) * es, static_cast<int>(ps.size())});
   }
+  return params;
+}
+
+std::vector<double> param_bytes(const ModelSpec& m, const PlanConfig& c) {
+  std::vector<double> out;
+  for (const auto& p : local_params(m, c)) out.push_back(p.first);
+  return out;
+}
+
+BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
+  const double cap = c.bucket_mb * 1024.0 * 1024.0;
+  const std::vector<std::pair<double, int>> params = local_params(m, c);
   BucketPlan b;
   double cur = 0;
   int first_piece = 0;
@@ -528,31 +542,223 @@ std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c) 
   return out;
 }
 
+namespace {
+
+// The allocations of one rank in program order, as the block code makes and drops them
+// (mesh/blocks.cpp, mesh/linear.cpp, the benchmark's step loop): the peak is what a caching
+// allocator that reuses a block as soon as it is freed shows (CUDA; host streams with
+// MESHRT_LAUNCH_BLOCKING=1).
+// What the caching allocators hand out for a request (their size classes).
+double rounded(double bytes) {
+  return bytes <= 0 ? 0 : static_cast<double>(allocator_size_class(static_cast<size_t>(bytes)));
+}
+
+class MemWalk {
+ public:
+  int alloc(double bytes) {
+    bytes = rounded(bytes);
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+    sizes_.push_back(bytes);
+    return static_cast<int>(sizes_.size()) - 1;
+  }
+  void free(int& id) {
+    if (id < 0) return;
+    live_ -= sizes_[static_cast<size_t>(id)];
+    sizes_[static_cast<size_t>(id)] = 0;
+    id = -1;
+  }
+  double live() const { return live_; }
+  double peak() const { return peak_; }
+
+ private:
+  double live_ = 0, peak_ = 0;
+  std::vector<double> sizes_;
+};
+
+// The tensors one piece keeps from its forward to its backward.
+struct Saved {
+  std::vector<int> ids;
+};
+
+class MemBlock {
+ public:
+  MemBlock(MemWalk& w, const Shape& s, double heads) : w_(w), s_(s), heads_(heads) {}
+
+  double Al() const { return s_.Tl * s_.h * s_.es; }  // between blocks (sequence shard under SP)
+  double A() const { return s_.T * s_.h * s_.es; }    // a full-sequence activation
+  double Q() const { return s_.T * s_.h / s_.tp * s_.es; }
+  double F() const { return s_.T * ceil_div(s_.f, s_.tp) * s_.es; }
+  double stats() const { return s_.Tl * 4; }
+
+  // Colwise linear forward: the output; under SP the gathered input while its GEMM runs.
+  int colwise_fwd(double out_bytes) {
+    const int y = w_.alloc(out_bytes);
+    int xin = s_.sp ? w_.alloc(A()) : -1;
+    w_.free(xin);
+    return y;
+  }
+  // Rowwise linear forward: the output; under SP the partial result before its reduce-scatter.
+  int rowwise_fwd() {
+    const int y = w_.alloc(s_.sp ? Al() : A());
+    int part = s_.sp ? w_.alloc(A()) : -1;
+    w_.free(part);
+    return y;
+  }
+  // Rowwise backward: the gathered output gradient (SP) while the input gradient is computed.
+  int rowwise_bwd(double dx_bytes) {
+    int dyc = s_.sp ? w_.alloc(A()) : -1;
+    const int dx = w_.alloc(dx_bytes);
+    w_.free(dyc);
+    return dx;
+  }
+  // Colwise backward: the regathered input (SP) and the local input gradient, reduced (-scattered)
+  // into the returned gradient.
+  int colwise_bwd() {
+    int xfull = s_.sp ? w_.alloc(A()) : -1;
+    int local = w_.alloc(A());
+    if (!s_.sp) {
+      w_.free(xfull);
+      return local;
+    }
+    const int dx = w_.alloc(Al());
+    w_.free(xfull);
+    w_.free(local);
+    return dx;
+  }
+
+  // Forward of a piece: its output; `sv` gets what the backward needs.
+  int attention_fwd(Saved& sv) {
+    int st = w_.alloc(2 * stats());  // norm mean and rstd
+    const int ln = w_.alloc(Al());
+    int qkv = colwise_fwd(3 * Q());
+    const int q = w_.alloc(Q()), k = w_.alloc(Q()), v = w_.alloc(Q()), o = w_.alloc(Q());
+    const int lse = w_.alloc(s_.T * heads_ / s_.tp * 4);
+    const int attn = w_.alloc(Q());
+    int y = rowwise_fwd();
+    const int out = w_.alloc(Al());
+    w_.free(qkv);
+    w_.free(y);
+    sv.ids = {st, ln, q, k, v, o, lse, attn};
+    return out;
+  }
+  int mlp_fwd(Saved& sv) {
+    const int st = w_.alloc(2 * stats());
+    const int ln = w_.alloc(Al());
+    const int h1 = colwise_fwd(F());
+    const int g = w_.alloc(F());
+    int y = rowwise_fwd();
+    const int out = w_.alloc(Al());
+    w_.free(y);
+    sv.ids = {st, ln, h1, g};
+    return out;
+  }
+  // Backward of a piece: the input gradient; frees what the forward saved.
+  // `input`: the piece's input, held by its norm until the norm's backward (-1: the caller's).
+  int attention_bwd(Saved& sv, int& input) {
+    int& st = sv.ids[0];
+    int &ln = sv.ids[1], &lse = sv.ids[6], &attn = sv.ids[7];
+    int dattn = rowwise_bwd(Q());
+    w_.free(attn);
+    int dO = w_.alloc(Q());
+    int dq = w_.alloc(Q()), dk = w_.alloc(Q()), dv = w_.alloc(Q());
+    int dqkv = w_.alloc(3 * Q());
+    for (int i = 2; i <= 5; ++i) w_.free(sv.ids[static_cast<size_t>(i)]);
+    w_.free(lse);
+    int dln = colwise_bwd();
+    w_.free(ln);
+    const int dx = norm_bwd(st, input);
+    for (int* t : {&dattn, &dO, &dq, &dk, &dv, &dqkv, &dln}) w_.free(*t);
+    return dx;
+  }
+  int mlp_bwd(Saved& sv, int& input) {
+    int &st = sv.ids[0], &ln = sv.ids[1], &h1 = sv.ids[2], &g = sv.ids[3];
+    int dg = rowwise_bwd(F());
+    w_.free(g);
+    int dh = w_.alloc(F());
+    w_.free(h1);
+    int dln = colwise_bwd();
+    w_.free(ln);
+    const int dx = norm_bwd(st, input);
+    for (int* t : {&dg, &dh, &dln}) w_.free(*t);
+    return dx;
+  }
+
+ private:
+  int norm_bwd(int& st, int& input) {
+    const int dx = w_.alloc(Al());
+    w_.free(st);
+    w_.free(input);
+    return dx;
+  }
+  MemWalk& w_;
+  Shape s_;
+  double heads_;
+};
+
+}  // namespace
+
 Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   Memory mem;
   const Shape s = shape_of(m, c);
+  // Weights one allocation each, gradients in the dp buckets' flat buffers
+  // (mesh/data_parallel.cpp), in the parameters' dtype, each rounded to the allocators' size
+  // classes.
   double params = 0;
-  for (double b : buckets(m, c).bytes) params += b;  // bytes of the local parameters
-  mem.weights = params;
-  mem.grads = params;  // gradients in the parameters' dtype, in the dp buckets' flat buffers
+  for (double b : buckets(m, c).bytes) {
+    params += b;
+    mem.grads += rounded(b);
+  }
+  for (double b : param_bytes(m, c)) mem.weights += rounded(b);
   if (c.optimizer) mem.optimizer = params / s.es * 8;  // AdamW: exp_avg, exp_avg_sq in f32
-  const double T = s.T, Tl = s.Tl, h = s.h, tp = c.tp, es = s.es;
-  const double fl = ceil_div(s.f, c.tp), heads = static_cast<double>(m.heads);
-  // Saved for backward, per layer (mesh/blocks.cpp, mesh/linear.cpp): the norm input and the
-  // colwise linear's input (sequence shard under SP), q, k, v, o and the out-proj input,
-  // fc1's output and fc2's input; norm statistics and the attention log-sum-exp in f32.
-  double per_layer = 0;
-  if (m.kind != "mlp")
-    per_layer += (2 * Tl * h + 5 * T * h / tp) * es + (2 * Tl + T * heads / tp) * 4;
-  if (m.kind != "attn") per_layer += (2 * Tl * h + 2 * T * fl) * es + 2 * Tl * 4;
-  mem.activations = per_layer * m.layers + 2 * Tl * h * es;  // + the stack's input and output
-  // Recomputation keeps each layer's input only, and one layer's saved set at a time.
-  if (c.recompute) mem.activations = (m.layers + 2) * Tl * h * es + per_layer;
-  // The largest set of transients, in an MLP backward: the gathered output gradient, dg, dh, the
-  // regathered input and fc1's local dgrad (and for a head, the local logits in f32).
-  mem.workspace = (3 * T * h + 2 * T * fl) * es;
-  if (m.vocab > 0)
-    mem.workspace = std::max(mem.workspace, T * ceil_div(double(m.vocab), c.tp) * (4 + es));
+  const double T = s.T, es = s.es, V = static_cast<double>(m.vocab);
+  const double Vl = ceil_div(V, c.tp);
+  MemWalk w;
+  MemBlock blk(w, s, static_cast<double>(m.heads));
+  const std::vector<Piece> ps = pieces(m);
+  // The step's input and output gradient, and what the benchmark's loop still holds from the
+  // step before: its output and input gradient (a training loop holds its batch and logits).
+  w.alloc(blk.Al());  // x
+  w.alloc(blk.Al());  // dout
+  int prev_out = w.alloc(blk.Al()), prev_dx = w.alloc(blk.Al());
+  if (V > 0) w.alloc(blk.Al());  // the embedding's output
+  std::vector<Saved> saved(ps.size());
+  std::vector<int> inputs;  // each piece's input: -1 for the stack's (the caller keeps it)
+  int h_cur = -1;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    inputs.push_back(h_cur);
+    Saved sv;
+    h_cur = ps[i].attention ? blk.attention_fwd(sv) : blk.mlp_fwd(sv);
+    if (c.recompute)
+      for (int& id : sv.ids) w.free(id);  // kept: the piece's input only
+    else
+      saved[i] = sv;
+  }
+  // LM head: the final norm's output, the local logits and their f32 softmax, until the loss's
+  // backward.
+  int logits = V > 0 ? w.alloc(blk.Al() + T * Vl * (es + 4)) : -1;
+  w.free(prev_out);  // the loop's new output replaces the one it held
+  const double base = 3 * blk.Al() + (V > 0 ? blk.Al() : 0);  // x, dout, prev_dx (+ embedding)
+  mem.activations = w.live() - base;
+  int d = -1;  // the gradient flowing down: -1 while it is the caller's dout
+  if (logits >= 0) {
+    d = w.alloc(blk.Al());
+    w.free(logits);
+  }
+  for (size_t i = ps.size(); i-- > 0;) {
+    if (c.recompute) {
+      // The piece's forward again from its saved input, then its backward.
+      int out = ps[i].attention ? blk.attention_fwd(saved[i]) : blk.mlp_fwd(saved[i]);
+      w.free(out);
+    }
+    const int dx =
+        ps[i].attention ? blk.attention_bwd(saved[i], inputs[i]) : blk.mlp_bwd(saved[i], inputs[i]);
+    w.free(d);
+    d = dx;
+  }
+  w.free(prev_dx);  // the loop's new input gradient replaces the one it held
+  mem.workspace = std::max(0.0, w.peak() - mem.activations - base);
+  mem.activations += base;
   return mem;
 }
 

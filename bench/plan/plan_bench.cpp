@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "bench/common/stats.h"
@@ -163,6 +164,8 @@ double median(std::vector<double> v) {
 void check_plan_options(const PlanOptions& o) {
   const int modes = !o.calibrate_path.empty() + !o.compare_path.empty();
   MESHRT_CHECK(modes <= 1, "--calibrate and --compare are separate runs: give one of them");
+  MESHRT_CHECK(o.compare_memory_path.empty() || !o.compare_path.empty(),
+               "--compare-memory " << o.compare_memory_path << " goes with --compare SWEEP_JSON");
   if (modes == 0) {
     MESHRT_CHECK(!o.model.empty(),
                  "--model is required (e.g. --model hidden=4096,heads=32,"
@@ -177,18 +180,53 @@ void check_plan_options(const PlanOptions& o) {
   for (double b : o.buckets) MESHRT_CHECK(b > 0, "--bucket-mb " << b << " must be positive");
 }
 
-std::string compare_with_sweep(const std::string& path, const std::string& cluster,
-                               std::ostream& out) {
+namespace {
+
+json read_sweep(const std::string& flag, const std::string& path) {
   std::ifstream f(path);
-  MESHRT_CHECK(f, "--compare " << path << ": cannot read the file (a `meshrt sweep --json` file)");
+  MESHRT_CHECK(f, flag << " " << path << ": cannot read the file (a `meshrt sweep --json` file)");
   json j;
   try {
     f >> j;
   } catch (const json::exception& e) {
-    MESHRT_FAIL("--compare " << path << ": not valid JSON (" << e.what() << ")");
+    MESHRT_FAIL(flag << " " << path << ": not valid JSON (" << e.what() << ")");
   }
   MESHRT_CHECK(j.contains("results") && j["results"].is_array() && !j["results"].empty(),
-               "--compare " << path << ": no \"results\" list; give a `meshrt sweep --json` file");
+               flag << " " << path << ": no \"results\" list; give a `meshrt sweep --json` file");
+  return j;
+}
+
+// A sweep result's configuration, as the table labels it.
+std::string run_label(const json& c) {
+  const int tp = c.at("tp").get<int>();
+  return c.at("mesh").get<std::string>() +
+         " sp=" + (tp > 1 ? (c.at("sp").get<bool>() ? "on" : "off") : "-") +
+         " b=" + std::to_string(c.at("batch_per_replica").get<int64_t>());
+}
+
+bool launch_blocking_run(const json& r) {
+  return r.contains("memory") && r["memory"].value("launch_blocking", false);
+}
+
+}  // namespace
+
+std::string compare_with_sweep(const std::string& path, const std::string& cluster,
+                               std::ostream& out, const std::string& memory_path) {
+  const json j = read_sweep("--compare", path);
+  // Program-order peaks by configuration, from a launch-blocking sweep.
+  std::map<std::string, double> po_peak;
+  if (!memory_path.empty()) {
+    const json mj = read_sweep("--compare-memory", memory_path);
+    for (const json& r : mj["results"]) {
+      MESHRT_CHECK(launch_blocking_run(r),
+                   "--compare-memory " << memory_path << ": " << run_label(r.at("config"))
+                                       << " ran with queueing host streams; run that sweep with "
+                                          "MESHRT_LAUNCH_BLOCKING=1");
+      po_peak[run_label(r.at("config"))] =
+          r.at("memory").at("peak_allocated_bytes_max").get<double>();
+    }
+  }
+  bool queued_peaks = false;
   struct Row {
     std::string label;
     double meas_ms, pred_ms, meas_tp, pred_tp, meas_dp, pred_dp, meas_mem, pred_mem;
@@ -223,9 +261,7 @@ std::string compare_with_sweep(const std::string& path, const std::string& clust
     const json& tpj = r.at("comm").at("tp");
     const json& dpj = r.at("comm").at("dp");
     Row row;
-    row.label = c.at("mesh").get<std::string>() +
-                " sp=" + (pc.tp > 1 ? (pc.sp ? "on" : "off") : "-") +
-                " b=" + std::to_string(pc.micro_batch);
+    row.label = run_label(c);
     row.meas_ms = r.at("step_ms").at("median").get<double>();
     row.pred_ms = p.step_s * 1e3;
     row.meas_tp = tpj.at("exposed_ms_median").get<double>();
@@ -233,6 +269,15 @@ std::string compare_with_sweep(const std::string& path, const std::string& clust
     row.meas_dp = dpj.at("exposed_ms_median").get<double>();
     row.pred_dp = p.dp_exposed_s * 1e3;
     row.meas_mem = r.at("memory").at("peak_allocated_bytes_max").get<double>();
+    if (!memory_path.empty()) {
+      auto it = po_peak.find(row.label);
+      MESHRT_CHECK(it != po_peak.end(), "--compare-memory " << memory_path << ": no run of "
+                                                            << row.label << ", which " << path
+                                                            << " has; sweep the same layouts");
+      row.meas_mem = it->second;
+    } else if (!launch_blocking_run(r) && c.value("device_type", std::string()) != "cuda") {
+      queued_peaks = true;
+    }
     row.pred_mem = p.mem.total();
     row.bytes_equal =
         std::llround(tpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.tp_bytes) &&
@@ -273,12 +318,25 @@ std::string compare_with_sweep(const std::string& path, const std::string& clust
   };
   const double loss = per_seq(pbest) / per_seq(mbest) - 1;
   const double med = median(errs);
+  double mem_err = 0;
+  for (const Row& r : rows) mem_err = std::max(mem_err, std::fabs(r.pred_mem / r.meas_mem - 1));
   out << "\nmedian |error| of the step time: " << fmt("%.1f", 100 * med) << "% over " << rows.size()
       << " configurations\n";
   out << "measured best: " << rows[mbest].label << "; predicted best: " << rows[pbest].label
       << " (measured " << fmt("%.1f", 100 * loss)
       << "% slower per sequence than the measured best)\n";
+  out << "memory: largest |error| " << fmt("%.1f", 100 * mem_err) << "% against "
+      << (memory_path.empty() ? (queued_peaks ? "the sweep's peaks, which include tensors held by "
+                                                "queued host tasks (the model predicts the "
+                                                "program-order peak: give a sweep run with "
+                                                "MESHRT_LAUNCH_BLOCKING=1 as --compare-memory)"
+                                              : "the sweep's peaks")
+                              : "the program-order peaks of " + memory_path)
+      << "\n";
   json s = {{"median_abs_error", med},
+            {"memory_max_abs_error", mem_err},
+            {"memory_measured",
+             memory_path.empty() ? (queued_peaks ? "queued" : "sweep") : "launch_blocking"},
             {"configurations", rows.size()},
             {"measured_best", rows[mbest].label},
             {"predicted_best", rows[pbest].label},
@@ -301,7 +359,8 @@ int run_plan(const PlanOptions& o, std::ostream& out) {
     return 0;
   }
   if (!o.compare_path.empty()) {
-    const std::string summary = compare_with_sweep(o.compare_path, o.cluster, out);
+    const std::string summary =
+        compare_with_sweep(o.compare_path, o.cluster, out, o.compare_memory_path);
     if (!o.json_path.empty()) write_file(o.json_path, summary + "\n", out);
     return 0;
   }

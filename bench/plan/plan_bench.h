@@ -28,6 +28,9 @@ struct PlanOptions {
   std::string devices;  // ranks the calibration runs on (default as bench block)
   // --compare SWEEP_JSON: predicted vs measured for every run of a sweep (cluster: --cluster).
   std::string compare_path;
+  // --compare-memory SWEEP_JSON: the same sweep run with MESHRT_LAUNCH_BLOCKING=1; its peaks (the
+  // program-order peak, what the model predicts) replace the timed sweep's in the memory columns.
+  std::string compare_memory_path;
   std::string command_line;
 };
 
@@ -45,9 +48,11 @@ plan::ClusterSpec calibrate_cluster(const plan::ModelSpec& m, const std::string&
                                     std::ostream& log);
 
 // Predicted vs measured for every run of a sweep JSON; prints a Markdown table and returns the
-// summary (median absolute step-time error, best configurations) as JSON text.
-// `cluster`: a preset or cluster file (its peak is taken for each run's dtype).
+// summary (median absolute step-time error, best configurations, memory error) as JSON text.
+// `cluster`: a preset or cluster file (its peak is taken for each run's dtype). `memory_json_path`
+// (may be empty): a sweep of the same configurations run with MESHRT_LAUNCH_BLOCKING=1 whose
+// peaks the memory columns compare with.
 std::string compare_with_sweep(const std::string& sweep_json_path, const std::string& cluster,
-                               std::ostream& out);
+                               std::ostream& out, const std::string& memory_json_path = "");
 
 }  // namespace meshrt

@@ -46,6 +46,9 @@ class PlanCommand : public Command {
     c.add_option("--compare", o_.compare_path,
                  "Predicted vs measured for every run of a `meshrt sweep --json` file, on "
                  "--cluster");
+    c.add_option("--compare-memory", o_.compare_memory_path,
+                 "With --compare: the same sweep run with MESHRT_LAUNCH_BLOCKING=1, whose "
+                 "program-order peaks the memory columns compare with");
   }
 
   void validate() override {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "coll_matrix.h"
 #include "coll_test_util.h"
@@ -304,6 +305,23 @@ TEST_CASE("host: mismatch detector names the differing ranks and their calls", "
   }
 }
 
+namespace {
+// Round `it` of a ring: each rank sends a pattern to the next on `ss`, receives the previous one's
+// on `sr`, and checks it.
+void ring_round(Communicator& c, Stream& ss, Stream& sr, int it, Failures& f) {
+  const int r = c.rank(), n = c.size();
+  Tensor out = host_tensor(1000 + it, DType::i64);
+  Tensor in = host_tensor(1000 + it, DType::i64);
+  fill_pattern(out, static_cast<uint64_t>(it), r);
+  Event es = c.send(out, (r + 1) % n, ss);
+  Event er = c.recv(in, (r + n - 1) % n, sr);
+  es.synchronize();
+  er.synchronize();
+  check_values(f, "ring", in, 0, in.numel(),
+               [&](int64_t i) { return pattern(static_cast<uint64_t>(it), (r + n - 1) % n, i); });
+}
+}  // namespace
+
 TEST_CASE("host: send/recv around a ring, and a count mismatch", "[multirank]") {
   const int n = 4;
   auto comms = make_host_communicators(n, "world", test_config());
@@ -313,18 +331,7 @@ TEST_CASE("host: send/recv around a ring, and a count mismatch", "[multirank]") 
     Communicator& c = *comms[static_cast<size_t>(r)];
     auto ss = make_host_stream("send");
     auto sr = make_host_stream("recv");
-    for (int it = 0; it < 5; ++it) {
-      Tensor out = host_tensor(1000 + it, DType::i64);
-      Tensor in = host_tensor(1000 + it, DType::i64);
-      fill_pattern(out, static_cast<uint64_t>(it), r);
-      Event es = c.send(out, (r + 1) % n, *ss);
-      Event er = c.recv(in, (r + n - 1) % n, *sr);
-      es.synchronize();
-      er.synchronize();
-      check_values(f, "ring", in, 0, in.numel(), [&](int64_t i) {
-        return pattern(static_cast<uint64_t>(it), (r + n - 1) % n, i);
-      });
-    }
+    for (int it = 0; it < 5; ++it) ring_round(c, *ss, *sr, it, f);
     if (r < 2) {
       Tensor t = host_tensor(r == 0 ? 4 : 5, DType::f32);
       try {
@@ -342,6 +349,39 @@ TEST_CASE("host: send/recv around a ring, and a count mismatch", "[multirank]") 
     CHECK_THAT(mm[r], Catch::Contains("rank 0 sends f32 count=4 to rank 1") &&
                           Catch::Contains("rank 1 receives f32 count=5"));
   }
+}
+
+TEST_CASE("host: send/recv and collectives still queue under launch blocking", "[multirank]") {
+  // MESHRT_LAUNCH_BLOCKING=1 blocks each host enqueue until its task ran; a send that blocked so
+  // would never let its rank post the receive its peer's send waits for. The ring completes, and
+  // the compute stream's own work still blocks.
+  set_host_launch_blocking(1);
+  const int n = 4;
+  auto comms = make_host_communicators(n, "world", test_config(30));
+  Failures f;
+  std::atomic<int> blocked{0};
+  auto errs = run_ranks(comms, [&](int r) {
+    Communicator& c = *comms[static_cast<size_t>(r)];
+    auto ss = make_host_stream("send");
+    auto sr = make_host_stream("recv");
+    for (int it = 0; it < 3; ++it) {
+      ring_round(c, *ss, *sr, it, f);
+      Tensor t = host_tensor(64, DType::f32);
+      fill_pattern(t, static_cast<uint64_t>(it), r);
+      c.all_reduce(t, ReduceOp::Sum, *ss).synchronize();
+    }
+    std::atomic<bool> done{false};
+    ss->enqueue([&done] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      done = true;
+    });
+    if (done) ++blocked;
+  });
+  set_host_launch_blocking(-1);
+  INFO(join_errors(errs) << f.str());
+  CHECK(join_errors(errs).empty());
+  CHECK(f.count() == 0);
+  CHECK(blocked == n);
 }
 
 TEST_CASE("host: a collective waits for the event that produced its input", "[multirank]") {

@@ -165,3 +165,64 @@ TEST_CASE("a task freeing the last view of a tensor while its stream shuts down 
   CHECK(ran.load() == 1);
   CHECK(alloc->stats().allocated_bytes == 0);
 }
+
+TEST_CASE("launch blocking returns after the task ran and released its captures", "[stream]") {
+  auto s = make_host_stream_blocking("blocking", true);
+  std::atomic<int> ran{0};
+  auto owner = std::make_shared<int>(3);
+  std::weak_ptr<int> w = owner;
+  s->enqueue([&ran, o = std::move(owner)] {
+    std::this_thread::sleep_for(20ms);  // a slow task: a queue would return before it ran
+    ran += *o;
+  });
+  CHECK(ran == 3);
+  CHECK(w.expired());
+  // A task that enqueues on another blocking stream (as freeing a tensor records an event on its
+  // stream) does not wait for it: two workers never block on each other.
+  auto other = make_host_stream_blocking("other", true);
+  Event e = s->record();
+  other->wait(e);
+  s->enqueue([&] { other->enqueue([&ran] { ran += 1; }); });
+  other->synchronize();
+  CHECK(ran == 4);
+  // Under NonBlockingEnqueue (what the Communicator issues under) a blocking stream queues.
+  {
+    NonBlockingEnqueue queued;
+    std::atomic<bool> open{false};
+    s->enqueue([&] {
+      while (!open) std::this_thread::sleep_for(100us);
+      ran += 100;
+    });
+    CHECK(ran == 4);
+    open = true;
+    s->synchronize();
+    CHECK(ran == 104);
+  }
+  ran = 4;
+  // The same work on a queueing stream returns before it runs.
+  auto q = make_host_stream_blocking("queue", false);
+  std::atomic<bool> gate{false};
+  q->enqueue([&] {
+    while (!gate) std::this_thread::sleep_for(100us);
+  });
+  q->enqueue([&ran] { ran += 10; });
+  CHECK(ran == 4);
+  gate = true;
+  q->synchronize();
+  CHECK(ran == 14);
+}
+
+TEST_CASE("MESHRT_LAUNCH_BLOCKING's override applies to streams created after it", "[stream]") {
+  set_host_launch_blocking(1);
+  CHECK(launch_blocking_from_env());
+  auto s = make_host_stream("s");
+  std::atomic<int> ran{0};
+  s->enqueue([&ran] {
+    std::this_thread::sleep_for(10ms);
+    ran = 1;
+  });
+  CHECK(ran == 1);
+  set_host_launch_blocking(0);
+  CHECK(!launch_blocking_from_env());
+  set_host_launch_blocking(-1);
+}

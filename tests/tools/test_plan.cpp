@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -13,8 +15,11 @@
 #include "bench/block/flops.h"
 #include "bench/plan/cost_model.h"
 #include "bench/plan/plan_bench.h"
+#include "bench/sweep/sweep.h"
+#include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
+#include "runtime/stream.h"
 
 using namespace meshrt;
 using namespace meshrt::plan;
@@ -128,8 +133,11 @@ TEST_CASE("plan: dp buckets pack the local parameters as GradSync does", "[unit]
                         (2 * 256 + 256 * 512 + 512 + 512 * 256 + 256)) *
                        4.0;
   CHECK(dp_bucket_bytes(m, t) == std::vector<double>{local});
+  // Every weight here is a whole size class; the one flat gradient buffer (3165184 bytes) takes
+  // the next class, 3.5 MiB, as the allocator hands it out.
   CHECK(memory_per_device(m, t).weights == local);
-  CHECK(memory_per_device(m, t).grads == local);
+  CHECK(memory_per_device(m, t).grads == 3670016.0);
+  CHECK(allocator_size_class(static_cast<size_t>(local)) == 3670016);
   t.optimizer = true;
   CHECK(memory_per_device(m, t).optimizer == local / 4 * 8);
 }
@@ -276,23 +284,42 @@ struct Issued {
   int64_t tp_count = 0, dp_count = 0;
 };
 
-Issued run_real(const std::string& mesh, bool sp, const std::string& overlap, double bucket_mb) {
+// A quiet block benchmark of model `m` (micro-batch 2, one timed step) on the host ranks `mesh`
+// needs.
+BlockBenchOptions block_options(const ModelSpec& m, const std::string& mesh, bool sp,
+                                const std::string& overlap, int warmup) {
   BlockBenchOptions o;
   o.devices = "cpu:" + std::to_string(mesh == "dp=2,tp=2" ? 4 : 2);
   o.mesh = mesh;
   o.sp = sp ? 1 : 0;
   o.overlap = overlap;
-  o.bucket_mb = bucket_mb;
-  o.seq = 16;
-  o.hidden = 64;
-  o.heads = 4;
-  o.ffn = 256;
+  o.seq = m.seq;
+  o.hidden = m.hidden;
+  o.heads = m.heads;
+  o.ffn = m.ffn;
   o.batch = 2;
-  o.layers = 2;
+  o.layers = m.layers;
   o.steps = 1;
-  o.warmup = 0;
+  o.warmup = warmup;
   o.calibrate = false;
   o.quiet = true;
+  return o;
+}
+
+ModelSpec tiny() {
+  ModelSpec m;
+  m.hidden = 64;
+  m.heads = 4;
+  m.ffn = 256;
+  m.seq = 16;
+  m.layers = 2;
+  m.dtype = "f32";
+  return m;
+}
+
+Issued run_real(const std::string& mesh, bool sp, const std::string& overlap, double bucket_mb) {
+  BlockBenchOptions o = block_options(tiny(), mesh, sp, overlap, 0);
+  o.bucket_mb = bucket_mb;
   std::mutex mu;
   std::map<std::string, int> ops;
   std::ostringstream out;
@@ -324,13 +351,7 @@ Issued run_real(const std::string& mesh, bool sp, const std::string& overlap, do
 }  // namespace
 
 TEST_CASE("plan: predicted collectives equal what a real run issues", "[multirank]") {
-  ModelSpec m;
-  m.hidden = 64;
-  m.heads = 4;
-  m.ffn = 256;
-  m.seq = 16;
-  m.layers = 2;
-  m.dtype = "f32";
+  const ModelSpec m = tiny();
   struct Case {
     const char* mesh;
     bool sp;
@@ -364,6 +385,140 @@ TEST_CASE("plan: predicted collectives equal what a real run issues", "[multiran
       ++predicted[std::string(coll_op_name(x.op)) + "/dp"];
     CHECK(predicted == real.ops);
   }
+}
+
+TEST_CASE("plan: predicted memory is the program-order peak of a real run", "[multirank]") {
+  // With launch-blocking host streams a tensor is freed where the program drops it, as a CUDA
+  // caching allocator reuses it: the allocator's peak is then exactly what the model walks.
+  ModelSpec m;
+  m.hidden = 256;
+  m.heads = 4;
+  m.ffn = 1024;
+  m.seq = 64;
+  m.layers = 2;
+  m.dtype = "f32";
+  struct Case {
+    const char* mesh;
+    bool sp;
+    const char* overlap;
+  };
+  set_host_launch_blocking(1);
+  for (const Case& k : {Case{"dp=2,tp=1", false, "async"}, Case{"dp=1,tp=2", true, "async"},
+                        Case{"dp=1,tp=2", false, "async"}, Case{"dp=1,tp=2", true, "chunked"}}) {
+    INFO(k.mesh << " sp " << k.sp << " overlap " << k.overlap);
+    // Warm-up 1: the loop then holds the previous step's output and input gradient.
+    const BlockBenchOptions o = block_options(m, k.mesh, k.sp, k.overlap, 1);
+    std::ostringstream out;
+    const BlockBenchResult r = run_block_bench_result(o, out);
+    REQUIRE(r.valid);
+    CHECK(json::parse(r.json)["memory"]["launch_blocking"].get<bool>());
+    PlanConfig c;
+    c.dp = k.mesh[3] - '0';
+    c.tp = k.mesh[8] - '0';
+    c.sp = k.sp;
+    c.micro_batch = 2;
+    c.overlap = parse_overlap_mode(k.overlap);
+    c.optimizer = false;
+    const Memory mem = predict(m, ideal(1, 1), c).mem;
+    // Within 1%: the cached all-ones rows of the bias gradients are not in the model.
+    CHECK(static_cast<double>(r.peak_bytes) == Approx(mem.total()).epsilon(0.01));
+    CHECK(static_cast<double>(r.peak_bytes) >= mem.total());
+  }
+  set_host_launch_blocking(-1);
+}
+
+TEST_CASE("plan: --compare on a small real sweep: collectives, bytes and memory agree",
+          "[multirank]") {
+  // The comparison of bench/results/plan-vs-sweep.md in small: a real `meshrt sweep` on two host
+  // ranks, with launch-blocking streams so that its peaks are the program-order ones, compared
+  // with the model. Times are only printed (a test does not time).
+  SweepOptions so;
+  so.base.devices = "cpu:2";
+  so.base.hidden = 128;
+  so.base.heads = 4;
+  so.base.ffn = 512;
+  so.base.seq = 32;
+  so.base.layers = 1;
+  so.base.steps = 1;
+  so.base.warmup = 1;
+  so.base.calibrate = false;
+  so.batches = {1, 2};
+  so.progress = false;
+  so.json_path = "plan-test-small-sweep.json";
+  std::ostringstream sweep_out;
+  set_host_launch_blocking(1);
+  const int rc = run_sweep(so, sweep_out);
+  set_host_launch_blocking(-1);
+  REQUIRE(rc == 0);
+  std::ostringstream out;
+  const json s = json::parse(compare_with_sweep(so.json_path, "h100-sxm:8", out, so.json_path));
+  INFO(out.str());
+  CHECK(s["configurations"] == 6);  // dp=2 b=1,2; tp=2 sp off / on b=1,2
+  CHECK(s["memory_measured"] == "launch_blocking");
+  CHECK(s["memory_max_abs_error"].get<double>() < 0.01);
+  CHECK(out.str().find("DIFFER") == std::string::npos);
+  CHECK(out.str().find("| equal |") != std::string::npos);
+  std::remove(so.json_path.c_str());
+}
+
+TEST_CASE("plan: --compare-memory takes a launch-blocking sweep of the same layouts", "[unit]") {
+  ModelSpec m = small();
+  PlanConfig c = cfg(1, 2, true);
+  const Prediction p = predict(m, load_cluster("h100-sxm:8", "f32"), c);
+  auto sweep = [&](bool blocking, int64_t batch, double peak) {
+    json comm = {{"exposed_ms_median", 0.0},
+                 {"bytes_per_step_per_rank", 0.0},
+                 {"collectives_per_step_per_rank", 0.0}};
+    json r = {{"config",
+               {{"hidden", m.hidden},
+                {"heads", m.heads},
+                {"ffn", m.ffn},
+                {"layers", m.layers},
+                {"seq", m.seq},
+                {"dtype", "f32"},
+                {"kind", "block"},
+                {"dp", 1},
+                {"tp", 2},
+                {"sp", true},
+                {"mesh", "dp=1,tp=2"},
+                {"batch_per_replica", batch},
+                {"global_batch", batch},
+                {"bucket_mb", 25.0},
+                {"overlap", "async"},
+                {"device_type", "cpu"}}},
+              {"comm", {{"tp", comm}, {"dp", comm}}},
+              {"step_ms", {{"median", p.step_s * 1e3}}},
+              {"memory", {{"peak_allocated_bytes_max", peak}, {"launch_blocking", blocking}}}};
+    return json{{"results", json::array({r})}};
+  };
+  auto write = [](const std::string& path, const json& j) { std::ofstream(path) << j.dump(); };
+  const std::string timed = "plan-test-timed.json", mem = "plan-test-mem.json";
+  write(timed, sweep(false, 2, 2 * p.mem.total()));
+  std::ostringstream out;
+  // Without it: the queued peaks are compared, and the summary says so.
+  json s = json::parse(compare_with_sweep(timed, "h100-sxm:8", out));
+  CHECK(s["memory_measured"] == "queued");
+  CHECK(s["memory_max_abs_error"].get<double>() == Approx(0.5));
+  CHECK(out.str().find("MESHRT_LAUNCH_BLOCKING=1") != std::string::npos);
+  // A sweep that did not block is refused; so is one without the timed sweep's layouts.
+  write(mem, sweep(false, 2, p.mem.total()));
+  CHECK_THROWS_WITH(compare_with_sweep(timed, "h100-sxm:8", out, mem),
+                    Catch::Contains("ran with queueing host streams"));
+  write(mem, sweep(true, 4, p.mem.total()));
+  CHECK_THROWS_WITH(compare_with_sweep(timed, "h100-sxm:8", out, mem),
+                    Catch::Contains("no run of dp=1,tp=2 sp=on b=2"));
+  write(mem, sweep(true, 2, p.mem.total()));
+  s = json::parse(compare_with_sweep(timed, "h100-sxm:8", out, mem));
+  CHECK(s["memory_measured"] == "launch_blocking");
+  CHECK(s["memory_max_abs_error"].get<double>() == Approx(0).margin(1e-12));
+  CHECK(s["median_abs_error"].get<double>() == Approx(0).margin(1e-12));
+  PlanOptions o;
+  o.compare_memory_path = mem;
+  o.model = "hidden=256,heads=4,seq=128";
+  o.global_batch = 2;
+  CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("goes with --compare"));
+  std::remove(timed.c_str());
+  std::remove(mem.c_str());
 }
 
 TEST_CASE("plan: the command checks its options and prints the table and the JSON", "[unit]") {

@@ -27,17 +27,19 @@ using json = nlohmann::json;
 
 namespace {
 
-// hidden 256, ffn 1024, seq 128, 2 layers, f32: one activation [2 x 128, 256] is 262144 bytes.
-ModelSpec small() {
+ModelSpec model(int64_t hidden, int64_t heads, int64_t ffn, int64_t seq, int layers) {
   ModelSpec m;
-  m.hidden = 256;
-  m.heads = 4;
-  m.ffn = 1024;
-  m.seq = 128;
-  m.layers = 2;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.ffn = ffn;
+  m.seq = seq;
+  m.layers = layers;
   m.dtype = "f32";
   return m;
 }
+
+// hidden 256, ffn 1024, seq 128, 2 layers, f32: one activation [2 x 128, 256] is 262144 bytes.
+ModelSpec small() { return model(256, 4, 1024, 128, 2); }
 
 PlanConfig cfg(int dp, int tp, bool sp, OverlapMode ov = OverlapMode::Async) {
   PlanConfig c;
@@ -306,16 +308,7 @@ BlockBenchOptions block_options(const ModelSpec& m, const std::string& mesh, boo
   return o;
 }
 
-ModelSpec tiny() {
-  ModelSpec m;
-  m.hidden = 64;
-  m.heads = 4;
-  m.ffn = 256;
-  m.seq = 16;
-  m.layers = 2;
-  m.dtype = "f32";
-  return m;
-}
+ModelSpec tiny() { return model(64, 4, 256, 16, 2); }
 
 Issued run_real(const std::string& mesh, bool sp, const std::string& overlap, double bucket_mb) {
   BlockBenchOptions o = block_options(tiny(), mesh, sp, overlap, 0);
@@ -390,13 +383,7 @@ TEST_CASE("plan: predicted collectives equal what a real run issues", "[multiran
 TEST_CASE("plan: predicted memory is the program-order peak of a real run", "[multirank]") {
   // With launch-blocking host streams a tensor is freed where the program drops it, as a CUDA
   // caching allocator reuses it: the allocator's peak is then exactly what the model walks.
-  ModelSpec m;
-  m.hidden = 256;
-  m.heads = 4;
-  m.ffn = 1024;
-  m.seq = 64;
-  m.layers = 2;
-  m.dtype = "f32";
+  const ModelSpec m = model(256, 4, 1024, 64, 2);
   struct Case {
     const char* mesh;
     bool sp;
@@ -433,15 +420,9 @@ TEST_CASE("plan: --compare on a small real sweep: collectives, bytes and memory 
   // ranks, with launch-blocking streams so that its peaks are the program-order ones, compared
   // with the model. Times are only printed (a test does not time).
   SweepOptions so;
-  so.base.devices = "cpu:2";
-  so.base.hidden = 128;
-  so.base.heads = 4;
-  so.base.ffn = 512;
-  so.base.seq = 32;
-  so.base.layers = 1;
-  so.base.steps = 1;
-  so.base.warmup = 1;
-  so.base.calibrate = false;
+  so.base = block_options(model(128, 4, 512, 32, 1), "", false, "async", 1);
+  so.base.sp = -1;  // the sweep sets it per run
+  so.base.quiet = false;
   so.batches = {1, 2};
   so.progress = false;
   so.json_path = "plan-test-small-sweep.json";

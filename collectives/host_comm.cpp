@@ -296,7 +296,7 @@ class HostEngine final : public detail::OrderedEngine {
  private:
   std::shared_ptr<HostGroup> g;
   Device dev;
-  std::vector<char> scratch;  // staging for in-place all_to_all
+  static constexpr size_t kSwapChunk = 4096;  // all_to_all: bytes saved per step (L1-resident)
 
   void barrier(const CommCall& c, const Op& op) override {
     enter(op.sig, nullptr, nullptr, 0, op);
@@ -463,7 +463,13 @@ class HostEngine final : public detail::OrderedEngine {
         srcs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in) +
                                        static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
       }
-      detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, N, n);
+      // As all_reduce: a large out-of-place output is not in any cache, so skip its
+      // read-for-ownership (in place it is this rank's slice of the input it just read).
+      void* dsts[1] = {out};
+      const bool in_slice = out == in + static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
+      const uint64_t streaming = !in_slice && static_cast<size_t>(N) * es >= kStreamingBytes;
+      detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 1, N, n, streaming);
+      if (streaming) detail::host_store_fence();
     }
     leave(c.seq, op);
   }
@@ -497,25 +503,40 @@ class HostEngine final : public detail::OrderedEngine {
     leave(c.seq, op);
   }
 
+  // Every pair of ranks {i, j} exchanges two blocks (i's block for j, j's block for i); the lower
+  // rank moves the first half of both, the higher rank the second half, so each byte is moved by
+  // one rank and the work is even. A chunk of the block coming back is saved before the one going
+  // out is written: in place the two share memory (the block i receives from j is where i's block
+  // for j was), so an in-place exchange is a swap with no staging copy of the buffer. Each rank
+  // moves its own block when out of place.
   void all_to_all(const CommCall& c, const Op& op) override {
     const int n = g->size();
-    const size_t block = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+    const size_t es = dtype_size(c.dtype);
+    const size_t count = static_cast<size_t>(c.count), block = count * es;
     char* out = static_cast<char*>(c.out.data_ptr());
     const char* in = static_cast<const char*>(c.in.data_ptr());
-    if (c.in_place && n > 1 && block > 0) {
-      // Peers read our blocks while we overwrite them: publish a staged copy instead.
-      scratch.resize(block * static_cast<size_t>(n));
-      std::memcpy(scratch.data(), in, scratch.size());
-      in = scratch.data();
-    }
     enter(op.sig, in, out, 0, op);
     if (block > 0) {
-      for (int t = 0; t < n; ++t) {
-        const int j = (rank() + t) % n;
-        const char* src = (j == rank() ? in : static_cast<const char*>(g->slot(j).desc.in)) +
-                          static_cast<size_t>(rank()) * block;
-        char* dst = out + static_cast<size_t>(j) * block;
-        if (dst != src) std::memcpy(dst, src, block);
+      const int me = rank();
+      if (in != out) std::memcpy(out + me * block, in + me * block, block);
+      const size_t half = count / 2 * es;
+      for (int t = 1; t < n; ++t) {
+        const int j = (me + t) % n;
+        const int lo = std::min(me, j), hi = std::max(me, j);
+        const Desc& dl = g->slot(lo).desc;
+        const Desc& dh = g->slot(hi).desc;
+        const size_t from = me == lo ? 0 : half, to = me == lo ? half : block;
+        const char* up_src = static_cast<const char*>(dl.in) + hi * block;  // lo's block for hi
+        char* up_dst = static_cast<char*>(dh.out) + lo * block;
+        const char* down_src = static_cast<const char*>(dh.in) + lo * block;  // hi's for lo
+        char* down_dst = static_cast<char*>(dl.out) + hi * block;
+        alignas(64) char tmp[kSwapChunk];
+        for (size_t off = from; off < to; off += kSwapChunk) {
+          const size_t len = std::min(kSwapChunk, to - off);
+          std::memcpy(tmp, down_src + off, len);
+          std::memmove(up_dst + off, up_src + off, len);
+          std::memcpy(down_dst + off, tmp, len);
+        }
       }
     }
     leave(c.seq, op);

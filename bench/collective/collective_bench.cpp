@@ -512,6 +512,35 @@ void print_row(std::ostream& out, const Row& row, const Settings& s, const CollB
   out << "\n" << std::flush;
 }
 
+// The memory traffic (bytes read + written) one rank needs at least for `op` on a row of `bytes`
+// (the larger of its send and receive buffers) with `n` ranks, copying through shared memory:
+// what it must read of the inputs and write of the outputs. A memcpy of B bytes is 2B of traffic,
+// so the op cannot beat traffic / 2 / (the memcpy bandwidth every rank gets at once).
+double memcpy_traffic_bytes(CommOp op, int n, double bytes, bool in_place) {
+  const double others = n > 1 ? (n - 1.0) / n : 0.0;
+  switch (op) {
+    case CommOp::AllReduce:
+      return 2 * bytes;  // its 1/n of every input read, its reduced 1/n written to every output
+    case CommOp::ReduceScatter:
+      return bytes * (1 + 1.0 / n);  // its block of every input read, its block written
+    case CommOp::AllGather:
+    case CommOp::AllToAll:
+      return 2 * bytes * (in_place ? others : 1.0);  // in place its own block stays
+    case CommOp::Broadcast:
+      return 2 * bytes;  // a non-root rank reads the root's buffer and writes its own
+    default:
+      return 0;
+  }
+}
+
+// Measured time against that bound, as a fraction (1 = at the memcpy bound).
+double memcpy_fraction(CommOp op, int n, const Row& r, int place, double memcpy_gbps) {
+  const double t = r.t[place].avg_us * 1e-6;
+  if (memcpy_gbps <= 0 || t <= 0) return 0;
+  return memcpy_traffic_bytes(op, n, static_cast<double>(r.bytes), place == 1) / 2 /
+         (memcpy_gbps * 1e9) / t;
+}
+
 nlohmann::json timing_json(const Timing& t) {
   return {{"time_us", {{"avg", t.avg_us}, {"min", t.min_us}, {"max", t.max_us}}},
           {"time_us_reported", t.shown_us},
@@ -650,6 +679,16 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
                   "once (slowest rank, median of 7; bounds a shared-memory all-reduce's algbw)\n",
                   memcpy_bw, launch->world_size(), static_cast<long long>(o.max_bytes));
     out << buf;
+    out << "# vs the memcpy bound (the traffic a rank needs at that bandwidth / its average time), "
+           "out-of-place | in-place:\n";
+    const int n = launch->world_size();
+    for (const Row& r : rows) {
+      std::snprintf(buf, sizeof(buf), "# %12lld  %5.0f%% | %5.0f%%\n",
+                    static_cast<long long>(r.bytes),
+                    100 * memcpy_fraction(s.op, n, r, 0, memcpy_bw),
+                    100 * memcpy_fraction(s.op, n, r, 1, memcpy_bw));
+      out << buf;
+    }
   }
   out << std::flush;
   if (!o.json_path.empty()) {
@@ -667,10 +706,17 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
     if (o.memcpy_bound) j["memcpy_gbps_per_rank"] = memcpy_bw;
     j["results"] = nlohmann::json::array();
     for (const Row& r : rows) {
-      j["results"].push_back({{"size_bytes", r.bytes},
-                              {"count", r.count},
-                              {"out_of_place", timing_json(r.t[0])},
-                              {"in_place", timing_json(r.t[1])}});
+      nlohmann::json row = {{"size_bytes", r.bytes},
+                            {"count", r.count},
+                            {"out_of_place", timing_json(r.t[0])},
+                            {"in_place", timing_json(r.t[1])}};
+      if (o.memcpy_bound) {
+        const int n = launch->world_size();
+        for (int place = 0; place < 2; ++place)
+          row[place ? "in_place" : "out_of_place"]["memcpy_bound_fraction"] =
+              memcpy_fraction(s.op, n, r, place, memcpy_bw);
+      }
+      j["results"].push_back(row);
     }
     j["wrong_total"] = wrong;
     j["avg_busbw_gbps"] = bus_n ? bus_sum / bus_n : 0.0;

@@ -77,6 +77,55 @@ TEST_CASE("collective bench: every op checks its results and uses nccl-tests' bu
   std::filesystem::remove(json);
 }
 
+TEST_CASE("collective bench: --memcpy-bound gives each op's fraction of the memcpy bound",
+          "[multirank]") {
+  // Traffic per rank (read + written) that each op needs at least, over 2 x the memcpy bandwidth:
+  // all-reduce, broadcast 2S; reduce-scatter S (1 + 1/n); all-gather, all-to-all 2S out of place
+  // and 2S (n-1)/n in place.
+  const int n = 2;
+  struct Case {
+    const char* op;
+    double out_traffic, in_traffic;  // per byte of the row's size
+  };
+  const Case cases[] = {{"all_reduce", 2, 2},
+                        {"broadcast", 2, 2},
+                        {"reduce_scatter", 1.5, 1.5},
+                        {"all_gather", 2, 1},
+                        {"all_to_all", 2, 1}};
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("meshrt-bench-bound-" + std::to_string(getpid()) + ".json"))
+                               .string();
+  for (const Case& c : cases) {
+    CollBenchOptions o;
+    o.op = c.op;
+    o.devices = "cpu:" + std::to_string(n);
+    o.backend = "host";
+    o.min_bytes = 1 << 20;
+    o.max_bytes = 1 << 20;
+    o.warmup = 1;
+    o.iters = 2;
+    o.memcpy_bound = true;
+    o.json_path = json;
+    std::ostringstream out;
+    INFO(c.op);
+    REQUIRE(run_collective_bench(o, out) == 0);
+    CHECK_THAT(out.str(), Catch::Contains("# vs the memcpy bound"));
+    std::ifstream f(json);
+    nlohmann::json j = nlohmann::json::parse(f);
+    const double bw = j["memcpy_gbps_per_rank"];
+    REQUIRE(bw > 0);
+    const auto& r = j["results"][0];
+    const double bytes = r["size_bytes"];
+    for (const char* place : {"out_of_place", "in_place"}) {
+      const double traffic = std::string(place) == "in_place" ? c.in_traffic : c.out_traffic;
+      const double t = r[place]["time_us"]["avg"].get<double>() * 1e-6;
+      CHECK(r[place]["memcpy_bound_fraction"].get<double>() ==
+            Approx(traffic * bytes / 2 / (bw * 1e9) / t));
+    }
+  }
+  std::filesystem::remove(json);
+}
+
 TEST_CASE("collective bench: invalid options say what to change", "[multirank]") {
   CollBenchOptions o;
   o.devices = "cpu:2";

@@ -384,6 +384,41 @@ TEST_CASE("host: send/recv and collectives still queue under launch blocking", "
   CHECK(blocked == n);
 }
 
+TEST_CASE("host: all_to_all with some ranks in place and some not", "[multirank]") {
+  // Pairs of ranks exchange their blocks in halves; in place the exchange is a swap. Ranks may
+  // differ in place or not (each rank's buffers are its own), and odd counts split unevenly.
+  for (int n : {2, 3, 4}) {
+    auto comms = make_host_communicators(n, "world", test_config());
+    Failures f;
+    auto errs = run_ranks(comms, [&](int r) {
+      Communicator& c = *comms[static_cast<size_t>(r)];
+      auto s = make_host_stream("a2a");
+      uint64_t seed = 40;
+      for (int64_t N : {int64_t{1}, int64_t{7}, int64_t{4099}}) {
+        for (int mix = 0; mix < 3; ++mix) {  // in place: every rank, even ranks, none
+          ++seed;
+          const bool in_place = mix == 0 || (mix == 1 && r % 2 == 0);
+          Tensor in = host_tensor(N * n, DType::f32);
+          fill_pattern(in, seed, r);
+          Tensor out = in_place ? in : host_tensor(N * n, DType::f32);
+          c.all_to_all(in, out, *s).synchronize();
+          const std::string what =
+              "n=" + std::to_string(n) + " N=" + std::to_string(N) + " mix " + std::to_string(mix);
+          for (int j = 0; j < n; ++j)
+            check_values(f, what, out, j * N, N,
+                         [&](int64_t i) { return pattern(seed, j, r * N + i); });
+          if (!in_place)
+            check_values(f, what + " (input untouched)", in, 0, N * n,
+                         [&](int64_t i) { return pattern(seed, r, i); });
+        }
+      }
+    });
+    INFO(join_errors(errs) << f.str());
+    CHECK(join_errors(errs).empty());
+    CHECK(f.count() == 0);
+  }
+}
+
 TEST_CASE("host: a collective waits for the event that produced its input", "[multirank]") {
   const int n = 4;
   auto comms = make_host_communicators(n, "world", test_config());

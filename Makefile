@@ -30,6 +30,9 @@ export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
 # Measured stage times with these instead of -g: ASan + UBSan 950 -> 937 s, TSan 759 -> 622 s.
 SAN_G ?= -gline-tables-only
 TSAN_G ?= -g1
+# TEST_G: the same for `make test`'s RelWithDebInfo build: line tables (backtraces, gdb and
+# sanitizer file:line, no local variables) compile ~30% faster than -g (test_cli.cpp 45.8 -> 30.5
+# s). `make build TEST_G=-g` for full debug information (every configure passes it).
 SAN_CMAKE = -DMESHRT_CUDA=OFF -DMESHRT_WERROR=ON -DMESHRT_BUILD_SHARED=OFF -DCMAKE_BUILD_TYPE=Debug
 # The suites a sanitizer build needs (not the benchmarks' Release extras or the install tests).
 SAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_runtime test_kernels \
@@ -46,7 +49,10 @@ deps:
 	@tools/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -DMESHRT_CUDA=$(CUDA) -DMESHRT_WERROR=ON $(CMAKE_ARGS) >/dev/null
+	@cmake -S . -B $(BUILD) -DMESHRT_CUDA=$(CUDA) -DMESHRT_WERROR=ON \
+	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 $(TEST_G) -DNDEBUG" \
+	  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 $(TEST_G) -DNDEBUG" \
+	  "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -Xcompiler=$(TEST_G) -DNDEBUG" $(CMAKE_ARGS) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)

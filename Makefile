@@ -33,6 +33,7 @@ TSAN_G ?= -g1
 # TEST_G: the same for `make test`'s RelWithDebInfo build: line tables (backtraces, gdb and
 # sanitizer file:line, no local variables) compile ~30% faster than -g (test_cli.cpp 45.8 -> 30.5
 # s). `make build TEST_G=-g` for full debug information (every configure passes it).
+TEST_G ?= -g1
 SAN_CMAKE = -DMESHRT_CUDA=OFF -DMESHRT_WERROR=ON -DMESHRT_BUILD_SHARED=OFF -DCMAKE_BUILD_TYPE=Debug
 # The suites a sanitizer build needs (not the benchmarks' Release extras or the install tests).
 SAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_runtime test_kernels \

@@ -265,8 +265,11 @@ void HostFamily::abort(const std::string& why) {
 }
 
 constexpr int kStepBits = 24;  // progress = (seq << kStepBits) | steps
-// All-reduce outputs at least this large are written with non-temporal stores.
+// Whether a reduction writes an output of `bytes` with non-temporal stores: an out-of-place
+// output is in no cache, so a large one skips its read-for-ownership; an in-place one was just
+// read as input, so plain stores hit the cache.
 constexpr size_t kStreamingBytes = size_t{4} << 20;
+bool stream_output(size_t bytes, bool in_place) { return !in_place && bytes >= kStreamingBytes; }
 
 // One rank's side of a host group: the ops, on the shared slots and mailboxes.
 class HostEngine final : public detail::OrderedEngine {
@@ -430,7 +433,6 @@ class HostEngine final : public detail::OrderedEngine {
       std::vector<const void*> srcs(static_cast<size_t>(n));
       std::vector<void*> dsts(static_cast<size_t>(n));
       uint64_t streaming = 0;
-      const bool big = static_cast<size_t>(N) * es >= kStreamingBytes;
       for (int t = 0; t < n; ++t) {
         const Desc& d = g->slot(t).desc;
         srcs[static_cast<size_t>(t)] =
@@ -439,9 +441,8 @@ class HostEngine final : public detail::OrderedEngine {
         const int j = (rank() + 1 + t) % n;
         const Desc& dj = g->slot(j).desc;
         dsts[static_cast<size_t>(t)] = static_cast<char*>(dj.out) + lo * static_cast<int64_t>(es);
-        // An out-of-place output is not in any cache: skip its read-for-ownership. An in-place
-        // one was just read as input, so plain stores hit the cache.
-        if (big && dj.in != dj.out && t < 64) streaming |= uint64_t{1} << t;
+        if (t < 64 && stream_output(static_cast<size_t>(N) * es, dj.in == dj.out))
+          streaming |= uint64_t{1} << t;
       }
       detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts.data(), n, hi - lo, n,
                                 streaming);
@@ -463,11 +464,10 @@ class HostEngine final : public detail::OrderedEngine {
         srcs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in) +
                                        static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
       }
-      // As all_reduce: a large out-of-place output is not in any cache, so skip its
-      // read-for-ownership (in place it is this rank's slice of the input it just read).
       void* dsts[1] = {out};
+      // In place the output is this rank's slice of the input it just read.
       const bool in_slice = out == in + static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
-      const uint64_t streaming = !in_slice && static_cast<size_t>(N) * es >= kStreamingBytes;
+      const uint64_t streaming = stream_output(static_cast<size_t>(N) * es, in_slice);
       detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 1, N, n, streaming);
       if (streaming) detail::host_store_fence();
     }
@@ -505,9 +505,9 @@ class HostEngine final : public detail::OrderedEngine {
 
   // Every pair of ranks {i, j} exchanges two blocks (i's block for j, j's block for i); the lower
   // rank moves the first half of both, the higher rank the second half, so each byte is moved by
-  // one rank and the work is even. A chunk of the block coming back is saved before the one going
-  // out is written: in place the two share memory (the block i receives from j is where i's block
-  // for j was), so an in-place exchange is a swap with no staging copy of the buffer. Each rank
+  // one rank and the work is even. When either rank is in place the two blocks share memory (the
+  // block i receives from j is where i's block for j was): a chunk of the one coming back is saved
+  // before the one going out is written, a swap with no staging copy of the buffer. Each rank
   // moves its own block when out of place.
   void all_to_all(const CommCall& c, const Op& op) override {
     const int n = g->size();
@@ -530,11 +530,18 @@ class HostEngine final : public detail::OrderedEngine {
         char* up_dst = static_cast<char*>(dh.out) + lo * block;
         const char* down_src = static_cast<const char*>(dh.in) + lo * block;  // hi's for lo
         char* down_dst = static_cast<char*>(dl.out) + hi * block;
+        if (dl.in != dl.out && dh.in != dh.out) {  // no block shares memory: plain copies
+          if (from < to) {
+            std::memcpy(up_dst + from, up_src + from, to - from);
+            std::memcpy(down_dst + from, down_src + from, to - from);
+          }
+          continue;
+        }
         alignas(64) char tmp[kSwapChunk];
         for (size_t off = from; off < to; off += kSwapChunk) {
           const size_t len = std::min(kSwapChunk, to - off);
           std::memcpy(tmp, down_src + off, len);
-          std::memmove(up_dst + off, up_src + off, len);
+          std::memcpy(up_dst + off, up_src + off, len);
           std::memcpy(down_dst + off, tmp, len);
         }
       }

@@ -412,12 +412,6 @@ std::vector<std::pair<double, int>> local_params(const ModelSpec& m, const PlanC
   return params;
 }
 
-std::vector<double> param_bytes(const ModelSpec& m, const PlanConfig& c) {
-  std::vector<double> out;
-  for (const auto& p : local_params(m, c)) out.push_back(p.first);
-  return out;
-}
-
 BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
   const double cap = c.bucket_mb * 1024.0 * 1024.0;
   const std::vector<std::pair<double, int>> params = local_params(m, c);
@@ -544,15 +538,15 @@ std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c) 
 
 namespace {
 
-// The allocations of one rank in program order, as the block code makes and drops them
-// (mesh/blocks.cpp, mesh/linear.cpp, the benchmark's step loop): the peak is what a caching
-// allocator that reuses a block as soon as it is freed shows (CUDA; host streams with
-// MESHRT_LAUNCH_BLOCKING=1).
 // What the caching allocators hand out for a request (their size classes).
 double rounded(double bytes) {
   return bytes <= 0 ? 0 : static_cast<double>(allocator_size_class(static_cast<size_t>(bytes)));
 }
 
+// The allocations of one rank in program order, as the block code makes and drops them
+// (mesh/blocks.cpp, mesh/linear.cpp, the benchmark's step loop): the peak is what a caching
+// allocator that reuses a block as soon as it is freed shows (CUDA; host streams with
+// MESHRT_LAUNCH_BLOCKING=1).
 class MemWalk {
  public:
   int alloc(double bytes) {
@@ -615,12 +609,9 @@ class MemBlock {
   // Colwise backward: the regathered input (SP) and the local input gradient, reduced (-scattered)
   // into the returned gradient.
   int colwise_bwd() {
-    int xfull = s_.sp ? w_.alloc(A()) : -1;
+    if (!s_.sp) return w_.alloc(A());  // reduced in place
+    int xfull = w_.alloc(A());
     int local = w_.alloc(A());
-    if (!s_.sp) {
-      w_.free(xfull);
-      return local;
-    }
     const int dx = w_.alloc(Al());
     w_.free(xfull);
     w_.free(local);
@@ -705,11 +696,11 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   // (mesh/data_parallel.cpp), in the parameters' dtype, each rounded to the allocators' size
   // classes.
   double params = 0;
-  for (double b : buckets(m, c).bytes) {
-    params += b;
-    mem.grads += rounded(b);
+  for (const auto& p : local_params(m, c)) {
+    params += p.first;
+    mem.weights += rounded(p.first);
   }
-  for (double b : param_bytes(m, c)) mem.weights += rounded(b);
+  for (double b : buckets(m, c).bytes) mem.grads += rounded(b);
   if (c.optimizer) mem.optimizer = params / s.es * 8;  // AdamW: exp_avg, exp_avg_sq in f32
   const double T = s.T, es = s.es, V = static_cast<double>(m.vocab);
   const double Vl = ceil_div(V, c.tp);
@@ -720,7 +711,8 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   // step before: its output and input gradient (a training loop holds its batch and logits).
   w.alloc(blk.Al());  // x
   w.alloc(blk.Al());  // dout
-  int prev_out = w.alloc(blk.Al()), prev_dx = w.alloc(blk.Al());
+  int prev_out = w.alloc(blk.Al());
+  w.alloc(blk.Al());             // the previous input gradient, replaced only after the backward
   if (V > 0) w.alloc(blk.Al());  // the embedding's output
   std::vector<Saved> saved(ps.size());
   std::vector<int> inputs;  // each piece's input: -1 for the stack's (the caller keeps it)
@@ -756,7 +748,6 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
     w.free(d);
     d = dx;
   }
-  w.free(prev_dx);  // the loop's new input gradient replaces the one it held
   mem.workspace = std::max(0.0, w.peak() - mem.activations - base);
   mem.activations += base;
   return mem;

@@ -152,13 +152,6 @@ int run_table(const PlanOptions& o, std::ostream& out) {
   return 0;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace
 
 void check_plan_options(const PlanOptions& o) {
@@ -317,7 +310,7 @@ std::string compare_with_sweep(const std::string& path, const std::string& clust
     return rows[k].meas_ms / j["results"][k]["config"].at("global_batch").get<double>();
   };
   const double loss = per_seq(pbest) / per_seq(mbest) - 1;
-  const double med = median(errs);
+  const double med = bench::median(errs);
   double mem_err = 0;
   for (const Row& r : rows) mem_err = std::max(mem_err, std::fabs(r.pred_mem / r.meas_mem - 1));
   out << "\nmedian |error| of the step time: " << fmt("%.1f", 100 * med) << "% over " << rows.size()

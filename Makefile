@@ -34,6 +34,11 @@ TSAN_G ?= -g1
 # sanitizer file:line, no local variables) compile ~30% faster than -g (test_cli.cpp 45.8 -> 30.5
 # s). `make build TEST_G=-g` for full debug information (every configure passes it).
 TEST_G ?= -g1
+# SAN_ISA / TSAN_ISA: the host loop variants (kernels/host/isa.h) the sanitizer builds compile.
+# The loops are one source per variant; ASan + UBSan keep avx2 to build clang's target pragmas and
+# run the variant test, TSan (threads, not loops) the baseline only.
+SAN_ISA ?= baseline;avx2
+TSAN_ISA ?= baseline
 SAN_CMAKE = -DMESHRT_CUDA=OFF -DMESHRT_WERROR=ON -DMESHRT_BUILD_SHARED=OFF -DCMAKE_BUILD_TYPE=Debug
 # The suites a sanitizer build needs (not the benchmarks' Release extras or the install tests).
 SAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_runtime test_kernels \
@@ -71,7 +76,8 @@ bench: deps
 san-build: deps
 	@cmake -S . -B $(SAN_BUILD) -DCMAKE_C_COMPILER=$(CLANG) -DCMAKE_CXX_COMPILER=$(CLANGXX) \
 	  $(SAN_CMAKE) "-DCMAKE_CXX_FLAGS_DEBUG=-O1 $(SAN_G)" "-DCMAKE_C_FLAGS_DEBUG=-O1 $(SAN_G)" \
-	  -DMESHRT_SANITIZE=address,undefined -DMESHRT_FUZZ=ON $(CMAKE_ARGS) >/dev/null
+	  -DMESHRT_SANITIZE=address,undefined -DMESHRT_FUZZ=ON "-DMESHRT_HOST_ISA_VARIANTS=$(SAN_ISA)" \
+	  $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(SAN_BUILD) -j $(JOBS) --target $(SAN_TARGETS) fuzz
 
 # ASan + UBSan: the unit and multirank suites (fuzz.<name>.corpus replays every corpus input).
@@ -85,7 +91,8 @@ fuzz: san-build
 
 tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) $(SAN_CMAKE) "-DCMAKE_CXX_FLAGS_DEBUG=-O1 $(TSAN_G)" \
-	  "-DCMAKE_C_FLAGS_DEBUG=-O1 $(TSAN_G)" -DMESHRT_SANITIZE=thread $(CMAKE_ARGS) >/dev/null
+	  "-DCMAKE_C_FLAGS_DEBUG=-O1 $(TSAN_G)" -DMESHRT_SANITIZE=thread \
+	  -DMESHRT_HOST_ISA_VARIANTS=$(TSAN_ISA) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
 	@cd $(TSAN_BUILD) && ctest --output-on-failure --timeout 600 -j $(JOBS) -L multirank \
 	  $(CTEST_ARGS)

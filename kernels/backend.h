@@ -151,9 +151,29 @@ void require_support(const Backend& be, Op op, DType dtype);
 #define MESHRT_DECLARE_FAMILY(family) void register_##family(Backend& be);
 #define MESHRT_CALL_FAMILY(family) register_##family(b);
 
+// The host loop files are compiled once per instruction-set variant (host/isa.h), each variant's
+// families in its own namespace; backend() is the variant host_isa() picked.
+#define MESHRT_DECLARE_HOST_FAMILIES MESHRT_KERNEL_FAMILIES(MESHRT_DECLARE_FAMILY)
+
 namespace meshrt::kernels::host {
+enum class HostIsa { baseline, avx2, avx512 };
+// "baseline" (x86-64: SSE2), "avx2" (x86-64-v3: AVX2, FMA, F16C), "avx512" (x86-64-v4).
+const char* host_isa_name(HostIsa isa);
+// Reads a MESHRT_HOST_ISA value (one of the names above, or "auto": no cap); throws naming the
+// accepted values otherwise.
+HostIsa parse_host_isa_cap(const char* value);
+// Whether this binary has the variant, and whether the running CPU can run it.
+bool host_isa_built(HostIsa isa);
+bool host_isa_runs_here(HostIsa isa);
+// The widest variant that is built, runs here and is not above `cap`.
+HostIsa choose_host_isa(HostIsa cap);
+// The variant the host backend uses: choose_host_isa(MESHRT_HOST_ISA, or no cap), decided once.
+HostIsa host_isa();
+// The host backend: the op table of host_isa()'s variant.
 const Backend& backend();
-MESHRT_KERNEL_FAMILIES(MESHRT_DECLARE_FAMILY)
+// The op table of one variant (tests compare them); throws when it is not built or does not run
+// on this CPU.
+const Backend& backend(HostIsa isa);
 }  // namespace meshrt::kernels::host
 
 #if defined(MESHRT_WITH_CUDA)

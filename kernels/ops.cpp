@@ -129,28 +129,8 @@ class Check {
   Device dev_;
 };
 
-// The host kernel loops may be built for x86-64-v3 (kernels/CMakeLists.txt, MESHRT_HOST_ISA);
-// this file is built for the baseline so it can refuse cleanly on a CPU without AVX2.
-void check_host_isa() {
-#if defined(MESHRT_HOST_ISA_NEEDS_AVX2)
-#if defined(__clang__) && __clang_major__ < 16
-  // clang before 16 has no "f16c" for this builtin (the sanitizer / fuzz builds use clang); every
-  // CPU with AVX2 and FMA has F16C (Haswell and later, every Zen).
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
-#endif
-  MESHRT_CHECK(ok,
-               "meshrt's host kernels were built for x86-64-v3 (AVX2, FMA, F16C) but this "
-               "CPU lacks them; reconfigure with -DMESHRT_HOST_ISA=baseline");
-#endif
-}
-
 bool is_cpu(const Check& c) {
-  if (!c.device().is_cpu()) return false;
-  check_host_isa();
-  return true;
+  return c.device().is_cpu();
 }
 
 // The backend for the op's device.

@@ -230,6 +230,11 @@ MESHRT_API int host_threads(Context& ctx);
 // at the first call, from the running CPU and MESHRT_HOST_BF16_GEMM).
 MESHRT_API std::string host_gemm_16bit_info();
 
+// The instruction-set variant of the host kernel loops in use and why, e.g. "avx2 (built:
+// baseline, avx2, avx512; this CPU runs up to avx2)"; decided once, at the first host op, from the
+// running CPU and MESHRT_HOST_ISA (auto, baseline, avx2 or avx512: the widest variant allowed).
+MESHRT_API std::string host_isa_info();
+
 // The vendor GEMM library of the CUDA backend, e.g. "cuBLASLt 13.0.2" (a library call: no GPU
 // needed); "" in builds without CUDA.
 MESHRT_API std::string gemm_library_version();

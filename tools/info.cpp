@@ -41,6 +41,7 @@ int run_info(std::ostream& os) {
   if (v.count("nccl")) os << "  nccl     NCCL " << get("nccl") << "\n";
   os << "  blas     " << get("blas") << ", threading " << get("blas_threading") << "\n";
   os << "  gemm16   " << get("host_gemm_16bit") << "\n";
+  os << "  loops    " << get("host_isa") << "\n";
   if (v.count("mpi")) os << "  mpi      " << get("mpi") << "\n";
   os << "\nbuild\n";
   os << "  type     " << get("build_type") << ", " << get("compiler") << "\n";
@@ -72,6 +73,7 @@ std::map<std::string, std::string> version_info() {
   v["blas_threading"] = std::string(p >= 0 && p <= 2 ? par[p] : "?") + ", " +
                         std::to_string(openblas_get_num_threads()) + " threads by default";
   v["host_gemm_16bit"] = ops::host_gemm_16bit_info();
+  v["host_isa"] = ops::host_isa_info();
   char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   if (MPI_Get_library_version(mpi, &len) == MPI_SUCCESS) {

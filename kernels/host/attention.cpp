@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
+MESHRT_HOST_ISA_BEGIN
 
 namespace {
 
@@ -231,4 +233,5 @@ void register_attention(Backend& be) {
   MESHRT_REGISTER_OP(be, attention_bwd, kFloating);
 }
 
+MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

@@ -1,15 +1,198 @@
-// The host backend's op table, built once from each source file's register_* function.
+// The host backend's op table: the instruction-set variant of the loop files (host/isa.h) that
+// this CPU runs best, built once from that variant's register_* functions.
+#include <cstdlib>
+#include <string>
+
 #include "kernels/backend.h"
+#include "runtime/error.h"
 
 namespace meshrt::kernels::host {
 
+// Each variant's register_* functions (defined in the loop files compiled for it).
+namespace isa_baseline {
+MESHRT_DECLARE_HOST_FAMILIES
+}
+#if defined(MESHRT_HOST_ISA_HAVE_AVX2)
+namespace isa_avx2 {
+MESHRT_DECLARE_HOST_FAMILIES
+}
+#endif
+#if defined(MESHRT_HOST_ISA_HAVE_AVX512)
+namespace isa_avx512 {
+MESHRT_DECLARE_HOST_FAMILIES
+}
+#endif
+
+constexpr HostIsa kAll[] = {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512};
+
+namespace {
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__) && __clang_major__ < 16
+  // clang before 16 has no "f16c" for this builtin (the sanitizer / fuzz builds use clang); every
+  // CPU with AVX2 and FMA has F16C (Haswell and later, every Zen).
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("bmi2");
+#else
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+#endif
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  // The builtins also check that the OS saves the vector state (XCR0).
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd");
+#else
+  return false;
+#endif
+}
+
+Backend make_backend(HostIsa isa) {
+  Backend b("host");
+  switch (isa) {
+    case HostIsa::baseline: {
+      using namespace isa_baseline;
+      MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
+      break;
+    }
+    case HostIsa::avx2: {
+#if defined(MESHRT_HOST_ISA_HAVE_AVX2)
+      using namespace isa_avx2;
+      MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
+#endif
+      break;
+    }
+    case HostIsa::avx512: {
+#if defined(MESHRT_HOST_ISA_HAVE_AVX512)
+      using namespace isa_avx512;
+      MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
+#endif
+      break;
+    }
+  }
+  return b;
+}
+}  // namespace
+
+const char* host_isa_name(HostIsa isa) {
+  switch (isa) {
+    case HostIsa::baseline:
+      return "baseline";
+    case HostIsa::avx2:
+      return "avx2";
+    case HostIsa::avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+HostIsa parse_host_isa_cap(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "auto") return HostIsa::avx512;
+  for (HostIsa isa : kAll)
+    if (v == host_isa_name(isa)) return isa;
+  MESHRT_FAIL("MESHRT_HOST_ISA=" << v
+                                 << " is not an instruction set of the host kernels; use auto, "
+                                    "baseline (SSE2), avx2 (AVX2, FMA, F16C) or avx512 (AVX-512 "
+                                    "F/VL/BW/DQ/CD)");
+}
+
+bool host_isa_built(HostIsa isa) {
+  switch (isa) {
+    case HostIsa::baseline:
+      return true;
+    case HostIsa::avx2:
+#if defined(MESHRT_HOST_ISA_HAVE_AVX2)
+      return true;
+#else
+      return false;
+#endif
+    case HostIsa::avx512:
+#if defined(MESHRT_HOST_ISA_HAVE_AVX512)
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+bool host_isa_runs_here(HostIsa isa) {
+  switch (isa) {
+    case HostIsa::baseline:
+      return true;
+    case HostIsa::avx2:
+      return cpu_has_avx2();
+    case HostIsa::avx512:
+      return cpu_has_avx512();
+  }
+  return false;
+}
+
+HostIsa choose_host_isa(HostIsa cap) {
+  HostIsa best = HostIsa::baseline;
+  for (HostIsa isa : kAll)
+    if (static_cast<int>(isa) <= static_cast<int>(cap) && host_isa_built(isa) &&
+        host_isa_runs_here(isa))
+      best = isa;
+  return best;
+}
+
+HostIsa host_isa() {
+  static const HostIsa isa = choose_host_isa(parse_host_isa_cap(std::getenv("MESHRT_HOST_ISA")));
+  return isa;
+}
+
+const Backend& backend(HostIsa isa) {
+  MESHRT_CHECK(host_isa_built(isa), "host kernels: the " << host_isa_name(isa)
+                                                         << " variant is not in this build "
+                                                            "(kernels/CMakeLists.txt, "
+                                                            "MESHRT_HOST_ISA_VARIANTS)");
+  MESHRT_CHECK(host_isa_runs_here(isa),
+               "host kernels: this CPU cannot run the " << host_isa_name(isa) << " variant");
+  // Built on first use: a variant's register_* functions are code of its ISA too.
+  switch (isa) {
+    case HostIsa::avx2: {
+      static const Backend b = make_backend(HostIsa::avx2);
+      return b;
+    }
+    case HostIsa::avx512: {
+      static const Backend b = make_backend(HostIsa::avx512);
+      return b;
+    }
+    default: {
+      static const Backend b = make_backend(HostIsa::baseline);
+      return b;
+    }
+  }
+}
+
 const Backend& backend() {
-  static const Backend be = [] {
-    Backend b("host");
-    MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
-    return b;
-  }();
+  static const Backend& be = backend(host_isa());
   return be;
 }
 
 }  // namespace meshrt::kernels::host
+
+namespace meshrt::ops {
+std::string host_isa_info() {
+  using namespace kernels::host;
+  std::string built, runs;
+  for (HostIsa isa : kAll) {
+    if (host_isa_built(isa)) built += std::string(built.empty() ? "" : ", ") + host_isa_name(isa);
+    if (host_isa_runs_here(isa)) runs = host_isa_name(isa);
+  }
+  std::string s = std::string(host_isa_name(host_isa())) + " (built: " + built +
+                  "; this CPU runs up to " + runs;
+  if (const char* cap = std::getenv("MESHRT_HOST_ISA"); cap && *cap)
+    s += std::string("; MESHRT_HOST_ISA=") + cap;
+  return s + ")";
+}
+}  // namespace meshrt::ops

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
@@ -11,6 +12,7 @@
 #include "runtime/host_copy.h"
 
 namespace meshrt::kernels::host {
+MESHRT_HOST_ISA_BEGIN
 
 namespace {
 constexpr int64_t kGrain = 1 << 15;  // elements per parallel chunk
@@ -340,4 +342,5 @@ void register_elementwise(Backend& be) {
   MESHRT_REGISTER_OP(be, dropout_bwd, kFloating);
 }
 
+MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

@@ -4,10 +4,12 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
+MESHRT_HOST_ISA_BEGIN
 
 void embedding_fwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& weight,
                    const Tensor& out, int64_t vocab_offset) {
@@ -114,4 +116,5 @@ void register_embedding(Backend& be) {
   MESHRT_REGISTER_OP(be, embedding_bwd, kFloating);
 }
 
+MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

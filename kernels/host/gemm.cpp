@@ -11,11 +11,13 @@
 
 #include "kernels/backend.h"
 #include "kernels/host/gemm_dnnl.h"
+#include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
+MESHRT_HOST_ISA_BEGIN
 
 namespace {
 
@@ -278,4 +280,5 @@ void register_gemm(Backend& be) {
   MESHRT_REGISTER_OP(be, gemm_strided_batched, kFloating);
 }
 
+MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

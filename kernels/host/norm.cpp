@@ -4,12 +4,14 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
+MESHRT_HOST_ISA_BEGIN
 
 namespace {
 constexpr int64_t kGrain = 1 << 14;
@@ -189,4 +191,5 @@ void register_norm(Backend& be) {
   MESHRT_REGISTER_OP(be, rmsnorm_bwd, kFloating);
 }
 
+MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

@@ -4,11 +4,13 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/math.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
+MESHRT_HOST_ISA_BEGIN
 
 namespace {
 constexpr int64_t kChunk = 1 << 15;
@@ -112,4 +114,5 @@ void register_optim(Backend& be) {
   MESHRT_REGISTER_OP(be, sgd_momentum_update, kFloating);
 }
 
+MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

@@ -3,12 +3,14 @@
 #include <cmath>
 
 #include "kernels/backend.h"
+#include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
+MESHRT_HOST_ISA_BEGIN
 
 namespace {
 constexpr int64_t kGrain = 1 << 14;
@@ -197,4 +199,5 @@ void register_softmax(Backend& be) {
   MESHRT_REGISTER_OP(be, xent_grad, kFloating);
 }
 
+MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

@@ -1,5 +1,6 @@
 // Shape, dtype and device mismatches raise meshrt::Error naming the op and the tensors; ops a
 // backend does not support fail naming the op, the dtype and the backend.
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -170,6 +171,81 @@ TEST_CASE("the op table names the public ops and the host backend implements all
     if (!cu.dtypes[i].empty()) CHECK(cu.dtypes[i].str() == k::host::backend().dtypes[i].str());
   }
 #endif
+}
+
+TEST_CASE("host ISA variants: MESHRT_HOST_ISA values, the choice and the cap", "[errors]") {
+  using k::host::HostIsa;
+  CHECK(k::host::parse_host_isa_cap(nullptr) == HostIsa::avx512);
+  CHECK(k::host::parse_host_isa_cap("") == HostIsa::avx512);
+  CHECK(k::host::parse_host_isa_cap("auto") == HostIsa::avx512);
+  CHECK(k::host::parse_host_isa_cap("baseline") == HostIsa::baseline);
+  CHECK(k::host::parse_host_isa_cap("avx2") == HostIsa::avx2);
+  CHECK(k::host::parse_host_isa_cap("avx512") == HostIsa::avx512);
+  REQUIRE_THROWS_WITH(k::host::parse_host_isa_cap("AVX2"),
+                      Contains("MESHRT_HOST_ISA=AVX2") && Contains("use auto, baseline"));
+  CHECK(k::host::host_isa_built(HostIsa::baseline));
+  CHECK(k::host::host_isa_runs_here(HostIsa::baseline));
+  // The cap is an upper bound; the choice is the widest variant built and runnable under it.
+  CHECK(k::host::choose_host_isa(HostIsa::baseline) == HostIsa::baseline);
+  for (HostIsa cap : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512}) {
+    const HostIsa got = k::host::choose_host_isa(cap);
+    INFO("cap " << k::host::host_isa_name(cap) << " -> " << k::host::host_isa_name(got));
+    CHECK(static_cast<int>(got) <= static_cast<int>(cap));
+    CHECK(k::host::host_isa_built(got));
+    CHECK(k::host::host_isa_runs_here(got));
+    for (HostIsa wider : {HostIsa::avx2, HostIsa::avx512})
+      if (static_cast<int>(wider) > static_cast<int>(got) &&
+          static_cast<int>(wider) <= static_cast<int>(cap))
+        CHECK_FALSE((k::host::host_isa_built(wider) && k::host::host_isa_runs_here(wider)));
+  }
+  const char* env = std::getenv("MESHRT_HOST_ISA");
+  CHECK(k::host::host_isa() == k::host::choose_host_isa(k::host::parse_host_isa_cap(env)));
+  CHECK_THAT(ops::host_isa_info(),
+             Contains(k::host::host_isa_name(k::host::host_isa())) && Contains("built: baseline"));
+  // A variant this CPU cannot run is refused by name, never registered.
+  for (HostIsa isa : {HostIsa::avx2, HostIsa::avx512})
+    if (!k::host::host_isa_runs_here(isa))
+      REQUIRE_THROWS_WITH(k::host::backend(isa),
+                          Contains("cannot run the") && Contains(k::host::host_isa_name(isa)));
+}
+
+TEST_CASE("every host ISA variant this CPU runs is complete, distinct and agrees with baseline",
+          "[errors]") {
+  using k::host::HostIsa;
+  const k::Backend& base = k::host::backend(HostIsa::baseline);
+  check_complete(base);
+  int compared = 0;
+  for (HostIsa isa : {HostIsa::avx2, HostIsa::avx512}) {
+    if (!k::host::host_isa_built(isa) || !k::host::host_isa_runs_here(isa)) continue;
+    const k::Backend& be = k::host::backend(isa);
+    INFO(k::host::host_isa_name(isa));
+    check_complete(be);
+    CHECK(be.add != base.add);  // its own code, not the baseline's table again
+    CHECK(be.layernorm_fwd != base.layernorm_fwd);
+    // Same ops through both tables: GeLU (exp polynomial), LayerNorm (row reductions), softmax.
+    Host h;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const int64_t rows = 37, cols = 389;  // odd: vector bodies and scalar tails
+      Tensor x = rand_tensor(h, {rows, cols}, dt, 5, -4.0, 4.0);
+      Tensor bias = rand_tensor(h, {cols}, dt, 6);
+      Tensor gamma = rand_tensor(h, {cols}, dt, 7, 0.5, 1.5), beta = rand_tensor(h, {cols}, dt, 8);
+      auto run = [&](const k::Backend& b) {
+        Tensor g = h.ctx.empty({rows, cols}, dt), y = h.ctx.empty({rows, cols}, dt);
+        Tensor sm = h.ctx.empty({rows, cols}, dt);
+        Tensor mean = h.ctx.empty({rows}, DType::f32), rstd = h.ctx.empty({rows}, DType::f32);
+        b.bias_gelu_fwd(h.ctx, h.s(), x, bias, g, ops::GeluKind::Tanh);
+        b.layernorm_fwd(h.ctx, h.s(), x, gamma, beta, y, mean, rstd, 1e-5f);
+        b.softmax_rows_fwd(h.ctx, h.s(), x, sm, 0.7f);
+        return std::vector<Vec>{read(h, g), read(h, y), read(h, sm), read(h, rstd)};
+      };
+      const auto want = run(base), got = run(be);
+      const char* what[] = {"bias_gelu_fwd", "layernorm_fwd", "softmax_rows_fwd", "rstd"};
+      for (size_t i = 0; i < want.size(); ++i)
+        check_close(got[i], want[i], tol_for(dt, 1e-5), std::string(what[i]) + " " + dt_name(dt));
+      ++compared;
+    }
+  }
+  if (compared == 0) SUCCEED("this CPU runs only the baseline variant");
 }
 
 TEST_CASE("an op a backend lacks or a dtype it does not take fails naming op, dtype and backend",

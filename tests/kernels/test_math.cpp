@@ -45,6 +45,23 @@ TEST_CASE("tanh parts and GeLU match libm in double", "[math]") {
   CHECK(worst_t < 1e-6);
   CHECK(worst_g < 1e-5);
   CHECK(worst_dg < 1e-5);
+  // Far tails: exp saturates on the negative side and the result goes to zero, never NaN / inf.
+  for (float x : {-30.f, -100.f, -1e4f, -3e38f}) {
+    INFO("x " << x << " gelu " << km::gelu_tanh(x));
+    CHECK(std::isfinite(km::gelu_tanh(x)));
+    CHECK(std::abs(km::gelu_tanh(x)) <= 1e-30f);
+  }
+  CHECK(km::gelu_tanh(30.f) == 30.f);
+  CHECK(km::gelu_tanh(1e4f) == 1e4f);
+  CHECK(std::isnan(km::gelu_tanh(std::numeric_limits<float>::quiet_NaN())));
+  // Negative side, relative (no floor): 0.5 x (1 + tanh u) is tiny there. exp(-2u) amplifies
+  // u's f32 rounding (relative 2^-24 of |2u|) into its relative error, hence the (1 + 2|u|).
+  for (float x = -8.5f; x < 0.f; x += 0.37f) {
+    const double xd = x, u = std::sqrt(2 / M_PI) * (xd + 0.044715 * xd * xd * xd);
+    const double g = xd / (1 + std::exp(-2 * u));
+    INFO("x " << x << " u " << u);
+    CHECK(std::abs(km::gelu_tanh(x) - g) <= 2e-7 * (1 + 2 * std::abs(u)) * std::abs(g));
+  }
 }
 
 TEST_CASE("Welford merges equal the two-pass statistics", "[math]") {

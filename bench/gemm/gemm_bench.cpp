@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -99,6 +100,8 @@ struct Bench {
   int ranks = 1;
   int64_t tokens = 0, hidden = 0;
   json report;
+  // The fastest GEMM of the table above, per rank (attention is reported against it); 0 without.
+  double best_gemm_rate_per_rank = 0.0;
 
   void gemm_section(std::vector<std::unique_ptr<Context>>& ctxs);
   void elementwise_section(Context& ctx);
@@ -178,6 +181,7 @@ void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
     const double r_meshrt = ranks * flops / (ms_meshrt * 1e-3) * scale;
     const double r_base = flops / (ms_base * 1e-3) * scale;
     const double ratio = r_meshrt / r_base;
+    best_gemm_rate_per_rank = std::max(best_gemm_rate_per_rank, r_meshrt / ranks);
     out << "  " << std::left << std::setw(10) << sh.name << std::right << std::setw(7) << sh.m
         << std::setw(7) << sh.n << std::setw(7) << sh.k << std::setw(16) << fmt("%.2f", r_meshrt)
         << std::setw(16) << fmt("%.2f", r_base) << "   vs " << base << " " << ratio_str(ratio)
@@ -337,8 +341,11 @@ void Bench::attention_section(Context& ctx) {
   const char* u = cuda ? "TFLOP/s" : "GFLOP/s";
   out << "Causal attention " << dtype_name(dt) << " [" << B << ", " << H << ", " << S << ", " << D
       << "], median of " << o.repeats << " runs\n";
+  // Against the fastest GEMM of the table above (per rank: attention runs on one rank's threads).
+  const double peak = best_gemm_rate_per_rank;
   out << "  " << std::left << std::setw(11) << "kernel" << std::setw(10) << "pass" << std::right
-      << std::setw(10) << "ms" << std::setw(12) << u << "\n";
+      << std::setw(10) << "ms" << std::setw(12) << u << (peak > 0 ? "   vs best GEMM above" : "")
+      << "\n";
   // CUDA: both kernels (ops.h, AttentionKernel), each forced through the process setting; the
   // host has one.
   struct Kernel {
@@ -371,27 +378,34 @@ void Bench::attention_section(Context& ctx) {
     });
     const double f = fwd_flops / (fwd_ms * 1e-3) * unit;
     const double bw = 2.5 * fwd_flops / (bwd_ms * 1e-3) * unit;
+    auto vs_gemm = [&](double rate) {
+      return peak > 0 ? std::string("   ") + fmt("%.2f", rate / peak) + "x" : std::string();
+    };
     out << "  " << std::left << std::setw(11) << kn.name << std::setw(10) << "forward" << std::right
-        << std::setw(10) << fmt("%.3f", fwd_ms) << std::setw(12) << fmt("%.2f", f) << "\n";
+        << std::setw(10) << fmt("%.3f", fwd_ms) << std::setw(12) << fmt("%.2f", f) << vs_gemm(f)
+        << "\n";
     out << "  " << std::left << std::setw(11) << "" << std::setw(10) << "backward" << std::right
-        << std::setw(10) << fmt("%.3f", bwd_ms) << std::setw(12) << fmt("%.2f", bw) << "\n";
+        << std::setw(10) << fmt("%.3f", bwd_ms) << std::setw(12) << fmt("%.2f", bw) << vs_gemm(bw)
+        << "\n";
     json row = {{"kernel", kn.name},
                 {"fwd_ms", fwd_ms},
                 {"bwd_ms", bwd_ms},
                 {"fwd_rate", f},
                 {"bwd_rate", bw}};
+    if (peak > 0) {
+      row["fwd_vs_best_gemm"] = f / peak;
+      row["bwd_vs_best_gemm"] = bw / peak;
+    }
     if (!cuda || ops::cuda_attention_kernel(dt, D, saved) == kn.setting) default_row = row;
     rows.push_back(row);
   }
   ops::set_attention_kernel(saved);
   out << "\n";
-  report["attention"] = {{"batch", B},
-                         {"heads", H},
-                         {"seq", S},
-                         {"head_dim", D},
-                         {"unit", u},
-                         {"kernels", rows},
-                         {"default", default_row}};
+  report["attention"] = {
+      {"batch", B},      {"best_gemm_rate_per_rank", peak > 0 ? json(peak) : json(nullptr)},
+      {"heads", H},      {"seq", S},
+      {"head_dim", D},   {"unit", u},
+      {"kernels", rows}, {"default", default_row}};
 }
 
 }  // namespace

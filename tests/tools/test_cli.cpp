@@ -2,6 +2,7 @@
 // change; tiny benchmark runs write JSON, traces, dumps and sweeps with the promised content.
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -200,6 +201,34 @@ TEST_CASE("help works for every command", "[unit]") {
                            "--heads", "--layers", "--dtype", "--steps", "--warmup", "--fwd-only",
                            "--overlap", "--bucket-mb", "--json", "--trace", "--dump"})
     CHECK(r.out.find(flag) != std::string::npos);
+}
+
+TEST_CASE("bench gemm reports attention against the fastest GEMM of the same run", "[unit]") {
+  const fs::path js = scratch() / "gemm_attn.json";
+  Run r =
+      cli("bench gemm --devices cpu:2 --dtype f32 --no-elementwise --tokens 64 --hidden 32 "
+          "--attn-heads 2 --attn-seq 64 --attn-head-dim 16 --warmup 0 --repeats 1 --json " +
+          js.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("vs best GEMM above") != std::string::npos);
+  json j = json::parse(slurp(js));
+  double best = 0;
+  for (const json& g : j["gemm"]) best = std::max(best, g["meshrt_gflops"].get<double>() / 2);
+  REQUIRE(best > 0);
+  CHECK(j["attention"]["best_gemm_rate_per_rank"].get<double>() == Approx(best));
+  const json& d = j["attention"]["default"];
+  CHECK(d["fwd_vs_best_gemm"].get<double>() == Approx(d["fwd_rate"].get<double>() / best));
+  CHECK(d["bwd_vs_best_gemm"].get<double>() == Approx(d["bwd_rate"].get<double>() / best));
+  // Without the GEMM table there is nothing to compare with: no column, a null rate.
+  Run n =
+      cli("bench gemm --no-gemm --no-elementwise --attn-heads 2 --attn-seq 64 "
+          "--attn-head-dim 16 --warmup 0 --repeats 1 --json " +
+          js.string());
+  INFO(n.out << n.err);
+  REQUIRE(n.rc == 0);
+  CHECK(n.out.find("vs best GEMM") == std::string::npos);
+  CHECK(json::parse(slurp(js))["attention"]["best_gemm_rate_per_rank"].is_null());
 }
 
 TEST_CASE("a tiny block bench writes JSON with every figure and a valid trace", "[multirank]") {

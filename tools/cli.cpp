@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "bench/common/command.h"
+#include "kernels/ops.h"
 #include "meshrt/version.h"
 #include "runtime/env.h"
 #include "tools/info.h"
@@ -58,6 +59,7 @@ void MeshrtCli::parse(int argc, const char* const* argv) {
 
 void MeshrtCli::validate() {
   check_environment();
+  (void)meshrt::ops::host_isa_info();  // refuses a bad MESHRT_HOST_ISA before anything runs
   if (bench::Command* cmd = parsed_bench_command(bench_)) cmd->validate();
 }
 

@@ -6,6 +6,7 @@
 
 #include "collectives/config_check.h"
 #include "collectives/fault.h"
+#include "kernels/ops.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 
@@ -92,6 +93,7 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
   }
   try {
     check_environment();
+    (void)meshrt::ops::host_isa_info();  // refuses a bad MESHRT_HOST_ISA before anything runs
     cmd->validate();
   } catch (const std::exception& e) {
     return report_error(program, e, false);

@@ -124,7 +124,10 @@ TEST_CASE("environment switches with unknown values are refused before anything 
   };
   for (const Case& c :
        {Case{"MESHRT_STREAM_JITTER=abc", "MESHRT_STREAM_JITTER='abc' is not a switch"},
-        Case{"MESHRT_LOG_LEVEL=loud", "MESHRT_LOG_LEVEL='loud' is not a log level: use trace"}}) {
+        Case{"MESHRT_LOG_LEVEL=loud", "MESHRT_LOG_LEVEL='loud' is not a log level: use trace"},
+        Case{"MESHRT_HOST_ISA=sse4",
+             "MESHRT_HOST_ISA=sse4 is not an instruction set of the host "
+             "kernels; use auto, baseline"}}) {
     for (const std::string& bin : {std::string(MESHRT_CLI_BIN) + " bench collective",
                                    std::string(MESHRT_BENCH_COLLECTIVE_BIN)}) {
       Run r = meshrt::test::run_shell(c.env + " " + bin + " -b 8 -e 8", scratch());

@@ -202,11 +202,17 @@ TEST_CASE("host ISA variants: MESHRT_HOST_ISA values, the choice and the cap", "
   CHECK(k::host::host_isa() == k::host::choose_host_isa(k::host::parse_host_isa_cap(env)));
   CHECK_THAT(ops::host_isa_info(),
              Contains(k::host::host_isa_name(k::host::host_isa())) && Contains("built: baseline"));
-  // A variant this CPU cannot run is refused by name, never registered.
-  for (HostIsa isa : {HostIsa::avx2, HostIsa::avx512})
-    if (!k::host::host_isa_runs_here(isa))
+  // A variant left out of the build, or one this CPU cannot run, is refused by name (never
+  // registered: its register functions are code of its ISA too).
+  for (HostIsa isa : {HostIsa::avx2, HostIsa::avx512}) {
+    INFO(k::host::host_isa_name(isa));
+    if (!k::host::host_isa_built(isa))
+      REQUIRE_THROWS_WITH(k::host::backend(isa), Contains("variant is not in this build") &&
+                                                     Contains(k::host::host_isa_name(isa)));
+    else if (!k::host::host_isa_runs_here(isa))
       REQUIRE_THROWS_WITH(k::host::backend(isa),
                           Contains("cannot run the") && Contains(k::host::host_isa_name(isa)));
+  }
 }
 
 TEST_CASE("every host ISA variant this CPU runs is complete, distinct and agrees with baseline",

@@ -129,9 +129,7 @@ class Check {
   Device dev_;
 };
 
-bool is_cpu(const Check& c) {
-  return c.device().is_cpu();
-}
+bool is_cpu(const Check& c) { return c.device().is_cpu(); }
 
 // The backend for the op's device.
 const kernels::Backend& backend_of(const Check& c) {

@@ -4,9 +4,7 @@
 #include <vector>
 
 #include "bench/common/command.h"
-#include "kernels/ops.h"
 #include "meshrt/version.h"
-#include "runtime/env.h"
 #include "tools/info.h"
 #include "tools/signals.h"
 
@@ -58,8 +56,7 @@ void MeshrtCli::parse(int argc, const char* const* argv) {
 }
 
 void MeshrtCli::validate() {
-  check_environment();
-  (void)meshrt::ops::host_isa_info();  // refuses a bad MESHRT_HOST_ISA before anything runs
+  bench::check_process_environment();
   if (bench::Command* cmd = parsed_bench_command(bench_)) cmd->validate();
 }
 

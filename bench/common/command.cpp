@@ -82,6 +82,11 @@ void set_process_config(const CLI::App& app, const std::string& what) {
   detail::set_process_config(std::move(fields), what);
 }
 
+void check_process_environment() {
+  check_environment();
+  (void)ops::host_isa_info();  // decides the host loop variant; a bad MESHRT_HOST_ISA throws
+}
+
 int program_main(const Entry& entry, std::string_view program, int argc, char** argv) {
   CLI::App app{entry.description, std::string(program)};
   std::unique_ptr<Command> cmd = entry.make();
@@ -92,8 +97,7 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
     return exit_parse_error(app, e);
   }
   try {
-    check_environment();
-    (void)meshrt::ops::host_isa_info();  // refuses a bad MESHRT_HOST_ISA before anything runs
+    check_process_environment();
     cmd->validate();
   } catch (const std::exception& e) {
     return report_error(program, e, false);

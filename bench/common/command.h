@@ -89,6 +89,11 @@ std::string command_line(std::string_view program, int argc, char** argv);
 // names the command in that message.
 void set_process_config(const CLI::App& app, const std::string& what);
 
+// The environment checks every command runs before anything else: the runtime's variables
+// (check_environment) and the kernels' (MESHRT_HOST_ISA). Throws naming the variable and the
+// accepted values.
+void check_process_environment();
+
 // A standalone benchmark program: `entry`'s flags on a program named `program`, then validate and
 // run as `meshrt bench <name>` does.
 int program_main(const Entry& entry, std::string_view program, int argc, char** argv);

@@ -1,6 +1,9 @@
 // The host backend's op table: the instruction-set variant of the loop files (host/isa.h) that
 // this CPU runs best, built once from that variant's register_* functions.
 #include <cstdlib>
+#include <iterator>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "kernels/backend.h"
@@ -8,24 +11,40 @@
 
 namespace meshrt::kernels::host {
 
-// Each variant's register_* functions (defined in the loop files compiled for it).
-namespace isa_baseline {
-MESHRT_DECLARE_HOST_FAMILIES
-}
+// Each variant's register_* functions (defined in the loop files compiled for it), and one
+// function registering all of them.
+#define MESHRT_HOST_VARIANT_REGISTRY(ns)                                       \
+  namespace ns {                                                               \
+  MESHRT_DECLARE_HOST_FAMILIES                                                 \
+  void register_all(Backend& b) { MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY) } \
+  }
+MESHRT_HOST_VARIANT_REGISTRY(isa_baseline)
 #if defined(MESHRT_HOST_ISA_HAVE_AVX2)
-namespace isa_avx2 {
-MESHRT_DECLARE_HOST_FAMILIES
-}
+MESHRT_HOST_VARIANT_REGISTRY(isa_avx2)
+#define MESHRT_AVX2_REGISTER_ &isa_avx2::register_all
+#else
+#define MESHRT_AVX2_REGISTER_ nullptr
 #endif
 #if defined(MESHRT_HOST_ISA_HAVE_AVX512)
-namespace isa_avx512 {
-MESHRT_DECLARE_HOST_FAMILIES
-}
+MESHRT_HOST_VARIANT_REGISTRY(isa_avx512)
+#define MESHRT_AVX512_REGISTER_ &isa_avx512::register_all
+#else
+#define MESHRT_AVX512_REGISTER_ nullptr
 #endif
 
 constexpr HostIsa kAll[] = {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512};
 
 namespace {
+
+// Per variant, in HostIsa order: its name and its registration (null when not built).
+struct Variant {
+  const char* name;
+  void (*register_all)(Backend&);
+};
+constexpr Variant kVariants[] = {{"baseline", &isa_baseline::register_all},
+                                 {"avx2", MESHRT_AVX2_REGISTER_},
+                                 {"avx512", MESHRT_AVX512_REGISTER_}};
+const Variant& variant(HostIsa isa) { return kVariants[static_cast<int>(isa)]; }
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -53,45 +72,9 @@ bool cpu_has_avx512() {
   return false;
 #endif
 }
-
-Backend make_backend(HostIsa isa) {
-  Backend b("host");
-  switch (isa) {
-    case HostIsa::baseline: {
-      using namespace isa_baseline;
-      MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
-      break;
-    }
-    case HostIsa::avx2: {
-#if defined(MESHRT_HOST_ISA_HAVE_AVX2)
-      using namespace isa_avx2;
-      MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
-#endif
-      break;
-    }
-    case HostIsa::avx512: {
-#if defined(MESHRT_HOST_ISA_HAVE_AVX512)
-      using namespace isa_avx512;
-      MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY)
-#endif
-      break;
-    }
-  }
-  return b;
-}
 }  // namespace
 
-const char* host_isa_name(HostIsa isa) {
-  switch (isa) {
-    case HostIsa::baseline:
-      return "baseline";
-    case HostIsa::avx2:
-      return "avx2";
-    case HostIsa::avx512:
-      return "avx512";
-  }
-  return "?";
-}
+const char* host_isa_name(HostIsa isa) { return variant(isa).name; }
 
 HostIsa parse_host_isa_cap(const char* value) {
   const std::string v = value ? value : "";
@@ -104,25 +87,7 @@ HostIsa parse_host_isa_cap(const char* value) {
                                     "F/VL/BW/DQ/CD)");
 }
 
-bool host_isa_built(HostIsa isa) {
-  switch (isa) {
-    case HostIsa::baseline:
-      return true;
-    case HostIsa::avx2:
-#if defined(MESHRT_HOST_ISA_HAVE_AVX2)
-      return true;
-#else
-      return false;
-#endif
-    case HostIsa::avx512:
-#if defined(MESHRT_HOST_ISA_HAVE_AVX512)
-      return true;
-#else
-      return false;
-#endif
-  }
-  return false;
-}
+bool host_isa_built(HostIsa isa) { return variant(isa).register_all != nullptr; }
 
 bool host_isa_runs_here(HostIsa isa) {
   switch (isa) {
@@ -157,21 +122,15 @@ const Backend& backend(HostIsa isa) {
                                                             "MESHRT_HOST_ISA_VARIANTS)");
   MESHRT_CHECK(host_isa_runs_here(isa),
                "host kernels: this CPU cannot run the " << host_isa_name(isa) << " variant");
-  // Built on first use: a variant's register_* functions are code of its ISA too.
-  switch (isa) {
-    case HostIsa::avx2: {
-      static const Backend b = make_backend(HostIsa::avx2);
-      return b;
-    }
-    case HostIsa::avx512: {
-      static const Backend b = make_backend(HostIsa::avx512);
-      return b;
-    }
-    default: {
-      static const Backend b = make_backend(HostIsa::baseline);
-      return b;
-    }
-  }
+  // Built on first use: a variant's register functions are code of its ISA too.
+  static std::once_flag once[std::size(kAll)];
+  static std::optional<Backend> tables[std::size(kAll)];
+  const auto i = static_cast<size_t>(isa);
+  std::call_once(once[i], [&] {
+    tables[i].emplace("host");
+    variant(isa).register_all(*tables[i]);
+  });
+  return *tables[i];
 }
 
 const Backend& backend() {

@@ -423,41 +423,43 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         findings << " (its global rank is unknown)\n";
       }
     }
-    // Arrival skew: who issues last, by how much (same-node clocks only).
+    // Arrival skew (same-node clocks only): over the collectives every member issued, each
+    // rank's lag behind the first to issue. A rank is late when its median lag is at least
+    // 25 ms over at least 4 collectives. The median, not who came last most often: a scheduler
+    // stall of another rank now and then makes that rank last once, but leaves the slow rank's
+    // lag behind the first arrival unchanged.
     if (g.by.size() >= 2) {
-      std::map<int, std::pair<int, double>> late;  // rank -> (times last, sum of lateness ns)
+      std::map<int, std::vector<int64_t>> lags;  // rank -> lag behind the first, per collective
+      std::map<int, int> last_in;                // rank -> collectives it issued last
       int n = 0;
       for (uint64_t s = lo; s <= hi; ++s) {
-        int64_t t0 = INT64_MAX, t1 = INT64_MIN;
-        int last = -1;
+        std::vector<std::pair<int, int64_t>> at;
         for (auto& [w, seqs] : g.by) {
           auto it = seqs.find(s);
-          if (it == seqs.end()) {
-            last = -2;
-            break;
-          }
-          const int64_t t = it->second->enqueue_ns;
-          t0 = std::min(t0, t);
-          if (t > t1) {
-            t1 = t;
-            last = w;
-          }
+          if (it == seqs.end()) break;
+          at.emplace_back(w, it->second->enqueue_ns);
         }
-        if (last < 0) continue;
+        if (at.size() != g.by.size()) continue;
+        auto cmp = [](const auto& a, const auto& b) { return a.second < b.second; };
+        const int64_t t0 = std::min_element(at.begin(), at.end(), cmp)->second;
+        ++last_in[std::max_element(at.begin(), at.end(), cmp)->first];
+        for (auto& [w, t] : at) lags[w].push_back(t - t0);
         ++n;
-        late[last].first++;
-        late[last].second += static_cast<double>(t1 - t0);
       }
-      for (auto& [w, v] : late) {
-        if (n >= 4 && v.first * 4 >= n * 3 && v.second / v.first >= 25e6) {
-          findings << "  group '" << g.name << "': skew: rank " << w << " issued last in "
-                   << v.first << " of " << n << " collectives, on average "
-                   << ms(static_cast<int64_t>(v.second / v.first)) << " after the first rank\n";
-          if (culprits.empty()) {
-            culprits.insert(w);
-            culprit_call = "every collective on group '" + g.name + "' (slow, not stopped)";
-          }
-        }
+      std::set<int> slow;
+      for (auto& [w, v] : lags) {
+        if (n < 4) break;
+        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+        const int64_t median = v[v.size() / 2];
+        if (median < 25'000'000) continue;
+        findings << "  group '" << g.name << "': skew: rank " << w << " issued last in "
+                 << last_in[w] << " of " << n << " collectives, a median " << ms(median)
+                 << " after the first rank\n";
+        slow.insert(w);
+      }
+      if (culprits.empty() && !slow.empty()) {
+        culprits = slow;
+        culprit_call = "every collective on group '" + g.name + "' (slow, not stopped)";
       }
     }
   }

@@ -124,11 +124,6 @@ std::shared_ptr<BlockObj> find_block(const void* h, Kind kind) {
   return find_handle<BlockObj>(h, kind, kind == Kind::Attn ? "attn" : "mlp");
 }
 
-void check_out(const void* out, const char* what) {
-  CAPI_CHECK(out != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
-             what << " is NULL: pass the address of a value to fill in");
-}
-
 std::string dim_name(const char* dim) {
   CAPI_CHECK(dim != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
              "dim is NULL: pass a dim name of the mesh, e.g. \"tp\"");

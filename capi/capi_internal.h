@@ -126,6 +126,12 @@ inline std::shared_ptr<TensorObj> find_tensor(meshrt_tensor_t h, const char* wha
   return find_handle<TensorObj>(h, Kind::Tensor, what);
 }
 
+// An output argument: NULL is refused naming it.
+inline void check_out(const void* out, const char* what) {
+  CAPI_CHECK(out != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
+             what << " is NULL: pass the address of a handle to fill in");
+}
+
 // Whether meshrt_init accepted the caller's API version; require_init throws when not.
 std::atomic<bool>& initialized();
 void require_init();

@@ -279,11 +279,6 @@ meshrt_comm_t init_process_world(std::shared_ptr<BootstrapTransport> tr, LaunchK
   return register_comm(factory(0), p.local_size, std::move(tr));
 }
 
-void check_out(const void* out, const char* what) {
-  CAPI_CHECK(out != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
-             what << " is NULL: pass the address of a handle to fill in");
-}
-
 }  // namespace
 
 meshrt_comm_t register_comm(std::unique_ptr<Communicator> comm, int local_ranks,

@@ -150,11 +150,6 @@ Export<Managed>* make_export(const Tensor& t) {
   return e;
 }
 
-void check_out(const void* out, const char* what) {
-  CAPI_CHECK(out != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
-             what << " is NULL: pass the address of a handle to fill in");
-}
-
 }  // namespace
 
 }  // namespace meshrt::capi

@@ -22,13 +22,8 @@ namespace meshrt {
 
 namespace {
 
-std::string env_or(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-
 int env_int(const char* name, int fallback) {
-  std::string v = env_or(name);
+  std::string v = detail::env_or(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
   long x = std::strtol(v.c_str(), &end, 10);
@@ -110,7 +105,7 @@ Device process_device(const std::string& spec, int local_rank, bool defaulted) {
 }  // namespace
 
 std::string rendezvous_dir_from_env() {
-  std::string v = env_or("MESHRT_RENDEZVOUS");
+  std::string v = detail::env_or("MESHRT_RENDEZVOUS");
   if (v.empty()) return "";
   const std::string scheme = "file://";
   MESHRT_CHECK(v.rfind(scheme, 0) == 0 && v.size() > scheme.size(),
@@ -140,7 +135,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     p.device = process_device(spec, p.local_rank, opts.devices_defaulted);
     plan.kind = LaunchKind::MpiProcesses;
     plan.local.push_back(p);
-  } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
+  } else if (!detail::env_or("RANK").empty() && !detail::env_or("WORLD_SIZE").empty()) {
     RankPlacement p;
     p.rank = env_int("RANK", 0);
     p.world_size = env_int("WORLD_SIZE", 1);
@@ -155,7 +150,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     if (p.world_size > 1) {
       transport = make_file_transport(dir, p.rank, p.world_size, opts.config.timeout_s);
     }
-    if (!env_or("LOCAL_RANK").empty()) {
+    if (!detail::env_or("LOCAL_RANK").empty()) {
       p.local_rank = env_int("LOCAL_RANK", 0);
       p.local_size = env_int("LOCAL_WORLD_SIZE", std::max(1, p.local_rank + 1));
     } else if (transport) {

@@ -20,14 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string env_or(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : std::string();
-}
-
 std::string default_run_id() {
   for (const char* v : {"MESHRT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
-    std::string s = env_or(v);
+    std::string s = detail::env_or(v);
     if (!s.empty()) return s;
   }
   return "default";

@@ -12,23 +12,23 @@ using namespace capi_test;
 
 namespace {
 
-struct Dims {
+struct AttnDims {
   int64_t seq = 8, batch = 2, hidden = 16, heads = 4;
   int64_t head_dim() const { return hidden / heads; }
 };
 
-struct Variant {
+struct AttnVariant {
   bool layernorm = true, bias = true, causal = true;
 };
 
 // Full weights in canonical form: q / k / v projections wqkv[j] ([in, out], [hidden, hidden],
 // output feature c = head * d + e), their biases, the output projection wp [hidden, hidden] and
 // its bias; and the naive block over rows (s, b) of [seq, batch, hidden].
-struct Ref {
-  Dims d;
-  Variant var;
+struct AttnRef {
+  AttnDims d;
+  AttnVariant var;
   std::vector<double> gamma, beta, wqkv[3], bqkv[3], wp, bp;
-  Ref(const Dims& dims, const Variant& v) : d(dims), var(v) {
+  AttnRef(const AttnDims& dims, const AttnVariant& v) : d(dims), var(v) {
     const auto h = static_cast<size_t>(d.hidden);
     gamma.resize(h);
     beta.assign(h, 0.0);
@@ -205,7 +205,7 @@ struct Layout {
   int qkv = MESHRT_QKV_LAYOUT_PER_HEAD;
 };
 
-meshrt_attn_config_t attn_config(const Dims& d, const Variant& v, bool sp, Layout l,
+meshrt_attn_config_t attn_config(const AttnDims& d, const AttnVariant& v, bool sp, Layout l,
                                  DLDataType dt) {
   meshrt_attn_config_t c = MESHRT_ATTN_CONFIG_INITIALIZER;
   c.hidden = d.hidden;
@@ -234,7 +234,7 @@ meshrt_attn_params_t attn_params(meshrt_tensor_t gamma, meshrt_tensor_t beta, me
 
 // One rank: binds its shards, runs forward + backward twice (gradients add up) and compares
 // everything with the reference.
-void run_rank(meshrt_comm_t comm, const char* spec, const Dims& d, const Variant& var, bool sp,
+void run_rank(meshrt_comm_t comm, const char* spec, const AttnDims& d, const AttnVariant& var, bool sp,
               Layout lay, DLDataType dt, double tol) {
   meshrt_mesh_t mesh = nullptr;
   CAPI_THROW_UNLESS_OK(meshrt_mesh_create(&mesh, comm, spec));
@@ -254,7 +254,7 @@ void run_rank(meshrt_comm_t comm, const char* spec, const Dims& d, const Variant
               "qkv shard: 3 d features per head of the rank's heads");
   RANK_EXPECT(op == h0 * D && np == hl * D && og == 0 && ng == H,
               "proj shard: d rows per head; its bias replicated");
-  const Ref ref(d, var);
+  const AttnRef ref(d, var);
   const bool oi = lay.weight == MESHRT_WEIGHT_LAYOUT_OUT_IN;
   const bool blk = lay.qkv == MESHRT_QKV_LAYOUT_BLOCKED;
   const std::vector<int64_t> sq = oi ? std::vector<int64_t>{nq, H} : std::vector<int64_t>{H, nq};
@@ -288,7 +288,7 @@ void run_rank(meshrt_comm_t comm, const char* spec, const Dims& d, const Variant
   const meshrt_attn_params_t g = attn_params(ggam.h, opt(var.layernorm, gbeta.h), gwq.h,
                                              opt(var.bias, gbq.h), gwp.h, opt(var.bias, gbp.h));
   std::vector<double> out, dx;
-  Ref::Grads rg(H);
+  AttnRef::Grads rg(H);
   ref.run(x, dout, out, dx, rg);
   const std::string where = std::string(spec) + (sp ? " sp" : "") + (oi ? " OUT_IN" : " IN_OUT") +
                             (blk ? " [Q|K|V]" : " [q|k|v]") + (var.causal ? " causal" : " full") +
@@ -338,12 +338,12 @@ TEST_CASE("capi: sharded attention equals a double loop in every weight and QKV 
                          Layout{MESHRT_WEIGHT_LAYOUT_IN_OUT, MESHRT_QKV_LAYOUT_BLOCKED},
                          Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_PER_HEAD},
                          Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_BLOCKED}}) {
-        for (Variant v : {Variant{true, true, true}, Variant{false, false, false}}) {
+        for (AttnVariant v : {AttnVariant{true, true, true}, AttnVariant{false, false, false}}) {
           INFO(c.spec << (sp ? " sp" : "") << " weight layout " << lay.weight << " qkv layout "
                       << lay.qkv << " causal " << v.causal);
           World w(c.n);
           run_ranks(c.n, [&](int r) {
-            run_rank(w.comms[static_cast<size_t>(r)], c.spec, Dims{}, v, sp, lay, f32, 1e-4);
+            run_rank(w.comms[static_cast<size_t>(r)], c.spec, AttnDims{}, v, sp, lay, f32, 1e-4);
           });
         }
       }
@@ -354,7 +354,7 @@ TEST_CASE("capi: sharded attention equals a double loop in every weight and QKV 
 TEST_CASE("capi: attention on 4 tp ranks, one head each", "[capi][multirank]") {
   World w(4);
   run_ranks(4, [&](int r) {
-    run_rank(w.comms[static_cast<size_t>(r)], "tp=4", Dims{}, Variant{}, true,
+    run_rank(w.comms[static_cast<size_t>(r)], "tp=4", AttnDims{}, AttnVariant{}, true,
              Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_BLOCKED}, dl_dtype(kDLFloat, 32),
              1e-4);
   });
@@ -370,7 +370,7 @@ TEST_CASE("capi: attention in bf16 and f16 stays within 16-bit rounding of the d
     INFO(dc.name);
     World w(2);
     run_ranks(2, [&](int r) {
-      run_rank(w.comms[static_cast<size_t>(r)], "tp=2", Dims{}, Variant{}, false,
+      run_rank(w.comms[static_cast<size_t>(r)], "tp=2", AttnDims{}, AttnVariant{}, false,
                Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_BLOCKED}, dc.dt, 3e-2);
     });
   }
@@ -382,7 +382,7 @@ TEST_CASE("capi: bad attention configs and shards case by case", "[capi]") {
     meshrt_comm_t comm = w.comms[static_cast<size_t>(r)];
     meshrt_mesh_t mesh = nullptr;
     CAPI_THROW_UNLESS_OK(meshrt_mesh_create(&mesh, comm, "tp=2"));
-    const Dims d;
+    const AttnDims d;
     const DLDataType f32 = dl_dtype(kDLFloat, 32);
     auto expect = [&](meshrt_status_t got, meshrt_status_t want, std::vector<std::string> parts) {
       const std::string msg = meshrt_last_error();
@@ -390,22 +390,22 @@ TEST_CASE("capi: bad attention configs and shards case by case", "[capi]") {
       for (const auto& p : parts) RANK_EXPECT(msg.find(p) != std::string::npos, p + " in: " + msg);
     };
     meshrt_attn_t attn = nullptr;
-    meshrt_attn_config_t c = attn_config(d, Variant{}, false, Layout{}, f32);
+    meshrt_attn_config_t c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
     c.heads = 3;  // not a divisor of tp = 2 nor of hidden = 16
     expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT, {"heads"});
-    c = attn_config(d, Variant{}, false, Layout{}, f32);
+    c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
     c.qkv_layout = 5;
     expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
            {"qkv_layout 5", "MESHRT_QKV_LAYOUT_BLOCKED"});
-    c = attn_config(d, Variant{}, false, Layout{}, f32);
+    c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
     c.causal = 2;
     expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT, {"causal 2"});
-    c = attn_config(d, Variant{}, false, Layout{}, f32);
+    c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
     c.size = 1;
     expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
            {"config->size is 1", "MESHRT_ATTN_CONFIG_INITIALIZER"});
     RANK_EXPECT(attn == nullptr, "no handle after a refused create");
-    c = attn_config(d, Variant{}, false,
+    c = attn_config(d, AttnVariant{}, false,
                     Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_BLOCKED}, f32);
     CAPI_THROW_UNLESS_OK(meshrt_attn_create(&attn, mesh, &c));
     // hl = 2 heads of d = 4: qkv OUT_IN [24, 16]; the IN_OUT shape [16, 24] is refused.
@@ -444,13 +444,13 @@ TEST_CASE("capi: IN_OUT per-head QKV weights are read in place, BLOCKED ones at 
     run_ranks(2, [&](int r) {
       meshrt_mesh_t mesh = nullptr;
       CAPI_THROW_UNLESS_OK(meshrt_mesh_create(&mesh, w.comms[static_cast<size_t>(r)], "tp=2"));
-      const Dims d;
-      const Variant var;
+      const AttnDims d;
+      const AttnVariant var;
       const meshrt_attn_config_t cfg =
           attn_config(d, var, false, Layout{MESHRT_WEIGHT_LAYOUT_IN_OUT, qkv}, f32);
       meshrt_attn_t attn = nullptr;
       CAPI_THROW_UNLESS_OK(meshrt_attn_create(&attn, mesh, &cfg));
-      const Ref ref(d, var);
+      const AttnRef ref(d, var);
       const bool blk = qkv == MESHRT_QKV_LAYOUT_BLOCKED;
       Mat gamma({16}, f32), beta({16}, f32), wq({16, 24}, f32), bq({24}, f32), wp({8, 16}, f32),
           bp({16}, f32);

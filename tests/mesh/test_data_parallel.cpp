@@ -64,7 +64,7 @@ Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb, bool b
   return res;
 }
 
-void compare(const Grads& got, const Grads& ref, double tol) {
+void compare_grads(const Grads& got, const Grads& ref, double tol) {
   REQUIRE(got.size() == ref.size());
   for (auto& [n, v] : ref) {
     INFO("grad " << n << " rel err " << rel_err(got.at(n), v));
@@ -76,17 +76,17 @@ void compare(const Grads& got, const Grads& ref, double tol) {
 
 TEST_CASE("dp gradients equal the single-rank full-batch gradients", "[dp][multirank]") {
   Grads ref = dp_grads(1, 8, 1, 25);
-  compare(dp_grads(2, 8, 1, 25), ref, 1e-5);
-  compare(dp_grads(4, 8, 1, 25), ref, 1e-5);
+  compare_grads(dp_grads(2, 8, 1, 25), ref, 1e-5);
+  compare_grads(dp_grads(4, 8, 1, 25), ref, 1e-5);
   // Accumulation over micro-batches equals the large batch.
-  compare(dp_grads(1, 8, 4, 25), ref, 1e-5);
-  compare(dp_grads(2, 8, 2, 25), ref, 1e-5);
+  compare_grads(dp_grads(1, 8, 4, 25), ref, 1e-5);
+  compare_grads(dp_grads(2, 8, 2, 25), ref, 1e-5);
 }
 
 TEST_CASE("bf16 gradient communication stays within bf16 rounding of f32", "[dp][multirank]") {
   Grads ref = dp_grads(2, 8, 1, 25);
   Grads b = dp_grads(2, 8, 1, 25, true);
-  compare(b, ref, 1e-2);  // two bf16 roundings (before the reduction, of the result)
+  compare_grads(b, ref, 1e-2);  // two bf16 roundings (before the reduction, of the result)
   bool any_diff = false;
   for (auto& [n, v] : ref) any_diff |= b.at(n) != v;
   REQUIRE(any_diff);  // it really went through bf16

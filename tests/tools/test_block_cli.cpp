@@ -24,19 +24,19 @@ namespace {
 using meshrt::test::Run;
 using meshrt::test::slurp;
 
-fs::path scratch() {
+fs::path block_scratch() {
   static const fs::path d = meshrt::test::scratch_dir("block-cli");
   return d;
 }
 
 // Runs `meshrt <args>` (no shell quoting needed for the arguments used here).
-Run cli(const std::string& args) {
+Run block_cli(const std::string& args) {
   // Appended, not `std::string(...) + " " + args`: GCC 12 warns (-Warray-bounds, a known false
   // positive in its inlined char_traits::copy) on that form here.
   std::string cmd = MESHRT_CLI_BIN;
   cmd += ' ';
   cmd += args;
-  return meshrt::test::run_shell(cmd, scratch());
+  return meshrt::test::run_shell(cmd, block_scratch());
 }
 
 double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
@@ -52,7 +52,7 @@ double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
 
 TEST_CASE("a --hidden whose default ffn overflows is blamed on --hidden", "[unit]") {
   // 4 x hidden > INT64_MAX.
-  Run r = cli("bench block --devices cpu:1 --hidden 4611686018427387904 --heads 1");
+  Run r = block_cli("bench block --devices cpu:1 --hidden 4611686018427387904 --heads 1");
   CHECK(r.rc != 0);
   INFO(r.err);
   CHECK(r.err.find("--hidden 4611686018427387904 is too large") != std::string::npos);
@@ -63,11 +63,11 @@ TEST_CASE("a --hidden whose default ffn overflows is blamed on --hidden", "[unit
 TEST_CASE("bench mlp does not check heads but bench block does", "[multirank]") {
   // hidden 100 does not divide by the default 16 heads.
   const std::string shape = "--seq 32 --hidden 100 --steps 1 --warmup 0 --no-calibrate";
-  Run mlp = cli("bench mlp --devices cpu:2 " + shape);
+  Run mlp = block_cli("bench mlp --devices cpu:2 " + shape);
   INFO(mlp.err);
   CHECK(mlp.rc == 0);
   CHECK(mlp.out.find("tokens/s") != std::string::npos);
-  Run block = cli("bench block --devices cpu:2 " + shape);
+  Run block = block_cli("bench block --devices cpu:2 " + shape);
   CHECK(block.rc != 0);
   CHECK(block.err.find("hidden 100 does not divide by heads 16") != std::string::npos);
 }
@@ -79,9 +79,9 @@ TEST_CASE(
   // ffn 100 over tp=3: 34, 33, 33 columns; seq 48 divides by 3 for sequence parallel.
   const std::string shape =
       "--seq 48 --hidden 96 --ffn 100 --steps 1 --warmup 0 --no-calibrate --seed 5";
-  const fs::path a = scratch() / "tp1.safetensors", b = scratch() / "tp3.safetensors";
-  Run r1 = cli("bench mlp --devices cpu:1 " + shape + " --dump " + a.string());
-  Run r3 = cli("bench mlp --devices cpu:3 " + shape + " --dump " + b.string());
+  const fs::path a = block_scratch() / "tp1.safetensors", b = block_scratch() / "tp3.safetensors";
+  Run r1 = block_cli("bench mlp --devices cpu:1 " + shape + " --dump " + a.string());
+  Run r3 = block_cli("bench mlp --devices cpu:3 " + shape + " --dump " + b.string());
   INFO(r1.err << r3.err);
   REQUIRE(r1.rc == 0);
   REQUIRE(r3.rc == 0);
@@ -108,5 +108,5 @@ TEST_CASE(
   CHECK(md.at("meshrt.seed") == "5");
   CHECK(md.at("meshrt.dtype") == "f32");
   CHECK(md.at("meshrt.layers") == "1");
-  fs::remove_all(scratch());
+  fs::remove_all(block_scratch());
 }

@@ -25,13 +25,13 @@ namespace {
 using meshrt::test::Run;
 using meshrt::test::slurp;
 
-fs::path scratch() {
+fs::path train_scratch() {
   static const fs::path d = meshrt::test::scratch_dir("train");
   return d;
 }
 
-Run cli(const std::string& args) {
-  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, scratch());
+Run train_cli(const std::string& args) {
+  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, train_scratch());
 }
 
 // Byte-level tokens of some text as raw u16, the README's recipe.
@@ -44,7 +44,7 @@ fs::path text_tokens(const std::string& name, size_t bytes) {
     out += text[i % text.size()];
     out += '\0';
   }
-  fs::path p = scratch() / name;
+  fs::path p = train_scratch() / name;
   std::ofstream(p, std::ios::binary) << out;
   return p;
 }
@@ -58,7 +58,7 @@ struct Background {
 
   explicit Background(const std::string& args) {
     static int n = 0;
-    out = scratch() / ("bg" + std::to_string(n++) + ".txt");
+    out = train_scratch() / ("bg" + std::to_string(n++) + ".txt");
     pid = fork();
     if (pid == 0) {
       const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -104,7 +104,7 @@ struct Background {
 TEST_CASE("train on a byte-level token file prints validation losses that fall",
           "[train][multirank]") {
   const auto tr = text_tokens("train.bin", 20000), va = text_tokens("val.bin", 3000);
-  Run r = cli("train --devices cpu:2 " + kSmall + " --steps 8 --lr 3e-3 --data " + tr.string() +
+  Run r = train_cli("train --devices cpu:2 " + kSmall + " --steps 8 --lr 3e-3 --data " + tr.string() +
               " --val-data " + va.string() + " --eval-every 4");
   INFO(r.out << r.err);
   REQUIRE(r.rc == 0);
@@ -120,7 +120,7 @@ TEST_CASE("train on a byte-level token file prints validation losses that fall",
   CHECK_THAT(r.out, Catch::Contains("train: 8 of 8 steps, finished; last loss") &&
                         Catch::Contains("0 skipped (non-finite)"));
   // The same file under dp=1,tp=2 prints the same losses.
-  Run t = cli("train --devices cpu:2 --mesh tp=2 " + kSmall + " --steps 8 --lr 3e-3 --data " +
+  Run t = train_cli("train --devices cpu:2 --mesh tp=2 " + kSmall + " --steps 8 --lr 3e-3 --data " +
               tr.string() + " --val-data " + va.string() + " --eval-every 4");
   auto vals = [](const std::string& out) {
     std::vector<std::string> v;
@@ -138,18 +138,18 @@ TEST_CASE("bad data, oversized and diverging runs exit non-zero saying what to c
   struct Case {
     std::string args, expect;
   };
-  std::ofstream(scratch() / "short.bin", std::ios::binary) << std::string(20, '\1');
+  std::ofstream(train_scratch() / "short.bin", std::ios::binary) << std::string(20, '\1');
   const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }\n";
-  std::ofstream(scratch() / "float.npy", std::ios::binary)
+  std::ofstream(train_scratch() / "float.npy", std::ios::binary)
       << "\x93NUMPY\x01" << '\0' << static_cast<char>(dict.size()) << '\0' << dict << "abcd";
   std::vector<Case> cases = {
       {"train --devices cpu:1 --data /nonexistent/tokens.bin",
        "--data /nonexistent/tokens.bin: cannot open"},
       {"train --devices cpu:1 --vocab 64 --data " + tr.string(),
        "is >= --vocab 64; raise --vocab to at least"},
-      {"train --devices cpu:1 --seq 64 --data " + (scratch() / "short.bin").string(),
+      {"train --devices cpu:1 --seq 64 --data " + (train_scratch() / "short.bin").string(),
        "short.bin holds 10 tokens and one sample needs --seq + 1 = 65"},
-      {"train --devices cpu:1 --data " + (scratch() / "float.npy").string(),
+      {"train --devices cpu:1 --data " + (train_scratch() / "float.npy").string(),
        "float.npy: dtype '<f4' is not an integer type"},
       {"train --devices cpu:1 --data-dtype u8 --data " + tr.string(), "--data-dtype 'u8'"},
       {"train --devices cpu:1 --eval-every 2", "--eval-every 2 needs --val-data FILE"},
@@ -161,16 +161,16 @@ TEST_CASE("bad data, oversized and diverging runs exit non-zero saying what to c
   };
   for (auto& c : cases) {
     INFO(c.args);
-    Run r = cli(c.args);
+    Run r = train_cli(c.args);
     INFO(r.out << r.err);
     CHECK(r.rc == 1);
     CHECK_THAT(r.err, Catch::Contains("meshrt: error: ") && Catch::Contains(c.expect));
     // One message, no rank failure logs or allocator text.
     CHECK_THAT(r.err, !Catch::Contains("failed") && !Catch::Contains("bad_alloc"));
   }
-  Run big = cli("train --devices cpu:2 --hidden 16384 --layers 16 --heads 32");
+  Run big = train_cli("train --devices cpu:2 --hidden 16384 --layers 16 --heads 32");
   CHECK_THAT(big.err, Catch::Contains("reduce --hidden, --ffn, --layers or --vocab"));
-  Run skip = cli("train --devices cpu:2 --lr 1e30 " + kSmall + " --steps 4 --skip-nonfinite");
+  Run skip = train_cli("train --devices cpu:2 --lr 1e30 " + kSmall + " --steps 4 --skip-nonfinite");
   INFO(skip.err);
   CHECK(skip.rc == 0);
   CHECK_THAT(skip.out, Catch::Contains("train: 4 of 4 steps, finished") &&
@@ -206,7 +206,7 @@ TEST_CASE("SIGINT or SIGTERM stops every rank after the current step with a summ
 
 TEST_CASE("SIGINT with --save writes a checkpoint of the last step and --resume continues it",
           "[train][multirank][checkpoint]") {
-  const fs::path dir = scratch() / "sigint-ckpt";
+  const fs::path dir = train_scratch() / "sigint-ckpt";
   const fs::path tokens = text_tokens("sigint.bin", 20000);
   const std::string data = " --data " + tokens.string();
   Background b("train --devices cpu:2 " + kSmall + data + " --steps 100000 --save " + dir.string());
@@ -224,7 +224,7 @@ TEST_CASE("SIGINT with --save writes a checkpoint of the last step and --resume 
   CHECK(slurp(dir / "latest") == std::string(name) + "\n");
   CHECK(fs::exists(dir / name / "index.json"));
   // Resumed on another mesh, it continues from the next step.
-  Run r = cli("train --devices cpu:2 --mesh tp=2 " + kSmall + data + " --steps " +
+  Run r = train_cli("train --devices cpu:2 --mesh tp=2 " + kSmall + data + " --steps " +
               std::to_string(n + 2) + " --resume " + dir.string());
   INFO(r.err);
   CHECK(r.rc == 0);

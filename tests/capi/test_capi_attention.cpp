@@ -234,8 +234,8 @@ meshrt_attn_params_t attn_params(meshrt_tensor_t gamma, meshrt_tensor_t beta, me
 
 // One rank: binds its shards, runs forward + backward twice (gradients add up) and compares
 // everything with the reference.
-void run_rank(meshrt_comm_t comm, const char* spec, const AttnDims& d, const AttnVariant& var, bool sp,
-              Layout lay, DLDataType dt, double tol) {
+void run_rank(meshrt_comm_t comm, const char* spec, const AttnDims& d, const AttnVariant& var,
+              bool sp, Layout lay, DLDataType dt, double tol) {
   meshrt_mesh_t mesh = nullptr;
   CAPI_THROW_UNLESS_OK(meshrt_mesh_create(&mesh, comm, spec));
   int tp = 0, tr = 0, dpc = 0;

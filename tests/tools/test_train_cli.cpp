@@ -104,8 +104,8 @@ struct Background {
 TEST_CASE("train on a byte-level token file prints validation losses that fall",
           "[train][multirank]") {
   const auto tr = text_tokens("train.bin", 20000), va = text_tokens("val.bin", 3000);
-  Run r = train_cli("train --devices cpu:2 " + kSmall + " --steps 8 --lr 3e-3 --data " + tr.string() +
-              " --val-data " + va.string() + " --eval-every 4");
+  Run r = train_cli("train --devices cpu:2 " + kSmall + " --steps 8 --lr 3e-3 --data " +
+                    tr.string() + " --val-data " + va.string() + " --eval-every 4");
   INFO(r.out << r.err);
   REQUIRE(r.rc == 0);
   std::smatch m;
@@ -121,7 +121,7 @@ TEST_CASE("train on a byte-level token file prints validation losses that fall",
                         Catch::Contains("0 skipped (non-finite)"));
   // The same file under dp=1,tp=2 prints the same losses.
   Run t = train_cli("train --devices cpu:2 --mesh tp=2 " + kSmall + " --steps 8 --lr 3e-3 --data " +
-              tr.string() + " --val-data " + va.string() + " --eval-every 4");
+                    tr.string() + " --val-data " + va.string() + " --eval-every 4");
   auto vals = [](const std::string& out) {
     std::vector<std::string> v;
     std::istringstream is(out);
@@ -225,7 +225,7 @@ TEST_CASE("SIGINT with --save writes a checkpoint of the last step and --resume 
   CHECK(fs::exists(dir / name / "index.json"));
   // Resumed on another mesh, it continues from the next step.
   Run r = train_cli("train --devices cpu:2 --mesh tp=2 " + kSmall + data + " --steps " +
-              std::to_string(n + 2) + " --resume " + dir.string());
+                    std::to_string(n + 2) + " --resume " + dir.string());
   INFO(r.err);
   CHECK(r.rc == 0);
   CHECK_THAT(r.out, Catch::Contains("resumed from") && Catch::Contains("(step " + m[1].str()) &&

@@ -12,6 +12,12 @@ CTEST_ARGS ?=
 SAN_BUILD ?= build-san
 TSAN_BUILD ?= build-tsan
 FUZZ_SECONDS ?= 60
+# GENERATOR: CMake's generator for a new build directory (an existing one keeps the one it was
+# made with). Ninja schedules the objects of every target at once; make's generator builds a
+# target's objects only after its dependencies, which leaves a core idle behind the sanitizer
+# builds' large unity units.
+GENERATOR ?= $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
+gen = $(if $(wildcard $(1)/CMakeCache.txt),,-G "$(GENERATOR)")
 CLANG ?= clang
 CLANGXX ?= clang++
 # Sanitizer runtime options for every test run here (harmless for other builds): Open MPI's
@@ -60,7 +66,7 @@ deps:
 	@tools/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -DMESHRT_CUDA=$(CUDA) -DMESHRT_WERROR=ON \
+	@cmake -S . -B $(BUILD) $(call gen,$(BUILD)) -DMESHRT_CUDA=$(CUDA) -DMESHRT_WERROR=ON \
 	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 $(TEST_G) -DNDEBUG" \
 	  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 $(TEST_G) -DNDEBUG" \
 	  "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -Xcompiler=$(TEST_G) -DNDEBUG" $(CMAKE_ARGS) >/dev/null
@@ -73,13 +79,13 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 300 -j $(JOBS) $(CTEST_ARGS)
 
 bench: deps
-	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DMESHRT_CUDA=$(CUDA) \
+	@cmake -S . -B $(BENCH_BUILD) $(call gen,$(BENCH_BUILD)) -DCMAKE_BUILD_TYPE=Release -DMESHRT_CUDA=$(CUDA) \
 	  -DMESHRT_BUILD_TESTS=OFF $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BENCH_BUILD) -j $(JOBS)
 	@tools/bench-default.sh $(BENCH_BUILD)
 
 san-build: deps
-	@cmake -S . -B $(SAN_BUILD) -DCMAKE_C_COMPILER=$(CLANG) -DCMAKE_CXX_COMPILER=$(CLANGXX) \
+	@cmake -S . -B $(SAN_BUILD) $(call gen,$(SAN_BUILD)) -DCMAKE_C_COMPILER=$(CLANG) -DCMAKE_CXX_COMPILER=$(CLANGXX) \
 	  $(SAN_CMAKE) "-DCMAKE_CXX_FLAGS_DEBUG=-O1 $(SAN_G)" "-DCMAKE_C_FLAGS_DEBUG=-O1 $(SAN_G)" \
 	  -DMESHRT_SANITIZE=address,undefined -DMESHRT_FUZZ=ON "-DMESHRT_HOST_ISA_VARIANTS=$(SAN_ISA)" \
 	  $(CMAKE_ARGS) >/dev/null
@@ -97,7 +103,7 @@ fuzz: san-build
 	@tests/fuzz/run.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
 tsan: deps
-	@cmake -S . -B $(TSAN_BUILD) $(SAN_CMAKE) "-DCMAKE_CXX_FLAGS_DEBUG=-O1 $(TSAN_G)" \
+	@cmake -S . -B $(TSAN_BUILD) $(call gen,$(TSAN_BUILD)) $(SAN_CMAKE) "-DCMAKE_CXX_FLAGS_DEBUG=-O1 $(TSAN_G)" \
 	  "-DCMAKE_C_FLAGS_DEBUG=-O1 $(TSAN_G)" -DMESHRT_SANITIZE=thread \
 	  -DMESHRT_HOST_ISA_VARIANTS=$(TSAN_ISA) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)

@@ -19,6 +19,7 @@ if [ "${1:-}" = "--python-venv" ]; then
 fi
 pkgs=(build-essential cmake catch2 libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
       libopenblas-dev libopenmpi-dev openmpi-bin libdlpack-dev gnuplot-nox libdnnl-dev
+      ninja-build  # the Makefile's generator when present
       clang libclang-rt-14-dev)  # clang + compiler-rt: the sanitizer / libFuzzer build (make fuzz)
 missing=()
 for p in "${pkgs[@]}"; do

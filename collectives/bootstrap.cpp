@@ -15,6 +15,7 @@
 #include "collectives/config_check.h"
 #include "collectives/mpi_runtime.h"
 #include "runtime/device.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -23,7 +24,7 @@ namespace meshrt {
 namespace {
 
 int env_int(const char* name, int fallback) {
-  std::string v = detail::env_or(name);
+  std::string v = env_or(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
   long x = std::strtol(v.c_str(), &end, 10);
@@ -105,7 +106,7 @@ Device process_device(const std::string& spec, int local_rank, bool defaulted) {
 }  // namespace
 
 std::string rendezvous_dir_from_env() {
-  std::string v = detail::env_or("MESHRT_RENDEZVOUS");
+  std::string v = env_or("MESHRT_RENDEZVOUS");
   if (v.empty()) return "";
   const std::string scheme = "file://";
   MESHRT_CHECK(v.rfind(scheme, 0) == 0 && v.size() > scheme.size(),
@@ -135,7 +136,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     p.device = process_device(spec, p.local_rank, opts.devices_defaulted);
     plan.kind = LaunchKind::MpiProcesses;
     plan.local.push_back(p);
-  } else if (!detail::env_or("RANK").empty() && !detail::env_or("WORLD_SIZE").empty()) {
+  } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
     RankPlacement p;
     p.rank = env_int("RANK", 0);
     p.world_size = env_int("WORLD_SIZE", 1);
@@ -150,7 +151,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     if (p.world_size > 1) {
       transport = make_file_transport(dir, p.rank, p.world_size, opts.config.timeout_s);
     }
-    if (!detail::env_or("LOCAL_RANK").empty()) {
+    if (!env_or("LOCAL_RANK").empty()) {
       p.local_rank = env_int("LOCAL_RANK", 0);
       p.local_size = env_int("LOCAL_WORLD_SIZE", std::max(1, p.local_rank + 1));
     } else if (transport) {

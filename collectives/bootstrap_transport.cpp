@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "collectives/comm_detail.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 namespace meshrt {
@@ -22,7 +23,7 @@ namespace {
 
 std::string default_run_id() {
   for (const char* v : {"MESHRT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
-    std::string s = detail::env_or(v);
+    std::string s = env_or(v);
     if (!s.empty()) return s;
   }
   return "default";

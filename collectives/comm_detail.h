@@ -4,7 +4,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,12 +54,6 @@ std::string global_rank_label(int global_rank, int group_rank, bool in_world);
 // rank 0) did not complete within 1 s; rank 3 never arrived; the communicators were aborted".
 std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
                             const std::string& rank, double timeout_s, const std::string& missing);
-// The environment variable `name`, or `fallback` when it is unset or empty.
-inline std::string env_or(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-
 inline std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
                                    int rank, double timeout_s, const std::string& missing) {
   return timeout_message(call, group, seq, "rank " + std::to_string(rank), timeout_s, missing);

@@ -447,15 +447,17 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
         ++n;
       }
       std::set<int> slow;
-      for (auto& [w, v] : lags) {
-        if (n < 4) break;
-        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-        const int64_t median = v[v.size() / 2];
-        if (median < 25'000'000) continue;
-        findings << "  group '" << g.name << "': skew: rank " << w << " issued last in "
-                 << last_in[w] << " of " << n << " collectives, a median " << ms(median)
-                 << " after the first rank\n";
-        slow.insert(w);
+      if (n >= 4) {
+        for (auto& [w, v] : lags) {
+          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2),
+                           v.end());
+          const int64_t median = v[v.size() / 2];
+          if (median < 25'000'000) continue;
+          findings << "  group '" << g.name << "': skew: rank " << w << " issued last in "
+                   << last_in[w] << " of " << n << " collectives, a median " << ms(median)
+                   << " after the first rank\n";
+          slow.insert(w);
+        }
       }
       if (culprits.empty() && !slow.empty()) {
         culprits = slow;

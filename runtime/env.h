@@ -3,9 +3,19 @@
 // taken as a default.
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 #include "meshrt/export.h"
 
 namespace meshrt {
+
+// A free-form variable (a path, an id, a number parsed by the caller): its value, or `fallback`
+// when it is unset or empty.
+inline std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
 
 // A switch: unset or "" is off; 1, true, on, yes are on; 0, false, off, no are off (any case).
 // Anything else throws.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "mesh/checkpoint_index.h"
+#include "mesh/checkpoint_root.h"
 #include "mesh/crc32c.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
@@ -31,28 +33,15 @@ namespace {
 
 constexpr const char* kFormat = "meshrt-checkpoint";
 constexpr int kVersion = 1;
-constexpr const char* kIndex = "index.json";
-constexpr const char* kLatest = "latest";
+constexpr const char* kIndex = detail::kCheckpointIndex;
+constexpr const char* kLatest = detail::kCheckpointLatest;
 constexpr uint64_t kMaxIndexBytes = 64ull << 20;
 
-std::string step_name(int64_t step) {
-  std::ostringstream s;
-  s << "step-" << std::setw(8) << std::setfill('0') << step;
-  return s.str();
-}
-
-std::string rank_file(int rank) {
-  std::ostringstream s;
-  s << "rank-" << std::setw(5) << std::setfill('0') << rank << ".safetensors";
-  return s.str();
-}
-
-// A step-N name (digits only after the dash) as written by step_name; -1 otherwise.
-int64_t parse_step_name(const std::string& n) {
-  if (n.rfind("step-", 0) != 0 || n.size() == 5 || n.size() > 24) return -1;
-  for (size_t i = 5; i < n.size(); ++i)
-    if (n[i] < '0' || n[i] > '9') return -1;
-  return std::stoll(n.substr(5));
+std::string step_name(int64_t step) { return detail::checkpoint_step_name(step); }
+std::string rank_file(int rank) { return detail::checkpoint_rank_file(rank); }
+int64_t parse_step_name(const std::string& n) { return detail::parse_checkpoint_step_name(n); }
+std::string read_small_file(const std::string& path, uint64_t limit) {
+  return detail::read_checkpoint_file(path, limit);
 }
 
 // Host memory filled by the CPU directly (pread, stores), outside any stream's order: a caching
@@ -109,29 +98,6 @@ void write_new_file(const std::string& path, const std::string& text) {
   const bool closed = ::close(fd) == 0;
   MESHRT_CHECK(ok && closed, "checkpoint: " << (ok ? "closing " : "fsync of ") << path
                                             << " failed: " << std::strerror(ok ? errno : e));
-}
-
-// Reads a small regular file (never a device node or FIFO).
-std::string read_small_file(const std::string& path, uint64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  MESHRT_CHECK(fd >= 0, "checkpoint: cannot open " << path << ": " << std::strerror(errno));
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || static_cast<uint64_t>(sb.st_size) > limit) {
-    ::close(fd);
-    MESHRT_FAIL("checkpoint: " << path << " is not a regular file of at most " << limit
-                               << " bytes");
-  }
-  std::string s(static_cast<size_t>(sb.st_size), '\0');
-  size_t done = 0;
-  while (done < s.size()) {
-    const ssize_t r = ::read(fd, s.data() + done, s.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    done += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  MESHRT_CHECK(done == s.size(), "checkpoint: short read of " << path);
-  return s;
 }
 
 // Shard extent of a tensor on the rank at `coords` of a mesh with `dims`: shard_extent for any
@@ -239,186 +205,256 @@ void prepare_checkpoint_root(const std::string& root) {
                "--save " << root << ": directory is not writable: " << std::strerror(errno));
 }
 
-std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta, DeviceMesh& mesh,
-                            const std::vector<Param*>& params, const Optimizer* opt, int keep) {
-  Context& ctx = mesh.ctx();
-  Stream& cs = ctx.compute_stream();
-  const int rank = mesh.rank(), world = mesh.world_size();
-  const std::string name = step_name(meta.step);
-  // Rank 0 makes a temporary directory with a unique name (mkdtemp) and hands its suffix to all.
-  constexpr int kSuffix = 6;
-  std::vector<int64_t> tmpname(kSuffix + 1, 0);
-  std::string err0;
-  if (rank == 0) {
-    try {
-      prepare_checkpoint_root(root);
-      std::string templ = root + "/.tmp-" + name + "-XXXXXX";
-      MESHRT_CHECK(::mkdtemp(templ.data()), "checkpoint: cannot create a temporary directory in "
-                                                << root << ": " << std::strerror(errno));
-      // mkdtemp makes it private; the checkpoint is as readable as the root.
-      MESHRT_CHECK(::chmod(templ.c_str(), 0755) == 0,
-                   "checkpoint: chmod " << templ << ": " << std::strerror(errno));
-      for (int i = 0; i < kSuffix; ++i)
-        tmpname[static_cast<size_t>(i)] = templ[templ.size() - kSuffix + static_cast<size_t>(i)];
-      tmpname[kSuffix] = 1;
-    } catch (const std::exception& e) {
-      err0 = e.what();
-    }
-  }
-  tmpname = agree(mesh, tmpname, ReduceOp::Sum);
-  if (tmpname[kSuffix] == 0) {
-    MESHRT_CHECK(rank != 0, err0);
-    MESHRT_FAIL("checkpoint: rank 0 could not prepare " << root << " (its error says why)");
-  }
-  std::string tmp = root + "/.tmp-" + name + "-";
-  for (int i = 0; i < kSuffix; ++i)
-    tmp.push_back(static_cast<char>(tmpname[static_cast<size_t>(i)]));
+namespace {
 
-  // Every rank writes the shards it owns.
-  const auto all = saved_tensors(params, opt);
-  const auto& dims = mesh.dims();
+// Collective: when some rank's `err` is set, throws on every rank. The failing rank throws its
+// own error; the others `what` (naming the lowest failing rank) followed by that rank's error
+// text, so a thread or process that did not fail still says why.
+void agree_error(DeviceMesh& mesh, const std::string& err, const std::string& what) {
+  const int rank = mesh.rank(), world = mesh.world_size();
+  const auto f = agree(mesh, {err.empty() ? 0 : world - rank}, ReduceOp::Max);
+  if (f[0] == 0) return;
+  const int failed = world - static_cast<int>(f[0]);
+  constexpr size_t kMaxText = 2048;
+  std::vector<int64_t> text(kMaxText, 0);
+  if (rank == failed)
+    for (size_t i = 0; i < err.size() && i < kMaxText; ++i)
+      text[i] = static_cast<unsigned char>(err[i]);
+  text = agree(mesh, text, ReduceOp::Sum);
+  MESHRT_CHECK(err.empty(), err);
+  std::string msg;
+  for (int64_t c : text) {
+    if (c == 0) break;
+    msg.push_back(static_cast<char>(c));
+  }
+  if (msg.rfind("checkpoint: ", 0) == 0) msg.erase(0, 12);
+  MESHRT_FAIL("checkpoint: rank " << failed << " " << what << ": " << msg);
+}
+
+constexpr int kSuffix = 6;  // mkdtemp's XXXXXX
+
+// Rank 0: with the folder locked, removes what killed jobs left and makes this save's temporary
+// directory (a unique name from mkdtemp).
+std::string make_save_dir(const std::string& root, const std::string& name) {
+  prepare_checkpoint_root(root);
+  detail::remove_stale_checkpoint_temporaries(root);
+  std::string templ = root + "/.tmp-" + name + "-XXXXXX";
+  MESHRT_CHECK(::mkdtemp(templ.data()), "checkpoint: cannot create a temporary directory in "
+                                            << root << ": " << std::strerror(errno));
+  // mkdtemp makes it private; the checkpoint is as readable as the root.
+  MESHRT_CHECK(::chmod(templ.c_str(), 0755) == 0,
+               "checkpoint: chmod " << templ << ": " << std::strerror(errno));
+  return templ;
+}
+
+// Collective: rank 0's temporary directory name, on every rank.
+std::string share_save_dir(DeviceMesh& mesh, const std::string& root, const std::string& name,
+                           const std::string& tmp0) {
+  std::vector<int64_t> suffix(kSuffix, 0);
+  if (mesh.rank() == 0)
+    for (int i = 0; i < kSuffix; ++i)
+      suffix[static_cast<size_t>(i)] = tmp0[tmp0.size() - kSuffix + static_cast<size_t>(i)];
+  suffix = agree(mesh, suffix, ReduceOp::Sum);
+  std::string tmp = root + "/.tmp-" + name + "-";
+  for (int64_t c : suffix) tmp.push_back(static_cast<char>(c));
+  return tmp;
+}
+
+struct RankFileInfo {
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+};
+
+// This rank's shards (those it owns: one copy of each replica) and the optimizer step, to
+// tmp/rank-N.safetensors. Returns its size and checksum.
+RankFileInfo write_rank_file(const std::string& tmp, const CheckpointMeta& meta, DeviceMesh& mesh,
+                             const std::vector<Saved>& all, const Optimizer* opt) {
+  const int rank = mesh.rank();
   NamedTensors mine;
   for (const Saved& s : all)
     if (owns(s.p->placements, mesh.coords())) mine.emplace_back(s.key, s.local);
   Tensor step_t = Tensor::empty({1}, DType::i64, host_plain());
   step_t.data<int64_t>()[0] = opt ? opt->steps() : meta.step;
   mine.emplace_back("optimizer.step", step_t);
-  uint32_t crc = 0;
-  uint64_t bytes = 0;
-  std::string err;
+  RankFileInfo out;
+  const Fault fault = fault_from_env();
+  int calls = 0;
+  SafetensorsWriteOptions wo;
+  wo.durable = true;
+  wo.on_bytes = [&](const void* data, size_t n) {
+    if (fault.rank == rank && ++calls == 4) {
+      if (fault.kill) std::raise(SIGKILL);
+      MESHRT_FAIL("checkpoint: injected fault on rank " << rank << " (MESHRT_CHECKPOINT_FAULT)");
+    }
+    out.crc = crc32c(out.crc, data, n);
+    out.bytes += n;
+  };
+  save_safetensors(
+      tmp + "/" + rank_file(rank), mine, mesh.ctx().compute_stream(),
+      {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"rank", std::to_string(rank)}},
+      wo);
+  return out;
+}
+
+// The index: the meta, every rank file's size and checksum (info: ok, bytes, crc per rank) and
+// every tensor's shards.
+json build_index(const CheckpointMeta& meta, DeviceMesh& mesh, const std::vector<Saved>& all,
+                 const Optimizer* opt, const std::vector<int64_t>& info) {
+  const int world = mesh.world_size();
+  json idx;
+  idx["format"] = kFormat;
+  idx["version"] = kVersion;
+  idx["step"] = meta.step;
+  idx["run"] = meta.run;
+  idx["mesh"] = mesh.str();
+  idx["world_size"] = world;
+  json cfg = json::object();
+  for (auto& [k, v] : meta.config) cfg[k] = v;
+  idx["config"] = cfg;
+  idx["data"] = {{"seed", meta.seed},
+                 {"step", meta.step},
+                 {"note", "samples are a pure function of (seed, step, dp rank)"}};
+  idx["rng"] = {{"generator", "philox4x32-10"}, {"seed", meta.seed}, {"offset", meta.step}};
+  idx["optimizer"] = {{"step", opt ? opt->steps() : meta.step}};
+  idx["checksum"] = "crc32c";
+  json files = json::object();
+  for (int r = 0; r < world; ++r) {
+    std::ostringstream h;
+    h << std::hex << std::setw(8) << std::setfill('0')
+      << static_cast<uint32_t>(info[3 * static_cast<size_t>(r) + 2]);
+    files[rank_file(r)] = {{"bytes", info[3 * static_cast<size_t>(r) + 1]}, {"crc32c", h.str()}};
+  }
+  idx["files"] = files;
+  json tensors = json::object();
+  for (const Saved& s : all) {
+    json shards = json::array();
+    for (int r = 0; r < world; ++r) {
+      const auto c = coords_of(mesh.dims(), r);
+      if (!owns(s.p->placements, c)) continue;
+      Shape l, o;
+      extent_at(s.p->full_shape, mesh.dims(), c, s.p->placements, &l, &o);
+      shards.push_back(
+          {{"file", rank_file(r)}, {"offsets", shape_json(o)}, {"shape", shape_json(l)}});
+    }
+    json pl = json::array();
+    for (auto& p : s.p->placements) pl.push_back(p.str());
+    tensors[s.key] = {{"dtype", safetensors_dtype_name(s.local.dtype())},
+                      {"shape", shape_json(s.p->full_shape)},
+                      {"placements", pl},
+                      {"shards", shards}};
+  }
+  idx["tensors"] = tensors;
+  return idx;
+}
+
+// Rank 0: writes the index into tmp, renames tmp to root/name (a checkpoint of the same step is
+// moved aside first and retired once the new one is in place), points `latest` at it, prunes.
+void publish(const std::string& root, const std::string& tmp, const std::string& name,
+             const std::string& index, const std::string& run, int keep) {
+  const std::string final_dir = root + "/" + name;
+  const std::string id = tmp.substr(tmp.size() - kSuffix);
+  write_new_file(tmp + "/" + kIndex, index);
+  fsync_dir(tmp);
+  std::string old;
+  std::error_code ec;
+  const auto st = fs::symlink_status(final_dir, ec);
+  if (fs::exists(st)) {
+    MESHRT_CHECK(fs::is_directory(st), "checkpoint: " << final_dir
+                                                      << " exists and is not a directory; move "
+                                                         "it away to save step "
+                                                      << name);
+    old = root + "/.old-" + name + "-" + id;
+    MESHRT_CHECK(std::rename(final_dir.c_str(), old.c_str()) == 0,
+                 "checkpoint: cannot move " << final_dir << " aside: " << std::strerror(errno));
+  }
+  MESHRT_CHECK(
+      std::rename(tmp.c_str(), final_dir.c_str()) == 0,
+      "checkpoint: rename " << tmp << " -> " << final_dir << " failed: " << std::strerror(errno));
+  fsync_dir(root);
+  const std::string ptr = root + "/.latest-" + id;
+  write_new_file(ptr, name + "\n");
+  MESHRT_CHECK(
+      std::rename(ptr.c_str(), (root + "/" + kLatest).c_str()) == 0,
+      "checkpoint: cannot update " << root << "/" << kLatest << ": " << std::strerror(errno));
+  fsync_dir(root);
+  if (!old.empty()) detail::retire_replaced_checkpoint(old, final_dir);
+  detail::prune_checkpoints(root, run, keep, name);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta, DeviceMesh& mesh,
+                            const std::vector<Param*>& params, const Optimizer* opt, int keep) {
+  const int rank = mesh.rank(), world = mesh.world_size();
+  const std::string name = step_name(meta.step);
+  // Rank 0 holds the folder's lock for the save (the job's hold when it has one).
+  std::shared_ptr<CheckpointLock> lock;
+  std::string err, tmp0;
+  if (rank == 0) {
+    try {
+      MESHRT_CHECK(!meta.run.empty(), "checkpoint: no run id (CheckpointMeta::run) to save under");
+      prepare_checkpoint_root(root);
+      lock = lock_checkpoint_root(root);
+      tmp0 = make_save_dir(root, name);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  agree_error(mesh, err, "could not prepare " + root);
+  const std::string tmp = share_save_dir(mesh, root, name, tmp0);
+
+  // Every rank writes the shards it owns.
+  const auto all = saved_tensors(params, opt);
+  RankFileInfo mine;
   try {
-    const Fault fault = fault_from_env();
-    int calls = 0;
-    SafetensorsWriteOptions wo;
-    wo.durable = true;
-    wo.on_bytes = [&](const void* data, size_t n) {
-      if (fault.rank == rank && ++calls == 4) {
-        if (fault.kill) std::raise(SIGKILL);
-        MESHRT_FAIL("checkpoint: injected fault on rank " << rank << " (MESHRT_CHECKPOINT_FAULT)");
-      }
-      crc = crc32c(crc, data, n);
-      bytes += n;
-    };
-    save_safetensors(
-        tmp + "/" + rank_file(rank), mine, cs,
-        {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"rank", std::to_string(rank)}},
-        wo);
+    mine = write_rank_file(tmp, meta, mesh, all, opt);
   } catch (const std::exception& e) {
     err = e.what();
   }
   std::vector<int64_t> info(3 * static_cast<size_t>(world), 0);
   info[3 * static_cast<size_t>(rank)] = err.empty() ? 1 : 0;
-  info[3 * static_cast<size_t>(rank) + 1] = static_cast<int64_t>(bytes);
-  info[3 * static_cast<size_t>(rank) + 2] = crc;
+  info[3 * static_cast<size_t>(rank) + 1] = static_cast<int64_t>(mine.bytes);
+  info[3 * static_cast<size_t>(rank) + 2] = mine.crc;
   info = agree(mesh, info, ReduceOp::Sum);
-  int failed = -1;
-  for (int r = 0; r < world && failed < 0; ++r)
-    if (info[3 * static_cast<size_t>(r)] != 1) failed = r;
-  if (failed >= 0) {
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
-    MESHRT_CHECK(err.empty(), err);
-    MESHRT_FAIL("checkpoint: rank " << failed << " failed to write its file in " << tmp
-                                    << "; the previous checkpoint is kept");
-  }
+  bool failed = false;
+  for (int r = 0; r < world; ++r) failed |= info[3 * static_cast<size_t>(r)] != 1;
+  if (failed && rank == 0) detail::remove_checkpoint_files(tmp, /*temporaries=*/true);
+  if (failed)
+    agree_error(mesh, err,
+                "failed to write its file in " + tmp + " (the previous checkpoint is kept)");
 
   // Rank 0 writes the index, publishes the directory, then the pointer, then prunes.
-  const std::string final_dir = root + "/" + name;
   if (rank == 0) {
     try {
-      json idx;
-      idx["format"] = kFormat;
-      idx["version"] = kVersion;
-      idx["step"] = meta.step;
-      idx["mesh"] = mesh.str();
-      idx["world_size"] = world;
-      json cfg = json::object();
-      for (auto& [k, v] : meta.config) cfg[k] = v;
-      idx["config"] = cfg;
-      idx["data"] = {{"seed", meta.seed},
-                     {"step", meta.step},
-                     {"note", "samples are a pure function of (seed, step, dp rank)"}};
-      idx["rng"] = {{"generator", "philox4x32-10"}, {"seed", meta.seed}, {"offset", meta.step}};
-      idx["optimizer"] = {{"step", opt ? opt->steps() : meta.step}};
-      idx["checksum"] = "crc32c";
-      json files = json::object();
-      for (int r = 0; r < world; ++r) {
-        std::ostringstream h;
-        h << std::hex << std::setw(8) << std::setfill('0')
-          << static_cast<uint32_t>(info[3 * static_cast<size_t>(r) + 2]);
-        files[rank_file(r)] = {{"bytes", info[3 * static_cast<size_t>(r) + 1]},
-                               {"crc32c", h.str()}};
-      }
-      idx["files"] = files;
-      json tensors = json::object();
-      for (const Saved& s : all) {
-        json shards = json::array();
-        for (int r = 0; r < world; ++r) {
-          const auto c = coords_of(dims, r);
-          if (!owns(s.p->placements, c)) continue;
-          Shape l, o;
-          extent_at(s.p->full_shape, dims, c, s.p->placements, &l, &o);
-          shards.push_back(
-              {{"file", rank_file(r)}, {"offsets", shape_json(o)}, {"shape", shape_json(l)}});
-        }
-        json pl = json::array();
-        for (auto& p : s.p->placements) pl.push_back(p.str());
-        tensors[s.key] = {{"dtype", safetensors_dtype_name(s.local.dtype())},
-                          {"shape", shape_json(s.p->full_shape)},
-                          {"placements", pl},
-                          {"shards", shards}};
-      }
-      idx["tensors"] = tensors;
-      write_new_file(tmp + "/" + kIndex, idx.dump(1) + "\n");
-      fsync_dir(tmp);
-      // A checkpoint of the same step (a resumed run saving again) is replaced only once the new
-      // one is complete.
-      std::string old;
-      if (fs::exists(fs::symlink_status(final_dir))) {
-        old = root + "/.old-" + name + "-" + tmp.substr(tmp.size() - kSuffix);
-        MESHRT_CHECK(std::rename(final_dir.c_str(), old.c_str()) == 0,
-                     "checkpoint: cannot move " << final_dir << " aside: " << std::strerror(errno));
-      }
-      MESHRT_CHECK(std::rename(tmp.c_str(), final_dir.c_str()) == 0,
-                   "checkpoint: rename " << tmp << " -> " << final_dir
-                                         << " failed: " << std::strerror(errno));
-      fsync_dir(root);
-      const std::string ptr = root + "/.latest-" + tmp.substr(tmp.size() - kSuffix);
-      write_new_file(ptr, name + "\n");
-      MESHRT_CHECK(
-          std::rename(ptr.c_str(), (root + "/" + kLatest).c_str()) == 0,
-          "checkpoint: cannot update " << root << "/" << kLatest << ": " << std::strerror(errno));
-      fsync_dir(root);
-      std::error_code ec;
-      if (!old.empty()) fs::remove_all(old, ec);
-      if (keep > 0) {
-        std::vector<std::pair<int64_t, std::string>> found;
-        for (auto& e : fs::directory_iterator(root, ec)) {
-          const std::string n = e.path().filename().string();
-          const int64_t s = parse_step_name(n);
-          if (s >= 0 && n != name && e.is_directory() && fs::exists(e.path() / kIndex))
-            found.emplace_back(s, n);
-        }
-        std::sort(found.begin(), found.end());
-        // The new checkpoint counts as one of the `keep`.
-        const size_t drop = found.size() + 1 > static_cast<size_t>(keep)
-                                ? found.size() + 1 - static_cast<size_t>(keep)
-                                : 0;
-        for (size_t i = 0; i < drop && i < found.size(); ++i)
-          fs::remove_all(root + "/" + found[i].second, ec);
-      }
+      publish(root, tmp, name, build_index(meta, mesh, all, opt, info).dump(1) + "\n", meta.run,
+              keep);
     } catch (const std::exception& e) {
-      err0 = e.what();
+      err = e.what();
     }
   }
-  const auto ok = agree(mesh, {rank == 0 && err0.empty() ? 1 : 0}, ReduceOp::Sum);
-  if (ok[0] == 0) {
-    MESHRT_CHECK(rank != 0, err0);
-    MESHRT_FAIL("checkpoint: rank 0 could not publish " << final_dir << " (its error says why)");
+  agree_error(mesh, err, "could not publish " + root + "/" + name);
+  return root + "/" + name;
+}
+
+std::shared_ptr<CheckpointLock> open_checkpoint_root(const std::string& root,
+                                                     const std::string& run, bool overwrite,
+                                                     const std::string& resumed_dir,
+                                                     DeviceMesh& mesh) {
+  std::shared_ptr<CheckpointLock> lock;
+  std::string err;
+  if (mesh.rank() == 0) {
+    try {
+      prepare_checkpoint_root(root);
+      lock = lock_checkpoint_root(root);
+      check_checkpoint_root_owner(root, run, overwrite, resumed_dir);
+      detail::remove_stale_checkpoint_temporaries(root);
+    } catch (const std::exception& e) {
+      err = e.what();
+      lock.reset();
+    }
   }
-  return final_dir;
+  agree_error(mesh, err, "refused --save " + root);
+  return lock;
 }
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -569,13 +605,11 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
   // so each file is read whole once) and this rank's byte ranges into host buffers.
   const int rank = mesh.rank(), world = mesh.world_size();
   std::string err;
-  int64_t bad_file = -1;
   std::vector<Tensor> staged;
   try {
     int i = 0;
     for (auto& [f, n] : file_bytes) {
       if (i++ % world != rank) continue;
-      bad_file = i - 1;
       SafetensorsReader r(dir + "/" + f);  // also validates the header
       std::vector<char> buf(std::min<uint64_t>(n, 8ull << 20));
       uint32_t crc = 0;
@@ -593,7 +627,6 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
                                   << crc << ", index says " << file_crc.at(f) << std::dec
                                   << "): the file is corrupt");
     }
-    bad_file = -1;
     std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
     for (const Saved& s : want) {
       const IndexTensor& t = tensors.at(s.key);
@@ -619,20 +652,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
   } catch (const std::exception& e) {
     err = e.what();
   }
-  std::vector<int64_t> fail(2, 0);
-  if (!err.empty()) fail = {rank + 1, bad_file + 1};
-  fail = agree(mesh, fail, ReduceOp::Max);
-  if (fail[0] != 0) {
-    MESHRT_CHECK(err.empty(), err);
-    std::string fname = "its files";
-    if (fail[1] > 0) {
-      auto it = file_bytes.begin();
-      std::advance(it, fail[1] - 1);
-      fname = dir + "/" + it->first;
-    }
-    MESHRT_FAIL("checkpoint: rank " << fail[0] - 1 << " rejected " << fname << " of " << dir
-                                    << " (its error says why)");
-  }
+  agree_error(mesh, err, "rejected the checkpoint " + dir);
   for (size_t i = 0; i < want.size(); ++i) want[i].local.copy_(staged[i], cs);
   if (opt) opt->set_steps(idx.optimizer_step);
   cs.synchronize();
@@ -649,6 +669,19 @@ void check_shape_fits(const Shape& s, const std::string& where) {
   for (int d = 0; d < s.ndim(); ++d)
     MESHRT_CHECK(!__builtin_mul_overflow(span, std::max<int64_t>(s[d], 1), &span),
                  where << ": shape " << s.str() << " overflows 64-bit sizes");
+}
+
+// Field `name` of `j`: a non-negative integer that fits T. A float (1e20), a string, a negative
+// or too large value is refused naming the field instead of wrapping.
+template <class T>
+T index_count(const json& j, const char* name, const std::string& where) {
+  MESHRT_CHECK(j.is_object() && j.contains(name), where << ": field '" << name << "' is missing");
+  const json& v = j.at(name);
+  MESHRT_CHECK(v.is_number_unsigned() &&
+                   v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
+               where << ": field '" << name << "' is " << v.dump() << ", not an integer in [0, "
+                     << std::numeric_limits<T>::max() << "]");
+  return static_cast<T>(v.get<uint64_t>());
 }
 
 // "0000abcd": 1 to 8 hex digits, nothing else.
@@ -676,9 +709,11 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
   CheckpointIndex out;
   CheckpointMeta& got = out.meta;
   try {
-    got.step = idx.at("step").get<int64_t>();
-    got.seed = idx.at("data").at("seed").get<uint64_t>();
+    got.step = index_count<int>(idx, "step", "checkpoint: " + index_path);
+    got.seed =
+        index_count<uint64_t>(idx.at("data"), "seed", "checkpoint: " + index_path + ": data");
     got.mesh = idx.at("mesh").get<std::string>();
+    if (idx.contains("run")) got.run = idx.at("run").get<std::string>();  // older indexes have none
     MESHRT_CHECK(idx.at("config").is_object(),
                  "checkpoint: " << index_path << ": config is not an object");
     for (auto it = idx.at("config").begin(); it != idx.at("config").end(); ++it)
@@ -705,7 +740,8 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
       MESHRT_CHECK(f.find('/') == std::string::npos && f != ".." && f != "." && !f.empty() &&
                        f.find('\0') == std::string::npos,
                    "checkpoint: " << index_path << " names file '" << f << "' outside " << dir);
-      out.file_bytes[f] = it.value().at("bytes").get<uint64_t>();
+      out.file_bytes[f] = index_count<uint64_t>(it.value(), "bytes",
+                                                "checkpoint: " + index_path + ": file '" + f + "'");
       out.file_crc[f] = parse_crc(it.value().at("crc32c").get<std::string>(),
                                   "checkpoint: " + index_path + ": file '" + f + "'");
     }
@@ -733,7 +769,8 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
       }
       out.tensors[it.key()] = t;
     }
-    out.optimizer_step = idx.at("optimizer").at("step").get<int64_t>();
+    out.optimizer_step = index_count<int64_t>(idx.at("optimizer"), "step",
+                                              "checkpoint: " + index_path + ": optimizer");
   } catch (const json::exception& e) {
     MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,10 +15,11 @@
 namespace meshrt {
 
 struct MESHRT_API CheckpointOptions {
-  std::string save;    // root directory of the checkpoints ("": none are written)
-  int save_every = 0;  // > 0: also every this many steps (always at the last step)
-  int keep = 0;        // > 0: keep only the newest this many checkpoints
-  std::string resume;  // a root (its `latest`) or one checkpoint directory ("": fresh start)
+  std::string save;        // root directory of the checkpoints ("": none are written)
+  int save_every = 0;      // > 0: also every this many steps (always at the last step)
+  int keep = 0;            // > 0: keep only the newest this many checkpoints
+  std::string resume;      // a root (its `latest`) or one checkpoint directory ("": fresh start)
+  bool overwrite = false;  // write into a --save folder holding another run's checkpoints
 };
 
 // What a checkpoint records besides tensors. `config` holds the fields a resumed run must agree
@@ -27,7 +29,13 @@ struct MESHRT_API CheckpointMeta {
   uint64_t seed = 0;  // function of (seed, step, dp rank)) and, with the seed, the RNG state
   std::vector<std::pair<std::string, std::string>> config;
   std::string mesh;  // the layout it was saved from ("dp=2,tp=2"); informational on load
+  // The run lineage: drawn at a fresh start (new_checkpoint_run_id), kept by a resumed run. --keep
+  // prunes only checkpoints of this run; a --save folder holding others is refused.
+  std::string run;
 };
+
+// 16 random hex digits naming a new run lineage.
+MESHRT_API std::string new_checkpoint_run_id();
 
 // Whether the loop writes a checkpoint after finishing step `step` (1-based) of `last`:
 // every save_every steps, at the last step, and when the loop stops early.
@@ -37,10 +45,40 @@ MESHRT_API bool checkpoint_due(const CheckpointOptions& o, int step, int last, b
 // created; creates it otherwise. Messages name the path and the reason.
 MESHRT_API void prepare_checkpoint_root(const std::string& root);
 
+// A job's hold on a --save folder: an exclusive flock(2) on root/.meshrt-lock (the file stays;
+// the lock dies with the process, so a killed job never leaves a lock that blocks). The file
+// records the holder's pid and host for the message another job gets.
+class CheckpointLock;
+
+// Takes the lock of directory `root`, or shares the hold this process already has (its rank
+// threads and its saves). Throws naming the folder and the holder when another process has it.
+MESHRT_API std::shared_ptr<CheckpointLock> lock_checkpoint_root(const std::string& root);
+
+// Refuses a --save folder holding checkpoints (step-N/ with an index) of another run than `run`,
+// unless `overwrite`, or `resumed_dir` (the checkpoint a run resumes from, "" for none) is in it.
+// The message names the folder, the checkpoints found and the ways out.
+MESHRT_API void check_checkpoint_root_owner(const std::string& root, const std::string& run,
+                                            bool overwrite, const std::string& resumed_dir);
+
+// Collective: a run's start with --save. Rank 0 creates `root` when needed, locks it, checks it
+// (check_checkpoint_root_owner) and removes what killed jobs left there (only temporaries under
+// names meshrt gives them: .tmp-step-N-*, .old-step-N-*, .latest-*). Any failure throws on every
+// rank with rank 0's message. Returns the lock on rank 0 (hold it for the run), null elsewhere.
+MESHRT_API std::shared_ptr<CheckpointLock> open_checkpoint_root(const std::string& root,
+                                                                const std::string& run,
+                                                                bool overwrite,
+                                                                const std::string& resumed_dir,
+                                                                DeviceMesh& mesh);
+
 // Collective over the mesh's world. Writes root/step-<step> (each rank its shards of `params` and
 // of the optimizer's state, replicas written once) through a temporary directory unique to this
-// job, then points root/latest at it and, with keep > 0, removes older checkpoints. A rank that
-// fails or dies before the rename leaves the previous checkpoint and `latest` untouched.
+// job, then points root/latest at it and, with keep > 0, removes older checkpoints of meta.run
+// (which must be set). Rank 0 holds the folder's lock during the save (lock_checkpoint_root) and
+// first removes stale temporaries. A checkpoint of the same step is replaced; files in it that
+// meshrt did not write move into the new one. meshrt removes only files it names (index.json,
+// rank-N.safetensors, its temporaries): a pruned directory holding other files stays, without
+// its index. A rank that fails or dies before the rename leaves the previous checkpoint and
+// `latest` untouched; a failure throws on every rank with the failing rank's message.
 // Returns the checkpoint's directory.
 MESHRT_API std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
                                        DeviceMesh& mesh, const std::vector<Param*>& params,

@@ -137,6 +137,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   Optimizer opt(mesh, model.params(), cfg.optim);
   Stream& cs = ctx.compute_stream();
   // --- checkpoint: resume ---
+  const CheckpointSession checkpoints = open_checkpointing(cfg, mesh);
   const int first_step = resume_training(cfg, mesh, model.params(), opt, log);
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
@@ -247,7 +248,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---
     if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, verdict.stop))
-      save_training(cfg, st.step, mesh, model.params(), opt, log);
+      save_training(cfg, checkpoints, st.step, mesh, model.params(), opt, log);
     if (verdict.stop) break;
   }
   return out;

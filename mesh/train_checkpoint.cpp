@@ -11,6 +11,9 @@ namespace meshrt {
 
 void validate_checkpointing(const TrainConfig& cfg) {
   const CheckpointOptions& o = cfg.checkpoint;
+  MESHRT_CHECK(!o.overwrite || !o.save.empty(),
+               "train: --overwrite goes with --save DIR (it lets a run write into a folder "
+               "holding another run's checkpoints)");
   if (o.save.empty() && o.resume.empty()) return;
   // Delayed gradients and unsynchronised replicas are state a checkpoint does not hold.
   MESHRT_CHECK(cfg.grad_sync == GradSyncMode::Sync,
@@ -52,6 +55,25 @@ CheckpointMeta train_checkpoint_meta(const TrainConfig& cfg, int64_t step) {
   return m;
 }
 
+CheckpointSession open_checkpointing(const TrainConfig& cfg, DeviceMesh& mesh) {
+  CheckpointSession s;
+  const CheckpointOptions& o = cfg.checkpoint;
+  if (o.save.empty()) return s;
+  std::string resumed;
+  if (mesh.rank() == 0 && !o.resume.empty()) {
+    // A resumed run continues its checkpoint's lineage. A checkpoint that cannot be read is
+    // refused by resume_training, with the reason.
+    try {
+      resumed = resolve_checkpoint(o.resume);
+      s.run = read_checkpoint_meta(resumed, {}).run;
+    } catch (const std::exception&) {
+    }
+  }
+  if (s.run.empty()) s.run = new_checkpoint_run_id();
+  s.lock = open_checkpoint_root(o.save, s.run, o.overwrite, resumed, mesh);
+  return s;
+}
+
 int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<Param*>& params,
                     Optimizer& opt, std::ostream* log) {
   if (cfg.checkpoint.resume.empty()) return 0;
@@ -65,11 +87,14 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
   return static_cast<int>(got.step);
 }
 
-void save_training(const TrainConfig& cfg, int step, DeviceMesh& mesh,
-                   const std::vector<Param*>& params, const Optimizer& opt, std::ostream* log) {
+void save_training(const TrainConfig& cfg, const CheckpointSession& session, int step,
+                   DeviceMesh& mesh, const std::vector<Param*>& params, const Optimizer& opt,
+                   std::ostream* log) {
   auto t0 = std::chrono::steady_clock::now();
-  const std::string dir = save_checkpoint(cfg.checkpoint.save, train_checkpoint_meta(cfg, step),
-                                          mesh, params, &opt, cfg.checkpoint.keep);
+  CheckpointMeta meta = train_checkpoint_meta(cfg, step);
+  meta.run = session.run;
+  const std::string dir =
+      save_checkpoint(cfg.checkpoint.save, meta, mesh, params, &opt, cfg.checkpoint.keep);
   if (log && mesh.rank() == 0)
     *log << "checkpoint step " << step << " -> " << dir << " (" << std::fixed
          << std::setprecision(1)

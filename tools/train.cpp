@@ -84,6 +84,10 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       ->check(kPositiveInt);
   c->add_option("--keep", o.keep, "Keep only the newest N checkpoints (default all)")
       ->check(kPositiveInt);
+  c->add_flag("--overwrite", o.overwrite,
+              "Write into a --save folder that holds another run's checkpoints (replacing those "
+              "of the same step; --keep never removes the others). Without it such a folder is "
+              "refused unless --resume continues it");
   c->add_option("--resume", o.resume,
                 "Continue from a checkpoint (a --save directory or one step-N/ in it), on any "
                 "mesh; --steps counts from the start of the original run");
@@ -140,6 +144,7 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.checkpoint.save_every = o.save_every;
   c.checkpoint.keep = o.keep;
   c.checkpoint.resume = o.resume;
+  c.checkpoint.overwrite = o.overwrite;
   c.eval_every = o.eval_every;
   c.eval_batches = o.eval_batches;
   c.skip_nonfinite = o.skip_nonfinite;

@@ -23,6 +23,7 @@ struct TrainCliOptions {
   bool compare = true;       // async / local: also run synchronous DP and print the trade
   std::string save, resume;  // checkpoints (mesh/checkpoint.h)
   int save_every = 0, keep = 0;
+  bool overwrite = false;  // --overwrite: write into a folder holding another run's checkpoints
   // Real data and validation (mesh/token_data.h), non-finite steps.
   std::string data, val_data, data_dtype = "u16";
   int eval_every = 0, eval_batches = 4;

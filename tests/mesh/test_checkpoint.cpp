@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,8 @@
 #include <map>
 #include <mutex>
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "mesh/checkpoint.h"
@@ -126,16 +129,21 @@ TrainConfig base_cfg() {
   return c;
 }
 
-CheckpointMeta meta_at(int64_t step) { return train_checkpoint_meta(base_cfg(), step); }
+CheckpointMeta meta_at(int64_t step, const std::string& run = "test-run") {
+  CheckpointMeta m = train_checkpoint_meta(base_cfg(), step);
+  m.run = run;
+  return m;
+}
 
 // Trains one step on `l`, saves to `root` at `step`; returns the full tensors saved.
-Full save_on(const Layout& l, const std::string& root, int64_t step = 1, int keep = 0) {
+Full save_on(const Layout& l, const std::string& root, int64_t step = 1, int keep = 0,
+             const std::string& run = "test-run") {
   Full ref;
   std::mutex mu;
   run_ranks(l.world, [&](int r, Communicator& w, Context& ctx) {
     Rig rig(ctx, w, l, small_model());
     rig.step();
-    save_checkpoint(root, meta_at(step), rig.mesh, rig.model.params(), &rig.opt, keep);
+    save_checkpoint(root, meta_at(step, run), rig.mesh, rig.model.params(), &rig.opt, keep);
     Full f = gather_full(rig.mesh, rig.model.params(), rig.opt);
     if (r != 0) return;
     std::lock_guard<std::mutex> lk(mu);
@@ -529,16 +537,187 @@ TEST_CASE("save targets must be directories that can be created and temporary na
                     Catch::Contains("cannot create the directory"));
   prepare_checkpoint_root(root + "/a/b");
   CHECK(fs::is_directory(root + "/a/b"));
-  // Another job's temporary directory for the same step is left alone.
-  const std::string stale = root + "/ck/.tmp-step-00000001-AAAAAA";
-  fs::create_directories(stale);
-  spit(stale + "/rank-00000.safetensors", "partial");
   Full ref = save_on({2, "dp=2", false}, root + "/ck", 1);
-  CHECK(slurp(stale + "/rank-00000.safetensors") == "partial");
   require_bit_identical(load_on({1, "dp=1", false}, root + "/ck"), ref);
   // --keep 1 leaves only the newest.
   save_on({2, "dp=2", false}, root + "/ck", 2, /*keep=*/1);
   CHECK_FALSE(fs::exists(root + "/ck/step-00000001"));
   CHECK(fs::exists(root + "/ck/step-00000002/index.json"));
+  fs::remove_all(root);
+}
+
+namespace {
+
+// The names directly in `dir`, sorted.
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> v;
+  for (auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a --save folder of another run is refused unless resumed or --overwrite",
+          "[checkpoint][train][multirank]") {
+  const std::string root = scratch("reuse");
+  TrainConfig a = train_cfg("dp=2", 10);
+  a.checkpoint.save = root;
+  a.checkpoint.save_every = 5;
+  run_train(2, a);
+  REQUIRE(fs::exists(root + "/step-00000005/index.json"));
+  const auto before = snapshot(root);
+  // A fresh run into it: refused before any step, nothing touched.
+  TrainConfig b = train_cfg("dp=2", 3);
+  b.checkpoint.save = root;
+  b.checkpoint.keep = 2;
+  CHECK_THROWS_WITH(run_train(2, b),
+                    Catch::Contains("--save " + root +
+                                    " holds checkpoints of another run (step-00000005, "
+                                    "step-00000010): continue that run with --resume " +
+                                    root + ", or pass --overwrite"));
+  CHECK(snapshot(root) == before);
+  // --overwrite: this run's checkpoints go there, --keep prunes only its own.
+  fs::create_directories(root + "/step-00000002");
+  spit(root + "/step-00000002/notes.txt", "mine");
+  b.checkpoint.overwrite = true;
+  b.checkpoint.save_every = 1;
+  REQUIRE(run_train(2, b).size() == 3);
+  CHECK(slurp(root + "/latest") == "step-00000003\n");
+  CHECK(names_in(root) == std::vector<std::string>{".meshrt-lock", "latest", "step-00000002",
+                                                   "step-00000003", "step-00000005",
+                                                   "step-00000010"});
+  CHECK(slurp(root + "/step-00000005/index.json") == before.at(root + "/step-00000005/index.json"));
+  // Steps 2 and 3 are this run's newest two (its step 1 was pruned); step 2 replaced the user's
+  // directory of that name and took its file over.
+  CHECK(fs::exists(root + "/step-00000002/index.json"));
+  CHECK(slurp(root + "/step-00000002/notes.txt") == "mine");  // kept through the replacement
+  // Resuming continues the folder; --keep 1 then removes only this lineage's older files, and a
+  // directory holding a user's file stays (without its index).
+  TrainConfig c = train_cfg("dp=2", 4);
+  c.checkpoint.save = root;
+  c.checkpoint.resume = root;
+  c.checkpoint.keep = 1;
+  REQUIRE(run_train(2, c).size() == 1);
+  CHECK(names_in(root + "/step-00000002") == std::vector<std::string>{"notes.txt"});
+  CHECK_FALSE(fs::exists(root + "/step-00000003"));
+  CHECK(fs::exists(root + "/step-00000004/index.json"));
+  CHECK(fs::exists(root + "/step-00000010/index.json"));
+  CHECK(slurp(root + "/latest") == "step-00000004\n");
+  // --overwrite without --save says so.
+  TrainConfig d = train_cfg("dp=2", 4);
+  d.checkpoint.overwrite = true;
+  CHECK_THROWS_WITH(validate_train(d, 2), Catch::Contains("--overwrite goes with --save DIR"));
+  fs::remove_all(root);
+}
+
+TEST_CASE("a second job on a --save folder is refused; a killed holder leaves no lock",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("lock");
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto lock = lock_checkpoint_root(root);
+    (void)!::write(ready[1], "x", 1);
+    while (true) ::pause();
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  const std::string holder = "locked by pid " + std::to_string(child) + " on host ";
+  CHECK_THROWS_WITH(save_on({2, "dp=2", false}, root, 1),
+                    Catch::Contains("--save " + root +
+                                    ": another job is writing checkpoints "
+                                    "there (" +
+                                    root + "/.meshrt-lock is " + holder));
+  CHECK_THROWS_WITH(lock_checkpoint_root(root), Catch::Contains(holder));
+  CHECK_FALSE(fs::exists(root + "/step-00000001"));
+  ::kill(child, SIGKILL);
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  Full ref = save_on({2, "dp=2", false}, root, 1);
+  require_bit_identical(load_on({1, "dp=1", false}, root), ref);
+  fs::remove_all(root);
+}
+
+TEST_CASE("temporaries of killed saves are removed, only under meshrt's names",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("stale");
+  save_on({2, "dp=2", false}, root, 1);
+  // What kill -9 during saves leaves: temporary directories (with a rank file, a rank file's
+  // temporary), a pointer's temporary, and step 1 moved aside before its replacement arrived.
+  const std::string t1 = root + "/.tmp-step-00000002-AbC123",
+                    t2 = root + "/.tmp-step-00000003-x9Y8z7";
+  fs::create_directories(t1);
+  fs::create_directories(t2);
+  spit(t1 + "/rank-00000.safetensors", "partial");
+  spit(t1 + "/.rank-00001.safetensors.tmp-77-0-0badf00d", "partial");
+  spit(t2 + "/rank-00000.safetensors", "partial");
+  spit(t2 + "/user.txt", "not meshrt's");
+  spit(root + "/.latest-QwErTy", "step-00000002\n");
+  fs::rename(root + "/step-00000001", root + "/.old-step-00000001-ZZZZZZ");
+  spit(root + "/.tmp-notes", "a user's file with a similar name");
+  const Full ref = save_on({2, "dp=2", false}, root, 5);
+  CHECK(names_in(root) == std::vector<std::string>{".meshrt-lock", ".tmp-notes",
+                                                   ".tmp-step-00000003-x9Y8z7", "latest",
+                                                   "step-00000001", "step-00000005"});
+  CHECK(names_in(t2) == std::vector<std::string>{"user.txt"});
+  CHECK(fs::exists(root + "/step-00000001/index.json"));  // moved back
+  require_bit_identical(load_on({1, "dp=1", false}, root), ref);
+  fs::remove_all(root);
+}
+
+TEST_CASE("index numbers out of range are refused naming the file and the field", "[checkpoint]") {
+  const std::string root = scratch("numbers");
+  save_on({1, "dp=1", false}, root, 1);
+  const std::string ip = root + "/step-00000001/index.json";
+  const auto good = nlohmann::json::parse(slurp(ip));
+  auto with = [&](const std::string& ptr, const nlohmann::json& v) {
+    auto j = good;
+    j[nlohmann::json::json_pointer(ptr)] = v;
+    spit(ip, j.dump());
+  };
+  with("/step", 1e20);
+  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
+                    Catch::Contains("checkpoint: " + ip +
+                                    ": field 'step' is 1e+20, not an "
+                                    "integer in [0, 2147483647]"));
+  with("/step", -3);
+  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
+                    Catch::Contains(ip + ": field 'step' is -3"));
+  with("/data/seed", "9");
+  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
+                    Catch::Contains(ip + ": data: field 'seed' is \"9\""));
+  with("/optimizer/step", 2.5);
+  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
+                    Catch::Contains(ip + ": optimizer: field 'step' is 2.5"));
+  spit(ip, good.dump());
+  CHECK(read_checkpoint_meta(root, meta_at(0)).step == 1);
+  fs::remove_all(root);
+}
+
+TEST_CASE("every rank's error names what another rank rejected", "[checkpoint][multirank]") {
+  const std::string root = scratch("remote-error");
+  const Layout two{2, "tp=2", false};
+  save_on(two, root, 1);
+  // Rank 1 checks rank-00001's checksum; rank 0 (whose error run_ranks reports) must say why.
+  const std::string f1 = root + "/step-00000001/rank-00001.safetensors";
+  std::string bytes = slurp(f1);
+  bytes[bytes.size() / 2] ^= 0x10;
+  spit(f1, bytes);
+  std::string rank0;
+  run_ranks(2, [&](int r, Communicator& w, Context& ctx) {
+    Rig rig(ctx, w, two, small_model(77));
+    try {
+      load_checkpoint(root, meta_at(0), rig.mesh, rig.model.params(), &rig.opt);
+    } catch (const Error& e) {
+      if (r == 0) rank0 = e.what();
+    }
+  });
+  CHECK_THAT(rank0, Catch::Contains("checkpoint: rank 1 rejected the checkpoint " + root +
+                                    "/step-00000001: " + f1 + " fails its checksum"));
   fs::remove_all(root);
 }

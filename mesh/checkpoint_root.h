@@ -1,0 +1,55 @@
+// The --save folder of sharded checkpoints: the names meshrt gives what it writes there, the
+// checkpoints it holds and which run wrote them, and removing only what meshrt wrote (pruning,
+// stale temporaries of killed jobs, a checkpoint replaced by a newer one of the same step).
+// Private to mesh/ (mesh/checkpoint.h is the public side: the lock and the folder check).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace meshrt::detail {
+
+inline constexpr const char* kCheckpointIndex = "index.json";
+inline constexpr const char* kCheckpointLatest = "latest";
+inline constexpr const char* kCheckpointLockFile = ".meshrt-lock";
+
+std::string checkpoint_step_name(int64_t step);  // step-00000012
+std::string checkpoint_rank_file(int rank);      // rank-00003.safetensors
+// The step of a step-N name as checkpoint_step_name writes it; -1 for any other name.
+int64_t parse_checkpoint_step_name(const std::string& n);
+
+// Reads a small regular file (never a device node or FIFO), at most `limit` bytes.
+std::string read_checkpoint_file(const std::string& path, uint64_t limit);
+
+// The checkpoints directly in `root`: (step-N name, the run id its index records; "" when it
+// records none, "?" when the index cannot be read), sorted by step. Only step-N directories (not
+// links) that hold an index.json count.
+std::vector<std::pair<std::string, std::string>> checkpoints_in(const std::string& root);
+
+// Removes from checkpoint directory `dir` the files meshrt names there (index.json first, so a
+// half-removed directory is no checkpoint; rank-N.safetensors; with `temporaries` also the
+// temporary files of an interrupted write), then the directory when that left it empty. Other
+// files (a user's notes) and the directory holding them stay. Returns whether `dir` is gone.
+bool remove_checkpoint_files(const std::string& dir, bool temporaries);
+
+// `old` is checkpoint directory `final_dir` moved aside (.old-step-N-XXXXXX) when a checkpoint of
+// the same step replaced it: files meshrt did not write move into `final_dir` (unless a file of
+// that name is there), meshrt's are removed, then `old`. When `final_dir` does not exist (a job
+// killed between the two renames), `old` is renamed back instead.
+void retire_replaced_checkpoint(const std::string& old, const std::string& final_dir);
+
+// With the folder's lock held (so no live job is writing there): removes what killed jobs left in
+// `root`, only under names meshrt gives them: .tmp-step-N-XXXXXX directories (their meshrt files),
+// .latest-XXXXXX pointer files, and .old-step-N-XXXXXX directories (retire_replaced_checkpoint).
+// Returns how many it cleaned up.
+int remove_stale_checkpoint_temporaries(const std::string& root);
+
+// --keep: with `newest` just published, keeps the `keep` newest checkpoints of run `run` (newest
+// among them) and removes the files of older ones of that run (remove_checkpoint_files).
+// Checkpoints of other runs are never touched.
+void prune_checkpoints(const std::string& root, const std::string& run, int keep,
+                       const std::string& newest);
+
+}  // namespace meshrt::detail

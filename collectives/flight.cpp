@@ -81,11 +81,32 @@ void FlightRing::data_bad(uint64_t id, const std::vector<int>& group_ranks) {
   }
 }
 
+std::string flight_job_id(std::string_view backend) {
+  // Thread ranks share this process: its host and pid name the job.
+  if (backend == "host") {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
+    return std::string(host) + ":" + std::to_string(::getpid());
+  }
+  // Processes: an id their launcher gives every rank of one job alike.
+  for (const char* v : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"}) {
+    const char* x = std::getenv(v);
+    if (!x || !*x) continue;
+    std::string id = std::string(v) + "=" + x;
+    const char* step = std::getenv("SLURM_STEP_ID");
+    if (std::string_view(v) == "SLURM_JOB_ID" && step && *step) id += "." + std::string(step);
+    return id;
+  }
+  return "";
+}
+
 void FlightRing::set_context(int world_size, std::string_view backend, std::string_view fault) {
+  std::string job = flight_job_id(backend);
   std::lock_guard<std::mutex> lk(mu_);
   world_size_ = world_size;
   backend_ = backend;
   fault_ = fault;
+  job_ = std::move(job);
 }
 
 namespace {
@@ -117,6 +138,10 @@ std::string FlightRing::json(const std::string& reason) const {
   os << "{\"meshrt_flight\": 1, \"rank\": " << rank_ << ", \"world_size\": " << world_size_
      << ", \"backend\": ";
   json_string(os, backend_);
+  if (!job_.empty()) {
+    os << ", \"job\": ";
+    json_string(os, job_);
+  }
   os << ", \"pid\": " << getpid() << ", \"fault\": ";
   json_string(os, fault_);
   os << ", \"reason\": ";

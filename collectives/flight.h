@@ -64,8 +64,13 @@ class FlightRing {
   std::vector<FlightEntry> slots_;
   uint64_t next_ = 1;
   int world_size_ = 0;
-  std::string backend_, fault_;
+  std::string backend_, fault_, job_;
 };
+
+// The job a record comes from, equal on every rank of one job (`meshrt doctor` refuses to merge
+// records of different jobs): host:pid for thread ranks (backend "host"), else the launcher's job
+// id (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, SLURM_JOB_ID.SLURM_STEP_ID); "" when unknown.
+std::string flight_job_id(std::string_view backend);
 
 // What every communicator of one rank shares: its global rank, its ring, the fault to inject.
 struct RankState {

@@ -41,8 +41,11 @@ struct Entry {
   }
 };
 
+constexpr int kFlightVersion =
+    1;  // "meshrt_flight": the format version collectives/flight.cpp writes
+
 struct Record {
-  std::string path, backend, fault, reason;
+  std::string path, backend, fault, reason, job;
   int rank = -1, world_size = 0;
   int64_t dumped_ns = 0;
   std::vector<Entry> entries;
@@ -67,6 +70,11 @@ Record parse(const FlightFile& f) {
   }
   MESHRT_CHECK(j.is_object() && j.contains("meshrt_flight"),
                f.path << ": not a meshrt flight record (no 'meshrt_flight' field)");
+  const json& v = j.at("meshrt_flight");
+  MESHRT_CHECK(v.is_number_integer() && v.get<int64_t>() == kFlightVersion,
+               f.path << ": flight record format version " << v.dump()
+                      << "; this meshrt reads version " << kFlightVersion
+                      << " (written by another meshrt?)");
   Record r;
   r.path = f.path;
   r.rank = field<int>(j, "rank", f.path);
@@ -75,6 +83,7 @@ Record parse(const FlightFile& f) {
   r.fault = field<std::string>(j, "fault", f.path);
   r.reason = field<std::string>(j, "reason", f.path);
   r.dumped_ns = field<int64_t>(j, "dumped_ns", f.path);
+  if (j.contains("job")) r.job = field<std::string>(j, "job", f.path);
   MESHRT_CHECK(
       r.rank >= 0 && r.world_size >= 1 && r.rank < r.world_size && r.world_size <= (1 << 24),
       f.path << ": rank " << r.rank << " outside world size " << r.world_size);
@@ -118,8 +127,17 @@ std::vector<Record> parse_all(const std::vector<FlightFile>& files) {
   MESHRT_CHECK(!files.empty(), "meshrt doctor: no flight records given (meshrt-flight-*.json)");
   std::vector<Record> rs;
   std::map<int, std::string> seen;
+  std::string job, job_path;  // the first record naming its job
   for (const FlightFile& f : files) {
     Record r = parse(f);
+    if (!r.job.empty() && !job.empty())
+      MESHRT_CHECK(r.job == job, "meshrt doctor: " << job_path << " is a record of job " << job
+                                                   << " but " << f.path << " is of job " << r.job
+                                                   << ": pass the records of one job");
+    if (job.empty() && !r.job.empty()) {
+      job = r.job;
+      job_path = f.path;
+    }
     auto [it, fresh] = seen.emplace(r.rank, f.path);
     MESHRT_CHECK(fresh, "meshrt doctor: " << f.path << " and " << it->second
                                           << " are both records of rank " << r.rank

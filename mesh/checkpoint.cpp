@@ -281,6 +281,7 @@ RankFileInfo write_rank_file(const std::string& tmp, const CheckpointMeta& meta,
   int calls = 0;
   SafetensorsWriteOptions wo;
   wo.durable = true;
+  wo.what = "checkpoint";
   wo.on_bytes = [&](const void* data, size_t n) {
     if (fault.rank == rank && ++calls == 4) {
       if (fault.kill) std::raise(SIGKILL);

@@ -52,7 +52,9 @@ int dump_safetensors(const std::string& path, const DeviceMesh& mesh,
   if (mesh.rank() != 0) return 0;
   std::map<std::string, std::string> md = metadata;
   md["meshrt.mesh"] = mesh.str();
-  save_safetensors(path, full, s, md);
+  SafetensorsWriteOptions wo;
+  wo.what = "--dump";
+  save_safetensors(path, full, s, md, wo);
   return static_cast<int>(full.size());
 }
 

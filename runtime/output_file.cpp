@@ -1,14 +1,17 @@
 #include "runtime/output_file.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
 
 #include "runtime/error.h"
@@ -47,7 +50,26 @@ void check_target_kind(const std::string& target, const std::string& path,
                     << ", not a regular file; give the name of a file to (over)write");
 }
 
+// What a failed step's errno means for the user: EFBIG names the file size limit that caused it.
+std::string error_text(int err) {
+  std::string s = std::strerror(err);
+  struct rlimit rl {};
+  if (err == EFBIG && ::getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    s += " (the file size limit, ulimit -f, is " + std::to_string(rl.rlim_cur) +
+         " bytes; raise it or write less)";
+  return s;
+}
+
 }  // namespace
+
+void ignore_file_size_signal() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (::sigaction(SIGXFSZ, nullptr, &old) != 0) return;
+    if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL) std::signal(SIGXFSZ, SIG_IGN);
+  });
+}
 
 std::string resolve_output_path(const std::string& path, const std::string& what) {
   MESHRT_CHECK(!path.empty(), what << ": empty file name");
@@ -68,6 +90,7 @@ std::string resolve_output_path(const std::string& path, const std::string& what
 
 OutputFile::OutputFile(const std::string& path, std::string what, bool durable)
     : path_(path), what_(std::move(what)), durable_(durable) {
+  ignore_file_size_signal();
   target_ = resolve_output_path(path_, what_);
   check_target_kind(target_, path_, what_);
   // A unique name beside the target (the rename must not cross file systems): pid, a process-wide
@@ -106,8 +129,8 @@ void OutputFile::fail(const std::string& step, int err) {
   if (!tmp_.empty()) ::unlink(tmp_.c_str());
   const std::string tmp = tmp_;
   tmp_.clear();
-  MESHRT_FAIL(what_ << " " << path_ << ": " << step << " " << tmp
-                    << " failed: " << std::strerror(err) << "; nothing was written to " << target_);
+  MESHRT_FAIL(what_ << " " << path_ << ": " << step << " " << tmp << " failed: " << error_text(err)
+                    << "; nothing was written to " << target_);
 }
 
 void OutputFile::write(const void* data, size_t n) {

@@ -21,7 +21,9 @@ namespace meshrt {
 //   is refused before anything is written;
 // - every write, the fsync (when durable) and the close are checked: a failure throws an Error
 //   naming `what`, the file and the errno text, and removes the temporary file. So does
-//   destruction without commit().
+//   destruction without commit(). A file size limit (`ulimit -f`) is such a failure too: the
+//   constructor calls ignore_file_size_signal(), so write() fails with EFBIG, and the message
+//   names the limit.
 // `what` names the file in messages: a flag ("--json") or a role ("checkpoint").
 class MESHRT_API OutputFile {
  public:
@@ -48,6 +50,12 @@ class MESHRT_API OutputFile {
   bool durable_ = false;
   int fd_ = -1;
 };
+
+// SIGXFSZ (a write past `ulimit -f`) kills the process by default, leaving temporary files
+// behind. Once per process, if its action is still the default, this ignores it: the write fails
+// with EFBIG instead, and the writer reports it like a full disk. A handler the program installed
+// is left alone.
+MESHRT_API void ignore_file_size_signal();
 
 // Writes `text` to `path` as OutputFile does, in one call.
 MESHRT_API void write_output_file(const std::string& path, std::string_view text,

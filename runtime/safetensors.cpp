@@ -86,7 +86,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, Stre
   stream.synchronize();
   std::string hs = header.dump();
   while (hs.size() % 8) hs.push_back(' ');
-  OutputFile f(path, "save_safetensors", options.durable);
+  OutputFile f(path, options.what, options.durable);
   auto put = [&](const void* data, size_t n) {
     if (options.on_bytes) options.on_bytes(data, n);
     f.write(data, n);

@@ -24,6 +24,8 @@ struct MESHRT_API SafetensorsWriteOptions {
   bool durable = false;
   // Sees every byte written, in file order (checksums without reading the file back).
   std::function<void(const void* data, size_t n)> on_bytes;
+  // Names the file in error messages: the flag or role it was written for ("--dump").
+  std::string what = "save_safetensors";
 };
 
 // The safetensors name of a dtype: "F32", "BF16", "F16", "I32", "I64", "U8".

@@ -1,14 +1,63 @@
 #include "tools/doctor.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "collectives/flight_doctor.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 
 namespace meshrt::cli {
+
+namespace {
+
+// A flight record holds a ring of a few thousand entries (a few MB); anything far larger is not
+// one, and reading it whole would only grow memory.
+constexpr uint64_t kMaxRecordBytes = 256ull << 20;
+
+// Reads a record: a regular file of at most kMaxRecordBytes (a FIFO, a device such as /dev/zero or
+// a directory is refused before any read; O_NONBLOCK so that opening a FIFO cannot block). Fills
+// `id` with the file's device and inode (to refuse --trace over an input).
+std::string read_record(const std::string& p, struct stat* id) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  MESHRT_CHECK(fd >= 0, "meshrt doctor: cannot read " << p << ": " << std::strerror(errno));
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+      static_cast<uint64_t>(sb.st_size) > kMaxRecordBytes) {
+    const bool reg = S_ISREG(sb.st_mode);
+    ::close(fd);
+    MESHRT_FAIL("meshrt doctor: " << p << " is "
+                                  << (reg ? std::to_string(sb.st_size) +
+                                                " bytes, more than a flight record (at most " +
+                                                std::to_string(kMaxRecordBytes) + ")"
+                                          : std::string("not a regular file"))
+                                  << "; pass the meshrt-flight-<rank>.json files the ranks wrote");
+  }
+  std::string s(static_cast<size_t>(sb.st_size), '\0');
+  size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t r = ::read(fd, s.data() + done, s.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int e = errno;
+      ::close(fd);
+      MESHRT_FAIL("meshrt doctor: reading " << p << " failed: " << std::strerror(e));
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  s.resize(done);  // a file that shrank while read: what it holds now
+  *id = sb;
+  return s;
+}
+
+}  // namespace
 
 CLI::App* add_doctor_command(CLI::App& app, DoctorCliOptions& o) {
   auto* c = app.add_subcommand(
@@ -22,24 +71,24 @@ CLI::App* add_doctor_command(CLI::App& app, DoctorCliOptions& o) {
 }
 
 int run_doctor(const DoctorCliOptions& o, std::ostream& os) {
+  if (!o.trace.empty()) check_output_path(o.trace, "--trace");
+  struct stat out {};
+  const bool out_exists = !o.trace.empty() && ::stat(o.trace.c_str(), &out) == 0;
   std::vector<detail::FlightFile> files;
   for (const std::string& p : o.files) {
-    std::ifstream f(p, std::ios::binary);
-    MESHRT_CHECK(f.good(), "cannot read " << p << ": " << std::strerror(errno));
-    std::ostringstream s;
-    s << f.rdbuf();
-    MESHRT_CHECK(!f.bad(), "reading " << p << " failed: " << std::strerror(errno));
-    files.push_back({p, s.str()});
+    struct stat in {};
+    std::string text = read_record(p, &in);
+    // By identity, not by name: a link or another spelling of the same file counts.
+    MESHRT_CHECK(!out_exists || in.st_dev != out.st_dev || in.st_ino != out.st_ino,
+                 "meshrt doctor: --trace " << o.trace << " is the input " << p
+                                           << "; writing the trace would replace the record: "
+                                              "give --trace another file");
+    files.push_back({p, std::move(text)});
   }
   const detail::DoctorReport rep = detail::flight_diagnose(files);
   os << rep.text;
   if (!o.trace.empty()) {
-    const std::string t = detail::flight_trace(files);
-    std::ofstream f(o.trace, std::ios::binary | std::ios::trunc);
-    MESHRT_CHECK(f.good(), "cannot write " << o.trace << ": " << std::strerror(errno));
-    f.write(t.data(), static_cast<std::streamsize>(t.size()));
-    f.close();
-    MESHRT_CHECK(f.good(), "writing " << o.trace << " failed: " << std::strerror(errno));
+    write_output_file(o.trace, detail::flight_trace(files), "--trace");
     os << "wrote " << o.trace << " (open it in ui.perfetto.dev)\n";
   }
   return 0;

@@ -11,6 +11,7 @@
 
 #include "bench/common/stats.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 
 namespace meshrt {
 
@@ -71,12 +72,12 @@ json prediction_json(const Prediction& p) {
           {"overflow_bytes", p.overflow_bytes}};
 }
 
-void write_file(const std::string& path, const std::string& text, std::ostream& out) {
-  std::ofstream f(path);
-  MESHRT_CHECK(f, "cannot write " << path << "; check the directory exists and is writable");
-  f << text;
-  f.close();
-  MESHRT_CHECK(f, "writing " << path << " failed (disk full?)");
+// Through runtime/output_file.h like every other report: a temporary file renamed over the
+// target, so a full disk or `ulimit -f` leaves the previous file whole; a non-regular target
+// (/dev/null, a FIFO, a directory) is refused.
+void write_file(const std::string& path, const std::string& text, const std::string& what,
+                std::ostream& out) {
+  write_output_file(path, text, what);
   out << "wrote " << path << "\n";
 }
 
@@ -147,7 +148,7 @@ int run_table(const PlanOptions& o, std::ostream& out) {
       j["configs"].push_back(c);
     }
     j["why"] = why;
-    write_file(o.json_path, j.dump(2) + "\n", out);
+    write_file(o.json_path, j.dump(2) + "\n", "--json", out);
   }
   return 0;
 }
@@ -171,6 +172,9 @@ void check_plan_options(const PlanOptions& o) {
   MESHRT_CHECK(o.top >= 0, "--top " << o.top << " must be >= 0");
   MESHRT_CHECK(!o.buckets.empty(), "--bucket-mb needs at least one size");
   for (double b : o.buckets) MESHRT_CHECK(b > 0, "--bucket-mb " << b << " must be positive");
+  check_output_path(o.json_path, "--json");
+  check_output_path(o.calibrate_path, "--calibrate");
+  check_distinct_outputs({{"--json", o.json_path}, {"--calibrate", o.calibrate_path}});
 }
 
 namespace {
@@ -348,13 +352,13 @@ int run_plan(const PlanOptions& o, std::ostream& out) {
     if (!o.model.empty()) m = plan::parse_model_spec(o.model);
     m.dtype = o.dtype;
     ClusterSpec c = calibrate_cluster(m, o.devices, out);
-    write_file(o.calibrate_path, plan::cluster_to_json(c), out);
+    write_file(o.calibrate_path, plan::cluster_to_json(c), "--calibrate", out);
     return 0;
   }
   if (!o.compare_path.empty()) {
     const std::string summary =
         compare_with_sweep(o.compare_path, o.cluster, out, o.compare_memory_path);
-    if (!o.json_path.empty()) write_file(o.json_path, summary + "\n", out);
+    if (!o.json_path.empty()) write_file(o.json_path, summary + "\n", "--json", out);
     return 0;
   }
   return run_table(o, out);

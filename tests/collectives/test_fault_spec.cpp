@@ -213,6 +213,39 @@ TEST_CASE("doctor: files that are not flight records are refused naming the file
                     Catch::Contains("are both records of rank 0"));
 }
 
+// Replaces `"key": <value>` in a record's text (values the tests set contain no comma or brace).
+std::string with_field(std::string text, const std::string& key, const std::string& value) {
+  const std::string k = "\"" + key + "\": ";
+  const size_t p = text.find(k);
+  REQUIRE(p != std::string::npos);
+  const size_t from = p + k.size(), to = text.find_first_of(",}", from);
+  return text.replace(from, to - from, value);
+}
+
+TEST_CASE("doctor: records of another job or format version are refused naming both", "[unit]") {
+  FlightFile r0 = record(0, 2, 1, false), r1 = record(1, 2, 1, false);
+  // Thread ranks of one process: the job is host:pid.
+  CHECK(r0.text.find("\"job\": \"") != std::string::npos);
+  CHECK_NOTHROW(flight_diagnose({r0, r1}));
+  const std::string job = r0.text.substr(r0.text.find("\"job\": ") + 7,
+                                         r0.text.find(", \"pid\"") - r0.text.find("\"job\": ") - 7);
+  FlightFile other{"other.json", with_field(r1.text, "job", "\"SLURM_JOB_ID=77.0\"")};
+  CHECK_THROWS_WITH(flight_diagnose({r0, other}),
+                    Catch::Contains("meshrt doctor: rank0.json is a record of job " +
+                                    job.substr(1, job.size() - 2) +
+                                    " but other.json is of job SLURM_JOB_ID=77.0: pass the "
+                                    "records of one job"));
+  FlightFile v99{"v99.json", with_field(r1.text, "meshrt_flight", "99")};
+  CHECK_THROWS_WITH(flight_diagnose({r0, v99}),
+                    Catch::Contains("v99.json: flight record format version 99; this meshrt "
+                                    "reads version 1"));
+  // Records without a job (older ones, or a launcher that names none) still merge.
+  FlightFile nojob{"nojob.json", r1.text};
+  const size_t p = nojob.text.find(", \"job\": ");
+  nojob.text.erase(p, nojob.text.find(", \"pid\"") - p);
+  CHECK_NOTHROW(flight_diagnose({r0, nojob}));
+}
+
 TEST_CASE("config check: differing fields are named with every rank's value", "[unit]") {
   using F = std::vector<std::pair<std::string, std::string>>;
   CHECK(config_mismatch({F{{"hidden", "64"}}, F{{"hidden", "64"}}}, "meshrt train").empty());

@@ -1,5 +1,6 @@
 // The `meshrt` binary: bad flags and impossible configurations fail with a message saying what to
 // change; tiny benchmark runs write JSON, traces, dumps and sweeps with the promised content.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
@@ -431,10 +432,129 @@ TEST_CASE("outputs refuse device nodes and shared files, follow links, and fail 
     INFO(flag << ": " << e);
     CHECK(WIFEXITED(st));
     CHECK(WEXITSTATUS(st) == 1);
-    CHECK(e.find("File too large; nothing was written to " + (dir / "x").string()) !=
-          std::string::npos);
+    // /bin/sh counts ulimit -f in blocks of 512 (dash) or 1024 (bash) bytes.
+    CHECK(e.find("File too large (the file size limit, ulimit -f, is ") != std::string::npos);
+    CHECK(e.find(" bytes; raise it or write less); nothing was written to " +
+                 (dir / "x").string()) != std::string::npos);
     CHECK(fs::is_empty(dir));
   }
+}
+
+namespace {
+
+// `meshrt <args>` under `ulimit -f 1` (1024 bytes) with the default SIGXFSZ action, stdout
+// discarded (it would hit the limit too).
+Run cli_file_limit(const std::string& args) {
+  const fs::path err = scratch() / "limit.err";
+  const std::string cmd = "bash -c 'ulimit -f 1; exec " + std::string(MESHRT_CLI_BIN) + " " + args +
+                          "' >/dev/null 2>" + err.string();
+  const int st = std::system(cmd.c_str());
+  Run r;
+  r.signaled = WIFSIGNALED(st);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = slurp(err);
+  return r;
+}
+
+const std::string kPlanArgs =
+    "plan --model hidden=256,heads=4,ffn=1024,layers=2,seq=128 --global-batch 16 --cluster "
+    "h100-sxm:8";
+
+}  // namespace
+
+TEST_CASE("a file size limit fails every output like a full disk, leaving the old file",
+          "[multirank]") {
+  const std::string shape =
+      "--devices cpu:2 --seq 32 --hidden 64 --heads 4 --steps 1 --warmup 0 --no-calibrate";
+  const fs::path dir = scratch() / "fsize";
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"bench block " + shape, "--json"},
+      {"bench block " + shape, "--trace"},
+      {"bench block " + shape, "--dump"},
+      {"sweep --devices cpu:2 --seq 32 --hidden 64 --heads 4 --batches 1,2 --steps 1 --warmup 0",
+       "--json"},
+      {kPlanArgs, "--json"}};
+  for (const auto& [args, flag] : runs) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const fs::path out = dir / "out";
+    std::ofstream(out) << "previous";
+    Run r = cli_file_limit(args + " " + flag + " " + out.string());
+    INFO(args << " " << flag << ": " << r.err);
+    CHECK_FALSE(r.signaled);
+    CHECK(r.rc == 1);  // not 128 + SIGXFSZ (153)
+    CHECK(r.err.find(flag + " " + out.string() + ": writing") != std::string::npos);
+    CHECK(r.err.find("File too large (the file size limit, ulimit -f, is 1024 bytes") !=
+          std::string::npos);
+    CHECK(slurp(out) == "previous");
+    size_t n = 0;
+    for (auto& e : fs::directory_iterator(dir)) n += e.path() != out;
+    CHECK(n == 0);  // no temporary left
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("plan --json and --calibrate refuse non-regular targets before running", "[unit]") {
+  const fs::path fifo = scratch() / "plan.fifo";
+  fs::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::string& flag : {std::string("--json"), std::string("--calibrate")}) {
+    Run r = cli(kPlanArgs + " " + flag + " /dev/null");
+    INFO(r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.err.find(flag + " /dev/null is a character device, not a regular file") !=
+          std::string::npos);
+    CHECK(r.out.find("wrote") == std::string::npos);
+    r = cli(kPlanArgs + " " + flag + " " + fifo.string());  // no hang
+    CHECK(r.rc == 1);
+    CHECK(r.err.find(flag + " " + fifo.string() + " is a FIFO") != std::string::npos);
+  }
+  const fs::path js = scratch() / "plan.json";
+  Run r = cli(kPlanArgs + " --json " + js.string());
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("wrote " + js.string()) != std::string::npos);
+  CHECK(json::parse(slurp(js)).is_object());
+  r = cli(kPlanArgs + " --calibrate " + js.string() + " --json " + js.string());
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("name the same file") != std::string::npos);
+  fs::remove(fifo);
+  fs::remove(js);
+}
+
+TEST_CASE("doctor refuses FIFOs, devices and a --trace over its own input", "[unit]") {
+  const fs::path rec = scratch() / "doctor-rank0.json", link = scratch() / "doctor-link.json";
+  const std::string text =
+      "{\"meshrt_flight\": 1, \"rank\": 0, \"world_size\": 1, \"backend\": \"host\", "
+      "\"fault\": \"\", \"reason\": \"test\", \"dumped_ns\": 0, \"entries\": []}\n";
+  std::ofstream(rec) << text;
+  fs::remove(link);
+  fs::create_symlink(rec, link);
+  for (const fs::path& out : {rec, link}) {
+    Run r = cli("doctor " + rec.string() + " --trace " + out.string());
+    INFO(r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.err.find("--trace " + out.string() + " is the input " + rec.string()) !=
+          std::string::npos);
+    CHECK(slurp(rec) == text);
+  }
+  const fs::path fifo = scratch() / "doctor.fifo";
+  fs::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::string& in : {fifo.string(), std::string("/dev/zero")}) {
+    Run r = cli("doctor " + in);  // neither hangs nor reads without end
+    INFO(r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.err.find("meshrt doctor: " + in + " is not a regular file") != std::string::npos);
+  }
+  Run r = cli("doctor " + rec.string() + " --trace /dev/null");
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("--trace /dev/null is a character device") != std::string::npos);
+  const fs::path tr = scratch() / "doctor-trace.json";
+  r = cli("doctor " + rec.string() + " --trace " + tr.string());
+  INFO(r.err);
+  CHECK(r.rc == 0);
+  CHECK(json::parse(slurp(tr)).is_object());
+  fs::remove(fifo);
 }
 
 TEST_CASE("a tiny sweep covers every factorisation and writes JSON and a PNG", "[multirank]") {

@@ -21,7 +21,11 @@ echo "killed run (rank 1 dies writing step 3):"; grep -E '^step|checkpoint' "$di
 ls -a "$dir/ck"
 [ "$(cat "$dir/ck/latest")" = step-00000002 ] || { echo "latest moved"; exit 1; }
 [ ! -e "$dir/ck/step-00000003" ] || { echo "a partial step-00000003 was published"; exit 1; }
-resumed=$("$@" -np 2 "$meshrt" $args --steps 4 --devices cpu --resume "$dir/ck" 2>/dev/null | losses)
+ls -a "$dir/ck" | grep -q '^\.tmp-step-00000003-' || { echo "no temporary of the kill"; exit 1; }
+# The next run on the folder (holding its lock) removes what the killed job left.
+resumed=$("$@" -np 2 "$meshrt" $args --steps 4 --devices cpu --resume "$dir/ck" --save "$dir/ck" \
+  2>/dev/null | losses)
+if ls -a "$dir/ck" | grep -q '^\.tmp-'; then echo "stale temporaries left:"; ls -a "$dir/ck"; exit 1; fi
 echo "uninterrupted:"; echo "$full"
 echo "resumed from step 2:"; echo "$resumed"
 [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -n 2)" ]

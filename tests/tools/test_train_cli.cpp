@@ -250,3 +250,29 @@ TEST_CASE("a second signal exits at once", "[train][multirank]") {
   CHECK_THAT(out, Catch::Contains("second signal: exiting now"));
   CHECK_THAT(out, !Catch::Contains("\ntrain: "));  // no summary: it did not finish the step
 }
+
+TEST_CASE("train refuses a --save folder of another run without --overwrite", "[multirank]") {
+  const fs::path dir = train_scratch() / "reused";
+  fs::remove_all(dir);
+  const std::string base = "train --devices cpu:2 " + kSmall + " --save " + dir.string();
+  Run r = train_cli(base + " --steps 2");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  r = train_cli(base + " --steps 1 --keep 1");
+  CHECK(r.rc == 1);
+  CHECK_THAT(r.err, Catch::Contains("--save " + dir.string() +
+                                    " holds checkpoints of another run (step-00000002): "
+                                    "continue that run with --resume " +
+                                    dir.string() + ", or pass --overwrite"));
+  CHECK(r.out.find("step ") == std::string::npos);  // before any step
+  CHECK(fs::exists(dir / "step-00000002" / "index.json"));
+  r = train_cli(base + " --steps 1 --keep 1 --overwrite");
+  INFO(r.err);
+  CHECK(r.rc == 0);
+  CHECK(slurp(dir / "latest") == "step-00000001\n");
+  CHECK(fs::exists(dir / "step-00000002" / "index.json"));  // another run's: never pruned
+  r = train_cli(base + " --steps 3 --resume " + dir.string());
+  CHECK(r.rc == 0);
+  CHECK(slurp(dir / "latest") == "step-00000003\n");
+  fs::remove_all(dir);
+}

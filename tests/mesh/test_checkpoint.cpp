@@ -611,7 +611,7 @@ TEST_CASE("a --save folder of another run is refused unless resumed or --overwri
   fs::remove_all(root);
 }
 
-TEST_CASE("a second job on a --save folder is refused; a killed holder leaves no lock",
+TEST_CASE("a second job on a --save folder is refused, and a killed holder leaves no lock",
           "[checkpoint][multirank]") {
   const std::string root = scratch("lock");
   int ready[2];

@@ -246,6 +246,14 @@ std::shared_ptr<CheckpointLock> lock_checkpoint_root(const std::string& root) {
     const int e = errno;
     char buf[256] = {};
     const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    // A file system without locks (some network mounts): saving still works, unguarded.
+    if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS) {
+      auto p = std::make_shared<CheckpointLock>(fd, root);
+      held[key] = p;
+      MESHRT_LOG_WARN("--save " << root << ": cannot lock " << path << " (" << std::strerror(e)
+                                << "): a second job on this folder would not be refused");
+      return p;
+    }
     ::close(fd);
     std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
@@ -281,7 +289,11 @@ void check_checkpoint_root_owner(const std::string& root, const std::string& run
   if (foreign.empty()) return;
   // Resuming from a checkpoint in this folder continues it, whoever wrote the others.
   std::error_code ec;
-  if (!resumed_dir.empty() && fs::equivalent(fs::path(resumed_dir).parent_path(), root, ec)) return;
+  if (!resumed_dir.empty()) {
+    fs::path r = fs::absolute(resumed_dir, ec).lexically_normal();
+    if (!r.has_filename()) r = r.parent_path();  // a trailing '/'
+    if (fs::equivalent(r.parent_path(), root, ec)) return;
+  }
   std::string names;
   for (size_t i = 0; i < foreign.size() && i < 4; ++i) names += (i ? ", " : "") + foreign[i];
   if (foreign.size() > 4) names += ", ... (" + std::to_string(foreign.size()) + " in all)";

@@ -82,7 +82,10 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
                 "index.json) and a 'latest' pointer; written at the last step");
   c->add_option("--save-every", o.save_every, "Also write a checkpoint every N steps")
       ->check(kPositiveInt);
-  c->add_option("--keep", o.keep, "Keep only the newest N checkpoints (default all)")
+  c->add_option("--keep", o.keep,
+                "Keep only the newest N checkpoints of this run (default all); meshrt removes only "
+                "the files "
+                "it wrote")
       ->check(kPositiveInt);
   c->add_flag("--overwrite", o.overwrite,
               "Write into a --save folder that holds another run's checkpoints (replacing those "

@@ -120,7 +120,12 @@ TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda][s
       r.same(y, tol_for(dt, 1e-5), "gelu fwd " + tag, 0.01);
       ops::bias_gelu_bwd(r.host.ctx, r.host.s(), dy.h, a.h, &bias.h, dx.h, &db.h, kind);
       ops::bias_gelu_bwd(r.gpu, r.gs(), dy.d, a.d, &bias.d, dx.d, &db.d, kind);
-      r.same(dx, tol_for(dt, 1e-5), "gelu bwd dx " + tag, 0.01);
+      // GeLU' crosses zero near x = -0.75 as the difference of two ~0.23 terms, so f32 dx there
+      // holds a few ulp of 0.23 (~3e-8 |dy|) whatever the value; host (polynomial exp) and GPU
+      // (expf / erff, FMA contraction) round differently. With a 0.01 rms floor that error is
+      // up to ~1x the f32 tolerance (a libm-vs-host emulation measured 0.41 at [129, 1000]); 0.05
+      // cuts that ~5x and still fails a wrong derivative (an O(1) relative error) by ~1e4.
+      r.same(dx, tol_for(dt, 1e-5), "gelu bwd dx " + tag, 0.05);
       r.same(db, tol_for(dt, 1e-4), "gelu bwd dbias " + tag, 0.05);
     }
     Pair y = r.empty(s, dt);

@@ -51,7 +51,7 @@ finish() {
 # -Werror, Ninja, no ccache) 120-240 s, ctest -L cuda 60-100 s, each sanitizer pass 15-30 s,
 # the benchmarks ~10-20 s each, nsys ~15 s.
 declare -A SHARE=(
-  [probe]=2 [configure]=5 [build]=42 [info]=2 [ctest]=20 [memcheck]=7 [racecheck]=8
+  [probe]=4 [configure]=5 [build]=40 [info]=2 [ctest]=20 [memcheck]=7 [racecheck]=8
   [bench_bf16]=4 [bench_f32]=2 [bench_block]=4 [nsys]=3 [nsys_stats]=1
 )
 SHARES_TOTAL=0
@@ -71,12 +71,12 @@ take_budget() {
 # whichever is longer, cut to the time left keeping 10 s to write the summary; output to a log
 # file; records the outcome in the summary.
 step() {
-  local name=$1 logf=$3
-  take_budget "$2"
+  local name=$1 budget=$2 logf=$3
+  take_budget "$budget"
   shift 3
   local limit remain own
   limit=$((start + DEADLINE * budget_end / 100 - $(date +%s)))
-  own=$((DEADLINE * SHARE[$2] / 100))
+  own=$((DEADLINE * SHARE[$budget] / 100))
   [ "$limit" -lt "$own" ] && limit=$own
   remain=$(($(left) - 10))
   [ "$limit" -gt "$remain" ] && limit=$remain

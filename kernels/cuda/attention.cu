@@ -76,9 +76,10 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
   const AttnArgs a = args_of(q, k, scale, causal);
   const cudaStream_t st = native(s);
   if (a.sq == 0) {
-    // No queries: the keys and values get no gradient.
-    MESHRT_CUDA_CHECK(cudaMemsetAsync(dk.data_ptr(), 0, dk.nbytes(), st));
-    MESHRT_CUDA_CHECK(cudaMemsetAsync(dv.data_ptr(), 0, dv.nbytes(), st));
+    // No queries: the keys and values get no gradient (nothing to clear when there are no keys
+    // either: an empty tensor may have no storage, and a null pointer is not passed to CUDA).
+    if (dk.nbytes() > 0) MESHRT_CUDA_CHECK(cudaMemsetAsync(dk.data_ptr(), 0, dk.nbytes(), st));
+    if (dv.nbytes() > 0) MESHRT_CUDA_CHECK(cudaMemsetAsync(dv.data_ptr(), 0, dv.nbytes(), st));
     return;
   }
   const bool flash = use_flash(q, {&q, &k, &v, &dout, &dq, &dk, &dv});

@@ -83,30 +83,46 @@ double tol_for(DType dt, double f32_tol) {
   }
 }
 
-void check_close(const Vec& got, const Vec& ref, double tol, const std::string& what,
-                 double floor_frac) {
+RelError rel_error(const Vec& got, const Vec& ref, const Floor& f) {
   REQUIRE(got.size() == ref.size());
-  double ss = 0;
-  for (double r : ref) ss += r * r;
-  double floor = ref.empty() ? 0 : std::sqrt(ss / static_cast<double>(ref.size())) * floor_frac;
-  floor = std::max(floor, 1e-30);
-  double worst = 0;
-  size_t wi = 0;
-  bool bad_nan = false;
+  auto rms = [&](size_t from, size_t n) {
+    double ss = 0;
+    for (size_t i = from; i < from + n; ++i) ss += ref[i] * ref[i];
+    return n == 0 ? 0.0 : std::sqrt(ss / static_cast<double>(n));
+  };
+  const size_t row = f.row_len > 0 ? static_cast<size_t>(f.row_len) : ref.size();
+  REQUIRE(ref.size() % std::max<size_t>(row, 1) == 0);
+  const double global = rms(0, ref.size()) * f.rms_frac + f.abs;
+  RelError r;
+  double floor = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i]) != std::isnan(ref[i])) bad_nan = true;
+    if (i % row == 0)
+      floor = std::max(global + (f.row_len > 0 ? rms(i, row) * f.row_frac : 0), 1e-30);
+    if (std::isnan(got[i]) != std::isnan(ref[i])) r.nan_mismatch = true;
     if (std::isnan(ref[i])) continue;
     double e = std::abs(got[i] - ref[i]) / (std::abs(ref[i]) + floor);
-    if (!(e <= worst)) {
-      worst = e;
-      wi = i;
+    if (!(e <= r.worst)) {
+      r.worst = e;
+      r.at = i;
     }
   }
-  INFO(what << ": worst relative error " << worst << " at index " << wi << " (got "
+  return r;
+}
+
+void check_close(const Vec& got, const Vec& ref, double tol, const std::string& what,
+                 const Floor& f) {
+  const RelError r = rel_error(got, ref, f);
+  const size_t wi = r.at;
+  INFO(what << ": worst relative error " << r.worst << " at index " << wi << " (got "
             << (got.empty() ? 0 : got[wi]) << ", want " << (ref.empty() ? 0 : ref[wi])
             << "), tolerance " << tol << ", n=" << got.size());
-  CHECK(!bad_nan);
-  CHECK(worst <= tol);
+  CHECK(!r.nan_mismatch);
+  CHECK(r.worst <= tol);
+}
+
+void check_close(const Vec& got, const Vec& ref, double tol, const std::string& what,
+                 double floor_frac) {
+  check_close(got, ref, tol, what, Floor{floor_frac});
 }
 
 double dot(const Vec& a, const Vec& b) {

@@ -57,10 +57,30 @@ void write(Host& h, const Tensor& t, const Vec& values);
 // Relative tolerance of a result stored as dt (f32 results get `f32_tol`).
 double tol_for(DType dt, double f32_tol = 2e-5);
 
+// The floor of a relative comparison: rms(ref) * rms_frac + abs, plus, with row_len > 0, the rms
+// of the element's row (row_len consecutive elements) times row_frac.
+struct Floor {
+  double rms_frac = 0.1;
+  double abs = 0;
+  int64_t row_len = 0;
+  double row_frac = 0;
+};
+
+// The worst |got - ref| / (|ref| + floor) over the elements (floor at least 1e-30), where it is,
+// and whether got and ref disagree on which elements are NaN.
+struct RelError {
+  double worst = 0;
+  size_t at = 0;
+  bool nan_mismatch = false;
+};
+RelError rel_error(const Vec& got, const Vec& ref, const Floor& f);
+
 // Checks |got - ref| <= tol * (|ref| + floor) elementwise, where floor = rms(ref) * floor_frac
-// (absorbs cancellation near zero). Reports the worst element.
+// (absorbs cancellation near zero), or as `f` says. Reports the worst element.
 void check_close(const Vec& got, const Vec& ref, double tol, const std::string& what,
                  double floor_frac = 0.1);
+void check_close(const Vec& got, const Vec& ref, double tol, const std::string& what,
+                 const Floor& f);
 
 double dot(const Vec& a, const Vec& b);
 double norm(const Vec& a);

@@ -1,6 +1,7 @@
 // Row softmax and fused causal attention: double references and finite differences.
 #include <cmath>
 
+#include "attention_twin.h"
 #include "helpers.h"
 
 using namespace kt;
@@ -56,66 +57,6 @@ TEST_CASE("softmax_rows backward matches finite differences", "[softmax][fd]") {
 
 namespace {
 
-struct AttnRef {
-  Vec out, lse, dq, dk, dv;
-};
-
-// Naive attention in double over [bh, s, d] heads.
-// D_i = dO_i . O_i uses `o_stored` when given: the kernel's (rounded) output, as training does.
-AttnRef attn_ref(const Vec& q, const Vec& k, const Vec& v, const Vec& dout, int64_t bh, int64_t sq,
-                 int64_t sk, int64_t d, double scale, bool causal, const Vec* o_stored = nullptr) {
-  AttnRef r;
-  r.out.assign(q.size(), 0.0);
-  r.dq.assign(q.size(), 0.0);
-  r.dk.assign(k.size(), 0.0);
-  r.dv.assign(v.size(), 0.0);
-  r.lse.assign(static_cast<size_t>(bh * sq), 0.0);
-  for (int64_t h = 0; h < bh; ++h) {
-    const double* Q = q.data() + h * sq * d;
-    const double* K = k.data() + h * sk * d;
-    const double* V = v.data() + h * sk * d;
-    const double* dO = dout.data() + h * sq * d;
-    double* O = r.out.data() + h * sq * d;
-    double* dQ = r.dq.data() + h * sq * d;
-    double* dK = r.dk.data() + h * sk * d;
-    double* dV = r.dv.data() + h * sk * d;
-    for (int64_t i = 0; i < sq; ++i) {
-      int64_t kend = causal ? i + 1 : sk;
-      Vec s(static_cast<size_t>(kend));
-      double m = -1e300;
-      for (int64_t j = 0; j < kend; ++j) {
-        double dotv = 0;
-        for (int64_t c = 0; c < d; ++c) dotv += Q[i * d + c] * K[j * d + c];
-        s[j] = scale * dotv;
-        m = std::max(m, s[j]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j < kend; ++j) sum += std::exp(s[j] - m);
-      r.lse[h * sq + i] = m + std::log(sum);
-      Vec p(static_cast<size_t>(kend)), dp(static_cast<size_t>(kend));
-      for (int64_t j = 0; j < kend; ++j) p[j] = std::exp(s[j] - m) / sum;
-      for (int64_t j = 0; j < kend; ++j)
-        for (int64_t c = 0; c < d; ++c) O[i * d + c] += p[j] * V[j * d + c];
-      double di = 0;
-      for (int64_t j = 0; j < kend; ++j) {
-        dp[j] = 0;
-        for (int64_t c = 0; c < d; ++c) dp[j] += dO[i * d + c] * V[j * d + c];
-      }
-      const double* Os = o_stored ? o_stored->data() + h * sq * d : O;
-      for (int64_t c = 0; c < d; ++c) di += dO[i * d + c] * Os[i * d + c];
-      for (int64_t j = 0; j < kend; ++j) {
-        double ds = p[j] * (dp[j] - di);
-        for (int64_t c = 0; c < d; ++c) {
-          dQ[i * d + c] += scale * ds * K[j * d + c];
-          dK[j * d + c] += scale * ds * Q[i * d + c];
-          dV[j * d + c] += p[j] * dO[i * d + c];
-        }
-      }
-    }
-  }
-  return r;
-}
-
 struct AttnShape {
   int64_t b, h, sq, sk, d;
 };
@@ -142,18 +83,21 @@ TEST_CASE("attention forward and backward match a naive double reference", "[att
   Tensor dq = h.ctx.empty(qs, dt), dk = h.ctx.empty(ks, dt), dv = h.ctx.empty(ks, dt);
   ops::attention_fwd(h.ctx, h.s(), q, k, v, out, lse, scale, causal);
   ops::attention_bwd(h.ctx, h.s(), q, k, v, out, dout, lse, dq, dk, dv, scale, causal);
-  Vec out_stored = read(h, out);
-  AttnRef r = attn_ref(read(h, q), read(h, k), read(h, v), read(h, dout), bh, sh.sq, sh.sk, sh.d,
-                       scale, causal, &out_stored);
+  // Float64 throughout; D = dO . O from the kernel's (rounded) output, as training does.
+  const AttnProblem p{bh, sh.sq, sh.sk, sh.d, scale, causal};
+  const Vec qv = read(h, q), kv = read(h, k), vv = read(h, v), gv = read(h, dout);
+  const AttnFwd rf = attn_model_fwd(p, AttnNumerics::Float64, dt, qv, kv, vv);
+  const AttnGrads rb =
+      attn_model_bwd(p, AttnNumerics::Float64, dt, qv, kv, vv, read(h, out), gv, rf.lse);
   std::ostringstream tag;
   tag << dt_name(dt) << (causal ? " causal" : " full") << " b=" << sh.b << " h=" << sh.h
       << " sq=" << sh.sq << " sk=" << sh.sk << " d=" << sh.d;
   const double tol = dt == DType::f32 ? 1e-4 : 3e-2;
-  check_close(read(h, out), r.out, tol, "attention out " + tag.str());
-  check_close(read(h, lse), r.lse, 1e-5, "attention lse " + tag.str());
-  check_close(read(h, dq), r.dq, tol, "attention dq " + tag.str());
-  check_close(read(h, dk), r.dk, tol, "attention dk " + tag.str());
-  check_close(read(h, dv), r.dv, tol, "attention dv " + tag.str());
+  check_close(read(h, out), rf.out, tol, "attention out " + tag.str());
+  check_close(read(h, lse), rf.lse, 1e-5, "attention lse " + tag.str());
+  check_close(read(h, dq), rb.dq, tol, "attention dq " + tag.str());
+  check_close(read(h, dk), rb.dk, tol, "attention dk " + tag.str());
+  check_close(read(h, dv), rb.dv, tol, "attention dv " + tag.str());
 }
 
 TEST_CASE("attention backward matches finite differences", "[attention][fd]") {

@@ -1,7 +1,9 @@
-// CUDA backend: every op on the GPU against the host implementation on the same inputs.
+// CUDA backend: every op on the GPU against the host implementation on the same inputs. Cases
+// tagged [sanitize] also run under compute-sanitizer in tools/gpu-check.sh (keep them small).
 // Skipped with 77 and the reason printed when no usable GPU is present (see main.cpp).
 #include <cmath>
 
+#include "attention_cases.h"
 #include "helpers.h"
 #include "runtime/error.h"
 #include "tests/common/cuda_skip.h"
@@ -81,7 +83,7 @@ TEST_CASE("cuda gemm matches the host", "[cuda]") {
   r.same(c, tol_for(dt, 1e-4), "batched gemm " + dt_name(dt));
 }
 
-TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda]") {
+TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda][sanitize]") {
   if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
@@ -118,7 +120,12 @@ TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda]")
       r.same(y, tol_for(dt, 1e-5), "gelu fwd " + tag, 0.01);
       ops::bias_gelu_bwd(r.host.ctx, r.host.s(), dy.h, a.h, &bias.h, dx.h, &db.h, kind);
       ops::bias_gelu_bwd(r.gpu, r.gs(), dy.d, a.d, &bias.d, dx.d, &db.d, kind);
-      r.same(dx, tol_for(dt, 1e-5), "gelu bwd dx " + tag, 0.01);
+      // GeLU' crosses zero near x = -0.75 as the difference of two ~0.23 terms, so f32 dx there
+      // holds a few ulp of 0.23 (~3e-8 |dy|) whatever the value; host (polynomial exp) and GPU
+      // (expf / erff, FMA contraction) round differently. With a 0.01 rms floor that error is
+      // up to ~1x the f32 tolerance (a libm-vs-host emulation measured 0.41 at [129, 1000]); 0.05
+      // cuts that ~5x and still fails a wrong derivative (an O(1) relative error) by ~1e4.
+      r.same(dx, tol_for(dt, 1e-5), "gelu bwd dx " + tag, 0.05);
       r.same(db, tol_for(dt, 1e-4), "gelu bwd dbias " + tag, 0.05);
     }
     Pair y = r.empty(s, dt);
@@ -128,7 +135,7 @@ TEST_CASE("cuda elementwise ops match the host (dropout bit for bit)", "[cuda]")
   }
 }
 
-TEST_CASE("cuda layernorm and rmsnorm match the host", "[cuda]") {
+TEST_CASE("cuda layernorm and rmsnorm match the host", "[cuda][sanitize]") {
   if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16);
@@ -159,7 +166,7 @@ TEST_CASE("cuda layernorm and rmsnorm match the host", "[cuda]") {
   }
 }
 
-TEST_CASE("cuda softmax and cross-entropy pieces match the host", "[cuda]") {
+TEST_CASE("cuda softmax and cross-entropy pieces match the host", "[cuda][sanitize]") {
   if (!meshrt::test::gpu_or_warn()) return;
   Rig r;
   auto dt = GENERATE(DType::f32, DType::bf16);
@@ -199,38 +206,14 @@ TEST_CASE("cuda softmax and cross-entropy pieces match the host", "[cuda]") {
   }
 }
 
+// The reference kernel only, on every dtype and on head dims flash does not take: its tolerances
+// (attn::reference_tol, reasoning there) are too tight for flash's 16-bit P and dS, and flash has
+// its own suite (test_cuda_attention.cpp). test_attention_twin.cpp proves them on the CPU.
 TEST_CASE("cuda fused attention matches the host", "[cuda]") {
   if (!meshrt::test::gpu_or_warn()) return;
-  Rig r;
-  auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
-  auto causal = GENERATE(true, false);
-  struct S {
-    int64_t b, h, sq, sk, d;
-  };
-  for (S s : {S{1, 1, 1, 1, 1}, S{1, 2, 17, 17, 8}, S{2, 3, 70, 70, 13}, S{1, 2, 130, 130, 64},
-              S{2, 2, 300, 300, 128}, S{1, 1, 9, 23, 32}}) {
-    if (causal && s.sq != s.sk) continue;
-    Shape qs{s.b, s.h, s.sq, s.d}, ks{s.b, s.h, s.sk, s.d};
-    std::ostringstream w;
-    w << dt_name(dt) << (causal ? " causal " : " full ") << qs.str() << " sk=" << s.sk;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
-    Pair q = r.rand(qs, dt, 1, -2, 2), k = r.rand(ks, dt, 2, -2, 2), v = r.rand(ks, dt, 3);
-    Pair dout = r.rand(qs, dt, 4), out = r.empty(qs, dt),
-         lse = r.empty({s.b, s.h, s.sq}, DType::f32);
-    Pair dq = r.empty(qs, dt), dk = r.empty(ks, dt), dv = r.empty(ks, dt);
-    ops::attention_fwd(r.host.ctx, r.host.s(), q.h, k.h, v.h, out.h, lse.h, scale, causal);
-    ops::attention_fwd(r.gpu, r.gs(), q.d, k.d, v.d, out.d, lse.d, scale, causal);
-    ops::attention_bwd(r.host.ctx, r.host.s(), q.h, k.h, v.h, out.h, dout.h, lse.h, dq.h, dk.h,
-                       dv.h, scale, causal);
-    ops::attention_bwd(r.gpu, r.gs(), q.d, k.d, v.d, out.d, dout.d, lse.d, dq.d, dk.d, dv.d, scale,
-                       causal);
-    const double tol = dt == DType::f32 ? 1e-4 : 3e-2;
-    r.same(out, tol, "attention out " + w.str());
-    r.same(lse, 1e-5, "attention lse " + w.str());
-    r.same(dq, tol, "attention dq " + w.str());
-    r.same(dk, tol, "attention dk " + w.str());
-    r.same(dv, tol, "attention dv " + w.str());
-  }
+  attn::KernelSetting keep;
+  attn::Gpu g;
+  for (const attn::Case& c : attn::reference_cases()) attn::check_on_gpu(g, c);
 }
 
 TEST_CASE("cuda embedding and optimizers match the host", "[cuda]") {

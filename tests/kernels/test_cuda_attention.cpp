@@ -1,26 +1,19 @@
-// Both CUDA attention kernels (flash on tensor cores, and the reference) against the host twin,
-// plus the host-side choice of kernel. The CUDA cases skip with the reason when no GPU is usable
-// (see main.cpp).
+// Both CUDA attention kernels (flash on tensor cores, and the reference) against the host, plus
+// the host-side choice of kernel. The cases, inputs and tolerances are attention_cases.h's, which
+// test_attention_twin.cpp proves on the CPU. The CUDA cases skip with the reason when no GPU is
+// usable (tests/common/cuda_skip.h).
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
-#include "helpers.h"
+#include "attention_cases.h"
 #include "runtime/error.h"
+#include "tests/common/cuda_skip.h"
 
 using namespace kt;
+using namespace kt::attn;
 using Catch::Matchers::Contains;
 namespace ops = meshrt::ops;
-using ops::AttentionKernel;
-
-namespace {
-
-// Restores the process-wide attention kernel setting when a test ends.
-struct KernelSetting {
-  AttentionKernel saved = ops::attention_kernel();
-  ~KernelSetting() { ops::set_attention_kernel(saved); }
-};
-
-}  // namespace
 
 TEST_CASE("attention kernel choice: names, setting and CUDA support", "[attention]") {
   KernelSetting keep;
@@ -73,104 +66,181 @@ TEST_CASE("attention kernel setting does not change the host backend", "[attenti
   CHECK(outs[0] == outs[1]);
 }
 
-namespace {
-
-bool gpu_ready() {
-  std::string why;
-  if (meshrt::cuda_available(&why)) return true;
-  WARN("SKIPPED: CUDA unavailable: " << why);
-  return false;
+TEST_CASE("cuda attention kernels match the host (flash and reference)", "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  for (const Case& c : kernel_cases()) check_on_gpu(g, c);
 }
 
-struct Gpu {
-  Host host;
-  Context ctx{Device::cuda(0)};
-  Stream& s() { return ctx.compute_stream(); }
-  Tensor up(const Tensor& t) {
-    host.sync();
-    return t.to(ctx.allocator_ptr(), s());
-  }
-  Vec down(const Tensor& d) {
-    Tensor h = d.to(host.ctx.allocator_ptr(), s());
-    ctx.synchronize();
-    return h.to_vector();
-  }
-};
+// tools/gpu-check.sh runs this tag under compute-sanitizer (memcheck, racecheck).
+TEST_CASE("cuda attention kernels under compute-sanitizer (small shapes)", "[cuda][sanitize]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  const std::vector<Case> cases = sanitize_cases();
+  REQUIRE(cases.size() == 16);
+  for (const Case& c : cases) check_on_gpu(g, c);
+}
 
-// Tolerances, in units of the dtype's unit roundoff u (bf16 2^-8, f16 2^-11), checked as
-// |gpu - host| <= tol * (|host| + rms(host)). Both sides start from the same 16-bit inputs and
-// round their result once (up to 2u of the element apart). Flash also rounds P and dS to 16
-// bits before the second product of each pair (relative u per term); those errors average over
-// the summed terms, so they scale with the tensor's rms, not with the element: hence the rms
-// floor. 8u covers both with margin, while an indexing or masking error moves elements by
-// O(rms) and fails by a factor of ~30 (bf16) or ~250 (f16).
-double tol16(DType dt) { return 8.0 * (dt == DType::bf16 ? 0x1p-8 : 0x1p-11); }
+TEST_CASE("cuda attention with a non-default softmax scale matches the host", "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  for (const Case& c : scale_cases()) check_on_gpu(g, c);
+}
 
-void check_vs_host(Gpu& g, const Tensor& dev, const Tensor& host, double tol,
-                   const std::string& what) {
-  check_close(g.down(dev), read(g.host, host), tol, what, 1.0);
+TEST_CASE("cuda attention: the GPU forward feeds the GPU backward", "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  for (const Case& c : chain_cases()) check_on_gpu(g, c);
+}
+
+TEST_CASE("cuda flash attention at a 4k sequence matches the host", "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  check_on_gpu(g, long_case());
+}
+
+namespace {
+
+// Forward and backward with seq_q = 0 or seq_k = 0 on ctx (inputs moved there by up, results
+// read back by down): no keys give out 0, lse -inf and no gradient for q; no queries give no
+// gradient for k and v. Outputs start at 7, so an element left unwritten shows.
+template <class Up, class Down>
+void check_empty_seqs(Context& ctx, Host& h, DType dt, Up up, Down down) {
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Z {
+    int64_t sq, sk;
+    bool causal;
+  };
+  for (Z z : {Z{0, 5, false}, Z{5, 0, false}, Z{0, 0, true}, Z{0, 0, false}}) {
+    INFO(dt_name(dt) << " seq_q=" << z.sq << " seq_k=" << z.sk << " causal=" << z.causal);
+    const Shape qs{2, 3, z.sq, 64}, ks{2, 3, z.sk, 64};
+    Tensor Q = up(rand_tensor(h, qs, dt, 1)), K = up(rand_tensor(h, ks, dt, 2));
+    Tensor V = up(rand_tensor(h, ks, dt, 3)), dO = up(rand_tensor(h, qs, dt, 4));
+    Tensor O = ctx.empty(qs, dt), L = ctx.empty({2, 3, z.sq}, DType::f32);
+    Tensor dQ = ctx.empty(qs, dt), dK = ctx.empty(ks, dt), dV = ctx.empty(ks, dt);
+    Stream& s = ctx.compute_stream();
+    for (Tensor* t : {&O, &L, &dQ, &dK, &dV}) t->fill_(7, s);
+    ops::attention_fwd(ctx, s, Q, K, V, O, L, 0.125f, z.causal);
+    ops::attention_bwd(ctx, s, Q, K, V, O, dO, L, dQ, dK, dV, 0.125f, z.causal);
+    CHECK(down(O) == Vec(static_cast<size_t>(qs.numel()), 0.0));
+    CHECK(down(L) == Vec(static_cast<size_t>(2 * 3 * z.sq), -inf));
+    CHECK(down(dQ) == Vec(static_cast<size_t>(qs.numel()), 0.0));
+    CHECK(down(dK) == Vec(static_cast<size_t>(ks.numel()), 0.0));
+    CHECK(down(dV) == Vec(static_cast<size_t>(ks.numel()), 0.0));
+  }
 }
 
 }  // namespace
 
-TEST_CASE("cuda attention kernels match the host (flash and reference)", "[cuda]") {
-  if (!gpu_ready()) return;
+TEST_CASE("attention with seq_q = 0 or seq_k = 0 on the host", "[attention]") {
+  Host h;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    check_empty_seqs(
+        h.ctx, h, dt, [](const Tensor& t) { return t; },
+        [&](const Tensor& t) { return read(h, t); });
+  }
+}
+
+TEST_CASE("cuda attention with seq_q = 0 or seq_k = 0", "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
   KernelSetting keep;
   Gpu g;
-  auto kernel = GENERATE(AttentionKernel::Flash, AttentionKernel::Reference);
-  auto dt = GENERATE(DType::bf16, DType::f16);
-  ops::set_attention_kernel(kernel);
-  struct S {
-    int64_t b, h, sq, sk;
-  };
-  // Sequence lengths around the tiles (64 query rows / keys, 32-row backward query tiles),
-  // several heads, and seq_q != seq_k without the causal mask.
-  std::vector<S> shapes;
-  for (int64_t n : {1, 17, 64, 100, 257}) shapes.push_back({1, 2, n, n});
-  shapes.push_back({2, 3, 70, 70});
-  shapes.push_back({1, 2, 17, 100});
-  shapes.push_back({1, 1, 257, 33});
-  for (int64_t d : {64, 128}) {
-    REQUIRE(ops::cuda_attention_kernel(dt, d) == kernel);
-    for (bool causal : {true, false}) {
-      for (S s : shapes) {
-        if (causal && s.sq != s.sk) continue;
-        const Shape qs{s.b, s.h, s.sq, d}, ks{s.b, s.h, s.sk, d};
-        std::ostringstream w;
-        w << ops::attention_kernel_name(kernel) << " " << dt_name(dt)
-          << (causal ? " causal " : " full ") << qs.str() << " sk=" << s.sk;
-        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-        Host& h = g.host;
-        Tensor q = rand_tensor(h, qs, dt, 1, -2, 2), k = rand_tensor(h, ks, dt, 2, -2, 2);
-        Tensor v = rand_tensor(h, ks, dt, 3), dout = rand_tensor(h, qs, dt, 4);
-        Tensor out = h.ctx.empty(qs, dt), lse = h.ctx.empty({s.b, s.h, s.sq}, DType::f32);
-        Tensor dq = h.ctx.empty(qs, dt), dk = h.ctx.empty(ks, dt), dv = h.ctx.empty(ks, dt);
-        ops::attention_fwd(h.ctx, h.s(), q, k, v, out, lse, scale, causal);
-        ops::attention_bwd(h.ctx, h.s(), q, k, v, out, dout, lse, dq, dk, dv, scale, causal);
+  for (AttentionKernel kernel : {AttentionKernel::Flash, AttentionKernel::Reference}) {
+    for (DType dt : {DType::bf16, DType::f16}) {
+      ops::set_attention_kernel(kernel);
+      REQUIRE(ops::cuda_attention_kernel(dt, 64) == kernel);
+      INFO(ops::attention_kernel_name(kernel));
+      check_empty_seqs(
+          g.ctx, g.host, dt, [&](const Tensor& t) { return g.up(t); },
+          [&](const Tensor& t) { return g.down(t); });
+    }
+  }
+}
 
-        Tensor Q = g.up(q), K = g.up(k), V = g.up(v), dO = g.up(dout);
-        Tensor O = g.ctx.empty(qs, dt), L = g.ctx.empty({s.b, s.h, s.sq}, DType::f32);
-        if (kernel == AttentionKernel::Flash) {
-          // Flash needs 16-byte aligned tensors; otherwise this would test the reference.
-          for (const Tensor* t : {&Q, &K, &V, &dO, &O}) {
-            REQUIRE(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0);
-          }
-        }
-        ops::attention_fwd(g.ctx, g.s(), Q, K, V, O, L, scale, causal);
-        check_vs_host(g, O, out, tol16(dt), "attention out " + w.str());
-        // lse is f32 math on both sides from the same inputs: only accumulation order, exp2 /
-        // log2-domain rescaling and library exp / log differ (~1e-6 absolute); dropping or
-        // adding one key of 257 moves it by ~1e-3.
-        check_close(g.down(L), read(h, lse), 5e-5, "attention lse " + w.str());
+namespace {
 
-        // Backward from the host's out and lse, so only the backward kernels differ.
-        Tensor Oh = g.up(out), Lh = g.up(lse);
-        Tensor dQ = g.ctx.empty(qs, dt), dK = g.ctx.empty(ks, dt), dV = g.ctx.empty(ks, dt);
-        ops::attention_bwd(g.ctx, g.s(), Q, K, V, Oh, dO, Lh, dQ, dK, dV, scale, causal);
-        check_vs_host(g, dQ, dq, tol16(dt), "attention dq " + w.str());
-        check_vs_host(g, dK, dk, tol16(dt), "attention dk " + w.str());
-        check_vs_host(g, dV, dv, tol16(dt), "attention dv " + w.str());
-      }
+// A contiguous [shape] view starting one element into a fresh GPU buffer (2 bytes past 16-byte
+// alignment for 16-bit dtypes), holding t's values.
+Tensor unaligned_copy(Gpu& g, const Tensor& t) {
+  Tensor buf = g.ctx.empty({t.numel() + 8}, t.dtype());
+  Tensor view = buf.narrow(0, 1, t.numel()).view(t.shape());
+  REQUIRE(reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 != 0);
+  view.copy_(t, g.s());
+  return view;
+}
+
+}  // namespace
+
+TEST_CASE("cuda attention on unaligned views falls back to the reference, same results", "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  // Flash cases: bf16 causal 257 x 257 at head_dim 64, f16 17 x 100 at head_dim 128.
+  std::vector<Case> cases;
+  for (const Case& c : chain_cases()) {
+    if (c.kernel != AttentionKernel::Flash) continue;
+    if ((c.dt == DType::bf16 && c.causal && c.sq == 257 && c.d == 64) ||
+        (c.dt == DType::f16 && c.sk == 100 && c.d == 128))
+      cases.push_back(c);
+  }
+  REQUIRE(cases.size() == 2);
+  for (const Case& c : cases) {
+    INFO(c.name());
+    const Inputs in = make_inputs(g.host, c);
+    Tensor Q = g.up(in.q), K = g.up(in.k), V = g.up(in.v), dO = g.up(in.dout);
+    // [aligned reference kernel, unaligned views under the flash setting]
+    std::string got[2][5];
+    for (int run = 0; run < 2; ++run) {
+      const bool views = run == 1;
+      ops::set_attention_kernel(views ? AttentionKernel::Flash : AttentionKernel::Reference);
+      auto place = [&](const Tensor& t) { return views ? unaligned_copy(g, t) : t; };
+      Tensor q = place(Q), k = place(K), v = place(V), dout = place(dO);
+      Tensor o = place(g.ctx.zeros(c.q_shape(), c.dt)), dq = place(g.ctx.zeros(c.q_shape(), c.dt));
+      Tensor dk = place(g.ctx.zeros(c.k_shape(), c.dt)), dv = place(g.ctx.zeros(c.k_shape(), c.dt));
+      Tensor lse = g.ctx.empty(c.lse_shape(), DType::f32);
+      ops::attention_fwd(g.ctx, g.s(), q, k, v, o, lse, c.scale, c.causal);
+      ops::attention_bwd(g.ctx, g.s(), q, k, v, o, dout, lse, dq, dk, dv, c.scale, c.causal);
+      const Tensor* outs[5] = {&o, &lse, &dq, &dk, &dv};
+      for (int i = 0; i < 5; ++i) got[run][i] = g.bytes(outs[i]->contiguous(g.s()));
+    }
+    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) {
+      INFO(names[i] << ": bit-identical to the reference kernel on aligned tensors");
+      const bool same = got[0][i] == got[1][i];  // (not printing the bytes)
+      CHECK(same);
+    }
+  }
+}
+
+TEST_CASE("cuda attention gives identical bits on two runs (flash and reference)", "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  for (const Case& c : chain_cases()) {
+    if (c.sk == 100) continue;  // the two larger shapes, causal and not
+    INFO(c.name());
+    ops::set_attention_kernel(c.kernel);
+    const Inputs in = make_inputs(g.host, c);
+    Tensor Q = g.up(in.q), K = g.up(in.k), V = g.up(in.v), dO = g.up(in.dout);
+    std::string got[2][5];
+    for (int run = 0; run < 2; ++run) {
+      Tensor o = g.ctx.empty(c.q_shape(), c.dt), lse = g.ctx.empty(c.lse_shape(), DType::f32);
+      Tensor dq = g.ctx.empty(c.q_shape(), c.dt), dk = g.ctx.empty(c.k_shape(), c.dt),
+             dv = g.ctx.empty(c.k_shape(), c.dt);
+      ops::attention_fwd(g.ctx, g.s(), Q, K, V, o, lse, c.scale, c.causal);
+      ops::attention_bwd(g.ctx, g.s(), Q, K, V, o, dO, lse, dq, dk, dv, c.scale, c.causal);
+      const Tensor* outs[5] = {&o, &lse, &dq, &dk, &dv};
+      for (int i = 0; i < 5; ++i) got[run][i] = g.bytes(*outs[i]);
+    }
+    for (int i = 0; i < 5; ++i) {
+      INFO("output " << i << " (out, lse, dq, dk, dv): identical bytes in both runs");
+      const bool same = got[0][i] == got[1][i];
+      CHECK(same);
     }
   }
 }

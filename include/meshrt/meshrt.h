@@ -147,8 +147,8 @@ MESHRT_C_API meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi
                                                   const meshrt_comm_config_t* config);
 /* Rank `rank` of `nranks` processes meeting through files in `dir` (a directory every rank can
  * read and write; MESHRT_RUN_ID keeps separate jobs apart). Collective; MESHRT_ERROR_TIMEOUT
- * names the ranks that never arrived. The backend must serve processes: CPU processes need MPI
- * (MESHRT_ERROR_UNSUPPORTED with the reason), CUDA ones get NCCL. */
+ * names the ranks that never arrived. CPU processes of one node get the shm backend (shared
+ * memory), CUDA ones NCCL. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int nranks,
                                                    int rank, const meshrt_comm_config_t* config);
 /* Wraps an engine's ncclComm_t (passed as void*) on CUDA device `device`, not owned: meshrt

@@ -1,6 +1,6 @@
-// meshrt_comm_init_file: processes meeting through a directory. Two forked processes rendezvous
-// (CPU processes then get UNSUPPORTED from every CPU backend, with the reason); one of two never
-// arrives (TIMEOUT naming it); a world of one works end to end.
+// meshrt_comm_init_file: processes meeting through a directory. Two forked CPU processes
+// rendezvous and run an all-reduce on the shm backend (also with an MPI launcher's variables
+// set); one of two never arrives (TIMEOUT naming it); a world of one works end to end.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,33 +39,48 @@ int in_child(const std::function<int()>& body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 200;
 }
 
-// What a rank expects from a 2-process CPU file world: the rendezvous completes (the check runs
-// after both processes exchanged their configs), then no CPU backend serves processes.
-int two_process_rank(const std::string& dir, int rank) {
+// A rank of a 2-process CPU file world: the shm backend serves it (also under an MPI launcher's
+// variables, issue 25 item 12: OMPI_COMM_WORLD_SIZE=2 used to make it refuse, saying that no MPI
+// launcher started the process); an all-reduce sums both ranks.
+int two_process_rank(const std::string& dir, int rank, bool under_mpirun) {
+  if (under_mpirun) setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
   init_api();
   meshrt_comm_config_t cfg = test_config(30);
   cfg.init_timeout_s = 20;
   meshrt_comm_t comm = nullptr;
   const meshrt_status_t st = meshrt_comm_init_file(&comm, dir.c_str(), 2, rank, &cfg);
-  const std::string msg = meshrt_last_error();
-  std::printf("rank %d: %s: %s\n", rank, meshrt_status_string(st), msg.c_str());
-  if (st != MESHRT_ERROR_UNSUPPORTED) return 1;
-  if (msg.find("mpirun") == std::string::npos) return 2;
-  return 0;
+  std::printf("rank %d: %s: %s\n", rank, meshrt_status_string(st), meshrt_last_error());
+  if (st != MESHRT_SUCCESS) return 1;
+  Buf t(dl_dtype(kDLFloat, 32), 3);
+  for (int i = 0; i < 3; ++i) t.set(i, rank + 1 + 10 * i);
+  meshrt_event_t e = nullptr;
+  if (meshrt_all_reduce(comm, t.handle(), t.handle(), MESHRT_SUM, nullptr, &e) != MESHRT_SUCCESS ||
+      meshrt_event_synchronize(e) != MESHRT_SUCCESS || meshrt_event_destroy(e) != MESHRT_SUCCESS) {
+    std::printf("rank %d: all_reduce: %s\n", rank, meshrt_last_error());
+    return 2;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (t.get(i) != 3.0 + 20 * i) return 3;
+  }
+  return meshrt_comm_destroy(comm) == MESHRT_SUCCESS ? 0 : 4;
 }
 
 }  // namespace
 
-TEST_CASE("capi: file rendezvous of 2 processes meets, then CPU processes are unsupported",
+TEST_CASE("capi: file rendezvous of 2 CPU processes runs collectives on the shm backend",
           "[capi][file]") {
-  const std::string dir = fresh_dir("two");
-  int rc1 = -1;
-  std::thread other([&] { rc1 = in_child([&] { return two_process_rank(dir, 1); }); });
-  const int rc0 = in_child([&] { return two_process_rank(dir, 0); });
-  other.join();
-  CHECK(rc0 == 0);
-  CHECK(rc1 == 0);
-  std::filesystem::remove_all(dir);
+  for (bool under_mpirun : {false, true}) {
+    const std::string dir = fresh_dir(under_mpirun ? "two-mpi" : "two");
+    int rc1 = -1;
+    std::thread other(
+        [&] { rc1 = in_child([&] { return two_process_rank(dir, 1, under_mpirun); }); });
+    const int rc0 = in_child([&] { return two_process_rank(dir, 0, under_mpirun); });
+    other.join();
+    INFO("under mpirun's variables: " << under_mpirun);
+    CHECK(rc0 == 0);
+    CHECK(rc1 == 0);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST_CASE("capi: file rendezvous where a process never arrives times out naming it",

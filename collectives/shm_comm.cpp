@@ -89,7 +89,47 @@ struct alignas(64) ShmArea {
 
 struct alignas(64) ShmSlot {
   std::atomic<uint64_t> step;  // how many steps this rank posted on this communicator
+  // World segment only, for the watchdog's "likely culprit": how many waits the rank's process
+  // is inside, and a heartbeat those waits beat (steady-clock ns; kGaveUp after an abort).
+  alignas(64) std::atomic<uint64_t> busy;
+  std::atomic<uint64_t> beat;
   alignas(64) ShmArea area[2];
+};
+
+constexpr uint64_t kGaveUp = ~uint64_t{0};
+constexpr uint64_t kStaleNs = 1000000000ull;  // a waiting rank beats far more often than this
+
+uint64_t steady_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(detail::Clock::now().time_since_epoch())
+          .count());
+}
+
+// Marks this rank's process as waiting inside a collective (world segment) while it lives; a
+// wait that ends by an exception leaves it marked as having given up.
+class WaitMark {
+ public:
+  explicit WaitMark(ShmSlot& s) : s_(s), uncaught_(std::uncaught_exceptions()) {
+    s_.beat.store(steady_ns(), std::memory_order_release);
+    s_.busy.fetch_add(1);
+  }
+  ~WaitMark() {
+    if (std::uncaught_exceptions() == uncaught_) {
+      s_.busy.fetch_sub(1);
+    } else {
+      s_.beat.store(kGaveUp, std::memory_order_release);
+    }
+  }
+  void beat() {
+    if (s_.beat.load(std::memory_order_relaxed) != kGaveUp)
+      s_.beat.store(steady_ns(), std::memory_order_release);
+  }
+  WaitMark(const WaitMark&) = delete;
+  WaitMark& operator=(const WaitMark&) = delete;
+
+ private:
+  ShmSlot& s_;
+  int uncaught_;
 };
 
 // One direction of a rank pair: the sender posts chunks, the receiver takes them.
@@ -302,8 +342,16 @@ void shm_abort(const std::string& why) {
   if (!first) return;
   detail::flight_dump_all(why);
   // Under mpirun (MPI bootstrapped the job): end through MPI_Abort at exit, not MPI_Finalize,
-  // which would wait for peers that may be gone.
-  if (detail::mpi_live()) detail::mpi_process_abort(why);
+  // which would wait for peers that may be gone. (Marked directly: the record is written and
+  // the cause reported once already.)
+  if (detail::mpi_live()) {
+    detail::MpiProcess& mp = detail::mpi_process();
+    std::lock_guard<std::mutex> lk(mp.mu);
+    if (!mp.aborted.load()) {
+      mp.reason = why;
+      mp.aborted.store(true);
+    }
+  }
 }
 
 // ---- the peers' processes ------------------------------------------------------------------
@@ -378,10 +426,12 @@ namespace {
 // rank's step in use u + 1, so nothing is overwritten while a peer still reads it).
 class ShmEngine final : public detail::OrderedEngine {
  public:
-  ShmEngine(std::shared_ptr<Segment> seg, std::shared_ptr<Peers> peers, std::vector<int> world,
-            int rank, std::string name, CommConfig cfg, std::string token)
+  ShmEngine(std::shared_ptr<Segment> seg, std::shared_ptr<Segment> world_seg,
+            std::shared_ptr<Peers> peers, std::vector<int> world, int rank, std::string name,
+            CommConfig cfg, std::string token)
       : OrderedEngine(rank, seg->size(), std::move(name), cfg),
         seg_(std::move(seg)),
+        world_seg_(std::move(world_seg)),
         peers_(std::move(peers)),
         world_(std::move(world)),
         token_(std::move(token)) {
@@ -403,6 +453,7 @@ class ShmEngine final : public detail::OrderedEngine {
 
  private:
   std::shared_ptr<Segment> seg_;
+  std::shared_ptr<Segment> world_seg_;  // the world's: every rank's activity words
   std::shared_ptr<Peers> peers_;
   std::vector<int> world_;  // group rank -> global rank
   std::string token_;       // the job's segment token: split segments are named from it
@@ -440,10 +491,39 @@ class ShmEngine final : public detail::OrderedEngine {
     }
   }
 
+  // What the process of global rank `g` is doing, from its activity words.
+  std::string activity(int g) const {
+    ShmSlot& w = world_seg_->slot(g);
+    const uint64_t busy = w.busy.load(std::memory_order_acquire);
+    const uint64_t beat = w.beat.load(std::memory_order_acquire);
+    if (beat == kGaveUp) return "gave up after an abort";
+    if (busy == 0) return "not inside any collective";
+    if (steady_ns() - beat > kStaleNs) return "not responding inside a collective";
+    return "waiting in another collective";
+  }
+
+  // The watchdog's list: the ranks behind, each with what it is doing, then the ranks of the
+  // job outside every collective or not responding (every rank computes the same list, so the
+  // ranks agree on the culprit whichever group they time out in).
   std::string missing_text(const std::vector<int>& behind, const std::string& what) const {
     std::string s;
-    for (size_t i = 0; i < behind.size(); ++i) s += (i ? ", " : "") + rank_label(behind[i]);
-    return s.empty() ? "every rank arrived (one may be stuck inside it)" : s + " " + what;
+    for (size_t i = 0; i < behind.size(); ++i) {
+      s += (i ? ", " : "") + rank_label(behind[i]) + " (" +
+           activity(world_[static_cast<size_t>(behind[i])]) + ")";
+    }
+    s = s.empty() ? "every rank arrived (one may be stuck inside it)" : s + " " + what;
+    std::vector<int> stalled;
+    const int me = world_[static_cast<size_t>(rank())];
+    for (int g = 0; g < world_seg_->size(); ++g) {
+      const std::string a = g == me ? "" : activity(g);
+      if (a == "not inside any collective" || a == "not responding inside a collective")
+        stalled.push_back(g);
+    }
+    if (!stalled.empty()) {
+      s += "; likely culprit: " + detail::format_ranks(stalled) +
+           " (not inside any collective, or not responding)";
+    }
+    return s;
   }
 
   // Waits until ready(): spins, yields, then sleeps on the segment's futex word; between sleeps
@@ -458,11 +538,13 @@ class ShmEngine final : public detail::OrderedEngine {
     const auto start = detail::Clock::now();
     auto next_check = start;
     ShmHeader& h = seg_->header();
+    WaitMark mark(world_seg_->slot(world_[static_cast<size_t>(rank())]));
     for (;;) {
       if (ready()) return;
       check_abort(op);
       const auto now = detail::Clock::now();
       if (now >= next_check) {
+        mark.beat();
         check_peers(op, behind());
         next_check = now + std::chrono::milliseconds(2);
       }
@@ -844,8 +926,8 @@ std::unique_ptr<Communicator> ShmEngine::split(int color, int key, const std::st
   if (color < 0) return nullptr;
   std::vector<int> world;
   for (const auto& m : members) world.push_back(world_[static_cast<size_t>(m.second)]);
-  return make(std::make_shared<ShmEngine>(std::move(ns), peers_, std::move(world), new_rank,
-                                          new_name, config(), token_));
+  return make(std::make_shared<ShmEngine>(std::move(ns), world_seg_, peers_, std::move(world),
+                                          new_rank, new_name, config(), token_));
 }
 
 std::string random_token() {
@@ -942,7 +1024,7 @@ std::unique_ptr<Communicator> make_shm_world_communicator(BootstrapTransport& tr
   std::vector<int> world(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) world[static_cast<size_t>(j)] = j;
   const std::string token = name.substr(std::strlen(kNamePrefix) + 1);
-  auto e = std::make_shared<ShmEngine>(seg, std::make_shared<Peers>(pids), std::move(world), r,
+  auto e = std::make_shared<ShmEngine>(seg, seg, std::make_shared<Peers>(pids), std::move(world), r,
                                        "world", config, token);
   return ShmEngine::make(std::move(e));
 }

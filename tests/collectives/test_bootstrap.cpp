@@ -145,9 +145,14 @@ TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
     });
   }
   {
-    ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MESHRT_RENDEZVOUS", nullptr}});
+    ScopedEnv env({{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"MESHRT_RENDEZVOUS", nullptr},
+                   {"MASTER_ADDR", nullptr},
+                   {"MASTER_PORT", nullptr}});
     CHECK_THROWS_WITH(bootstrap(LaunchOptions{}),
-                      Catch::Contains("set MESHRT_RENDEZVOUS=file:///shared/dir"));
+                      Catch::Contains("set MASTER_ADDR and MASTER_PORT") &&
+                          Catch::Contains("MESHRT_RENDEZVOUS=file:///shared/dir"));
   }
   {
     fs::path d = fresh_dir("torchrun");
@@ -157,17 +162,47 @@ TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
                    {"LOCAL_RANK", "1"},
                    {"MESHRT_RENDEZVOUS", uri.c_str()}});
     CHECK(rendezvous_dir_from_env() == d.string());
-    // CPU processes of one node: the shm backend (the world is made when a rank takes it).
-    auto launch = bootstrap(LaunchOptions{});
-    CHECK(launch->kind() == LaunchKind::EnvProcesses);
-    CHECK(launch->backend() == "shm");
-    CHECK(launch->describe() ==
-          "2 ranks as processes (env-processes; this is rank 1, local rank 1 of 2), shm backend");
+    std::string host;
+    int port = 0;
+    CHECK_FALSE(rendezvous_tcp_from_env(&host, &port));  // file:// wins over MASTER_*
     fs::remove_all(d);
   }
   {
-    ScopedEnv env({{"MESHRT_RENDEZVOUS", "tcp://host:29500"}});
-    CHECK_THROWS_WITH(rendezvous_dir_from_env(), Catch::Contains("use file:///"));
+    ScopedEnv env({{"MESHRT_RENDEZVOUS", "tcp://127.0.0.1:29500"}});
+    CHECK(rendezvous_dir_from_env().empty());
+    std::string host;
+    int port = 0;
+    REQUIRE(rendezvous_tcp_from_env(&host, &port));
+    CHECK(host == "127.0.0.1");
+    CHECK(port == 29500);
+  }
+  {
+    // torchrun's variables: MASTER_PORT is torch's store, meshrt listens on the next port.
+    ScopedEnv env(
+        {{"MESHRT_RENDEZVOUS", nullptr}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+    std::string host;
+    int port = 0;
+    REQUIRE(rendezvous_tcp_from_env(&host, &port));
+    CHECK(host == "127.0.0.1");
+    CHECK(port == 29501);
+  }
+  for (const char* bad : {"0", "x", "65535", "70000"}) {
+    ScopedEnv env(
+        {{"MESHRT_RENDEZVOUS", nullptr}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", bad}});
+    std::string host;
+    int port = 0;
+    CHECK_THROWS_WITH(rendezvous_tcp_from_env(&host, &port), Catch::Contains("MASTER_PORT"));
+  }
+  {
+    ScopedEnv env({{"MESHRT_RENDEZVOUS", "udp://host:29500"}});
+    CHECK_THROWS_WITH(rendezvous_dir_from_env(),
+                      Catch::Contains("use file:///") && Catch::Contains("tcp://host:port"));
+  }
+  {
+    ScopedEnv env({{"MESHRT_RENDEZVOUS", "tcp://nohost"}});
+    std::string host;
+    int port = 0;
+    CHECK_THROWS_WITH(rendezvous_tcp_from_env(&host, &port), Catch::Contains("tcp://host:port"));
   }
 }
 

@@ -7,10 +7,13 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +29,7 @@
 
 #include "coll_matrix.h"
 #include "coll_test_util.h"
+#include "collectives/bootstrap.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/host_comm.h"
 #include "collectives/shm_comm.h"
@@ -270,6 +274,87 @@ TEST_CASE("shm: a SIGKILLed peer fails the others at once, naming its global ran
     CHECK(std::strtod(out.c_str() + at + 7, nullptr) < 15.0);
   }
   CHECK(segments_of(rs.pids).empty());
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// A port nothing listens on now (the kernel's pick for port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A torchrun-style rank in a forked child: bootstrap from RANK / WORLD_SIZE / LOCAL_RANK and
+// MASTER_ADDR / MASTER_PORT (or a file rendezvous), then an all-reduce and a barrier. Returns
+// the child's exit status: 0 when the shm backend served it and the sum is right.
+pid_t torchrun_rank(int rank, int world, const std::string& master_port, const std::string& dir) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  int rc = 10;
+  try {
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+    if (dir.empty()) {
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", master_port.c_str(), 1);
+      unsetenv("MESHRT_RENDEZVOUS");
+    } else {
+      setenv("MESHRT_RENDEZVOUS", ("file://" + dir).c_str(), 1);
+    }
+    LaunchOptions lo;
+    lo.config.timeout_s = 60;
+    auto launch = bootstrap(lo);
+    rc = launch->backend() == "shm" ? 11 : 12;
+    launch->run([&](const RankPlacement& p, Communicator& c) {
+      auto s = make_host_stream("comm");
+      Tensor t = host_tensor(5, DType::i64);
+      fill_value(t, p.rank + 1);
+      c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+      c.barrier(*s).synchronize();
+      if (rc == 11 && t.item(4) == world * (world + 1) / 2) rc = 0;
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    rc = 13;
+  }
+  std::fflush(stderr);
+  _exit(rc);
+}
+
+}  // namespace
+
+TEST_CASE("shm: torchrun-style processes meet over TCP (127.0.0.1) or files and run on shm",
+          "[multirank]") {
+  const fs::path dir = scratch_dir("shm-torchrun");
+  for (const bool tcp : {true, false}) {
+    const int world = 3;
+    // meshrt listens on MASTER_PORT + 1.
+    const int port = tcp ? free_port() : 0;
+    REQUIRE(port != -1);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < world; ++r)
+      pids.push_back(torchrun_rank(r, world, std::to_string(port - 1), tcp ? "" : dir.string()));
+    for (int r = 0; r < world; ++r) {
+      int st = 0;
+      waitpid(pids[static_cast<size_t>(r)], &st, 0);
+      INFO((tcp ? "tcp" : "file") << " rank " << r);
+      CHECK(WIFEXITED(st));
+      CHECK(WEXITSTATUS(st) == 0);
+    }
+    CHECK(segments_of(pids).empty());
+  }
   fs::remove_all(dir);
 }
 

@@ -54,6 +54,7 @@ constexpr size_t kMailBytes = size_t{256} << 10;
 constexpr char kNamePrefix[] = "meshrt-shm-";
 constexpr size_t kReasonBytes = 512;
 constexpr size_t kStatusBytes = 256;
+constexpr size_t kStreamingBytes = size_t{4} << 20;  // as the host backend's all-reduce
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -630,8 +631,17 @@ class ShmEngine final : public detail::OrderedEngine {
       if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
       return;
     }
+    struct Fence {
+      bool on;
+      ~Fence() {
+        if (on) detail::host_store_fence();
+      }
+    } fence{!c.in_place};
     const int64_t per = static_cast<int64_t>(kChunk / es);
     const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
+    // A large out-of-place output is in no cache: non-temporal stores skip its
+    // read-for-ownership (in place it was just read as input, and plain stores hit).
+    const bool streaming = !c.in_place && static_cast<size_t>(N) * es >= kStreamingBytes;
     std::vector<const void*> srcs(static_cast<size_t>(n));
     for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {
       const int64_t len = std::min(per, N - off);
@@ -652,18 +662,30 @@ class ShmEngine final : public detail::OrderedEngine {
           srcs[static_cast<size_t>(j)] = seg_->data(j, use) + lo * static_cast<int64_t>(es);
         void* dsts[2] = {mine + lo * static_cast<int64_t>(es),
                          out + (off + lo) * static_cast<int64_t>(es)};
-        detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 2, hi - lo, n, 0);
+        detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 2, hi - lo, n,
+                                  streaming ? 2u : 0u);
       }
       step_all(op, "stalled inside the collective");
       for (int j = 0; j < n; ++j) {
         const int64_t jlo = lo_of(j), jhi = std::min(len, jlo + part);
         if (j == rank() || jlo >= jhi) continue;
-        std::memcpy(out + (off + jlo) * static_cast<int64_t>(es),
-                    seg_->data(j, use) + jlo * static_cast<int64_t>(es),
-                    static_cast<size_t>(jhi - jlo) * es);
+        char* dst = out + (off + jlo) * static_cast<int64_t>(es);
+        const char* src = seg_->data(j, use) + jlo * static_cast<int64_t>(es);
+        if (streaming) {
+          copy_streaming(c.dtype, src, dst, jhi - jlo);
+        } else {
+          std::memcpy(dst, src, static_cast<size_t>(jhi - jlo) * es);
+        }
       }
       off += len;
     }
+  }
+
+  // dst[0, n) = src[0, n) with non-temporal stores (a one-source reduction is a copy).
+  static void copy_streaming(DType dt, const void* src, void* dst, int64_t n) {
+    const void* srcs[1] = {src};
+    void* dsts[1] = {dst};
+    detail::host_reduce_multi(dt, ReduceOp::Sum, srcs, 1, dsts, 1, n, 1, 1u);
   }
 
   // Bytes of one rank's region for each destination when a buffer is split n ways.

@@ -55,6 +55,8 @@ constexpr char kNamePrefix[] = "meshrt-shm-";
 constexpr size_t kReasonBytes = 512;
 constexpr size_t kStatusBytes = 256;
 constexpr size_t kStreamingBytes = size_t{4} << 20;  // as the host backend's all-reduce
+// All-reduces whose bytes times ranks are at most this run in one step (each rank reduces all).
+constexpr size_t kOneStepBytes = size_t{64} << 10;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -653,6 +655,13 @@ class ShmEngine final : public detail::OrderedEngine {
         enter(op, use);
       } else {
         step_all(op, "stalled inside the collective");
+      }
+      if (N == len && static_cast<size_t>(len) * es * static_cast<size_t>(n) <= kOneStepBytes) {
+        // Small: every rank reduces the whole message itself, in the same rank order (so the
+        // results stay bit-identical), saving the second step and the copy out.
+        for (int j = 0; j < n; ++j) srcs[static_cast<size_t>(j)] = seg_->data(j, use);
+        detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, len, n);
+        return;
       }
       const int64_t part = ((len + n - 1) / n + align - 1) / align * align;
       auto lo_of = [&](int r) { return std::min(len, part * r); };

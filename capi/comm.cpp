@@ -429,6 +429,27 @@ meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int 
   });
 }
 
+meshrt_status_t meshrt_comm_init_tcp(meshrt_comm_t* comm, const char* host, int port, int nranks,
+                                     int rank, const meshrt_comm_config_t* config) {
+  return guarded(__func__, [&] {
+    check_out(comm, "comm");
+    *comm = nullptr;
+    require_init();
+    CAPI_CHECK(host != nullptr && host[0] != '\0', MESHRT_ERROR_INVALID_ARGUMENT,
+               "host is NULL or empty: pass rank 0's address, e.g. \"127.0.0.1\"");
+    CAPI_CHECK(port >= 1 && port <= 65535, MESHRT_ERROR_INVALID_ARGUMENT,
+               "port is " << port << ": pass a TCP port in 1..65535 that rank 0 can listen on");
+    CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
+               "nranks is " << nranks << ": a world has at least 1 rank");
+    CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
+               "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
+    const Resolved conf = resolve_config(config);
+    const double wait_s = conf.init_timeout_s > 0 ? conf.init_timeout_s : 1e9;
+    std::shared_ptr<BootstrapTransport> tr = make_tcp_transport(host, port, rank, nranks, wait_s);
+    *comm = init_process_world(std::move(tr), LaunchKind::EnvProcesses, conf);
+  });
+}
+
 meshrt_status_t meshrt_comm_adopt_nccl(meshrt_comm_t* comm, void* nccl_comm, int device,
                                        const meshrt_comm_config_t* config) {
   return guarded(__func__, [&] {

@@ -21,7 +21,8 @@ bool contains(const std::string& s, const char* part) { return s.find(part) != s
 // because a peer failed or the communicator was aborted.
 bool is_timeout(const std::string& msg) {
   return contains(msg, "did not complete within") || contains(msg, "never wrote") ||
-         contains(msg, "never arrived") || contains(msg, "timed out");
+         contains(msg, "never arrived") || contains(msg, "timed out") ||
+         contains(msg, "never connected") || contains(msg, "could not reach rank 0");
 }
 
 }  // namespace

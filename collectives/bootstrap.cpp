@@ -83,6 +83,23 @@ void local_from_hashes(const std::vector<std::string>& hashes, RankPlacement* p)
   p->local_size = same;
 }
 
+// The rendezvous of torchrun-style processes: MESHRT_RENDEZVOUS (file:///dir or
+// tcp://host:port), else torchrun's MASTER_ADDR / MASTER_PORT.
+std::unique_ptr<BootstrapTransport> env_transport(int rank, int world, double timeout_s) {
+  const std::string dir = rendezvous_dir_from_env();
+  if (!dir.empty()) return make_file_transport(dir, rank, world, timeout_s);
+  std::string host;
+  int port = 0;
+  MESHRT_CHECK(rendezvous_tcp_from_env(&host, &port),
+               "RANK/WORLD_SIZE are set (torchrun-style launch of "
+                   << world
+                   << " processes) but neither MASTER_ADDR / MASTER_PORT nor MESHRT_RENDEZVOUS "
+                      "is: set MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), or "
+                      "MESHRT_RENDEZVOUS=file:///shared/dir, or launch with mpirun / srun");
+  // A wait of 0 (the watchdog disabled) would give up at once: wait as long as it takes.
+  return make_tcp_transport(host, port, rank, world, timeout_s > 0 ? timeout_s : 1e9);
+}
+
 std::string hash_bytes() {
   uint64_t h = detail::hostname_hash();
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
@@ -107,13 +124,52 @@ Device process_device(const std::string& spec, int local_rank, bool defaulted) {
 
 std::string rendezvous_dir_from_env() {
   std::string v = env_or("MESHRT_RENDEZVOUS");
-  if (v.empty()) return "";
+  if (v.empty() || v.rfind("tcp://", 0) == 0) return "";
   const std::string scheme = "file://";
   MESHRT_CHECK(v.rfind(scheme, 0) == 0 && v.size() > scheme.size(),
                "MESHRT_RENDEZVOUS='" << v
                                      << "' is not supported: use file:///path/to/shared/dir "
-                                        "(a directory every rank can read and write)");
+                                        "(a directory every rank can read and write) or "
+                                        "tcp://host:port (rank 0's address)");
   return v.substr(scheme.size());
+}
+
+namespace {
+
+int port_number(const std::string& s, const std::string& what) {
+  char* end = nullptr;
+  const long p = std::strtol(s.c_str(), &end, 10);
+  MESHRT_CHECK(!s.empty() && *end == '\0' && p >= 1 && p <= 65535,
+               what << ": '" << s << "' is not a TCP port (1..65535)");
+  return static_cast<int>(p);
+}
+
+}  // namespace
+
+bool rendezvous_tcp_from_env(std::string* host, int* port) {
+  const std::string v = env_or("MESHRT_RENDEZVOUS");
+  if (v.rfind("tcp://", 0) == 0) {
+    const std::string hp = v.substr(6);
+    const size_t colon = hp.rfind(':');
+    MESHRT_CHECK(colon != std::string::npos && colon > 0,
+                 "MESHRT_RENDEZVOUS='" << v << "': use tcp://host:port (rank 0's address)");
+    *host = hp.substr(0, colon);
+    *port = port_number(hp.substr(colon + 1), "MESHRT_RENDEZVOUS='" + v + "'");
+    return true;
+  }
+  if (!v.empty()) return false;  // file://, or refused by rendezvous_dir_from_env
+  const std::string addr = env_or("MASTER_ADDR"), mport = env_or("MASTER_PORT");
+  if (addr.empty() || mport.empty()) return false;
+  // MASTER_PORT is torch's own store (torchrun's agent, or init_process_group on rank 0):
+  // meshrt's rendezvous listens on the next port.
+  const int p = port_number(mport, "MASTER_PORT");
+  MESHRT_CHECK(p < 65535, "MASTER_PORT=" << p
+                                         << ": meshrt listens on MASTER_PORT + 1, which is not a "
+                                            "port; use a lower MASTER_PORT or MESHRT_RENDEZVOUS="
+                                            "tcp://host:port");
+  *host = addr;
+  *port = p + 1;
+  return true;
 }
 
 std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
@@ -142,20 +198,15 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     p.world_size = env_int("WORLD_SIZE", 1);
     MESHRT_CHECK(p.world_size >= 1 && p.rank < p.world_size,
                  "RANK=" << p.rank << " is outside WORLD_SIZE=" << p.world_size);
-    std::string dir = rendezvous_dir_from_env();
-    MESHRT_CHECK(p.world_size == 1 || !dir.empty(),
-                 "RANK/WORLD_SIZE are set (torchrun-style launch of "
-                     << p.world_size
-                     << " processes) but MESHRT_RENDEZVOUS is not: set "
-                        "MESHRT_RENDEZVOUS=file:///shared/dir, or launch with mpirun / srun");
-    if (p.world_size > 1) {
-      transport = make_file_transport(dir, p.rank, p.world_size, opts.config.timeout_s);
+    if (p.world_size > 1) transport = env_transport(p.rank, p.world_size, opts.config.timeout_s);
+    if (transport) {
+      // The node layout from the host names (it decides which ranks may share memory);
+      // LOCAL_RANK, when given, still picks the device.
+      local_from_hashes(transport->all_gather("hosts", hash_bytes()), &p);
     }
     if (!env_or("LOCAL_RANK").empty()) {
       p.local_rank = env_int("LOCAL_RANK", 0);
-      p.local_size = env_int("LOCAL_WORLD_SIZE", std::max(1, p.local_rank + 1));
-    } else if (transport) {
-      local_from_hashes(transport->all_gather("hosts", hash_bytes()), &p);
+      if (!transport) p.local_size = env_int("LOCAL_WORLD_SIZE", std::max(1, p.local_rank + 1));
     }
     p.device = process_device(spec, p.local_rank, opts.devices_defaulted);
     plan.kind = LaunchKind::EnvProcesses;

@@ -50,12 +50,18 @@ class MESHRT_API Launch {
 };
 
 // Decides the launch from the environment: MPI / Slurm variables -> one rank per process (MPI);
-// RANK + WORLD_SIZE -> one rank per process with MESHRT_RENDEZVOUS=file:///dir; otherwise ranks
-// are threads, one per entry of opts.devices. Throws, saying what to change, when the
+// RANK + WORLD_SIZE -> one rank per process meeting through MESHRT_RENDEZVOUS (file:///dir or
+// tcp://host:port) or torchrun's MASTER_ADDR / MASTER_PORT; otherwise ranks are threads, one per
+// entry of opts.devices. Throws, saying what to change, when the
 // combination cannot work (e.g. CPU ranks as torchrun processes, host backend under mpirun).
 MESHRT_API std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts = {});
 
-// MESHRT_RENDEZVOUS=file:///shared/dir -> "/shared/dir"; "" when unset; throws on other forms.
+// MESHRT_RENDEZVOUS=file:///shared/dir -> "/shared/dir"; "" when unset or tcp://; throws on
+// other forms.
 MESHRT_API std::string rendezvous_dir_from_env();
+// The TCP rendezvous address: MESHRT_RENDEZVOUS=tcp://host:port, else (MESHRT_RENDEZVOUS unset)
+// MASTER_ADDR and MASTER_PORT + 1 (MASTER_PORT itself is torch's store). False when neither is
+// set; throws naming the variable when a port is not one.
+MESHRT_API bool rendezvous_tcp_from_env(std::string* host, int* port);
 
 }  // namespace meshrt

@@ -36,6 +36,13 @@ std::string rendezvous_file(int world, const std::string& payload);
 std::string rendezvous_payload(const std::string& contents, int world, const std::string& path);
 }  // namespace detail
 
+// Over TCP: rank 0 listens on host:port (host: its address, as every rank reaches it), the other
+// ranks connect (retrying until rank 0 listens) and keep their connection for the launch; each
+// all-gather goes through rank 0. Waits are bounded by `timeout_s`: a rank that never connects
+// is named, as is one whose connection closes (its process failed).
+std::unique_ptr<BootstrapTransport> make_tcp_transport(const std::string& host, int port, int rank,
+                                                       int size, double timeout_s);
+
 // Over MPI_COMM_WORLD (initialising MPI if needed); gives up after `timeout_s` and then aborts the
 // MPI communicators of the process, like a collective timeout. Defined with the MPI runtime.
 std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s);

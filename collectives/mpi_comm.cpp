@@ -427,6 +427,13 @@ std::string mpi_refuses(const WorldPlan& plan) {
   if (plan.device_type != DeviceType::CPU) {
     return "it moves CPU tensors; CUDA devices need a GPU backend (nccl)";
   }
+  if (plan.kind == LaunchKind::EnvProcesses && mpi_launched()) {
+    // Under mpirun, but the ranks met through a file rendezvous (meshrt_comm_init_file,
+    // RANK / WORLD_SIZE): MPI did not number them, so its world need not be theirs.
+    return "its ranks are MPI's own, but these processes met through a rendezvous "
+           "(meshrt_comm_init_file, or RANK / WORLD_SIZE) although an MPI launcher started them: "
+           "use meshrt_comm_init_mpi under mpirun, or the shm backend for CPU processes";
+  }
   if (plan.kind != LaunchKind::MpiProcesses) {
     return "it needs one process per rank: launch with mpirun -np N (this process was not "
            "started by an MPI launcher)";

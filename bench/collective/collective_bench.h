@@ -13,7 +13,7 @@ struct CollBenchOptions {
       "all_reduce";  // all_reduce | all_gather | reduce_scatter | broadcast | all_to_all
   std::string devices = "cpu:2";   // ranks as threads; under mpirun: the device kind per process
   bool devices_defaulted = false;  // `devices` is the default (see LaunchOptions)
-  std::string backend = "auto";    // auto | host | mpi | nccl (auto: from the environment)
+  std::string backend = "auto";    // auto | host | mpi | shm | nccl (auto: from the environment)
   int64_t min_bytes = 32 << 20;    // -b
   int64_t max_bytes = 32 << 20;    // -e
   double step_factor = 2.0;        // -f: multiply the size by this (when > 1)

@@ -147,10 +147,18 @@ MESHRT_C_API meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi
                                                   const meshrt_comm_config_t* config);
 /* Rank `rank` of `nranks` processes meeting through files in `dir` (a directory every rank can
  * read and write; MESHRT_RUN_ID keeps separate jobs apart). Collective; MESHRT_ERROR_TIMEOUT
- * names the ranks that never arrived. The backend must serve processes: CPU processes need MPI
- * (MESHRT_ERROR_UNSUPPORTED with the reason), CUDA ones get NCCL. */
+ * names the ranks that never arrived. CPU processes of one node get the shm backend (shared
+ * memory), CUDA ones NCCL. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int nranks,
                                                    int rank, const meshrt_comm_config_t* config);
+/* Rank `rank` of `nranks` processes meeting over TCP at rank 0's `host`:`port` (rank 0 listens
+ * there; an IPv4 address or host name every rank reaches, e.g. "127.0.0.1" on one node).
+ * Collective; MESHRT_ERROR_TIMEOUT names the ranks that never connected within the init
+ * timeout. As meshrt_comm_init_file: CPU processes of one node get the shm backend, CUDA ones
+ * NCCL. */
+MESHRT_C_API meshrt_status_t meshrt_comm_init_tcp(meshrt_comm_t* comm, const char* host, int port,
+                                                  int nranks, int rank,
+                                                  const meshrt_comm_config_t* config);
 /* Wraps an engine's ncclComm_t (passed as void*) on CUDA device `device`, not owned: meshrt
  * never destroys it (it does ncclCommAbort it when a collective times out or
  * meshrt_comm_abort is called). CUDA builds only: MESHRT_ERROR_UNSUPPORTED otherwise. */

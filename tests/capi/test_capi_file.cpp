@@ -1,6 +1,9 @@
-// meshrt_comm_init_file: processes meeting through a directory. Two forked processes rendezvous
-// (CPU processes then get UNSUPPORTED from every CPU backend, with the reason); one of two never
-// arrives (TIMEOUT naming it); a world of one works end to end.
+// meshrt_comm_init_file: processes meeting through a directory. Two forked CPU processes
+// rendezvous and run an all-reduce on the shm backend (also with an MPI launcher's variables
+// set); one of two never arrives (TIMEOUT naming it); a world of one works end to end.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,33 +42,93 @@ int in_child(const std::function<int()>& body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 200;
 }
 
-// What a rank expects from a 2-process CPU file world: the rendezvous completes (the check runs
-// after both processes exchanged their configs), then no CPU backend serves processes.
-int two_process_rank(const std::string& dir, int rank) {
+// A rank of a 2-process CPU file world: the shm backend serves it (also under an MPI launcher's
+// variables, issue 25 item 12: OMPI_COMM_WORLD_SIZE=2 used to make it refuse, saying that no MPI
+// launcher started the process); an all-reduce sums both ranks.
+int two_process_rank(const std::string& dir, int rank, bool under_mpirun, int port = 0) {
+  if (under_mpirun) setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
   init_api();
   meshrt_comm_config_t cfg = test_config(30);
   cfg.init_timeout_s = 20;
   meshrt_comm_t comm = nullptr;
-  const meshrt_status_t st = meshrt_comm_init_file(&comm, dir.c_str(), 2, rank, &cfg);
-  const std::string msg = meshrt_last_error();
-  std::printf("rank %d: %s: %s\n", rank, meshrt_status_string(st), msg.c_str());
-  if (st != MESHRT_ERROR_UNSUPPORTED) return 1;
-  if (msg.find("mpirun") == std::string::npos) return 2;
-  return 0;
+  const meshrt_status_t st = port > 0
+                                 ? meshrt_comm_init_tcp(&comm, "127.0.0.1", port, 2, rank, &cfg)
+                                 : meshrt_comm_init_file(&comm, dir.c_str(), 2, rank, &cfg);
+  std::printf("rank %d: %s: %s\n", rank, meshrt_status_string(st), meshrt_last_error());
+  if (st != MESHRT_SUCCESS) return 1;
+  Buf t(dl_dtype(kDLFloat, 32), 3);
+  for (int i = 0; i < 3; ++i) t.set(i, rank + 1 + 10 * i);
+  meshrt_event_t e = nullptr;
+  if (meshrt_all_reduce(comm, t.handle(), t.handle(), MESHRT_SUM, nullptr, &e) != MESHRT_SUCCESS ||
+      meshrt_event_synchronize(e) != MESHRT_SUCCESS || meshrt_event_destroy(e) != MESHRT_SUCCESS) {
+    std::printf("rank %d: all_reduce: %s\n", rank, meshrt_last_error());
+    return 2;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (t.get(i) != 3.0 + 20 * i) return 3;
+  }
+  return meshrt_comm_destroy(comm) == MESHRT_SUCCESS ? 0 : 4;
 }
 
 }  // namespace
 
-TEST_CASE("capi: file rendezvous of 2 processes meets, then CPU processes are unsupported",
+TEST_CASE("capi: file rendezvous of 2 CPU processes runs collectives on the shm backend",
           "[capi][file]") {
-  const std::string dir = fresh_dir("two");
+  for (bool under_mpirun : {false, true}) {
+    const std::string dir = fresh_dir(under_mpirun ? "two-mpi" : "two");
+    int rc1 = -1;
+    std::thread other(
+        [&] { rc1 = in_child([&] { return two_process_rank(dir, 1, under_mpirun); }); });
+    const int rc0 = in_child([&] { return two_process_rank(dir, 0, under_mpirun); });
+    other.join();
+    INFO("under mpirun's variables: " << under_mpirun);
+    CHECK(rc0 == 0);
+    CHECK(rc1 == 0);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+namespace {
+
+// A port nothing listens on now (the kernel's pick for port 0).
+int unused_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+}  // namespace
+
+TEST_CASE("capi: TCP rendezvous of 2 CPU processes on 127.0.0.1 runs collectives on shm",
+          "[capi][file]") {
+  const int port = unused_port();
+  REQUIRE(port > 0);
   int rc1 = -1;
-  std::thread other([&] { rc1 = in_child([&] { return two_process_rank(dir, 1); }); });
-  const int rc0 = in_child([&] { return two_process_rank(dir, 0); });
+  std::thread other([&] { rc1 = in_child([&] { return two_process_rank("", 1, false, port); }); });
+  const int rc0 = in_child([&] { return two_process_rank("", 0, false, port); });
   other.join();
   CHECK(rc0 == 0);
   CHECK(rc1 == 0);
-  std::filesystem::remove_all(dir);
+  // Alone, rank 0 times out naming the rank that never connected; bad arguments are refused.
+  init_api();
+  meshrt_comm_config_t cfg = test_config(30);
+  cfg.init_timeout_s = 0.5;
+  meshrt_comm_t comm = nullptr;
+  require_status(meshrt_comm_init_tcp(&comm, "127.0.0.1", unused_port(), 2, 0, &cfg),
+                 MESHRT_ERROR_TIMEOUT, {"rank 1 never connected"});
+  CHECK(comm == nullptr);
+  require_status(meshrt_comm_init_tcp(&comm, "127.0.0.1", 0, 2, 0, &cfg),
+                 MESHRT_ERROR_INVALID_ARGUMENT, {"port is 0"});
+  require_status(meshrt_comm_init_tcp(&comm, nullptr, 29500, 2, 0, &cfg),
+                 MESHRT_ERROR_INVALID_ARGUMENT, {"host is NULL"});
 }
 
 TEST_CASE("capi: file rendezvous where a process never arrives times out naming it",

@@ -115,7 +115,7 @@ TEST_CASE("bootstrap: backends that cannot work are refused with what to change"
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("needs CUDA devices"));
 #else
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown collective backend 'nccl'") &&
-                                       Catch::Contains("this build has host, mpi (or auto)"));
+                                       Catch::Contains("this build has host, mpi, shm (or auto)"));
 #endif
   lo.backend = "gloo";
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown collective backend 'gloo'") &&
@@ -145,9 +145,14 @@ TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
     });
   }
   {
-    ScopedEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MESHRT_RENDEZVOUS", nullptr}});
+    ScopedEnv env({{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"MESHRT_RENDEZVOUS", nullptr},
+                   {"MASTER_ADDR", nullptr},
+                   {"MASTER_PORT", nullptr}});
     CHECK_THROWS_WITH(bootstrap(LaunchOptions{}),
-                      Catch::Contains("set MESHRT_RENDEZVOUS=file:///shared/dir"));
+                      Catch::Contains("set MASTER_ADDR and MASTER_PORT") &&
+                          Catch::Contains("MESHRT_RENDEZVOUS=file:///shared/dir"));
   }
   {
     fs::path d = fresh_dir("torchrun");
@@ -157,14 +162,47 @@ TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
                    {"LOCAL_RANK", "1"},
                    {"MESHRT_RENDEZVOUS", uri.c_str()}});
     CHECK(rendezvous_dir_from_env() == d.string());
-    CHECK_THROWS_WITH(
-        bootstrap(LaunchOptions{}),
-        Catch::Contains("launch them with mpirun / srun") && Catch::Contains("--devices cpu:2"));
+    std::string host;
+    int port = 0;
+    CHECK_FALSE(rendezvous_tcp_from_env(&host, &port));  // file:// wins over MASTER_*
     fs::remove_all(d);
   }
   {
-    ScopedEnv env({{"MESHRT_RENDEZVOUS", "tcp://host:29500"}});
-    CHECK_THROWS_WITH(rendezvous_dir_from_env(), Catch::Contains("use file:///"));
+    ScopedEnv env({{"MESHRT_RENDEZVOUS", "tcp://127.0.0.1:29500"}});
+    CHECK(rendezvous_dir_from_env().empty());
+    std::string host;
+    int port = 0;
+    REQUIRE(rendezvous_tcp_from_env(&host, &port));
+    CHECK(host == "127.0.0.1");
+    CHECK(port == 29500);
+  }
+  {
+    // torchrun's variables: MASTER_PORT is torch's store, meshrt listens on the next port.
+    ScopedEnv env(
+        {{"MESHRT_RENDEZVOUS", nullptr}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+    std::string host;
+    int port = 0;
+    REQUIRE(rendezvous_tcp_from_env(&host, &port));
+    CHECK(host == "127.0.0.1");
+    CHECK(port == 29501);
+  }
+  for (const char* bad : {"0", "x", "65535", "70000"}) {
+    ScopedEnv env(
+        {{"MESHRT_RENDEZVOUS", nullptr}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", bad}});
+    std::string host;
+    int port = 0;
+    CHECK_THROWS_WITH(rendezvous_tcp_from_env(&host, &port), Catch::Contains("MASTER_PORT"));
+  }
+  {
+    ScopedEnv env({{"MESHRT_RENDEZVOUS", "udp://host:29500"}});
+    CHECK_THROWS_WITH(rendezvous_dir_from_env(),
+                      Catch::Contains("use file:///") && Catch::Contains("tcp://host:port"));
+  }
+  {
+    ScopedEnv env({{"MESHRT_RENDEZVOUS", "tcp://nohost"}});
+    std::string host;
+    int port = 0;
+    CHECK_THROWS_WITH(rendezvous_tcp_from_env(&host, &port), Catch::Contains("tcp://host:port"));
   }
 }
 
@@ -239,12 +277,13 @@ TEST_CASE("backend registry: exactly the backends this build compiles, in order"
   std::vector<std::string> names;
   for (const CollectiveBackend& b : collective_backends()) names.push_back(b.name);
 #if defined(MESHRT_WITH_CUDA)
-  const std::vector<std::string> expected = {"host", "mpi", "nccl"};
+  const std::vector<std::string> expected = {"host", "mpi", "shm", "nccl"};
 #else
-  const std::vector<std::string> expected = {"host", "mpi"};
+  const std::vector<std::string> expected = {"host", "mpi", "shm"};
 #endif
   CHECK(names == expected);
-  CHECK(collective_backend_names() == (expected.size() == 3 ? "host, mpi, nccl" : "host, mpi"));
+  CHECK(collective_backend_names() ==
+        (expected.size() == 4 ? "host, mpi, shm, nccl" : "host, mpi, shm"));
   for (const std::string& n : expected) CHECK(find_collective_backend(n).name == n);
   CHECK_THROWS_WITH(find_collective_backend("gloo"),
                     Catch::Contains("unknown collective backend 'gloo'") &&
@@ -270,16 +309,50 @@ TEST_CASE("backend registry: auto picks the highest-priority backend that serves
         "mpi");
   CHECK(choose_collective_backend("auto", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 1))
             .name == "host");
-  // Nothing moves CPU tensors between torchrun-style processes: every refusal is reported.
+  // CPU processes of one node (torchrun-style or under mpirun) share memory: the shm backend.
+  auto on_one_node = [&](LaunchKind kind, int world) {
+    WorldPlan p = plan_of(kind, DeviceType::CPU, world);
+    p.local[0].local_size = world;
+    return p;
+  };
+  CHECK(choose_collective_backend("auto", on_one_node(LaunchKind::EnvProcesses, 3)).name == "shm");
+  CHECK(choose_collective_backend("auto", on_one_node(LaunchKind::MpiProcesses, 2)).name == "shm");
+  CHECK(choose_collective_backend("mpi", on_one_node(LaunchKind::MpiProcesses, 2)).name == "mpi");
+  CHECK(choose_collective_backend("auto", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 2))
+            .name == "mpi");
+  CHECK_THROWS_WITH(choose_collective_backend("shm", on_one_node(LaunchKind::Threads, 2)),
+                    Catch::Contains("--backend shm cannot run 2 ranks as threads on cpu") &&
+                        Catch::Contains("share memory already (host backend)"));
+  // Across nodes nothing moves CPU tensors between torchrun-style processes: every refusal is
+  // reported.
   CHECK_THROWS_WITH(
       choose_collective_backend("auto", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 3)),
       Catch::Contains("no collective backend of this build can run rank 0 of 3 as env-processes") &&
           Catch::Contains("host: it runs ranks as threads of one process") &&
-          Catch::Contains("mpi: it needs one process per rank"));
+          Catch::Contains("mpi: it needs one process per rank") &&
+          Catch::Contains("shm: its ranks share one node's memory, but only 1 of the 3 processes "
+                          "run on this node"));
   CHECK_THROWS_WITH(
       choose_collective_backend("host", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 2)),
       Catch::Contains("--backend host cannot run rank 0 of 2 as mpi-processes on cpu") &&
           Catch::Contains("launch them with mpirun / srun (mpi backend)"));
+  {
+    // Under mpirun, processes that met through a file rendezvous (meshrt_comm_init_file) are
+    // told so, not that no MPI launcher started them (issue 25, item 12).
+    const char* old = std::getenv("OMPI_COMM_WORLD_SIZE");
+    const std::string saved = old ? old : "";
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    const std::string why = find_collective_backend("mpi").refuses(
+        plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 2));
+    if (old) {
+      setenv("OMPI_COMM_WORLD_SIZE", saved.c_str(), 1);
+    } else {
+      unsetenv("OMPI_COMM_WORLD_SIZE");
+    }
+    CHECK_THAT(why, Catch::Contains("these processes met through a rendezvous") &&
+                        Catch::Contains("use meshrt_comm_init_mpi under mpirun") &&
+                        !Catch::Contains("not started by an MPI launcher"));
+  }
 #if defined(MESHRT_WITH_CUDA)
   CHECK(choose_collective_backend("auto", plan_of(LaunchKind::Threads, DeviceType::CUDA, 2)).name ==
         "nccl");

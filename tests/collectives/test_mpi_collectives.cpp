@@ -61,9 +61,14 @@ TEST_CASE("mpi: every op x dtype x in/out-of-place x sizes 0, 1, odd, large", "[
 }
 
 TEST_CASE("mpi: bootstrap under mpirun gives one rank per process with its local rank", "[mpi]") {
+  // One node: auto moves CPU data through shared memory, MPI only bootstraps; --backend mpi
+  // keeps MPI's data path.
+  LaunchOptions mpi_opts;
+  mpi_opts.backend = "mpi";
+  CHECK(bootstrap(mpi_opts)->backend() == "mpi");
   auto launch = bootstrap(LaunchOptions{});
   CHECK(launch->kind() == LaunchKind::MpiProcesses);
-  CHECK(launch->backend() == "mpi");
+  CHECK(launch->backend() == "shm");
   REQUIRE(launch->local().size() == 1);
   const RankPlacement& p = launch->local()[0];
   CHECK(p.rank == world().rank());

@@ -25,6 +25,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     meshrt::rendezvous_dir_from_env();
   } catch (const meshrt::Error&) {
   }
+  try {
+    std::string host;
+    int port = 0;
+    meshrt::rendezvous_tcp_from_env(&host, &port);
+  } catch (const meshrt::Error&) {
+  }
   ::unsetenv("MESHRT_RENDEZVOUS");
   return 0;
 }

@@ -124,6 +124,7 @@ case "$mode" in
     py=$src/.venv-ci/bin/python
     if [ -x "$py" ] && "$py" -c "import numpy" 2>/dev/null; then
       run_py "$py" allreduce_numpy.py "Python example"
+      run_py "$py" allreduce_processes.py "Python example, one process per rank"
       run_py "$py" mlp_numpy.py "Python MLP example"
     else
       echo "Python example: not run (no .venv-ci with numpy; tools/install-deps.sh --python-venv makes it)"

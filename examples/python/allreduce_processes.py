@@ -1,0 +1,83 @@
+"""meshrt's C API from Python with one process per rank (as an engine's worker processes or
+torchrun run them): the ranks meet over TCP on 127.0.0.1 (meshrt_comm_init_tcp) and all-reduce
+NumPy arrays in place through shared memory (the shm backend).
+
+Usage: allreduce_processes.py <path to libmeshrt.so>
+  starts NRANKS copies of itself (allreduce_processes.py <lib> --rank R --port P) and checks each.
+Exits 77 (skipped) when NumPy is missing.
+"""
+import ctypes as C
+import os
+import socket
+import subprocess
+import sys
+
+try:
+    import numpy as np
+except ImportError as e:  # pragma: no cover
+    print(f"SKIPPED: numpy is unavailable ({e}); run tools/install-deps.sh --python-venv")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from allreduce_numpy import API_VERSION, Borrowed, CommConfig, MESHRT_SUM, check, load  # noqa: E402
+
+NRANKS = 2
+COUNT = 1 << 16
+
+
+def rank_main(lib_path, rank, port):
+    lib = load(lib_path)
+    lib.meshrt_comm_init_tcp.argtypes = [C.POINTER(C.c_void_p), C.c_char_p, C.c_int, C.c_int,
+                                         C.c_int, C.POINTER(CommConfig)]
+    lib.meshrt_comm_rank.argtypes = [C.c_void_p, C.POINTER(C.c_int)]
+    check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
+    cfg = CommConfig(C.sizeof(CommConfig), 0x4D525443, API_VERSION, 60.0, 60.0, -1, 0, -1, None)
+    comm = C.c_void_p()
+    check(lib, lib.meshrt_comm_init_tcp(C.byref(comm), b"127.0.0.1", port, NRANKS, rank,
+                                        C.byref(cfg)), "meshrt_comm_init_tcp")
+    x = np.arange(COUNT, dtype=np.float32) % 100 + 1000 * rank
+    expected = sum(np.arange(COUNT, dtype=np.float32) % 100 + 1000 * r for r in range(NRANKS))
+    b = Borrowed(lib, x)
+    ev = C.c_void_p()
+    check(lib, lib.meshrt_all_reduce(comm, b.handle, b.handle, MESHRT_SUM, None, C.byref(ev)),
+          "meshrt_all_reduce")
+    check(lib, lib.meshrt_event_synchronize(ev), "meshrt_event_synchronize")
+    lib.meshrt_event_destroy(ev)
+    lib.meshrt_tensor_destroy(b.handle)
+    check(lib, lib.meshrt_comm_destroy(comm), "meshrt_comm_destroy")
+    ok = np.array_equal(x, expected)
+    print(f"rank {rank} (pid {os.getpid()}): all_reduce in place, x[:3] = {x[:3].tolist()}, "
+          f"matches numpy sum: {ok}")
+    return 0 if ok else 1
+
+
+def main():
+    lib_path = sys.argv[1]
+    if len(sys.argv) == 6 and sys.argv[2] == "--rank" and sys.argv[4] == "--port":
+        return rank_main(lib_path, int(sys.argv[3]), int(sys.argv[5]))
+    with socket.socket() as s:  # a free port for rank 0 to listen on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, __file__, lib_path, "--rank", str(r), "--port",
+                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(NRANKS)]
+    ok = True
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed after 120 s)"
+        print(out.rstrip())
+        ok = ok and p.returncode == 0
+    print(f"numpy {np.__version__}: {NRANKS} ranks as processes over TCP on 127.0.0.1")
+    if not ok:
+        print("FAILED")
+        return 1
+    print("OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+// Shared-memory communicator (ranks = processes of one node): the suite starts its own rank
+// processes (fork + exec of this binary with --shm-rank), which meet through a file rendezvous.
+// Every op x dtype x in place / out of place on 2, 3 and 4 processes with odd counts (exact
+// values, the threads backend's expectations) and bit-identical to the threads backend on random
+// floats; split groups, send / recv; a SIGKILLed peer named within the timeout; no segment left
+// in /dev/shm; stale segments of dead jobs removed.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "coll_matrix.h"
+#include "coll_test_util.h"
+#include "collectives/bootstrap.h"
+#include "collectives/bootstrap_transport.h"
+#include "collectives/host_comm.h"
+#include "collectives/shm_comm.h"
+#include "runtime/stream.h"
+#include "tests/common/files.h"
+
+using namespace meshrt;
+using namespace meshrt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+CommConfig shm_test_config(double timeout_s) {
+  CommConfig c;
+  c.timeout_s = timeout_s;
+  return c;
+}
+
+// Random floats (not exact sums): the shm result must equal the threads backend's bit for bit.
+Tensor random_tensor(int64_t n, DType dt, uint64_t seed) {
+  Tensor t = host_tensor(n, dt);
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < n; ++i) store(t.data_ptr(), dt, i, u(g));
+  return t;
+}
+
+// All-reduce and reduce-scatter of random floats on shm against the same calls on `n` host
+// (thread) ranks given the same inputs; the number of differing results.
+int64_t diff_against_threads(Communicator& w, Stream& s, Failures& f) {
+  const int n = w.size(), r = w.rank();
+  int64_t calls = 0;
+  // One-step (small) and chunked all-reduces.
+  for (int64_t N : {int64_t{1001}, int64_t{100003}})
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+        const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(dt) + static_cast<uint64_t>(op);
+        Tensor mine = random_tensor(N, dt, seed + static_cast<uint64_t>(r) * 7919);
+        Tensor got = host_tensor(N, dt);
+        w.all_reduce(mine, got, op, s).synchronize();
+        Tensor rs_in = random_tensor(N * n, dt, seed + 55 + static_cast<uint64_t>(r) * 7919);
+        Tensor rs_got = host_tensor(N, dt);
+        w.reduce_scatter(rs_in, rs_got, op, s).synchronize();
+        // The same calls on threads, with every rank's inputs regenerated here.
+        auto comms = make_host_communicators(n, "threads", shm_test_config(60));
+        std::vector<Tensor> want(static_cast<size_t>(n)), rs_want(static_cast<size_t>(n));
+        run_ranks(comms, [&](int j) {
+          auto ts = make_host_stream("t" + std::to_string(j));
+          Tensor in = random_tensor(N, dt, seed + static_cast<uint64_t>(j) * 7919);
+          want[static_cast<size_t>(j)] = host_tensor(N, dt);
+          comms[static_cast<size_t>(j)]->all_reduce(in, want[static_cast<size_t>(j)], op, *ts);
+          Tensor rin = random_tensor(N * n, dt, seed + 55 + static_cast<uint64_t>(j) * 7919);
+          rs_want[static_cast<size_t>(j)] = host_tensor(N, dt);
+          comms[static_cast<size_t>(j)]->reduce_scatter(rin, rs_want[static_cast<size_t>(j)], op,
+                                                        *ts);
+          ts->synchronize();
+        });
+        const std::string what = std::string(dtype_name(dt)) + " " + reduce_op_name(op);
+        if (std::memcmp(got.data_ptr(), want[static_cast<size_t>(r)].data_ptr(), got.nbytes()) != 0)
+          f.add("all_reduce " + what + " differs from the threads backend");
+        if (std::memcmp(rs_got.data_ptr(), rs_want[static_cast<size_t>(r)].data_ptr(),
+                        rs_got.nbytes()) != 0)
+          f.add("reduce_scatter " + what + " differs from the threads backend");
+        calls += 2;
+      }
+    }
+  return calls;
+}
+
+// Splits into even / odd ranks and runs collectives on both groups at once, then a ring of
+// send / recv (chunked: larger than a mailbox) on the world.
+void split_and_ring(Communicator& w, Stream& s, Failures& f) {
+  const int n = w.size(), r = w.rank();
+  auto half = w.split(r % 2, r, "half");
+  auto none = w.split(kNoColor, 0);
+  if (none) f.add("split with kNoColor returned a communicator");
+  if (!half || half->size() != (n + 1 - r % 2) / 2 || half->rank() != r / 2) {
+    f.add("split: wrong group");
+    return;
+  }
+  for (int it = 0; it < 3; ++it) {
+    const uint64_t seed = 70 + static_cast<uint64_t>(it);
+    Tensor a = host_tensor(100003, DType::f32);
+    fill_pattern(a, seed, half->rank());
+    half->all_reduce(a, ReduceOp::Sum, s).synchronize();
+    check_values(f, "half all_reduce", a, 0, a.numel(), [&](int64_t i) {
+      return reduced(DType::f32, ReduceOp::Sum, seed, half->size(), i);
+    });
+  }
+  auto ss = make_host_stream("send");
+  auto sr = make_host_stream("recv");
+  for (int64_t count : {int64_t{0}, int64_t{5}, int64_t{200001}}) {
+    Tensor out = host_tensor(count, DType::i32), in = host_tensor(count, DType::i32);
+    fill_pattern(out, static_cast<uint64_t>(count), r);
+    Event es = w.send(out, (r + 1) % n, *ss);
+    Event er = w.recv(in, (r + n - 1) % n, *sr);
+    es.synchronize();
+    er.synchronize();
+    check_values(f, "ring count " + std::to_string(count), in, 0, count, [&](int64_t i) {
+      return pattern(static_cast<uint64_t>(count), (r + n - 1) % n, i);
+    });
+  }
+  w.barrier(s).synchronize();
+}
+
+// A rank process: meets the others through `dir`, then runs `mode`. Prints one verdict line.
+int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int world,
+                  const std::string& run) {
+  const double timeout_s = mode == "kill" ? 20 : 120;
+  auto tr = make_file_transport(dir, rank, world, 60, run);
+  std::unique_ptr<Communicator> w = make_shm_world_communicator(*tr, shm_test_config(timeout_s));
+  auto s = make_host_stream("comm");
+  Failures f;
+  if (mode == "matrix") {
+    const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001, 600001}, f, 11 + world);
+    const int64_t calls = diff_against_threads(*w, *s, f);
+    split_and_ring(*w, *s, f);
+    std::printf("%s rank %d: %lld collectives, %lld against threads, %zu failures\n%s",
+                f.count() == 0 ? "SHM OK" : "SHM FAIL", rank, static_cast<long long>(ops),
+                static_cast<long long>(calls), f.count(), f.str().c_str());
+    return f.count() == 0 && ops == 11 * 5 * 2 * 5 ? 0 : 1;
+  }
+  if (mode == "kill") {
+    // Rank 1 dies (SIGKILL) before its 4th all-reduce; the others are inside it, waiting.
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      for (int i = 0; i < 1000; ++i) {
+        if (rank == 1 && i == 3) raise(SIGKILL);
+        Tensor t = host_tensor(1000, DType::f32);
+        fill_value(t, 1);
+        w->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+        if (i == 2 && rank != 1) std::fflush(stdout);
+      }
+    } catch (const CommError& e) {
+      const double dt =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("SHM FAILED rank %d after %.1f s: %s\n", rank, dt, e.what());
+      return 3;
+    }
+    std::printf("SHM FAIL rank %d: no error\n", rank);
+    return 1;
+  }
+  std::printf("SHM FAIL unknown mode %s\n", mode.c_str());
+  return 1;
+}
+
+struct Ranks {
+  std::vector<pid_t> pids;
+  std::vector<int> status;  // exit code, or 128 + signal
+  std::vector<std::string> out;
+};
+
+// Starts `world` rank processes of this binary in `mode` and waits for all (at most 300 s; then
+// they are killed and the test fails).
+Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
+  static int runs = 0;
+  const std::string run = "t" + std::to_string(getpid()) + "-" + std::to_string(runs++);
+  Ranks rs;
+  for (int r = 0; r < world; ++r) {
+    const fs::path log = dir / (run + "-rank" + std::to_string(r) + ".txt");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      const std::string rk = std::to_string(r), ws = std::to_string(world), d = dir.string();
+      execl("/proc/self/exe", "test_collectives_shm", "--shm-rank", mode.c_str(), d.c_str(),
+            rk.c_str(), ws.c_str(), run.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    rs.pids.push_back(pid);
+  }
+  rs.status.assign(static_cast<size_t>(world), -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  for (int left = world; left > 0;) {
+    for (int r = 0; r < world; ++r) {
+      if (rs.status[static_cast<size_t>(r)] != -1) continue;
+      int st = 0;
+      if (waitpid(rs.pids[static_cast<size_t>(r)], &st, WNOHANG) <= 0) continue;
+      rs.status[static_cast<size_t>(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      --left;
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (pid_t p : rs.pids) kill(p, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < world; ++r)
+    rs.out.push_back(slurp(dir / (run + "-rank" + std::to_string(r) + ".txt")));
+  return rs;
+}
+
+// The /dev/shm entries of meshrt segments created by any of `pids`.
+std::vector<std::string> segments_of(const std::vector<pid_t>& pids) {
+  std::vector<std::string> found;
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return found;
+  while (const dirent* e = readdir(d)) {
+    const std::string nm = e->d_name;
+    for (pid_t p : pids) {
+      if (nm.rfind("meshrt-shm-" + std::to_string(p) + "-", 0) == 0) found.push_back(nm);
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("shm: every op x dtype x in/out-of-place on 2, 3 and 4 processes, equal to threads",
+          "[multirank]") {
+  const fs::path dir = scratch_dir("shm-matrix");
+  for (int world : {2, 3, 4}) {
+    Ranks rs = spawn_ranks("matrix", world, dir);
+    for (int r = 0; r < world; ++r) {
+      INFO("world " << world << " rank " << r << ":\n" << rs.out[static_cast<size_t>(r)]);
+      CHECK(rs.status[static_cast<size_t>(r)] == 0);
+      CHECK_THAT(rs.out[static_cast<size_t>(r)],
+                 Catch::Contains("SHM OK rank " + std::to_string(r) +
+                                 ": 550 collectives, 48 "
+                                 "against threads, 0 failures"));
+    }
+    CHECK(segments_of(rs.pids).empty());
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("shm: a SIGKILLed peer fails the others at once, naming its global rank", "[multirank]") {
+  const fs::path dir = scratch_dir("shm-kill");
+  Ranks rs = spawn_ranks("kill", 3, dir);
+  CHECK(rs.status[1] == 128 + SIGKILL);
+  for (int r : {0, 2}) {
+    const std::string& out = rs.out[static_cast<size_t>(r)];
+    INFO("rank " << r << ":\n" << out);
+    CHECK(rs.status[static_cast<size_t>(r)] == 3);
+    CHECK_THAT(out, Catch::Contains("SHM FAILED rank " + std::to_string(r)) &&
+                        Catch::Contains("rank 1 (pid " + std::to_string(rs.pids[1]) +
+                                        ") is gone: its process ended"));
+    // Found from the process itself, well before the 20 s watchdog.
+    const size_t at = out.find(" after ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::strtod(out.c_str() + at + 7, nullptr) < 15.0);
+  }
+  CHECK(segments_of(rs.pids).empty());
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// A port nothing listens on now (the kernel's pick for port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A torchrun-style rank in a forked child: bootstrap from RANK / WORLD_SIZE / LOCAL_RANK and
+// MASTER_ADDR / MASTER_PORT (or a file rendezvous), then an all-reduce and a barrier. Returns
+// the child's exit status: 0 when the shm backend served it and the sum is right.
+pid_t torchrun_rank(int rank, int world, const std::string& master_port, const std::string& dir) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  int rc = 10;
+  try {
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+    if (dir.empty()) {
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", master_port.c_str(), 1);
+      unsetenv("MESHRT_RENDEZVOUS");
+    } else {
+      setenv("MESHRT_RENDEZVOUS", ("file://" + dir).c_str(), 1);
+    }
+    LaunchOptions lo;
+    lo.config.timeout_s = 60;
+    auto launch = bootstrap(lo);
+    rc = launch->backend() == "shm" ? 11 : 12;
+    launch->run([&](const RankPlacement& p, Communicator& c) {
+      auto s = make_host_stream("comm");
+      Tensor t = host_tensor(5, DType::i64);
+      fill_value(t, p.rank + 1);
+      c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+      c.barrier(*s).synchronize();
+      if (rc == 11 && t.item(4) == world * (world + 1) / 2) rc = 0;
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    rc = 13;
+  }
+  std::fflush(stderr);
+  _exit(rc);
+}
+
+}  // namespace
+
+TEST_CASE("shm: torchrun-style processes meet over TCP (127.0.0.1) or files and run on shm",
+          "[multirank]") {
+  const fs::path dir = scratch_dir("shm-torchrun");
+  for (const bool tcp : {true, false}) {
+    const int world = 3;
+    // meshrt listens on MASTER_PORT + 1.
+    const int port = tcp ? free_port() : 0;
+    REQUIRE(port != -1);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < world; ++r)
+      pids.push_back(torchrun_rank(r, world, std::to_string(port - 1), tcp ? "" : dir.string()));
+    for (int r = 0; r < world; ++r) {
+      int st = 0;
+      waitpid(pids[static_cast<size_t>(r)], &st, 0);
+      INFO((tcp ? "tcp" : "file") << " rank " << r);
+      CHECK(WIFEXITED(st));
+      CHECK(WEXITSTATUS(st) == 0);
+    }
+    CHECK(segments_of(pids).empty());
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("shm: stale segments of dead jobs are removed, live ones kept", "[unit]") {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int st = 0;
+  waitpid(child, &st, 0);  // its pid now names no process
+  const std::string dead = "/meshrt-shm-" + std::to_string(child) + "-deadbeef";
+  const std::string live = "/meshrt-shm-" + std::to_string(getpid()) + "-cafe";
+  for (const std::string& nm : {dead, live}) {
+    const int fd = shm_open(nm.c_str(), O_CREAT | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    close(fd);
+  }
+  const std::vector<std::string> removed = detail::shm_remove_stale_segments();
+  CHECK(std::find(removed.begin(), removed.end(), dead.substr(1)) != removed.end());
+  CHECK(std::find(removed.begin(), removed.end(), live.substr(1)) == removed.end());
+  CHECK(segments_of({child}).empty());
+  CHECK(segments_of({getpid()}).size() == 1);
+  shm_unlink(live.c_str());
+}
+
+int main(int argc, char** argv) {
+  if (argc == 7 && std::string(argv[1]) == "--shm-rank") {
+    try {
+      return shm_rank_main(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]), argv[6]);
+    } catch (const std::exception& e) {
+      std::printf("SHM FAIL: %s\n", e.what());
+      return 2;
+    }
+  }
+  return Catch::Session().run(argc, argv);
+}

@@ -2,9 +2,11 @@
 
 #include <semaphore.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include <thread>
 
 #include "runtime/dtype.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -186,7 +189,24 @@ void on_usr1(int sig) {
   sem_post(&g_sem);
 }
 
+// An application handler of `sig` (not the default action, not ignored).
+bool app_handles(const struct sigaction& old) {
+  return (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != nullptr
+                                     : old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN;
+}
+
 void on_fatal(int sig, siginfo_t* info, void* ctx) {
+  // SIGTERM is a request to stop, a fault only when it ends the process: when the application
+  // handles it (meshrt train stops gracefully after the step), no record is written.
+  if (sig == SIGTERM && app_handles(g_old[sig])) {
+    struct sigaction& old = g_old[sig];
+    sigaction(sig, &old, nullptr);
+    if (old.sa_flags & SA_SIGINFO)
+      old.sa_sigaction(sig, info, ctx);
+    else
+      old.sa_handler(sig);
+    return;
+  }
   const int before = g_dumps_done.load();
   g_pending_sig = sig;
   sem_post(&g_sem);
@@ -277,9 +297,28 @@ std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
   return st;
 }
 
+std::string flight_job_id() {
+  std::string id;
+  for (const char* v : {"MESHRT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                        "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"}) {
+    id = env_or(v);
+    if (!id.empty()) {
+      if (!std::strcmp(v, "SLURM_JOB_ID") && !env_or("SLURM_STEP_ID").empty())
+        id += "." + env_or("SLURM_STEP_ID");
+      break;
+    }
+  }
+  if (id.empty()) id = "pid" + std::to_string(getpid());
+  // A file name: anything but [A-Za-z0-9._-] becomes '_'.
+  for (char& c : id)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  return id;
+}
+
 std::string flight_dir() {
-  const char* d = std::getenv("MESHRT_FLIGHT_DIR");
-  return d && *d ? std::string(d) : std::string(".");
+  const std::string d = env_or("MESHRT_FLIGHT_DIR");
+  if (!d.empty()) return d;
+  return env_or("TMPDIR", "/tmp") + "/meshrt-flight-" + flight_job_id();
 }
 
 namespace {
@@ -287,6 +326,9 @@ namespace {
 // Writes one record (temporary file, then rename); "" and a warning on failure.
 std::string write_record(int rank, const std::string& text) {
   const std::string dir = flight_dir();
+  // The default per-job folder is made on the first record (every rank of the job names the
+  // same one); a MESHRT_FLIGHT_DIR the user gave must exist.
+  if (env_or("MESHRT_FLIGHT_DIR").empty()) (void)mkdir(dir.c_str(), 0755);
   {
     const std::string path = dir + "/meshrt-flight-" + std::to_string(rank) + ".json";
     const std::string tmp = path + ".tmp." + std::to_string(getpid());

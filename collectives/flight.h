@@ -1,7 +1,8 @@
 // The flight recorder: each rank's ring of its last N collectives, written as JSON
-// (meshrt-flight-<rank>.json in MESHRT_FLIGHT_DIR, default the working directory) on a watchdog
-// timeout, an abort, a fatal signal or SIGUSR1; and the per-rank state (global rank, fault
-// injection) that every communicator of one rank shares. Internal to collectives/.
+// (meshrt-flight-<rank>.json in flight_dir()) on a watchdog timeout, an abort, a fatal signal
+// (SIGTERM only where the application does not handle it: a graceful stop is no fault) or SIGUSR1;
+// and the per-rank state (global rank, fault injection) that every communicator of one rank shares.
+// Internal to collectives/.
 #pragma once
 
 #include <atomic>
@@ -81,11 +82,16 @@ struct RankState {
 std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
                                            std::string_view backend, const std::string& fault);
 
-// Writes every live ring of this process to <dir>/meshrt-flight-<rank>.json (dir:
-// MESHRT_FLIGHT_DIR, default "."); returns the paths written. Failures are logged, not thrown.
+// Writes every live ring of this process to <flight_dir()>/meshrt-flight-<rank>.json and says in
+// one line where; returns the paths written. Failures are logged, not thrown.
 std::vector<std::string> flight_dump_all(const std::string& reason);
-// The directory the records go to.
+// The directory the records go to: MESHRT_FLIGHT_DIR, else the per-job folder
+// ${TMPDIR:-/tmp}/meshrt-flight-<job id> (made on the first record), never the working directory.
 std::string flight_dir();
+// The job id every rank of one job shares: MESHRT_RUN_ID, TORCHELASTIC_RUN_ID,
+// SLURM_JOB_ID[.SLURM_STEP_ID], Open MPI's job id (OMPI_MCA_ess_base_jobid), PMIX_NAMESPACE,
+// else "pid<process id>" (threads); characters outside [A-Za-z0-9._-] become '_'.
+std::string flight_job_id();
 
 // Steady-clock nanoseconds now.
 int64_t flight_now_ns();

@@ -231,8 +231,9 @@ ClusterSpec load_cluster(const std::string& spec, const std::string& dtype) {
   if (file) {
     std::error_code ec;
     MESHRT_CHECK(fs::exists(spec, ec), "--cluster " << spec
-                                                    << ": no such file (a preset is h100-sxm:8, "
-                                                    << "h200-sxm:8, a100-sxm:8, cpu)");
+                                                    << ": cannot read the file: it does not exist "
+                                                       "(a preset is h100-sxm:8, h200-sxm:8, "
+                                                       "a100-sxm:8, cpu)");
     // A cluster file is a few KiB: the cap stops a wrong path (a device, a huge log) early.
     c = cluster_from_json(read_input_file(spec, "--cluster", kMaxClusterFileBytes), spec);
   } else {

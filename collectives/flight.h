@@ -1,6 +1,7 @@
 // The flight recorder: each rank's ring of its last N collectives, written as JSON
 // (meshrt-flight-<rank>.json in flight_dir()) on a watchdog timeout, an abort, a fatal signal
-// (SIGTERM only where the application does not handle it: a graceful stop is no fault) or SIGUSR1;
+// (SIGTERM while the application stops gracefully on it, runtime/stop.h, only for a stuck rank:
+// a collective open 1 s or more, or parked by a fault) or SIGUSR1;
 // and the per-rank state (global rank, fault injection) that every communicator of one rank shares.
 // Internal to collectives/.
 #pragma once
@@ -57,6 +58,8 @@ class FlightRing {
   void set_context(int world_size, std::string_view backend, std::string_view fault);
   // The record as JSON ("meshrt_flight": 1 ...), with `reason` and the time of the dump.
   std::string json(const std::string& reason) const;
+  // Start time of the oldest call started and not ended (flight_now_ns), 0 when none.
+  int64_t oldest_open_ns() const;
 
  private:
   FlightEntry* find(uint64_t id);  // with mu_ held
@@ -85,6 +88,9 @@ std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
 // Writes every live ring of this process to <flight_dir()>/meshrt-flight-<rank>.json and says in
 // one line where; returns the paths written. Failures are logged, not thrown.
 std::vector<std::string> flight_dump_all(const std::string& reason);
+// An injected fault parked a rank of this process for good: a SIGTERM writes its record even
+// while the application would stop gracefully (the rank never will).
+void flight_mark_parked();
 // The directory the records go to: MESHRT_FLIGHT_DIR, else the per-job folder
 // ${TMPDIR:-/tmp}/meshrt-flight-<job id> (made on the first record), never the working directory.
 std::string flight_dir();

@@ -13,4 +13,10 @@ MESHRT_API void request_stop(int sig) noexcept;
 MESHRT_API int stop_request() noexcept;
 MESHRT_API void clear_stop_request() noexcept;
 
+// Whether a handler that turns SIGINT / SIGTERM into a stop request at the next safe point is
+// installed (tools/signals.h's StopSignals): SIGTERM is then a request, not a fault, and the
+// flight recorder (collectives/flight.h) writes no record for it.
+MESHRT_API void set_graceful_stop(bool on) noexcept;
+MESHRT_API bool graceful_stop() noexcept;
+
 }  // namespace meshrt

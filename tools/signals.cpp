@@ -102,6 +102,7 @@ ExitOnSignal::~ExitOnSignal() {
 
 StopSignals::StopSignals(bool announce) {
   clear_stop_request();
+  set_graceful_stop(true);
   g_announce.store(announce);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -115,6 +116,7 @@ StopSignals::StopSignals(bool announce) {
 }
 
 StopSignals::~StopSignals() {
+  set_graceful_stop(false);
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGUSR2, &g_old_usr2, nullptr);

@@ -84,6 +84,43 @@ double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, Devic
   return h.item(0);
 }
 
+// Rank 0's line per step: "step N loss X  time T ms  dp comm C ms (exposed E ms)  tp comm ...".
+void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, std::ostream& log) {
+  std::ostringstream line;
+  line << "step " << st.step << " loss " << std::fixed << std::setprecision(6) << st.loss
+       << std::setprecision(1) << "  time " << st.step_ms << " ms  dp comm " << st.dp_comm_ms
+       << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
+       << " ms (exposed " << st.tp_exposed_ms << " ms)"
+       << (st.skipped ? "  skipped: non-finite" : "");
+  if (cfg.mem_stats) {
+    const AllocatorStats m = ctx.allocator().stats();
+    line << "  mem alloc " << m.allocated_bytes << " peak " << m.peak_allocated_bytes
+         << " reserved " << m.reserved_bytes;
+  }
+  line << "\n";
+  print_line(log, line.str());
+}
+
+// The validation loss after step st->step (rank 0 prints "val step N loss X"); a stop agreed
+// during it joins the step's verdict, and no loss is printed.
+void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
+                   DecoderModel& model, CommScheduler& dp_loss, std::ostream* log, StepStats* st,
+                   StepVerdict* verdict) {
+  StepVerdict stop;
+  st->val_loss = evaluate(cfg, ctx, world, mesh, model, dp_loss, &stop);
+  if (stop.stop) {
+    verdict->stop = true;
+    verdict->stop_signal = stop.stop_signal;
+    return;
+  }
+  if (log && world.rank() == 0) {
+    std::ostringstream line;
+    line << "val step " << st->step << " loss " << std::fixed << std::setprecision(6)
+         << st->val_loss << "\n";
+    print_line(*log, line.str());
+  }
+}
+
 // Every rank raises the same message: the verdict and the culprit search are collective.
 [[noreturn]] void throw_nonfinite(const TrainConfig& cfg, int step, const StepVerdict& v,
                                   const std::string& culprit) {
@@ -235,37 +272,11 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.tp_comm_ms = t.comm_ms;
     st.tp_exposed_ms = t.exposed_ms;
     st.skipped = !verdict.finite();
-    if (log && world.rank() == 0) {
-      std::ostringstream line;
-      line << "step " << st.step << " loss " << std::fixed << std::setprecision(6) << st.loss
-           << std::setprecision(1) << "  time " << st.step_ms << " ms  dp comm " << st.dp_comm_ms
-           << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
-           << " ms (exposed " << st.tp_exposed_ms << " ms)"
-           << (st.skipped ? "  skipped: non-finite" : "");
-      if (cfg.mem_stats) {
-        const AllocatorStats m = ctx.allocator().stats();
-        line << "  mem alloc " << m.allocated_bytes << " peak " << m.peak_allocated_bytes
-             << " reserved " << m.reserved_bytes;
-      }
-      line << "\n";
-      print_line(*log, line.str());
-    }
+    if (log && world.rank() == 0) print_step_line(cfg, ctx, st, *log);
     // --- validation ---
-    const bool last = step + 1 == cfg.steps;
     if (cfg.val_data && !verdict.stop &&
-        (last || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0))) {
-      StepVerdict stop;
-      st.val_loss = evaluate(cfg, ctx, world, mesh, model, dp_loss, &stop);
-      if (stop.stop) {
-        verdict.stop = true;
-        verdict.stop_signal = stop.stop_signal;
-      } else if (log && world.rank() == 0) {
-        std::ostringstream line;
-        line << "val step " << st.step << " loss " << std::fixed << std::setprecision(6)
-             << st.val_loss << "\n";
-        print_line(*log, line.str());
-      }
-    }
+        (step + 1 == cfg.steps || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0)))
+      validate_step(cfg, ctx, world, mesh, model, dp_loss, log, &st, &verdict);
     st.stopped = verdict.stop;
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     out.push_back(st);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "collectives/comm_detail.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
+#include "runtime/stop.h"
 
 namespace meshrt {
 
@@ -78,6 +80,10 @@ std::vector<int> poll_files(int world, const std::function<fs::path(int)>& path_
       }
     }
     if (missing.empty() || dl.passed()) return missing;
+    // A stop request (SIGINT / SIGTERM) ends the wait: nothing has run that needs finishing.
+    if (const int sig = stop_request(); sig != 0)
+      throw CommError("rendezvous: stopped by signal " + std::to_string(sig) + " (" +
+                      strsignal(sig) + ") while waiting for " + detail::format_ranks(missing));
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, std::chrono::microseconds(100000));
   }

@@ -190,6 +190,7 @@ void copy_name(char* dst, size_t cap, std::string_view src) {
 
 // Stops the calling thread for good: it never returns, so nothing it owns is cleaned up.
 [[noreturn]] void park_forever() {
+  detail::flight_mark_parked();
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 

@@ -2,9 +2,11 @@
 
 #include <semaphore.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,8 +15,10 @@
 #include <thread>
 
 #include "runtime/dtype.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/stop.h"
 
 namespace meshrt::detail {
 
@@ -70,6 +74,19 @@ void FlightRing::ended(uint64_t id, bool ok) {
     e->end_ns = t;
     e->state = ok ? FlightState::Completed : FlightState::Failed;
   }
+}
+
+int64_t FlightRing::oldest_open_ns() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t oldest = 0;
+  for (const FlightEntry& e : slots_) {
+    // NCCL entries stay "issued" (their completion lives in CUDA events): not counted.
+    if (e.id == 0 || backend_ == "nccl") continue;
+    // Started: running and waiting for peers (an issued call may just queue behind compute).
+    if (e.state != FlightState::Started) continue;
+    if (oldest == 0 || e.start_ns < oldest) oldest = e.start_ns;
+  }
+  return oldest;
 }
 
 void FlightRing::data_bad(uint64_t id, const std::vector<int>& group_ranks) {
@@ -211,7 +228,49 @@ void on_usr1(int sig) {
   sem_post(&g_sem);
 }
 
+// A SIGTERM the application stops gracefully on: a record only when this process is stuck (a
+// collective open for kStuckAfterNs, or a rank parked by an injected fault), as when mpirun ends
+// a failed job.
+constexpr int kStuckSigterm = -SIGTERM;
+constexpr int64_t kStuckAfterNs = 1000LL * 1000 * 1000;
+std::atomic<bool> g_parked{false};
+
+bool stuck() {
+  if (g_parked.load()) return true;
+  std::vector<std::shared_ptr<FlightRing>> live;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    for (auto& w : r.rings)
+      if (auto p = w.lock()) live.push_back(std::move(p));
+  }
+  const int64_t now = flight_now_ns();
+  for (auto& ring : live)
+    if (const int64_t t = ring->oldest_open_ns(); t > 0 && now - t >= kStuckAfterNs) return true;
+  return false;
+}
+
+// An application handler of `sig` (not the default action, not ignored).
+bool app_handles(const struct sigaction& old) {
+  return (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != nullptr
+                                     : old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN;
+}
+
 void on_fatal(int sig, siginfo_t* info, void* ctx) {
+  // SIGTERM is a request to stop, a fault only when it ends the process: when the application
+  // stops gracefully on it (runtime/stop.h: meshrt train, after the step), no record is written.
+  if (sig == SIGTERM && graceful_stop() && app_handles(g_old[sig])) {
+    // Unless the rank is stuck (the dump thread checks: kStuckSigterm), it stops after the step.
+    g_pending_sig = kStuckSigterm;
+    sem_post(&g_sem);
+    struct sigaction& old = g_old[sig];
+    sigaction(sig, &old, nullptr);
+    if (old.sa_flags & SA_SIGINFO)
+      old.sa_sigaction(sig, info, ctx);
+    else
+      old.sa_handler(sig);
+    return;
+  }
   const int before = g_dumps_done.load();
   g_pending_sig = sig;
   sem_post(&g_sem);
@@ -240,6 +299,10 @@ void install_signals() {
       for (;;) {
         if (sem_wait(&g_sem) != 0) continue;
         const int sig = g_pending_sig;
+        if (sig == kStuckSigterm) {
+          if (stuck()) flight_dump_all("SIGTERM while stuck (a collective open for 1 s or more)");
+          continue;
+        }
         const std::string why =
             sig == SIGUSR1 ? std::string("SIGUSR1")
                            : "fatal signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
@@ -302,9 +365,30 @@ std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
   return st;
 }
 
+void flight_mark_parked() { g_parked.store(true); }
+
+std::string flight_job_id() {
+  std::string id;
+  for (const char* v : {"MESHRT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                        "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"}) {
+    id = env_or(v);
+    if (!id.empty()) {
+      if (!std::strcmp(v, "SLURM_JOB_ID") && !env_or("SLURM_STEP_ID").empty())
+        id += "." + env_or("SLURM_STEP_ID");
+      break;
+    }
+  }
+  if (id.empty()) id = "pid" + std::to_string(getpid());
+  // A file name: anything but [A-Za-z0-9._-] becomes '_'.
+  for (char& c : id)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  return id;
+}
+
 std::string flight_dir() {
-  const char* d = std::getenv("MESHRT_FLIGHT_DIR");
-  return d && *d ? std::string(d) : std::string(".");
+  const std::string d = env_or("MESHRT_FLIGHT_DIR");
+  if (!d.empty()) return d;
+  return env_or("TMPDIR", "/tmp") + "/meshrt-flight-" + flight_job_id();
 }
 
 namespace {
@@ -312,6 +396,9 @@ namespace {
 // Writes one record (temporary file, then rename); "" and a warning on failure.
 std::string write_record(int rank, const std::string& text) {
   const std::string dir = flight_dir();
+  // The default per-job folder is made on the first record (every rank of the job names the
+  // same one); a MESHRT_FLIGHT_DIR the user gave must exist.
+  if (env_or("MESHRT_FLIGHT_DIR").empty()) (void)mkdir(dir.c_str(), 0755);
   {
     const std::string path = dir + "/meshrt-flight-" + std::to_string(rank) + ".json";
     const std::string tmp = path + ".tmp." + std::to_string(getpid());

@@ -1,7 +1,9 @@
 // The flight recorder: each rank's ring of its last N collectives, written as JSON
-// (meshrt-flight-<rank>.json in MESHRT_FLIGHT_DIR, default the working directory) on a watchdog
-// timeout, an abort, a fatal signal or SIGUSR1; and the per-rank state (global rank, fault
-// injection) that every communicator of one rank shares. Internal to collectives/.
+// (meshrt-flight-<rank>.json in flight_dir()) on a watchdog timeout, an abort, a fatal signal
+// (SIGTERM while the application stops gracefully on it, runtime/stop.h, only for a stuck rank:
+// a collective open 1 s or more, or parked by a fault) or SIGUSR1;
+// and the per-rank state (global rank, fault injection) that every communicator of one rank shares.
+// Internal to collectives/.
 #pragma once
 
 #include <atomic>
@@ -56,6 +58,8 @@ class FlightRing {
   void set_context(int world_size, std::string_view backend, std::string_view fault);
   // The record as JSON ("meshrt_flight": 1 ...), with `reason` and the time of the dump.
   std::string json(const std::string& reason) const;
+  // Start time of the oldest call started and not ended (flight_now_ns), 0 when none.
+  int64_t oldest_open_ns() const;
 
  private:
   FlightEntry* find(uint64_t id);  // with mu_ held
@@ -86,11 +90,19 @@ struct RankState {
 std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
                                            std::string_view backend, const std::string& fault);
 
-// Writes every live ring of this process to <dir>/meshrt-flight-<rank>.json (dir:
-// MESHRT_FLIGHT_DIR, default "."); returns the paths written. Failures are logged, not thrown.
+// Writes every live ring of this process to <flight_dir()>/meshrt-flight-<rank>.json and says in
+// one line where; returns the paths written. Failures are logged, not thrown.
 std::vector<std::string> flight_dump_all(const std::string& reason);
-// The directory the records go to.
+// An injected fault parked a rank of this process for good: a SIGTERM writes its record even
+// while the application would stop gracefully (the rank never will).
+void flight_mark_parked();
+// The directory the records go to: MESHRT_FLIGHT_DIR, else the per-job folder
+// ${TMPDIR:-/tmp}/meshrt-flight-<job id> (made on the first record), never the working directory.
 std::string flight_dir();
+// The job id every rank of one job shares: MESHRT_RUN_ID, TORCHELASTIC_RUN_ID,
+// SLURM_JOB_ID[.SLURM_STEP_ID], Open MPI's job id (OMPI_MCA_ess_base_jobid), PMIX_NAMESPACE,
+// else "pid<process id>" (threads); characters outside [A-Za-z0-9._-] become '_'.
+std::string flight_job_id();
 
 // Steady-clock nanoseconds now.
 int64_t flight_now_ns();

@@ -1,15 +1,13 @@
 #include "mesh/token_data.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/philox.h"
 
 namespace meshrt {
@@ -128,27 +126,13 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
   std::shared_ptr<TokenFile> f(new TokenFile());
   f->path_ = path;
   f->flag_ = flag;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MESHRT_CHECK(fd >= 0, flag << " " << path << ": cannot open (" << std::strerror(errno)
-                             << "); give an existing token file");
-  struct stat st {};
-  const int rc = fstat(fd, &st);
-  const int err = errno;
-  if (rc != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    MESHRT_FAIL(flag << " " << path << ": "
-                     << (rc != 0 ? std::string(std::strerror(err)) : "not a regular file")
-                     << "; give a token file");
-  }
-  f->map_bytes_ = static_cast<size_t>(st.st_size);
+  // Refuses a FIFO (whose open would wait for a writer), a device or a directory up front.
+  InputFile in(path, flag);
+  f->map_bytes_ = static_cast<size_t>(in.size());
   if (f->map_bytes_ > 0) {
-    f->map_ = mmap(nullptr, f->map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
-    const int merr = errno;
-    ::close(fd);
+    f->map_ = mmap(nullptr, f->map_bytes_, PROT_READ, MAP_SHARED, in.fd(), 0);
     MESHRT_CHECK(f->map_ != MAP_FAILED,
-                 flag << " " << path << ": cannot map (" << std::strerror(merr) << ")");
-  } else {
-    ::close(fd);
+                 flag << " " << path << ": cannot map (" << std::strerror(errno) << ")");
   }
   const auto* p = static_cast<const unsigned char*>(f->map_);
   const size_t bytes = f->map_bytes_;
@@ -167,7 +151,11 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
     MESHRT_CHECK(have >= static_cast<size_t>(h.count), path << ": truncated: the .npy header says "
                                                             << h.count << " tokens, the file "
                                                             << "holds " << have);
-  } else if (bytes >= kLlmcHeaderBytes && static_cast<int32_t>(load_le(p, 4)) == kLlmcMagic) {
+  } else if (bytes >= 4 && static_cast<int32_t>(load_le(p, 4)) == kLlmcMagic) {
+    MESHRT_CHECK(bytes >= kLlmcHeaderBytes,
+                 flag << " " << path << ": starts with llm.c's magic number " << kLlmcMagic
+                      << " but has " << bytes << " bytes, less than llm.c's " << kLlmcHeaderBytes
+                      << "-byte header: the file is truncated (write it again)");
     // llm.c: 256 int32 (magic, version, token count, ...), then the tokens.
     const int64_t version = static_cast<int32_t>(load_le(p + 4, 4));
     const int64_t n = static_cast<int32_t>(load_le(p + 8, 4));

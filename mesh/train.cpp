@@ -1,13 +1,16 @@
 #include "mesh/train.h"
 
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "mesh/token_data.h"
 #include "mesh/train_checkpoint.h"
 #include "mesh/train_guard.h"
 #include "runtime/error.h"
+#include "runtime/logging.h"
 
 namespace meshrt {
 
@@ -49,24 +52,73 @@ void make_batch(const TrainConfig& cfg, Context& ctx, const TokenFile* file, uin
     make_synthetic_batch(ctx, cfg.seed, first, n, cfg.seq, cfg.model.vocab, ids, targets);
 }
 
-// Mean loss over eval_batches fixed global batches of val_data (forward only).
-double evaluate(const TrainConfig& cfg, Context& ctx, DeviceMesh& mesh, DecoderModel& model,
-                CommScheduler& dp_loss) {
+int local_stop_request(const TrainConfig& cfg) {
+  return cfg.stop_requested ? std::max(0, cfg.stop_requested()) : 0;
+}
+
+// Mean loss over eval_batches fixed global batches of val_data (forward only). A stop request
+// is agreed before each batch (a long validation must not delay it): then *stop is the verdict
+// and the loss is not computed.
+double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
+                DecoderModel& model, CommScheduler& dp_loss, StepVerdict* stop) {
   Stream& cs = ctx.compute_stream();
   const int64_t local = cfg.batch / mesh.size(kDpDim), micro = local / cfg.micro_batches;
   const float w = 1.f / static_cast<float>(cfg.eval_batches * cfg.micro_batches);
   Tensor sum = ctx.zeros({1}, DType::f32);
-  for (int b = 0; b < cfg.eval_batches; ++b)
+  for (int b = 0; b < cfg.eval_batches; ++b) {
+    ctx.synchronize();
+    if (StepVerdict v = agree_stop(ctx, world, local_stop_request(cfg)); v.stop) {
+      *stop = v;
+      return std::numeric_limits<double>::quiet_NaN();
+    }
     for (int mb = 0; mb < cfg.micro_batches; ++mb) {
       Tensor ids, targets;
       const int64_t first = b * cfg.batch + mesh.coord(kDpDim) * local + mb * micro;
       make_batch(cfg, ctx, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
       ops::add(ctx, cs, sum, model.forward(ids, targets), sum, 1.f, w);
     }
+  }
   dp_loss.all_reduce(sum, "val_loss", ReduceOp::Avg);
   Tensor h = sum.to(ctx.host_allocator(), cs);
   ctx.synchronize();
   return h.item(0);
+}
+
+// Rank 0's line per step: "step N loss X  time T ms  dp comm C ms (exposed E ms)  tp comm ...".
+void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, std::ostream& log) {
+  std::ostringstream line;
+  line << "step " << st.step << " loss " << std::fixed << std::setprecision(6) << st.loss
+       << std::setprecision(1) << "  time " << st.step_ms << " ms  dp comm " << st.dp_comm_ms
+       << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
+       << " ms (exposed " << st.tp_exposed_ms << " ms)"
+       << (st.skipped ? "  skipped: non-finite" : "");
+  if (cfg.mem_stats) {
+    const AllocatorStats m = ctx.allocator().stats();
+    line << "  mem alloc " << m.allocated_bytes << " peak " << m.peak_allocated_bytes
+         << " reserved " << m.reserved_bytes;
+  }
+  line << "\n";
+  print_line(log, line.str());
+}
+
+// The validation loss after step st->step (rank 0 prints "val step N loss X"); a stop agreed
+// during it joins the step's verdict, and no loss is printed.
+void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
+                   DecoderModel& model, CommScheduler& dp_loss, std::ostream* log, StepStats* st,
+                   StepVerdict* verdict) {
+  StepVerdict stop;
+  st->val_loss = evaluate(cfg, ctx, world, mesh, model, dp_loss, &stop);
+  if (stop.stop) {
+    verdict->stop = true;
+    verdict->stop_signal = stop.stop_signal;
+    return;
+  }
+  if (log && world.rank() == 0) {
+    std::ostringstream line;
+    line << "val step " << st->step << " loss " << std::fixed << std::setprecision(6)
+         << st->val_loss << "\n";
+    print_line(*log, line.str());
+  }
 }
 
 // Every rank raises the same message: the verdict and the culprit search are collective.
@@ -180,8 +232,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       if (dp_synced) sync.wait_all(apply);
       for (Param* p : model.params()) ops::sum_squares(ctx, cs, p->grad, sumsq);
     }
-    const StepVerdict verdict =
-        agree_step(ctx, world, loss_sum, sumsq, cfg.stop_requested && cfg.stop_requested());
+    StepVerdict verdict = agree_step(ctx, world, loss_sum, sumsq, local_stop_request(cfg));
     // A skipped or failing step applies nothing: its all-reduces still finish before the
     // gradients are named or zeroed.
     if (!verdict.finite() && dp_synced) sync.wait_all(apply);
@@ -222,28 +273,13 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.tp_comm_ms = t.comm_ms;
     st.tp_exposed_ms = t.exposed_ms;
     st.skipped = !verdict.finite();
-    if (log && world.rank() == 0) {
-      *log << "step " << st.step << " loss " << std::fixed << std::setprecision(6) << st.loss
-           << std::setprecision(1) << "  time " << st.step_ms << " ms  dp comm " << st.dp_comm_ms
-           << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
-           << " ms (exposed " << st.tp_exposed_ms << " ms)"
-           << (st.skipped ? "  skipped: non-finite" : "");
-      if (cfg.mem_stats) {
-        const AllocatorStats m = ctx.allocator().stats();
-        *log << "  mem alloc " << m.allocated_bytes << " peak " << m.peak_allocated_bytes
-             << " reserved " << m.reserved_bytes;
-      }
-      *log << std::endl;
-    }
+    if (log && world.rank() == 0) print_step_line(cfg, ctx, st, *log);
     // --- validation ---
-    const bool last = step + 1 == cfg.steps;
     if (cfg.val_data && !verdict.stop &&
-        (last || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0))) {
-      st.val_loss = evaluate(cfg, ctx, mesh, model, dp_loss);
-      if (log && world.rank() == 0)
-        *log << "val step " << st.step << " loss " << std::fixed << std::setprecision(6)
-             << st.val_loss << std::endl;
-    }
+        (step + 1 == cfg.steps || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0)))
+      validate_step(cfg, ctx, world, mesh, model, dp_loss, log, &st, &verdict);
+    st.stopped = verdict.stop;
+    st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     out.push_back(st);
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---

@@ -48,9 +48,11 @@ struct TrainConfig {
   // Each step line also gives rank 0's allocator statistics: "  mem alloc A peak P reserved R"
   // (bytes currently allocated, peak allocated, reserved), for soak runs checking for growth.
   bool mem_stats = false;
-  // Polled once a step on every rank; when it returns true on any, all stop after that step
-  // (a checkpoint is written first with --save).
-  std::function<bool()> stop_requested;
+  // Polled once a step (and once per validation batch) on every rank: the signal number asking
+  // to stop (any value > 0 asks; 0: go on). When it asks on any rank, all stop after that step
+  // (a validation under way is abandoned; a checkpoint is written first with --save), and agree
+  // on the signal (StepStats::stop_signal).
+  std::function<int()> stop_requested;
 };
 
 // A non-finite loss or gradient stopped the run; every rank raises it alike.
@@ -68,6 +70,10 @@ struct StepStats {
   double tp_comm_ms = 0, tp_exposed_ms = 0;
   bool skipped = false;  // non-finite and skip_nonfinite: no update this step
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // when evaluated after this step
+  // The run stopped after this step on a stop request: the signal most ranks reported (ties: the
+  // smaller number), equal on every rank; 0 when not stopped (or asked without a signal in 1..31).
+  int stop_signal = 0;
+  bool stopped = false;
 };
 
 // Checks the configuration before anything is communicated; throws saying what to change.

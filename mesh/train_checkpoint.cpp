@@ -6,6 +6,7 @@
 
 #include "mesh/token_data.h"
 #include "runtime/error.h"
+#include "runtime/logging.h"
 
 namespace meshrt {
 
@@ -80,10 +81,11 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
   const std::string dir = resolve_checkpoint(cfg.checkpoint.resume);
   CheckpointMeta got = load_checkpoint(dir, train_checkpoint_meta(cfg, 0), mesh, params, &opt);
   if (log && mesh.rank() == 0)
-    *log << "resumed from " << dir << " (step " << got.step << ", saved on " << got.mesh
-         << ", now on " << mesh.str() << ")"
-         << (got.step >= cfg.steps ? "; it is at or past --steps, nothing to train" : "")
-         << std::endl;
+    print_line(*log,
+               "resumed from " + dir + " (step " + std::to_string(got.step) + ", saved on " +
+                   got.mesh + ", now on " + mesh.str() + ")" +
+                   (got.step >= cfg.steps ? "; it is at or past --steps, nothing to train" : "") +
+                   "\n");
   return static_cast<int>(got.step);
 }
 
@@ -95,11 +97,14 @@ void save_training(const TrainConfig& cfg, const CheckpointSession& session, int
   meta.run = session.run;
   const std::string dir =
       save_checkpoint(cfg.checkpoint.save, meta, mesh, params, &opt, cfg.checkpoint.keep);
-  if (log && mesh.rank() == 0)
-    *log << "checkpoint step " << step << " -> " << dir << " (" << std::fixed
+  if (log && mesh.rank() == 0) {
+    std::ostringstream line;
+    line << "checkpoint step " << step << " -> " << dir << " (" << std::fixed
          << std::setprecision(1)
          << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()
-         << " ms)" << std::endl;
+         << " ms)\n";
+    print_line(*log, line.str());
+  }
 }
 
 }  // namespace meshrt

@@ -33,17 +33,20 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
   return m;
 }
 
-StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, const Tensor& sumsq,
-                       bool stop_local) {
+namespace {
+
+// The agreement's layout: [loss, sumsq, ranks asking to stop, ranks per signal 1..31].
+constexpr int kStopSlots = 32;
+
+StepVerdict agree(Context& ctx, Communicator& world, float loss, float sumsq, int stop_local) {
   Stream& cs = ctx.compute_stream();
-  Tensor l = loss.to(DType::f32, cs).to(ctx.host_allocator(), cs);
-  Tensor a = sumsq.to(ctx.host_allocator(), cs);
-  cs.synchronize();
-  Tensor h = Tensor::empty({3}, DType::f32, ctx.host_allocator());
+  Tensor h = Tensor::empty({3 + kStopSlots}, DType::f32, ctx.host_allocator());
   float* ph = h.data<float>();
-  ph[0] = static_cast<float>(l.item(0));
-  ph[1] = static_cast<float>(a.item(0));
-  ph[2] = stop_local ? 1.f : 0.f;
+  for (int i = 0; i < 3 + kStopSlots; ++i) ph[i] = 0.f;
+  ph[0] = loss;
+  ph[1] = sumsq;
+  ph[2] = stop_local > 0 ? 1.f : 0.f;
+  if (stop_local > 0 && stop_local < kStopSlots) ph[3 + stop_local] = 1.f;
   // Sum propagates NaN and infinities from any rank, and counts the ranks asking to stop.
   Tensor d = ctx.device().is_cpu() ? h : h.to(ctx.allocator_ptr(), cs);
   world.all_reduce(d, ReduceOp::Sum, cs).synchronize();
@@ -53,7 +56,29 @@ StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, co
   v.loss_finite = std::isfinite(r.item(0));
   v.grads_finite = std::isfinite(r.item(1));
   v.stop = r.item(2) > 0;
+  double most = 0;
+  for (int sig = 1; sig < kStopSlots; ++sig)
+    if (r.item(3 + sig) > most) {
+      most = r.item(3 + sig);
+      v.stop_signal = sig;
+    }
   return v;
+}
+
+}  // namespace
+
+StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, const Tensor& sumsq,
+                       int stop_local) {
+  Stream& cs = ctx.compute_stream();
+  Tensor l = loss.to(DType::f32, cs).to(ctx.host_allocator(), cs);
+  Tensor a = sumsq.to(ctx.host_allocator(), cs);
+  cs.synchronize();
+  return agree(ctx, world, static_cast<float>(l.item(0)), static_cast<float>(a.item(0)),
+               stop_local);
+}
+
+StepVerdict agree_stop(Context& ctx, Communicator& world, int stop_local) {
+  return agree(ctx, world, 0.f, 0.f, stop_local);
 }
 
 std::string first_nonfinite_grad(Context& ctx, Communicator& world,

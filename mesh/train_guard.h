@@ -22,14 +22,20 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size);
 // gradients' sum of squares and the local stop flag.
 struct StepVerdict {
   bool loss_finite = true, grads_finite = true, stop = false;
+  int stop_signal = 0;  // with stop: the signal most ranks asked with (ties: the smaller), or 0
   bool finite() const { return loss_finite && grads_finite; }
 };
 
 // Collective over `world`. `sumsq` holds the sum of squares of this rank's gradients about to be
 // applied (ops::sum_squares; zero when this step applies none), `loss` is a [1] f32 tensor; both on
 // the compute stream.
+// `stop_local`: this rank's stop request (a signal number, > 0 asks; 0: none).
 StepVerdict agree_step(Context& ctx, Communicator& world, const Tensor& loss, const Tensor& sumsq,
-                       bool stop_local);
+                       int stop_local);
+
+// Collective over `world`: whether any rank asks to stop (stop_local > 0), and with which signal
+// (as StepVerdict). For points between steps where a stop must be agreed (validation batches).
+StepVerdict agree_stop(Context& ctx, Communicator& world, int stop_local);
 
 // Collective over `world`: the name of the first parameter (in `grads` order) whose gradient holds
 // a NaN or an infinity on some rank, or "" when none does (the norm overflowed instead).

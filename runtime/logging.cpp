@@ -1,9 +1,12 @@
 #include "runtime/logging.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -51,9 +54,48 @@ std::atomic<int>& level_store() {
 thread_local int tls_rank = 0;
 thread_local int tls_world = 1;
 
+// stderr, each line in one write() (spdlog's colour sink writes a line in up to five pieces, which
+// a launcher merging several processes' output, such as mpirun, interleaves with other lines).
+// The level is coloured when stderr is a terminal.
+class WholeLineSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  WholeLineSink() : color_(isatty(STDERR_FILENO) == 1) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t f;
+    formatter_->format(msg, f);
+    std::string line;
+    line.reserve(f.size() + 16);
+    const size_t a = msg.color_range_start, b = msg.color_range_end;
+    if (color_ && b > a && b <= f.size()) {
+      line.append(f.data(), a);
+      line += msg.level >= spdlog::level::err    ? "\033[31m"
+              : msg.level == spdlog::level::warn ? "\033[33m"
+                                                 : "\033[32m";
+      line.append(f.data() + a, b - a);
+      line += "\033[m";
+      line.append(f.data() + b, f.size() - b);
+    } else {
+      line.append(f.data(), f.size());
+    }
+    size_t done = 0;
+    while (done < line.size()) {
+      const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // stderr is gone: nothing to report it to
+      done += static_cast<size_t>(n);
+    }
+  }
+  void flush_() override {}
+
+ private:
+  bool color_;
+};
+
 std::shared_ptr<spdlog::logger> logger() {
   static std::shared_ptr<spdlog::logger> lg = [] {
-    auto l = spdlog::stderr_color_mt("meshrt");
+    auto l = std::make_shared<spdlog::logger>("meshrt", std::make_shared<WholeLineSink>());
     l->set_pattern("%H:%M:%S.%e %^%l%$ %v");
     l->set_level(spdlog::level::trace);
     return l;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <ostream>
 #include <sstream>
 #include <string>
 
@@ -27,6 +28,16 @@ void log_message(LogLevel level, const std::string& msg);
 // Safe to call from any thread; the sink itself may be called from any thread at once.
 using LogSink = std::function<void(LogLevel level, int rank, int world, const std::string& msg)>;
 void set_log_sink(LogSink sink);
+
+// Writes one whole output line (`line` ends with '\n') to `os` in one write and flushes, so that a
+// launcher merging several processes' output (mpirun) never splits it with another line: what
+// was pending is flushed first. Every line a command prints for the user goes through this (log
+// lines are written whole by the logger itself).
+inline void print_line(std::ostream& os, const std::string& line) {
+  os.flush();
+  os.write(line.data(), static_cast<std::streamsize>(line.size()));
+  os.flush();
+}
 
 }  // namespace meshrt
 

@@ -8,15 +8,15 @@
 #include <ctime>
 
 #include "runtime/error.h"
+#include "runtime/stop.h"
 
 namespace meshrt::cli {
 
 namespace {
 
-std::atomic<int> g_signal{0};
 std::atomic<bool> g_announce{false};
 struct sigaction g_old_int {
-}, g_old_term{};
+}, g_old_term{}, g_old_usr2{};
 
 // Only async-signal-safe calls here: atomics, write, _exit.
 void say(const char* s, size_t n) {
@@ -24,8 +24,8 @@ void say(const char* s, size_t n) {
 }
 
 extern "C" void on_stop_signal(int sig) {
-  int none = 0;
-  if (g_signal.compare_exchange_strong(none, sig)) {
+  if (stop_request() == 0) {
+    request_stop(sig);
     static const char kFirst[] =
         "\nmeshrt: stopping after the current step (signal again to exit at once)\n";
     say(kFirst, sizeof kFirst - 1);
@@ -101,23 +101,28 @@ ExitOnSignal::~ExitOnSignal() {
 }
 
 StopSignals::StopSignals(bool announce) {
-  g_signal.store(0);
+  clear_stop_request();
+  set_graceful_stop(true);
   g_announce.store(announce);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   // Blocking calls (collectives, file I/O) resume rather than fail with EINTR.
   sa.sa_flags = SA_RESTART;
-  MESHRT_CHECK(sigaction(SIGINT, &sa, &g_old_int) == 0 && sigaction(SIGTERM, &sa, &g_old_term) == 0,
-               "cannot install the SIGINT / SIGTERM handlers");
+  MESHRT_CHECK(sigaction(SIGINT, &sa, &g_old_int) == 0 &&
+                   sigaction(SIGTERM, &sa, &g_old_term) == 0 &&
+                   sigaction(SIGUSR2, &sa, &g_old_usr2) == 0,
+               "cannot install the SIGINT / SIGTERM / SIGUSR2 handlers");
 }
 
 StopSignals::~StopSignals() {
+  set_graceful_stop(false);
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGUSR2, &g_old_usr2, nullptr);
 }
 
-int StopSignals::received() { return g_signal.load(); }
+int StopSignals::received() { return stop_request(); }
 
 const char* StopSignals::name(int sig) {
   switch (sig) {
@@ -125,6 +130,8 @@ const char* StopSignals::name(int sig) {
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGUSR2:
+      return "SIGUSR2";
     default:
       return "a signal";
   }

@@ -1,5 +1,8 @@
 // SIGINT / SIGTERM for long commands: the first asks the command to stop at its next safe point
-// (`meshrt train`: after the current step), a second exits at once.
+// (`meshrt train`: after the current step; runtime/stop.h, which also ends a file-rendezvous wait
+// at once), a second exits at once. SIGUSR2 does the same: Open MPI's mpirun forwards it to every
+// rank at once, where it turns SIGINT / SIGTERM into SIGTERM only after
+// odls_base_sigkill_timeout seconds (and SIGKILL as long after that).
 #pragma once
 
 #include <string>
@@ -16,9 +19,9 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // The first signal received (SIGINT or SIGTERM), 0 when none.
+  // The first signal received (SIGINT, SIGTERM or SIGUSR2), 0 when none.
   static int received();
-  static const char* name(int sig);  // "SIGINT", "SIGTERM"
+  static const char* name(int sig);  // "SIGINT", "SIGTERM", "SIGUSR2"
 };
 
 // SIGINT / SIGTERM for commands with no safe point to stop at (benchmarks): the signal ends the

@@ -7,6 +7,7 @@
 #include <exception>
 #include <iomanip>
 #include <mutex>
+#include <sstream>
 
 #include "bench/common/cli_checks.h"
 #include "bench/common/command.h"
@@ -18,6 +19,7 @@
 #include "mesh/train_checkpoint.h"
 #include "mesh/train_guard.h"
 #include "runtime/error.h"
+#include "runtime/logging.h"
 #include "tools/signals.h"
 
 namespace meshrt::cli {
@@ -159,7 +161,7 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
                "--val-data " << o.val_data << " needs --data FILE to train on");
   if (!o.data.empty()) c.data = TokenFile::open(o.data, raw, "--data");
   if (!o.val_data.empty()) c.val_data = TokenFile::open(o.val_data, raw, "--val-data");
-  c.stop_requested = [] { return StopSignals::received() != 0; };
+  c.stop_requested = [] { return StopSignals::received(); };
   return c;
 }
 
@@ -262,51 +264,9 @@ RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostrea
   return out;
 }
 
-}  // namespace
-
-int run_train(const TrainCliOptions& o, std::ostream& os) {
-  const GradSyncMode mode = parse_grad_sync(o.grad_sync);
-  StopSignals signals(bench::launcher_rank() == 0);
-  TrainConfig cfg;
-  try {
-    cfg = to_config(o, mode);
-  } catch (const Error& e) {
-    throw bench::UniformError(e);
-  }
-  const RunResult run = run_once(cfg, o, &os);
-  const std::vector<StepStats>& st = run.stats;
-  // The one-line summary: steps done, last loss, why it stopped.
-  const int skipped = static_cast<int>(
-      std::count_if(st.begin(), st.end(), [](const StepStats& s) { return s.skipped; }));
-  // A resumed run starts past step 0: count by step numbers.
-  const int done = st.empty() ? 0 : st.back().step;
-  const bool stopped = !st.empty() && done < o.steps;
-  const int sig = StopSignals::received();
-  if (st.empty()) {
-    if (run.has_rank0) os << "train: no step to run (the checkpoint is at or past --steps)\n";
-    return 0;
-  }
-  if (run.has_rank0) {
-    os << "train: " << done << " of " << o.steps << " steps";
-    if (stopped)
-      os << ", stopped by " << StopSignals::name(sig);
-    else
-      os << ", finished";
-    os << "; last loss " << std::fixed << std::setprecision(6) << st.back().loss << "; " << skipped
-       << " skipped (non-finite)" << std::endl;
-  }
-  // Stopped by a signal (here or, under mpirun, at another rank): no comparison run.
-  if (stopped) return 128 + (sig != 0 ? sig : SIGTERM);
-  const bool compare = mode != GradSyncMode::Sync && o.compare;
-  // Every process runs the comparison (it is collective); only rank 0's process prints.
-  std::vector<StepStats> ss;
-  if (compare) {
-    TrainConfig sync_cfg = cfg;
-    sync_cfg.grad_sync = GradSyncMode::Sync;
-    ss = run_once(sync_cfg, o, nullptr).stats;
-  }
-  if (!run.has_rank0) return 0;
-  Summary a = summarize(st);
+// The comparison table after a finished run (rank 0).
+void print_table(std::ostream& os, const TrainCliOptions& o, GradSyncMode mode, const Summary& a,
+                 bool compare, const std::vector<StepStats>& ss) {
   auto line = [&](const char* name, const Summary& s) {
     os << std::left << std::setw(22) << name << std::right << std::fixed << std::setprecision(2)
        << std::setw(10) << s.median_ms << std::setw(14) << s.dp_comm << std::setw(14)
@@ -323,6 +283,71 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
   if (compare) line("sync", summarize(ss));
   os << "(step ms: median over steps 2..N; comm and exposed: sums over steps 2..N; exposed = time "
         "the compute stream waited for dp communication)\n";
+}
+
+}  // namespace
+
+int run_train(const TrainCliOptions& o, std::ostream& os) {
+  const GradSyncMode mode = parse_grad_sync(o.grad_sync);
+  StopSignals signals(bench::launcher_rank() == 0);
+  TrainConfig cfg;
+  try {
+    cfg = to_config(o, mode);
+  } catch (const Error& e) {
+    throw bench::UniformError(e);
+  }
+  RunResult run;
+  try {
+    run = run_once(cfg, o, &os);
+  } catch (const std::exception& e) {
+    // A signal before the first step (e.g. during a file-rendezvous wait): nothing to save.
+    const int early = StopSignals::received();
+    if (early == 0) throw;
+    if (bench::launcher_rank() == 0)
+      print_line(os, "train: 0 of " + std::to_string(o.steps) + " steps, stopped by " +
+                         StopSignals::name(early) + " while starting (" + e.what() + ")\n");
+    return 128 + early;
+  }
+  const std::vector<StepStats>& st = run.stats;
+  // The one-line summary: steps done, last loss, why it stopped.
+  const int skipped = static_cast<int>(
+      std::count_if(st.begin(), st.end(), [](const StepStats& s) { return s.skipped; }));
+  // A resumed run starts past step 0: count by step numbers.
+  const int done = st.empty() ? 0 : st.back().step;
+  const bool stopped = !st.empty() && st.back().stopped;
+  // The signal every rank agreed on (under mpirun it may have reached another rank only).
+  const int sig =
+      stopped && st.back().stop_signal != 0 ? st.back().stop_signal : StopSignals::received();
+  if (st.empty()) {
+    if (run.has_rank0)
+      print_line(os, "train: no step to run (the checkpoint is at or past --steps)\n");
+    return 0;
+  }
+  if (run.has_rank0) {
+    std::ostringstream line;
+    line << "train: " << done << " of " << o.steps << " steps";
+    if (stopped)
+      line << ", stopped by " << StopSignals::name(sig);
+    else
+      line << ", finished";
+    line << "; last loss " << std::fixed << std::setprecision(6) << st.back().loss << "; "
+         << skipped << " skipped (non-finite)\n";
+    print_line(os, line.str());
+  }
+  // Stopped by a signal (here or, under mpirun, at another rank): no comparison run.
+  if (stopped) return 128 + (sig != 0 ? sig : SIGTERM);
+  const bool compare = mode != GradSyncMode::Sync && o.compare;
+  // Every process runs the comparison (it is collective); only rank 0's process prints.
+  std::vector<StepStats> ss;
+  if (compare) {
+    TrainConfig sync_cfg = cfg;
+    sync_cfg.grad_sync = GradSyncMode::Sync;
+    ss = run_once(sync_cfg, o, nullptr).stats;
+  }
+  if (!run.has_rank0) return 0;
+  std::ostringstream table;
+  print_table(table, o, mode, summarize(st), compare, ss);
+  print_line(os, table.str());
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/ops.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
+#include "runtime/logging.h"
 
 namespace meshrt::bench {
 
@@ -49,10 +50,13 @@ int launcher_rank() {
 // at the first non-zero exit, which could kill rank 0 before it prints. Rank 0's status is the
 // job's.
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
-  if (launcher_rank() == 0) return app.exit(e);
-  std::ostringstream quiet;
-  app.exit(e, quiet, quiet);
-  return 0;
+  std::ostringstream out, err;
+  const int rc = app.exit(e, out, err);
+  if (launcher_rank() != 0) return 0;
+  // Whole, in one write each: mpirun's merging of the ranks' output never splits a line.
+  if (!out.str().empty()) print_line(std::cout, out.str());
+  if (!err.str().empty()) print_line(std::cerr, err.str());
+  return rc;
 }
 
 int report_error(std::string_view program, const std::exception& e, bool every_rank) {
@@ -60,7 +64,8 @@ int report_error(std::string_view program, const std::exception& e, bool every_r
   if (dynamic_cast<const UniformError*>(&e) != nullptr) every_rank = false;
   if (!every_rank && launcher_rank() != 0) return 0;  // rank 0 reports it (see above)
   // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
-  std::cerr << program << (ours ? ": error: " : ": internal error: ") << error_message(e) << "\n";
+  print_line(std::cerr, std::string(program) + (ours ? ": error: " : ": internal error: ") +
+                            error_message(e) + "\n");
   return ours ? 1 : 2;
 }
 

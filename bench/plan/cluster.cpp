@@ -1,15 +1,20 @@
 // Cluster presets and the cluster file (JSON) the planner reads and `--calibrate` writes.
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
 #include "bench/plan/cost_model.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 
 namespace meshrt::plan {
 
 namespace {
+
+namespace fs = std::filesystem;
+
+// Far above any cluster file (a few KiB), far below what would hurt to read.
+constexpr uint64_t kMaxClusterFileBytes = 16ull << 20;
 
 using nlohmann::json;
 
@@ -224,12 +229,13 @@ ClusterSpec load_cluster(const std::string& spec, const std::string& dtype) {
   const bool file = spec.find('/') != std::string::npos ||
                     (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
   if (file) {
-    std::ifstream f(spec);
-    MESHRT_CHECK(f, "--cluster " << spec << ": cannot read the file (a preset is h100-sxm:8, "
-                                 << "h200-sxm:8, a100-sxm:8, cpu)");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    c = cluster_from_json(ss.str(), spec);
+    std::error_code ec;
+    MESHRT_CHECK(fs::exists(spec, ec), "--cluster " << spec
+                                                    << ": cannot read the file: it does not exist "
+                                                       "(a preset is h100-sxm:8, h200-sxm:8, "
+                                                       "a100-sxm:8, cpu)");
+    // A cluster file is a few KiB: the cap stops a wrong path (a device, a huge log) early.
+    c = cluster_from_json(read_input_file(spec, "--cluster", kMaxClusterFileBytes), spec);
   } else {
     c = cluster_preset(spec);
   }

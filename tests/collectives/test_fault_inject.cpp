@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "coll_test_util.h"
+#include "collectives/flight.h"
 #include "collectives/flight_doctor.h"
 #include "collectives/host_comm.h"
 #include "runtime/stream.h"
@@ -303,4 +304,33 @@ TEST_CASE("flight records name global ranks through split groups, a timeout writ
   CHECK(rep.culprit_call == "all_reduce(f32, count=8, sum) seq 2 on group 'world/row'");
   unsetenv("MESHRT_FLIGHT_DIR");
   fs::remove_all(d);
+}
+
+TEST_CASE("flight records go to MESHRT_FLIGHT_DIR or a per-job folder, never the working directory",
+          "[unit]") {
+  const fs::path tmp = flight_tmp("default-dir");
+  unsetenv("MESHRT_FLIGHT_DIR");
+  const std::string old_tmpdir = getenv("TMPDIR") ? getenv("TMPDIR") : "";
+  setenv("TMPDIR", tmp.c_str(), 1);
+  setenv("MESHRT_RUN_ID", "job 7/a", 1);
+  // Every rank of a job names the same folder (from the job id, made a file name).
+  CHECK(detail::flight_job_id() == "job_7_a");
+  const fs::path want = tmp / "meshrt-flight-job_7_a";
+  CHECK(detail::flight_dir() == want.string());
+  {
+    auto st = detail::make_rank_state(0, 1, "host", "");
+    REQUIRE(st->ring);
+    const std::vector<std::string> paths = detail::flight_dump_all("test");
+    REQUIRE(paths.size() == 1);
+    CHECK(paths[0] == (want / "meshrt-flight-0.json").string());
+    CHECK(fs::exists(want / "meshrt-flight-0.json"));
+    CHECK_FALSE(fs::exists("meshrt-flight-0.json"));
+  }
+  unsetenv("MESHRT_RUN_ID");
+  CHECK(detail::flight_job_id() == "pid" + std::to_string(getpid()));
+  if (old_tmpdir.empty())
+    unsetenv("TMPDIR");
+  else
+    setenv("TMPDIR", old_tmpdir.c_str(), 1);
+  fs::remove_all(tmp);
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "mesh/train.h"
 #include "mesh/train_guard.h"
@@ -288,7 +289,7 @@ TEST_CASE("the bucket probe sums local squared gradients and the guard sees one 
       ctx.synchronize();
       const double got = sumsq.to(ctx.host_allocator(), ctx.compute_stream()).item(0);
       if (!(poison && r == 1)) CHECK(got == Approx(expect).epsilon(1e-5));
-      StepVerdict v = agree_step(ctx, world, loss.view({1}), sumsq, false);
+      StepVerdict v = agree_step(ctx, world, loss.view({1}), sumsq, 0);
       sync.wait_all();
       std::lock_guard<std::mutex> lk(mu);
       verdicts.push_back(v);
@@ -298,6 +299,33 @@ TEST_CASE("the bucket probe sums local squared gradients and the guard sees one 
       CHECK(v.loss_finite);
       CHECK(v.grads_finite == !poison);
       CHECK_FALSE(v.stop);
+    }
+  }
+}
+
+TEST_CASE("a stop request is agreed with the signal most ranks got", "[dp][train][multirank]") {
+  // Rank 1 alone got SIGINT (a signal to one process under mpirun): every rank stops with it,
+  // so every process exits 128 + SIGINT, not 128 + SIGTERM.
+  struct Case {
+    std::vector<int> asks;
+    int expect;
+  };
+  const std::vector<Case> cases = {{{0, 2, 0, 0}, 2},
+                                   {{15, 2, 0, 15}, 15},
+                                   {{15, 2, 2, 15}, 2},  // a tie: the smaller number
+                                   {{0, 0, 0, 0}, 0}};
+  for (const Case& c : cases) {
+    std::mutex mu;
+    std::vector<StepVerdict> got;
+    run_ranks(4, [&](int r, Communicator& world, Context& ctx) {
+      StepVerdict v = agree_stop(ctx, world, c.asks[static_cast<size_t>(r)]);
+      std::lock_guard<std::mutex> lk(mu);
+      got.push_back(v);
+    });
+    REQUIRE(got.size() == 4);
+    for (const StepVerdict& v : got) {
+      CHECK(v.stop == (c.expect != 0));
+      CHECK(v.stop_signal == c.expect);
     }
   }
 }

@@ -2,6 +2,8 @@
 // what a real run of the block issues (profiler ranges and the schedulers' counters), FLOPs
 // against bench/block/flops.h, the overlap rules on clusters where the answer is known, memory,
 // the cluster presets and file.
+#include <sys/stat.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -258,6 +260,22 @@ TEST_CASE("plan: cluster presets and files, model specs, and their errors", "[un
   CHECK_THROWS_WITH(load_cluster("h100-sxm:9", "bf16"), Catch::Contains("1-8 GPUs per node"));
   CHECK_THROWS_WITH(load_cluster("/nonexistent/c.json", "bf16"),
                     Catch::Contains("cannot read the file"));
+  // Not regular files: refused at once, never read without end (/dev/zero) or waited on (FIFO).
+  CHECK_THROWS_WITH(load_cluster("/dev/zero", "bf16"),
+                    Catch::Contains("--cluster /dev/zero: is a character device, not a regular "
+                                    "file"));
+  {
+    const std::string fifo = "plan-cluster-" + std::to_string(getpid()) + ".fifo";
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    CHECK_THROWS_WITH(load_cluster("./" + fifo, "bf16"),
+                      Catch::Contains("is a FIFO (named pipe), not a regular file"));
+    std::remove(fifo.c_str());
+    const std::string big = "plan-cluster-" + std::to_string(getpid()) + ".json";
+    std::ofstream(big) << std::string((16u << 20) + 1, ' ');
+    CHECK_THROWS_WITH(load_cluster(big, "bf16"),
+                      Catch::Contains("16777217 bytes is more than the 16777216 bytes"));
+    std::remove(big.c_str());
+  }
   CHECK_THROWS_WITH(cluster_from_json("{\"devices_per_node\": 2}", "x.json"),
                     Catch::Contains("peak_tflops"));
   CHECK_THROWS_WITH(cluster_from_json("[1", "x.json"), Catch::Contains("not valid JSON"));

@@ -3,6 +3,7 @@
 // ending every rank after the same step with a summary (a second signal ends it at once).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -56,7 +58,8 @@ struct Background {
   pid_t pid = -1;
   fs::path out;
 
-  explicit Background(const std::string& args) {
+  // `env`: "NAME=value ..." for the command's environment.
+  explicit Background(const std::string& args, const std::string& env = "") {
     static int n = 0;
     out = train_scratch() / ("bg" + std::to_string(n++) + ".txt");
     pid = fork();
@@ -64,7 +67,8 @@ struct Background {
       const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
-      execl("/bin/sh", "sh", "-c", (std::string("exec ") + MESHRT_CLI_BIN + " " + args).c_str(),
+      execl("/bin/sh", "sh", "-c",
+            (std::string("exec env ") + env + " " + MESHRT_CLI_BIN + " " + args).c_str(),
             static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -142,6 +146,17 @@ TEST_CASE("bad data, oversized and diverging runs exit non-zero saying what to c
   const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }\n";
   std::ofstream(train_scratch() / "float.npy", std::ios::binary)
       << "\x93NUMPY\x01" << '\0' << static_cast<char>(dict.size()) << '\0' << dict << "abcd";
+  const fs::path fifo = train_scratch() / "tokens.fifo";
+  fs::remove(fifo);
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  {
+    std::string cut(300, '\0');
+    const int32_t magic = 20240520, version = 1, count = 10;
+    std::memcpy(cut.data(), &magic, 4);
+    std::memcpy(cut.data() + 4, &version, 4);
+    std::memcpy(cut.data() + 8, &count, 4);
+    std::ofstream(train_scratch() / "cut.bin", std::ios::binary) << cut;
+  }
   std::vector<Case> cases = {
       {"train --devices cpu:1 --data /nonexistent/tokens.bin",
        "--data /nonexistent/tokens.bin: cannot open"},
@@ -152,6 +167,16 @@ TEST_CASE("bad data, oversized and diverging runs exit non-zero saying what to c
       {"train --devices cpu:1 --data " + (train_scratch() / "float.npy").string(),
        "float.npy: dtype '<f4' is not an integer type"},
       {"train --devices cpu:1 --data-dtype u8 --data " + tr.string(), "--data-dtype 'u8'"},
+      // Not regular files: refused at once instead of waiting for a writer or reading forever.
+      {"train --devices cpu:1 --data " + fifo.string(),
+       "--data " + fifo.string() + ": is a FIFO (named pipe), not a regular file"},
+      {"train --devices cpu:1 --data " + tr.string() + " --val-data /dev/zero",
+       "--val-data /dev/zero: is a character device, not a regular file"},
+      {"train --devices cpu:1 --data " + train_scratch().string(), "is a directory"},
+      // llm.c's magic number with less than its 1024-byte header: not raw u16 tokens.
+      {"train --devices cpu:1 --data " + (train_scratch() / "cut.bin").string(),
+       "starts with llm.c's magic number 20240520 but has 300 bytes, less than llm.c's "
+       "1024-byte header"},
       {"train --devices cpu:1 --eval-every 2", "--eval-every 2 needs --val-data FILE"},
       {"train --devices cpu:1 --val-data " + tr.string(), "needs --data FILE"},
       {"train --devices cpu:2 --hidden 16384 --layers 16 --heads 32",
@@ -275,4 +300,55 @@ TEST_CASE("train refuses a --save folder of another run without --overwrite", "[
   CHECK(r.rc == 0);
   CHECK(slurp(dir / "latest") == "step-00000003\n");
   fs::remove_all(dir);
+}
+
+TEST_CASE("a signal during a long validation stops after it with the step's checkpoint",
+          "[train][multirank]") {
+  const auto tr = text_tokens("val-stop-train.bin", 20000),
+             va = text_tokens("val-stop-val.bin", 3000);
+  const fs::path dir = train_scratch() / "val-stop-ckpt";
+  fs::remove_all(dir);
+  // A validation of a million batches after every step: far longer than the test may wait.
+  Background b("train --devices cpu:2 " + kSmall + " --steps 100000 --data " + tr.string() +
+               " --val-data " + va.string() + " --eval-every 1 --eval-batches 1000000 --save " +
+               dir.string());
+  REQUIRE(b.wait_for("(^|\n)step 1 loss", 120));  // the first validation has begun
+  kill(b.pid, SIGTERM);
+  const int rc = b.wait(60);
+  const std::string out = slurp(b.out);
+  INFO(out);
+  CHECK(rc == 128 + SIGTERM);
+  CHECK_THAT(out, Catch::Contains("\ntrain: 1 of 100000 steps, stopped by SIGTERM"));
+  CHECK_THAT(out, !Catch::Contains("val step") && !Catch::Contains("\nstep 2 "));
+  CHECK(slurp(dir / "latest") == "step-00000001\n");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a signal during a file-rendezvous wait ends it at once with 128 + the signal",
+          "[train][unit]") {
+  for (int sig : {SIGINT, SIGTERM}) {
+    INFO("signal " << sig);
+    const fs::path dir = train_scratch() / ("rdv-" + std::to_string(sig));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    // Rank 0 of 2; rank 1 never comes, and the rendezvous would wait 10 minutes for it.
+    Background b("train --devices cpu " + kSmall + " --steps 10",
+                 "RANK=0 WORLD_SIZE=2 MESHRT_RUN_ID=sig MESHRT_COMM_TIMEOUT=600 "
+                 "MESHRT_RENDEZVOUS=file://" +
+                     dir.string());
+    // Its own file is written before it waits for rank 1's.
+    const fs::path mine = dir / "meshrt.sig.hosts.0";
+    for (int i = 0; i < 6000 && !fs::exists(mine); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    REQUIRE(fs::exists(mine));
+    kill(b.pid, sig);
+    const int rc = b.wait(60);
+    const std::string out = slurp(b.out);
+    INFO(out);
+    CHECK(rc == 128 + sig);
+    CHECK_THAT(out, Catch::Contains(std::string("train: 0 of 10 steps, stopped by ") +
+                                    (sig == SIGINT ? "SIGINT" : "SIGTERM") + " while starting"));
+    CHECK(fs::is_empty(dir));  // its rendezvous file is gone: a new launch may use the folder
+    fs::remove_all(dir);
+  }
 }

@@ -1,8 +1,6 @@
 #include "tools/doctor.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -10,6 +8,7 @@
 
 #include "collectives/flight_doctor.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
 #include "runtime/output_file.h"
 
 namespace meshrt::cli {
@@ -20,41 +19,14 @@ namespace {
 // one, and reading it whole would only grow memory.
 constexpr uint64_t kMaxRecordBytes = 256ull << 20;
 
-// Reads a record: a regular file of at most kMaxRecordBytes (a FIFO, a device such as /dev/zero or
-// a directory is refused before any read; O_NONBLOCK so that opening a FIFO cannot block). Fills
-// `id` with the file's device and inode (to refuse --trace over an input).
+// Reads a record through the one input-file reader (runtime/input_file.h): a regular file of at
+// most kMaxRecordBytes (a FIFO, a device such as /dev/zero or a directory is refused before any
+// read). Fills `id` with the file's device and inode (to refuse --trace over an input).
 std::string read_record(const std::string& p, struct stat* id) {
-  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  MESHRT_CHECK(fd >= 0, "meshrt doctor: cannot read " << p << ": " << std::strerror(errno));
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
-      static_cast<uint64_t>(sb.st_size) > kMaxRecordBytes) {
-    const bool reg = S_ISREG(sb.st_mode);
-    ::close(fd);
-    MESHRT_FAIL("meshrt doctor: " << p << " is "
-                                  << (reg ? std::to_string(sb.st_size) +
-                                                " bytes, more than a flight record (at most " +
-                                                std::to_string(kMaxRecordBytes) + ")"
-                                          : std::string("not a regular file"))
-                                  << "; pass the meshrt-flight-<rank>.json files the ranks wrote");
-  }
-  std::string s(static_cast<size_t>(sb.st_size), '\0');
-  size_t done = 0;
-  while (done < s.size()) {
-    const ssize_t r = ::read(fd, s.data() + done, s.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int e = errno;
-      ::close(fd);
-      MESHRT_FAIL("meshrt doctor: reading " << p << " failed: " << std::strerror(e));
-    }
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  s.resize(done);  // a file that shrank while read: what it holds now
-  *id = sb;
-  return s;
+  InputFile in(p, "meshrt doctor: flight record", kMaxRecordBytes);
+  MESHRT_CHECK(::fstat(in.fd(), id) == 0,
+               "meshrt doctor: cannot stat " << p << ": " << std::strerror(errno));
+  return in.read_all();
 }
 
 }  // namespace

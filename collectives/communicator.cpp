@@ -12,6 +12,7 @@
 #include "collectives/comm_impl.h"
 #include "collectives/fault.h"
 #include "collectives/flight.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/ranges.h"
@@ -91,7 +92,8 @@ bool comm_dtype_supported(DType dt, bool reduction) {
 
 CommConfig CommConfig::from_env() {
   CommConfig c;
-  if (const char* t = std::getenv("MESHRT_COMM_TIMEOUT"); t && *t) {
+  if (const std::string s = env_or("MESHRT_COMM_TIMEOUT"); !s.empty()) {
+    const char* t = s.c_str();
     char* end = nullptr;
     double v = std::strtod(t, &end);
     MESHRT_CHECK(end != t && *end == '\0' && v >= 0,
@@ -100,12 +102,10 @@ CommConfig CommConfig::from_env() {
                                             "watchdog; default 300)");
     c.timeout_s = v;
   }
-  if (const char* d = std::getenv("MESHRT_COMM_DEBUG"); d && *d) {
-    c.debug = d[0] != '0';
-  }
-  if (const char* f = std::getenv("MESHRT_FAULT"); f && *f) {
+  c.debug = env_switch("MESHRT_COMM_DEBUG");
+  if (std::string f = env_or("MESHRT_FAULT"); !f.empty()) {
     detail::parse_fault_spec(f);  // refuses a malformed spec here, saying what to change
-    c.fault = f;
+    c.fault = std::move(f);
   }
   return c;
 }

@@ -191,7 +191,11 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
     }
   }
 
-  std::map<std::string, Group> groups;  // by gid
+  std::map<std::string, Group> groups;                 // by gid
+  std::map<std::string, std::set<int>> injected_skip;  // gid -> ranks whose record notes one
+  for (const Record& r : rs)
+    for (const Entry& e : r.entries)
+      if (e.note == "injected skip") injected_skip[e.gid].insert(r.rank);
   for (const Record& r : rs) {
     for (const Entry& e : r.entries) {
       if (!e.collective() || e.seq == 0) continue;
@@ -298,9 +302,13 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
       if (!mismatch_found) {
         mismatch_found = true;
         culprits.clear();
-        // Two sides of one size (two ranks): the side whose previous call is the other side's
-        // current one runs one call ahead, i.e. skipped one.
+        // Two sides of one size (two ranks): the side running one call ahead (it skipped one)
+        // is the one whose current call is the other side's next one (or whose previous call
+        // is the other's current one, when a skip repeated calls), or failing that evidence,
+        // the one whose record notes an injected skip on this group. With neither, both sides
+        // are named: a tie cannot tell.
         std::string ahead;
+        bool tie = false;
         if (sigs.size() == 2 && sigs.begin()->second.size() == sigs.rbegin()->second.size()) {
           const Group& grp = g;  // (clang 14 cannot capture a structured binding)
           auto call_at = [&grp](int w, uint64_t q) -> std::string {
@@ -309,15 +317,30 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
             return it->second.at(q)->sig();
           };
           const int a = sigs.begin()->second.front(), b = sigs.rbegin()->second.front();
-          const bool a_ahead = s > 1 && call_at(a, s - 1) == call_at(b, s);
-          const bool b_ahead = s > 1 && call_at(b, s - 1) == call_at(a, s);
-          if (a_ahead != b_ahead) ahead = a_ahead ? sigs.begin()->first : sigs.rbegin()->first;
+          auto runs_ahead = [&](int x, int y) {
+            const std::string next_of_y = call_at(y, s + 1), prev_of_x = call_at(x, s - 1);
+            return (!next_of_y.empty() && next_of_y == call_at(x, s)) ||
+                   (s > 1 && !prev_of_x.empty() && prev_of_x == call_at(y, s));
+          };
+          bool a_ahead = runs_ahead(a, b), b_ahead = runs_ahead(b, a);
+          if (a_ahead == b_ahead) {
+            const std::set<int>& skipped = injected_skip[gid];
+            a_ahead = skipped.count(a) > 0;
+            b_ahead = skipped.count(b) > 0;
+          }
+          if (a_ahead != b_ahead)
+            ahead = a_ahead ? sigs.begin()->first : sigs.rbegin()->first;
+          else
+            tie = true;
         }
+        bool named = false;
         for (auto& [sig, ws] : sigs) {
-          if (ahead.empty() ? ws.size() == fewest : sig == ahead) {
+          if (tie || (ahead.empty() ? ws.size() == fewest : sig == ahead)) {
             culprits.insert(ws.begin(), ws.end());
-            culprit_call = sig + " seq " + std::to_string(s) + " on group '" + g.name + "'";
-            break;
+            if (!named)
+              culprit_call = sig + " seq " + std::to_string(s) + " on group '" + g.name + "'";
+            named = true;
+            if (!tie) break;
           }
         }
       }

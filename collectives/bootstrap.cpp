@@ -116,6 +116,24 @@ std::string rendezvous_dir_from_env() {
   return v.substr(scheme.size());
 }
 
+namespace detail {
+
+void check_process_config_early(double timeout_s) {
+  if (!process_config_unchecked()) return;
+  std::unique_ptr<BootstrapTransport> t;
+  if (mpi_launched()) {
+    t = make_mpi_transport(timeout_s);
+  } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
+    const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
+    const std::string dir = rendezvous_dir_from_env();
+    if (size > 1 && rank >= 0 && rank < size && !dir.empty())
+      t = make_file_transport(dir, rank, size, timeout_s);
+  }
+  if (t) check_process_config(*t);
+}
+
+}  // namespace detail
+
 std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   const std::string spec = opts.devices.empty() ? "cpu" : opts.devices;
   const bool cuda = spec.rfind("cuda", 0) == 0;
@@ -129,6 +147,9 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   std::unique_ptr<BootstrapTransport> transport;
   if (mpi_launched()) {
     transport = make_mpi_transport(opts.config.timeout_s);
+    // Processes parse their own command lines: refuse ranks started differently before they
+    // pick devices or run mismatched collectives.
+    detail::check_process_config(*transport);
     RankPlacement p;
     p.rank = transport->rank();
     p.world_size = transport->size();
@@ -150,6 +171,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
                         "MESHRT_RENDEZVOUS=file:///shared/dir, or launch with mpirun / srun");
     if (p.world_size > 1) {
       transport = make_file_transport(dir, p.rank, p.world_size, opts.config.timeout_s);
+      detail::check_process_config(*transport);
     }
     if (!env_or("LOCAL_RANK").empty()) {
       p.local_rank = env_int("LOCAL_RANK", 0);
@@ -194,10 +216,6 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
     set_log_rank(p.rank, p.world_size);
     try {
       comms[static_cast<size_t>(i)] = world(i);
-      // Processes parse their own command lines: refuse ranks started differently before they
-      // run mismatched collectives.
-      if (kind() != LaunchKind::Threads)
-        detail::check_process_config(*comms[static_cast<size_t>(i)]);
       fn(p, *comms[static_cast<size_t>(i)]);
     } catch (const std::exception& e) {
       bool was_first = false;

@@ -453,6 +453,7 @@ meshrt_status_t meshrt_mesh_comm(meshrt_mesh_t mesh, const char* dim, meshrt_com
       so->stream = &obj->ctx->compute_stream();
       so->keep = obj->ctx;
       so->is_default = true;
+      set_owner(*so, *obj);
       obj->default_stream_handle = Registry::get().add(Kind::Stream, so);
       void* h = Registry::get().add(Kind::Comm, obj);
       it = m->dim_comms.emplace(name, std::make_pair(h, obj->default_stream_handle)).first;

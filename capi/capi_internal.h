@@ -14,6 +14,7 @@
 #include "collectives/communicator.h"
 #include "meshrt/meshrt.h"
 #include "runtime/context.h"
+#include "runtime/logging.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
 
@@ -84,6 +85,10 @@ struct StreamObj {
   std::unique_ptr<Stream> owned;  // created by meshrt_stream_create / wrap
   std::shared_ptr<Context> keep;  // default streams: the context owning the stream
   bool is_default = false;
+  // The rank's context it was created for (the communicator's): another rank's communicator
+  // refuses it, as work of two ranks queued on one stream waits for itself.
+  const Context* owner = nullptr;
+  std::string owner_name;  // "rank 0 of communicator 'world'"
 };
 
 struct EventObj {
@@ -119,8 +124,12 @@ template <class T>
 std::shared_ptr<T> find_handle(const void* h, Kind kind, const char* what) {
   return std::static_pointer_cast<T>(Registry::get().find(h, kind, what));
 }
+// Also makes the calling thread's log lines (and those of streams it creates) carry the
+// communicator's global rank: an engine may drive every rank from one thread.
 inline std::shared_ptr<CommObj> find_comm(meshrt_comm_t h, const char* what = "comm") {
-  return find_handle<CommObj>(h, Kind::Comm, what);
+  auto c = find_handle<CommObj>(h, Kind::Comm, what);
+  set_log_rank(c->ctx->rank(), c->ctx->world_size());
+  return c;
 }
 inline std::shared_ptr<TensorObj> find_tensor(meshrt_tensor_t h, const char* what) {
   return find_handle<TensorObj>(h, Kind::Tensor, what);
@@ -142,6 +151,9 @@ meshrt_comm_t register_comm(std::unique_ptr<Communicator> comm, int local_ranks,
 
 // The stream `h` names for work of `c` (NULL: c's default stream); checks its device.
 Stream& resolve_stream(const CommObj& c, meshrt_stream_t h, std::shared_ptr<StreamObj>* keep);
+
+// Records `c`'s rank as the owner of stream `s` (resolve_stream refuses it for other ranks).
+void set_owner(StreamObj& s, const CommObj& c);
 
 // Stores a new event handle in *out (when out is not NULL).
 void emit_event(const Event& e, meshrt_event_t* out);

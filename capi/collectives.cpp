@@ -70,6 +70,11 @@ Stream& resolve_stream(const CommObj& c, meshrt_stream_t h, std::shared_ptr<Stre
   if (h == nullptr) return c.ctx->compute_stream();
   *keep = find_stream(h);
   Stream& s = *(*keep)->stream;
+  CAPI_CHECK((*keep)->owner == c.ctx.get(), MESHRT_ERROR_INVALID_ARGUMENT,
+             "stream '" << s.name() << "' was created for " << (*keep)->owner_name
+                        << " but this call is rank " << c.ctx->rank() << "'s (communicator '"
+                        << c.comm->name() << "'): pass a stream created from this rank's "
+                        << "communicator (meshrt_stream_create, meshrt_comm_default_stream)");
   const Device d = s.device();
   const Device cd = c.comm->device();
   CAPI_CHECK(d.type == cd.type && (d.is_cpu() || d.index == cd.index),
@@ -77,6 +82,12 @@ Stream& resolve_stream(const CommObj& c, meshrt_stream_t h, std::shared_ptr<Stre
              "stream '" << s.name() << "' is on " << d.str() << " but the communicator runs on "
                         << cd.str() << ": create the stream from this communicator");
   return s;
+}
+
+void set_owner(StreamObj& s, const CommObj& c) {
+  s.owner = c.ctx.get();
+  s.owner_name =
+      "rank " + std::to_string(c.ctx->rank()) + " of communicator '" + c.comm->name() + "'";
 }
 
 void emit_event(const Event& e, meshrt_event_t* out) {
@@ -105,6 +116,7 @@ meshrt_status_t meshrt_stream_create(meshrt_comm_t comm, meshrt_stream_t* stream
     auto obj = std::make_shared<StreamObj>();
     obj->owned = backend_for(d).create_stream(d.index, "capi");
     obj->stream = obj->owned.get();
+    set_owner(*obj, *c);
     *stream = static_cast<meshrt_stream_t>(Registry::get().add(Kind::Stream, obj));
   });
 }
@@ -123,6 +135,7 @@ meshrt_status_t meshrt_stream_wrap(meshrt_comm_t comm, void* native, meshrt_stre
     auto obj = std::make_shared<StreamObj>();
     obj->owned = backend_for(d).wrap_stream(d.index, native, "capi.external");
     obj->stream = obj->owned.get();
+    set_owner(*obj, *c);
     *stream = static_cast<meshrt_stream_t>(Registry::get().add(Kind::Stream, obj));
   });
 }

@@ -106,8 +106,12 @@ std::pair<meshrt_status_t, std::string> capture(F&& f) {
     return {e.status(), e.what()};
   } catch (const CommError& e) {
     return {MESHRT_ERROR_COMM, e.message()};
+  } catch (const OutOfMemoryError& e) {
+    return {MESHRT_ERROR_OUT_OF_MEMORY, e.message()};
   } catch (const Error& e) {
     return {MESHRT_ERROR_INVALID_USAGE, e.message()};
+  } catch (const std::bad_alloc&) {
+    return {MESHRT_ERROR_OUT_OF_MEMORY, "out of memory (std::bad_alloc)"};
   } catch (const std::exception& e) {
     return {MESHRT_ERROR_INTERNAL, std::string("internal error (please report): ") + e.what()};
   }
@@ -288,13 +292,18 @@ meshrt_comm_t register_comm(std::unique_ptr<Communicator> comm, int local_ranks,
   o.rank = comm->rank();
   o.world_size = comm->size();
   o.local_ranks = std::max(1, local_ranks);
+  // The context's stream workers log as the rank of the thread that creates them: this one.
+  const int prev_rank = log_rank(), prev_world = log_world();
+  set_log_rank(comm->rank(), comm->size());
   obj->ctx = std::make_shared<Context>(comm->device(), o);
+  set_log_rank(prev_rank, prev_world);
   obj->comm = std::move(comm);
   obj->transport = std::move(transport);
   auto so = std::make_shared<StreamObj>();
   so->stream = &obj->ctx->compute_stream();
   so->keep = obj->ctx;
   so->is_default = true;
+  set_owner(*so, *obj);
   obj->default_stream_handle = Registry::get().add(Kind::Stream, so);
   return static_cast<meshrt_comm_t>(Registry::get().add(Kind::Comm, obj));
 }

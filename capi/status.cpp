@@ -48,6 +48,8 @@ meshrt_status_t status_from_current_exception(const char* fn) {
   } catch (const CommError& e) {
     return set_error(is_timeout(e.message()) ? MESHRT_ERROR_TIMEOUT : MESHRT_ERROR_COMM, fn,
                      e.message());
+  } catch (const OutOfMemoryError& e) {
+    return set_error(MESHRT_ERROR_OUT_OF_MEMORY, fn, e.message());
   } catch (const Error& e) {
     // meshrt's own checks refused the call (a shape, a count, an order): the message says why.
     return set_error(MESHRT_ERROR_INVALID_USAGE, fn, e.message());

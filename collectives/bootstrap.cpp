@@ -172,6 +172,26 @@ bool rendezvous_tcp_from_env(std::string* host, int* port) {
   return true;
 }
 
+namespace detail {
+
+void check_process_config_early(double timeout_s) {
+  if (!process_config_unchecked()) return;
+  std::unique_ptr<BootstrapTransport> t;
+  if (mpi_launched()) {
+    t = make_mpi_transport(timeout_s);
+  } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
+    const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
+    std::string host;
+    int port = 0;
+    if (size > 1 && rank >= 0 && rank < size &&
+        (!rendezvous_dir_from_env().empty() || rendezvous_tcp_from_env(&host, &port)))
+      t = env_transport(rank, size, timeout_s);
+  }
+  if (t) check_process_config(*t);
+}
+
+}  // namespace detail
+
 std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   const std::string spec = opts.devices.empty() ? "cpu" : opts.devices;
   const bool cuda = spec.rfind("cuda", 0) == 0;
@@ -185,6 +205,9 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   std::unique_ptr<BootstrapTransport> transport;
   if (mpi_launched()) {
     transport = make_mpi_transport(opts.config.timeout_s);
+    // Processes parse their own command lines: refuse ranks started differently before they
+    // pick devices or run mismatched collectives.
+    detail::check_process_config(*transport);
     RankPlacement p;
     p.rank = transport->rank();
     p.world_size = transport->size();
@@ -200,6 +223,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
                  "RANK=" << p.rank << " is outside WORLD_SIZE=" << p.world_size);
     if (p.world_size > 1) transport = env_transport(p.rank, p.world_size, opts.config.timeout_s);
     if (transport) {
+      detail::check_process_config(*transport);
       // The node layout from the host names (it decides which ranks may share memory);
       // LOCAL_RANK, when given, still picks the device.
       local_from_hashes(transport->all_gather("hosts", hash_bytes()), &p);
@@ -245,10 +269,6 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
     set_log_rank(p.rank, p.world_size);
     try {
       comms[static_cast<size_t>(i)] = world(i);
-      // Processes parse their own command lines: refuse ranks started differently before they
-      // run mismatched collectives.
-      if (kind() != LaunchKind::Threads)
-        detail::check_process_config(*comms[static_cast<size_t>(i)]);
       fn(p, *comms[static_cast<size_t>(i)]);
     } catch (const std::exception& e) {
       bool was_first = false;

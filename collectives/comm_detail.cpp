@@ -69,7 +69,22 @@ std::string global_rank_label(int global_rank, int group_rank, bool in_world) {
   return "rank " + std::to_string(global_rank) + " [group rank " + std::to_string(group_rank) + "]";
 }
 
-std::string mismatch_message(const std::string& group, const std::vector<CallSig>& sigs) {
+namespace {
+
+// "rank 3" in the world; "global ranks 2, 3 (ranks 0, 1 of group 'world/tp')" in a group.
+std::string member_ranks(const std::vector<int>& members, const std::vector<int>& globals,
+                         const std::string& group) {
+  if (globals.empty()) return format_ranks(members);
+  std::vector<int> g;
+  for (int m : members)
+    g.push_back(m < static_cast<int>(globals.size()) ? globals[static_cast<size_t>(m)] : -1);
+  return "global " + format_ranks(g) + " (" + format_ranks(members) + " of group '" + group + "')";
+}
+
+}  // namespace
+
+std::string mismatch_message(const std::string& group, const std::vector<CallSig>& sigs,
+                             const std::vector<int>& globals) {
   bool all_same = true;
   for (size_t i = 1; i < sigs.size() && all_same; ++i) all_same = sigs[i].matches(sigs[0]);
   if (all_same) return "";
@@ -95,8 +110,8 @@ std::string mismatch_message(const std::string& group, const std::vector<CallSig
   }
   os << "collective mismatch on group '" << group << "': ";
   for (size_t i = 0; i < groups.size(); ++i) {
-    os << (i ? "; " : "") << format_ranks(groups[i].second) << " called " << groups[i].first.str()
-       << " at seq " << groups[i].first.seq;
+    os << (i ? "; " : "") << member_ranks(groups[i].second, globals, group) << " called "
+       << groups[i].first.str() << " at seq " << groups[i].first.seq;
   }
   if (counts_only) {
     os << " (element counts differ: every rank must pass the same count to "

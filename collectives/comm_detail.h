@@ -41,7 +41,10 @@ static_assert(sizeof(CallSig) == CallSig::kWords * sizeof(int64_t));
 // "" when every rank's call matches; otherwise a message naming which ranks called what, e.g.
 // "collective mismatch on group 'world': rank 0 called all_reduce(f32, count=4, sum) at seq 3;
 // ranks 1, 2 called all_reduce(f32, count=5, sum) at seq 3".
-std::string mismatch_message(const std::string& group, const std::vector<CallSig>& sigs);
+// `globals`: each member's global rank, for a group that is not the world (empty: the world);
+// the ranks are then named "global rank 2 (rank 0 of group 'world/tp')".
+std::string mismatch_message(const std::string& group, const std::vector<CallSig>& sigs,
+                             const std::vector<int>& globals = {});
 
 // "rank 3" / "ranks 1, 2, 5".
 std::string format_ranks(const std::vector<int>& ranks);

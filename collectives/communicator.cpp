@@ -12,6 +12,7 @@
 #include "collectives/comm_impl.h"
 #include "collectives/fault.h"
 #include "collectives/flight.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/ranges.h"
@@ -91,7 +92,8 @@ bool comm_dtype_supported(DType dt, bool reduction) {
 
 CommConfig CommConfig::from_env() {
   CommConfig c;
-  if (const char* t = std::getenv("MESHRT_COMM_TIMEOUT"); t && *t) {
+  if (const std::string s = env_or("MESHRT_COMM_TIMEOUT"); !s.empty()) {
+    const char* t = s.c_str();
     char* end = nullptr;
     double v = std::strtod(t, &end);
     MESHRT_CHECK(end != t && *end == '\0' && v >= 0,
@@ -100,12 +102,10 @@ CommConfig CommConfig::from_env() {
                                             "watchdog; default 300)");
     c.timeout_s = v;
   }
-  if (const char* d = std::getenv("MESHRT_COMM_DEBUG"); d && *d) {
-    c.debug = d[0] != '0';
-  }
-  if (const char* f = std::getenv("MESHRT_FAULT"); f && *f) {
+  c.debug = env_switch("MESHRT_COMM_DEBUG");
+  if (std::string f = env_or("MESHRT_FAULT"); !f.empty()) {
     detail::parse_fault_spec(f);  // refuses a malformed spec here, saying what to change
-    c.fault = f;
+    c.fault = std::move(f);
   }
   return c;
 }
@@ -129,6 +129,11 @@ int64_t CommCall::bytes() const {
 
 CommImpl::~CommImpl() = default;
 
+namespace {
+// Set while split() makes a child on this thread: the child is not a root (no state of its own).
+thread_local int tls_splitting = 0;
+}  // namespace
+
 Communicator::Communicator(int rank, int size, std::string name, Device device, CommConfig config,
                            std::unique_ptr<CommImpl> impl)
     : rank_(rank),
@@ -142,8 +147,9 @@ Communicator::Communicator(int rank, int size, std::string name, Device device, 
   MESHRT_CHECK(impl_ != nullptr, "communicator '" << name_ << "' has no backend implementation");
   if (impl_->opens_ranges()) {
     // A root communicator (a world): its rank is the global rank. split() hands its children
-    // the parent's state instead.
-    state_ = detail::make_rank_state(rank_, size_, impl_->backend(), config_.fault);
+    // (made while it runs) the parent's state and a gid derived from the parent's instead.
+    if (tls_splitting == 0)
+      state_ = detail::make_rank_state(rank_, size_, impl_->backend(), config_.fault);
     uint64_t h = 1469598103934665603ull;  // FNV-1a of the name
     for (char ch : name_) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     gid_ = h;
@@ -522,14 +528,22 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
     st->ring->started(id);
   }
   std::unique_ptr<Communicator> child;
+  ++tls_splitting;
   try {
     child = impl_->split(color < 0 ? kNoColor : color, key, n, seq);
   } catch (...) {
+    --tls_splitting;
     if (id) st->ring->ended(id, false);
     throw;
   }
+  --tls_splitting;
   if (id) st->ring->ended(id, true);
-  if (child && state_ && child->impl_->opens_ranges()) {
+  if (child && !state_ && child->impl_->opens_ranges()) {
+    // Split from a forwarding communicator: the child starts its own state (without the fault,
+    // whose rank is a global one).
+    child->state_ =
+        detail::make_rank_state(child->rank_, child->size_, child->impl_->backend(), "");
+  } else if (child && state_ && child->impl_->opens_ranges()) {
     child->state_ = state_;
     uint64_t h = gid_ ^ (0x9e3779b97f4a7c15ull + (seq << 6) + static_cast<uint64_t>(color));
     h ^= h >> 31;

@@ -1,30 +1,22 @@
 #include "collectives/config_check.h"
 
-#include <cstring>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
-
-#include "runtime/allocator.h"
-#include "runtime/error.h"
-#include "runtime/stream.h"
-#include "runtime/tensor.h"
 
 namespace meshrt::detail {
 
 namespace {
 
-constexpr size_t kBytes = 4096;  // per rank; longer configurations are compared by their hash
-
-uint64_t fnv(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
-
+// One "name=value" line per field (a line break inside a value is written as "\\n").
 std::string encode(const ConfigFields& f) {
   std::string s;
-  for (auto& [k, v] : f) s += k + "=" + v + "\n";
+  for (auto& [k, v] : f) {
+    s += k + "=";
+    for (char c : v) s += c == '\n' ? std::string("\\n") : std::string(1, c);
+    s += "\n";
+  }
   return s;
 }
 
@@ -52,6 +44,11 @@ std::string config_mismatch(const std::vector<ConfigFields>& by_rank, const std:
       it->second[r] = v;
     }
   }
+  // Ranks running different commands (or one that refused its options) differ in that alone.
+  auto cmd = values.find("command");
+  if (cmd != values.end() && std::any_of(cmd->second.begin(), cmd->second.end(),
+                                         [&](const std::string& v) { return v != cmd->second[0]; }))
+    order = {"command"};
   std::ostringstream os;
   bool any = false;
   for (const std::string& k : order) {
@@ -69,38 +66,20 @@ std::string config_mismatch(const std::vector<ConfigFields>& by_rank, const std:
          "): start every rank with the same options";
 }
 
-void check_same_config(Communicator& world, const ConfigFields& fields, const std::string& what) {
-  if (world.size() == 1 || !world.device().is_cpu()) return;
-  const std::string text = encode(fields);
-  const uint64_t h = fnv(text);
-  auto alloc = make_host_caching_allocator();
-  auto stream = make_host_stream("config-check");
-  Tensor mine = Tensor::empty(Shape{static_cast<int64_t>(kBytes)}, DType::u8, alloc);
-  Tensor all = Tensor::empty(Shape{static_cast<int64_t>(kBytes) * world.size()}, DType::u8, alloc);
-  auto* p = static_cast<char*>(mine.data_ptr());
-  std::memset(p, 0, kBytes);
-  std::memcpy(p, &h, sizeof(h));
-  std::memcpy(p + sizeof(h), text.data(), std::min(text.size(), kBytes - sizeof(h) - 1));
-  world.all_gather(mine, all, *stream).synchronize();
-  const auto* q = static_cast<const char*>(all.data_ptr());
+void check_same_config(BootstrapTransport& t, const ConfigFields& fields, const std::string& what) {
+  if (t.size() == 1) return;
+  // The command first: ranks running different commands differ there, not in every option.
+  ConfigFields mine{{"command", what}};
+  mine.insert(mine.end(), fields.begin(), fields.end());
+  const std::vector<std::string> all = t.all_gather("config", encode(mine));
   std::vector<ConfigFields> by_rank;
   bool same = true;
-  for (int r = 0; r < world.size(); ++r) {
-    const char* b = q + static_cast<size_t>(r) * kBytes;
-    uint64_t hr = 0;
-    std::memcpy(&hr, b, sizeof(hr));
-    same = same && hr == h;
-    by_rank.push_back(
-        decode(std::string(b + sizeof(hr), strnlen(b + sizeof(hr), kBytes - sizeof(hr)))));
+  for (const std::string& s : all) {
+    same = same && s == all[static_cast<size_t>(t.rank())];
+    by_rank.push_back(decode(s));
   }
   if (same) return;
-  std::string msg = config_mismatch(by_rank, what);
-  if (msg.empty()) {
-    msg = "the ranks of this " + what +
-          " were started with different configurations (they differ beyond the first " +
-          std::to_string(kBytes) + " bytes): start every rank with the same options";
-  }
-  throw Error(msg);
+  throw ConfigMismatchError(config_mismatch(by_rank, what));
 }
 
 namespace {
@@ -108,6 +87,7 @@ namespace {
 struct ProcessConfig {
   std::mutex mu;
   bool set = false;
+  bool checked = false;
   ConfigFields fields;
   std::string what;
 };
@@ -122,21 +102,29 @@ void set_process_config(ConfigFields fields, std::string what) {
   ProcessConfig& c = process_config();
   std::lock_guard<std::mutex> lk(c.mu);
   c.set = true;
+  c.checked = false;
   c.fields = std::move(fields);
   c.what = std::move(what);
 }
 
-void check_process_config(Communicator& world) {
+void check_process_config(BootstrapTransport& t) {
   ConfigFields fields;
   std::string what;
   {
     ProcessConfig& c = process_config();
     std::lock_guard<std::mutex> lk(c.mu);
-    if (!c.set) return;
+    if (!c.set || c.checked) return;
+    c.checked = true;
     fields = c.fields;
     what = c.what;
   }
-  check_same_config(world, fields, what);
+  check_same_config(t, fields, what);
+}
+
+bool process_config_unchecked() {
+  ProcessConfig& c = process_config();
+  std::lock_guard<std::mutex> lk(c.mu);
+  return c.set && !c.checked;
 }
 
 }  // namespace meshrt::detail

@@ -6,24 +6,42 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/communicator.h"
+#include "collectives/bootstrap_transport.h"
+#include "runtime/error.h"
 
 namespace meshrt::detail {
 
 using ConfigFields = std::vector<std::pair<std::string, std::string>>;
 
-// Collective over `world` (a CPU world; on other devices it returns without checking): every
-// rank passes the (name, value) fields it was started with. Throws meshrt::Error naming each
-// field that differs and every rank's value of it ("hidden: rank 0 has 64, rank 1 has 128"),
-// whether or not MESHRT_COMM_DEBUG is set. `what` names the command in the message.
-void check_same_config(Communicator& world, const ConfigFields& fields, const std::string& what);
+// Ranks started with different configurations: every rank raises the same message (so a command
+// line prints it once).
+class ConfigMismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Collective over `t` (any device: it runs before one is chosen): every rank passes the
+// (name, value) fields it was started with. Throws ConfigMismatchError naming each field that
+// differs and every rank's value of it ("hidden: rank 0 has 64, rank 1 has 128"), whether or
+// not MESHRT_COMM_DEBUG is set. `what` names the command in the message.
+void check_same_config(BootstrapTransport& t, const ConfigFields& fields, const std::string& what);
 
 // The configuration this process was started with (set once by the command line, before its
-// ranks start): Launch::run checks it across the ranks of a process launch (mpirun, srun) before
-// it runs anything, naming what differs. Threads of one process share it: never checked there.
+// ranks start): bootstrap() checks it across the ranks of a process launch (mpirun, srun,
+// torchrun-style) on its transport before anything else (devices, backends), naming what
+// differs. Threads of one process share it: never checked there.
 void set_process_config(ConfigFields fields, std::string what);
-// Checks the process configuration across `world` (nothing when none was set).
-void check_process_config(Communicator& world);
+// Checks the process configuration across the ranks of `t`, once per process (nothing when none
+// was set, or when it was checked already).
+void check_process_config(BootstrapTransport& t);
+// Whether a process configuration was set and not yet checked (an error before the bootstrap
+// must still take part in the check, or the ranks that passed would wait for it).
+bool process_config_unchecked();
+// For an error raised before the bootstrap of a process launch (bootstrap.cpp): makes the
+// launch's transport and checks the process configuration (throws ConfigMismatchError), so the
+// ranks that got past the error do not wait for this one. Nothing on thread launches or once
+// checked.
+void check_process_config_early(double timeout_s);
 
 // The message for the fields of every rank ("" when they agree). Pure: the testable part.
 std::string config_mismatch(const std::vector<ConfigFields>& by_rank, const std::string& what);

@@ -329,17 +329,8 @@ void install_signals() {
   });
 }
 
-size_t ring_capacity() {
-  const char* v = std::getenv("MESHRT_FLIGHT");
-  if (!v || !*v) return 512;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  MESHRT_CHECK(end != v && *end == '\0' && n >= 0 && n <= 1000000,
-               "MESHRT_FLIGHT='" << v
-                                 << "' is not a number of entries in [0, 1000000] (0 turns the "
-                                    "flight recorder off; default 512)");
-  return static_cast<size_t>(n);
-}
+// MESHRT_FLIGHT: entries per ring (0 turns the recorder off).
+size_t ring_capacity() { return static_cast<size_t>(env_int("MESHRT_FLIGHT", 512)); }
 
 }  // namespace
 
@@ -349,6 +340,12 @@ std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
   st->global_rank = global_rank;
   st->threads = backend == "host";
   FaultSpec f = parse_fault_spec(fault);
+  // A rank outside the world would never fire: say so at init instead.
+  MESHRT_CHECK(!f.active() || f.rank < world_size,
+               "MESHRT_FAULT / --fault '"
+                   << fault << "' names rank " << f.rank << ", but this world has " << world_size
+                   << " rank(s) (0.." << world_size - 1 << "): name a global rank below "
+                   << world_size);
   if (f.active() && f.rank == global_rank) st->fault = f;
   if (const size_t cap = ring_capacity(); cap > 0) {
     st->ring = std::make_shared<FlightRing>(global_rank, cap);
@@ -425,9 +422,8 @@ std::string write_record(int rank, const std::string& text) {
 FlightRing::~FlightRing() {
   // MESHRT_FLIGHT_ON_EXIT=1: every rank's record also when its communicators are destroyed
   // (a run that ended normally, e.g. to read the skew of a slow rank).
-  const char* v = std::getenv("MESHRT_FLIGHT_ON_EXIT");
-  if (!v || v[0] != '1') return;
   try {
+    if (!env_switch("MESHRT_FLIGHT_ON_EXIT")) return;
     write_record(rank_, json("end of run"));
   } catch (...) {
     // a destructor: the record is lost, nothing else

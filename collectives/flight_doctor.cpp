@@ -162,6 +162,33 @@ struct Group {
   std::map<int, std::map<uint64_t, const Entry*>> by;  // global rank -> seq -> entry
 };
 
+// Of two equal sides mismatched at `seq` (sigs: call -> global ranks), the call of the side
+// running one call ahead (it skipped one): the side whose current call is the other side's next
+// one (or whose previous call is the other's current one, when the skip repeated calls), or
+// failing that evidence, the side whose record notes an injected skip on this group (`skipped`).
+// "" when neither tells them apart.
+std::string side_ahead(const Group& g, const std::map<std::string, std::vector<int>>& sigs,
+                       uint64_t seq, const std::set<int>& skipped) {
+  auto call_at = [&g](int w, uint64_t q) -> std::string {
+    auto it = g.by.find(w);
+    if (it == g.by.end() || !it->second.count(q)) return "";
+    return it->second.at(q)->sig();
+  };
+  auto runs_ahead = [&](int x, int y) {
+    const std::string next_of_y = call_at(y, seq + 1), prev_of_x = call_at(x, seq - 1);
+    return (!next_of_y.empty() && next_of_y == call_at(x, seq)) ||
+           (seq > 1 && !prev_of_x.empty() && prev_of_x == call_at(y, seq));
+  };
+  const int a = sigs.begin()->second.front(), b = sigs.rbegin()->second.front();
+  bool a_ahead = runs_ahead(a, b), b_ahead = runs_ahead(b, a);
+  if (a_ahead == b_ahead) {
+    a_ahead = skipped.count(a) > 0;
+    b_ahead = skipped.count(b) > 0;
+  }
+  if (a_ahead == b_ahead) return "";
+  return a_ahead ? sigs.begin()->first : sigs.rbegin()->first;
+}
+
 bool seqs_all_completed(const Group& g) {
   for (auto& [w, seqs] : g.by) {
     for (auto& [q, e] : seqs) {
@@ -209,7 +236,11 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
     }
   }
 
-  std::map<std::string, Group> groups;  // by gid
+  std::map<std::string, Group> groups;                 // by gid
+  std::map<std::string, std::set<int>> injected_skip;  // gid -> ranks whose record notes one
+  for (const Record& r : rs)
+    for (const Entry& e : r.entries)
+      if (e.note == "injected skip") injected_skip[e.gid].insert(r.rank);
   for (const Record& r : rs) {
     for (const Entry& e : r.entries) {
       if (!e.collective() || e.seq == 0) continue;
@@ -316,26 +347,19 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
       if (!mismatch_found) {
         mismatch_found = true;
         culprits.clear();
-        // Two sides of one size (two ranks): the side whose previous call is the other side's
-        // current one runs one call ahead, i.e. skipped one.
-        std::string ahead;
-        if (sigs.size() == 2 && sigs.begin()->second.size() == sigs.rbegin()->second.size()) {
-          const Group& grp = g;  // (clang 14 cannot capture a structured binding)
-          auto call_at = [&grp](int w, uint64_t q) -> std::string {
-            auto it = grp.by.find(w);
-            if (it == grp.by.end() || !it->second.count(q)) return "";
-            return it->second.at(q)->sig();
-          };
-          const int a = sigs.begin()->second.front(), b = sigs.rbegin()->second.front();
-          const bool a_ahead = s > 1 && call_at(a, s - 1) == call_at(b, s);
-          const bool b_ahead = s > 1 && call_at(b, s - 1) == call_at(a, s);
-          if (a_ahead != b_ahead) ahead = a_ahead ? sigs.begin()->first : sigs.rbegin()->first;
-        }
+        // Two sides of one size: the one that skipped a call, "" when a tie cannot tell.
+        const bool two_sides =
+            sigs.size() == 2 && sigs.begin()->second.size() == sigs.rbegin()->second.size();
+        const std::string ahead = two_sides ? side_ahead(g, sigs, s, injected_skip[gid]) : "";
+        const bool tie = two_sides && ahead.empty();
+        bool named = false;
         for (auto& [sig, ws] : sigs) {
-          if (ahead.empty() ? ws.size() == fewest : sig == ahead) {
+          if (tie || (ahead.empty() ? ws.size() == fewest : sig == ahead)) {
             culprits.insert(ws.begin(), ws.end());
-            culprit_call = sig + " seq " + std::to_string(s) + " on group '" + g.name + "'";
-            break;
+            if (!named)
+              culprit_call = sig + " seq " + std::to_string(s) + " on group '" + g.name + "'";
+            named = true;
+            if (!tie) break;
           }
         }
       }

@@ -22,6 +22,7 @@
 #include "collectives/flight.h"
 #include "collectives/host_reduce.h"
 #include "collectives/ordered_comm.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -155,12 +156,8 @@ class HostGroup : public std::enable_shared_from_this<HostGroup> {
     // MESHRT_HOST_YIELD_US tune the two phases.
     unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     spin_ = static_cast<unsigned>(n) <= hw ? 128 : 0;
-    if (const char* e = std::getenv("MESHRT_HOST_SPIN"); e && *e) {
-      spin_ = static_cast<unsigned>(std::max(0, std::atoi(e)));
-    }
-    if (const char* e = std::getenv("MESHRT_HOST_YIELD_US"); e && *e) {
-      yield_s_ = std::max(0, std::atoi(e)) * 1e-6;
-    }
+    spin_ = static_cast<unsigned>(env_int("MESHRT_HOST_SPIN", spin_));
+    if (const int64_t us = env_int("MESHRT_HOST_YIELD_US", -1); us >= 0) yield_s_ = us * 1e-6;
   }
 
   // `world_ranks`: each member's rank in the family's root group (empty: this is the root).
@@ -321,7 +318,10 @@ class HostEngine final : public detail::OrderedEngine {
     await_all(&Slot::arrived, seq, op, "never arrived");
     std::vector<CallSig> sigs(static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) sigs[static_cast<size_t>(j)] = g->slot(j).desc.sig;
-    std::string mm = detail::mismatch_message(g->name(), sigs);
+    std::vector<int> globals;
+    if (!g->is_root())
+      for (int j = 0; j < n; ++j) globals.push_back(g->world_rank(j));
+    std::string mm = detail::mismatch_message(g->name(), sigs, globals);
     if (!mm.empty()) {
       // Everyone sees the same calls and fails the same way; leave together so that the next
       // collective starts from a clean state.

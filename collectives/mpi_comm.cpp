@@ -247,7 +247,8 @@ class MpiEngine final : public detail::OrderedEngine {
     MESHRT_MPI_CHECK(MPI_Iallgather(me.get(), CallSig::kWords, MPI_INT64_T, all->data(),
                                     CallSig::kWords, MPI_INT64_T, comm, &req));
     wait_coll(&req, op, std::make_shared<std::pair<decltype(all), decltype(me)>>(all, me));
-    std::string mm = detail::mismatch_message(name(), *all);
+    std::string mm = detail::mismatch_message(name(), *all,
+                                              name() == "world" ? std::vector<int>{} : world_ranks);
     if (!mm.empty()) throw CommError(mm);
   }
 

@@ -24,6 +24,7 @@
 #include "runtime/backend.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/device_guard.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/tensor.h"
@@ -114,10 +115,7 @@ struct NcclEngine {
   std::recursive_mutex call_mu;
   std::shared_ptr<Allocator> scratch;
   // MESHRT_NCCL_HALF_REDUCE=native: let NCCL reduce bf16 / f16 itself (faster, less exact).
-  bool native_half = [] {
-    const char* v = std::getenv("MESHRT_NCCL_HALF_REDUCE");
-    return v && std::string(v) == "native";
-  }();
+  bool native_half = [] { return env_choice("MESHRT_NCCL_HALF_REDUCE") == "native"; }();
 
   ~NcclEngine() {
     if (comm == nullptr || comm_released || borrowed) return;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kernels/backend.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 namespace meshrt::kernels {
@@ -573,13 +574,8 @@ AttentionKernel attention_kernel() {
   int v = g_attention_kernel.load(std::memory_order_relaxed);
   if (v < 0) {
     AttentionKernel k = AttentionKernel::Flash;
-    if (const char* e = std::getenv("MESHRT_ATTENTION"); e && *e) {
-      try {
-        k = parse_attention_kernel(e);
-      } catch (const Error&) {
-        MESHRT_FAIL("MESHRT_ATTENTION=" << e << " must be flash or reference");
-      }
-    }
+    if (!env_or("MESHRT_ATTENTION").empty())
+      k = parse_attention_kernel(env_choice("MESHRT_ATTENTION"));
     int expected = -1;  // a concurrent first use or set_attention_kernel may have won
     g_attention_kernel.compare_exchange_strong(expected, static_cast<int>(k));
     v = g_attention_kernel.load(std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 #include "mesh/checkpoint_index.h"
 #include "mesh/checkpoint_root.h"
 #include "mesh/crc32c.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
 
@@ -164,9 +165,8 @@ struct Fault {
 
 Fault fault_from_env() {
   Fault f;
-  const char* e = std::getenv("MESHRT_CHECKPOINT_FAULT");
-  if (!e) return f;
-  std::string s(e);
+  const std::string s = env_or("MESHRT_CHECKPOINT_FAULT");
+  if (s.empty()) return f;
   auto get = [&](const std::string& k) {
     auto p = s.find(k + "=");
     if (p == std::string::npos) return std::string();

@@ -121,12 +121,12 @@ void* CachingAllocator::allocate(size_t bytes, Stream* stream) {
       release_cached_locked();
       p = raw_.alloc(size);
     }
-    MESHRT_CHECK(
-        p != nullptr, "allocator "
-                          << name_ << ": out of memory allocating " << bytes << " bytes (class "
-                          << size << ") on " << device_.str() << "; allocated "
-                          << stats_.allocated_bytes << ", reserved " << stats_.reserved_bytes
-                          << (raw_.describe_free ? "; " + raw_.describe_free() : std::string()));
+    MESHRT_CHECK_ALLOC(p != nullptr,
+                       "allocator "
+                           << name_ << ": out of memory allocating " << bytes << " bytes (class "
+                           << size << ") on " << device_.str() << "; allocated "
+                           << stats_.allocated_bytes << ", reserved " << stats_.reserved_bytes
+                           << (raw_.describe_free ? "; " + raw_.describe_free() : std::string()));
     stats_.system_allocs++;
     stats_.reserved_bytes += static_cast<int64_t>(size);
     Block b;
@@ -217,7 +217,7 @@ class HostPlainAllocator final : public Allocator {
   void* allocate(size_t bytes, Stream*) override {
     size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = host_raw_alloc(size);
-    MESHRT_CHECK(p, "host allocator: out of memory allocating " << bytes << " bytes");
+    MESHRT_CHECK_ALLOC(p, "host allocator: out of memory allocating " << bytes << " bytes");
     std::lock_guard<std::mutex> lk(mu_);
     sizes_[p] = size;
     stats_.alloc_count++;

@@ -1,8 +1,11 @@
-// Environment settings with a fixed set of values, checked where they are read: an unknown value
-// is refused with an Error naming the variable, the value and what is accepted, never silently
-// taken as a default.
+// Environment settings, checked where they are read: an unknown value is refused with an Error
+// naming the variable, the value and what is accepted, never silently taken as a default. Every
+// variable with a fixed set of values (a switch, a choice, a bounded whole number) is described
+// once, in env.cpp's table; the readers below look its description up by name, and
+// check_environment checks them all before a command starts.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -10,19 +13,27 @@
 
 namespace meshrt {
 
-// A free-form variable (a path, an id, a number parsed by the caller): its value, or `fallback`
+// A free-form variable (a path, an id, a spec with its own parser): its value, or `fallback`
 // when it is unset or empty.
 inline std::string env_or(const char* name, const std::string& fallback = "") {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
 }
 
-// A switch: unset or "" is off; 1, true, on, yes are on; 0, false, off, no are off (any case).
-// Anything else throws.
+// A switch of the table: unset or "" is its default (off unless the table says on); 1, true, on,
+// yes are on; 0, false, off, no are off (any case). Anything else throws.
 MESHRT_API bool env_switch(const char* name);
 
-// Checks every such variable the runtime reads (MESHRT_LOG_LEVEL, MESHRT_STREAM_JITTER) at once,
-// so a command refuses a typo before it starts instead of when (or if) the variable is first read.
+// A choice of the table: its value, or the table's default when unset or "". A value that is
+// not one of the table's throws.
+MESHRT_API std::string env_choice(const char* name);
+
+// A whole number of the table, within its bounds: its value, or `fallback` when unset or "".
+// Anything else throws.
+MESHRT_API int64_t env_int(const char* name, int64_t fallback);
+
+// Checks every variable of the table at once (and MESHRT_LOG_LEVEL), so a command refuses a
+// typo before it starts instead of when (or if) the variable is first read.
 MESHRT_API void check_environment();
 
 }  // namespace meshrt

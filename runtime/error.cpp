@@ -25,11 +25,23 @@ std::string error_message(const std::exception& e) {
   return e.what();
 }
 
-[[noreturn]] void throw_error(const char* file, int line, const std::string& msg) {
+namespace {
+
+std::string where_of(const char* file, int line) {
   const char* base = std::strrchr(file, '/');
   std::ostringstream where;
   where << (base ? base + 1 : file) << ":" << line;
-  throw Error(msg, where.str());
+  return where.str();
+}
+
+}  // namespace
+
+[[noreturn]] void throw_error(const char* file, int line, const std::string& msg) {
+  throw Error(msg, where_of(file, line));
+}
+
+[[noreturn]] void throw_out_of_memory(const char* file, int line, const std::string& msg) {
+  throw OutOfMemoryError(msg, where_of(file, line));
 }
 
 }  // namespace meshrt

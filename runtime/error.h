@@ -28,7 +28,16 @@ class MESHRT_API CommError : public Error {
   using Error::Error;
 };
 
+// Raised when memory cannot be allocated (an allocator out of memory): the C API returns
+// MESHRT_ERROR_OUT_OF_MEMORY for it, as for std::bad_alloc.
+class MESHRT_API OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 [[noreturn]] MESHRT_API void throw_error(const char* file, int line, const std::string& msg);
+[[noreturn]] MESHRT_API void throw_out_of_memory(const char* file, int line,
+                                                 const std::string& msg);
 
 // What to show a user for `e`: a meshrt::Error's message without its source location, or with
 // it (what()) when MESHRT_LOG_LEVEL is debug or trace; any other exception's what().
@@ -44,6 +53,16 @@ MESHRT_API std::string error_message(const std::exception& e);
       meshrt_os_ << msg;                                           \
       ::meshrt::throw_error(__FILE__, __LINE__, meshrt_os_.str()); \
     }                                                              \
+  } while (0)
+
+// MESHRT_CHECK for an allocation: raises OutOfMemoryError.
+#define MESHRT_CHECK_ALLOC(cond, msg)                                      \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::ostringstream meshrt_os_;                                       \
+      meshrt_os_ << msg;                                                   \
+      ::meshrt::throw_out_of_memory(__FILE__, __LINE__, meshrt_os_.str()); \
+    }                                                                      \
   } while (0)
 
 #define MESHRT_FAIL(msg)                                         \

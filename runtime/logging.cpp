@@ -13,6 +13,8 @@
 #include <mutex>
 #include <utility>
 
+#include "runtime/env.h"
+
 namespace meshrt {
 
 bool parse_log_level(const char* v, LogLevel* out) {
@@ -34,21 +36,28 @@ bool parse_log_level(const char* v, LogLevel* out) {
 
 namespace {
 
-LogLevel parse_level(const char* v) {
-  LogLevel l = LogLevel::Warn;
-  if (parse_log_level(v, &l)) return l;
-  // Read lazily, possibly inside a destructor: no exception here. Commands refuse the value up
-  // front (check_environment, runtime/env.h).
-  std::fprintf(stderr,
-               "meshrt: MESHRT_LOG_LEVEL='%s' is not one of trace, debug, info, warn, "
-               "error, off; using warn\n",
-               v);
-  return LogLevel::Warn;
-}
+// MESHRT_LOG_LEVEL, read once and lazily (possibly inside a destructor: no exception here).
+// Commands refuse a bad value up front (check_environment, runtime/env.h), which settles the
+// level first; a program that never checks gets one warning at the first log decision.
+struct LevelState {
+  std::atomic<int> level{static_cast<int>(LogLevel::Warn)};
+  std::atomic<bool> warn_bad{false};
+  std::string bad;
+  LevelState() {
+    const std::string v = env_or("MESHRT_LOG_LEVEL");
+    LogLevel l = LogLevel::Warn;
+    if (parse_log_level(v.c_str(), &l)) {
+      level = static_cast<int>(l);
+    } else {
+      bad = v;
+      warn_bad = true;
+    }
+  }
+};
 
-std::atomic<int>& level_store() {
-  static std::atomic<int> lvl{static_cast<int>(parse_level(std::getenv("MESHRT_LOG_LEVEL")))};
-  return lvl;
+LevelState& level_state() {
+  static LevelState s;
+  return s;
 }
 
 thread_local int tls_rank = 0;
@@ -122,9 +131,19 @@ void set_log_sink(LogSink sink) {
 }
 
 LogLevel log_level() {
-  return static_cast<LogLevel>(level_store().load(std::memory_order_relaxed));
+  LevelState& s = level_state();
+  if (s.warn_bad.load(std::memory_order_relaxed) && s.warn_bad.exchange(false))
+    std::fprintf(stderr,
+                 "meshrt: MESHRT_LOG_LEVEL='%s' is not a log level (trace, debug, info, warn, "
+                 "error or off): logging at warn\n",
+                 s.bad.c_str());
+  return static_cast<LogLevel>(s.level.load(std::memory_order_relaxed));
 }
-void set_log_level(LogLevel level) { level_store().store(static_cast<int>(level)); }
+void set_log_level(LogLevel level) {
+  LevelState& s = level_state();
+  s.warn_bad = false;  // decided: no warning about the variable
+  s.level.store(static_cast<int>(level));
+}
 bool log_enabled(LogLevel level) {
   return level != LogLevel::Off && static_cast<int>(level) >= static_cast<int>(log_level());
 }

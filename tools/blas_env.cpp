@@ -6,6 +6,9 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/env.h"
+#include "runtime/error.h"
+
 extern "C" {
 char* openblas_get_corename(void);
 char* openblas_get_config(void);
@@ -16,7 +19,11 @@ namespace meshrt::cli {
 void maybe_reexec_for_blas(int argc, char** argv) {
   (void)argc;
   if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user decided
-  if (const char* e = std::getenv("MESHRT_BLAS_REEXEC"); e && std::strcmp(e, "0") == 0) return;
+  try {
+    if (!env_switch("MESHRT_BLAS_REEXEC")) return;
+  } catch (const Error&) {
+    return;  // refused with the other variables once the command starts (check_environment)
+  }
   const char* cfg = openblas_get_config();
   if (!cfg || !std::strstr(cfg, "DYNAMIC_ARCH")) return;  // the variable would be ignored
   const char* core = openblas_get_corename();

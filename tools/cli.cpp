@@ -4,9 +4,11 @@
 #include <vector>
 
 #include "bench/common/command.h"
+#include "collectives/config_check.h"
 #include "meshrt/version.h"
 #include "tools/info.h"
 #include "tools/signals.h"
+#include "tools/train.h"
 
 namespace meshrt::cli {
 
@@ -37,6 +39,23 @@ void check_command_names(CLI::App& top, int argc, const char* const* argv) {
   }
 }
 
+// The innermost parsed command ("collective" of `meshrt bench collective`).
+const CLI::App* parsed_leaf(const CLI::App& top) {
+  const CLI::App* leaf = &top;
+  while (!leaf->get_subcommands().empty()) leaf = leaf->get_subcommands()[0];
+  return leaf;
+}
+
+// The command's name as typed: "meshrt bench collective", "meshrt sweep".
+std::string command_name(const CLI::App& top) {
+  std::string name = "meshrt";
+  for (const CLI::App* a = &top; !a->get_subcommands().empty();) {
+    a = a->get_subcommands()[0];
+    name += " " + a->get_name();
+  }
+  return name;
+}
+
 }  // namespace
 
 MeshrtCli::MeshrtCli() : app_("meshrt: a runtime for mixed data + tensor parallelism") {
@@ -56,8 +75,14 @@ void MeshrtCli::parse(int argc, const char* const* argv) {
 }
 
 void MeshrtCli::validate() {
+  // First: under mpirun a rank whose validation fails compares its options with the others'
+  // before it reports (bench::report_error).
+  if (train_->parsed())
+    detail::set_process_config(train_shared_options(train_opts_), "meshrt train");
+  bench::Command* cmd = parsed_bench_command(bench_);
+  if (cmd) bench::set_process_config(*parsed_leaf(app_), command_name(app_));
   bench::check_process_environment();
-  if (bench::Command* cmd = parsed_bench_command(bench_)) cmd->validate();
+  if (cmd) cmd->validate();
 }
 
 int MeshrtCli::run(int argc, char** argv, std::ostream& os) {
@@ -65,15 +90,7 @@ int MeshrtCli::run(int argc, char** argv, std::ostream& os) {
   if (train_->parsed()) return run_train(train_opts_, os);
   if (doctor_->parsed()) return run_doctor(doctor_opts_, os);
   if (bench::Command* cmd = parsed_bench_command(bench_)) {
-    // The command's name as typed: "meshrt bench collective", "meshrt sweep".
-    std::string name = "meshrt";
-    const CLI::App* leaf = &app_;
-    for (const CLI::App* a = app_.get_subcommands().empty() ? nullptr : app_.get_subcommands()[0];
-         a != nullptr; a = a->get_subcommands().empty() ? nullptr : a->get_subcommands()[0]) {
-      name += " " + a->get_name();
-      leaf = a;
-    }
-    bench::set_process_config(*leaf, name);
+    const std::string name = command_name(app_);
     ExitOnSignal on_signal(name, bench::launcher_rank() == 0);
     return cmd->run({bench::command_line("meshrt", argc, argv), &version_info}, os);
   }

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <csignal>
 #include <exception>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 
 #include "bench/common/cli_checks.h"
 #include "bench/common/command.h"
@@ -35,7 +37,8 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
                     "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
           ->capture_default_str();
   c->callback([&o, devices] { o.devices_given = devices->count() > 0; });
-  c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)");
+  c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)")
+      ->check(kNonEmpty);
   bench::add_fault_flag(*c);
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
@@ -79,16 +82,19 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       ->capture_default_str();
   c->add_flag("--compare,!--no-compare", o.compare,
               "async/local: also run synchronous DP and print the trade (default on)");
-  c->add_option("--save", o.save,
-                "Checkpoint directory: step-N/ per checkpoint (a safetensors file per rank and "
-                "index.json) and a 'latest' pointer; written at the last step");
+  CLI::Option* save =
+      c->add_option("--save", o.save,
+                    "Checkpoint directory: step-N/ per checkpoint (a safetensors file per rank and "
+                    "index.json) and a 'latest' pointer; written at the last step")
+          ->check(kNonEmpty);
   c->add_option("--save-every", o.save_every, "Also write a checkpoint every N steps")
-      ->check(kPositiveInt);
+      ->check(kPositiveInt)
+      ->needs(save);
   c->add_option("--keep", o.keep,
                 "Keep only the newest N checkpoints of this run (default all); meshrt removes only "
-                "the files "
-                "it wrote")
-      ->check(kPositiveInt);
+                "the files it wrote")
+      ->check(kPositiveInt)
+      ->needs(save);
   c->add_flag("--overwrite", o.overwrite,
               "Write into a --save folder that holds another run's checkpoints (replacing those "
               "of the same step; --keep never removes the others). Without it such a folder is "
@@ -117,6 +123,78 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
               "stopping");
   return c;
 }
+
+namespace {
+
+std::string option_text(const std::string& v) { return v.empty() ? "(none)" : v; }
+std::string option_text(bool v) { return v ? "on" : "off"; }
+template <class T>
+requires std::is_arithmetic_v<T> std::string option_text(T v) {
+  char b[64];
+  const auto r = std::to_chars(b, b + sizeof(b), v);  // shortest form that reads back as v
+  return std::string(b, r.ptr);
+}
+
+// One line per option of add_train_command that changes what the ranks compute or exchange.
+struct SharedOption {
+  const char* name;
+  std::string (*value)(const TrainCliOptions&);
+};
+#define MESHRT_SHARED(name, member)                                      \
+  SharedOption {                                                         \
+    name, [](const TrainCliOptions& o) { return option_text(o.member); } \
+  }
+const SharedOption kSharedOptions[] = {
+    MESHRT_SHARED("devices", devices),
+    MESHRT_SHARED("mesh", mesh),
+    MESHRT_SHARED("sp", sp),
+    MESHRT_SHARED("batch", batch),
+    MESHRT_SHARED("seq", seq),
+    MESHRT_SHARED("hidden", hidden),
+    MESHRT_SHARED("heads", heads),
+    MESHRT_SHARED("ffn", ffn),
+    MESHRT_SHARED("layers", layers),
+    MESHRT_SHARED("vocab", vocab),
+    MESHRT_SHARED("dtype", dtype),
+    MESHRT_SHARED("steps", steps),
+    MESHRT_SHARED("seed", seed),
+    MESHRT_SHARED("lr", lr),
+    MESHRT_SHARED("optimizer", optimizer),
+    MESHRT_SHARED("clip", clip),
+    MESHRT_SHARED("micro-batches", micro_batches),
+    MESHRT_SHARED("grad-sync", grad_sync),
+    MESHRT_SHARED("staleness", staleness),
+    MESHRT_SHARED("sync-every", sync_every),
+    MESHRT_SHARED("bucket-mb", bucket_mb),
+    MESHRT_SHARED("bf16-grads", bf16_grads),
+    MESHRT_SHARED("overlap", overlap),
+    MESHRT_SHARED("compare", compare),
+    MESHRT_SHARED("save", save),
+    MESHRT_SHARED("save-every", save_every),
+    MESHRT_SHARED("keep", keep),
+    MESHRT_SHARED("overwrite", overwrite),
+    MESHRT_SHARED("resume", resume),
+    MESHRT_SHARED("data", data),
+    MESHRT_SHARED("val-data", val_data),
+    MESHRT_SHARED("data-dtype", data_dtype),
+    MESHRT_SHARED("eval-every", eval_every),
+    MESHRT_SHARED("eval-batches", eval_batches),
+    MESHRT_SHARED("skip-nonfinite", skip_nonfinite),
+};
+#undef MESHRT_SHARED
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> train_shared_options(const TrainCliOptions& o) {
+  std::vector<std::pair<std::string, std::string>> f;
+  for (const SharedOption& s : kSharedOptions)
+    f.emplace_back(std::string("--") + s.name, s.value(o));
+  return f;
+}
+
+// --fault sets MESHRT_FAULT, which acts on the rank it names only; --mem-stats adds rank 0's
+// allocator figures to its own lines.
+std::vector<std::string> train_local_options() { return {"fault", "mem-stats"}; }
 
 namespace {
 
@@ -236,14 +314,6 @@ RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostrea
     co.world_size = rp.world_size;
     co.local_ranks = rp.local_size;
     Context ctx(rp.device, co);
-    if (launch->kind() != LaunchKind::Threads) {
-      // Processes parse their own command lines: refuse ranks started differently (the
-      // checkpoint's config fields, plus what shapes the run but is not saved with it).
-      detail::ConfigFields f = train_checkpoint_meta(cfg, 0).config;
-      f.emplace_back("mesh", o.mesh);
-      f.emplace_back("steps", std::to_string(o.steps));
-      detail::check_same_config(world, f, "meshrt train");
-    }
     std::vector<StepStats> st;
     try {
       st = train(cfg, ctx, world, os);
@@ -296,6 +366,15 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
   } catch (const Error& e) {
     throw bench::UniformError(e);
   }
+  // Under a process launch, bootstrap() refuses ranks started differently (validate() set the
+  // options): the token files' contents too, as the paths may name different files.
+  detail::ConfigFields shared = train_shared_options(o);
+  auto contents = [](const std::shared_ptr<const TokenFile>& f) {
+    return f ? f->format() + ", " + std::to_string(f->size()) + " tokens" : "(none)";
+  };
+  shared.emplace_back("--data contents", contents(cfg.data));
+  shared.emplace_back("--val-data contents", contents(cfg.val_data));
+  detail::set_process_config(std::move(shared), "meshrt train");
   RunResult run;
   try {
     run = run_once(cfg, o, &os);

@@ -5,6 +5,8 @@
 
 #include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace meshrt::cli {
 
@@ -33,6 +35,15 @@ struct TrainCliOptions {
 
 // Registers the `train` subcommand and its flags on `app`.
 CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o);
+
+// The options every rank of a process launch (mpirun, srun) must be started with alike, each with
+// its parsed value in `o` (so `--lr 1e-3` and `--lr 0.001` agree, and so does a default given
+// explicitly): (name without dashes, value). run_train refuses ranks that differ in any of them
+// before any step, naming the option and every rank's value (collectives/config_check.h).
+std::vector<std::pair<std::string, std::string>> train_shared_options(const TrainCliOptions& o);
+// The train options that may differ between ranks: they change nothing the ranks compute or
+// exchange. Every option of `train` is in exactly one of the two lists (tests/tools checks it).
+std::vector<std::string> train_local_options();
 // Runs it (launch from the environment: threads from --devices, or mpirun processes). SIGINT /
 // SIGTERM stop every rank after the same step: a one-line summary, and 128 + the signal's number
 // as the exit status (a second signal exits at once).

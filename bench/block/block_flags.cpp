@@ -22,7 +22,8 @@ class BlockCommand : public Command {
                  "else cpu:<cores, at most 8>");
     c.add_option("--mesh", o_.mesh,
                  "Mesh over the ranks, dims dp and tp, e.g. dp=2,tp=2 "
-                 "(default tp=<world size>)");
+                 "(default tp=<world size>)")
+        ->check(cli::kNonEmpty);
     c.add_flag("--sp", sp_, "Sequence parallel (default: on when tp > 1)");
     c.add_flag("--no-sp", no_sp_, "No sequence parallel")->excludes("--sp");
     c.add_option("--batch", o_.batch,

@@ -2,6 +2,7 @@
 #include "bench/collective/collective_bench.h"
 #include "bench/common/cli_checks.h"
 #include "bench/common/command.h"
+#include "runtime/error.h"
 
 namespace meshrt::bench {
 
@@ -48,7 +49,13 @@ class CollectiveCommand : public Command {
     o_.devices_defaulted = devices_->count() == 0;
     o_.min_bytes = parse_bench_size(min_);
     o_.max_bytes = parse_bench_size(max_);
-    if (!step_.empty()) o_.step_bytes = parse_bench_size(step_);
+    if (!step_.empty()) {
+      o_.step_bytes = parse_bench_size(step_);
+      // 0 would silently mean "multiply by -f" instead.
+      MESHRT_CHECK(o_.step_bytes > 0, "-i " << step_
+                                            << ": the step must be at least 1 byte (or leave -i "
+                                               "out to multiply the size by -f)");
+    }
     o_.check = check_ != 0;
     check_collective_options(o_);
   }

@@ -1,7 +1,9 @@
 #include "bench/common/cli_checks.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 namespace meshrt::cli {
@@ -14,9 +16,17 @@ CLI::Validator at_least(double lo, bool integer) {
         const double v = std::strtod(in.c_str(), &end);
         const bool ok_num = end && *end == '\0' && !in.empty() && std::isfinite(v);
         const bool ok_int = !integer || (ok_num && std::trunc(v) == v);
+        const std::string what =
+            integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > 0";
         if (!ok_num || !ok_int || (integer ? v < lo : v <= lo))
-          return "'" + in + "' is not " +
-                 (integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > 0");
+          return "'" + in + "' is not " + what;
+        if (integer) {  // beyond int64 the conversion would wrap or saturate
+          errno = 0;
+          (void)std::strtoll(in.c_str(), &end, 10);
+          if (errno == ERANGE || *end != '\0')
+            return "'" + in + "' is not " + what + " of at most " +
+                   std::to_string(std::numeric_limits<int64_t>::max());
+        }
         return std::string();
       },
       desc);
@@ -32,6 +42,15 @@ CLI::Validator non_negative() {
         return std::string();
       },
       "NUMBER>=0");
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& in) -> std::string {
+        return in.empty() ? "an empty value is not accepted: give one, or leave the option out"
+                          : std::string();
+      },
+      "");
 }
 
 }  // namespace meshrt::cli

@@ -6,7 +6,8 @@
 
 namespace meshrt::cli {
 
-// A finite number >= lo (integer) or > lo (not integer), e.g. "'-1' is not an integer >= 1".
+// A finite number >= lo (integer) or > lo (not integer), e.g. "'-1' is not an integer >= 1";
+// integers also fit int64.
 CLI::Validator at_least(double lo, bool integer);
 
 inline const CLI::Validator kPositiveInt = at_least(1, true);
@@ -14,5 +15,8 @@ inline const CLI::Validator kNonNegativeInt = at_least(0, true);
 inline const CLI::Validator kPositive = at_least(0, false);
 // A finite number >= 0, not necessarily an integer (learning rates, clipping norms).
 CLI::Validator non_negative();
+// Any value but "" (a mesh, a directory): an empty one would silently mean the default.
+CLI::Validator non_empty();
+inline const CLI::Validator kNonEmpty = non_empty();
 
 }  // namespace meshrt::cli

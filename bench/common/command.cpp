@@ -1,6 +1,7 @@
 #include "bench/common/command.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -46,10 +47,40 @@ int launcher_rank() {
   return 0;
 }
 
+namespace {
+
+// Before a process launch's ranks report an error that every rank raises alike, they compare the
+// options they were started with (when the error came before the bootstrap did): a rank that
+// failed because its options differ must not leave the others waiting for it.
+void check_config_before_failing() {
+  try {
+    detail::check_process_config_early(CommConfig::from_env().timeout_s);
+  } catch (const detail::ConfigMismatchError&) {
+    throw;
+  } catch (const std::exception& e) {
+    MESHRT_LOG_DEBUG("the options could not be compared across ranks: " << error_message(e));
+  }
+}
+
+}  // namespace
+
 // The ranks that stay quiet about an error every rank raised exit 0: OpenMPI aborts the whole job
 // at the first non-zero exit, which could kill rank 0 before it prints. Rank 0's status is the
 // job's.
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
+  if (e.get_exit_code() != 0) {
+    // A rank whose options do not parse still takes part in the start-up check (see
+    // report_error), as "a command that refused its options".
+    const std::string program = app.get_name().empty()
+                                    ? "meshrt"
+                                    : std::filesystem::path(app.get_name()).filename().string();
+    detail::set_process_config({}, program + " (refusing its options: " + e.what() + ")");
+    try {
+      check_config_before_failing();
+    } catch (const detail::ConfigMismatchError& m) {
+      return report_error(program, m, false);
+    }
+  }
   std::ostringstream out, err;
   const int rc = app.exit(e, out, err);
   if (launcher_rank() != 0) return 0;
@@ -60,8 +91,17 @@ int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
 }
 
 int report_error(std::string_view program, const std::exception& e, bool every_rank) {
+  if (dynamic_cast<const UniformError*>(&e) != nullptr ||
+      dynamic_cast<const detail::ConfigMismatchError*>(&e) != nullptr)
+    every_rank = false;
+  if (!every_rank) {
+    try {
+      check_config_before_failing();
+    } catch (const detail::ConfigMismatchError& m) {
+      return report_error(program, m, false);
+    }
+  }
   const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
-  if (dynamic_cast<const UniformError*>(&e) != nullptr) every_rank = false;
   if (!every_rank && launcher_rank() != 0) return 0;  // rank 0 reports it (see above)
   // The message says what to change; where it was raised only with MESHRT_LOG_LEVEL=debug.
   print_line(std::cerr, std::string(program) + (ours ? ": error: " : ": internal error: ") +
@@ -82,7 +122,8 @@ void set_process_config(const CLI::App& app, const std::string& what) {
     if (name.empty() || name == "--help" || name == "-h") continue;
     std::string v;
     for (const std::string& r : o->results()) v += (v.empty() ? "" : ",") + r;
-    fields.emplace_back(name.substr(name.find_first_not_of('-')), o->count() > 0 ? v : "(default)");
+    if (o->count() == 0) v = o->get_default_str().empty() ? "(default)" : o->get_default_str();
+    fields.emplace_back(name, v);
   }
   detail::set_process_config(std::move(fields), what);
 }
@@ -101,13 +142,13 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
   } catch (const CLI::ParseError& e) {
     return exit_parse_error(app, e);
   }
+  set_process_config(app, std::string(program));
   try {
     check_process_environment();
     cmd->validate();
   } catch (const std::exception& e) {
     return report_error(program, e, false);
   }
-  set_process_config(app, std::string(program));
   try {
     return cmd->run({command_line(program, argc, argv)}, std::cout);
   } catch (const std::exception& e) {

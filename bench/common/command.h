@@ -85,8 +85,10 @@ std::string command_line(std::string_view program, int argc, char** argv);
 
 // Records the options `app` was parsed with as this process's configuration (collectives/
 // config_check.h): under mpirun / srun, ranks started with different ones are refused at start-up
-// ("hidden: rank 0 has 64, rank 1 has 128"; an option not given shows as "(default)"). `what`
-// names the command in that message.
+// ("--hidden: rank 0 has 64, rank 1 has 128"; an option not given shows its default, or
+// "(default)"). `what` names the command in that message. Call it before anything that can fail
+// by rank (validation, the environment checks): report_error compares the configurations before
+// it reports an error every rank raises alike.
 void set_process_config(const CLI::App& app, const std::string& what);
 
 // The environment checks every command runs before anything else: the runtime's variables

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/gemm_algos.h"
 #include "kernels/ops.h"
+#include "runtime/env.h"
 
 namespace meshrt::kernels::cuda {
 
@@ -49,10 +50,7 @@ uint32_t alignment(const void* p) {
 
 // MESHRT_CUBLAS_TF32=1 lets f32 GEMMs use TF32 tensor cores (off: exact f32, like the host).
 bool allow_tf32() {
-  static const bool v = [] {
-    const char* e = std::getenv("MESHRT_CUBLAS_TF32");
-    return e && e[0] == '1';
-  }();
+  static const bool v = [] { return env_switch("MESHRT_CUBLAS_TF32"); }();
   return v;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 namespace meshrt::kernels::host {
@@ -111,7 +112,7 @@ HostIsa choose_host_isa(HostIsa cap) {
 }
 
 HostIsa host_isa() {
-  static const HostIsa isa = choose_host_isa(parse_host_isa_cap(std::getenv("MESHRT_HOST_ISA")));
+  static const HostIsa isa = choose_host_isa(parse_host_isa_cap(env_or("MESHRT_HOST_ISA").c_str()));
   return isa;
 }
 
@@ -150,8 +151,8 @@ std::string host_isa_info() {
   }
   std::string s = std::string(host_isa_name(host_isa())) + " (built: " + built +
                   "; this CPU runs up to " + runs;
-  if (const char* cap = std::getenv("MESHRT_HOST_ISA"); cap && *cap)
-    s += std::string("; MESHRT_HOST_ISA=") + cap;
+  if (const std::string cap = env_or("MESHRT_HOST_ISA"); !cap.empty())
+    s += "; MESHRT_HOST_ISA=" + cap;
   return s + ")";
 }
 }  // namespace meshrt::ops

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kernels/ops.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 #if defined(MESHRT_HAVE_DNNL)
@@ -23,15 +24,7 @@ namespace {
 
 // MESHRT_HOST_BF16_GEMM: "auto" (default: oneDNN when the CPU has bf16 dot products) or "f32"
 // (always the convert-to-f32 sgemm path, e.g. to compare the two).
-bool forced_f32() {
-  const char* env = std::getenv("MESHRT_HOST_BF16_GEMM");
-  if (!env || !*env) return false;
-  const std::string v = env;
-  MESHRT_CHECK(v == "auto" || v == "f32", "MESHRT_HOST_BF16_GEMM='"
-                                              << v << "' must be 'auto' (oneDNN bf16 kernels when "
-                                              << "the CPU has them) or 'f32' (convert to f32)");
-  return v == "f32";
-}
+bool forced_f32() { return env_choice("MESHRT_HOST_BF16_GEMM") == "f32"; }
 
 }  // namespace
 

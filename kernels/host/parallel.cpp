@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/ops.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -147,13 +148,7 @@ int usable_cores() {
 
 namespace {
 int threads_for(const Context& ctx) {
-  if (const char* env = std::getenv("MESHRT_HOST_THREADS")) {
-    char* end = nullptr;
-    long v = std::strtol(env, &end, 10);
-    MESHRT_CHECK(end != env && *end == '\0' && v >= 1 && v <= 4096,
-                 "MESHRT_HOST_THREADS='" << env << "' must be an integer in [1, 4096]");
-    return static_cast<int>(v);
-  }
+  if (const int64_t v = env_int("MESHRT_HOST_THREADS", 0); v > 0) return static_cast<int>(v);
   int ranks = std::max(1, ctx.local_ranks());
   return std::max(1, usable_cores() / ranks);
 }

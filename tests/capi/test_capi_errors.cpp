@@ -326,11 +326,15 @@ TEST_CASE("capi: managed DLPack tensors: ownership, versions, read-only, export"
   INFO(meshrt_last_error());
   CHECK(st != MESHRT_SUCCESS);
   CHECK(std::string(meshrt_last_error()).find("meshrt_tensor_empty") != std::string::npos);
-  int64_t big[1] = {int64_t(1) << 50};
-  const meshrt_status_t st2 = meshrt_tensor_empty(comm, 1, big, dl_dtype(kDLFloat, 32), &mine);
-  INFO(meshrt_last_error());
-  CHECK((st2 == MESHRT_ERROR_OUT_OF_MEMORY || st2 == MESHRT_ERROR_INVALID_USAGE));
-  CHECK(mine == nullptr);
+  // An allocation failure is OUT_OF_MEMORY, as the header promises (1 TiB, and 4 PiB).
+  for (int bits : {38, 50}) {
+    int64_t big[1] = {int64_t(1) << bits};
+    const meshrt_status_t st2 = meshrt_tensor_empty(comm, 1, big, dl_dtype(kDLFloat, 32), &mine);
+    INFO(bits << ": " << meshrt_last_error());
+    CHECK(st2 == MESHRT_ERROR_OUT_OF_MEMORY);
+    CHECK(std::string(meshrt_last_error()).find("out of memory allocating") != std::string::npos);
+    CHECK(mine == nullptr);
+  }
 }
 
 TEST_CASE("capi: an aborted communicator fails its work with a comm status", "[capi]") {
@@ -390,4 +394,46 @@ TEST_CASE("capi: log lines go to the engine's callback", "[capi]") {
   require_status(meshrt_set_log_callback(nullptr, nullptr, static_cast<meshrt_log_level_t>(17)),
                  MESHRT_ERROR_INVALID_ARGUMENT, {"level 17"});
   meshrt::set_log_rank(0, 1);
+}
+
+TEST_CASE("capi: the log callback gets each line's own rank", "[capi]") {
+  World w(4);
+  Captured got;
+  CAPI_REQUIRE_OK(meshrt_set_log_callback(capture_log, &got, MESHRT_LOG_TRACE));
+  std::vector<std::unique_ptr<Buf>> bufs;
+  std::vector<meshrt_event_t> events(4, nullptr);
+  for (int r = 0; r < 4; ++r) {  // one thread drives every rank
+    bufs.push_back(std::make_unique<Buf>(dl_dtype(kDLFloat, 32), 4));
+    CAPI_REQUIRE_OK(meshrt_all_reduce(w.comms[static_cast<size_t>(r)], bufs.back()->handle(),
+                                      bufs.back()->handle(), MESHRT_SUM, nullptr,
+                                      &events[static_cast<size_t>(r)]));
+  }
+  for (meshrt_event_t e : events) {
+    CAPI_REQUIRE_OK(meshrt_event_synchronize(e));
+    meshrt_event_destroy(e);
+  }
+  CAPI_REQUIRE_OK(meshrt_set_log_callback(nullptr, nullptr, MESHRT_LOG_WARN));
+  std::set<int> issued;  // ranks of the "issue" lines: one per rank
+  for (size_t i = 0; i < got.lines.size(); ++i)
+    if (got.lines[i].find("issue seq") != std::string::npos) issued.insert(got.ranks[i]);
+  CHECK(issued == std::set<int>{0, 1, 2, 3});
+  meshrt::set_log_rank(0, 1);
+}
+
+TEST_CASE("capi: a stream of another rank is refused, naming both ranks", "[capi]") {
+  World w(2, 5);
+  meshrt_stream_t s0 = nullptr, d0 = nullptr;
+  CAPI_REQUIRE_OK(meshrt_stream_create(w.comms[0], &s0));
+  CAPI_REQUIRE_OK(meshrt_comm_default_stream(w.comms[0], &d0));
+  Buf a(dl_dtype(kDLFloat, 32), 4);
+  for (meshrt_stream_t s : {s0, d0}) {
+    meshrt_event_t e = nullptr;
+    require_status(meshrt_all_reduce(w.comms[1], a.handle(), a.handle(), MESHRT_SUM, s, &e),
+                   MESHRT_ERROR_INVALID_ARGUMENT,
+                   {"was created for rank 0 of communicator 'world'",
+                    "but this call is rank 1's (communicator 'world')",
+                    "pass a stream created from this rank's communicator"});
+    CHECK(e == nullptr);
+  }
+  CAPI_REQUIRE_OK(meshrt_stream_destroy(s0));
 }

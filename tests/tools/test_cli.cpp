@@ -53,6 +53,19 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
   };
   std::vector<Case> cases = {
       {"bench block --devices cpu:2 --mesh tp=3", "has 3 ranks but the world has 2"},
+      {"bench block --mesh ''",
+       "--mesh: an empty value is not accepted: give one, or leave the option out"},
+      {"train --mesh ''",
+       "--mesh: an empty value is not accepted: give one, or leave the option out"},
+      {"train --save ''",
+       "--save: an empty value is not accepted: give one, or leave the option out"},
+      {"train --seed 99999999999999999999999",
+       "--seed: '99999999999999999999999' is not an integer >= 0 of at most 9223372036854775807"},
+      {"bench collective --seed 99999999999999999999999", "of at most 9223372036854775807"},
+      {"bench collective -i 0",
+       "-i 0: the step must be at least 1 byte \\(or leave -i out to multiply the size by -f\\)"},
+      {"train --save-every 2", "--save-every requires --save"},
+      {"train --keep 2", "--keep requires --save"},
       {"bench block --devices cpu:2 --mesh dp=2,tp=2", "make the sizes multiply to 2"},
       {"bench block --devices cpu:2 --mesh pp=2", "name the dims dp and tp"},
       {"bench block --devices cpu:2 --mesh tp=two", "not an integer >= 1"},
@@ -126,6 +139,18 @@ TEST_CASE("environment switches with unknown values are refused before anything 
   for (const Case& c :
        {Case{"MESHRT_STREAM_JITTER=abc", "MESHRT_STREAM_JITTER='abc' is not a switch"},
         Case{"MESHRT_LOG_LEVEL=loud", "MESHRT_LOG_LEVEL='loud' is not a log level: use trace"},
+        Case{"MESHRT_COMM_DEBUG=2", "MESHRT_COMM_DEBUG='2' is not a switch: use 1"},
+        Case{"MESHRT_FLIGHT_ON_EXIT=yess", "MESHRT_FLIGHT_ON_EXIT='yess' is not a switch"},
+        Case{"MESHRT_FLIGHT_ON_EXIT=2", "MESHRT_FLIGHT_ON_EXIT='2' is not a switch"},
+        Case{"MESHRT_BLAS_REEXEC=maybe",
+             "MESHRT_BLAS_REEXEC='maybe' is not a switch: use 1 (or "
+             "true, on, yes) or 0 (or false, off, no), or unset it (on)"},
+        Case{"MESHRT_HOST_SPIN=lots",
+             "MESHRT_HOST_SPIN='lots' is not a whole number in [0, 1000000000]: use one, or unset "
+             "it"},
+        Case{"MESHRT_HOST_YIELD_US=-5", "MESHRT_HOST_YIELD_US='-5' is not a whole number in [0"},
+        Case{"MESHRT_HOST_BF16_GEMM=bf16",
+             "MESHRT_HOST_BF16_GEMM='bf16' is not accepted: use auto or f32, or unset it (auto)"},
         Case{"MESHRT_HOST_ISA=sse4",
              "MESHRT_HOST_ISA=sse4 is not an instruction set of the host "
              "kernels; use auto, baseline"}}) {
@@ -135,14 +160,17 @@ TEST_CASE("environment switches with unknown values are refused before anything 
       INFO(c.env << " " << bin << ": " << r.err);
       CHECK(r.rc == 1);
       CHECK(r.err.find(c.expect) != std::string::npos);
+      CHECK(r.err.find("logging at warn") == std::string::npos);  // one message: the refusal
       CHECK(r.out.empty());
     }
   }
   // Accepted spellings still run.
-  Run r = meshrt::test::run_shell("MESHRT_STREAM_JITTER=off MESHRT_LOG_LEVEL=warning " +
-                                      std::string(MESHRT_CLI_BIN) +
-                                      " bench collective --devices cpu:2 -b 8 -e 8 -n 2 -w 0",
-                                  scratch());
+  Run r = meshrt::test::run_shell(
+      "MESHRT_STREAM_JITTER=off MESHRT_LOG_LEVEL=warning "
+      "MESHRT_COMM_DEBUG=yes MESHRT_FLIGHT_ON_EXIT=0 "
+      "MESHRT_HOST_SPIN=0 MESHRT_HOST_BF16_GEMM=f32 " +
+          std::string(MESHRT_CLI_BIN) + " bench collective --devices cpu:2 -b 8 -e 8 -n 2 -w 0",
+      scratch());
   INFO(r.err);
   CHECK(r.rc == 0);
 }

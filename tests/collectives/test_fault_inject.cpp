@@ -333,74 +333,76 @@ TEST_CASE("flight records go to MESHRT_FLIGHT_DIR or a per-job folder, never the
   else
     setenv("TMPDIR", old_tmpdir.c_str(), 1);
   fs::remove_all(tmp);
-  TEST_CASE("a fault naming a rank outside the world is refused at init", "[multirank]") {
-    std::string err;
+}
+
+TEST_CASE("a fault naming a rank outside the world is refused at init", "[multirank]") {
+  std::string err;
+  try {
+    make_host_communicators(2, "world", fault_config("crash@rank=5,step=1"));
+  } catch (const Error& e) {
+    err = e.message();
+  }
+  CHECK(err ==
+        "MESHRT_FAULT / --fault 'crash@rank=5,step=1' names rank 5, but this world has 2 rank(s) "
+        "(0..1): name a global rank below 2");
+}
+
+TEST_CASE("a mismatch in a split group names global ranks and their group ranks", "[multirank]") {
+  const int n = 4;
+  auto comms = make_host_communicators(n, "world", fault_config("", 10));
+  std::vector<std::string> msgs(n);
+  auto errs = run_ranks(comms, [&](int r) {
+    auto s = make_host_stream("comm");
+    auto g = comms[static_cast<size_t>(r)]->split(r / 2, r);  // {0, 1} and {2, 3}
+    Tensor t = host_tensor(r == 3 ? 5 : 4, DType::f32);
+    fill_value(t, 1);
     try {
-      make_host_communicators(2, "world", fault_config("crash@rank=5,step=1"));
-    } catch (const Error& e) {
-      err = e.message();
+      g->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    } catch (const CommError& e) {
+      msgs[static_cast<size_t>(r)] = e.message();
     }
-    CHECK(err ==
-          "MESHRT_FAULT / --fault 'crash@rank=5,step=1' names rank 5, but this world has 2 rank(s) "
-          "(0..1): name a global rank below 2");
+  });
+  REQUIRE(join_errors(errs).empty());
+  CHECK(msgs[0].empty());
+  CHECK(msgs[1].empty());
+  for (int r : {2, 3}) {
+    INFO("rank " << r);
+    CHECK(msgs[static_cast<size_t>(r)] ==
+          "collective mismatch on group 'world/split1': global rank 2 (rank 0 of group "
+          "'world/split1') called all_reduce(f32, count=4, sum) at seq 1; global rank 3 (rank 1 "
+          "of group 'world/split1') called all_reduce(f32, count=5, sum) at seq 1 (element "
+          "counts differ: every rank must pass the same count to all_reduce)");
   }
+}
 
-  TEST_CASE("a mismatch in a split group names global ranks and their group ranks", "[multirank]") {
-    const int n = 4;
-    auto comms = make_host_communicators(n, "world", fault_config("", 10));
-    std::vector<std::string> msgs(n);
-    auto errs = run_ranks(comms, [&](int r) {
-      auto s = make_host_stream("comm");
-      auto g = comms[static_cast<size_t>(r)]->split(r / 2, r);  // {0, 1} and {2, 3}
-      Tensor t = host_tensor(r == 3 ? 5 : 4, DType::f32);
-      fill_value(t, 1);
-      try {
-        g->all_reduce(t, ReduceOp::Sum, *s).synchronize();
-      } catch (const CommError& e) {
-        msgs[static_cast<size_t>(r)] = e.message();
-      }
-    });
-    REQUIRE(join_errors(errs).empty());
-    CHECK(msgs[0].empty());
-    CHECK(msgs[1].empty());
-    for (int r : {2, 3}) {
-      INFO("rank " << r);
-      CHECK(msgs[static_cast<size_t>(r)] ==
-            "collective mismatch on group 'world/split1': global rank 2 (rank 0 of group "
-            "'world/split1') called all_reduce(f32, count=4, sum) at seq 1; global rank 3 (rank 1 "
-            "of group 'world/split1') called all_reduce(f32, count=5, sum) at seq 1 (element "
-            "counts differ: every rank must pass the same count to all_reduce)");
-    }
+TEST_CASE("fault skip in a two-rank group: the doctor blames the rank that skipped",
+          "[multirank]") {
+  fs::path d = flight_tmp("skip2");
+  const int n = 2;
+  // Rank 1 skips its 2nd collective; its 3rd (a broadcast) meets rank 0's 2nd, whose shape
+  // differs from every earlier call: a tie that the calls alone cannot break.
+  auto comms = make_host_communicators(n, "world", fault_config("skip@rank=1,step=2", 10));
+  auto errs = run_ranks(comms, [&](int r) {
+    auto s = make_host_stream("comm");
+    auto& c = *comms[static_cast<size_t>(r)];
+    Tensor a = host_tensor(4, DType::f32), b = host_tensor(8, DType::f32);
+    Tensor t = host_tensor(16, DType::f32);
+    fill_value(a, 1);
+    fill_value(b, 1);
+    fill_value(t, 1);
+    c.all_reduce(a, ReduceOp::Sum, *s).synchronize();
+    c.all_reduce(b, ReduceOp::Sum, *s).synchronize();
+    c.broadcast(t, 0, *s).synchronize();
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errs[static_cast<size_t>(r)]);
+    CHECK_THAT(errs[static_cast<size_t>(r)],
+               Catch::Contains("rank 1 called broadcast(f32, count=16, root=0) at seq 2"));
   }
-
-  TEST_CASE("fault skip in a two-rank group: the doctor blames the rank that skipped",
-            "[multirank]") {
-    fs::path d = flight_tmp("skip2");
-    const int n = 2;
-    // Rank 1 skips its 2nd collective; its 3rd (a broadcast) meets rank 0's 2nd, whose shape
-    // differs from every earlier call: a tie that the calls alone cannot break.
-    auto comms = make_host_communicators(n, "world", fault_config("skip@rank=1,step=2", 10));
-    auto errs = run_ranks(comms, [&](int r) {
-      auto s = make_host_stream("comm");
-      auto& c = *comms[static_cast<size_t>(r)];
-      Tensor a = host_tensor(4, DType::f32), b = host_tensor(8, DType::f32);
-      Tensor t = host_tensor(16, DType::f32);
-      fill_value(a, 1);
-      fill_value(b, 1);
-      fill_value(t, 1);
-      c.all_reduce(a, ReduceOp::Sum, *s).synchronize();
-      c.all_reduce(b, ReduceOp::Sum, *s).synchronize();
-      c.broadcast(t, 0, *s).synchronize();
-    });
-    for (int r = 0; r < n; ++r) {
-      INFO("rank " << r << ": " << errs[static_cast<size_t>(r)]);
-      CHECK_THAT(errs[static_cast<size_t>(r)],
-                 Catch::Contains("rank 1 called broadcast(f32, count=16, root=0) at seq 2"));
-    }
-    detail::DoctorReport rep = detail::flight_diagnose(read_records(d, n));
-    INFO(rep.text);
-    CHECK(rep.culprits == std::vector<int>{1});
-    CHECK(rep.culprit_call == "broadcast(f32, count=16, root=0) seq 2 on group 'world'");
-    unsetenv("MESHRT_FLIGHT_DIR");
-    fs::remove_all(d);
-  }
+  detail::DoctorReport rep = detail::flight_diagnose(read_records(d, n));
+  INFO(rep.text);
+  CHECK(rep.culprits == std::vector<int>{1});
+  CHECK(rep.culprit_call == "broadcast(f32, count=16, root=0) seq 2 on group 'world'");
+  unsetenv("MESHRT_FLIGHT_DIR");
+  fs::remove_all(d);
+}

@@ -354,46 +354,48 @@ TEST_CASE("a signal during a file-rendezvous wait ends it at once with 128 + the
     CHECK(fs::is_empty(dir));  // its rendezvous file is gone: a new launch may use the folder
     fs::remove_all(dir);
   }
-  namespace {
+}
 
-  // The shared-option fields of `meshrt train <args>`, as its ranks would compare them.
-  std::vector<std::pair<std::string, std::string>> shared_fields(std::vector<std::string> args) {
-    CLI::App app;
-    meshrt::cli::TrainCliOptions o;
-    meshrt::cli::add_train_command(app, o);
-    args.insert(args.begin(), "train");
-    std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
-    app.parse(args);
-    return meshrt::cli::train_shared_options(o);
+namespace {
+
+// The shared-option fields of `meshrt train <args>`, as its ranks would compare them.
+std::vector<std::pair<std::string, std::string>> shared_fields(std::vector<std::string> args) {
+  CLI::App app;
+  meshrt::cli::TrainCliOptions o;
+  meshrt::cli::add_train_command(app, o);
+  args.insert(args.begin(), "train");
+  std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
+  app.parse(args);
+  return meshrt::cli::train_shared_options(o);
+}
+
+}  // namespace
+
+TEST_CASE("every train option is compared across ranks or named as rank-local", "[unit]") {
+  CLI::App app;
+  meshrt::cli::TrainCliOptions o;
+  CLI::App* train = meshrt::cli::add_train_command(app, o);
+  std::set<std::string> listed;
+  for (const auto& [name, value] : meshrt::cli::train_shared_options(o)) listed.insert(name);
+  for (const std::string& n : meshrt::cli::train_local_options())
+    CHECK(listed.insert("--" + n).second);
+  for (const CLI::Option* opt : train->get_options()) {
+    if (opt->get_name() == "--help") continue;
+    INFO(opt->get_name() << " has no line in tools/train.cpp's kSharedOptions "
+                            "(or train_local_options)");
+    CHECK(listed.count(opt->get_name()) == 1);
   }
-
-  }  // namespace
-
-  TEST_CASE("every train option is compared across ranks or named as rank-local", "[unit]") {
-    CLI::App app;
-    meshrt::cli::TrainCliOptions o;
-    CLI::App* train = meshrt::cli::add_train_command(app, o);
-    std::set<std::string> listed;
-    for (const auto& [name, value] : meshrt::cli::train_shared_options(o)) listed.insert(name);
-    for (const std::string& n : meshrt::cli::train_local_options())
-      CHECK(listed.insert("--" + n).second);
-    for (const CLI::Option* opt : train->get_options()) {
-      if (opt->get_name() == "--help") continue;
-      INFO(opt->get_name() << " has no line in tools/train.cpp's kSharedOptions "
-                              "(or train_local_options)");
-      CHECK(listed.count(opt->get_name()) == 1);
-    }
-    // Parsed values: equal numbers written differently and defaults given explicitly agree.
-    CHECK(shared_fields({"--lr", "1e-3", "--micro-batches", "1"}) ==
-          shared_fields({"--lr", "0.001"}));
-    const auto f = shared_fields({"--lr", "0.5", "--sp", "--bucket-mb", "0.001"});
-    auto value = [&](const std::string& name) {
-      for (const auto& [k, v] : f)
-        if (k == name) return v;
-      return std::string("(missing)");
-    };
-    CHECK(value("--lr") == "0.5");
-    CHECK(value("--sp") == "on");
-    CHECK(value("--bucket-mb") == "0.001");
-    CHECK(value("--save") == "(none)");
-  }
+  // Parsed values: equal numbers written differently and defaults given explicitly agree.
+  CHECK(shared_fields({"--lr", "1e-3", "--micro-batches", "1"}) ==
+        shared_fields({"--lr", "0.001"}));
+  const auto f = shared_fields({"--lr", "0.5", "--sp", "--bucket-mb", "0.001"});
+  auto value = [&](const std::string& name) {
+    for (const auto& [k, v] : f)
+      if (k == name) return v;
+    return std::string("(missing)");
+  };
+  CHECK(value("--lr") == "0.5");
+  CHECK(value("--sp") == "on");
+  CHECK(value("--bucket-mb") == "0.001");
+  CHECK(value("--save") == "(none)");
+}

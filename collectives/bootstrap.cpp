@@ -13,6 +13,7 @@
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
 #include "collectives/config_check.h"
+#include "collectives/mpi_backend.h"
 #include "collectives/mpi_runtime.h"
 #include "runtime/device.h"
 #include "runtime/env.h"
@@ -128,7 +129,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   plan.config = opts.config;
   std::unique_ptr<BootstrapTransport> transport;
   if (mpi_launched()) {
-    transport = make_mpi_transport(opts.config.timeout_s);
+    transport = detail::mpi_backend().make_transport(opts.config.timeout_s);
     RankPlacement p;
     p.rank = transport->rank();
     p.world_size = transport->size();

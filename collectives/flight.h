@@ -14,6 +14,7 @@
 
 #include "collectives/comm_impl.h"
 #include "collectives/fault.h"
+#include "runtime/plugin_api.h"
 
 namespace meshrt::detail {
 
@@ -88,7 +89,7 @@ std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
 
 // Writes every live ring of this process to <dir>/meshrt-flight-<rank>.json (dir:
 // MESHRT_FLIGHT_DIR, default "."); returns the paths written. Failures are logged, not thrown.
-std::vector<std::string> flight_dump_all(const std::string& reason);
+MESHRT_PLUGIN_API std::vector<std::string> flight_dump_all(const std::string& reason);
 // The directory the records go to.
 std::string flight_dir();
 

@@ -85,21 +85,10 @@ foreach(_h ${MESHRT_PUBLIC_HEADERS})
 endforeach()
 # The public C++ API (header-only over the C API): each may include only <meshrt/...> headers of
 # this list, meshrt.h, version.h and the standard library; anything else stops the configure.
+include(${PROJECT_SOURCE_DIR}/cmake/cxx_api_headers.cmake)
 set(MESHRT_CXX_API_HEADERS tensor.hpp comm.hpp mesh.hpp blocks.hpp)
+meshrt_check_cxx_api_headers(${PROJECT_SOURCE_DIR}/include/meshrt ${MESHRT_CXX_API_HEADERS})
 foreach(_h ${MESHRT_CXX_API_HEADERS})
-  file(STRINGS ${PROJECT_SOURCE_DIR}/include/meshrt/${_h} _incs REGEX "^[ \t]*#[ \t]*include")
-  foreach(_i ${_incs})
-    if(_i MATCHES "include[ \t]*[<\"]meshrt/([^>\"]+)[>\"]")
-      if(NOT CMAKE_MATCH_1 IN_LIST MESHRT_CXX_API_HEADERS AND
-         NOT CMAKE_MATCH_1 MATCHES "^(meshrt|version|export)\\.h$")
-        message(FATAL_ERROR "include/meshrt/${_h} includes <meshrt/${CMAKE_MATCH_1}>, which is not "
-                            "a public header (${MESHRT_CXX_API_HEADERS} meshrt.h version.h)")
-      endif()
-    elseif(_i MATCHES "include[ \t]*\"" OR _i MATCHES "include[ \t]*<[^>]*/[^>]*>")
-      message(FATAL_ERROR "include/meshrt/${_h}: '${_i}': the public C++ headers include only "
-                          "<meshrt/...> public headers and the standard library")
-    endif()
-  endforeach()
   install(FILES ${PROJECT_SOURCE_DIR}/include/meshrt/${_h} DESTINATION ${_incdir}/meshrt)
 endforeach()
 install(FILES ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.hpp
@@ -229,6 +218,15 @@ install(FILES ${PROJECT_BINARY_DIR}/generated/meshrtConfig.cmake
               ${PROJECT_BINARY_DIR}/generated/meshrtConfigVersion.cmake DESTINATION ${_cmakedir})
 
 # ---- pkg-config -------------------------------------------------------------------------------
+# DLPack has no .pc file to Require: its include directory goes on Cflags unless it is the
+# compiler's default (/usr/include), where it is found anyway.
+set(MESHRT_PC_DLPACK_CFLAGS "")
+get_target_property(_dlpack_inc dlpack::dlpack INTERFACE_INCLUDE_DIRECTORIES)
+foreach(_d ${_dlpack_inc})
+  if(NOT _d STREQUAL "/usr/include")
+    string(APPEND MESHRT_PC_DLPACK_CFLAGS " -I${_d}")
+  endif()
+endforeach()
 file(RELATIVE_PATH MESHRT_PC_TO_PREFIX /${_libdir}/pkgconfig /)
 string(REGEX REPLACE "/$" "" MESHRT_PC_TO_PREFIX "${MESHRT_PC_TO_PREFIX}")
 configure_file(cmake/meshrt.pc.in ${PROJECT_BINARY_DIR}/generated/meshrt.pc @ONLY)

@@ -1,7 +1,6 @@
 // Worlds and communicators of the C API: config validation, the process-local rendezvous behind
 // meshrt_get_unique_id / meshrt_comm_init_rank, init_all, MPI and file worlds, NCCL adoption,
 // destroy / abort / queries / split.
-#include <mpi.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +16,7 @@
 
 #include "capi/capi_internal.h"
 #include "collectives/backend_registry.h"
+#include "collectives/mpi_backend.h"
 #include "collectives/mpi_runtime.h"
 #include "collectives/nccl_comm.h"
 #include "runtime/backend.h"
@@ -308,6 +308,18 @@ meshrt_comm_t register_comm(std::unique_ptr<Communicator> comm, int local_ranks,
   return static_cast<meshrt_comm_t>(Registry::get().add(Kind::Comm, obj));
 }
 
+namespace {
+// The MPI backend (libmeshrt-mpi.so, loaded once); a plugin that cannot be loaded is
+// MESHRT_ERROR_UNSUPPORTED (this installation lacks it), with the loader's one-line reason.
+const detail::MpiBackend& mpi_backend_or_fail() {
+  try {
+    return detail::mpi_backend();
+  } catch (const Error& e) {
+    fail(MESHRT_ERROR_UNSUPPORTED, e.message());
+  }
+}
+}  // namespace
+
 }  // namespace meshrt::capi
 
 using namespace meshrt;
@@ -399,18 +411,15 @@ meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi_comm,
                "this process was not started by an MPI launcher (no OMPI_ / PMI_ / PMIX_ / "
                "SLURM_ variables): run it under mpirun / srun, or use meshrt_comm_init_rank "
                "(threads) or meshrt_comm_init_file (processes)");
-    mpi_init();
+    const detail::MpiBackend& mpi = mpi_backend_or_fail();
+    mpi.init();
     if (mpi_comm != nullptr) {
-      int cmp = MPI_UNEQUAL;
-      const int rc = MPI_Comm_compare(*static_cast<MPI_Comm*>(mpi_comm), MPI_COMM_WORLD, &cmp);
-      CAPI_CHECK(rc == MPI_SUCCESS, MESHRT_ERROR_INVALID_ARGUMENT,
-                 "MPI_Comm_compare on *mpi_comm failed ("
-                     << rc << "): pass a pointer to a valid MPI_Comm");
-      CAPI_CHECK(cmp == MPI_IDENT || cmp == MPI_CONGRUENT, MESHRT_ERROR_UNSUPPORTED,
-                 "*mpi_comm is not MPI_COMM_WORLD (nor congruent with it): create the world with "
-                 "mpi_comm NULL, then meshrt_comm_split it into the group you need");
+      std::string why;
+      const int bad = mpi.check_world(mpi_comm, &why);
+      CAPI_CHECK(bad != 1, MESHRT_ERROR_INVALID_ARGUMENT, why);
+      CAPI_CHECK(bad == 0, MESHRT_ERROR_UNSUPPORTED, why);
     }
-    std::shared_ptr<BootstrapTransport> tr = make_mpi_transport(conf.init_timeout_s);
+    std::shared_ptr<BootstrapTransport> tr = mpi.make_transport(conf.init_timeout_s);
     *comm = init_process_world(std::move(tr), LaunchKind::MpiProcesses, conf);
   });
 }

@@ -13,6 +13,7 @@
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
 #include "collectives/config_check.h"
+#include "collectives/mpi_backend.h"
 #include "collectives/mpi_runtime.h"
 #include "runtime/device.h"
 #include "runtime/env.h"
@@ -178,7 +179,7 @@ void check_process_config_early(double timeout_s) {
   if (!process_config_unchecked()) return;
   std::unique_ptr<BootstrapTransport> t;
   if (mpi_launched()) {
-    t = make_mpi_transport(timeout_s);
+    t = mpi_backend().make_transport(timeout_s);
   } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
     const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
     std::string host;
@@ -204,7 +205,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   plan.config = opts.config;
   std::unique_ptr<BootstrapTransport> transport;
   if (mpi_launched()) {
-    transport = make_mpi_transport(opts.config.timeout_s);
+    transport = detail::mpi_backend().make_transport(opts.config.timeout_s);
     // Processes parse their own command lines: refuse ranks started differently before they
     // pick devices or run mismatched collectives.
     detail::check_process_config(*transport);

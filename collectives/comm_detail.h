@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "runtime/plugin_api.h"
 
 namespace meshrt::detail {
 
@@ -43,15 +44,16 @@ static_assert(sizeof(CallSig) == CallSig::kWords * sizeof(int64_t));
 // ranks 1, 2 called all_reduce(f32, count=5, sum) at seq 3".
 // `globals`: each member's global rank, for a group that is not the world (empty: the world);
 // the ranks are then named "global rank 2 (rank 0 of group 'world/tp')".
-std::string mismatch_message(const std::string& group, const std::vector<CallSig>& sigs,
-                             const std::vector<int>& globals = {});
+MESHRT_PLUGIN_API std::string mismatch_message(const std::string& group,
+                                               const std::vector<CallSig>& sigs,
+                                               const std::vector<int>& globals = {});
 
 // "rank 3" / "ranks 1, 2, 5".
-std::string format_ranks(const std::vector<int>& ranks);
+MESHRT_PLUGIN_API std::string format_ranks(const std::vector<int>& ranks);
 
 // How messages name a member of a group: "rank 6 [group rank 1]" (its global rank, then its rank
 // in the group), or "rank 3" for a member of the world (`in_world`).
-std::string global_rank_label(int global_rank, int group_rank, bool in_world);
+MESHRT_PLUGIN_API std::string global_rank_label(int global_rank, int group_rank, bool in_world);
 
 // The watchdog's message: "watchdog: all_reduce(f32, count=8, sum) on group 'world' (seq 7,
 // rank 0) did not complete within 1 s; rank 3 never arrived; the communicators were aborted".
@@ -63,7 +65,7 @@ inline std::string timeout_message(const std::string& call, const std::string& g
 }
 
 // A point in time after which a wait gives up (never, when the timeout is 0).
-struct Deadline {
+struct MESHRT_PLUGIN_API Deadline {
   Clock::time_point at{};
   bool never = true;
   static Deadline after(double seconds);

@@ -16,6 +16,7 @@
 
 #include "collectives/comm_impl.h"
 #include "collectives/fault.h"
+#include "runtime/plugin_api.h"
 
 namespace meshrt::detail {
 
@@ -92,10 +93,10 @@ std::shared_ptr<RankState> make_rank_state(int global_rank, int world_size,
 
 // Writes every live ring of this process to <flight_dir()>/meshrt-flight-<rank>.json and says in
 // one line where; returns the paths written. Failures are logged, not thrown.
-std::vector<std::string> flight_dump_all(const std::string& reason);
+MESHRT_PLUGIN_API std::vector<std::string> flight_dump_all(const std::string& reason);
 // An injected fault parked a rank of this process for good: a SIGTERM writes its record even
 // while the application would stop gracefully (the rank never will).
-void flight_mark_parked();
+MESHRT_PLUGIN_API void flight_mark_parked();
 // The directory the records go to: MESHRT_FLIGHT_DIR, else the per-job folder
 // ${TMPDIR:-/tmp}/meshrt-flight-<job id> (made on the first record), never the working directory.
 std::string flight_dir();

@@ -6,6 +6,7 @@
 
 #include "collectives/communicator.h"
 #include "runtime/dtype.h"
+#include "runtime/plugin_api.h"
 
 namespace meshrt::detail {
 
@@ -29,7 +30,7 @@ void host_reduce_multi(DType dt, ReduceOp op, const void* const* srcs, int nsrc,
 void host_store_fence();
 
 // In-place avg finish for buffers that already hold sums: x[i] = x[i] / divisor.
-void host_divide(DType dt, void* x, int64_t n, int divisor);
+MESHRT_PLUGIN_API void host_divide(DType dt, void* x, int64_t n, int divisor);
 
 // f32 <-> 16-bit float conversions (for backends that reduce 16-bit floats in f32).
 void host_to_f32(DType dt, const void* src, float* dst, int64_t n);
@@ -42,8 +43,9 @@ inline bool is_half_float(DType dt) { return dt == DType::bf16 || dt == DType::f
 // elements of `in` into `wide_in`, calls reduce(wide_in, wide_out) (the backend's f32 reduction;
 // for avg it must sum), divides by `avg_divisor` for avg, and narrows `n_out` results into `out`,
 // rounding once. wide_in may equal wide_out (an in-place reduction).
-void reduce_through_f32(DType dt, ReduceOp op, const void* in, int64_t n_in, void* out,
-                        int64_t n_out, int avg_divisor, float* wide_in, float* wide_out,
-                        const std::function<void(float* wide_in, float* wide_out)>& reduce);
+MESHRT_PLUGIN_API void reduce_through_f32(
+    DType dt, ReduceOp op, const void* in, int64_t n_in, void* out, int64_t n_out, int avg_divisor,
+    float* wide_in, float* wide_out,
+    const std::function<void(float* wide_in, float* wide_out)>& reduce);
 
 }  // namespace meshrt::detail

@@ -10,7 +10,6 @@
 #include <new>
 #include <thread>
 
-#include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/host_reduce.h"
 #include "collectives/mpi_check.h"
@@ -424,29 +423,6 @@ class MpiEngine final : public detail::OrderedEngine {
   }
 };
 
-std::string mpi_refuses(const WorldPlan& plan) {
-  if (plan.device_type != DeviceType::CPU) {
-    return "it moves CPU tensors; CUDA devices need a GPU backend (nccl)";
-  }
-  if (plan.kind == LaunchKind::EnvProcesses && mpi_launched()) {
-    // Under mpirun, but the ranks met through a file rendezvous (meshrt_comm_init_file,
-    // RANK / WORLD_SIZE): MPI did not number them, so its world need not be theirs.
-    return "its ranks are MPI's own, but these processes met through a rendezvous "
-           "(meshrt_comm_init_file, or RANK / WORLD_SIZE) although an MPI launcher started them: "
-           "use meshrt_comm_init_mpi under mpirun, or the shm backend for CPU processes";
-  }
-  if (plan.kind != LaunchKind::MpiProcesses) {
-    return "it needs one process per rank: launch with mpirun -np N (this process was not "
-           "started by an MPI launcher)";
-  }
-  return "";
-}
-
-WorldFactory mpi_prepare(const WorldPlan& plan) {
-  const CommConfig cfg = plan.config;
-  return [cfg](int) { return make_mpi_world_communicator(cfg); };
-}
-
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_world_communicator(CommConfig config) {
@@ -459,11 +435,5 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(CommConfig config) {
   MESHRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c));
   return MpiEngine::make(c, "world", config);
 }
-
-namespace detail {
-void register_mpi_backend(std::vector<CollectiveBackend>& registry) {
-  add_collective_backend(registry, {"mpi", 20, mpi_refuses, mpi_prepare});
-}
-}  // namespace detail
 
 }  // namespace meshrt

@@ -190,15 +190,6 @@ int mpi_int_count(int64_t n, const char* what) {
 
 }  // namespace detail
 
-bool mpi_launched() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK",
-                        "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE"}) {
-    if (const char* x = std::getenv(v); x && *x) return true;
-  }
-  // Inside an srun job step (not merely inside an allocation).
-  return std::getenv("SLURM_STEP_ID") && std::getenv("SLURM_PROCID") && std::getenv("SLURM_NTASKS");
-}
-
 void mpi_init() {
   detail::MpiProcess& p = detail::mpi_process();
   std::lock_guard<std::mutex> lk(p.mu);

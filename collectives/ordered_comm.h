@@ -9,6 +9,7 @@
 
 #include "collectives/comm_detail.h"
 #include "collectives/comm_impl.h"
+#include "runtime/plugin_api.h"
 
 namespace meshrt::detail {
 
@@ -27,7 +28,7 @@ struct Op {
 // One rank's side of a group. The shell (run / run_split) takes the operation's turn in this
 // rank's issue order, checks for an abort, and calls the backend's function for the op; a turn
 // that does not come before the deadline aborts (abort_group) and raises CommError.
-class OrderedEngine {
+class MESHRT_PLUGIN_API OrderedEngine {
  public:
   OrderedEngine(int rank, int size, std::string name, CommConfig cfg);
   virtual ~OrderedEngine();
@@ -102,7 +103,7 @@ class OrderedEngine {
 };
 
 // The communicator of an engine on `device` (the engine is shared with the work it enqueues).
-std::unique_ptr<Communicator> make_ordered_communicator(std::shared_ptr<OrderedEngine> e,
-                                                        Device device);
+MESHRT_PLUGIN_API std::unique_ptr<Communicator> make_ordered_communicator(
+    std::shared_ptr<OrderedEngine> e, Device device);
 
 }  // namespace meshrt::detail

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 
+#include "runtime/plugin_api.h"
 namespace meshrt {
 
 enum class LogLevel : int { Trace = 0, Debug, Info, Warn, Error, Off };
@@ -15,12 +16,12 @@ LogLevel log_level();
 // Parses a MESHRT_LOG_LEVEL value ("" is the default, warn); false when it is not a level.
 bool parse_log_level(const char* v, LogLevel* out);
 void set_log_level(LogLevel level);
-bool log_enabled(LogLevel level);
+MESHRT_PLUGIN_API bool log_enabled(LogLevel level);
 // The calling thread's rank for log lines; stream workers inherit their creator's.
 void set_log_rank(int rank, int world);
 int log_rank();
 int log_world();
-void log_message(LogLevel level, const std::string& msg);
+MESHRT_PLUGIN_API void log_message(LogLevel level, const std::string& msg);
 
 // Where log lines go instead of stderr (an embedding engine's logger, e.g. through the C API's
 // meshrt_set_log_callback): called with the line's level, the logging thread's rank and world

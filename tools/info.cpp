@@ -1,11 +1,11 @@
 #include "tools/info.h"
 
-#include <mpi.h>
-
 #include <thread>
 
+#include "collectives/mpi_backend.h"
 #include "kernels/ops.h"
 #include "runtime/device.h"
+#include "runtime/plugin.h"
 #if defined(MESHRT_WITH_CUDA)
 #include "collectives/nccl_comm.h"
 #endif
@@ -18,6 +18,25 @@ int openblas_get_parallel(void);
 }
 
 namespace meshrt::cli {
+
+namespace {
+
+// The backends: how this program has each one and, for those libmeshrt.so loads as plugins, the
+// file it would load (runtime/plugin.h's search path).
+void print_backends(std::ostream& os) {
+  std::string dirs;
+  for (const std::string& d : detail::plugin_search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
+  const std::string mpi = detail::find_plugin("mpi");
+  os << "\nbackends\n";
+  os << "  host     built in\n";
+  os << "  mpi      " << detail::mpi_backend_origin() << " (plugin "
+     << detail::plugin_file_name("mpi") << ": " << (mpi.empty() ? "not found in " + dirs : mpi)
+     << ")\n";
+  os << "  cuda     " << (std::string(MESHRT_BUILD_CUDA) == "ON" ? "linked in" : "not built")
+     << "\n";
+}
+
+}  // namespace
 
 int run_info(std::ostream& os) {
   const std::map<std::string, std::string> v = version_info();
@@ -43,6 +62,7 @@ int run_info(std::ostream& os) {
   os << "  gemm16   " << get("host_gemm_16bit") << "\n";
   os << "  loops    " << get("host_isa") << "\n";
   if (v.count("mpi")) os << "  mpi      " << get("mpi") << "\n";
+  print_backends(os);
   os << "\nbuild\n";
   os << "  type     " << get("build_type") << ", " << get("compiler") << "\n";
   os << "  cuda     " << get("cuda_build") << "\n";
@@ -74,13 +94,7 @@ std::map<std::string, std::string> version_info() {
                         std::to_string(openblas_get_num_threads()) + " threads by default";
   v["host_gemm_16bit"] = ops::host_gemm_16bit_info();
   v["host_isa"] = ops::host_isa_info();
-  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  if (MPI_Get_library_version(mpi, &len) == MPI_SUCCESS) {
-    std::string m(mpi, static_cast<size_t>(len));
-    if (auto nl = m.find_first_of("\n,"); nl != std::string::npos) m.resize(nl);
-    v["mpi"] = m;
-  }
+  if (const std::string m = detail::mpi_backend().library_version(); !m.empty()) v["mpi"] = m;
   v["hardware_threads"] = std::to_string(std::thread::hardware_concurrency());
   return v;
 }

@@ -27,7 +27,11 @@
 #define MESHRT_API_VERSION 1
 
 #ifndef MESHRT_C_API
+#if defined(__GNUC__) || defined(__clang__)
 #define MESHRT_C_API __attribute__((visibility("default")))
+#else
+#define MESHRT_C_API
+#endif
 #endif
 
 #ifdef __cplusplus
@@ -142,7 +146,18 @@ MESHRT_C_API meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, c
                                                   const meshrt_comm_config_t* config);
 /* This process's rank of an MPI job (mpirun / srun; one rank per process). mpi_comm: a pointer
  * to an MPI_Comm (MPI_Comm*) identical or congruent to MPI_COMM_WORLD, or NULL for
- * MPI_COMM_WORLD; other groups: create the world, then meshrt_comm_split. Collective. */
+ * MPI_COMM_WORLD; other groups: create the world, then meshrt_comm_split. Collective.
+ * MPI: meshrt issues MPI calls from its stream threads and needs MPI_THREAD_MULTIPLE. When MPI is
+ * not initialised yet, this call initialises it (MPI_Init_thread with MPI_THREAD_MULTIPLE) and
+ * meshrt finalises it at process exit (atexit; after a failed or aborted communicator it ends the
+ * job with MPI_Abort instead, so that peers blocked in MPI do not hang). When the engine
+ * initialised MPI first, it must have asked for MPI_THREAD_MULTIPLE (any lower level is refused,
+ * naming it), and the engine finalises MPI, after destroying every meshrt communicator; meshrt
+ * then never calls MPI_Finalize.
+ * The MPI backend is a plugin: the first call loads libmeshrt-mpi.so from the folders of
+ * MESHRT_BACKEND_PATH (':'-separated), then the folder of libmeshrt.so; when it cannot be loaded
+ * the call fails with one line naming the library and the loader's reason. Programs that never
+ * call this need no MPI library at all. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi_comm,
                                                   const meshrt_comm_config_t* config);
 /* Rank `rank` of `nranks` processes meeting through files in `dir` (a directory every rank can
@@ -182,7 +197,11 @@ MESHRT_C_API meshrt_status_t meshrt_comm_device(meshrt_comm_t comm, meshrt_devic
 MESHRT_C_API meshrt_status_t meshrt_comm_split(meshrt_comm_t comm, int color, int key,
                                                meshrt_comm_t* new_comm);
 
-/* ---- streams and events ------------------------------------------------------------------- */
+/* ---- streams and events -------------------------------------------------------------------
+ * A stream belongs to one communicator: the one it was created from (meshrt_stream_create,
+ * meshrt_stream_wrap) or whose default stream it is. Pass it only to calls on that communicator
+ * and on the meshes and blocks built on it; a mesh's sub-communicators and blocks use their own
+ * streams (NULL: the mesh's default). Destroy a stream before its communicator. */
 
 /* A new stream on the communicator's device (CPU: an in-order worker thread). */
 MESHRT_C_API meshrt_status_t meshrt_stream_create(meshrt_comm_t comm, meshrt_stream_t* stream);
@@ -244,7 +263,13 @@ MESHRT_C_API meshrt_status_t meshrt_tensor_destroy(meshrt_tensor_t tensor);
  * collectives in the same order. `event` (may be NULL) receives the completion event, which
  * carries the call's errors (a timeout, a peer's mismatch). Tensors are kept alive until the call
  * completes. Reductions: bf16 / f16 reduce in f32; integer sums wrap; avg divides by the size
- * (truncating for integers). */
+ * (truncating for integers).
+ * In place: send and recv may be the same memory only in the forms given at each call (all_reduce,
+ * broadcast, all_to_all: send == recv; all_gather: send is this rank's block of recv;
+ * reduce_scatter: recv is this rank's block of send); any other overlap of send and recv is
+ * MESHRT_ERROR_INVALID_ARGUMENT. Tensors with 0 elements are accepted (sizes still have to
+ * match): the call is a collective like any other, which every rank issues in its place in the
+ * order, and it moves no data. */
 
 typedef enum meshrt_reduce_op {
   MESHRT_SUM = 0,
@@ -257,11 +282,13 @@ typedef enum meshrt_reduce_op {
 MESHRT_C_API meshrt_status_t meshrt_all_reduce(meshrt_comm_t comm, meshrt_tensor_t send,
                                                meshrt_tensor_t recv, meshrt_reduce_op_t op,
                                                meshrt_stream_t stream, meshrt_event_t* event);
-/* recv (size x send's elements) = every rank's send in rank order. */
+/* recv (size x send's elements) = every rank's send in rank order. In place: send is rank r's
+ * block of recv, elements [r n, (r + 1) n) with n = send's elements. */
 MESHRT_C_API meshrt_status_t meshrt_all_gather(meshrt_comm_t comm, meshrt_tensor_t send,
                                                meshrt_tensor_t recv, meshrt_stream_t stream,
                                                meshrt_event_t* event);
-/* recv (send's elements / size) = this rank's block of op over ranks of send. */
+/* recv (send's elements / size) = this rank's block of op over ranks of send. In place: recv is
+ * rank r's block of send, elements [r n, (r + 1) n) with n = recv's elements. */
 MESHRT_C_API meshrt_status_t meshrt_reduce_scatter(meshrt_comm_t comm, meshrt_tensor_t send,
                                                    meshrt_tensor_t recv, meshrt_reduce_op_t op,
                                                    meshrt_stream_t stream, meshrt_event_t* event);
@@ -269,7 +296,8 @@ MESHRT_C_API meshrt_status_t meshrt_reduce_scatter(meshrt_comm_t comm, meshrt_te
 MESHRT_C_API meshrt_status_t meshrt_broadcast(meshrt_comm_t comm, meshrt_tensor_t send,
                                               meshrt_tensor_t recv, int root,
                                               meshrt_stream_t stream, meshrt_event_t* event);
-/* Block j of send goes to rank j; block i of recv comes from rank i. */
+/* Block j of send goes to rank j; block i of recv comes from rank i (blocks of send's elements /
+ * size; size must divide it). In place: send == recv. */
 MESHRT_C_API meshrt_status_t meshrt_all_to_all(meshrt_comm_t comm, meshrt_tensor_t send,
                                                meshrt_tensor_t recv, meshrt_stream_t stream,
                                                meshrt_event_t* event);
@@ -317,7 +345,13 @@ MESHRT_C_API meshrt_status_t meshrt_mesh_dim(meshrt_mesh_t mesh, const char* dim
  * [ffn, hidden] split by rows, its bias replicated). An ffn that tp does not divide is split
  * unevenly: the first ffn % tp ranks hold one more column / row; meshrt_mlp_shard_info says which.
  * Activations are sequence-first [seq, batch, hidden]; under sequence parallel each rank passes
- * and gets its contiguous sequence shard [seq / tp, batch, hidden] (seq % tp == 0). */
+ * and gets its contiguous sequence shard [seq / tp, batch, hidden] (seq % tp == 0): tp rank r
+ * holds positions [r seq / tp, (r + 1) seq / tp) of the sequence.
+ * Norms, per row of `hidden` values x (statistics in f32 whatever the dtype):
+ *   LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, mean = sum(x) / hidden and the
+ *              biased variance var = sum((x - mean)^2) / hidden (not / (hidden - 1)); eps is
+ *              added to the variance, inside the square root.
+ *   RMSNorm:   y = x / sqrt(sum(x^2) / hidden + eps) * gamma (no mean subtracted, no beta). */
 
 typedef struct meshrt_mlp_s* meshrt_mlp_t;
 
@@ -425,8 +459,12 @@ MESHRT_C_API meshrt_status_t meshrt_mlp_forward(meshrt_mlp_t mlp, meshrt_tensor_
                                                 meshrt_event_t* event);
 /* Backward of the last forward: dx (x's shape) is written; the gradients are ADDED to the
  * tensors in `grads` (zero them to start a step; shapes and layout as in bind), every tensor the
- * config uses being required. Norm and fc2-bias gradients are already summed over tp (identical on
- * the tp ranks); nothing is reduced over dp. Asynchronous like forward. */
+ * config uses being required. The replicated gradients (norm, fc2 bias) come out complete and
+ * identical on the tp ranks: under sequence parallel each rank's part (its sequence shard) is
+ * summed over tp (all-reduced) before it is added; without it every tp rank already sees the
+ * whole sequence and the whole output gradient, so each computes the full gradient itself and
+ * nothing is summed (it is not tp times the gradient). Nothing is reduced over dp: that is the
+ * engine's data-parallel step. Asynchronous like forward. */
 MESHRT_C_API meshrt_status_t meshrt_mlp_backward(meshrt_mlp_t mlp, meshrt_tensor_t dy,
                                                  meshrt_tensor_t dx,
                                                  const meshrt_mlp_params_t* grads,
@@ -440,7 +478,10 @@ MESHRT_C_API meshrt_status_t meshrt_mlp_backward(meshrt_mlp_t mlp, meshrt_tensor
  * projection rowwise (weight [hidden, hidden] split by rows, its bias replicated). heads % tp == 0
  * and hidden % heads == 0. Activations as in the MLP block: [seq, batch, hidden], sequence shards
  * [seq / tp, batch, hidden] under sequence parallel. The norm kind, eps, bias, weight layout and
- * sequence parallel mean what they mean for the MLP block. */
+ * sequence parallel mean what they mean for the MLP block. Under sequence parallel the shards are
+ * gathered before the QKV projection, so attention runs over the whole sequence and causal
+ * positions are global: rank r's local row i is position r seq / tp + i, and it attends to every
+ * position <= that one on all ranks. */
 
 typedef struct meshrt_attn_s* meshrt_attn_t;
 
@@ -452,9 +493,11 @@ typedef enum meshrt_qkv_layout {
    * h * 3d + j * d + e. meshrt's own order: bound IN_OUT weights are used in place. */
   MESHRT_QKV_LAYOUT_PER_HEAD = 0,
   /* GPT-2 / Hugging Face's [Q | K | V]: the shard is [Q_r | K_r | V_r], the rank's heads of Q,
-   * then of K, then of V: feature (h, j, e) at j * hl * d + h * d + e. The QKV weight and bias are
-   * copied (permuted) into meshrt's order at bind and at each meshrt_attn_sync_weights, and their
-   * gradients permuted back. */
+   * then of K, then of V: feature (h, j, e) at j * hl * d + h * d + e. In the full [Q | K | V]
+   * tensor (3 hidden features) the rank's shard is therefore three runs of hl * d features, at
+   * j * hidden + h0 * d for j = 0 (q), 1 (k), 2 (v); meshrt_attn_shard_info counts in meshrt's
+   * per-head order instead. The QKV weight and bias are copied (permuted) into meshrt's order at
+   * bind and at each meshrt_attn_sync_weights, and their gradients permuted back. */
   MESHRT_QKV_LAYOUT_BLOCKED = 1
 } meshrt_qkv_layout_t;
 
@@ -507,9 +550,11 @@ MESHRT_C_API meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh
                                                 const meshrt_attn_config_t* config);
 MESHRT_C_API meshrt_status_t meshrt_attn_destroy(meshrt_attn_t attn);
 /* Where this rank's shard of `which` sits along its sharded dimension of the full tensor, in
- * elements: qkv weight / bias: features [offset, offset + size) = 3 d x heads [h0, h0 + hl) (in
- * either qkv layout the shard holds those heads); proj weight: rows [offset, offset + size) = d x
- * heads [h0, h0 + hl) of [hidden, hidden] (OUT_IN: columns). Replicated ones: 0 and hidden. */
+ * elements: qkv weight / bias: features [offset, offset + size) = 3 d x heads [h0, h0 + hl) of
+ * the full tensor in the PER_HEAD order (the shard holds those heads in either layout; a BLOCKED
+ * full tensor holds them at the three runs given at MESHRT_QKV_LAYOUT_BLOCKED); proj weight:
+ * rows [offset, offset + size) = d x heads [h0, h0 + hl) of [hidden, hidden] (OUT_IN: columns).
+ * Replicated ones: 0 and hidden. */
 MESHRT_C_API meshrt_status_t meshrt_attn_shard_info(meshrt_attn_t attn, meshrt_attn_param_t which,
                                                     int64_t* offset, int64_t* size);
 /* As meshrt_mlp_bind_weights: IN_OUT + PER_HEAD tensors are used in place; OUT_IN weights and

@@ -3,10 +3,19 @@
 #   install_test.sh consumer <build> <source> <scratch> <version> <meshrt-cli> <generator> <cc> <cxx> <static ON|OFF>
 #       `cmake --install` into <scratch>/prefix, then examples/cmake-consumer built with
 #       find_package(meshrt) and with `pkg-config --cflags --libs meshrt`; both must run and print
-#       the version and exact all-reduce sums.
+#       the version and exact all-reduce sums; then examples/c, examples/cpp (CMake and one
+#       compiler line with only -I<prefix>/include) and examples/python against the install.
 #   install_test.sh headers <build> <scratch> <cc> <cxx>
 #       every installed header compiles alone (C++20; the C headers also as C99); none includes a
 #       CUDA, MPI, NCCL, BLAS, JSON, logging or CLI header.
+#   install_test.sh plugins <build> <source> <scratch> <cc> <mpirun.sh> <mpiexec> <forbidden>
+#       the backends as plugins: the installed libmeshrt.so has no DT_NEEDED on a library matching
+#       lib(<forbidden>) (MPI's; and CUDA's and NCCL's unless this build links CUDA in); with libmeshrt-mpi.so moved away a C99 consumer builds, runs and loads no MPI,
+#       and an MPI launch fails with the one-line error naming the plugin; MESHRT_BACKEND_PATH,
+#       then the folder of libmeshrt.so, find it again for a 2-process mpirun.
+#   install_test.sh c99 <build> <source> <scratch> <c compilers...>
+#       meshrt.h compiles alone with each compiler as -std=c99 -Wall -Wextra -Werror -pedantic, and
+#       also with __GNUC__ / __clang__ undefined (its non-GNU branches: no __attribute__).
 #   install_test.sh exports <libmeshrt.so>
 #       every symbol libmeshrt.so exports is meshrt_* (C) or in namespace meshrt.
 # Reuses the built tree: `cmake --install` copies, it never builds. MESHRT_CONSUMER_FLAGS (set by
@@ -40,12 +49,15 @@ case "$mode" in
     build=$1 src=$2 scratch=$3 version=$4 cli=$5 generator=$6 cc=$7 cxx=$8 static=$9
     rm -rf "$scratch" && mkdir -p "$scratch"
     prefix=$scratch/prefix
+    # The SONAME's version: major.minor while the major is 0 (cmake/package.cmake), then major.
+    sover=${version%%.*}
+    [ "$sover" = 0 ] && sover=${version%.*}
     # The CLI and the package report the one version (project() in CMakeLists.txt).
     [ "$("$cli" --version)" = "meshrt $version" ] || fail "'meshrt --version' says '$("$cli" --version)', want 'meshrt $version'"
     install_into "$build" "$prefix" "$scratch/install.log"
     for f in lib/cmake/meshrt/meshrtConfig.cmake lib/cmake/meshrt/meshrtConfigVersion.cmake \
       lib/pkgconfig/meshrt.pc include/meshrt/meshrt.hpp include/meshrt/version.h \
-      include/meshrt/export.h "lib/libmeshrt.so.$version" lib/libmeshrt.so.${version%%.*}; do
+      include/meshrt/export.h "lib/libmeshrt.so.$version" "lib/libmeshrt.so.$sover"; do
       [ -e "$prefix/$f" ] || fail "the install has no $f"
     done
 
@@ -70,7 +82,7 @@ case "$mode" in
       "$b/app" >"$b.run.log" 2>&1 || { cat "$b.run.log" >&2; fail "the $v consumer failed"; }
       check_output "the $v CMake consumer" "$b.run.log" "$version"
       if [ "$v" = shared ]; then
-        ldd "$b/app" | grep "libmeshrt.so.${version%%.*} => $prefix/lib/" >/dev/null ||
+        ldd "$b/app" | grep "libmeshrt.so.$sover => $prefix/lib/" >/dev/null ||
           { ldd "$b/app" >&2; fail "the consumer does not load libmeshrt from $prefix/lib"; }
       fi
       echo "cmake consumer ($v):"
@@ -111,6 +123,28 @@ case "$mode" in
       { cat "$scratch/c-mlp.run.log" >&2; fail "examples/c/mlp_tp.c did not report 0 mismatches"; }
     echo "C MLP example (installed package):"
     sed 's/^/  /' "$scratch/c-mlp.run.log"
+    # 4. The C++ examples (the public C++ API) against the installed package: with CMake
+    # (find_package), and from one compiler line that adds only -I<prefix>/include.
+    b=$scratch/cpp-examples
+    cmake -S "$src/examples/cpp" -B "$b" -G "$generator" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="$extra" \
+      -DCMAKE_EXE_LINKER_FLAGS="$extra" >"$b.configure.log" 2>&1 &&
+      cmake --build "$b" >"$b.build.log" 2>&1 ||
+      { cat "$b.configure.log" "$b.build.log" >&2 2>/dev/null; fail "building examples/cpp against $prefix failed"; }
+    for ex in allreduce mlp_tp; do
+      # shellcheck disable=SC2086
+      "$cxx" -std=c++17 -Wall -Wextra -Wpedantic -Werror $extra "$src/examples/cpp/$ex.cpp" \
+        -I"$prefix/include" -L"$prefix/lib" -lmeshrt -pthread -Wl,-rpath,"$prefix/lib" \
+        -o "$scratch/cpp-$ex" >"$scratch/cpp-$ex.build.log" 2>&1 ||
+        { cat "$scratch/cpp-$ex.build.log" >&2; fail "c++ -std=c++17 examples/cpp/$ex.cpp -I$prefix/include failed"; }
+      for exe in "$b/$ex" "$scratch/cpp-$ex"; do
+        "$exe" >"$exe.run.log" 2>&1 || { cat "$exe.run.log" >&2; fail "examples/cpp/$ex ($exe) failed"; }
+        grep -qx "OK: 0 mismatches" "$exe.run.log" ||
+          { cat "$exe.run.log" >&2; fail "examples/cpp/$ex ($exe) did not report 0 mismatches"; }
+      done
+      echo "C++ example $ex (installed package, CMake and -I$prefix/include):"
+      sed 's/^/  /' "$b/$ex.run.log"
+    done
     # run_py <python> <script> <title>: runs examples/python/<script> on the installed library;
     # it must print OK.
     run_py() {
@@ -182,6 +216,83 @@ $bad"
     echo "PASS"
     ;;
 
+  plugins)
+    build=$1 src=$2 scratch=$3 cc=$4 mpirun=$5 mpiexec=$6 forbid=$7
+    rm -rf "$scratch" && mkdir -p "$scratch/plugins"
+    prefix=$scratch/prefix
+    lib=$prefix/lib
+    install_into "$build" "$prefix" "$scratch/install.log"
+    [ -f "$lib/libmeshrt-mpi.so" ] || fail "the install has no lib/libmeshrt-mpi.so"
+    # 1. The core's own dependencies name no backend library.
+    needed=$(readelf -d "$lib/libmeshrt.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+    bad=$(printf '%s\n' "$needed" | grep -E "^lib($forbid)[.-]" || true)
+    [ -z "$bad" ] || fail "libmeshrt.so has DT_NEEDED on backend libraries: $(echo $bad) (they belong in the plugins)"
+    echo "libmeshrt.so needs: $(echo $needed)"
+    # 2. Without the plugin a CPU-only consumer links, runs and maps no MPI library.
+    mv "$lib/libmeshrt-mpi.so" "$scratch/plugins/"
+    flags="-I$prefix/include -L$lib -lmeshrt -Wl,-rpath,$lib"
+    # shellcheck disable=SC2086 # word splitting of the flags is meant
+    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/allreduce_threads.c" $flags \
+      -pthread -o "$scratch/c-example" >"$scratch/c-example.build.log" 2>&1 ||
+      { cat "$scratch/c-example.build.log" >&2; fail "building examples/c/allreduce_threads.c failed"; }
+    env -u MESHRT_BACKEND_PATH "$scratch/c-example" >"$scratch/c-example.run.log" 2>&1 ||
+      { cat "$scratch/c-example.run.log" >&2; fail "examples/c failed without the plugins"; }
+    grep -qx "OK: 0 mismatches" "$scratch/c-example.run.log" ||
+      { cat "$scratch/c-example.run.log" >&2; fail "examples/c did not report 0 mismatches"; }
+    mapped=$(ldd "$scratch/c-example" | grep -E 'lib(mpi|open-pal|cudart|nccl|cublas)' || true)
+    [ -z "$mapped" ] || fail "a CPU-only consumer loads backend libraries: $mapped"
+    echo "CPU-only consumer without plugins: OK: 0 mismatches, no MPI / CUDA library loaded"
+    # 3. An MPI launch without the plugin: one line naming it and why.
+    # shellcheck disable=SC2086
+    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/tests/install/plugin_check.c" $flags \
+      -o "$scratch/plugin-check" >"$scratch/plugin-check.build.log" 2>&1 ||
+      { cat "$scratch/plugin-check.build.log" >&2; fail "building tests/install/plugin_check.c failed"; }
+    env -u MESHRT_BACKEND_PATH OMPI_COMM_WORLD_SIZE=1 "$scratch/plugin-check" >"$scratch/missing.log" 2>&1 &&
+      fail "meshrt_comm_init_mpi succeeded without libmeshrt-mpi.so"
+    want="FAILED unsupported: meshrt_comm_init_mpi: cannot load the mpi backend (libmeshrt-mpi.so): libmeshrt-mpi.so: cannot open shared object file: No such file or directory (searched $lib; set MESHRT_BACKEND_PATH to its folder)"
+    [ "$(cat "$scratch/missing.log")" = "$want" ] ||
+      { cat "$scratch/missing.log" >&2; fail "the missing-plugin error is not the one line: $want"; }
+    echo "missing plugin: $(cat "$scratch/missing.log")"
+    # 4. MESHRT_BACKEND_PATH finds it; then its place next to libmeshrt.so does.
+    for where in env lib; do
+      if [ $where = lib ]; then
+        mv "$scratch/plugins/libmeshrt-mpi.so" "$lib/"
+        run=(env -u MESHRT_BACKEND_PATH)
+      else
+        run=(env "MESHRT_BACKEND_PATH=/nonexistent:$scratch/plugins")
+      fi
+      "${run[@]}" "$mpirun" "$mpiexec" -np 2 --bind-to none "$scratch/plugin-check" \
+        >"$scratch/mpi-$where.log" 2>&1 || { cat "$scratch/mpi-$where.log" >&2; fail "mpirun -np 2 with the plugin ($where) failed"; }
+      for r in 0 1; do
+        grep -qx "MPI OK rank $r of 2" "$scratch/mpi-$where.log" ||
+          { cat "$scratch/mpi-$where.log" >&2; fail "rank $r did not report 'MPI OK rank $r of 2' ($where)"; }
+      done
+      echo "MPI through the plugin ($where): 2 ranks OK"
+    done
+    echo "PASS"
+    ;;
+
+  c99)
+    build=$1 src=$2 scratch=$3
+    shift 3
+    rm -rf "$scratch" && mkdir -p "$scratch"
+    printf '#include <meshrt/meshrt.h>\ntypedef int meshrt_c99_unit;\n' >"$scratch/unit.c"
+    n=0
+    for c in "$@"; do
+      for mode in gnu other; do
+        opts=()
+        [ $mode = other ] && opts=(-U__GNUC__ -U__clang__)
+        "$c" -std=c99 -Wall -Wextra -Werror -pedantic -fsyntax-only "${opts[@]}" -I"$src/include" \
+          -I"$build/include" "$scratch/unit.c" >"$scratch/$n.log" 2>&1 ||
+          { cat "$scratch/$n.log" >&2; fail "$c -std=c99 -pedantic ${opts[*]} on meshrt.h failed"; }
+        echo "meshrt.h: $c -std=c99 -Wall -Wextra -Werror -pedantic ${opts[*]}: clean"
+        n=$((n + 1))
+      done
+    done
+    [ $n -ge 2 ] || fail "no C compiler given"
+    echo "PASS"
+    ;;
+
   exports)
     lib=$1
     [ -f "$lib" ] || fail "$lib does not exist (build meshrt_shared)"
@@ -200,6 +311,6 @@ $bad"
     ;;
 
   *)
-    fail "usage: install_test.sh consumer|headers|exports ... (see the header of this script)"
+    fail "usage: install_test.sh consumer|headers|plugins|c99|exports ... (see the header of this script)"
     ;;
 esac

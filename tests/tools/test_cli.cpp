@@ -197,6 +197,22 @@ TEST_CASE("a benchmark stopped by SIGINT or SIGTERM prints one summary line", "[
   }
 }
 
+TEST_CASE("info lists the backends, how this program has them and the plugin file", "[unit]") {
+  Run r = cli("info");
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(std::regex_search(r.out, std::regex("\nbackends\n  host +built in\n")));
+  // The CLI links the MPI backend in; libmeshrt.so would load libmeshrt-mpi.so instead.
+  CHECK(std::regex_search(
+      r.out,
+      std::regex("\n  mpi +linked in \\(plugin libmeshrt-mpi\\.so: (not found in .+|/.+)\\)\n")));
+#if defined(MESHRT_WITH_CUDA)
+  CHECK(std::regex_search(r.out, std::regex("\n  cuda +linked in\n")));
+#else
+  CHECK(std::regex_search(r.out, std::regex("\n  cuda +not built\n")));
+#endif
+}
+
 TEST_CASE("info names the devices, why CUDA is unavailable, and every library's version",
           "[unit]") {
   Run r = cli("info");

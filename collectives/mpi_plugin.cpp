@@ -1,0 +1,64 @@
+// The MPI backend's function table (collectives/mpi_backend.h), what libmeshrt-mpi.so's entry
+// point returns, and mpi_backend() for the static builds, which link the backend in.
+#include <mpi.h>
+
+#include "collectives/mpi_backend.h"
+#include "collectives/mpi_comm.h"
+#include "collectives/mpi_runtime.h"
+#include "meshrt/version.h"
+#include "runtime/plugin.h"
+
+namespace meshrt::detail {
+
+namespace {
+
+int mpi_check_world(void* mpi_comm, std::string* why) {
+  int cmp = MPI_UNEQUAL;
+  const int rc = MPI_Comm_compare(*static_cast<MPI_Comm*>(mpi_comm), MPI_COMM_WORLD, &cmp);
+  if (rc != MPI_SUCCESS) {
+    *why = "MPI_Comm_compare on *mpi_comm failed (" + std::to_string(rc) +
+           "): pass a pointer to a valid MPI_Comm";
+    return 1;
+  }
+  if (cmp != MPI_IDENT && cmp != MPI_CONGRUENT) {
+    *why =
+        "*mpi_comm is not MPI_COMM_WORLD (nor congruent with it): create the world with "
+        "mpi_comm NULL, then meshrt_comm_split it into the group you need";
+    return 2;
+  }
+  return 0;
+}
+
+WorldFactory mpi_world_factory(const WorldPlan& plan) {
+  const CommConfig cfg = plan.config;
+  return [cfg](int) { return make_mpi_world_communicator(cfg); };
+}
+
+std::string mpi_library_version() {
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  if (MPI_Get_library_version(buf, &len) != MPI_SUCCESS) return "";
+  std::string m(buf, static_cast<size_t>(len));
+  if (auto nl = m.find_first_of("\n,"); nl != std::string::npos) m.resize(nl);
+  return m;
+}
+
+const MpiBackend kMpiTable{mpi_init, make_mpi_transport, mpi_check_world, mpi_world_factory,
+                           mpi_library_version};
+
+}  // namespace
+
+const MpiBackend& mpi_backend() { return kMpiTable; }
+std::string mpi_backend_origin() { return "linked in"; }
+
+}  // namespace meshrt::detail
+
+// libmeshrt-mpi.so's entry point (runtime/plugin.h): the table, for the core of the same version.
+extern "C" MESHRT_PLUGIN_API const meshrt::detail::PluginInfo* meshrt_backend_init_v1(
+    uint32_t core_abi, const char* core_version) {
+  static const meshrt::detail::PluginInfo info{meshrt::detail::kPluginAbi, MESHRT_VERSION_STRING,
+                                               "mpi", &meshrt::detail::mpi_backend()};
+  (void)core_abi;
+  (void)core_version;
+  return &info;
+}

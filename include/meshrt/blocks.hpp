@@ -1,0 +1,126 @@
+// meshrt's public C++ API: the sharded MLP and attention blocks over the C API's meshrt_mlp_t /
+// meshrt_attn_t (their maths, layouts and sharding are documented in meshrt.h). Every failure
+// throws meshrt::Error.
+#ifndef MESHRT_BLOCKS_HPP_
+#define MESHRT_BLOCKS_HPP_
+
+#include <meshrt/meshrt.h>
+#include <meshrt/comm.hpp>
+#include <meshrt/mesh.hpp>
+#include <meshrt/tensor.hpp>
+
+#include <cstdint>
+#include <utility>
+
+namespace meshrt {
+inline namespace api_v1 {
+
+// A parameter's shard: elements [offset, offset + size) of the full tensor along its sharded dim.
+struct Shard {
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
+inline meshrt_mlp_config_t mlp_config() {
+  meshrt_mlp_config_t c = MESHRT_MLP_CONFIG_INITIALIZER;
+  return c;
+}
+inline meshrt_attn_config_t attn_config() {
+  meshrt_attn_config_t c = MESHRT_ATTN_CONFIG_INITIALIZER;
+  return c;
+}
+inline meshrt_mlp_params_t mlp_params() {
+  meshrt_mlp_params_t p = MESHRT_MLP_PARAMS_INITIALIZER;
+  return p;
+}
+inline meshrt_attn_params_t attn_params() {
+  meshrt_attn_params_t p = MESHRT_ATTN_PARAMS_INITIALIZER;
+  return p;
+}
+
+namespace detail {
+
+// One block kind's C calls; Block<Ops> is the C++ object.
+struct MlpOps {
+  using Handle = meshrt_mlp_t;
+  using Config = meshrt_mlp_config_t;
+  using Params = meshrt_mlp_params_t;
+  using Which = meshrt_mlp_param_t;
+  static constexpr auto create = meshrt_mlp_create;
+  static constexpr auto destroy = meshrt_mlp_destroy;
+  static constexpr auto shard_info = meshrt_mlp_shard_info;
+  static constexpr auto bind = meshrt_mlp_bind_weights;
+  static constexpr auto sync = meshrt_mlp_sync_weights;
+  static constexpr auto forward = meshrt_mlp_forward;
+  static constexpr auto backward = meshrt_mlp_backward;
+};
+struct AttnOps {
+  using Handle = meshrt_attn_t;
+  using Config = meshrt_attn_config_t;
+  using Params = meshrt_attn_params_t;
+  using Which = meshrt_attn_param_t;
+  static constexpr auto create = meshrt_attn_create;
+  static constexpr auto destroy = meshrt_attn_destroy;
+  static constexpr auto shard_info = meshrt_attn_shard_info;
+  static constexpr auto bind = meshrt_attn_bind_weights;
+  static constexpr auto sync = meshrt_attn_sync_weights;
+  static constexpr auto forward = meshrt_attn_forward;
+  static constexpr auto backward = meshrt_attn_backward;
+};
+
+template <class Ops>
+class Block {
+ public:
+  Block() = default;
+  // Checks `config` against the mesh and makes the block (not collective).
+  Block(const Mesh& mesh, const typename Ops::Config& config) {
+    typename Ops::Handle h = nullptr;
+    check(Ops::create(&h, mesh.get(), &config), "meshrt block create");
+    h_ = Handle<typename Ops::Handle, Ops::destroy>(h);
+  }
+  Shard shard(typename Ops::Which which) const {
+    Shard s;
+    check(Ops::shard_info(h_.get(), which, &s.offset, &s.size), "meshrt block shard_info");
+    return s;
+  }
+  // Binds this rank's parameter shards (the handles may be destroyed afterwards).
+  void bind_weights(const typename Ops::Params& weights) const {
+    check(Ops::bind(h_.get(), &weights), "meshrt block bind_weights");
+  }
+  Event sync_weights(const Stream* stream = nullptr) const {
+    meshrt_event_t e = nullptr;
+    check(Ops::sync(h_.get(), stream ? stream->get() : nullptr, &e), "meshrt block sync_weights");
+    return Event(e);
+  }
+  // y = block(x); collective over the tp group.
+  Event forward(const Tensor& x, const Tensor& y, const Stream* stream = nullptr) const {
+    meshrt_event_t e = nullptr;
+    check(Ops::forward(h_.get(), x.get(), y.get(), stream ? stream->get() : nullptr, &e),
+          "meshrt block forward");
+    return Event(e);
+  }
+  // dx from dy for the last forward; parameter gradients are added to `grads`.
+  Event backward(const Tensor& dy, const Tensor& dx, const typename Ops::Params& grads,
+                 const Stream* stream = nullptr) const {
+    meshrt_event_t e = nullptr;
+    check(Ops::backward(h_.get(), dy.get(), dx.get(), &grads, stream ? stream->get() : nullptr, &e),
+          "meshrt block backward");
+    return Event(e);
+  }
+  typename Ops::Handle get() const noexcept { return h_.get(); }
+
+ private:
+  Handle<typename Ops::Handle, Ops::destroy> h_;
+};
+
+}  // namespace detail
+
+// y = x + fc2(gelu(fc1(norm(x)))), tensor parallel over the mesh's tp dim.
+using Mlp = detail::Block<detail::MlpOps>;
+// y = x + proj(attention(qkv(norm(x)))), tensor parallel over the mesh's tp dim.
+using Attention = detail::Block<detail::AttnOps>;
+
+}  // namespace api_v1
+}  // namespace meshrt
+
+#endif  // MESHRT_BLOCKS_HPP_

@@ -1,0 +1,49 @@
+// meshrt's public C++ API: the device mesh (named dims over a communicator's ranks) over the C
+// API's meshrt_mesh_t; see meshrt.h. Every failure throws meshrt::Error.
+#ifndef MESHRT_MESH_HPP_
+#define MESHRT_MESH_HPP_
+
+#include <meshrt/meshrt.h>
+#include <meshrt/comm.hpp>
+
+#include <string>
+
+namespace meshrt {
+inline namespace api_v1 {
+
+class Mesh {
+ public:
+  Mesh() = default;
+  // Collective over `comm`: spec "dp=2,tp=2" (row-major, last dim innermost).
+  Mesh(const Comm& comm, const std::string& spec) {
+    meshrt_mesh_t m = nullptr;
+    check(meshrt_mesh_create(&m, comm.get(), spec.c_str()), "meshrt_mesh_create");
+    h_ = detail::Handle<meshrt_mesh_t, meshrt_mesh_destroy>(m);
+  }
+  // The size of `dim` (1 for a dim the mesh lacks) and this rank's coordinate along it.
+  int dim_size(const std::string& dim) const {
+    int size = 0;
+    check(meshrt_mesh_dim(h_.get(), dim.c_str(), &size, nullptr), "meshrt_mesh_dim");
+    return size;
+  }
+  int coord(const std::string& dim) const {
+    int c = 0;
+    check(meshrt_mesh_dim(h_.get(), dim.c_str(), nullptr, &c), "meshrt_mesh_dim");
+    return c;
+  }
+  // The communicator along `dim`, owned by the mesh: the returned handle must not be destroyed.
+  meshrt_comm_t comm(const std::string& dim) const {
+    meshrt_comm_t c = nullptr;
+    check(meshrt_mesh_comm(h_.get(), dim.c_str(), &c), "meshrt_mesh_comm");
+    return c;
+  }
+  meshrt_mesh_t get() const noexcept { return h_.get(); }
+
+ private:
+  detail::Handle<meshrt_mesh_t, meshrt_mesh_destroy> h_;
+};
+
+}  // namespace api_v1
+}  // namespace meshrt
+
+#endif  // MESHRT_MESH_HPP_

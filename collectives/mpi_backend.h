@@ -24,11 +24,17 @@ struct MpiBackend {
   WorldFactory (*prepare)(const WorldPlan& plan);
   // "Open MPI v4.1.4" (MPI_Get_library_version's first line).
   std::string (*library_version)();
+  // Another backend (shm, bootstrapped by MPI) failed for `why`: while MPI is live, the process
+  // then ends through MPI_Abort at exit rather than MPI_Finalize, which would wait for peers that
+  // may be gone. The first reason wins.
+  void (*mark_aborted)(const std::string& why);
 };
 
 // The MPI backend: linked in, or loaded from libmeshrt-mpi.so on the first call (which throws a
 // one-line Error naming the library and dlerror()'s reason when it cannot be loaded).
 const MpiBackend& mpi_backend();
+// The backend when it is linked in or already loaded, else nullptr (never loads the plugin).
+const MpiBackend* mpi_backend_if_loaded();
 // Where the backend comes from: "linked in", the plugin's path once loaded, "" before.
 std::string mpi_backend_origin();
 

@@ -7,6 +7,10 @@ namespace meshrt::detail {
 
 const MpiBackend& mpi_backend() { return *static_cast<const MpiBackend*>(load_plugin("mpi")); }
 
+const MpiBackend* mpi_backend_if_loaded() {
+  return loaded_plugin_path("mpi").empty() ? nullptr : &mpi_backend();
+}
+
 std::string mpi_backend_origin() { return loaded_plugin_path("mpi"); }
 
 }  // namespace meshrt::detail

@@ -2,8 +2,11 @@
 // point returns, and mpi_backend() for the static builds, which link the backend in.
 #include <mpi.h>
 
+#include <mutex>
+
 #include "collectives/mpi_backend.h"
 #include "collectives/mpi_comm.h"
+#include "collectives/mpi_process.h"
 #include "collectives/mpi_runtime.h"
 #include "meshrt/version.h"
 #include "runtime/plugin.h"
@@ -43,12 +46,23 @@ std::string mpi_library_version() {
   return m;
 }
 
-const MpiBackend kMpiTable{mpi_init, make_mpi_transport, mpi_check_world, mpi_world_factory,
-                           mpi_library_version};
+void mpi_mark_aborted(const std::string& why) {
+  if (!mpi_live()) return;
+  MpiProcess& mp = mpi_process();
+  std::lock_guard<std::mutex> lk(mp.mu);
+  if (!mp.aborted.load()) {
+    mp.reason = why;
+    mp.aborted.store(true);
+  }
+}
+
+const MpiBackend kMpiTable{mpi_init,          make_mpi_transport,  mpi_check_world,
+                           mpi_world_factory, mpi_library_version, mpi_mark_aborted};
 
 }  // namespace
 
 const MpiBackend& mpi_backend() { return kMpiTable; }
+const MpiBackend* mpi_backend_if_loaded() { return &kMpiTable; }
 std::string mpi_backend_origin() { return "linked in"; }
 
 }  // namespace meshrt::detail

@@ -28,7 +28,7 @@
 #include "collectives/comm_detail.h"
 #include "collectives/flight.h"
 #include "collectives/host_reduce.h"
-#include "collectives/mpi_process.h"
+#include "collectives/mpi_backend.h"
 #include "collectives/ordered_comm.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
@@ -348,14 +348,7 @@ void shm_abort(const std::string& why) {
   // Under mpirun (MPI bootstrapped the job): end through MPI_Abort at exit, not MPI_Finalize,
   // which would wait for peers that may be gone. (Marked directly: the record is written and
   // the cause reported once already.)
-  if (detail::mpi_live()) {
-    detail::MpiProcess& mp = detail::mpi_process();
-    std::lock_guard<std::mutex> lk(mp.mu);
-    if (!mp.aborted.load()) {
-      mp.reason = why;
-      mp.aborted.store(true);
-    }
-  }
+  if (const detail::MpiBackend* mpi = detail::mpi_backend_if_loaded()) mpi->mark_aborted(why);
 }
 
 // ---- the peers' processes ------------------------------------------------------------------

@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "bench/plan/cost_model.h"
+#include "plan/cost_model.h"
 #include "runtime/error.h"
 
 namespace meshrt::plan {

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "capi/capi_internal.h"
+#include "mesh/block_desc.h"
 #include "mesh/blocks.h"
 #include "mesh/device_mesh.h"
 #include "mesh/placement.h"
@@ -529,13 +530,17 @@ meshrt_status_t meshrt_mlp_shard_info(meshrt_mlp_t mlp, meshrt_mlp_param_t which
     auto m = find_block(mlp, Kind::Mlp);
     const int i = param_index(static_cast<int>(which), "mlp", "MESHRT_MLP_NORM_WEIGHT",
                               "MESHRT_MLP_FC2_BIAS");
-    // fc1 weight / bias and fc2 weight split ffn over tp (placement.h's rule, uneven allowed);
-    // the rest is replicated. Also answered for parameters the config does not use.
-    const bool split =
-        i == MESHRT_MLP_FC1_WEIGHT || i == MESHRT_MLP_FC1_BIAS || i == MESHRT_MLP_FC2_WEIGHT;
+    // The C API's order is the description's (mesh/block_desc.h): norm weight and bias, then
+    // each linear's weight and bias. A colwise linear (fc1) splits its weight and bias over tp, a
+    // rowwise one (fc2) its weight, both along ffn (placement.h's rule, uneven allowed); the rest
+    // is replicated. Also answered for parameters the config does not use.
+    const auto lin = piece_linears(PieceKind::Mlp, m->cfg.hidden, m->cfg.ffn);
+    const LinearDesc* l = i >= 2 ? &lin.at(static_cast<size_t>(i - 2) / 2) : nullptr;
+    const bool split = l && (l->colwise || i % 2 == 0);
+    const int64_t n = l ? (l->colwise ? l->out : l->in) : m->cfg.hidden;
     const int tp = m->sched->size(), r = m->sched->rank();
-    if (offset) *offset = split ? shard_offset(m->cfg.ffn, tp, r) : 0;
-    if (size) *size = split ? shard_size(m->cfg.ffn, tp, r) : m->cfg.hidden;
+    if (offset) *offset = split ? shard_offset(n, tp, r) : 0;
+    if (size) *size = split ? shard_size(n, tp, r) : m->cfg.hidden;
   });
 }
 

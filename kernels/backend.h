@@ -1,5 +1,6 @@
-// Internal: the op table (one entry per public op of kernels/ops.h), the validated GEMM problem,
-// and what a backend (host, cuda) registers: per op, its entry point and the dtypes it takes.
+// Internal: the op table (one entry per public op of kernels/ops.h, with the dtypes it takes), the
+// validated GEMM problem, and how a backend (host, cuda) is bound to it: per op, the function of
+// the op's name in the backend's namespace.
 #pragma once
 
 #include <cstdint>
@@ -31,71 +32,6 @@ inline int64_t row_count(const Tensor& t) {
   return n == 0 ? 0 : t.numel() / n;
 }
 
-// The op table: X(op, backend parameters after (Context&, Stream&)). Each entry is one public op
-// of kernels/ops.h with the same name; ops.cpp validates the call, then hands the backend these
-// arguments (optional tensors as undefined Tensors, GEMM operands as a GemmProblem).
-#define MESHRT_KERNEL_OPS(X)                                                                     \
-  X(gemm, const GemmProblem& p)                                                                  \
-  X(gemm_strided_batched, const GemmProblem& p)                                                  \
-  X(add, const Tensor& a, const Tensor& b, const Tensor& out, float alpha, float beta)           \
-  X(scale, const Tensor& x, const Tensor& out, float alpha)                                      \
-  X(sum_squares, const Tensor& x, const Tensor& out)                                             \
-  X(cast, const Tensor& x, const Tensor& out)                                                    \
-  X(fill, const Tensor& out, double value)                                                       \
-  X(bias_gelu_fwd, const Tensor& x, const Tensor& bias, const Tensor& y, ops::GeluKind kind)     \
-  X(bias_gelu_bwd, const Tensor& dy, const Tensor& x, const Tensor& bias, const Tensor& dx,      \
-    const Tensor& dbias, ops::GeluKind kind, bool accumulate)                                    \
-  X(dropout_fwd, const Tensor& x, const Tensor& y, float p, uint64_t seed, uint64_t offset,      \
-    int64_t index_base)                                                                          \
-  X(dropout_bwd, const Tensor& dy, const Tensor& dx, float p, uint64_t seed, uint64_t offset,    \
-    int64_t index_base)                                                                          \
-  X(layernorm_fwd, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,    \
-    const Tensor& mean, const Tensor& rstd, float eps)                                           \
-  X(layernorm_bwd, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,   \
-    const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,             \
-    bool accumulate)                                                                             \
-  X(rmsnorm_fwd, const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,      \
-    float eps)                                                                                   \
-  X(rmsnorm_bwd, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,     \
-    const Tensor& dx, const Tensor& dgamma, bool accumulate)                                     \
-  X(softmax_rows_fwd, const Tensor& x, const Tensor& y, float scale)                             \
-  X(softmax_rows_bwd, const Tensor& y, const Tensor& dy, const Tensor& dx, float scale)          \
-  X(attention_fwd, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,         \
-    const Tensor& lse, float scale, bool causal)                                                 \
-  X(attention_bwd, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,         \
-    const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, \
-    float scale, bool causal)                                                                    \
-  X(embedding_fwd, const Tensor& ids, const Tensor& weight, const Tensor& out,                   \
-    int64_t vocab_offset)                                                                        \
-  X(embedding_bwd, const Tensor& ids, const Tensor& dout, const Tensor& dweight,                 \
-    int64_t vocab_offset, bool accumulate)                                                       \
-  X(xent_row_max, const Tensor& logits, const Tensor& row_max)                                   \
-  X(xent_row_sumexp, const Tensor& logits, const Tensor& row_max, const Tensor& sumexp)          \
-  X(xent_target_logit, const Tensor& logits, const Tensor& targets, const Tensor& target_logit,  \
-    int64_t vocab_offset, int64_t ignore_index)                                                  \
-  X(xent_loss, const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,          \
-    const Tensor& targets, const Tensor& loss, int64_t ignore_index)                             \
-  X(xent_grad, const Tensor& logits, const Tensor& row_max, const Tensor& sumexp,                \
-    const Tensor& targets, const Tensor& dlogits, int64_t vocab_offset, float grad_scale,        \
-    int64_t ignore_index)                                                                        \
-  X(adamw_update, std::span<const Tensor> params, std::span<const Tensor> grads,                 \
-    std::span<const Tensor> exp_avg, std::span<const Tensor> exp_avg_sq,                         \
-    const ops::AdamWConfig& cfg)                                                                 \
-  X(sgd_momentum_update, std::span<const Tensor> params, std::span<const Tensor> grads,          \
-    std::span<const Tensor> bufs, const ops::SgdConfig& cfg)
-
-enum class Op : uint8_t {
-#define MESHRT_OP_ENUM(op, ...) op,
-  MESHRT_KERNEL_OPS(MESHRT_OP_ENUM)
-#undef MESHRT_OP_ENUM
-};
-#define MESHRT_OP_COUNT(op, ...) +1
-inline constexpr int kOpCount = 0 MESHRT_KERNEL_OPS(MESHRT_OP_COUNT);
-#undef MESHRT_OP_COUNT
-
-// "layernorm_fwd": the public op's name.
-const char* op_name(Op op);
-
 // A set of dtypes, one bit per DType.
 class DTypeSet {
  public:
@@ -105,6 +41,11 @@ class DTypeSet {
   }
   constexpr bool contains(DType d) const { return (bits_ & bit(d)) != 0; }
   constexpr bool empty() const { return bits_ == 0; }
+  constexpr DTypeSet without(DTypeSet other) const {
+    DTypeSet r;
+    r.bits_ = bits_ & ~other.bits_;
+    return r;
+  }
   // "f32, bf16, f16"
   std::string str() const;
 
@@ -116,12 +57,83 @@ inline constexpr DTypeSet kFloating{DType::f32, DType::bf16, DType::f16};
 inline constexpr DTypeSet kAnyDType{DType::f32, DType::bf16, DType::f16,
                                     DType::i32, DType::i64,  DType::u8};
 
-// One backend's implementation of the op table. An op the backend lacks keeps a null entry and
-// an empty dtype set: calling it is a clear error (require_support), not a link failure.
+// The op table: X(op, dtypes, backend parameters after (Context&, Stream&)). Each entry is one
+// public op of kernels/ops.h with the same name and the dtypes every backend implements it for
+// (the dtype its floating tensors share; the output's for fill); ops.cpp validates the call, then
+// hands the backend these arguments (optional tensors as undefined Tensors, GEMM operands as a
+// GemmProblem). A backend implements an op as a function of the op's name in its namespace
+// (declared from this table by MESHRT_DECLARE_BACKEND_OPS) and registers nothing itself:
+// MESHRT_BIND_BACKEND_OPS fills its table from these entries.
+#define MESHRT_KERNEL_OPS(X)                                                                       \
+  X(gemm, kFloating, const GemmProblem& p)                                                         \
+  X(gemm_strided_batched, kFloating, const GemmProblem& p)                                         \
+  X(add, kFloating, const Tensor& a, const Tensor& b, const Tensor& out, float alpha, float beta)  \
+  X(scale, kFloating, const Tensor& x, const Tensor& out, float alpha)                             \
+  X(sum_squares, kFloating, const Tensor& x, const Tensor& out)                                    \
+  X(cast, kFloating, const Tensor& x, const Tensor& out)                                           \
+  X(fill, kAnyDType, const Tensor& out, double value)                                              \
+  X(bias_gelu_fwd, kFloating, const Tensor& x, const Tensor& bias, const Tensor& y,                \
+    ops::GeluKind kind)                                                                            \
+  X(bias_gelu_bwd, kFloating, const Tensor& dy, const Tensor& x, const Tensor& bias,               \
+    const Tensor& dx, const Tensor& dbias, ops::GeluKind kind, bool accumulate)                    \
+  X(dropout_fwd, kFloating, const Tensor& x, const Tensor& y, float p, uint64_t seed,              \
+    uint64_t offset, int64_t index_base)                                                           \
+  X(dropout_bwd, kFloating, const Tensor& dy, const Tensor& dx, float p, uint64_t seed,            \
+    uint64_t offset, int64_t index_base)                                                           \
+  X(layernorm_fwd, kFloating, const Tensor& x, const Tensor& gamma, const Tensor& beta,            \
+    const Tensor& y, const Tensor& mean, const Tensor& rstd, float eps)                            \
+  X(layernorm_bwd, kFloating, const Tensor& dy, const Tensor& x, const Tensor& gamma,              \
+    const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,                \
+    const Tensor& dbeta, bool accumulate)                                                          \
+  X(rmsnorm_fwd, kFloating, const Tensor& x, const Tensor& gamma, const Tensor& y,                 \
+    const Tensor& rstd, float eps)                                                                 \
+  X(rmsnorm_bwd, kFloating, const Tensor& dy, const Tensor& x, const Tensor& gamma,                \
+    const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, bool accumulate)                   \
+  X(softmax_rows_fwd, kFloating, const Tensor& x, const Tensor& y, float scale)                    \
+  X(softmax_rows_bwd, kFloating, const Tensor& y, const Tensor& dy, const Tensor& dx, float scale) \
+  X(attention_fwd, kFloating, const Tensor& q, const Tensor& k, const Tensor& v,                   \
+    const Tensor& out, const Tensor& lse, float scale, bool causal)                                \
+  X(attention_bwd, kFloating, const Tensor& q, const Tensor& k, const Tensor& v,                   \
+    const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,  \
+    const Tensor& dv, float scale, bool causal)                                                    \
+  X(embedding_fwd, kFloating, const Tensor& ids, const Tensor& weight, const Tensor& out,          \
+    int64_t vocab_offset)                                                                          \
+  X(embedding_bwd, kFloating, const Tensor& ids, const Tensor& dout, const Tensor& dweight,        \
+    int64_t vocab_offset, bool accumulate)                                                         \
+  X(xent_row_max, kFloating, const Tensor& logits, const Tensor& row_max)                          \
+  X(xent_row_sumexp, kFloating, const Tensor& logits, const Tensor& row_max, const Tensor& sumexp) \
+  X(xent_target_logit, kFloating, const Tensor& logits, const Tensor& targets,                     \
+    const Tensor& target_logit, int64_t vocab_offset, int64_t ignore_index)                        \
+  X(xent_loss, kFloating, const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit, \
+    const Tensor& targets, const Tensor& loss, int64_t ignore_index)                               \
+  X(xent_grad, kFloating, const Tensor& logits, const Tensor& row_max, const Tensor& sumexp,       \
+    const Tensor& targets, const Tensor& dlogits, int64_t vocab_offset, float grad_scale,          \
+    int64_t ignore_index)                                                                          \
+  X(adamw_update, kFloating, std::span<const Tensor> params, std::span<const Tensor> grads,        \
+    std::span<const Tensor> exp_avg, std::span<const Tensor> exp_avg_sq,                           \
+    const ops::AdamWConfig& cfg)                                                                   \
+  X(sgd_momentum_update, kFloating, std::span<const Tensor> params, std::span<const Tensor> grads, \
+    std::span<const Tensor> bufs, const ops::SgdConfig& cfg)
+
+enum class Op : uint8_t {
+#define MESHRT_OP_ENUM(op, dtypes_, ...) op,
+  MESHRT_KERNEL_OPS(MESHRT_OP_ENUM)
+#undef MESHRT_OP_ENUM
+};
+#define MESHRT_OP_COUNT(op, dtypes_, ...) +1
+inline constexpr int kOpCount = 0 MESHRT_KERNEL_OPS(MESHRT_OP_COUNT);
+#undef MESHRT_OP_COUNT
+
+// "layernorm_fwd": the public op's name.
+const char* op_name(Op op);
+
+// One backend's implementation of the op table (filled by MESHRT_BIND_BACKEND_OPS). An op the
+// backend lacks keeps a null entry and an empty dtype set: calling it is a clear error
+// (require_support), not a link failure.
 struct Backend {
   explicit Backend(const char* backend_name) : name(backend_name) {}
   const char* name;
-#define MESHRT_OP_ENTRY(op, ...) void (*op)(Context&, Stream&, __VA_ARGS__) = nullptr;
+#define MESHRT_OP_ENTRY(op, dtypes_, ...) void (*op)(Context&, Stream&, __VA_ARGS__) = nullptr;
   MESHRT_KERNEL_OPS(MESHRT_OP_ENTRY)
 #undef MESHRT_OP_ENTRY
   DTypeSet dtypes[kOpCount];
@@ -134,26 +146,39 @@ struct Backend {
 // Throws meshrt::Error naming the op, the dtype and the backend unless be.supports(op, dtype).
 void require_support(const Backend& be, Op op, DType dtype);
 
-// Registers the backend's function named `op` (same name as the public op) for `dtypes_`; used by
-// the register_<family> function at the end of each backend source file.
-#define MESHRT_REGISTER_OP(be, op, dtypes_)                             \
-  do {                                                                  \
-    (be).op = &op;                                                      \
-    (be).dtypes[static_cast<int>(::meshrt::kernels::Op::op)] = dtypes_; \
-  } while (0)
+// The dtypes the op table declares for `op`.
+constexpr DTypeSet table_dtypes(Op op) {
+  switch (op) {
+#define MESHRT_OP_DTYPES(op, dtypes_, ...) \
+  case Op::op:                             \
+    return dtypes_;
+    MESHRT_KERNEL_OPS(MESHRT_OP_DTYPES)
+#undef MESHRT_OP_DTYPES
+  }
+  return {};
+}
 
 }  // namespace meshrt::kernels
 
-// Each backend's table is built once from its families' register functions (one per source file,
-// named register_<family>, in the backend's namespace). A new family is one entry here.
-#define MESHRT_KERNEL_FAMILIES(X) \
-  X(gemm) X(elementwise) X(norm) X(softmax) X(attention) X(embedding) X(optim)
-#define MESHRT_DECLARE_FAMILY(family) void register_##family(Backend& be);
-#define MESHRT_CALL_FAMILY(family) register_##family(b);
+// Declares, in the backend's namespace, the function implementing each op: `void op(Context&,
+// Stream&, <the table's parameters>)`. host/isa.h expands it in each instruction-set variant's
+// namespace, this header in meshrt::kernels::cuda.
+#define MESHRT_DECLARE_OP_IMPL(op, dtypes_, ...) void op(Context&, Stream&, __VA_ARGS__);
+#define MESHRT_DECLARE_BACKEND_OPS MESHRT_KERNEL_OPS(MESHRT_DECLARE_OP_IMPL)
 
-// The host loop files are compiled once per instruction-set variant (host/isa.h), each variant's
-// families in its own namespace; backend() is the variant host_isa() picked.
-#define MESHRT_DECLARE_HOST_FAMILIES MESHRT_KERNEL_FAMILIES(MESHRT_DECLARE_FAMILY)
+// Fills `Backend& b` from the op table with the functions of the namespace it is expanded in, each
+// for the table's dtypes less `gaps(Op)` (a constexpr function of that namespace: the dtypes the
+// backend does not implement an op for). An op whose dtypes are all gaps is not referenced at all
+// (a discarded `if constexpr` branch), so a backend without it links, and calls fail naming op,
+// dtype and backend (require_support).
+#define MESHRT_BIND_OP_IMPL(op, dtypes_, ...)                           \
+  if constexpr (constexpr ::meshrt::kernels::DTypeSet have_ =           \
+                    (dtypes_).without(gaps(::meshrt::kernels::Op::op)); \
+                !have_.empty()) {                                       \
+    b.op = &op;                                                         \
+    b.dtypes[static_cast<int>(::meshrt::kernels::Op::op)] = have_;      \
+  }
+#define MESHRT_BIND_BACKEND_OPS MESHRT_KERNEL_OPS(MESHRT_BIND_OP_IMPL)
 
 namespace meshrt::kernels::host {
 enum class HostIsa { baseline, avx2, avx512 };
@@ -179,6 +204,6 @@ const Backend& backend(HostIsa isa);
 #if defined(MESHRT_WITH_CUDA)
 namespace meshrt::kernels::cuda {
 const Backend& backend();
-MESHRT_KERNEL_FAMILIES(MESHRT_DECLARE_FAMILY)
+MESHRT_DECLARE_BACKEND_OPS
 }  // namespace meshrt::kernels::cuda
 #endif

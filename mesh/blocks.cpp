@@ -111,20 +111,27 @@ Tensor Norm::backward(const Tensor& dy) {
 // ---- MLP ----------------------------------------------------------------------------------------
 
 namespace {
-LinearSpec lin(const BlockConfig& c, std::string name, uint64_t id, int64_t in, int64_t out,
-               bool bias_in_epilogue = false) {
+// Linear `i` of the piece as the description has it (mesh/block_desc.h): shape, sharding, and
+// whether its bias goes into the next kernel's epilogue instead of a row-sum GEMM.
+LinearDesc desc(PieceKind p, const BlockConfig& c, size_t i) {
+  return piece_linears(p, c.hidden, c.ffn).at(i);
+}
+LinearSpec lin(const BlockConfig& c, const std::string& block, uint64_t id, const LinearDesc& d) {
   LinearSpec s;
-  s.name = std::move(name);
+  s.name = block + "." + d.name;
   s.id = id;
-  s.in = in;
-  s.out = out;
+  s.in = d.in;
+  s.out = d.out;
   s.dtype = c.dtype;
   s.bias = c.bias;
-  s.bias_in_epilogue = bias_in_epilogue;
+  s.bias_in_epilogue = !d.bias_row_sum;
   s.init_std = c.init_std;
   s.bias_std = c.param_noise;
   s.seed = c.seed;
   return s;
+}
+ParallelStyle style_of(const LinearDesc& d, bool sp) {
+  return d.colwise ? colwise_parallel(sp) : rowwise_parallel(sp);
 }
 bool sp(const TpOptions& opt, const CommScheduler& tp) {
   return opt.sequence_parallel && tp.size() > 1;
@@ -135,10 +142,10 @@ MlpBlock::MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                    const BlockConfig& cfg, std::string name, uint64_t id)
     : norm((validate_block(cfg, tp.size(), opt, 0, /*attention=*/false), mesh), tp, opt, cfg.norm,
            name + ".norm", id, cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
-      fc1(mesh, tp, opt, lin(cfg, name + ".fc1", id + 2, cfg.hidden, cfg.ffn, true),
-          colwise_parallel(sp(opt, tp))),
-      fc2(mesh, tp, opt, lin(cfg, name + ".fc2", id + 4, cfg.ffn, cfg.hidden),
-          rowwise_parallel(sp(opt, tp))),
+      fc1(mesh, tp, opt, lin(cfg, name, id + 2, desc(PieceKind::Mlp, cfg, 0)),
+          style_of(desc(PieceKind::Mlp, cfg, 0), sp(opt, tp))),
+      fc2(mesh, tp, opt, lin(cfg, name, id + 4, desc(PieceKind::Mlp, cfg, 1)),
+          style_of(desc(PieceKind::Mlp, cfg, 1), sp(opt, tp))),
       mesh_(mesh),
       tp_(tp),
       cfg_(cfg) {}
@@ -183,10 +190,10 @@ AttentionBlock::AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOpti
                                const BlockConfig& cfg, std::string name, uint64_t id)
     : norm((validate_block(cfg, tp.size(), opt), mesh), tp, opt, cfg.norm, name + ".norm", id,
            cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
-      qkv(mesh, tp, opt, lin(cfg, name + ".qkv", id + 2, cfg.hidden, 3 * cfg.hidden),
-          colwise_parallel(sp(opt, tp))),
-      proj(mesh, tp, opt, lin(cfg, name + ".proj", id + 4, cfg.hidden, cfg.hidden),
-           rowwise_parallel(sp(opt, tp))),
+      qkv(mesh, tp, opt, lin(cfg, name, id + 2, desc(PieceKind::Attention, cfg, 0)),
+          style_of(desc(PieceKind::Attention, cfg, 0), sp(opt, tp))),
+      proj(mesh, tp, opt, lin(cfg, name, id + 4, desc(PieceKind::Attention, cfg, 1)),
+           style_of(desc(PieceKind::Attention, cfg, 1), sp(opt, tp))),
       mesh_(mesh),
       tp_(tp),
       cfg_(cfg) {

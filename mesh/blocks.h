@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/ops.h"
+#include "mesh/block_desc.h"
 #include "mesh/linear.h"
 #include "meshrt/export.h"
 

@@ -61,11 +61,12 @@ LinearSpec head_spec(const BlockConfig& c, const std::string& name, uint64_t id,
                      int tp) {
   MESHRT_CHECK(vocab >= tp, "LM head: vocab " << vocab << " is smaller than tp=" << tp
                                               << "; change --vocab or the mesh");
+  const LinearDesc d = lm_head_linear(c.hidden, vocab);  // mesh/block_desc.h
   LinearSpec s;
-  s.name = name + ".head";
+  s.name = name + "." + d.name;
   s.id = id;
-  s.in = c.hidden;
-  s.out = vocab;
+  s.in = d.in;
+  s.out = d.out;
   s.dtype = c.dtype;
   s.bias = false;
   s.init_std = c.init_std;

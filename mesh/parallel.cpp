@@ -6,25 +6,6 @@
 
 namespace meshrt {
 
-const char* overlap_name(Overlap o) {
-  switch (o) {
-    case Overlap::None:
-      return "none";
-    case Overlap::Async:
-      return "async";
-    case Overlap::Chunked:
-      return "chunked";
-  }
-  return "?";
-}
-
-Overlap parse_overlap(std::string_view s) {
-  if (s == "none") return Overlap::None;
-  if (s == "async") return Overlap::Async;
-  if (s == "chunked") return Overlap::Chunked;
-  MESHRT_FAIL("unknown overlap mode '" << s << "': use none, async or chunked");
-}
-
 bool Param::sharded_on(const DeviceMesh& mesh, std::string_view dim) const {
   return mesh.has_dim(dim) && placements[static_cast<size_t>(mesh.dim_index(dim))].is_shard();
 }

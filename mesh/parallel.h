@@ -9,21 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "mesh/block_desc.h"
 #include "mesh/device_mesh.h"
 #include "mesh/placement.h"
 #include "meshrt/export.h"
 #include "runtime/tensor.h"
 
 namespace meshrt {
-
-// How collectives overlap compute. None: the compute stream waits right after each collective.
-// Async: collectives run on the tp stream and compute waits only where the result is needed
-// (Megatron's backward: all-gather || dgrad GEMM, reduce-scatter || wgrad GEMM). Chunked: the
-// sequence all-gather before a colwise GEMM and the reduce-scatter after a rowwise GEMM are split
-// into tp pieces so each GEMM piece starts as its input arrives (needs sequence parallel).
-enum class Overlap : uint8_t { None, Async, Chunked };
-MESHRT_API const char* overlap_name(Overlap o);
-MESHRT_API Overlap parse_overlap(std::string_view s);
 
 struct MESHRT_API TpOptions {
   bool sequence_parallel = false;

@@ -32,11 +32,13 @@ BlockStack::BlockStack(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt
   for (int l = 0; l < layers; ++l) {
     const std::string name = prefix + "." + std::to_string(l);
     const uint64_t id = kBlockIdStride * static_cast<uint64_t>(l + 1);
-    if (kind != LayerKind::Mlp)
-      add(l, true, std::make_unique<AttentionBlock>(mesh, tp, opt, cfg, name + ".attn", id));
-    if (kind != LayerKind::Attention) {
-      const uint64_t mid = kind == LayerKind::Transformer ? id + 8 : id;
-      add(l, false, std::make_unique<MlpBlock>(mesh, tp, opt, cfg, name + ".mlp", mid));
+    // A transformer layer's MLP takes its ids from 8 further.
+    const uint64_t mid = kind == LayerKind::Transformer ? id + 8 : id;
+    for (PieceKind piece : layer_pieces(kind)) {
+      if (piece == PieceKind::Attention)
+        add(l, true, std::make_unique<AttentionBlock>(mesh, tp, opt, cfg, name + ".attn", id));
+      else
+        add(l, false, std::make_unique<MlpBlock>(mesh, tp, opt, cfg, name + ".mlp", mid));
     }
   }
 }

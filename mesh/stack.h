@@ -8,11 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "mesh/block_desc.h"
 #include "mesh/blocks.h"
 
 namespace meshrt {
-
-enum class LayerKind : uint8_t { Transformer, Mlp, Attention };
 
 enum class Pass : uint8_t { Forward, Backward };
 

@@ -183,7 +183,7 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   DeviceMesh mesh(ctx, world, p.mesh);
   const TpOptions topt{p.sp, p.overlap};
   CommScheduler tp(mesh, kTpDim, p.overlap);
-  BlockStack stack(mesh, tp, topt, p.cfg, p.layer_kind, p.layers);
+  BlockStack stack(mesh, tp, topt, p.cfg, p.kind, p.layers);
   const std::vector<Param*> params = stack.params();
   DpOptions dpo;
   dpo.bucket_mb = o.bucket_mb;
@@ -284,7 +284,7 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
       for (Param* q : params) entries.push_back({q->name, q->value, q->placements});
     }
     std::map<std::string, std::string> md = block_metadata(p.cfg);
-    md["meshrt.bench"] = std::string("bench ") + bench_block_kind_name(p.kind);
+    md["meshrt.bench"] = std::string("bench ") + layer_kind_name(p.kind);
     md["meshrt.layers"] = std::to_string(p.layers);
     md["meshrt.sp"] = p.sp ? "1" : "0";
     md["meshrt.note"] =

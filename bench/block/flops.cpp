@@ -7,44 +7,6 @@
 
 namespace meshrt {
 
-const char* bench_block_kind_name(BenchBlockKind k) {
-  switch (k) {
-    case BenchBlockKind::Transformer:
-      return "block";
-    case BenchBlockKind::Mlp:
-      return "mlp";
-    case BenchBlockKind::Attention:
-      return "attn";
-  }
-  return "?";
-}
-
-BenchBlockKind parse_bench_block_kind(const std::string& s) {
-  if (s == "block" || s == "transformer") return BenchBlockKind::Transformer;
-  if (s == "mlp") return BenchBlockKind::Mlp;
-  if (s == "attn" || s == "attention") return BenchBlockKind::Attention;
-  MESHRT_FAIL("unknown block kind '" << s << "': use block (attention + MLP), mlp or attn");
-}
-
-LayerFlops layer_flops(BenchBlockKind kind, int64_t batch, int64_t seq, int64_t hidden, int64_t ffn,
-                       bool causal_halved) {
-  const double B = static_cast<double>(batch), s = static_cast<double>(seq),
-               h = static_cast<double>(hidden), f = static_cast<double>(ffn);
-  LayerFlops r;
-  if (kind != BenchBlockKind::Mlp) {
-    r.qkv = 6 * B * s * h * h;
-    r.attn_full = 4 * B * s * s * h;
-    r.attn = causal_halved ? r.attn_full / 2 : r.attn_full;
-    r.proj = 2 * B * s * h * h;
-  }
-  if (kind != BenchBlockKind::Attention) r.mlp = 4 * B * s * h * f;
-  return r;
-}
-
-double step_flops(const LayerFlops& per_layer, int layers, bool fwd_only) {
-  return per_layer.forward() * layers * (fwd_only ? 1.0 : 3.0);
-}
-
 namespace {
 
 struct GpuPeak {

@@ -17,25 +17,6 @@
 
 namespace meshrt {
 
-namespace {
-
-using bench::human_bytes;
-using bench::physical_memory_bytes;
-
-LayerKind layer_kind(BenchBlockKind k) {
-  switch (k) {
-    case BenchBlockKind::Mlp:
-      return LayerKind::Mlp;
-    case BenchBlockKind::Attention:
-      return LayerKind::Attention;
-    case BenchBlockKind::Transformer:
-      break;
-  }
-  return LayerKind::Transformer;
-}
-
-}  // namespace
-
 std::unique_ptr<Launch> launch_for(const BlockBenchOptions& o, std::string* devices) {
   LaunchOptions lo;
   std::string why;
@@ -57,8 +38,11 @@ std::unique_ptr<Launch> launch_for(const BlockBenchOptions& o, std::string* devi
 
 namespace {
 
+using bench::human_bytes;
+using bench::physical_memory_bytes;
+
 void check_options(const BlockBenchOptions& o) {
-  parse_bench_block_kind(o.kind);
+  parse_layer_kind(o.kind);
   parse_overlap(o.overlap);
   MESHRT_CHECK(o.sp >= -1 && o.sp <= 1, "sp must be -1 (auto), 0 or 1");
   MESHRT_CHECK(
@@ -81,8 +65,7 @@ void check_options(const BlockBenchOptions& o) {
 }
 
 void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
-  p.kind = parse_bench_block_kind(o.kind);
-  p.layer_kind = layer_kind(p.kind);
+  p.kind = parse_layer_kind(o.kind);
   p.overlap = parse_overlap(o.overlap);
   p.world = p.launch->world_size();
   p.cuda = p.launch->local().front().device.is_cuda();
@@ -138,7 +121,7 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
   }
   TpOptions topt{p.sp, p.overlap};
   // An MLP has no heads: its validation skips them.
-  validate_block(p.cfg, p.tp, topt, p.seq, p.layer_kind != LayerKind::Mlp);
+  validate_block(p.cfg, p.tp, topt, p.seq, p.kind != LayerKind::Mlp);
 
   // Memory: refuse what cannot fit on the host instead of swapping or being killed.
   if (!p.cuda) {

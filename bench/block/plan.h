@@ -6,15 +6,14 @@
 #include <string>
 
 #include "bench/block/block_bench.h"
-#include "bench/block/flops.h"
 #include "collectives/bootstrap.h"
+#include "mesh/block_desc.h"
 #include "mesh/stack.h"
 
 namespace meshrt {
 
 struct BlockPlan {
-  BenchBlockKind kind = BenchBlockKind::Transformer;
-  LayerKind layer_kind = LayerKind::Transformer;  // what the mesh block stack builds
+  LayerKind kind = LayerKind::Transformer;  // what the mesh block stack builds
   std::unique_ptr<Launch> launch;
   std::string devices;
   bool cuda = false;

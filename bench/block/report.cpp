@@ -7,8 +7,9 @@
 #include <string_view>
 #include <thread>
 
+#include "bench/block/flops.h"
 #include "bench/common/stats.h"
-#include "bench/plan/cost_model.h"
+#include "plan/cost_model.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
@@ -41,7 +42,7 @@ std::string cuda_device_name(int index) {
 
 namespace {
 
-// The planner's prediction for this run's own configuration (bench/plan/cost_model.h), next to
+// The planner's prediction for this run's own configuration (plan/cost_model.h), next to
 // the measurement: the cluster given by --plan-cluster, else the GPU's preset for this many
 // devices, else the cpu preset with this run's calibrated GEMM peak. Null when no cluster fits.
 nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
@@ -55,14 +56,14 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
   m.seq = p.seq;
   m.layers = p.layers;
   m.dtype = dtype_name(p.cfg.dtype);
-  m.kind = bench_block_kind_name(p.kind);
+  m.kind = p.kind;
   plan::PlanConfig c;
   c.dp = p.dp;
   c.tp = p.tp;
   c.sp = p.sp;
   c.micro_batch = p.batch;
   c.bucket_mb = o.bucket_mb;
-  c.overlap = plan::parse_overlap_mode(overlap_name(p.overlap));
+  c.overlap = p.overlap;
   c.optimizer = false;
   plan::ClusterSpec cl;
   std::string source;
@@ -246,10 +247,10 @@ BlockBenchResult block_report(const BlockPlan& p, const BlockBenchOptions& o,
                 {"exposed_ms", e}};
   };
   json j;
-  j["tool"] = std::string("meshrt bench ") + bench_block_kind_name(p.kind);
+  j["tool"] = std::string("meshrt bench ") + layer_kind_name(p.kind);
   j["command_line"] = o.command_line;
   j["versions"] = o.versions;
-  j["config"] = {{"kind", bench_block_kind_name(p.kind)},
+  j["config"] = {{"kind", layer_kind_name(p.kind)},
                  {"devices", p.devices},
                  {"launch", launch.describe()},
                  {"world_size", W},
@@ -347,11 +348,10 @@ BlockBenchResult block_report(const BlockPlan& p, const BlockBenchOptions& o,
 
   // ---- report ---------------------------------------------------------------------------------
   if (!o.quiet) {
-    const char* kname = p.kind == BenchBlockKind::Transformer
-                            ? "transformer block (attention + MLP)"
-                        : p.kind == BenchBlockKind::Mlp ? "MLP block"
-                                                        : "attention block";
-    os << "meshrt bench " << bench_block_kind_name(p.kind) << ": " << kname << " x" << p.layers
+    const char* kname = p.kind == LayerKind::Transformer ? "transformer block (attention + MLP)"
+                        : p.kind == LayerKind::Mlp       ? "MLP block"
+                                                         : "attention block";
+    os << "meshrt bench " << layer_kind_name(p.kind) << ": " << kname << " x" << p.layers
        << ", hidden " << p.cfg.hidden << ", heads " << p.cfg.heads << ", ffn " << p.cfg.ffn
        << ", seq " << p.seq << ", batch " << p.batch << (p.dp > 1 ? " per dp replica" : "") << ", "
        << dtype_name(p.cfg.dtype) << "\n";

@@ -11,12 +11,14 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "bench/block/plan.h"
 #include "bench/collective/collective_bench.h"
 #include "bench/common/stats.h"
 #include "bench/plan/plan_bench.h"
 #include "kernels/ops.h"
+#include "mesh/block_desc.h"
 #include "mesh/device_mesh.h"
 #include "mesh/parallel.h"
 #include "runtime/error.h"
@@ -57,160 +59,169 @@ double typical(Communicator& world, Stream& cs, int reps, F&& fn) {
   return bench::median(t);
 }
 
+// The block's GEMM shapes on a rank (mesh/block_desc.h: each piece's linears, forward and weight
+// gradient; the input gradient has the forward's FLOPs) at tp 1 and `world`, micro-batches 1 and
+// 4, measured in rounds (each shape a few times per round) so that a change of the machine's load
+// during the calibration moves every shape alike; per shape the median over all rounds, as
+// (FLOPs, FLOP/s).
+std::vector<std::pair<double, double>> measure_gemms(const ModelSpec& m, Context& ctx,
+                                                     Communicator& world, DType dt) {
+  Stream& cs = ctx.compute_stream();
+  const int W = world.size();
+  std::vector<GemmShape> shapes;
+  auto add = [&](const GemmShape& g) {
+    if (std::find(shapes.begin(), shapes.end(), g) == shapes.end()) shapes.push_back(g);
+  };
+  std::vector<LinearDesc> linears;
+  for (PieceKind p : layer_pieces(LayerKind::Transformer))
+    for (const LinearDesc& l : piece_linears(p, m.hidden, m.ffn)) linears.push_back(l);
+  for (int tp : {1, W}) {
+    for (int64_t mb : {int64_t{1}, int64_t{4}}) {
+      for (const LinearDesc& l : linears) add(linear_gemms(l, mb * m.seq, tp).fwd);
+      for (const LinearDesc& l : linears) add(linear_gemms(l, mb * m.seq, tp).wgrad);
+    }
+    if (W == 1) break;
+  }
+  std::vector<std::vector<double>> times(shapes.size());
+  constexpr int kRounds = 3, kPerRound = 3;
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      // One shape's operands at a time (the caching allocator keeps them cheap to remake).
+      const GemmShape& g = shapes[i];
+      Tensor a = ctx.empty({g.m, g.k}, dt), b = ctx.empty({g.k, g.n}, dt),
+             c = ctx.empty({g.m, g.n}, dt);
+      a.fill_(0.5, cs);
+      b.fill_(0.25, cs);
+      // Each sample after its own untimed run, as the validated calibrations were taken (one
+      // warm-up per round gave small GEMMs 12-15% lower rates in one comparison, and a 9.8%
+      // median error where this gave 3.2%).
+      for (int rep = 0; rep < kPerRound; ++rep)
+        times[i].push_back(
+            typical(world, cs, 1, [&] { ops::gemm(ctx, cs, a, false, b, false, c); }));
+    }
+  std::vector<std::pair<double, double>> out;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    out.push_back({shapes[i].flops(), shapes[i].flops() / bench::median(times[i])});
+  return out;
+}
+
+// Attention on the block's shapes (tp = 1, micro-batch 1): model FLOP/s of the forward and the
+// backward (causal at half).
+std::pair<double, double> measure_attention(const ModelSpec& m, Context& ctx, Communicator& world,
+                                            DType dt) {
+  Stream& cs = ctx.compute_stream();
+  const int64_t h = m.hidden, s = m.seq;
+  const int64_t d = h / m.heads;
+  const Shape sh{1, m.heads, s, d};
+  Tensor q = ctx.empty(sh, dt), k = ctx.empty(sh, dt), v = ctx.empty(sh, dt),
+         out = ctx.empty(sh, dt);
+  Tensor lse = ctx.empty({1, m.heads, s}, DType::f32);
+  Tensor dout = ctx.empty(sh, dt), dq = ctx.empty(sh, dt), dk = ctx.empty(sh, dt),
+         dv = ctx.empty(sh, dt);
+  for (Tensor* t : {&q, &k, &v, &dout})
+    t->init_philox_({3, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, cs);
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const double fl = attention_core_flops(1, s, h) / 2;  // causal: counted at half
+  const double tf =
+      typical(world, cs, 5, [&] { ops::attention_fwd(ctx, cs, q, k, v, out, lse, scale); });
+  const double tb = typical(world, cs, 5, [&] {
+    ops::attention_bwd(ctx, cs, q, k, v, out, dout, lse, dq, dk, dv, scale);
+  });
+  return {fl / tf, 2 * fl / tb};
+}
+
+// Elementwise: the bytes/s of the non-GEMM kernels of one attention + MLP block, forward and
+// backward, on one sequence (tp = 1), as mesh/blocks.cpp runs them: norms, bias + GeLU, residual
+// adds and the head layout copies. The rate is the bytes the cost model charges for them
+// (Block::ew: 38 activations of [seq, hidden] and 5 of [seq, ffn]) over their measured time, so
+// kernels slower than their bytes (GeLU's exp, the norms' passes, strided copies) weigh as in a
+// real step.
+double measure_elementwise(const ModelSpec& m, Context& ctx, Communicator& world, DType dt) {
+  Stream& cs = ctx.compute_stream();
+  const int64_t h = m.hidden, f = m.ffn, s = m.seq;
+  const int64_t H = m.heads, d = h / m.heads;
+  Tensor x = ctx.empty({s, 1, h}, dt), ln = ctx.empty({s, 1, h}, dt), y = ctx.empty({s, 1, h}, dt);
+  Tensor out = ctx.empty({s, 1, h}, dt), dx = ctx.empty({s, 1, h}, dt);
+  Tensor mean = ctx.empty({s}, DType::f32), rstd = ctx.empty({s}, DType::f32);
+  Tensor gamma = ctx.empty({h}, dt), beta = ctx.empty({h}, dt), dgamma = ctx.empty({h}, dt),
+         dbeta = ctx.empty({h}, dt);
+  Tensor h1 = ctx.empty({s, 1, f}, dt), g = ctx.empty({s, 1, f}, dt), dh = ctx.empty({s, 1, f}, dt);
+  Tensor bias = ctx.empty({f}, dt), dbias = ctx.empty({f}, dt);
+  Tensor qkv = ctx.empty({s, 1, H, 3, d}, dt), attn = ctx.empty({s, 1, H, d}, dt);
+  Tensor q = ctx.empty({1, H, s, d}, dt), k = ctx.empty({1, H, s, d}, dt),
+         v = ctx.empty({1, H, s, d}, dt), o = ctx.empty({1, H, s, d}, dt);
+  for (Tensor* t : {&x, &y, &h1, &g, &qkv, &o})
+    t->init_philox_({5, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, cs);
+  for (Tensor* t : {&gamma, &bias}) t->fill_(1.0, cs);
+  for (Tensor* t : {&beta, &dgamma, &dbeta, &dbias}) t->fill_(0.0, cs);
+  auto bhsd = [](const Tensor& t) { return t.transpose(0, 1).transpose(1, 2); };
+  const double t = typical(world, cs, 9, [&] {
+    for (int piece = 0; piece < 2; ++piece) {  // forward: attention, MLP
+      ops::layernorm_fwd(ctx, cs, x, gamma, &beta, ln, mean, rstd);
+      if (piece == 0) {
+        q.copy_(bhsd(qkv.select(3, 0)), cs);
+        k.copy_(bhsd(qkv.select(3, 1)), cs);
+        v.copy_(bhsd(qkv.select(3, 2)), cs);
+        bhsd(attn).copy_(o, cs);
+      } else {
+        ops::bias_gelu_fwd(ctx, cs, h1, &bias, g);
+      }
+      ops::add(ctx, cs, x, y, out);
+    }
+    for (int piece = 1; piece >= 0; --piece) {  // backward: MLP, attention
+      if (piece == 1) {
+        ops::bias_gelu_bwd(ctx, cs, g, h1, &bias, dh, &dbias, ops::GeluKind::Tanh, true);
+      } else {
+        o.copy_(bhsd(attn), cs);
+        bhsd(qkv.select(3, 0)).copy_(q, cs);
+        bhsd(qkv.select(3, 1)).copy_(k, cs);
+        bhsd(qkv.select(3, 2)).copy_(v, cs);
+      }
+      ops::layernorm_bwd(ctx, cs, y, x, gamma, mean, rstd, dx, &dgamma, &dbeta, true);
+      ops::add(ctx, cs, dx, y, dx);
+    }
+  });
+  const double es = static_cast<double>(dtype_size(dt));
+  return (38.0 * static_cast<double>(s * h) + 5.0 * static_cast<double>(s * f)) * es / t;
+}
+
+// Overlap (more than one rank): an all-reduce of one micro-batch's activations on the tp stream
+// during a GEMM, as the block's backward runs them, against each alone.
+void measure_overlap(const ModelSpec& m, Context& ctx, Communicator& world, DType dt, Measured& r) {
+  Stream& cs = ctx.compute_stream();
+  const int W = world.size();
+  const int64_t h = m.hidden, f = m.ffn, s = m.seq;
+  DeviceMesh mesh(ctx, world, std::string(kTpDim) + "=" + std::to_string(W));
+  CommScheduler sch(mesh, kTpDim, Overlap::Async);
+  // Sizes where both take a comparable time on a host (a GEMM of half a sequence x hidden x
+  // ffn, an all-reduce of 32 sequences' activations).
+  const int64_t T = std::max<int64_t>(1, s / 2);
+  Tensor x = ctx.empty({T, h}, dt), w = ctx.empty({h, f}, dt), y = ctx.empty({T, f}, dt);
+  Tensor t = ctx.empty({32 * s, h}, dt);
+  x.fill_(0.5, cs);
+  w.fill_(0.25, cs);
+  t.fill_(1.0, cs);
+  r.gemm_alone = typical(world, cs, 11, [&] { ops::gemm(ctx, cs, x, false, w, false, y); });
+  r.coll_alone = typical(world, cs, 11, [&] { sch.wait(sch.all_reduce(t, "calibrate")); });
+  r.both = typical(world, cs, 11, [&] {
+    Event e = sch.all_reduce(t, "calibrate");
+    ops::gemm(ctx, cs, x, false, w, false, y);
+    sch.wait(e);
+  });
+}
+
 Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator& world) {
   ContextOptions co;
   co.rank = rp.rank;
   co.world_size = rp.world_size;
   co.local_ranks = rp.local_size;
   Context ctx(rp.device, co);
-  Stream& cs = ctx.compute_stream();
   const DType dt = parse_dtype(m.dtype);
-  const int W = world.size();
   Measured r;
-  const int64_t h = m.hidden, f = m.ffn, s = m.seq;
-  // The block's GEMM shapes, measured in rounds (each shape a few times per round) so that a
-  // change of the machine's load during the calibration moves every shape alike; per shape the
-  // median over all rounds.
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes;
-  auto gemm = [&](int64_t M, int64_t N, int64_t K) {
-    const auto key = std::make_tuple(M, N, K);
-    if (std::find(shapes.begin(), shapes.end(), key) == shapes.end()) shapes.push_back(key);
-  };
-  for (int tp : {1, W}) {
-    for (int64_t mb : {int64_t{1}, int64_t{4}}) {
-      const int64_t T = mb * s;
-      const int64_t q = 3 * h / tp, o = h / tp, fl = (f + tp - 1) / tp;
-      gemm(T, q, h);  // qkv forward (dgrad: the same FLOPs)
-      gemm(T, h, o);  // out-proj
-      gemm(T, fl, h);
-      gemm(T, h, fl);
-      gemm(h, q, T);  // weight gradients
-      gemm(o, h, T);
-      gemm(h, fl, T);
-      gemm(fl, h, T);
-    }
-    if (W == 1) break;
-  }
-  {
-    std::vector<std::vector<double>> times(shapes.size());
-    constexpr int kRounds = 3, kPerRound = 3;
-    for (int round = 0; round < kRounds; ++round)
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        // One shape's operands at a time (the caching allocator keeps them cheap to remake).
-        const auto& [M, N, K] = shapes[i];
-        Tensor a = ctx.empty({M, K}, dt), b = ctx.empty({K, N}, dt), c = ctx.empty({M, N}, dt);
-        a.fill_(0.5, cs);
-        b.fill_(0.25, cs);
-        // Each sample after its own untimed run, as the validated calibrations were taken (one
-        // warm-up per round gave small GEMMs 12-15% lower rates in one comparison, and a 9.8%
-        // median error where this gave 3.2%).
-        for (int rep = 0; rep < kPerRound; ++rep)
-          times[i].push_back(
-              typical(world, cs, 1, [&] { ops::gemm(ctx, cs, a, false, b, false, c); }));
-      }
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const auto& [M, N, K] = shapes[i];
-      const double fl =
-          2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-      r.gemm.push_back({fl, fl / bench::median(times[i])});
-    }
-  }
-  // Attention on the block's shapes (tp = 1, micro-batch 1).
-  {
-    const int64_t d = h / m.heads;
-    const Shape sh{1, m.heads, s, d};
-    Tensor q = ctx.empty(sh, dt), k = ctx.empty(sh, dt), v = ctx.empty(sh, dt),
-           out = ctx.empty(sh, dt);
-    Tensor lse = ctx.empty({1, m.heads, s}, DType::f32);
-    Tensor dout = ctx.empty(sh, dt), dq = ctx.empty(sh, dt), dk = ctx.empty(sh, dt),
-           dv = ctx.empty(sh, dt);
-    for (Tensor* t : {&q, &k, &v, &dout})
-      t->init_philox_({3, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, cs);
-    const float scale = 1.f / std::sqrt(static_cast<float>(d));
-    const double fl =
-        2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(h);
-    const double tf =
-        typical(world, cs, 5, [&] { ops::attention_fwd(ctx, cs, q, k, v, out, lse, scale); });
-    const double tb = typical(world, cs, 5, [&] {
-      ops::attention_bwd(ctx, cs, q, k, v, out, dout, lse, dq, dk, dv, scale);
-    });
-    r.attn_fwd = fl / tf;
-    r.attn_bwd = 2 * fl / tb;
-  }
-  // Elementwise: the non-GEMM kernels of one attention + MLP block, forward and backward, on one
-  // sequence (tp = 1), as mesh/blocks.cpp runs them: norms, bias + GeLU, residual adds and the
-  // head layout copies. The rate is the bytes the cost model charges for them (Block::ew: 38
-  // activations of [seq, hidden] and 5 of [seq, ffn]) over their measured time, so kernels slower
-  // than their bytes (GeLU's exp, the norms' passes, strided copies) weigh as in a real step.
-  {
-    const int64_t H = m.heads, d = h / m.heads;
-    Tensor x = ctx.empty({s, 1, h}, dt), ln = ctx.empty({s, 1, h}, dt),
-           y = ctx.empty({s, 1, h}, dt);
-    Tensor out = ctx.empty({s, 1, h}, dt), dx = ctx.empty({s, 1, h}, dt);
-    Tensor mean = ctx.empty({s}, DType::f32), rstd = ctx.empty({s}, DType::f32);
-    Tensor gamma = ctx.empty({h}, dt), beta = ctx.empty({h}, dt), dgamma = ctx.empty({h}, dt),
-           dbeta = ctx.empty({h}, dt);
-    Tensor h1 = ctx.empty({s, 1, f}, dt), g = ctx.empty({s, 1, f}, dt),
-           dh = ctx.empty({s, 1, f}, dt);
-    Tensor bias = ctx.empty({f}, dt), dbias = ctx.empty({f}, dt);
-    Tensor qkv = ctx.empty({s, 1, H, 3, d}, dt), attn = ctx.empty({s, 1, H, d}, dt);
-    Tensor q = ctx.empty({1, H, s, d}, dt), k = ctx.empty({1, H, s, d}, dt),
-           v = ctx.empty({1, H, s, d}, dt), o = ctx.empty({1, H, s, d}, dt);
-    for (Tensor* t : {&x, &y, &h1, &g, &qkv, &o})
-      t->init_philox_({5, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, cs);
-    for (Tensor* t : {&gamma, &bias}) t->fill_(1.0, cs);
-    for (Tensor* t : {&beta, &dgamma, &dbeta, &dbias}) t->fill_(0.0, cs);
-    auto bhsd = [](const Tensor& t) { return t.transpose(0, 1).transpose(1, 2); };
-    const double t = typical(world, cs, 9, [&] {
-      for (int piece = 0; piece < 2; ++piece) {  // forward: attention, MLP
-        ops::layernorm_fwd(ctx, cs, x, gamma, &beta, ln, mean, rstd);
-        if (piece == 0) {
-          q.copy_(bhsd(qkv.select(3, 0)), cs);
-          k.copy_(bhsd(qkv.select(3, 1)), cs);
-          v.copy_(bhsd(qkv.select(3, 2)), cs);
-          bhsd(attn).copy_(o, cs);
-        } else {
-          ops::bias_gelu_fwd(ctx, cs, h1, &bias, g);
-        }
-        ops::add(ctx, cs, x, y, out);
-      }
-      for (int piece = 1; piece >= 0; --piece) {  // backward: MLP, attention
-        if (piece == 1) {
-          ops::bias_gelu_bwd(ctx, cs, g, h1, &bias, dh, &dbias, ops::GeluKind::Tanh, true);
-        } else {
-          o.copy_(bhsd(attn), cs);
-          bhsd(qkv.select(3, 0)).copy_(q, cs);
-          bhsd(qkv.select(3, 1)).copy_(k, cs);
-          bhsd(qkv.select(3, 2)).copy_(v, cs);
-        }
-        ops::layernorm_bwd(ctx, cs, y, x, gamma, mean, rstd, dx, &dgamma, &dbeta, true);
-        ops::add(ctx, cs, dx, y, dx);
-      }
-    });
-    const double es = static_cast<double>(dtype_size(dt));
-    r.mem_bw = (38.0 * static_cast<double>(s * h) + 5.0 * static_cast<double>(s * f)) * es / t;
-  }
-  // Overlap: an all-reduce of one micro-batch's activations on the tp stream during a GEMM, as the
-  // block's backward runs them, against each alone.
-  if (W > 1) {
-    DeviceMesh mesh(ctx, world, std::string(kTpDim) + "=" + std::to_string(W));
-    CommScheduler sch(mesh, kTpDim, Overlap::Async);
-    // Sizes where both take a comparable time on a host (a GEMM of half a sequence x hidden x
-    // ffn, an all-reduce of 32 sequences' activations).
-    const int64_t T = std::max<int64_t>(1, s / 2);
-    Tensor x = ctx.empty({T, h}, dt), w = ctx.empty({h, f}, dt), y = ctx.empty({T, f}, dt);
-    Tensor t = ctx.empty({32 * s, h}, dt);
-    x.fill_(0.5, cs);
-    w.fill_(0.25, cs);
-    t.fill_(1.0, cs);
-    r.gemm_alone = typical(world, cs, 11, [&] { ops::gemm(ctx, cs, x, false, w, false, y); });
-    r.coll_alone = typical(world, cs, 11, [&] { sch.wait(sch.all_reduce(t, "calibrate")); });
-    r.both = typical(world, cs, 11, [&] {
-      Event e = sch.all_reduce(t, "calibrate");
-      ops::gemm(ctx, cs, x, false, w, false, y);
-      sch.wait(e);
-    });
-  }
+  r.gemm = measure_gemms(m, ctx, world, dt);
+  std::tie(r.attn_fwd, r.attn_bwd) = measure_attention(m, ctx, world, dt);
+  r.mem_bw = measure_elementwise(m, ctx, world, dt);
+  if (world.size() > 1) measure_overlap(m, ctx, world, dt, r);
   ctx.synchronize();
   return r;
 }

@@ -32,9 +32,11 @@ std::string fmt(const char* f, double v) {
 std::string gib(double bytes) { return fmt("%.1f", bytes / (1024.0 * 1024.0 * 1024.0)); }
 
 json model_json(const ModelSpec& m) {
-  return {{"hidden", m.hidden}, {"heads", m.heads}, {"ffn", m.ffn},
-          {"layers", m.layers}, {"seq", m.seq},     {"vocab", m.vocab},
-          {"dtype", m.dtype},   {"kind", m.kind},   {"params", m.params()}};
+  return {{"hidden", m.hidden},  {"heads", m.heads},
+          {"ffn", m.ffn},        {"layers", m.layers},
+          {"seq", m.seq},        {"vocab", m.vocab},
+          {"dtype", m.dtype},    {"kind", layer_kind_name(m.kind)},
+          {"params", m.params()}};
 }
 
 json prediction_json(const Prediction& p) {
@@ -45,7 +47,7 @@ json prediction_json(const Prediction& p) {
           {"micro_batch", c.micro_batch},
           {"accum", c.accum},
           {"bucket_mb", c.bucket_mb},
-          {"overlap", plan::overlap_mode_name(c.overlap)},
+          {"overlap", overlap_name(c.overlap)},
           {"recompute", c.recompute},
           {"step_ms", p.step_s * 1e3},
           {"compute_ms", p.compute_s * 1e3},
@@ -85,7 +87,7 @@ int run_table(const PlanOptions& o, std::ostream& out) {
   ModelSpec m = plan::parse_model_spec(o.model);
   m.dtype = o.dtype;
   const ClusterSpec cl = plan::load_cluster(o.cluster, o.dtype);
-  const plan::OverlapMode ov = plan::parse_overlap_mode(o.overlap);
+  const Overlap ov = parse_overlap(o.overlap);
   std::vector<Prediction> all = plan::plan_all(m, cl, o.global_batch, o.buckets, ov, o.optimizer);
   if (o.recompute) {
     for (Prediction& p : all) {
@@ -168,7 +170,7 @@ void check_plan_options(const PlanOptions& o) {
     plan::parse_model_spec(o.model);
   }
   plan::dtype_bytes(o.dtype);
-  plan::parse_overlap_mode(o.overlap);
+  parse_overlap(o.overlap);
   MESHRT_CHECK(o.top >= 0, "--top " << o.top << " must be >= 0");
   MESHRT_CHECK(!o.buckets.empty(), "--bucket-mb needs at least one size");
   for (double b : o.buckets) MESHRT_CHECK(b > 0, "--bucket-mb " << b << " must be positive");
@@ -239,7 +241,7 @@ std::string compare_with_sweep(const std::string& path, const std::string& clust
     m.layers = c.at("layers").get<int>();
     m.seq = c.at("seq").get<int64_t>();
     m.dtype = c.at("dtype").get<std::string>();
-    m.kind = c.at("kind").get<std::string>();
+    m.kind = parse_layer_kind(c.at("kind").get<std::string>());
     MESHRT_CHECK(!c.value("fwd_only", false),
                  "--compare " << path << ": forward-only sweeps are not modelled");
     PlanConfig pc;
@@ -248,7 +250,7 @@ std::string compare_with_sweep(const std::string& path, const std::string& clust
     pc.sp = c.at("sp").get<bool>();
     pc.micro_batch = c.at("batch_per_replica").get<int64_t>();
     pc.bucket_mb = c.at("bucket_mb").get<double>();
-    pc.overlap = plan::parse_overlap_mode(c.at("overlap").get<std::string>());
+    pc.overlap = parse_overlap(c.at("overlap").get<std::string>());
     pc.optimizer = false;  // the block benchmark runs no optimizer step
     const ClusterSpec cl = plan::load_cluster(cluster, m.dtype);
     MESHRT_CHECK(pc.dp * pc.tp <= cl.world(), "--compare: the sweep ran "

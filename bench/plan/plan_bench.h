@@ -1,6 +1,6 @@
 // `meshrt plan`: the cost model's table for a model on a cluster, the measurement of this machine
 // into a cluster file (--calibrate), and predicted vs measured for a `meshrt sweep` JSON
-// (--compare). The cost model itself is bench/plan/cost_model.h.
+// (--compare). The cost model itself is plan/cost_model.h.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/plan/cost_model.h"
+#include "plan/cost_model.h"
 
 namespace meshrt {
 

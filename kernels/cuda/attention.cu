@@ -104,9 +104,4 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
   });
 }
 
-void register_attention(Backend& be) {
-  MESHRT_REGISTER_OP(be, attention_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, attention_bwd, kFloating);
-}
-
 }  // namespace meshrt::kernels::cuda

@@ -96,9 +96,4 @@ void embedding_bwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& dou
   }
 }
 
-void register_embedding(Backend& be) {
-  MESHRT_REGISTER_OP(be, embedding_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, embedding_bwd, kFloating);
-}
-
 }  // namespace meshrt::kernels::cuda

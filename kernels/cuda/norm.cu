@@ -1,6 +1,7 @@
 // CUDA LayerNorm / RMSNorm: one block per row (Welford statistics merged across the block),
 // parameter gradients as two-stage column reductions.
 #include "kernels/cuda/common.cuh"
+#include "kernels/norm_ops.h"
 
 namespace meshrt::kernels::cuda {
 
@@ -152,33 +153,6 @@ void norm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const 
   });
 }
 
-void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma,
-                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
-                   float eps) {
-  norm_fwd(ctx, s, x, gamma, beta, y, mean, rstd, eps, false);
-}
-
-void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                   const Tensor& dbeta, bool accumulate) {
-  norm_bwd(ctx, s, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, false, accumulate);
-}
-
-void rmsnorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma, const Tensor& y,
-                 const Tensor& rstd, float eps) {
-  norm_fwd(ctx, s, x, gamma, Tensor(), y, Tensor(), rstd, eps, true);
-}
-
-void rmsnorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                 const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, bool accumulate) {
-  norm_bwd(ctx, s, dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(), true, accumulate);
-}
-
-void register_norm(Backend& be) {
-  MESHRT_REGISTER_OP(be, layernorm_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, layernorm_bwd, kFloating);
-  MESHRT_REGISTER_OP(be, rmsnorm_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, rmsnorm_bwd, kFloating);
-}
+MESHRT_NORM_OPS
 
 }  // namespace meshrt::kernels::cuda

@@ -199,14 +199,4 @@ void xent_grad(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_
   MESHRT_CUDA_CHECK_LAUNCH("xent_grad");
 }
 
-void register_softmax(Backend& be) {
-  MESHRT_REGISTER_OP(be, softmax_rows_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, softmax_rows_bwd, kFloating);
-  MESHRT_REGISTER_OP(be, xent_row_max, kFloating);
-  MESHRT_REGISTER_OP(be, xent_row_sumexp, kFloating);
-  MESHRT_REGISTER_OP(be, xent_target_logit, kFloating);
-  MESHRT_REGISTER_OP(be, xent_loss, kFloating);
-  MESHRT_REGISTER_OP(be, xent_grad, kFloating);
-}
-
 }  // namespace meshrt::kernels::cuda

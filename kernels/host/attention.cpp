@@ -234,10 +234,5 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
   });
 }
 
-void register_attention(Backend& be) {
-  MESHRT_REGISTER_OP(be, attention_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, attention_bwd, kFloating);
-}
-
 MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

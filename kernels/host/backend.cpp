@@ -1,5 +1,5 @@
 // The host backend's op table: the instruction-set variant of the loop files (host/isa.h) that
-// this CPU runs best, built once from that variant's register_* functions.
+// this CPU runs best, bound once from the op table to that variant's functions.
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
@@ -12,12 +12,16 @@
 
 namespace meshrt::kernels::host {
 
-// Each variant's register_* functions (defined in the loop files compiled for it), and one
-// function registering all of them.
-#define MESHRT_HOST_VARIANT_REGISTRY(ns)                                       \
-  namespace ns {                                                               \
-  MESHRT_DECLARE_HOST_FAMILIES                                                 \
-  void register_all(Backend& b) { MESHRT_KERNEL_FAMILIES(MESHRT_CALL_FAMILY) } \
+// The ops the host kernels leave out, per op the dtypes (none: every op of the table, for its
+// dtypes). MESHRT_BIND_BACKEND_OPS reads it.
+constexpr DTypeSet gaps(Op) { return {}; }
+
+// Each variant's op functions (defined in the loop files compiled for it, declared from the op
+// table) and the function binding them into a table.
+#define MESHRT_HOST_VARIANT_REGISTRY(ns)                    \
+  namespace ns {                                            \
+  MESHRT_DECLARE_BACKEND_OPS                                \
+  void register_all(Backend& b) { MESHRT_BIND_BACKEND_OPS } \
   }
 MESHRT_HOST_VARIANT_REGISTRY(isa_baseline)
 #if defined(MESHRT_HOST_ISA_HAVE_AVX2)
@@ -123,7 +127,7 @@ const Backend& backend(HostIsa isa) {
                                                             "MESHRT_HOST_ISA_VARIANTS)");
   MESHRT_CHECK(host_isa_runs_here(isa),
                "host kernels: this CPU cannot run the " << host_isa_name(isa) << " variant");
-  // Built on first use: a variant's register functions are code of its ISA too.
+  // Bound on first use, and only for a variant this CPU runs.
   static std::once_flag once[std::size(kAll)];
   static std::optional<Backend> tables[std::size(kAll)];
   const auto i = static_cast<size_t>(isa);

@@ -330,17 +330,5 @@ void dropout_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& dx, fl
   dropout_fwd(ctx, s, dy, dx, p, seed, offset, index_base);
 }
 
-void register_elementwise(Backend& be) {
-  MESHRT_REGISTER_OP(be, add, kFloating);
-  MESHRT_REGISTER_OP(be, scale, kFloating);
-  MESHRT_REGISTER_OP(be, sum_squares, kFloating);
-  MESHRT_REGISTER_OP(be, cast, kFloating);
-  MESHRT_REGISTER_OP(be, fill, kAnyDType);
-  MESHRT_REGISTER_OP(be, bias_gelu_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, bias_gelu_bwd, kFloating);
-  MESHRT_REGISTER_OP(be, dropout_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, dropout_bwd, kFloating);
-}
-
 MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

@@ -111,10 +111,5 @@ void embedding_bwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& dou
   });
 }
 
-void register_embedding(Backend& be) {
-  MESHRT_REGISTER_OP(be, embedding_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, embedding_bwd, kFloating);
-}
-
 MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

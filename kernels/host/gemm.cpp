@@ -275,10 +275,5 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
 // The batch count and strides are in the problem: one entry point serves both.
 void gemm_strided_batched(Context& ctx, Stream& s, const GemmProblem& p) { gemm(ctx, s, p); }
 
-void register_gemm(Backend& be) {
-  MESHRT_REGISTER_OP(be, gemm, kFloating);
-  MESHRT_REGISTER_OP(be, gemm_strided_batched, kFloating);
-}
-
 MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

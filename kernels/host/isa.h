@@ -38,13 +38,13 @@
 #if MESHRT_HOST_ISA_VARIANT == 0
 #define MESHRT_HOST_ISA_BEGIN \
   namespace isa_baseline {    \
-  MESHRT_DECLARE_HOST_FAMILIES
+  MESHRT_DECLARE_BACKEND_OPS
 #define MESHRT_HOST_ISA_END }
 #elif MESHRT_HOST_ISA_VARIANT == 1
 #define MESHRT_HOST_ISA_BEGIN              \
   MESHRT_ISA_PUSH_(MESHRT_ISA_TARGET_AVX2) \
   namespace isa_avx2 {                     \
-  MESHRT_DECLARE_HOST_FAMILIES
+  MESHRT_DECLARE_BACKEND_OPS
 #define MESHRT_HOST_ISA_END \
   }                         \
   MESHRT_ISA_POP_
@@ -52,7 +52,7 @@
 #define MESHRT_HOST_ISA_BEGIN                \
   MESHRT_ISA_PUSH_(MESHRT_ISA_TARGET_AVX512) \
   namespace isa_avx512 {                     \
-  MESHRT_DECLARE_HOST_FAMILIES
+  MESHRT_DECLARE_BACKEND_OPS
 #define MESHRT_HOST_ISA_END \
   }                         \
   MESHRT_ISA_POP_

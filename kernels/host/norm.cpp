@@ -8,6 +8,7 @@
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
+#include "kernels/norm_ops.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace meshrt::kernels::host {
@@ -162,34 +163,7 @@ void norm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const 
   });
 }
 
-void layernorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma,
-                   const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd,
-                   float eps) {
-  norm_fwd(ctx, s, x, gamma, beta, y, mean, rstd, eps, false);
-}
-
-void layernorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                   const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                   const Tensor& dbeta, bool accumulate) {
-  norm_bwd(ctx, s, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, false, accumulate);
-}
-
-void rmsnorm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma, const Tensor& y,
-                 const Tensor& rstd, float eps) {
-  norm_fwd(ctx, s, x, gamma, Tensor(), y, Tensor(), rstd, eps, true);
-}
-
-void rmsnorm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                 const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, bool accumulate) {
-  norm_bwd(ctx, s, dy, x, gamma, Tensor(), rstd, dx, dgamma, Tensor(), true, accumulate);
-}
-
-void register_norm(Backend& be) {
-  MESHRT_REGISTER_OP(be, layernorm_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, layernorm_bwd, kFloating);
-  MESHRT_REGISTER_OP(be, rmsnorm_fwd, kFloating);
-  MESHRT_REGISTER_OP(be, rmsnorm_bwd, kFloating);
-}
+MESHRT_NORM_OPS
 
 MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

@@ -109,10 +109,5 @@ void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params
   });
 }
 
-void register_optim(Backend& be) {
-  MESHRT_REGISTER_OP(be, adamw_update, kFloating);
-  MESHRT_REGISTER_OP(be, sgd_momentum_update, kFloating);
-}
-
 MESHRT_HOST_ISA_END
 }  // namespace meshrt::kernels::host

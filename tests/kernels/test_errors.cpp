@@ -148,6 +148,11 @@ void check_complete(const k::Backend& be) {
     CHECK(be.supports(op, DType::i32) == (op == k::Op::fill));
   }
   CHECK(names.size() == static_cast<size_t>(k::kOpCount));
+  // The dtypes are the op table's (kernels/backend.h), bound without gaps.
+  for (int i = 0; i < k::kOpCount; ++i) {
+    INFO(be.name << " " << k::op_name(static_cast<k::Op>(i)));
+    CHECK(be.dtypes[i].str() == k::table_dtypes(static_cast<k::Op>(i)).str());
+  }
   CHECK(be.supports(k::Op::fill, DType::u8));
   CHECK(be.supports(k::Op::fill, DType::i64));
 }
@@ -202,8 +207,8 @@ TEST_CASE("host ISA variants: MESHRT_HOST_ISA values, the choice and the cap", "
   CHECK(k::host::host_isa() == k::host::choose_host_isa(k::host::parse_host_isa_cap(env)));
   CHECK_THAT(ops::host_isa_info(),
              Contains(k::host::host_isa_name(k::host::host_isa())) && Contains("built: baseline"));
-  // A variant left out of the build, or one this CPU cannot run, is refused by name (never
-  // registered: its register functions are code of its ISA too).
+  // A variant left out of the build, or one this CPU cannot run, is refused by name (its table
+  // is never bound).
   for (HostIsa isa : {HostIsa::avx2, HostIsa::avx512}) {
     INFO(k::host::host_isa_name(isa));
     if (!k::host::host_isa_built(isa))
@@ -256,6 +261,11 @@ TEST_CASE("every host ISA variant this CPU runs is complete, distinct and agrees
 
 TEST_CASE("an op a backend lacks or a dtype it does not take fails naming op, dtype and backend",
           "[errors]") {
+  // What a backend's gaps() leave of the table's dtypes.
+  CHECK(k::kFloating.without(k::DTypeSet{DType::bf16}).str() == "f32, f16");
+  CHECK(k::kFloating.without(k::kAnyDType).empty());
+  CHECK(k::table_dtypes(k::Op::fill).str() == "f32, bf16, f16, i32, i64, u8");
+  CHECK(k::table_dtypes(k::Op::layernorm_fwd).str() == "f32, bf16, f16");
   k::Backend be("test");
   be.dtypes[static_cast<int>(k::Op::add)] = k::DTypeSet{DType::f32, DType::f16};
   CHECK(be.supports(k::Op::add, DType::f32));

@@ -3,6 +3,7 @@
 
 #include "bench/block/flops.h"
 #include "bench/sweep/sweep.h"
+#include "mesh/block_desc.h"
 #include "runtime/error.h"
 
 using namespace meshrt;
@@ -11,7 +12,7 @@ TEST_CASE("layer FLOPs follow the standard counts", "[unit]") {
   // B=2, s=128, h=256, ffn=1024, worked out by hand:
   //   QKV 6*2*128*256^2 = 100663296, scores+values 4*2*128^2*256 = 33554432 (half: 16777216),
   //   out-proj 2*2*128*256^2 = 33554432, MLP 4*2*128*256*1024 = 268435456.
-  LayerFlops f = layer_flops(BenchBlockKind::Transformer, 2, 128, 256, 1024, true);
+  LayerFlops f = layer_flops(LayerKind::Transformer, 2, 128, 256, 1024, true);
   CHECK(f.qkv == 100663296.0);
   CHECK(f.attn_full == 33554432.0);
   CHECK(f.attn == 16777216.0);
@@ -22,28 +23,28 @@ TEST_CASE("layer FLOPs follow the standard counts", "[unit]") {
   CHECK(step_flops(f, 2, false) == 2516582400.0);
   CHECK(step_flops(f, 2, true) == 838860800.0);
 
-  LayerFlops full = layer_flops(BenchBlockKind::Transformer, 2, 128, 256, 1024, false);
+  LayerFlops full = layer_flops(LayerKind::Transformer, 2, 128, 256, 1024, false);
   CHECK(full.attn == 33554432.0);
 
-  LayerFlops mlp = layer_flops(BenchBlockKind::Mlp, 2, 128, 256, 1024);
+  LayerFlops mlp = layer_flops(LayerKind::Mlp, 2, 128, 256, 1024);
   CHECK(mlp.forward() == 268435456.0);
   CHECK(mlp.qkv == 0.0);
-  LayerFlops attn = layer_flops(BenchBlockKind::Attention, 2, 128, 256, 1024);
+  LayerFlops attn = layer_flops(LayerKind::Attention, 2, 128, 256, 1024);
   CHECK(attn.forward() == 100663296.0 + 16777216.0 + 33554432.0);
   CHECK(attn.mlp == 0.0);
 
   // The default CPU configuration: B=1, s=512, h=1024, ffn=4096 -> 13.42 GFLOP forward.
-  LayerFlops d = layer_flops(BenchBlockKind::Transformer, 1, 512, 1024, 4096);
+  LayerFlops d = layer_flops(LayerKind::Transformer, 1, 512, 1024, 4096);
   CHECK(d.forward() == 6.0 * 512 * 1024 * 1024 + 2.0 * 512 * 512 * 1024 + 2.0 * 512 * 1024 * 1024 +
                            4.0 * 512 * 1024 * 4096);
   CHECK(d.forward() == 13421772800.0);
 }
 
 TEST_CASE("block kinds parse with a helpful error", "[unit]") {
-  CHECK(parse_bench_block_kind("block") == BenchBlockKind::Transformer);
-  CHECK(parse_bench_block_kind("mlp") == BenchBlockKind::Mlp);
-  CHECK(parse_bench_block_kind("attn") == BenchBlockKind::Attention);
-  CHECK_THROWS_WITH(parse_bench_block_kind("moe"), Catch::Contains("use block"));
+  CHECK(parse_layer_kind("block") == LayerKind::Transformer);
+  CHECK(parse_layer_kind("mlp") == LayerKind::Mlp);
+  CHECK(parse_layer_kind("attn") == LayerKind::Attention);
+  CHECK_THROWS_WITH(parse_layer_kind("moe"), Catch::Contains("use block"));
 }
 
 TEST_CASE("GPU peak table matches names as whole words", "[unit]") {

@@ -15,9 +15,10 @@
 
 #include "bench/block/block_bench.h"
 #include "bench/block/flops.h"
-#include "bench/plan/cost_model.h"
 #include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
+#include "mesh/block_desc.h"
+#include "plan/cost_model.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
@@ -43,7 +44,7 @@ ModelSpec model(int64_t hidden, int64_t heads, int64_t ffn, int64_t seq, int lay
 // hidden 256, ffn 1024, seq 128, 2 layers, f32: one activation [2 x 128, 256] is 262144 bytes.
 ModelSpec small() { return model(256, 4, 1024, 128, 2); }
 
-PlanConfig cfg(int dp, int tp, bool sp, OverlapMode ov = OverlapMode::Async) {
+PlanConfig cfg(int dp, int tp, bool sp, Overlap ov = Overlap::Async) {
   PlanConfig c;
   c.dp = dp;
   c.tp = tp;
@@ -99,7 +100,7 @@ TEST_CASE("plan: tp collectives per micro-batch match the block's structure", "[
   CHECK(count_ops(nosp) == std::map<std::string, int>{{"all_reduce", 8}});
   CHECK(sum_bytes(nosp) == 8 * act);
   // Chunked: the forward all-gather and reduce-scatter in tp pieces, same bytes.
-  auto ch = tp_collectives(m, cfg(1, 2, true, OverlapMode::Chunked));
+  auto ch = tp_collectives(m, cfg(1, 2, true, Overlap::Chunked));
   CHECK(count_ops(ch) ==
         std::map<std::string, int>{{"all_gather", 16}, {"reduce_scatter", 12}, {"all_reduce", 8}});
   CHECK(sum_bytes(ch) == sum_bytes(sp));
@@ -148,7 +149,7 @@ TEST_CASE("plan: dp buckets pack the local parameters as GradSync does", "[unit]
 
 TEST_CASE("plan: FLOPs are bench block's model FLOPs", "[unit]") {
   const ModelSpec m = small();
-  const LayerFlops lf = layer_flops(BenchBlockKind::Transformer, 6, m.seq, m.hidden, m.ffn, true);
+  const LayerFlops lf = layer_flops(LayerKind::Transformer, 6, m.seq, m.hidden, m.ffn, true);
   CHECK(model_flops_per_step(m, 6) == step_flops(lf, m.layers, false));
   // On an ideal cluster the compute time is those FLOPs at peak, plus the bias gradients'
   // row sums (qkv 3h, out-proj h, fc2 h per token: 2 FLOPs each) that meshrt runs as GEMMs.
@@ -181,7 +182,7 @@ TEST_CASE("plan: exposed communication follows meshrt's overlap rules", "[unit]"
     CHECK(p.tp_exposed_s == Approx(exposed).epsilon(1e-9));
     CHECK(p.tp_comm_s - p.tp_exposed_s == Approx(4 * 2 * act * 0.5 / 1e9));
     // Overlap none: nothing hides.
-    const Prediction n = predict(m, ideal(1e-6, 1), cfg(1, 2, true, OverlapMode::None));
+    const Prediction n = predict(m, ideal(1e-6, 1), cfg(1, 2, true, Overlap::None));
     CHECK(n.tp_exposed_s == Approx(n.tp_comm_s).epsilon(1e-9));
     // Half of the overlapped time lost when the collectives take the compute's resources.
     ClusterSpec half = ideal(1e-6, 1);
@@ -198,11 +199,11 @@ TEST_CASE("plan: exposed communication follows meshrt's overlap rules", "[unit]"
     // Exposed: the buckets of layer 0's attention only, launched after the last backward piece.
     CHECK(slow.dp_exposed_s > 0);
     CHECK(slow.dp_exposed_s < 0.5 * slow.dp_comm_s);
-    c.overlap = OverlapMode::None;
+    c.overlap = Overlap::None;
     const Prediction none = predict(m, ideal(1e-6, 1), c);
     CHECK(none.dp_exposed_s == Approx(none.dp_comm_s).epsilon(1e-9));
     // Accumulation: buckets only in the last micro-batch.
-    c.overlap = OverlapMode::Async;
+    c.overlap = Overlap::Async;
     c.accum = 3;
     CHECK(predict(m, ideal(1e-6, 1), c).dp_count == slow.dp_count);
   }
@@ -217,7 +218,7 @@ TEST_CASE("plan: layouts, memory overflow and the reason for the best", "[unit]"
   ClusterSpec cl = load_cluster("h100-sxm:8x4", "bf16");
   CHECK(cl.world() == 32);
   CHECK(cl.peak_tflops == 989.4);
-  const auto all = plan_all(m, cl, 256, {25, 100}, OverlapMode::Async);
+  const auto all = plan_all(m, cl, 256, {25, 100}, Overlap::Async);
   // tp in {1, 2, 4, 8}; sp off / on for tp > 1; micro-batches dividing 256 / dp; two buckets.
   REQUIRE(!all.empty());
   CHECK(all.front().fits);
@@ -382,7 +383,7 @@ TEST_CASE("plan: predicted collectives equal what a real run issues", "[multiran
     c.sp = k.sp;
     c.micro_batch = 2;
     c.bucket_mb = k.bucket_mb;
-    c.overlap = parse_overlap_mode(k.overlap);
+    c.overlap = parse_overlap(k.overlap);
     c.optimizer = false;
     const Prediction p = predict(m, ideal(1, 1), c);
     CHECK(p.tp_bytes == real.tp_bytes);
@@ -422,7 +423,7 @@ TEST_CASE("plan: predicted memory is the program-order peak of a real run", "[mu
     c.tp = k.mesh[8] - '0';
     c.sp = k.sp;
     c.micro_batch = 2;
-    c.overlap = parse_overlap_mode(k.overlap);
+    c.overlap = parse_overlap(k.overlap);
     c.optimizer = false;
     const Memory mem = predict(m, ideal(1, 1), c).mem;
     // Within 1%: the cached all-ones rows of the bias gradients are not in the model.

@@ -1,8 +1,9 @@
 // The planner's cost model: pure functions from a model, a cluster and a layout to the collectives
 // meshrt issues, the memory a device needs and the predicted step time (compute, tp and dp
 // communication and the exposed part of each). No runtime: it is plain arithmetic over the
-// structure of mesh/blocks.cpp (the same GEMMs, the same collectives with the same byte counts
-// and group sizes, the same overlap rules), simulated on three streams per rank.
+// blocks' description (mesh/block_desc.h: pieces, linears, GEMM shapes, parameters, FLOPs) and
+// mesh/blocks.cpp's collectives (the same byte counts and group sizes, the same overlap rules),
+// simulated on three streams per rank. `meshrt plan` and `meshrt bench block` both use it.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "mesh/block_desc.h"
+
 namespace meshrt::plan {
 
 // A decoder stack of `layers` transformer blocks (attention + MLP, as `meshrt bench block`),
@@ -18,9 +21,9 @@ namespace meshrt::plan {
 struct ModelSpec {
   int64_t hidden = 1024, heads = 16, ffn = 4096, seq = 512, vocab = 0;
   int layers = 1;
-  std::string dtype = "bf16";  // f32 | bf16 | f16: weights, activations, gradients
-  std::string kind = "block";  // block | mlp | attn (the block benchmark's kinds)
-  int64_t params() const;      // every parameter of the model (full, not sharded)
+  std::string dtype = "bf16";               // f32 | bf16 | f16: weights, activations, gradients
+  LayerKind kind = LayerKind::Transformer;  // the layers' kind (key kind=block|mlp|attn)
+  int64_t params() const;                   // every parameter of the model (full, not sharded)
 };
 
 // "hidden=4096,heads=32,ffn=11008,layers=32,seq=4096,vocab=32000" (any order; ffn defaults to
@@ -89,17 +92,13 @@ ClusterSpec load_cluster(const std::string& spec, const std::string& dtype);
 ClusterSpec cluster_from_json(const std::string& text, const std::string& origin);
 std::string cluster_to_json(const ClusterSpec& c);
 
-enum class OverlapMode { None, Async, Chunked };
-OverlapMode parse_overlap_mode(const std::string& s);
-const char* overlap_mode_name(OverlapMode o);
-
 struct PlanConfig {
   int dp = 1, tp = 1;
   bool sp = false;
   int64_t micro_batch = 1;  // sequences per dp replica per micro-batch
   int accum = 1;            // micro-batches per step (dp all-reduce after the last one)
   double bucket_mb = 25;
-  OverlapMode overlap = OverlapMode::Async;
+  Overlap overlap = Overlap::Async;
   bool optimizer = true;  // AdamW state and step (the block benchmark runs none)
   // Full activation recomputation: each layer's forward runs again before its backward. meshrt
   // does not implement it; the planner models it to compare with published Megatron runs.
@@ -134,7 +133,8 @@ std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c);
 std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c);
 
 Memory memory_per_device(const ModelSpec& m, const PlanConfig& c);
-// Model FLOPs of one step over all ranks (bench/block/flops.h's convention).
+// Model FLOPs of one step over all ranks (layer_flops of mesh/block_desc.h, causal at half, plus
+// the LM head).
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
 
 // Throws meshrt::Error when the layout cannot run the model (divisibility, tp > node).
@@ -145,7 +145,7 @@ Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& 
 // node, dividing heads), sp off / on, micro-batches dividing global_batch / dp, `buckets` (MiB).
 // Sorted by tokens/s, fitting layouts first. Layouts the model cannot take are skipped.
 std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int64_t global_batch,
-                                 const std::vector<double>& buckets, OverlapMode overlap,
+                                 const std::vector<double>& buckets, Overlap overlap,
                                  bool optimizer = true);
 
 // "dp=2,tp=4 sp=on mb=2 x4 bucket=25MiB"

@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "bench/plan/cost_model.h"
+#include "plan/cost_model.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 

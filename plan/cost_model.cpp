@@ -1,4 +1,4 @@
-#include "bench/plan/cost_model.h"
+#include "plan/cost_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,12 +18,11 @@ double ceil_div(double n, int parts) { return std::ceil(n / parts); }
 }  // namespace
 
 int64_t ModelSpec::params() const {
-  const int64_t h = hidden, f = ffn;
   int64_t per_layer = 0;
-  if (kind != "mlp") per_layer += 4 * h * h + 4 * h + 2 * h;   // qkv, proj (+biases), norm
-  if (kind != "attn") per_layer += 2 * h * f + f + h + 2 * h;  // fc1, fc2 (+biases), norm
+  for (PieceKind piece : layer_pieces(kind))
+    for (int64_t n : piece_param_counts(piece, hidden, ffn)) per_layer += n;
   int64_t p = per_layer * layers;
-  if (vocab > 0) p += 2 * vocab * h + 2 * h;  // embedding, LM head (untied), final norm
+  if (vocab > 0) p += 2 * vocab * hidden + 2 * hidden;  // embedding, LM head (untied), final norm
   return p;
 }
 
@@ -48,7 +47,7 @@ ModelSpec parse_model_spec(const std::string& s) {
     if (k == "kind") {
       MESHRT_CHECK(v == "block" || v == "mlp" || v == "attn",
                    "--model " << s << ": kind=" << v << " must be block, mlp or attn");
-      m.kind = v;
+      m.kind = parse_layer_kind(v);
       continue;
     }
     int64_t x = 0;
@@ -102,25 +101,6 @@ const char* coll_op_name(CollOp op) {
   return "?";
 }
 
-OverlapMode parse_overlap_mode(const std::string& s) {
-  if (s == "none") return OverlapMode::None;
-  if (s == "async") return OverlapMode::Async;
-  if (s == "chunked") return OverlapMode::Chunked;
-  MESHRT_FAIL("overlap '" << s << "': use none, async or chunked");
-}
-
-const char* overlap_mode_name(OverlapMode o) {
-  switch (o) {
-    case OverlapMode::None:
-      return "none";
-    case OverlapMode::Async:
-      return "async";
-    case OverlapMode::Chunked:
-      return "chunked";
-  }
-  return "?";
-}
-
 double ClusterSpec::gemm_efficiency(double flops) const {
   if (gemm_eff.empty()) return 1.0;
   if (flops <= gemm_eff.front().first) return gemm_eff.front().second;
@@ -169,7 +149,7 @@ namespace {
 // and its dim's stream is free; a wait moves the compute clock to the collective's end.
 class Sim {
  public:
-  Sim(const ClusterSpec& cl, bool inter_dp, int dp_per_node, OverlapMode ov)
+  Sim(const ClusterSpec& cl, bool inter_dp, int dp_per_node, Overlap ov)
       : cl_(cl), inter_dp_(inter_dp), dp_per_node_(dp_per_node), ov_(ov) {}
 
   void compute(double s) {
@@ -188,7 +168,7 @@ class Sim {
     ++(c.dp ? r.dp_count : r.tp_count);
     const int id = static_cast<int>(evs_.size()) - 1;
     // Overlap::None (and dp buckets under it): the compute stream waits at once.
-    if (ov_ == OverlapMode::None) wait(id);
+    if (ov_ == Overlap::None) wait(id);
     return id;
   }
   void wait(int id) {
@@ -222,7 +202,7 @@ class Sim {
   const ClusterSpec& cl_;
   bool inter_dp_;
   int dp_per_node_;
-  OverlapMode ov_;
+  Overlap ov_;
   double t_ = 0, tp_free_ = 0, dp_free_ = 0;
   std::vector<Ev> evs_;
 };
@@ -232,6 +212,7 @@ struct Shape {
   double T = 0;   // tokens per replica per micro-batch (micro_batch x seq)
   double Tl = 0;  // tokens held between blocks (T / tp under sequence parallel)
   double h = 0, f = 0, es = 0;
+  int64_t tokens = 0, hidden = 0, ffn = 0;  // T, h and f as the description takes them
   int tp = 1;
   bool sp = false;    // sequence parallel and tp > 1
   bool comm = false;  // tp > 1
@@ -239,62 +220,74 @@ struct Shape {
 
 class Block {
  public:
-  Block(Sim& sim, const ClusterSpec& cl, const Shape& s, OverlapMode ov)
+  Block(Sim& sim, const ClusterSpec& cl, const Shape& s, Overlap ov)
       : sim_(sim), cl_(cl), s_(s), ov_(ov) {}
 
   void ew(double bytes) { sim_.compute(bytes / (cl_.mem_bw_gbps * 1e9)); }
-  void gemm(double m, double n, double k) { sim_.compute(cl_.gemm_seconds(m, n, k)); }
+  void gemm(const GemmShape& g) {
+    sim_.compute(cl_.gemm_seconds(static_cast<double>(g.m), static_cast<double>(g.n),
+                                  static_cast<double>(g.k)));
+  }
   int coll(CollOp op, double bytes) { return sim_.issue({op, false, bytes, s_.tp}); }
+  // The linear's GEMMs on this rank (mesh/block_desc.h), over the micro-batch's full sequence.
+  LinearGemms gemms(const LinearDesc& l, int64_t rows) const {
+    return linear_gemms(l, rows, s_.tp);
+  }
 
-  // Colwise linear h -> n (local n / tp), its input the block's (sequence-sharded under SP).
-  void colwise_fwd(double n_full) {
-    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
-    if (s_.sp && ov_ == OverlapMode::Chunked) {
+  // Colwise linear (local out / tp), its input the block's (sequence-sharded under SP).
+  void colwise_fwd(const LinearDesc& l) {
+    const double act = s_.T * s_.h * s_.es;
+    if (s_.sp && ov_ == Overlap::Chunked) {
       std::vector<int> ids;
       for (int c = 0; c < s_.tp; ++c) ids.push_back(coll(CollOp::AllGather, act / s_.tp));
+      const GemmShape piece = gemms(l, s_.tokens / (s_.tp * s_.tp)).fwd;
       for (int c = 0; c < s_.tp; ++c) {
         sim_.wait(ids[static_cast<size_t>(c)]);
-        for (int j = 0; j < s_.tp; ++j) gemm(s_.T / (s_.tp * s_.tp), nl, s_.h);
+        for (int j = 0; j < s_.tp; ++j) gemm(piece);
       }
       return;
     }
     if (s_.sp) sim_.wait(coll(CollOp::AllGather, act));
-    gemm(s_.T, nl, s_.h);
+    gemm(gemms(l, s_.tokens).fwd);
   }
   // Backward of a colwise linear; returns the dx collective the block waits for (-1: none).
-  int colwise_bwd(double n_full, bool bias_row_sum) {
-    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
+  int colwise_bwd(const LinearDesc& l) {
+    const double act = s_.T * s_.h * s_.es;
+    const LinearGemms g = gemms(l, s_.tokens);
     int regather = -1, dx = -1;
     if (s_.sp) regather = coll(CollOp::AllGather, act);
-    gemm(s_.T, s_.h, nl);  // dgrad
+    gemm(g.dgrad);
     if (s_.comm) dx = coll(s_.sp ? CollOp::ReduceScatter : CollOp::AllReduce, act);
     if (regather >= 0) sim_.wait(regather);
-    gemm(s_.h, nl, s_.T);  // wgrad
-    if (bias_row_sum) gemm(1, nl, s_.T);
+    gemm(g.wgrad);
+    if (g.has_bias_gemm) gemm(g.bias);
     return dx;
   }
-  // Rowwise linear n -> h (local input n / tp).
-  void rowwise_fwd(double n_full) {
-    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
-    if (s_.sp && ov_ == OverlapMode::Chunked) {
+  // Rowwise linear (local input in / tp).
+  void rowwise_fwd(const LinearDesc& l) {
+    const double act = s_.T * s_.h * s_.es;
+    if (s_.sp && ov_ == Overlap::Chunked) {
       std::vector<int> ids;
+      const GemmShape piece = gemms(l, s_.tokens / (s_.tp * s_.tp)).fwd;
       for (int c = 0; c < s_.tp; ++c) {
-        for (int j = 0; j < s_.tp; ++j) gemm(s_.T / (s_.tp * s_.tp), s_.h, nl);
+        for (int j = 0; j < s_.tp; ++j) gemm(piece);
         ids.push_back(coll(CollOp::ReduceScatter, act / s_.tp));
       }
       for (int id : ids) sim_.wait(id);
       return;
     }
-    gemm(s_.T, s_.h, nl);
+    gemm(gemms(l, s_.tokens).fwd);
     if (s_.comm) sim_.wait(coll(s_.sp ? CollOp::ReduceScatter : CollOp::AllReduce, act));
   }
-  void rowwise_bwd(double n_full) {
-    const double nl = ceil_div(n_full, s_.tp), act = s_.T * s_.h * s_.es;
+  void rowwise_bwd(const LinearDesc& l) {
+    const double act = s_.T * s_.h * s_.es;
+    const LinearGemms g = gemms(l, s_.tokens);
     if (s_.sp) sim_.wait(coll(CollOp::AllGather, act));
-    gemm(s_.T, nl, s_.h);  // dgrad
-    gemm(nl, s_.h, s_.T);  // wgrad
-    gemm(1, s_.h, s_.T);   // bias row sum
+    gemm(g.dgrad);
+    gemm(g.wgrad);
+    if (g.has_bias_gemm) gemm(g.bias);
   }
+
   void norm_fwd() { ew(2 * s_.Tl * s_.h * s_.es); }
   void norm_bwd() {
     ew(3 * s_.Tl * s_.h * s_.es);
@@ -310,35 +303,35 @@ class Block {
 
   void attention_fwd(double attn_flops) {
     norm_fwd();
-    colwise_fwd(3 * s_.h);
+    colwise_fwd(attn_[0]);
     ew(6 * s_.T * s_.h / s_.tp * s_.es);  // q, k, v to [b, heads, s, d]
     sim_.compute(attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_eff));
     ew(2 * s_.T * s_.h / s_.tp * s_.es);  // o back to [s, b, hidden]
-    rowwise_fwd(s_.h);
+    rowwise_fwd(attn_[1]);
     residual();
   }
   void attention_bwd(double attn_flops) {
-    rowwise_bwd(s_.h);
+    rowwise_bwd(attn_[1]);
     ew(2 * s_.T * s_.h / s_.tp * s_.es);
     // Backward of the fused kernel: twice the forward's model FLOPs (and the recomputed scores).
     sim_.compute(2 * attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_bwd_eff()));
     ew(6 * s_.T * s_.h / s_.tp * s_.es);
-    const int dx = colwise_bwd(3 * s_.h, true);
+    const int dx = colwise_bwd(attn_[0]);
     if (dx >= 0) sim_.wait(dx);
     norm_bwd();
     residual();
   }
   void mlp_fwd() {
     norm_fwd();
-    colwise_fwd(s_.f);
+    colwise_fwd(mlp_[0]);
     ew(2 * s_.T * ceil_div(s_.f, s_.tp) * s_.es);  // bias + GeLU
-    rowwise_fwd(s_.f);
+    rowwise_fwd(mlp_[1]);
     residual();
   }
   void mlp_bwd() {
-    rowwise_bwd(s_.f);
+    rowwise_bwd(mlp_[1]);
     ew(3 * s_.T * ceil_div(s_.f, s_.tp) * s_.es);  // GeLU backward (+ its bias gradient)
-    const int dx = colwise_bwd(s_.f, false);
+    const int dx = colwise_bwd(mlp_[0]);
     if (dx >= 0) sim_.wait(dx);
     norm_bwd();
     residual();
@@ -348,7 +341,10 @@ class Block {
   Sim& sim_;
   const ClusterSpec& cl_;
   Shape s_;
-  OverlapMode ov_;
+  Overlap ov_;
+  // The pieces' linears (qkv, proj; fc1, fc2).
+  std::vector<LinearDesc> attn_ = piece_linears(PieceKind::Attention, s_.hidden, s_.ffn);
+  std::vector<LinearDesc> mlp_ = piece_linears(PieceKind::Mlp, s_.hidden, s_.ffn);
 };
 
 Shape shape_of(const ModelSpec& m, const PlanConfig& c) {
@@ -358,6 +354,9 @@ Shape shape_of(const ModelSpec& m, const PlanConfig& c) {
   s.sp = c.sp && c.tp > 1;
   s.T = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq);
   s.Tl = s.sp ? s.T / c.tp : s.T;
+  s.tokens = c.micro_batch * m.seq;
+  s.hidden = m.hidden;
+  s.ffn = m.ffn;
   s.h = static_cast<double>(m.hidden);
   s.f = static_cast<double>(m.ffn);
   s.es = dtype_bytes(m.dtype);
@@ -365,12 +364,13 @@ Shape shape_of(const ModelSpec& m, const PlanConfig& c) {
 }
 
 // Parameters of one piece (attention or MLP block) in forward order, local element counts on tp
-// rank 0 (the largest shard when tp does not divide).
+// rank 0 (the largest shard when tp does not divide): the description's.
 std::vector<double> piece_params(const ModelSpec& m, int tp, bool attention) {
-  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
-  if (attention)
-    return {h, h, h * ceil_div(3 * h, tp), ceil_div(3 * h, tp), ceil_div(h, tp) * h, h};
-  return {h, h, h * ceil_div(f, tp), ceil_div(f, tp), ceil_div(f, tp) * h, h};
+  std::vector<double> out;
+  for (int64_t n :
+       piece_param_counts(attention ? PieceKind::Attention : PieceKind::Mlp, m.hidden, m.ffn, tp))
+    out.push_back(static_cast<double>(n));
+  return out;
 }
 
 struct Piece {
@@ -380,10 +380,8 @@ struct Piece {
 
 std::vector<Piece> pieces(const ModelSpec& m) {
   std::vector<Piece> ps;
-  for (int l = 0; l < m.layers; ++l) {
-    if (m.kind != "mlp") ps.push_back({true, l});
-    if (m.kind != "attn") ps.push_back({false, l});
-  }
+  for (int l = 0; l < m.layers; ++l)
+    for (PieceKind p : layer_pieces(m.kind)) ps.push_back({p == PieceKind::Attention, l});
   return ps;
 }
 
@@ -451,9 +449,10 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
   const std::vector<Piece> ps = pieces(m);
   const BucketPlan bp = buckets(m, c);
   const double h = s.h, V = static_cast<double>(m.vocab);
-  // Causal attention, counted at half (as bench/block/flops.cpp): 2 T s h per replica, / tp.
-  const double attn_flops = 2.0 * s.T * static_cast<double>(m.seq) * h / c.tp;
-  const OverlapMode dp_ov = c.overlap == OverlapMode::None ? OverlapMode::None : OverlapMode::Async;
+  const LinearDesc lm_head = lm_head_linear(m.hidden, m.vocab);
+  // Causal attention, counted at half (as layer_flops): 2 T s h per replica, / tp.
+  const double attn_flops = attention_core_flops(c.micro_batch, m.seq, m.hidden, c.tp) / 2;
+  const Overlap dp_ov = c.overlap == Overlap::None ? Overlap::None : Overlap::Async;
   Block blk(sim, cl, s, c.overlap);
   for (int mb = 0; mb < c.accum; ++mb) {
     const bool last = mb == c.accum - 1;
@@ -466,13 +465,13 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
     for (const Piece& p : ps) p.attention ? blk.attention_fwd(attn_flops) : blk.mlp_fwd();
     if (V > 0) {
       blk.norm_fwd();
-      blk.colwise_fwd(V);
+      blk.colwise_fwd(lm_head);
       // Vocab-parallel cross entropy: softmax over the local logits, max / sum / target over tp.
       blk.ew(3 * s.T * ceil_div(V, c.tp) * 4);
       if (s.comm)
         for (int i = 0; i < 3; ++i) sim.wait(blk.coll(CollOp::AllReduce, s.T * 4));
       blk.ew(2 * s.T * ceil_div(V, c.tp) * s.es);
-      const int dx = blk.colwise_bwd(V, false);
+      const int dx = blk.colwise_bwd(lm_head);
       if (dx >= 0) sim.wait(dx);
       blk.norm_bwd();
     }
@@ -482,7 +481,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
         Collective col{CollOp::AllReduce, true, bp.bytes[next_bucket], c.dp};
         if (c.dp > 1) {
           const int id = sim.issue(col);
-          if (dp_ov == OverlapMode::None) sim.wait(id);
+          if (dp_ov == Overlap::None) sim.wait(id);
         }
         ++next_bucket;
       }
@@ -755,11 +754,8 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
 
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch) {
   const double B = static_cast<double>(global_batch), s = static_cast<double>(m.seq),
-               h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
-  double fwd = 0;
-  if (m.kind != "mlp") fwd += 6 * B * s * h * h + 2 * B * s * s * h + 2 * B * s * h * h;
-  if (m.kind != "attn") fwd += 4 * B * s * h * f;
-  fwd *= m.layers;
+               h = static_cast<double>(m.hidden);
+  double fwd = layer_flops(m.kind, global_batch, m.seq, m.hidden, m.ffn, true).forward() * m.layers;
   if (m.vocab > 0) fwd += 2 * B * s * h * static_cast<double>(m.vocab);
   return 3 * fwd;
 }
@@ -773,13 +769,13 @@ void check_config(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c
                "plan: tp=" << c.tp << " spans nodes of " << cl.devices_per_node << " devices");
   MESHRT_CHECK(m.hidden % c.tp == 0,
                "plan: hidden " << m.hidden << " does not divide by tp=" << c.tp);
-  MESHRT_CHECK(m.kind == "mlp" || m.heads % c.tp == 0,
+  MESHRT_CHECK(m.kind == LayerKind::Mlp || m.heads % c.tp == 0,
                "plan: heads " << m.heads << " do not divide by tp=" << c.tp);
   MESHRT_CHECK(m.ffn >= c.tp, "plan: ffn " << m.ffn << " < tp=" << c.tp);
   const bool sp = c.sp && c.tp > 1;
   MESHRT_CHECK(!sp || m.seq % c.tp == 0, "plan: seq " << m.seq << " does not divide by tp=" << c.tp
                                                       << " under sequence parallel");
-  MESHRT_CHECK(c.overlap != OverlapMode::Chunked || c.tp == 1 || (sp && m.seq % (c.tp * c.tp) == 0),
+  MESHRT_CHECK(c.overlap != Overlap::Chunked || c.tp == 1 || (sp && m.seq % (c.tp * c.tp) == 0),
                "plan: chunked overlap needs sequence parallel and seq divisible by tp^2");
 }
 
@@ -809,7 +805,7 @@ Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& 
 }
 
 std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int64_t global_batch,
-                                 const std::vector<double>& bucket_list, OverlapMode overlap,
+                                 const std::vector<double>& bucket_list, Overlap overlap,
                                  bool optimizer) {
   MESHRT_CHECK(global_batch >= 1, "--global-batch " << global_batch << " must be >= 1");
   std::vector<Prediction> out;
@@ -831,7 +827,7 @@ std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int6
           c.micro_batch = mb;
           c.accum = static_cast<int>(per / mb);
           c.bucket_mb = bucket;
-          c.overlap = overlap == OverlapMode::Chunked && !c.sp ? OverlapMode::Async : overlap;
+          c.overlap = overlap == Overlap::Chunked && !c.sp ? Overlap::Async : overlap;
           c.optimizer = optimizer;
           try {
             out.push_back(predict(m, cl, c));

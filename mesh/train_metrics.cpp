@@ -65,6 +65,8 @@ void TrainMetrics::record(Context& ctx, const StepStats& st, double grad_norm, i
   world_.all_gather(in, all, cs).synchronize();
   Tensor r = cpu ? all : all.to(ctx.host_allocator(), cs);
   cs.synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
+  gather_ms_ += std::chrono::duration<double, std::milli>(t1 - t0).count();
   if (world_.rank() != 0) return;
   using nlohmann::json;
   json j;
@@ -98,16 +100,18 @@ void TrainMetrics::record(Context& ctx, const StepStats& st, double grad_norm, i
   j["ranks"] = std::move(ranks);
   file_->append_line(j.dump());
   cost_ms_ +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
 }
 
 void TrainMetrics::log_cost(const std::vector<StepStats>& steps, std::ostream& log) const {
   if (!enabled_ || steps.empty()) return;
   double total = 0;
   for (const StepStats& s : steps) total += s.step_ms;
-  log << "metrics: " << steps.size() << " records -> " << cfg_.metrics << " (" << std::fixed
-      << std::setprecision(2) << cost_ms_ << " ms, " << (total > 0 ? 100.0 * cost_ms_ / total : 0.0)
-      << "% of the step time)" << std::endl;
+  auto pct = [&](double ms) { return total > 0 ? 100.0 * ms / total : 0.0; };
+  log << "metrics: " << steps.size() << " records -> " << cfg_.metrics << " (writing " << std::fixed
+      << std::setprecision(2) << cost_ms_ << " ms, " << pct(cost_ms_)
+      << "% of the step time; gathering the ranks' times " << gather_ms_ << " ms, "
+      << pct(gather_ms_) << "%, mostly waiting for the slowest rank)" << std::endl;
 }
 
 }  // namespace meshrt

@@ -26,17 +26,17 @@ class TrainMetrics {
   // Collective: gathers every rank's times and, on rank 0, appends the step's record.
   // grad_norm < 0: not measured (omitted). No-op without --metrics.
   void record(Context& ctx, const StepStats& st, double grad_norm, int skipped_total);
-  // Rank 0: "metrics: N records -> FILE (C ms, P% of the step time)" when enabled.
+  // Rank 0, when enabled: "metrics: N records -> FILE (writing C ms, P% of the step time;
+  // gathering the ranks' times G ms, Q%, ...)": the cost of --metrics.
   void log_cost(const std::vector<StepStats>& steps, std::ostream& log) const;
-  // Wall time rank 0 spent in record() so far (the cost of --metrics), in ms.
-  double cost_ms() const { return cost_ms_; }
 
  private:
   const TrainConfig& cfg_;
   Communicator& world_;
   bool enabled_ = false;
   std::unique_ptr<AppendOutputFile> file_;
-  double cost_ms_ = 0;
+  double cost_ms_ = 0;    // rank 0: formatting and writing the records
+  double gather_ms_ = 0;  // the all-gather of the ranks' times (includes waiting for the slowest)
 };
 
 // The "step" of a metrics line, or -1 when it has none (for tests and the resume filter).

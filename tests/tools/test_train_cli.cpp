@@ -305,7 +305,7 @@ std::map<int, std::string> step_losses(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("--metrics writes a record per step with the step line's loss and the schedule's lr",
+TEST_CASE("a metrics file has a record per step with the step line's loss and the schedule's lr",
           "[train][multirank][metrics]") {
   const fs::path dir = train_scratch() / "metrics";
   fs::remove_all(dir);

@@ -1,7 +1,9 @@
 #include "mesh/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numbers>
 
 #include "runtime/error.h"
 
@@ -11,6 +13,54 @@ OptimizerKind parse_optimizer(std::string_view s) {
   if (s == "sgd") return OptimizerKind::Sgd;
   if (s == "adamw" || s == "adam") return OptimizerKind::AdamW;
   MESHRT_FAIL("unknown optimizer '" << s << "': use sgd or adamw");
+}
+
+LrScheduleKind parse_lr_schedule(std::string_view s) {
+  if (s == "constant") return LrScheduleKind::Constant;
+  if (s == "cosine") return LrScheduleKind::Cosine;
+  if (s == "linear") return LrScheduleKind::Linear;
+  MESHRT_FAIL("unknown --lr-schedule '" << s << "': use constant, cosine or linear");
+}
+
+const char* lr_schedule_name(LrScheduleKind k) {
+  switch (k) {
+    case LrScheduleKind::Constant:
+      return "constant";
+    case LrScheduleKind::Cosine:
+      return "cosine";
+    case LrScheduleKind::Linear:
+      return "linear";
+  }
+  return "?";
+}
+
+void validate_lr_schedule(const LrSchedule& s, float lr) {
+  MESHRT_CHECK(s.total_steps >= 1, "train: --steps " << s.total_steps << " must be >= 1");
+  MESHRT_CHECK(s.warmup_steps >= 0 && s.warmup_steps < s.total_steps,
+               "train: --warmup-steps " << s.warmup_steps << " must be >= 0 and below --steps "
+                                        << s.total_steps);
+  MESHRT_CHECK(std::isfinite(s.min_lr) && s.min_lr >= 0 && s.min_lr <= lr,
+               "train: --min-lr " << s.min_lr << " must be >= 0 and <= --lr " << lr);
+  MESHRT_CHECK(s.min_lr == 0.f || s.kind != LrScheduleKind::Constant,
+               "train: --min-lr " << s.min_lr
+                                  << " needs --lr-schedule cosine or linear (constant keeps --lr)");
+}
+
+double scheduled_lr_f64(const LrSchedule& s, double lr, int64_t it) {
+  if (it < s.warmup_steps)
+    return lr * static_cast<double>(it + 1) / static_cast<double>(s.warmup_steps);
+  if (s.kind == LrScheduleKind::Constant) return lr;
+  const double span = static_cast<double>(s.total_steps - s.warmup_steps);
+  const double r = std::min(1.0, static_cast<double>(it - s.warmup_steps) / span);
+  const double min_lr = s.min_lr;
+  const double coeff =
+      s.kind == LrScheduleKind::Cosine ? 0.5 * (1.0 + std::cos(std::numbers::pi * r)) : 1 - r;
+  return min_lr + coeff * (lr - min_lr);
+}
+
+float scheduled_lr(const LrSchedule& s, float lr, int64_t it) {
+  if (s.kind == LrScheduleKind::Constant && it >= s.warmup_steps) return lr;
+  return static_cast<float>(scheduled_lr_f64(s, lr, it));
 }
 
 Optimizer::Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg)
@@ -26,6 +76,20 @@ Optimizer::Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConf
 
 void Optimizer::update(const std::vector<Param*>& ps, float lr) {
   if (ps.empty()) return;
+  // Weight decay as nanoGPT and llm.c apply it: to matrices (weights, embeddings), not to biases
+  // and norm gains.
+  if (cfg_.weight_decay > 0.f) {
+    std::vector<Param*> mats, rest;
+    for (Param* p : ps) (p->value.ndim() >= 2 ? mats : rest).push_back(p);
+    update_group(mats, lr, cfg_.weight_decay);
+    update_group(rest, lr, 0.f);
+  } else {
+    update_group(ps, lr, 0.f);
+  }
+}
+
+void Optimizer::update_group(const std::vector<Param*>& ps, float lr, float weight_decay) {
+  if (ps.empty()) return;
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
   std::vector<Tensor> w, g, m, v;
@@ -38,19 +102,21 @@ void Optimizer::update(const std::vector<Param*>& ps, float lr) {
     if (!v_.empty()) v.push_back(v_[i]);
   }
   if (cfg_.kind == OptimizerKind::AdamW) {
+    // Decoupled: p *= 1 - lr * weight_decay before the Adam step (PyTorch's AdamW).
     ops::AdamWConfig c;
     c.lr = lr;
     c.beta1 = cfg_.beta1;
     c.beta2 = cfg_.beta2;
     c.eps = cfg_.eps;
-    c.weight_decay = cfg_.weight_decay;
+    c.weight_decay = weight_decay;
     c.step = step_;
     ops::adamw_update(ctx, cs, w, g, m, v, c);
   } else {
+    // SGD: L2 (g += weight_decay * p), as PyTorch's SGD.
     ops::SgdConfig c;
     c.lr = lr;
     c.momentum = cfg_.momentum;
-    c.weight_decay = cfg_.weight_decay;
+    c.weight_decay = weight_decay;
     c.init_buffers = first_;
     ops::sgd_momentum_update(ctx, cs, w, g, m, c);
   }
@@ -62,6 +128,7 @@ void Optimizer::step(GradSync* sync, float lr_scale, int grad_set) {
   if (cfg_.clip_norm > 0.f) {
     if (sync) sync->wait_all(grad_set);
     double n = grad_norm();
+    last_norm_ = n;
     if (n > cfg_.clip_norm) {
       float f = static_cast<float>(cfg_.clip_norm / (n + 1e-6));
       for (Param* p : params_)
@@ -84,6 +151,11 @@ NamedTensors Optimizer::state(size_t i) const {
                "optimizer: state of parameter " << i << " of " << params_.size());
   if (cfg_.kind == OptimizerKind::AdamW) return {{"exp_avg", m_[i]}, {"exp_avg_sq", v_[i]}};
   return {{"momentum", m_[i]}};
+}
+
+void Optimizer::set_lr(float lr) {
+  MESHRT_CHECK(lr >= 0 && std::isfinite(lr), "optimizer: learning rate " << lr << " is invalid");
+  cfg_.lr = lr;
 }
 
 void Optimizer::set_steps(int64_t n) {

@@ -19,9 +19,34 @@ struct MESHRT_API OptimizerConfig {
   float lr = 1e-3f;
   float momentum = 0.9f;                            // SGD
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
-  float weight_decay = 0.f;
+  float weight_decay = 0.f;                         // of matrices only: AdamW decoupled, SGD as L2
   float clip_norm = 0.f;  // > 0: clip gradients to this global norm before the update
 };
+
+// Learning-rate schedules as llm.c and nanoGPT run them (docs/training.md). For the step index
+// `it` (0-based: the update about to be applied), with W warmup steps and T total steps:
+//   it < W:    lr * (it + 1) / W                                 (linear warmup from ~0)
+//   constant:  lr
+//   cosine:    min_lr + 0.5 * (1 + cos(pi * r)) * (lr - min_lr),  r = (it - W) / (T - W)
+//   linear:    min_lr + (1 - r) * (lr - min_lr)
+// computed in double and rounded once to f32.
+enum class LrScheduleKind : uint8_t { Constant, Cosine, Linear };
+MESHRT_API LrScheduleKind parse_lr_schedule(std::string_view s);
+MESHRT_API const char* lr_schedule_name(LrScheduleKind k);
+
+struct MESHRT_API LrSchedule {
+  LrScheduleKind kind = LrScheduleKind::Constant;
+  int warmup_steps = 0;
+  float min_lr = 0.f;
+  int total_steps = 1;  // T: the run's --steps (the decay ends there)
+};
+
+// Throws saying what to change: warmup in [0, T), min_lr in [0, lr], min_lr only with a decay.
+MESHRT_API void validate_lr_schedule(const LrSchedule& s, float lr);
+// The schedule's value at step `it` in double (the oracle tests compare with it).
+MESHRT_API double scheduled_lr_f64(const LrSchedule& s, double lr, int64_t it);
+// The learning rate the optimizer applies at step `it`: exactly `lr` after warmup for constant.
+MESHRT_API float scheduled_lr(const LrSchedule& s, float lr, int64_t it);
 
 class MESHRT_API Optimizer {
  public:
@@ -32,7 +57,11 @@ class MESHRT_API Optimizer {
   // Global L2 norm of the gradients (collective over tp; dp replicas already agree after sync).
   // Sharded parameters contribute their shard; tp-replicated ones are counted once.
   double grad_norm();
+  // The norm the last step() clipped against (clip_norm > 0), else -1.
+  double last_grad_norm() const { return last_norm_; }
   int64_t steps() const { return step_; }
+  // The base learning rate of later steps (the schedule sets it before each step).
+  void set_lr(float lr);
   const OptimizerConfig& config() const { return cfg_; }
   const std::vector<Param*>& params() const { return params_; }
 
@@ -46,11 +75,13 @@ class MESHRT_API Optimizer {
 
  private:
   void update(const std::vector<Param*>& ps, float lr);
+  void update_group(const std::vector<Param*>& ps, float lr, float weight_decay);
 
   DeviceMesh& mesh_;
   std::vector<Param*> params_;
   OptimizerConfig cfg_;
   int64_t step_ = 0;
+  double last_norm_ = -1;
   std::vector<Tensor> m_, v_;  // per parameter f32 states
   std::vector<size_t> index_of_;
   bool first_ = true;

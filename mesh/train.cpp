@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "mesh/token_data.h"
 #include "mesh/train_checkpoint.h"
 #include "mesh/train_guard.h"
+#include "mesh/train_metrics.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -138,7 +140,36 @@ void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, De
      << "such steps";
   throw NonFiniteError(os.str());
 }
+
+// The optimizer step of a finite step (`apply`: the async gradient set due now).
+void apply_update(const TrainConfig& cfg, int step, bool updates, int set, int apply,
+                  Optimizer& opt, GradSync& sync) {
+  switch (cfg.grad_sync) {
+    case GradSyncMode::Sync:
+      opt.step(&sync, 1.f, set);
+      break;
+    case GradSyncMode::Async:
+      // Step t's all-reduce overlaps the next K steps; it is applied K steps late, with the
+      // learning rate divided by the staleness (Zhang et al. 2016).
+      if (updates)
+        opt.step(&sync, cfg.staleness > 0 ? 1.f / static_cast<float>(cfg.staleness) : 1.f, apply);
+      break;
+    case GradSyncMode::Local:
+      opt.step(nullptr);
+      if ((step + 1) % cfg.sync_every == 0) sync.average_params();
+      break;
+  }
+}
 }  // namespace
+
+LrSchedule train_lr_schedule(const TrainConfig& cfg) {
+  LrSchedule s;
+  s.kind = cfg.lr_schedule;
+  s.warmup_steps = cfg.warmup_steps;
+  s.min_lr = cfg.min_lr;
+  s.total_steps = cfg.steps;
+  return s;
+}
 
 void validate_train(const TrainConfig& cfg, int world_size) {
   auto dims = parse_mesh_spec(default_mesh(cfg, world_size), world_size);
@@ -153,6 +184,11 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                                       << kTpDim);
   }
   MESHRT_CHECK(cfg.steps >= 1, "train: --steps " << cfg.steps << " must be >= 1");
+  MESHRT_CHECK(std::isfinite(cfg.optim.lr) && cfg.optim.lr >= 0,
+               "train: --lr " << cfg.optim.lr << " must be finite and >= 0");
+  MESHRT_CHECK(std::isfinite(cfg.optim.weight_decay) && cfg.optim.weight_decay >= 0,
+               "train: --weight-decay " << cfg.optim.weight_decay << " must be finite and >= 0");
+  validate_lr_schedule(train_lr_schedule(cfg), cfg.optim.lr);
   MESHRT_CHECK(cfg.micro_batches >= 1,
                "train: --micro-batches " << cfg.micro_batches << " must be >= 1");
   MESHRT_CHECK(cfg.batch >= 1 && cfg.batch % (dp * cfg.micro_batches) == 0,
@@ -194,7 +230,10 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
+  const LrSchedule schedule = train_lr_schedule(cfg);
   CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
+  TrainMetrics metrics(cfg, world, first_step);
+  int skipped_total = 0;
   std::vector<StepStats> out;
   for (int step = first_step; step < cfg.steps; ++step) {
     ctx.synchronize();
@@ -232,6 +271,10 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       if (dp_synced) sync.wait_all(apply);
       for (Param* p : model.params()) ops::sum_squares(ctx, cs, p->grad, sumsq);
     }
+    // The schedule is a function of the step: a resumed run continues it exactly. Async applies
+    // step t - K's gradients at step t's rate.
+    const float lr = scheduled_lr(schedule, cfg.optim.lr, step);
+    opt.set_lr(lr);
     StepVerdict verdict = agree_step(ctx, world, loss_sum, sumsq, local_stop_request(cfg));
     // A skipped or failing step applies nothing: its all-reduces still finish before the
     // gradients are named or zeroed.
@@ -239,24 +282,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     if (!verdict.finite() && !cfg.skip_nonfinite)
       throw_nonfinite(cfg, step + 1, verdict,
                       verdict.grads_finite ? "" : first_nonfinite_grad(ctx, world, model.params()));
-    if (verdict.finite()) {
-      switch (cfg.grad_sync) {
-        case GradSyncMode::Sync:
-          opt.step(&sync, 1.f, set);
-          break;
-        case GradSyncMode::Async:
-          // Step t's all-reduce overlaps the next K steps; it is applied K steps late, with the
-          // learning rate divided by the staleness (Zhang et al. 2016).
-          if (updates)
-            opt.step(&sync, cfg.staleness > 0 ? 1.f / static_cast<float>(cfg.staleness) : 1.f,
-                     apply);
-          break;
-        case GradSyncMode::Local:
-          opt.step(nullptr);
-          if ((step + 1) % cfg.sync_every == 0) sync.average_params();
-          break;
-      }
-    }
+    if (verdict.finite()) apply_update(cfg, step, updates, set, apply, opt, sync);
     if (cfg.grad_sync == GradSyncMode::Async) sync.bind(set);
     // The reported loss is the global batch mean (equal micro-batch and dp shard sizes).
     dp_loss.all_reduce(loss_sum, "loss", ReduceOp::Avg);
@@ -265,6 +291,9 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     StepStats st;
     st.step = step + 1;
     st.loss = lh.item(0);
+    st.lr = cfg.grad_sync == GradSyncMode::Async && cfg.staleness > 0
+                ? static_cast<double>(lr) / cfg.staleness
+                : static_cast<double>(lr);
     st.step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     CommTimes d = sync.scheduler().times(), t = tp.times();
@@ -280,6 +309,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       validate_step(cfg, ctx, world, mesh, model, dp_loss, log, &st, &verdict);
     st.stopped = verdict.stop;
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
+    skipped_total += st.skipped ? 1 : 0;
+    metrics.record(ctx, st, verdict.finite() ? opt.last_grad_norm() : -1.0, skipped_total);
     out.push_back(st);
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---
@@ -287,6 +318,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       save_training(cfg, checkpoints, st.step, mesh, model.params(), opt, log);
     if (verdict.stop) break;
   }
+  if (log && world.rank() == 0) metrics.log_cost(out, *log);
   return out;
 }
 

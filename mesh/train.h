@@ -31,7 +31,11 @@ struct TrainConfig {
   int steps = 10;
   uint64_t seed = 1;
   int micro_batches = 1;
-  OptimizerConfig optim;
+  OptimizerConfig optim;  // optim.lr: the peak learning rate of the schedule
+  // --lr-schedule, --warmup-steps, --min-lr (mesh/optimizer.h); the decay ends at `steps`.
+  LrScheduleKind lr_schedule = LrScheduleKind::Constant;
+  int warmup_steps = 0;
+  float min_lr = 0.f;
   DpOptions dp;
   GradSyncMode grad_sync = GradSyncMode::Sync;
   int staleness = 1;   // async: gradients applied this many steps late, lr / staleness
@@ -48,6 +52,8 @@ struct TrainConfig {
   // Each step line also gives rank 0's allocator statistics: "  mem alloc A peak P reserved R"
   // (bytes currently allocated, peak allocated, reserved), for soak runs checking for growth.
   bool mem_stats = false;
+  // --metrics FILE: one JSON Lines record per step on rank 0 (mesh/train_metrics.h).
+  std::string metrics;
   // Polled once a step (and once per validation batch) on every rank: the signal number asking
   // to stop (any value > 0 asks; 0: go on). When it asks on any rank, all stop after that step
   // (a validation under way is abandoned; a checkpoint is written first with --save), and agree
@@ -64,6 +70,7 @@ class NonFiniteError : public Error {
 struct StepStats {
   int step = 0;
   double loss = 0;           // mean over the global batch
+  double lr = 0;             // the learning rate of this step's update (the schedule's value)
   double step_ms = 0;        // wall time of the step on this rank
   double dp_comm_ms = 0;     // dp collectives' time on the dp stream
   double dp_exposed_ms = 0;  // time the compute stream waited for them
@@ -75,6 +82,9 @@ struct StepStats {
   int stop_signal = 0;
   bool stopped = false;
 };
+
+// The run's learning-rate schedule (its total steps are cfg.steps).
+LrSchedule train_lr_schedule(const TrainConfig& cfg);
 
 // Checks the configuration before anything is communicated; throws saying what to change.
 void validate_train(const TrainConfig& cfg, int world_size);

@@ -35,24 +35,33 @@ CheckpointMeta train_checkpoint_meta(const TrainConfig& cfg, int64_t step) {
     s << std::setprecision(9) << v;
     return s.str();
   };
-  m.config = {{"hidden", num(b.hidden)},
-              {"ffn", num(b.ffn)},
-              {"heads", num(b.heads)},
-              {"layers", num(cfg.model.layers)},
-              {"vocab", num(cfg.model.vocab)},
-              {"dtype", dtype_name(b.dtype)},
-              {"norm", b.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm"},
-              {"gelu", ops::gelu_kind_name(b.gelu)},
-              {"bias", b.bias ? "true" : "false"},
-              {"eps", num(b.eps)},
-              {"optimizer", cfg.optim.kind == OptimizerKind::AdamW ? "adamw" : "sgd"},
-              {"seed", num(cfg.seed)},
-              // The data position is the step: samples are drawn by (seed, step, dp rank) from
-              // global batches of `batch` sequences of `seq` tokens of this token stream.
-              {"batch", num(cfg.batch)},
-              {"seq", num(cfg.seq)},
-              {"data", cfg.data ? cfg.data->format() + ", " + num(cfg.data->size()) + " tokens"
-                                : "synthetic"}};
+  m.config = {
+      {"hidden", num(b.hidden)},
+      {"ffn", num(b.ffn)},
+      {"heads", num(b.heads)},
+      {"layers", num(cfg.model.layers)},
+      {"vocab", num(cfg.model.vocab)},
+      {"dtype", dtype_name(b.dtype)},
+      {"norm", b.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm"},
+      {"gelu", ops::gelu_kind_name(b.gelu)},
+      {"bias", b.bias ? "true" : "false"},
+      {"eps", num(b.eps)},
+      {"optimizer", cfg.optim.kind == OptimizerKind::AdamW ? "adamw" : "sgd"},
+      {"seed", num(cfg.seed)},
+      // The data position is the step: samples are drawn by (seed, step, dp rank) from
+      // global batches of `batch` sequences of `seq` tokens of this token stream.
+      {"batch", num(cfg.batch)},
+      {"seq", num(cfg.seq)},
+      {"data",
+       cfg.data ? cfg.data->format() + ", " + num(cfg.data->size()) + " tokens" : "synthetic"},
+      // The learning-rate schedule is a function of the step and these: a resumed run
+      // continues it exactly (the decay ends at --steps, so a decaying one fixes it).
+      {"lr", num(cfg.optim.lr)},
+      {"lr_schedule", lr_schedule_name(cfg.lr_schedule)},
+      {"warmup_steps", num(cfg.warmup_steps)},
+      {"min_lr", num(cfg.min_lr)},
+      {"lr_decay_steps", cfg.lr_schedule == LrScheduleKind::Constant ? "none" : num(cfg.steps)},
+      {"weight_decay", num(cfg.optim.weight_decay)}};
   return m;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <random>
 
@@ -222,6 +223,53 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
     }
     rs.push_back(std::move(r));
   }
+}
+
+AppendOutputFile::AppendOutputFile(const std::string& path, std::string what, Start start,
+                                   bool (*keep_if)(std::string_view, long long), long long keep_arg)
+    : path_(path), what_(std::move(what)) {
+  ignore_file_size_signal();
+  check_output_path(path_, what_);
+  target_ = resolve_output_path(path_, what_);
+  std::error_code ec;
+  const bool exists = fs::exists(target_, ec);
+  if (keep_if != nullptr && exists) {
+    std::ifstream in(target_, std::ios::binary);
+    MESHRT_CHECK(in.good(), what_ << " " << path_ << ": cannot read it: " << std::strerror(errno));
+    std::string kept, line;
+    while (std::getline(in, line))
+      if (!line.empty() && keep_if(line, keep_arg)) kept += line + "\n";
+    write_output_file(path_, kept, what_);
+  } else if (start == Start::Fresh || !exists) {
+    write_output_file(path_, "", what_);
+  }
+  fd_ = ::open(target_.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  MESHRT_CHECK(fd_ >= 0,
+               what_ << " " << path_ << ": cannot open it for appending: " << std::strerror(errno));
+  struct stat sb {};
+  if (::fstat(fd_, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    MESHRT_FAIL(what_ << " " << path_ << " is " << kind_of(sb.st_mode)
+                      << ", not a regular file; give the name of a file to write");
+  }
+}
+
+AppendOutputFile::~AppendOutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendOutputFile::append_line(std::string_view line) {
+  buf_.assign(line);
+  buf_ += '\n';
+  const ssize_t n = ::write(fd_, buf_.data(), buf_.size());
+  if (n < 0) {
+    const int err = errno;
+    MESHRT_FAIL(what_ << " " << path_ << ": write failed: " << error_text(err));
+  }
+  MESHRT_CHECK(static_cast<size_t>(n) == buf_.size(),
+               what_ << " " << path_ << ": short write (" << n << " of " << buf_.size()
+                     << " bytes): the disk is probably full");
 }
 
 }  // namespace meshrt

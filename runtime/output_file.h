@@ -51,6 +51,36 @@ class MESHRT_API OutputFile {
   int fd_ = -1;
 };
 
+// An append-only stream of lines (--metrics): a reader may tail it while the run goes on.
+// - the target is checked as OutputFile checks it (symlinks followed; a directory, FIFO, device
+//   or socket refused, also when one appears between the check and the open: it is opened
+//   non-blocking and fstat'ed);
+// - `keep_if` given: the lines already there that it keeps are rewritten first, atomically through
+//   OutputFile (lines it drops are gone, the rest keep their order); otherwise the file is
+//   started empty (replaced atomically) or, with `append`, continued as it is;
+// - each append_line() is one write() of the whole line with its newline (never interleaved with
+//   another writer's line in O_APPEND mode), checked: a failure throws naming `what`, the file and
+//   the errno text. No fsync: a line is visible to readers once append_line returns.
+class MESHRT_API AppendOutputFile {
+ public:
+  enum class Start : uint8_t { Fresh, Append };
+  AppendOutputFile(const std::string& path, std::string what, Start start,
+                   bool (*keep_if)(std::string_view line, long long arg) = nullptr,
+                   long long keep_arg = 0);
+  ~AppendOutputFile();
+  AppendOutputFile(const AppendOutputFile&) = delete;
+  AppendOutputFile& operator=(const AppendOutputFile&) = delete;
+
+  // `line` without its newline.
+  void append_line(std::string_view line);
+  const std::string& target() const { return target_; }
+
+ private:
+  std::string path_, what_, target_;
+  int fd_ = -1;
+  std::string buf_;
+};
+
 // SIGXFSZ (a write past `ulimit -f`) kills the process by default, leaving temporary files
 // behind. Once per process, if its action is still the default, this ignores it: the write fails
 // with EFBIG instead, and the writer reports it like a full disk. A handler the program installed

@@ -22,6 +22,7 @@
 #include "mesh/train_guard.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/output_file.h"
 #include "tools/signals.h"
 
 namespace meshrt::cli {
@@ -59,6 +60,22 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       ->check(kNonNegativeInt);
   c->add_option("--lr", o.lr, "Learning rate")->capture_default_str()->check(non_negative());
   c->add_option("--optimizer", o.optimizer, "sgd | adamw")->capture_default_str();
+  // Learning-rate schedule and weight decay (docs/training.md); checked again in validate_train.
+  c->add_option("--lr-schedule", o.lr_schedule,
+                "constant | cosine | linear: after --warmup-steps, decay from --lr to --min-lr at "
+                "--steps")
+      ->capture_default_str();
+  c->add_option("--warmup-steps", o.warmup_steps,
+                "Linear warmup: step i < W uses lr * (i + 1) / W (must be below --steps)")
+      ->capture_default_str()
+      ->check(kNonNegativeInt);
+  c->add_option("--min-lr", o.min_lr, "Learning rate at the end of a cosine or linear decay")
+      ->capture_default_str()
+      ->check(non_negative());
+  c->add_option("--weight-decay", o.weight_decay,
+                "Weight decay of matrices (AdamW: decoupled, p *= 1 - lr * wd; SGD: L2)")
+      ->capture_default_str()
+      ->check(non_negative());
   c->add_option("--clip", o.clip, "Clip gradients to this global norm (0: off)")
       ->capture_default_str()
       ->check(non_negative());
@@ -118,6 +135,10 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_flag("--mem-stats", o.mem_stats,
               "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
               "allocated, reserved (tools/soak.sh checks they stay flat)");
+  c->add_option(
+      "--metrics", o.metrics,
+      "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
+      "docs/training.md); continued by --resume");
   c->add_flag("--skip-nonfinite", o.skip_nonfinite,
               "Skip steps with a non-finite loss or gradient (no update; counted) instead of "
               "stopping");
@@ -160,6 +181,10 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("seed", seed),
     MESHRT_SHARED("lr", lr),
     MESHRT_SHARED("optimizer", optimizer),
+    MESHRT_SHARED("lr-schedule", lr_schedule),
+    MESHRT_SHARED("warmup-steps", warmup_steps),
+    MESHRT_SHARED("min-lr", min_lr),
+    MESHRT_SHARED("weight-decay", weight_decay),
     MESHRT_SHARED("clip", clip),
     MESHRT_SHARED("micro-batches", micro_batches),
     MESHRT_SHARED("grad-sync", grad_sync),
@@ -193,8 +218,8 @@ std::vector<std::pair<std::string, std::string>> train_shared_options(const Trai
 }
 
 // --fault sets MESHRT_FAULT, which acts on the rank it names only; --mem-stats adds rank 0's
-// allocator figures to its own lines.
-std::vector<std::string> train_local_options() { return {"fault", "mem-stats"}; }
+// allocator figures to its own lines; --metrics is written by rank 0 alone.
+std::vector<std::string> train_local_options() { return {"fault", "mem-stats", "metrics"}; }
 
 namespace {
 
@@ -218,6 +243,10 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.optim.kind = parse_optimizer(o.optimizer);
   c.optim.lr = o.lr;
   c.optim.clip_norm = o.clip;
+  c.optim.weight_decay = o.weight_decay;
+  c.lr_schedule = parse_lr_schedule(o.lr_schedule);
+  c.warmup_steps = o.warmup_steps;
+  c.min_lr = o.min_lr;
   c.dp.bucket_mb = o.bucket_mb;
   c.dp.bf16_comm = o.bf16_grads;
   c.grad_sync = mode;
@@ -232,6 +261,7 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.eval_batches = o.eval_batches;
   c.skip_nonfinite = o.skip_nonfinite;
   c.mem_stats = o.mem_stats;
+  c.metrics = o.metrics;
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
   // Mapped and scanned once per process; the rank threads share the mapping.
   const TokenDType raw = parse_token_dtype(o.data_dtype);
@@ -298,6 +328,7 @@ RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostrea
   try {
     validate_train(cfg, launch->world_size());
     check_host_memory(cfg, *launch);
+    check_output_path(cfg.metrics, "--metrics");
     if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
     if (!cfg.checkpoint.resume.empty())
       read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));
@@ -421,6 +452,7 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
   if (compare) {
     TrainConfig sync_cfg = cfg;
     sync_cfg.grad_sync = GradSyncMode::Sync;
+    sync_cfg.metrics.clear();  // the file is the run's, not the comparison's
     ss = run_once(sync_cfg, o, nullptr).stats;
   }
   if (!run.has_rank0) return 0;

@@ -31,6 +31,11 @@ struct TrainCliOptions {
   int eval_every = 0, eval_batches = 4;
   bool skip_nonfinite = false;
   bool mem_stats = false;
+  // Learning-rate schedule and weight decay (mesh/optimizer.h, docs/training.md).
+  std::string lr_schedule = "constant";
+  int warmup_steps = 0;
+  float min_lr = 0.f, weight_decay = 0.f;
+  std::string metrics;  // --metrics FILE (JSON Lines, docs/training.md)
 };
 
 // Registers the `train` subcommand and its flags on `app`.

@@ -414,6 +414,52 @@ TEST_CASE("resuming on a token file continues at the saved data position",
   fs::remove(file);
 }
 
+TEST_CASE("resuming a cosine schedule with warmup and weight decay continues it bit for bit",
+          "[checkpoint][train][lr][multirank]") {
+  const std::string root = scratch("resume-lr");
+  auto sched = [](const std::string& mesh, int steps) {
+    TrainConfig c = train_cfg(mesh, steps);
+    c.lr_schedule = LrScheduleKind::Cosine;
+    c.warmup_steps = 2;
+    c.min_lr = 3e-4f;
+    c.optim.weight_decay = 0.1f;
+    return c;
+  };
+  const auto full = run_train(2, sched("dp=2", 6));
+  REQUIRE(full.size() == 6);
+  // The first half holds the warmup, the resumed half the decay.
+  TrainConfig a = sched("dp=2", 6);
+  a.checkpoint.save = root;
+  a.stop_requested = [] {
+    thread_local int calls = 0;
+    return ++calls == 3;
+  };
+  const auto first = run_train(2, a);
+  REQUIRE(first.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(first[i] == full[i]);
+  TrainConfig b = sched("dp=2", 6);
+  b.checkpoint.resume = root;
+  const auto rest = run_train(2, b);
+  REQUIRE(rest.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(rest[i] == full[3 + i]);  // bit-identical f32
+  // The schedule is recorded: another decay length, schedule or weight decay is refused.
+  TrainConfig longer = sched("dp=2", 8);
+  longer.checkpoint.resume = root;
+  CHECK_THROWS_WITH(run_train(2, longer), Catch::Contains("was saved with lr_decay_steps=6 but "
+                                                          "this run has lr_decay_steps=8"));
+  TrainConfig flat = sched("dp=2", 6);
+  flat.lr_schedule = LrScheduleKind::Linear;
+  flat.checkpoint.resume = root;
+  CHECK_THROWS_WITH(run_train(2, flat), Catch::Contains("lr_schedule=cosine but this run has "
+                                                        "lr_schedule=linear"));
+  TrainConfig wd = sched("dp=2", 6);
+  wd.optim.weight_decay = 0.f;
+  wd.checkpoint.resume = root;
+  CHECK_THROWS_WITH(run_train(2, wd), Catch::Contains("weight_decay=0.100000001 but this run has "
+                                                      "weight_decay=0"));
+  fs::remove_all(root);
+}
+
 TEST_CASE("a mismatched model config is refused naming the field and both values",
           "[checkpoint][train][multirank]") {
   const std::string root = scratch("mismatch");

@@ -327,160 +327,162 @@ TEST_CASE("a stop request is agreed with the signal most ranks got", "[dp][train
     for (const StepVerdict& v : got) {
       CHECK(v.stop == (c.expect != 0));
       CHECK(v.stop_signal == c.expect);
-      TEST_CASE("learning-rate schedules give the hand-computed values", "[train][lr][unit]") {
-        // lr 1, 2 warmup steps of 10, min_lr 0.1: warmup lr (i + 1) / 2, then r = (i - 2) / 8.
-        LrSchedule s;
-        s.warmup_steps = 2;
-        s.total_steps = 10;
-        s.min_lr = 0.1f;
-        const double min = 0.1f;  // as the schedule holds it (f32)
-        struct Want {
-          LrScheduleKind kind;
-          int64_t it;
-          double lr;
-        };
-        for (const Want& w : std::vector<Want>{
-                 {LrScheduleKind::Cosine, 0, 0.5},
-                 {LrScheduleKind::Cosine, 1, 1.0},
-                 {LrScheduleKind::Cosine, 2, 1.0},
-                 {LrScheduleKind::Cosine, 4, min + 0.5 * (1 + std::sqrt(0.5)) * (1 - min)},
-                 {LrScheduleKind::Cosine, 6, min + 0.5 * (1 - min)},
-                 {LrScheduleKind::Cosine, 9,
-                  min + 0.5 * (1 - std::cos(std::numbers::pi / 8)) * (1 - min)},
-                 {LrScheduleKind::Linear, 0, 0.5},
-                 {LrScheduleKind::Linear, 2, 1.0},
-                 {LrScheduleKind::Linear, 4, min + 0.75 * (1 - min)},
-                 {LrScheduleKind::Linear, 9, min + 0.125 * (1 - min)},
-             }) {
-          INFO(lr_schedule_name(w.kind) << " step " << w.it);
-          s.kind = w.kind;
-          CHECK(scheduled_lr_f64(s, 1.0, w.it) == Approx(w.lr).epsilon(1e-12));
-          CHECK(scheduled_lr(s, 1.f, w.it) == static_cast<float>(scheduled_lr_f64(s, 1.0, w.it)));
-        }
-        // The hand values in decimals: cosine at step 4 is 0.868198052, at step 9 0.134254211.
-        s.kind = LrScheduleKind::Cosine;
-        CHECK(scheduled_lr_f64(s, 1.0, 4) == Approx(0.868198052).epsilon(1e-8));
-        CHECK(scheduled_lr_f64(s, 1.0, 9) == Approx(0.134254211).epsilon(1e-8));
-        // Constant: warmup, then exactly lr (the f32 value itself, as without a schedule).
-        s.kind = LrScheduleKind::Constant;
-        s.min_lr = 0.f;
-        CHECK(scheduled_lr(s, 3e-3f, 0) == static_cast<float>(3e-3f * 0.5));
-        for (int64_t it : {2, 5, 9}) CHECK(scheduled_lr(s, 3e-3f, it) == 3e-3f);
-        s.warmup_steps = 0;
-        CHECK(scheduled_lr(s, 3e-3f, 0) == 3e-3f);
-        CHECK(parse_lr_schedule("cosine") == LrScheduleKind::Cosine);
-        REQUIRE_THROWS_WITH(
-            parse_lr_schedule("step"),
-            Catch::Contains("unknown --lr-schedule 'step': use constant, cosine or linear"));
-      }
+    }
+  }
+}
 
-      TEST_CASE("bad learning-rate schedules and weight decays are refused with what to change",
-                "[train][lr][unit]") {
-        TrainConfig c;
-        c.model = tiny_model();
-        c.steps = 10;
-        c.optim.lr = 1e-3f;
-        c.lr_schedule = LrScheduleKind::Cosine;
-        c.warmup_steps = 10;
-        REQUIRE_THROWS_WITH(
-            validate_train(c, 1),
-            Catch::Contains("train: --warmup-steps 10 must be >= 0 and below --steps 10"));
-        c.warmup_steps = -1;
-        REQUIRE_THROWS_WITH(
-            validate_train(c, 1),
-            Catch::Contains("train: --warmup-steps -1 must be >= 0 and below --steps 10"));
-        c.warmup_steps = 9;
-        REQUIRE_NOTHROW(validate_train(c, 1));
-        c.min_lr = 2e-3f;
-        REQUIRE_THROWS_WITH(
-            validate_train(c, 1),
-            Catch::Contains("train: --min-lr 0.002 must be >= 0 and <= --lr 0.001"));
-        c.min_lr = 1e-4f;
-        REQUIRE_NOTHROW(validate_train(c, 1));
-        c.lr_schedule = LrScheduleKind::Constant;
-        REQUIRE_THROWS_WITH(validate_train(c, 1),
-                            Catch::Contains("train: --min-lr 0.0001 needs --lr-schedule cosine or "
-                                            "linear (constant keeps --lr)"));
-        c.min_lr = 0.f;
-        c.optim.weight_decay = -0.5f;
-        REQUIRE_THROWS_WITH(validate_train(c, 1),
-                            Catch::Contains("train: --weight-decay -0.5 must be finite and >= 0"));
-        c.optim.weight_decay = std::nanf("");
-        REQUIRE_THROWS_WITH(validate_train(c, 1), Catch::Contains("--weight-decay nan"));
-      }
+TEST_CASE("learning-rate schedules give the hand-computed values", "[train][lr][unit]") {
+  // lr 1, 2 warmup steps of 10, min_lr 0.1: warmup lr (i + 1) / 2, then r = (i - 2) / 8.
+  LrSchedule s;
+  s.warmup_steps = 2;
+  s.total_steps = 10;
+  s.min_lr = 0.1f;
+  const double min = 0.1f;  // as the schedule holds it (f32)
+  struct Want {
+    LrScheduleKind kind;
+    int64_t it;
+    double lr;
+  };
+  for (const Want& w : std::vector<Want>{
+           {LrScheduleKind::Cosine, 0, 0.5},
+           {LrScheduleKind::Cosine, 1, 1.0},
+           {LrScheduleKind::Cosine, 2, 1.0},
+           {LrScheduleKind::Cosine, 4, min + 0.5 * (1 + std::sqrt(0.5)) * (1 - min)},
+           {LrScheduleKind::Cosine, 6, min + 0.5 * (1 - min)},
+           {LrScheduleKind::Cosine, 9,
+            min + 0.5 * (1 - std::cos(std::numbers::pi / 8)) * (1 - min)},
+           {LrScheduleKind::Linear, 0, 0.5},
+           {LrScheduleKind::Linear, 2, 1.0},
+           {LrScheduleKind::Linear, 4, min + 0.75 * (1 - min)},
+           {LrScheduleKind::Linear, 9, min + 0.125 * (1 - min)},
+       }) {
+    INFO(lr_schedule_name(w.kind) << " step " << w.it);
+    s.kind = w.kind;
+    CHECK(scheduled_lr_f64(s, 1.0, w.it) == Approx(w.lr).epsilon(1e-12));
+    CHECK(scheduled_lr(s, 1.f, w.it) == static_cast<float>(scheduled_lr_f64(s, 1.0, w.it)));
+  }
+  // The hand values in decimals: cosine at step 4 is 0.868198052, at step 9 0.134254211.
+  s.kind = LrScheduleKind::Cosine;
+  CHECK(scheduled_lr_f64(s, 1.0, 4) == Approx(0.868198052).epsilon(1e-8));
+  CHECK(scheduled_lr_f64(s, 1.0, 9) == Approx(0.134254211).epsilon(1e-8));
+  // Constant: warmup, then exactly lr (the f32 value itself, as without a schedule).
+  s.kind = LrScheduleKind::Constant;
+  s.min_lr = 0.f;
+  CHECK(scheduled_lr(s, 3e-3f, 0) == static_cast<float>(3e-3f * 0.5));
+  for (int64_t it : {2, 5, 9}) CHECK(scheduled_lr(s, 3e-3f, it) == 3e-3f);
+  s.warmup_steps = 0;
+  CHECK(scheduled_lr(s, 3e-3f, 0) == 3e-3f);
+  CHECK(parse_lr_schedule("cosine") == LrScheduleKind::Cosine);
+  REQUIRE_THROWS_WITH(
+      parse_lr_schedule("step"),
+      Catch::Contains("unknown --lr-schedule 'step': use constant, cosine or linear"));
+}
 
-      namespace {
+TEST_CASE("bad learning-rate schedules and weight decays are refused with what to change",
+          "[train][lr][unit]") {
+  TrainConfig c;
+  c.model = tiny_model();
+  c.steps = 10;
+  c.optim.lr = 1e-3f;
+  c.lr_schedule = LrScheduleKind::Cosine;
+  c.warmup_steps = 10;
+  REQUIRE_THROWS_WITH(
+      validate_train(c, 1),
+      Catch::Contains("train: --warmup-steps 10 must be >= 0 and below --steps 10"));
+  c.warmup_steps = -1;
+  REQUIRE_THROWS_WITH(
+      validate_train(c, 1),
+      Catch::Contains("train: --warmup-steps -1 must be >= 0 and below --steps 10"));
+  c.warmup_steps = 9;
+  REQUIRE_NOTHROW(validate_train(c, 1));
+  c.min_lr = 2e-3f;
+  REQUIRE_THROWS_WITH(validate_train(c, 1),
+                      Catch::Contains("train: --min-lr 0.002 must be >= 0 and <= --lr 0.001"));
+  c.min_lr = 1e-4f;
+  REQUIRE_NOTHROW(validate_train(c, 1));
+  c.lr_schedule = LrScheduleKind::Constant;
+  REQUIRE_THROWS_WITH(
+      validate_train(c, 1),
+      Catch::Contains(
+          "train: --min-lr 0.0001 needs --lr-schedule cosine or linear (constant keeps --lr)"));
+  c.min_lr = 0.f;
+  c.optim.weight_decay = -0.5f;
+  REQUIRE_THROWS_WITH(validate_train(c, 1),
+                      Catch::Contains("train: --weight-decay -0.5 must be finite and >= 0"));
+  c.optim.weight_decay = std::nanf("");
+  REQUIRE_THROWS_WITH(validate_train(c, 1), Catch::Contains("--weight-decay nan"));
+}
 
-      // Rank 0's step statistics of train(cfg) on `world` thread ranks.
-      std::vector<StepStats> schedule_run(int world, const TrainConfig& cfg) {
-        std::vector<StepStats> out;
-        std::mutex mu;
-        run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
-          auto st = train(cfg, ctx, w, nullptr);
-          if (r != 0) return;
-          std::lock_guard<std::mutex> lk(mu);
-          out = st;
-        });
-        return out;
-      }
+namespace {
 
-      TrainConfig schedule_cfg(const std::string& mesh, OptimizerKind opt) {
-        TrainConfig cfg;
-        cfg.model = tiny_model();
-        cfg.mesh = mesh;
-        cfg.batch = 8;
-        cfg.seq = 16;
-        cfg.steps = 6;
-        cfg.optim.kind = opt;
-        cfg.optim.lr = opt == OptimizerKind::AdamW ? 3e-3f : 0.5f;
-        cfg.optim.momentum = 0.f;
-        cfg.lr_schedule = LrScheduleKind::Cosine;
-        cfg.warmup_steps = 2;
-        cfg.min_lr = cfg.optim.lr / 10;
-        cfg.optim.weight_decay = 0.1f;
-        return cfg;
-      }
+// Rank 0's step statistics of train(cfg) on `world` thread ranks.
+std::vector<StepStats> schedule_run(int world, const TrainConfig& cfg) {
+  std::vector<StepStats> out;
+  std::mutex mu;
+  run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
+    auto st = train(cfg, ctx, w, nullptr);
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    out = st;
+  });
+  return out;
+}
 
-      }  // namespace
+TrainConfig schedule_cfg(const std::string& mesh, OptimizerKind opt) {
+  TrainConfig cfg;
+  cfg.model = tiny_model();
+  cfg.mesh = mesh;
+  cfg.batch = 8;
+  cfg.seq = 16;
+  cfg.steps = 6;
+  cfg.optim.kind = opt;
+  cfg.optim.lr = opt == OptimizerKind::AdamW ? 3e-3f : 0.5f;
+  cfg.optim.momentum = 0.f;
+  cfg.lr_schedule = LrScheduleKind::Cosine;
+  cfg.warmup_steps = 2;
+  cfg.min_lr = cfg.optim.lr / 10;
+  cfg.optim.weight_decay = 0.1f;
+  return cfg;
+}
 
-      TEST_CASE(
-          "a scheduled, weight-decayed run applies the f64 schedule and is the same on every "
-          "layout",
-          "[dp][train][lr][multirank]") {
-        for (OptimizerKind opt : {OptimizerKind::AdamW, OptimizerKind::Sgd}) {
-          INFO((opt == OptimizerKind::AdamW ? "adamw" : "sgd"));
-          const TrainConfig cfg = schedule_cfg("dp=1", opt);
-          const auto ref = schedule_run(1, cfg);
-          REQUIRE(ref.size() == 6);
-          std::vector<double> ref_loss;
-          for (const StepStats& s : ref) {
-            // The rate each step applied is the float64 schedule, rounded once to f32.
-            const double want = scheduled_lr_f64(train_lr_schedule(cfg), cfg.optim.lr, s.step - 1);
-            CHECK(s.lr == static_cast<double>(static_cast<float>(want)));
-            ref_loss.push_back(s.loss);
-          }
-          CHECK(ref[0].lr == Approx(cfg.optim.lr / 2.0).epsilon(1e-6));  // warmup: lr (0 + 1) / 2
-          CHECK(ref_loss.back() < ref_loss.front());
-          // Neither the schedule nor the decay is a no-op: each changes the curve.
-          TrainConfig flat = cfg;
-          flat.lr_schedule = LrScheduleKind::Constant;
-          flat.warmup_steps = 0;
-          flat.min_lr = 0.f;
-          TrainConfig no_wd = cfg;
-          no_wd.optim.weight_decay = 0.f;
-          std::vector<double> flat_loss, no_wd_loss;
-          for (const StepStats& s : schedule_run(1, flat)) flat_loss.push_back(s.loss);
-          for (const StepStats& s : schedule_run(1, no_wd)) no_wd_loss.push_back(s.loss);
-          CHECK(flat_loss != ref_loss);
-          CHECK(no_wd_loss != ref_loss);
-          CHECK(no_wd_loss[0] == ref_loss[0]);  // the first loss is before any update
-          // Sharded matrices decay as the whole ones do; replicated biases and gains not at all.
-          for (auto [w, m] :
-               std::vector<std::pair<int, std::string>>{{2, "dp=2"}, {4, "dp=2,tp=2"}}) {
-            INFO("mesh " << m);
-            std::vector<double> got;
-            for (const StepStats& s : schedule_run(w, schedule_cfg(m, opt))) got.push_back(s.loss);
-            CHECK(rel_err(got, ref_loss) < 1e-4);
-          }
-        }
-      }
+}  // namespace
+
+TEST_CASE(
+    "a scheduled, weight-decayed run applies the f64 schedule and is the same on every layout",
+    "[dp][train][lr][multirank]") {
+  for (OptimizerKind opt : {OptimizerKind::AdamW, OptimizerKind::Sgd}) {
+    INFO((opt == OptimizerKind::AdamW ? "adamw" : "sgd"));
+    const TrainConfig cfg = schedule_cfg("dp=1", opt);
+    const auto ref = schedule_run(1, cfg);
+    REQUIRE(ref.size() == 6);
+    std::vector<double> ref_loss;
+    for (const StepStats& s : ref) {
+      // The rate each step applied is the float64 schedule, rounded once to f32.
+      const double want = scheduled_lr_f64(train_lr_schedule(cfg), cfg.optim.lr, s.step - 1);
+      CHECK(s.lr == static_cast<double>(static_cast<float>(want)));
+      ref_loss.push_back(s.loss);
+    }
+    CHECK(ref[0].lr == Approx(cfg.optim.lr / 2.0).epsilon(1e-6));  // warmup: lr (0 + 1) / 2
+    CHECK(ref_loss.back() < ref_loss.front());
+    // Neither the schedule nor the decay is a no-op: each changes the curve.
+    TrainConfig flat = cfg;
+    flat.lr_schedule = LrScheduleKind::Constant;
+    flat.warmup_steps = 0;
+    flat.min_lr = 0.f;
+    TrainConfig no_wd = cfg;
+    no_wd.optim.weight_decay = 0.f;
+    std::vector<double> flat_loss, no_wd_loss;
+    for (const StepStats& s : schedule_run(1, flat)) flat_loss.push_back(s.loss);
+    for (const StepStats& s : schedule_run(1, no_wd)) no_wd_loss.push_back(s.loss);
+    CHECK(flat_loss != ref_loss);
+    CHECK(no_wd_loss != ref_loss);
+    CHECK(no_wd_loss[0] == ref_loss[0]);  // the first loss is before any update
+    // Sharded matrices decay as the whole ones do; replicated biases and gains not at all.
+    for (auto [w, m] : std::vector<std::pair<int, std::string>>{{2, "dp=2"}, {4, "dp=2,tp=2"}}) {
+      INFO("mesh " << m);
+      std::vector<double> got;
+      for (const StepStats& s : schedule_run(w, schedule_cfg(m, opt))) got.push_back(s.loss);
+      CHECK(rel_err(got, ref_loss) < 1e-4);
+    }
+  }
+}

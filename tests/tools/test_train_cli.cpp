@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -19,9 +21,6 @@
 #include <set>
 #include <sstream>
 #include <thread>
-
-#include <map>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "tests/common/files.h"
@@ -376,147 +375,150 @@ std::vector<std::pair<std::string, std::string>> shared_fields(std::vector<std::
   std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
   app.parse(args);
   return meshrt::cli::train_shared_options(o);
-  namespace {
+}
 
-  // The records of a --metrics file, in file order.
-  std::vector<nlohmann::json> metrics_records(const fs::path& p) {
-    std::vector<nlohmann::json> out;
-    std::istringstream in(slurp(p));
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
+}  // namespace
+
+TEST_CASE("every train option is compared across ranks or named as rank-local", "[unit]") {
+  CLI::App app;
+  meshrt::cli::TrainCliOptions o;
+  CLI::App* train = meshrt::cli::add_train_command(app, o);
+  std::set<std::string> listed;
+  for (const auto& [name, value] : meshrt::cli::train_shared_options(o)) listed.insert(name);
+  for (const std::string& n : meshrt::cli::train_local_options())
+    CHECK(listed.insert("--" + n).second);
+  for (const CLI::Option* opt : train->get_options()) {
+    if (opt->get_name() == "--help") continue;
+    INFO(opt->get_name() << " has no line in tools/train.cpp's kSharedOptions "
+                            "(or train_local_options)");
+    CHECK(listed.count(opt->get_name()) == 1);
   }
+  // Parsed values: equal numbers written differently and defaults given explicitly agree.
+  CHECK(shared_fields({"--lr", "1e-3", "--micro-batches", "1"}) ==
+        shared_fields({"--lr", "0.001"}));
+  const auto f = shared_fields({"--lr", "0.5", "--sp", "--bucket-mb", "0.001"});
+  auto value = [&](const std::string& name) {
+    for (const auto& [k, v] : f)
+      if (k == name) return v;
+    return std::string("(missing)");
+  };
+  CHECK(value("--lr") == "0.5");
+  CHECK(value("--sp") == "on");
+  CHECK(value("--bucket-mb") == "0.001");
+  CHECK(value("--save") == "(none)");
+}
 
-  // Rank 0's "step N loss X" values of a run's output, by step.
-  std::map<int, std::string> step_losses(const std::string& text) {
-    std::map<int, std::string> m;
-    const std::string out = "\n" + text;  // the first line too
-    const std::regex re("\nstep (\\d+) loss ([0-9.]+)");
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
-         ++it)
-      m[std::stoi((*it)[1].str())] = (*it)[2].str();
-    return m;
+namespace {
+
+// The records of a --metrics file, in file order.
+std::vector<nlohmann::json> metrics_records(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(slurp(p));
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Rank 0's "step N loss X" values of a run's output, by step.
+std::map<int, std::string> step_losses(const std::string& text) {
+  std::map<int, std::string> m;
+  const std::string out = "\n" + text;  // the first line too
+  const std::regex re("\nstep (\\d+) loss ([0-9.]+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it)
+    m[std::stoi((*it)[1].str())] = (*it)[2].str();
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a metrics file has a record per step with the step line's loss and the schedule's lr",
+          "[train][multirank][metrics]") {
+  const fs::path dir = train_scratch() / "metrics";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path file = dir / "m.jsonl", ck = dir / "ck";
+  // Cosine over 4 steps, 1 warmup step, lr 3e-3 to 3e-4: r = (i - 1) / 3, lr = 3e-4 + 0.5 (1 +
+  // cos(pi r)) 2.7e-3 gives 3e-3, 3e-3, 2.325e-3, 0.975e-3.
+  const std::string base = "train --devices cpu:2 --mesh tp=2 " + kSmall +
+                           " --steps 4 --lr 3e-3 --lr-schedule cosine --warmup-steps 1 --min-lr "
+                           "3e-4 --weight-decay 0.1 --clip 1 --metrics " +
+                           file.string();
+  Run r = train_cli(base + " --save " + ck.string() + " --save-every 2");
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("metrics: 4 records -> " + file.string() + " (writing "));
+  const auto losses = step_losses(r.out);
+  const std::vector<double> want_lr = {3e-3, 3e-3, 2.325e-3, 0.975e-3};
+  auto recs = metrics_records(file);
+  REQUIRE(recs.size() == 4);
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const nlohmann::json& j = recs[i];
+    INFO(j.dump());
+    CHECK(j["schema"] == "meshrt.train.metrics");
+    CHECK(j["version"] == 1);
+    CHECK(j["step"] == static_cast<int>(i + 1));
+    char loss[32];
+    std::snprintf(loss, sizeof loss, "%.6f", j["loss"].get<double>());
+    CHECK(loss == losses.at(static_cast<int>(i + 1)));
+    CHECK(j["lr"].get<double>() == Approx(want_lr[i]).epsilon(1e-6));
+    CHECK(j["grad_norm"].get<double>() > 0);
+    CHECK(j["skipped_steps"] == 0);
+    CHECK(j["tokens_per_s"].get<double>() > 0);
+    REQUIRE(j["ranks"].size() == 2);
+    double fastest = 1e30;
+    for (const auto& rk : j["ranks"]) fastest = std::min(fastest, rk["step_ms"].get<double>());
+    for (int k = 0; k < 2; ++k) {
+      const auto& rk = j["ranks"][k];
+      CHECK(rk["rank"] == k);
+      CHECK(rk["mem_peak_bytes"].get<double>() >= rk["mem_current_bytes"].get<double>());
+      CHECK(rk["mem_peak_bytes"].get<double>() > 0);
+      CHECK(rk["skew_ms"].get<double>() == Approx(rk["step_ms"].get<double>() - fastest));
+      CHECK(rk["compute_ms"].get<double>() >= 0);
+    }
+    CHECK(!j.contains("val_loss"));
   }
+  // Resumed from step 2: records 3 and 4 are replaced, not duplicated, and equal bit for bit.
+  const auto before = recs;
+  Run again = train_cli(base + " --resume " + (ck / "step-00000002").string());
+  INFO(again.out << again.err);
+  REQUIRE(again.rc == 0);
+  recs = metrics_records(file);
+  REQUIRE(recs.size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(recs[i]["step"] == static_cast<int>(i + 1));
+    CHECK(recs[i]["loss"] == before[i]["loss"]);
+    CHECK(recs[i]["lr"] == before[i]["lr"]);
+  }
+  // A fresh run starts the file over.
+  Run fresh =
+      train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --metrics " + file.string());
+  REQUIRE(fresh.rc == 0);
+  CHECK(metrics_records(file).size() == 1);
+  // Bad paths are refused before the run, naming the flag and what is wrong.
+  const fs::path fifo = dir / "fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  for (auto [path, why] : std::vector<std::pair<std::string, std::string>>{
+           {fifo.string(), "is a FIFO, not a regular file"},
+           {dir.string(), "is a directory, not a regular file"},
+           {(dir / "no" / "m.jsonl").string(), "does not exist"}}) {
+    Run bad = train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --metrics " + path);
+    INFO(bad.err);
+    CHECK(bad.rc != 0);
+    CHECK_THAT(bad.err, Catch::Contains("--metrics " + path) && Catch::Contains(why));
+  }
+  fs::remove_all(dir);
+}
 
-  }  // namespace
-
-  TEST_CASE("every train option is compared across ranks or named as rank-local", "[unit]") {
-    CLI::App app;
-    meshrt::cli::TrainCliOptions o;
-    CLI::App* train = meshrt::cli::add_train_command(app, o);
-    std::set<std::string> listed;
-    for (const auto& [name, value] : meshrt::cli::train_shared_options(o)) listed.insert(name);
-    for (const std::string& n : meshrt::cli::train_local_options())
-      CHECK(listed.insert("--" + n).second);
-    for (const CLI::Option* opt : train->get_options()) {
-      if (opt->get_name() == "--help") continue;
-      INFO(opt->get_name() << " has no line in tools/train.cpp's kSharedOptions "
-                              "(or train_local_options)");
-      CHECK(listed.count(opt->get_name()) == 1);
-    }
-    // Parsed values: equal numbers written differently and defaults given explicitly agree.
-    CHECK(shared_fields({"--lr", "1e-3", "--micro-batches", "1"}) ==
-          shared_fields({"--lr", "0.001"}));
-    const auto f = shared_fields({"--lr", "0.5", "--sp", "--bucket-mb", "0.001"});
-    auto value = [&](const std::string& name) {
-      for (const auto& [k, v] : f)
-        if (k == name) return v;
-      return std::string("(missing)");
-    };
-    CHECK(value("--lr") == "0.5");
-    CHECK(value("--sp") == "on");
-    CHECK(value("--bucket-mb") == "0.001");
-    CHECK(value("--save") == "(none)");
-    TEST_CASE(
-        "a metrics file has a record per step with the step line's loss and the schedule's lr",
-        "[train][multirank][metrics]") {
-      const fs::path dir = train_scratch() / "metrics";
-      fs::remove_all(dir);
-      fs::create_directories(dir);
-      const fs::path file = dir / "m.jsonl", ck = dir / "ck";
-      // Cosine over 4 steps, 1 warmup step, lr 3e-3 to 3e-4: r = (i - 1) / 3, lr = 3e-4 + 0.5 (1 +
-      // cos(pi r)) 2.7e-3 gives 3e-3, 3e-3, 2.325e-3, 0.975e-3.
-      const std::string base =
-          "train --devices cpu:2 --mesh tp=2 " + kSmall +
-          " --steps 4 --lr 3e-3 --lr-schedule cosine --warmup-steps 1 --min-lr "
-          "3e-4 --weight-decay 0.1 --clip 1 --metrics " +
-          file.string();
-      Run r = train_cli(base + " --save " + ck.string() + " --save-every 2");
-      INFO(r.out << r.err);
-      REQUIRE(r.rc == 0);
-      CHECK_THAT(r.out, Catch::Contains("metrics: 4 records -> " + file.string() + " (writing "));
-      const auto losses = step_losses(r.out);
-      const std::vector<double> want_lr = {3e-3, 3e-3, 2.325e-3, 0.975e-3};
-      auto recs = metrics_records(file);
-      REQUIRE(recs.size() == 4);
-      for (size_t i = 0; i < recs.size(); ++i) {
-        const nlohmann::json& j = recs[i];
-        INFO(j.dump());
-        CHECK(j["schema"] == "meshrt.train.metrics");
-        CHECK(j["version"] == 1);
-        CHECK(j["step"] == static_cast<int>(i + 1));
-        char loss[32];
-        std::snprintf(loss, sizeof loss, "%.6f", j["loss"].get<double>());
-        CHECK(loss == losses.at(static_cast<int>(i + 1)));
-        CHECK(j["lr"].get<double>() == Approx(want_lr[i]).epsilon(1e-6));
-        CHECK(j["grad_norm"].get<double>() > 0);
-        CHECK(j["skipped_steps"] == 0);
-        CHECK(j["tokens_per_s"].get<double>() > 0);
-        REQUIRE(j["ranks"].size() == 2);
-        double fastest = 1e30;
-        for (const auto& rk : j["ranks"]) fastest = std::min(fastest, rk["step_ms"].get<double>());
-        for (int k = 0; k < 2; ++k) {
-          const auto& rk = j["ranks"][k];
-          CHECK(rk["rank"] == k);
-          CHECK(rk["mem_peak_bytes"].get<double>() >= rk["mem_current_bytes"].get<double>());
-          CHECK(rk["mem_peak_bytes"].get<double>() > 0);
-          CHECK(rk["skew_ms"].get<double>() == Approx(rk["step_ms"].get<double>() - fastest));
-          CHECK(rk["compute_ms"].get<double>() >= 0);
-        }
-        CHECK(!j.contains("val_loss"));
-      }
-      // Resumed from step 2: records 3 and 4 are replaced, not duplicated, and equal bit for bit.
-      const auto before = recs;
-      Run again = train_cli(base + " --resume " + (ck / "step-00000002").string());
-      INFO(again.out << again.err);
-      REQUIRE(again.rc == 0);
-      recs = metrics_records(file);
-      REQUIRE(recs.size() == 4);
-      for (size_t i = 0; i < 4; ++i) {
-        CHECK(recs[i]["step"] == static_cast<int>(i + 1));
-        CHECK(recs[i]["loss"] == before[i]["loss"]);
-        CHECK(recs[i]["lr"] == before[i]["lr"]);
-      }
-      // A fresh run starts the file over.
-      Run fresh =
-          train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --metrics " + file.string());
-      REQUIRE(fresh.rc == 0);
-      CHECK(metrics_records(file).size() == 1);
-      // Bad paths are refused before the run, naming the flag and what is wrong.
-      const fs::path fifo = dir / "fifo";
-      REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
-      for (auto [path, why] : std::vector<std::pair<std::string, std::string>>{
-               {fifo.string(), "is a FIFO, not a regular file"},
-               {dir.string(), "is a directory, not a regular file"},
-               {(dir / "no" / "m.jsonl").string(), "does not exist"}}) {
-        Run bad = train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --metrics " + path);
-        INFO(bad.err);
-        CHECK(bad.rc != 0);
-        CHECK_THAT(bad.err, Catch::Contains("--metrics " + path) && Catch::Contains(why));
-      }
-      fs::remove_all(dir);
-    }
-
-    TEST_CASE("bad schedule flags are refused with what to change", "[train][unit][lr]") {
-      for (auto [args, msg] : std::vector<std::pair<std::string, std::string>>{
-               {"--lr-schedule step",
-                "unknown --lr-schedule 'step': use constant, cosine or linear"},
-               {"--warmup-steps 5 --steps 5", "--warmup-steps 5 must be >= 0 and below --steps 5"},
-               {"--lr-schedule cosine --min-lr 0.1 --lr 0.01",
-                "--min-lr 0.1 must be >= 0 and <= --lr 0.01"},
-               {"--min-lr 0.0001", "--min-lr 0.0001 needs --lr-schedule cosine or linear"}}) {
-        Run r = train_cli("train --devices cpu:1 " + kSmall + " " + args);
-        INFO(r.err);
-        CHECK(r.rc != 0);
-        CHECK_THAT(r.err, Catch::Contains(msg));
-      }
-    }
+TEST_CASE("bad schedule flags are refused with what to change", "[train][unit][lr]") {
+  for (auto [args, msg] : std::vector<std::pair<std::string, std::string>>{
+           {"--lr-schedule step", "unknown --lr-schedule 'step': use constant, cosine or linear"},
+           {"--warmup-steps 5 --steps 5", "--warmup-steps 5 must be >= 0 and below --steps 5"},
+           {"--lr-schedule cosine --min-lr 0.1 --lr 0.01",
+            "--min-lr 0.1 must be >= 0 and <= --lr 0.01"},
+           {"--min-lr 0.0001", "--min-lr 0.0001 needs --lr-schedule cosine or linear"}}) {
+    Run r = train_cli("train --devices cpu:1 " + kSmall + " " + args);
+    INFO(r.err);
+    CHECK(r.rc != 0);
+    CHECK_THAT(r.err, Catch::Contains(msg));
+  }
+}

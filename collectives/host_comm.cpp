@@ -34,13 +34,8 @@ using detail::CallSig;
 using detail::Deadline;
 using detail::Op;
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using detail::cpu_relax;
+using detail::stream_output;
 
 // A futex word that waiters sleep on and that every state change bumps. Waiters announce
 // themselves in `sleepers` so that notify() costs no system call when nobody sleeps.
@@ -262,11 +257,6 @@ void HostFamily::abort(const std::string& why) {
 }
 
 constexpr int kStepBits = 24;  // progress = (seq << kStepBits) | steps
-// Whether a reduction writes an output of `bytes` with non-temporal stores: an out-of-place
-// output is in no cache, so a large one skips its read-for-ownership; an in-place one was just
-// read as input, so plain stores hit the cache.
-constexpr size_t kStreamingBytes = size_t{4} << 20;
-bool stream_output(size_t bytes, bool in_place) { return !in_place && bytes >= kStreamingBytes; }
 
 // One rank's side of a host group: the ops, on the shared slots and mailboxes.
 class HostEngine final : public detail::OrderedEngine {

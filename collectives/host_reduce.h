@@ -1,6 +1,7 @@
 // Host reduction and copy loops used by the shared-memory and MPI communicators.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -37,6 +38,23 @@ void host_to_f32(DType dt, const void* src, float* dst, int64_t n);
 void host_from_f32(DType dt, const float* src, void* dst, int64_t n);
 
 // Whether collectives reduce `dt` through f32 (bf16, f16) rather than in its own type.
+// A spin-wait iteration's pause (the threads and shm backends' waits).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Whether a reduction writes an output of `bytes` with non-temporal stores: an out-of-place
+// output is in no cache, so a large one skips its read-for-ownership; an in-place one was just
+// read as input, so plain stores hit the cache (the threads and shm backends' all-reduce).
+constexpr size_t kStreamingBytes = size_t{4} << 20;
+inline bool stream_output(size_t bytes, bool in_place) {
+  return !in_place && bytes >= kStreamingBytes;
+}
+
 inline bool is_half_float(DType dt) { return dt == DType::bf16 || dt == DType::f16; }
 
 // A reduction of 16-bit floats run in f32 by a backend that reduces f32 only: widens `n_in`

@@ -54,17 +54,10 @@ constexpr size_t kMailBytes = size_t{256} << 10;
 constexpr char kNamePrefix[] = "meshrt-shm-";
 constexpr size_t kReasonBytes = 512;
 constexpr size_t kStatusBytes = 256;
-constexpr size_t kStreamingBytes = size_t{4} << 20;  // as the host backend's all-reduce
 // All-reduces whose bytes times ranks are at most this run in one step (each rank reduces all).
 constexpr size_t kOneStepBytes = size_t{64} << 10;
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using detail::cpu_relax;
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -637,7 +630,7 @@ class ShmEngine final : public detail::OrderedEngine {
     const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
     // A large out-of-place output is in no cache: non-temporal stores skip its
     // read-for-ownership (in place it was just read as input, and plain stores hit).
-    const bool streaming = !c.in_place && static_cast<size_t>(N) * es >= kStreamingBytes;
+    const bool streaming = detail::stream_output(static_cast<size_t>(N) * es, c.in_place);
     std::vector<const void*> srcs(static_cast<size_t>(n));
     for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {
       const int64_t len = std::min(per, N - off);

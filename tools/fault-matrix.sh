@@ -1,7 +1,7 @@
 #!/bin/bash
 # Injects each fault (MESHRT_FAULT / --fault) into `meshrt bench collective` on the threads
 # backend and under mpirun (2 and 4 ranks), and checks what the issue asks of each: every
-# surviving rank exits within MESHRT_COMM_TIMEOUT + 5 s (+ 12 s under mpirun, whose launch and
+# surviving rank exits within MESHRT_COMM_TIMEOUT + 5 s (threads; + 12 s under mpirun, whose launch and
 # teardown count), a runtime message (not the injection's
 # own line) names the faulty rank, `meshrt doctor` on the flight records names it, no process
 # is left behind; `slow` completes with correct results and doctor reports the skew.

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -283,6 +284,21 @@ meshrt_comm_t init_process_world(std::shared_ptr<BootstrapTransport> tr, LaunchK
   return register_comm(factory(0), p.local_size, std::move(tr));
 }
 
+// The world of meshrt_comm_init_file / _tcp once their own arguments are checked: the rank's, then
+// the transport `make(wait_s)` gives; wait_s is how long it waits for the other ranks (a config
+// timeout of 0 would give up at once, so it then waits as long as it takes).
+meshrt_comm_t init_rendezvous_world(
+    int nranks, int rank, const meshrt_comm_config_t* config,
+    const std::function<std::shared_ptr<BootstrapTransport>(double wait_s)>& make) {
+  CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
+             "nranks is " << nranks << ": a world has at least 1 rank");
+  CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
+             "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
+  const Resolved conf = resolve_config(config);
+  const double wait_s = conf.init_timeout_s > 0 ? conf.init_timeout_s : 1e9;
+  return init_process_world(make(wait_s), LaunchKind::EnvProcesses, conf);
+}
+
 }  // namespace
 
 meshrt_comm_t register_comm(std::unique_ptr<Communicator> comm, int local_ranks,
@@ -435,15 +451,9 @@ meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int 
     std::error_code ec;
     CAPI_CHECK(std::filesystem::is_directory(dir, ec), MESHRT_ERROR_INVALID_ARGUMENT,
                "dir '" << dir << "' is not a directory: create it (on storage every rank sees)");
-    CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "nranks is " << nranks << ": a world has at least 1 rank");
-    CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
-               "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
-    const Resolved conf = resolve_config(config);
-    // The transport's timeout is its wait for the other ranks' files: 0 would give up at once.
-    const double wait_s = conf.init_timeout_s > 0 ? conf.init_timeout_s : 1e9;
-    std::shared_ptr<BootstrapTransport> tr = make_file_transport(dir, rank, nranks, wait_s);
-    *comm = init_process_world(std::move(tr), LaunchKind::EnvProcesses, conf);
+    *comm = init_rendezvous_world(nranks, rank, config, [&](double wait_s) {
+      return make_file_transport(dir, rank, nranks, wait_s);
+    });
   });
 }
 
@@ -457,14 +467,9 @@ meshrt_status_t meshrt_comm_init_tcp(meshrt_comm_t* comm, const char* host, int 
                "host is NULL or empty: pass rank 0's address, e.g. \"127.0.0.1\"");
     CAPI_CHECK(port >= 1 && port <= 65535, MESHRT_ERROR_INVALID_ARGUMENT,
                "port is " << port << ": pass a TCP port in 1..65535 that rank 0 can listen on");
-    CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "nranks is " << nranks << ": a world has at least 1 rank");
-    CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
-               "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
-    const Resolved conf = resolve_config(config);
-    const double wait_s = conf.init_timeout_s > 0 ? conf.init_timeout_s : 1e9;
-    std::shared_ptr<BootstrapTransport> tr = make_tcp_transport(host, port, rank, nranks, wait_s);
-    *comm = init_process_world(std::move(tr), LaunchKind::EnvProcesses, conf);
+    *comm = init_rendezvous_world(nranks, rank, config, [&](double wait_s) {
+      return make_tcp_transport(host, port, rank, nranks, wait_s);
+    });
   });
 }
 

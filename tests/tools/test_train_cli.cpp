@@ -129,17 +129,26 @@ TEST_CASE("train on a byte-level token file prints validation losses that fall",
   CHECK(val[1] < val[0]);
   CHECK_THAT(r.out, Catch::Contains("train: 8 of 8 steps, finished; last loss") &&
                         Catch::Contains("0 skipped (non-finite)"));
-  // The same file under dp=1,tp=2 prints the same losses.
+  // The same file under dp=1,tp=2 prints the same losses, up to f32 summation order (dp and tp
+  // reduce in different orders: a printed 4.327824 against 4.327823 was seen).
   Run t = train_cli("train --devices cpu:2 --mesh tp=2 " + kSmall + " --steps 8 --lr 3e-3 --data " +
                     tr.string() + " --val-data " + va.string() + " --eval-every 4");
   auto vals = [](const std::string& out) {
-    std::vector<std::string> v;
+    std::vector<std::pair<int, double>> v;
     std::istringstream is(out);
+    int step = 0;
+    double loss = 0;
     for (std::string line; std::getline(is, line);)
-      if (line.rfind("val step", 0) == 0) v.push_back(line);
+      if (std::sscanf(line.c_str(), "val step %d loss %lf", &step, &loss) == 2)
+        v.emplace_back(step, loss);
     return v;
   };
-  CHECK(vals(t.out) == vals(r.out));
+  const auto vt = vals(t.out), vr = vals(r.out);
+  REQUIRE(vt.size() == vr.size());
+  for (size_t i = 0; i < vt.size(); ++i) {
+    CHECK(vt[i].first == vr[i].first);
+    CHECK(vt[i].second == Approx(vr[i].second).epsilon(1e-5));
+  }
 }
 
 TEST_CASE("bad data, oversized and diverging runs exit non-zero saying what to change",

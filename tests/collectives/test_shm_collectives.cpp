@@ -196,6 +196,9 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
       dup2(fd, 1);
       dup2(fd, 2);
       const std::string rk = std::to_string(r), ws = std::to_string(world), d = dir.string();
+      // Flight records of the ranks a fault aborts go to the test's scratch folder (removed
+      // with it), not to a per-job folder under /tmp.
+      setenv("MESHRT_FLIGHT_DIR", d.c_str(), 1);
       execl("/proc/self/exe", "test_collectives_shm", "--shm-rank", mode.c_str(), d.c_str(),
             rk.c_str(), ws.c_str(), run.c_str(), static_cast<char*>(nullptr));
       _exit(127);

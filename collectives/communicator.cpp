@@ -220,6 +220,13 @@ Event Communicator::submit(CommCall& call, Stream& stream, const EventList& afte
                     "': the communicator was aborted: " + abort_reason());
   }
   detail::RankState* st = state_.get();
+  int bound_rank = -1;
+  MESHRT_CHECK(!st || stream.bind_comm_owner(state_, st->global_rank, &bound_rank),
+               comm_op_name(call.op)
+                   << " on group '" << name_ << "' (global rank " << (st ? st->global_rank : -1)
+                   << "): stream '" << stream.name()
+                   << "' carries the communication of global rank " << bound_rank
+                   << "; each rank issues on streams of its own (its own Context's streams)");
   detail::FaultKind fault = detail::FaultKind::None;
   if (st && st->fault.active() && counted_for_faults(call.op) &&
       (!st->fault.has_op || st->fault.op == call.op)) {

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "meshrt/export.h"
@@ -67,9 +68,34 @@ class MESHRT_API Stream {
   virtual void* native_handle() const = 0;
   virtual std::string name() const = 0;
 
+  // The rank whose communication this stream carries. The first communicator to issue on a
+  // stream binds it to `owner` (its rank's shared state, alive as long as that rank's
+  // communicators) and `owner_rank`; while that owner lives, another owner is refused: bind
+  // returns false and sets *bound_rank to the owner's rank. A stream of one rank used by
+  // another's collective would queue both ranks' halves behind each other and hang.
+  bool bind_comm_owner(const std::shared_ptr<const void>& owner, int owner_rank, int* bound_rank);
+
  private:
   std::shared_ptr<const void> alive_;
+  std::mutex owner_mu_;
+  std::weak_ptr<const void> comm_owner_;
+  int comm_owner_rank_ = -1;
 };
+
+inline bool Stream::bind_comm_owner(const std::shared_ptr<const void>& owner, int owner_rank,
+                                    int* bound_rank) {
+  std::lock_guard<std::mutex> lk(owner_mu_);
+  std::shared_ptr<const void> cur = comm_owner_.lock();
+  if (cur && cur != owner) {
+    *bound_rank = comm_owner_rank_;
+    return false;
+  }
+  if (!cur) {
+    comm_owner_ = owner;
+    comm_owner_rank_ = owner_rank;
+  }
+  return true;
+}
 
 // A host stream: one worker thread draining a queue. `name` shows in logs and traces.
 // With MESHRT_STREAM_JITTER=1 in the environment (or jitter=true) every task is preceded by a

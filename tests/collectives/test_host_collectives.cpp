@@ -497,3 +497,31 @@ TEST_CASE("host: invalid arguments are rejected with the values involved", "[mul
   // Nothing was issued: the communicator's sequence numbers did not move.
   CHECK(c.next_seq() == 1);
 }
+
+TEST_CASE("host: a stream carrying one rank's communication is refused to another rank",
+          "[multirank]") {
+  auto comms = make_host_communicators(2, "world", test_config());
+  auto s0 = make_host_stream("rank0-comm");
+  auto s1 = make_host_stream("rank1-comm");
+  std::vector<Tensor> t = {host_tensor(4, DType::f32), host_tensor(4, DType::f32)};
+  for (int r = 0; r < 2; ++r) fill_pattern(t[r], 1, r);
+  // The first collective binds s0 to rank 0 and s1 to rank 1.
+  auto errs = run_ranks(comms, [&](int r) {
+    comms[r]->all_reduce(t[r], ReduceOp::Sum, r == 0 ? *s0 : *s1).synchronize();
+  });
+  REQUIRE(join_errors(errs).empty());
+  for (int r = 0; r < 2; ++r)
+    for (int64_t i = 0; i < 4; ++i)
+      CHECK(load(t[r].data_ptr(), DType::f32, i) == reduced(DType::f32, ReduceOp::Sum, 1, 2, i));
+  // Rank 1 issuing on rank 0's stream is refused at once, before anything queues or waits.
+  const uint64_t seq = comms[1]->next_seq();
+  CHECK_THROWS_WITH(comms[1]->all_reduce(t[1], ReduceOp::Sum, *s0),
+                    Catch::Contains("global rank 1") &&
+                        Catch::Contains("stream 'rank0-comm' carries the communication of "
+                                        "global rank 0"));
+  CHECK(comms[1]->next_seq() == seq);
+  // Once rank 0's communicators are gone the stream can serve another rank.
+  comms.clear();
+  auto again = make_host_communicators(1, "solo", test_config());
+  CHECK_NOTHROW(again[0]->all_reduce(t[0], ReduceOp::Sum, *s0).synchronize());
+}

@@ -12,8 +12,11 @@
 # messages), so no interleaving of the two can break a match.
 # Usage: train_signal_mpi.sh <meshrt> <mpirun.sh> <mpiexec> [mpiexec flags...]
 set -u
-# The README's recipe: a little more than one step plus one checkpoint save.
-export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-5}"
+# The README's recipe: a little more than one step plus one checkpoint save. The model is small
+# (a step takes ~20 ms on a quiet 2-core machine, ~1 s at a load of 18) and the timeout 10 s, so
+# the stop holds on a loaded machine too (at hidden 512, steps of 5-9 s under that load outran a
+# 5 s timeout and Open MPI killed the ranks before their summary).
+export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-10}"
 meshrt="$1"
 shift
 tmp=$(mktemp -d)
@@ -44,7 +47,7 @@ start() {
   # previous case's "step N" before the new job has truncated the file.
   : >"$out"
   : >"$err"
-  "$@" -np 2 "$meshrt" train --devices cpu --hidden 512 --heads 8 --seq 128 --batch 4 \
+  "$@" -np 2 "$meshrt" train --devices cpu --hidden 256 --heads 4 --seq 64 --batch 4 \
     --steps 100000 $extra >"$out" 2>"$err" &
   pid=$!
   i=0

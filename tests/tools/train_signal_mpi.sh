@@ -1,5 +1,5 @@
 #!/bin/sh
-# `meshrt train` under mpirun stops cleanly on a signal, as the README's troubleshooting says:
+# `meshrt train` under mpirun stops cleanly on a signal, as docs/troubleshooting.md says:
 # - SIGUSR2 to mpirun (which Open MPI forwards to every rank at once) stops every rank within
 #   about a step, with the checkpoint of that step, and 128 + SIGUSR2;
 # - SIGTERM to every rank (as a batch scheduler does) gives 128 + SIGTERM, SIGINT to one rank
@@ -12,7 +12,7 @@
 # messages), so no interleaving of the two can break a match.
 # Usage: train_signal_mpi.sh <meshrt> <mpirun.sh> <mpiexec> [mpiexec flags...]
 set -u
-# The README's recipe: a little more than one step plus one checkpoint save.
+# docs/troubleshooting.md's recipe: a little more than one step plus one checkpoint save.
 export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-5}"
 meshrt="$1"
 shift

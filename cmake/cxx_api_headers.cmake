@@ -1,9 +1,11 @@
-# The public C++ API's include rule (cmake/package.cmake calls it at configure time; the test
-# install.cxx_api_check runs it in script mode on good and bad fixtures):
+# The include rule of the installed headers (cmake/package.cmake calls it at configure time on
+# every header it installs; the test install.cxx_api_check runs it in script mode on good and bad
+# fixtures):
 #   meshrt_check_cxx_api_headers(<dir> <header>...)
-# Each header in <dir> may include only <meshrt/...> headers of the list, meshrt.h, version.h,
-# export.h and the standard library (no quoted includes, no other <a/b> paths); the first one that
-# does not stops with a FATAL_ERROR naming the header and the include.
+# Each header in <dir> may include only <meshrt/...> headers of the list, the generated
+# <meshrt/version.h>, <dlpack/dlpack.h> (the declared DLPack dependency of meshrt.h) and the
+# standard library (no quoted includes, no other <a/b> paths); the first one that does not stops
+# with a FATAL_ERROR naming the header and the include.
 if(CMAKE_SCRIPT_MODE_FILE)
   cmake_policy(VERSION 3.24)  # IN_LIST (a project has it from cmake_minimum_required)
 endif()
@@ -14,14 +16,17 @@ function(meshrt_check_cxx_api_headers dir)
     foreach(_i ${_incs})
       if(_i MATCHES "include[ \t]*[<\"]meshrt/([^>\"]+)[>\"]")
         set(_inc ${CMAKE_MATCH_1})
-        if(NOT _inc IN_LIST _public AND NOT _inc MATCHES "^(meshrt|version|export)\\.h$")
+        if(NOT _inc IN_LIST _public AND NOT _inc STREQUAL "version.h")
           message(FATAL_ERROR "include/meshrt/${_h} includes <meshrt/${_inc}>, which is not "
-                              "a public header (${_public} meshrt.h version.h export.h)")
+                              "a public header (${_public} version.h)")
         endif()
+      elseif(_i MATCHES "include[ \t]*<dlpack/dlpack\\.h>")
+        # DLPack: declared by the package (find_dependency(dlpack); meshrt.pc's Cflags).
       elseif(_i MATCHES "include[ \t]*\"" OR _i MATCHES "include[ \t]*<[^>]*/[^>]*>")
         string(STRIP "${_i}" _i)
         message(FATAL_ERROR "include/meshrt/${_h}: '${_i}': the public C++ headers include only "
-                            "<meshrt/...> public headers and the standard library")
+                            "<meshrt/...> public headers, <dlpack/dlpack.h> and the standard "
+                            "library")
       endif()
     endforeach()
   endforeach()
@@ -30,5 +35,5 @@ endfunction()
 if(CMAKE_SCRIPT_MODE_FILE STREQUAL CMAKE_CURRENT_LIST_FILE)
   # cmake -DDIR=<dir> "-DHEADERS=a.hpp;b.hpp" -P cmake/cxx_api_headers.cmake
   meshrt_check_cxx_api_headers(${DIR} ${HEADERS})
-  message(STATUS "public C++ headers: includes OK")
+  message(STATUS "public headers: includes OK")
 endif()

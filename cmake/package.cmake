@@ -3,7 +3,7 @@
 #                     linked --whole-archive into one shared library, SONAME libmeshrt.so.0.<minor> at 0.x,
 #                     exporting only meshrt_* and meshrt:: symbols (cmake/libmeshrt.map); no MPI
 #   libmeshrt-mpi.so  the MPI backend as a plugin the core loads for an MPI launch
-#   public headers    include/meshrt/meshrt.hpp's #include lines and their include closure
+#   public headers    include/meshrt/: meshrt.h, the C++ API (.hpp), export.h, version.h
 #   CMake package     lib/cmake/meshrt: meshrtConfig.cmake (target meshrt::meshrt) + version file
 #   pkg-config        lib/pkgconfig/meshrt.pc
 #   libmeshrt.a       with -DMESHRT_INSTALL_STATIC=ON: every layer in one archive
@@ -20,83 +20,25 @@ set(_libdir ${CMAKE_INSTALL_LIBDIR})
 set(_cmakedir ${CMAKE_INSTALL_LIBDIR}/cmake/meshrt)
 
 # ---- public headers ---------------------------------------------------------------------------
-# The set is the project #include lines of include/meshrt/meshrt.hpp; everything they include,
-# transitively, is installed too, under <prefix>/include/meshrt/<same path>. A header in that
-# closure may include only the standard library and other meshrt headers: one that reaches a
-# third-party or backend header (or a backend-internal meshrt header) stops the configure here,
-# naming the chain, instead of producing a package that does not compile for its users.
-set(_forbidden_system "^(cuda|cuda_[a-z0-9_]+|cublas[A-Za-z]*|curand[a-z_]*|nvtx3?/.*|mpi|mpi[a-z_]*|nccl|cblas|openblas[a-z_]*|nlohmann/.*|spdlog/.*|fmt/.*|CLI/.*)\\.(h|hpp)$")
-set(_forbidden_meshrt "(^|/)(cuda|host)/|(^|/)(backend|event_impl|event_pool|caching_allocator|comm_impl|ordered_comm)\\.h$")
-set(_todo)
-file(STRINGS ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.hpp _lines REGEX "^#include \"")
-foreach(_l ${_lines})
-  string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" _h "${_l}")
-  if(NOT _h MATCHES "^meshrt/")
-    list(APPEND _todo ${_h})
-    set(_why_${_h} "include/meshrt/meshrt.hpp")
-  endif()
-endforeach()
-set(MESHRT_PUBLIC_HEADERS)
-while(_todo)
-  list(POP_FRONT _todo _h)
-  if(_h IN_LIST MESHRT_PUBLIC_HEADERS)
-    continue()
-  endif()
-  set(_chain "${_why_${_h}} -> ${_h}")
-  if(NOT EXISTS ${PROJECT_SOURCE_DIR}/${_h})
-    message(FATAL_ERROR "public header set: ${_chain}: no such file (paths are relative to the "
-                        "source root, as in the rest of meshrt)")
-  endif()
-  if(_h MATCHES "${_forbidden_meshrt}")
-    message(FATAL_ERROR "public header set: ${_chain}: ${_h} is backend-internal and is not "
-                        "installed; include it from the .cpp instead")
-  endif()
-  list(APPEND MESHRT_PUBLIC_HEADERS ${_h})
-  file(STRINGS ${PROJECT_SOURCE_DIR}/${_h} _incs REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<]")
-  foreach(_i ${_incs})
-    if(_i MATCHES "include[ \t]*\"([^\"]+)\"")
-      set(_dep ${CMAKE_MATCH_1})
-      if(_dep MATCHES "^meshrt/(export|version|meshrt)\\.h$")
-        continue()  # installed below
-      endif()
-      if(NOT DEFINED _why_${_dep})
-        set(_why_${_dep} "${_chain}")
-      endif()
-      list(APPEND _todo ${_dep})
-    elseif(_i MATCHES "include[ \t]*<([^>]+)>")
-      set(_sys ${CMAKE_MATCH_1})
-      if(NOT _sys MATCHES "${_forbidden_system}")
-        continue()
-      endif()
-      message(FATAL_ERROR "public header set: ${_chain} includes <${_sys}>: installed "
-                          "headers may not need CUDA, MPI, NCCL, BLAS, JSON, logging or CLI "
-                          "headers; move that include (and what uses it) to the .cpp or to a "
-                          "private header")
-    endif()
-  endforeach()
-endwhile()
-list(SORT MESHRT_PUBLIC_HEADERS)
-list(LENGTH MESHRT_PUBLIC_HEADERS _n)
-message(STATUS "meshrt: ${_n} public headers (include/meshrt/meshrt.hpp and its closure)")
-
-foreach(_h ${MESHRT_PUBLIC_HEADERS})
-  get_filename_component(_dir ${_h} DIRECTORY)
-  install(FILES ${PROJECT_SOURCE_DIR}/${_h} DESTINATION ${_incdir}/meshrt/${_dir})
-endforeach()
-# The public C++ API (header-only over the C API): each may include only <meshrt/...> headers of
-# this list, meshrt.h, version.h and the standard library; anything else stops the configure.
+# Installed: the C API (meshrt.h), the public C++ API over it (tensor.hpp, comm.hpp, mesh.hpp,
+# blocks.hpp, and meshrt.hpp including them all), export.h and the generated version.h, all under
+# <prefix>/include/meshrt/. Nothing else: the layers' own headers (runtime/, collectives/,
+# mesh/, ...) stay in the source tree. Each installed header may include only another of them,
+# <dlpack/dlpack.h> and the standard library; one that includes anything else stops the configure
+# here, naming the header and the include, instead of producing a package that does not compile
+# for its users (cmake/cxx_api_headers.cmake).
 include(${PROJECT_SOURCE_DIR}/cmake/cxx_api_headers.cmake)
-set(MESHRT_CXX_API_HEADERS tensor.hpp comm.hpp mesh.hpp blocks.hpp)
-meshrt_check_cxx_api_headers(${PROJECT_SOURCE_DIR}/include/meshrt ${MESHRT_CXX_API_HEADERS})
-foreach(_h ${MESHRT_CXX_API_HEADERS})
+set(MESHRT_INSTALLED_HEADERS meshrt.h export.h meshrt.hpp tensor.hpp comm.hpp mesh.hpp blocks.hpp)
+meshrt_check_cxx_api_headers(${PROJECT_SOURCE_DIR}/include/meshrt ${MESHRT_INSTALLED_HEADERS})
+meshrt_check_cxx_api_headers(${PROJECT_BINARY_DIR}/include/meshrt version.h)
+list(LENGTH MESHRT_INSTALLED_HEADERS _n)
+math(EXPR _n "${_n} + 1")
+string(REPLACE ";" " " _list "${MESHRT_INSTALLED_HEADERS}")
+message(STATUS "meshrt: ${_n} public headers (include/meshrt/: ${_list} version.h)")
+foreach(_h ${MESHRT_INSTALLED_HEADERS})
   install(FILES ${PROJECT_SOURCE_DIR}/include/meshrt/${_h} DESTINATION ${_incdir}/meshrt)
 endforeach()
-install(FILES ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.hpp
-              ${PROJECT_SOURCE_DIR}/include/meshrt/export.h
-              ${PROJECT_BINARY_DIR}/include/meshrt/version.h DESTINATION ${_incdir}/meshrt)
-if(EXISTS ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.h)
-  install(FILES ${PROJECT_SOURCE_DIR}/include/meshrt/meshrt.h DESTINATION ${_incdir}/meshrt)
-endif()
+install(FILES ${PROJECT_BINARY_DIR}/include/meshrt/version.h DESTINATION ${_incdir}/meshrt)
 
 # ---- libmeshrt.so -----------------------------------------------------------------------------
 # --whole-archive of the existing static libraries rather than object libraries: the layers stay

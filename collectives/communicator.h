@@ -50,7 +50,7 @@ struct MESHRT_API CommConfig {
   // collective and raise an error naming the differing ranks instead of hanging or corrupting.
   bool debug = false;
   // MESHRT_FAULT (or --fault): a fault to inject, kind@rank=R,step=S[,op=NAME][,ms=T]
-  // (collectives/fault.h; README "When things go wrong"). Empty: none.
+  // (collectives/fault.h; docs/faults.md). Empty: none.
   std::string fault;
   static CommConfig from_env();
 };

@@ -198,33 +198,77 @@ bool seqs_all_completed(const Group& g) {
   return true;
 }
 
-}  // namespace
+// What one run of the diagnosis knows about the whole world, read once from the records.
+struct WorldView {
+  int size = 0;
+  std::vector<int> no_record;  // ranks of the world without a record
+  std::set<int> blocked;       // ranks that were inside a collective when they wrote theirs
+  std::string earliest_open;   // the call the first rank to wait started waiting in
+  std::map<std::string, std::set<int>> injected_skip;  // gid -> ranks whose record notes one
+};
 
-DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
-  const std::vector<Record> rs = parse_all(files);
-  DoctorReport rep;
-  std::ostringstream os;
-  int world = 0;
+// What the checks have found so far, strongest evidence first: a failed data check or a call
+// mismatch, then ranks behind, silent ranks, skew; the verdict names the culprits.
+struct Diagnosis {
+  std::ostringstream findings;
+  std::set<int> culprits;
+  std::string culprit_call;
+  bool mismatch_found = false;
+  std::set<int> behind_idle, behind_blocked;  // ranks that never reached a call others issued
+  std::string behind_call;
+  int64_t behind_t = INT64_MAX;
+  int behind_rank = 2;  // 0: a group where an idle rank is behind; 1: only blocked ones
+};
+
+// One group as the checks see it: its members and the window of sequence numbers they hold.
+struct GroupWindow {
+  std::vector<int> members;  // ranks with entries, plus (world-sized 'world') those with no record
+  std::vector<int> unknown;  // group ranks without a record (their global rank is unknown)
+  uint64_t lo = 1, hi = 0;   // the window every present member still holds (rings drop old ones)
+};
+
+std::string fd_call_on(const std::string& sig, uint64_t seq, const std::string& group) {
+  return sig + " seq " + std::to_string(seq) + " on group '" + group + "'";
+}
+
+// The call the first rank to wait started waiting in ("" when none had started one).
+std::string fd_earliest_open(const std::vector<Record>& rs) {
+  std::string earliest;
+  int64_t t = INT64_MAX;
+  for (const Record& r : rs) {
+    for (const Entry& e : r.entries) {
+      if (e.open() && e.collective() && e.start_ns > 0 && e.start_ns < t) {
+        t = e.start_ns;
+        earliest = fd_call_on(e.sig(), e.seq, e.group);
+      }
+    }
+  }
+  return earliest;
+}
+
+// Writes the heading (records, world, backend, who left none, why the first was written, the
+// injected faults the records mention) and the call each blocked rank was inside.
+WorldView fd_survey(const std::vector<Record>& rs, std::ostream& os) {
+  WorldView v;
   std::set<int> have;
   for (const Record& r : rs) {
-    world = std::max(world, r.world_size);
+    v.size = std::max(v.size, r.world_size);
     have.insert(r.rank);
   }
-  std::vector<int> no_record;
-  for (int w = 0; w < world; ++w) {
-    if (!have.count(w)) no_record.push_back(w);
+  for (int w = 0; w < v.size; ++w) {
+    if (!have.count(w)) v.no_record.push_back(w);
   }
   os << "meshrt doctor: " << rs.size() << " flight record" << (rs.size() == 1 ? "" : "s")
-     << " of a world of " << world << " (" << rs.front().backend << " backend)\n";
-  if (!no_record.empty()) {
-    os << "  " << format_ranks(no_record)
+     << " of a world of " << v.size << " (" << rs.front().backend << " backend)\n";
+  if (!v.no_record.empty()) {
+    os << "  " << format_ranks(v.no_record)
        << " left no record (killed or crashed before writing one, or the file was not given)\n";
   }
   // Why the first record was written (the others were written for the same failure, seen
   // from their rank).
   os << "  why written (rank " << rs.front().rank << "): " << rs.front().reason << "\n";
-  // Injected faults the records mention (the recorder logs them; the diagnosis below does not
-  // use them).
+  // Injected faults the records mention (the recorder logs them; the diagnosis does not use
+  // them, except an injected skip to tell two sides of a mismatch apart).
   for (const Record& r : rs) {
     for (const Entry& e : r.entries) {
       if (!e.note.empty()) {
@@ -235,12 +279,29 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
       }
     }
   }
-
-  std::map<std::string, Group> groups;                 // by gid
-  std::map<std::string, std::set<int>> injected_skip;  // gid -> ranks whose record notes one
   for (const Record& r : rs)
     for (const Entry& e : r.entries)
-      if (e.note == "injected skip") injected_skip[e.gid].insert(r.rank);
+      if (e.note == "injected skip") v.injected_skip[e.gid].insert(r.rank);
+  // Open collectives: the ranks that were waiting when they wrote their record (the first
+  // entry not completed; open, or failed: it timed out or was aborted while waiting).
+  for (const Record& r : rs) {
+    for (const Entry& e : r.entries) {
+      if ((e.open() || e.state == "failed") && e.collective()) {
+        v.blocked.insert(r.rank);
+        os << "  rank " << r.rank << " was inside " << e.sig() << " seq " << e.seq << " on group '"
+           << e.group << "' (" << e.state << ", "
+           << ms(r.dumped_ns - (e.start_ns ? e.start_ns : e.enqueue_ns)) << " before its record)\n";
+        break;
+      }
+    }
+  }
+  v.earliest_open = fd_earliest_open(rs);
+  return v;
+}
+
+// The group instances across ranks, by gid, from the collectives the records hold.
+std::map<std::string, Group> fd_groups(const std::vector<Record>& rs) {
+  std::map<std::string, Group> groups;
   for (const Record& r : rs) {
     for (const Entry& e : r.entries) {
       if (!e.collective() || e.seq == 0) continue;
@@ -251,296 +312,307 @@ DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
       g.by[r.rank][e.seq] = &e;
     }
   }
-  // Open collectives: the ranks that were waiting when they wrote their record (the first
-  // entry not completed).
-  std::set<int> blocked;
-  for (const Record& r : rs) {
-    for (const Entry& e : r.entries) {
-      // Open, or failed (it timed out or was aborted while waiting): either way inside a call.
-      if ((e.open() || e.state == "failed") && e.collective()) {
-        blocked.insert(r.rank);
-        os << "  rank " << r.rank << " was inside " << e.sig() << " seq " << e.seq << " on group '"
-           << e.group << "' (" << e.state << ", "
-           << ms(r.dumped_ns - (e.start_ns ? e.start_ns : e.enqueue_ns)) << " before its record)\n";
+  return groups;
+}
+
+GroupWindow fd_window(const Group& g, const WorldView& world) {
+  GroupWindow v;
+  for (auto& [gr, w] : g.global_of) v.members.push_back(w);
+  if (g.name == "world" && g.size == world.size) {
+    for (int w : world.no_record) v.members.push_back(w);
+  } else {
+    for (int gr = 0; gr < g.size; ++gr) {
+      if (!g.global_of.count(gr)) v.unknown.push_back(gr);
+    }
+  }
+  std::sort(v.members.begin(), v.members.end());
+  for (auto& [w, seqs] : g.by) {
+    v.lo = std::max(v.lo, seqs.begin()->first);
+    v.hi = std::max(v.hi, seqs.rbegin()->first);
+  }
+  return v;
+}
+
+// A failed data check (MESHRT_COMM_DEBUG=1): every rank computed the same verdict.
+void fd_check_data(const Group& g, const GroupWindow& v, Diagnosis& d) {
+  for (uint64_t s = v.lo; s <= v.hi && !d.mismatch_found; ++s) {
+    std::set<int> bad;
+    const Entry* at = nullptr;
+    for (auto& [w, seqs] : g.by) {
+      auto it = seqs.find(s);
+      if (it == seqs.end() || it->second->data_bad.empty()) continue;
+      at = it->second;
+      for (int gr : at->data_bad) {
+        auto gw = g.global_of.find(gr);
+        if (gw != g.global_of.end()) bad.insert(gw->second);
+      }
+    }
+    if (at == nullptr || bad.empty()) continue;
+    d.findings << "  group '" << g.name << "' seq " << s << ": " << at->sig()
+               << " failed its data check: the data of " << format_ranks({bad.begin(), bad.end()})
+               << " disagreed with what the ranks sent\n";
+    d.mismatch_found = true;
+    d.culprits = bad;
+    d.culprit_call =
+        fd_call_on(at->sig(), s, g.name) + " (its data disagreed with the other ranks')";
+  }
+}
+
+// Of the sides of a mismatch at `s` (sigs: call -> global ranks), the culprits: the smallest
+// side, or of two equal sides the one that skipped a call (both when a tie cannot tell).
+void fd_blame_mismatch(const Group& g, const std::map<std::string, std::vector<int>>& sigs,
+                       uint64_t s, const std::set<int>& skipped, Diagnosis& d) {
+  size_t fewest = SIZE_MAX;
+  for (auto& [sig, ws] : sigs) fewest = std::min(fewest, ws.size());
+  d.mismatch_found = true;
+  d.culprits.clear();
+  const bool two_sides =
+      sigs.size() == 2 && sigs.begin()->second.size() == sigs.rbegin()->second.size();
+  const std::string ahead = two_sides ? side_ahead(g, sigs, s, skipped) : "";
+  const bool tie = two_sides && ahead.empty();
+  bool named = false;
+  for (auto& [sig, ws] : sigs) {
+    if (tie || (ahead.empty() ? ws.size() == fewest : sig == ahead)) {
+      d.culprits.insert(ws.begin(), ws.end());
+      if (!named) d.culprit_call = fd_call_on(sig, s, g.name);
+      named = true;
+      if (!tie) break;
+    }
+  }
+}
+
+// The first sequence number at which the members called different collectives.
+void fd_check_signatures(const Group& g, const GroupWindow& v, const std::set<int>& skipped,
+                         Diagnosis& d) {
+  for (uint64_t s = v.lo; s <= v.hi; ++s) {
+    std::map<std::string, std::vector<int>> sigs;
+    for (auto& [w, seqs] : g.by) {
+      auto it = seqs.find(s);
+      if (it != seqs.end()) sigs[it->second->sig()].push_back(w);
+    }
+    if (sigs.size() < 2) continue;
+    d.findings << "  group '" << g.name << "' seq " << s << ": mismatched calls:";
+    for (auto& [sig, ws] : sigs) d.findings << " " << format_ranks(ws) << " called " << sig << ";";
+    d.findings << "\n";
+    if (!d.mismatch_found) fd_blame_mismatch(g, sigs, s, skipped, d);
+    return;
+  }
+}
+
+// The first sequence number some member with a record never reached (hi + 1 when all did).
+uint64_t fd_first_unreached(const Group& g, const GroupWindow& v) {
+  uint64_t first = v.hi + 1;
+  for (auto& [w, seqs] : g.by) {
+    const uint64_t last = seqs.rbegin()->first;
+    if (last < v.hi) first = std::min(first, std::max(last + 1, v.lo));
+  }
+  return first;
+}
+
+// Members without any record, when every member with one reached the end of the window: where
+// the others got to is all that is known. True when the group needs no further check (every
+// call on it finished: the others moved on to groups the silent ranks belong to).
+bool fd_check_silent(const Group& g, const GroupWindow& v, uint64_t first, const WorldView& world,
+                     Diagnosis& d) {
+  std::vector<int> silent;
+  for (int w : v.members) {
+    if (!g.by.count(w)) silent.push_back(w);
+  }
+  if (silent.empty() || first <= v.hi || v.hi == 0) return false;
+  std::vector<int> present;
+  uint64_t at = v.hi;  // the first call the others did not finish (where they waited)
+  for (auto& [w, seqs] : g.by) {
+    present.push_back(w);
+    for (auto& [q, e] : seqs) {
+      if (e->state != "completed") {
+        at = std::min(at, q);
         break;
       }
     }
   }
+  std::string sig;
+  for (auto& [w, seqs] : g.by) {
+    if (sig.empty() && seqs.count(at)) sig = seqs.at(at)->sig();
+  }
+  if (seqs_all_completed(g)) {
+    d.findings << "  group '" << g.name << "' (" << g.size << " ranks): " << format_ranks(silent)
+               << " left no record; the others finished every call on it they issued\n";
+    if (d.culprits.empty()) {
+      d.culprits.insert(silent.begin(), silent.end());
+      d.culprit_call =
+          world.earliest_open.empty()
+              ? "(no record)"
+              : world.earliest_open + " (where the others waited; no record of its own)";
+    }
+    return true;
+  }
+  d.findings << "  group '" << g.name << "' (" << g.size << " ranks): " << format_ranks(present)
+             << " issued up to seq " << v.hi << " and stopped at seq " << at << " (" << sig << "); "
+             << format_ranks(silent) << " left no record\n";
+  if (d.culprits.empty()) {
+    d.culprits.insert(silent.begin(), silent.end());
+    d.culprit_call =
+        fd_call_on(sig, at, g.name) + " (where the others waited; no record of its own)";
+  }
+  return false;
+}
 
-  // The call the first rank to wait started waiting in.
-  std::string earliest_open;
-  {
-    int64_t t = INT64_MAX;
-    for (const Record& r : rs) {
-      for (const Entry& e : r.entries) {
-        if (e.open() && e.collective() && e.start_ns > 0 && e.start_ns < t) {
-          t = e.start_ns;
-          earliest_open = e.sig() + " seq " + std::to_string(e.seq) + " on group '" + e.group + "'";
-        }
-      }
+// Ranks that never reached seq `first` of a group whose other members issued it.
+void fd_check_behind(const Group& g, const GroupWindow& v, uint64_t first, const WorldView& world,
+                     Diagnosis& d) {
+  std::vector<int> did, didnt;
+  std::string sig;
+  for (int w : v.members) {
+    auto it = g.by.find(w);
+    if (it == g.by.end()) continue;  // no record: reported by fd_check_silent
+    const bool reached = it->second.rbegin()->first >= first;
+    (reached ? did : didnt).push_back(w);
+    if (reached && sig.empty() && it->second.count(first)) sig = it->second.at(first)->sig();
+  }
+  d.findings << "  group '" << g.name << "' (" << g.size << " ranks): first divergence at seq "
+             << first << " (" << sig << "): " << format_ranks(did) << " reached it; "
+             << format_ranks(didnt) << " never did";
+  for (int w : didnt) {
+    const Entry& last = *g.by.at(w).rbegin()->second;
+    d.findings << "; rank " << w << "'s last there: " << last.sig() << " seq " << last.seq << " ("
+               << last.state << ")";
+  }
+  d.findings << "\n";
+  // Ranks behind here but waiting inside another collective are blocked, not culprits.
+  for (int w : didnt) {
+    (world.blocked.count(w) ? d.behind_blocked : d.behind_idle).insert(w);
+  }
+  // The call to name: of the groups where an idle rank is behind, the one the others entered
+  // first.
+  int64_t t = INT64_MAX;
+  for (int w : did) {
+    auto it = g.by.find(w);
+    if (it != g.by.end() && it->second.count(first)) {
+      const Entry& e = *it->second.at(first);
+      t = std::min(t, e.start_ns ? e.start_ns : e.enqueue_ns);
     }
   }
-  std::set<int> culprits;  // from a call mismatch (the strongest evidence), else silent / skew
-  std::string culprit_call;
-  std::set<int> behind_idle, behind_blocked;
-  bool mismatch_found = false;  // ranks that never reached a call others issued
-  std::string behind_call;
-  int64_t behind_t = INT64_MAX;
-  int behind_rank = 2;  // 0: a group where an idle rank is behind; 1: only blocked ones
-  std::ostringstream findings;
-  for (auto& [gid, g] : groups) {
-    // Members: ranks with entries, plus (for a world-sized 'world') the ranks with no record.
-    std::vector<int> members;
-    for (auto& [gr, w] : g.global_of) members.push_back(w);
-    std::vector<int> unknown;
-    if (g.name == "world" && g.size == world) {
-      for (int w : no_record) members.push_back(w);
-    } else {
-      for (int gr = 0; gr < g.size; ++gr) {
-        if (!g.global_of.count(gr)) unknown.push_back(gr);
-      }
-    }
-    std::sort(members.begin(), members.end());
-    // The window every present member still holds (rings drop old entries).
-    uint64_t lo = 1, hi = 0;
+  const bool has_idle =
+      std::any_of(didnt.begin(), didnt.end(), [&](int w) { return !world.blocked.count(w); });
+  const int rank_of_group = has_idle ? 0 : 1;
+  if (d.behind_call.empty() || rank_of_group < d.behind_rank ||
+      (rank_of_group == d.behind_rank && t < d.behind_t)) {
+    d.behind_call = fd_call_on(sig, first, g.name);
+    d.behind_t = t;
+    d.behind_rank = rank_of_group;
+  }
+}
+
+// Arrival skew (same-node clocks only): over the collectives every member issued, each rank's
+// lag behind the first to issue. A rank is late when its median lag is at least 25 ms over at
+// least 4 collectives. The median, not who came last most often: a scheduler stall of another
+// rank now and then makes that rank last once, but leaves the slow rank's lag behind the first
+// arrival unchanged.
+void fd_check_skew(const Group& g, const GroupWindow& v, Diagnosis& d) {
+  if (g.by.size() < 2) return;
+  std::map<int, std::vector<int64_t>> lags;  // rank -> lag behind the first, per collective
+  std::map<int, int> last_in;                // rank -> collectives it issued last
+  int n = 0;
+  for (uint64_t s = v.lo; s <= v.hi; ++s) {
+    std::vector<std::pair<int, int64_t>> at;
     for (auto& [w, seqs] : g.by) {
-      lo = std::max(lo, seqs.begin()->first);
-      hi = std::max(hi, seqs.rbegin()->first);
+      auto it = seqs.find(s);
+      if (it == seqs.end()) break;
+      at.emplace_back(w, it->second->enqueue_ns);
     }
-    // A failed data check (MESHRT_COMM_DEBUG=1): every rank computed the same verdict.
-    for (uint64_t s = lo; s <= hi && !mismatch_found; ++s) {
-      std::set<int> bad;
-      const Entry* at = nullptr;
-      for (auto& [w, seqs] : g.by) {
-        auto it = seqs.find(s);
-        if (it == seqs.end() || it->second->data_bad.empty()) continue;
-        at = it->second;
-        for (int gr : at->data_bad) {
-          auto gw = g.global_of.find(gr);
-          if (gw != g.global_of.end()) bad.insert(gw->second);
-        }
-      }
-      if (at == nullptr || bad.empty()) continue;
-      findings << "  group '" << g.name << "' seq " << s << ": " << at->sig()
-               << " failed its data check: the data of " << format_ranks({bad.begin(), bad.end()})
-               << " disagreed with what the ranks sent\n";
-      mismatch_found = true;
-      culprits = bad;
-      culprit_call = at->sig() + " seq " + std::to_string(s) + " on group '" + g.name +
-                     "' (its data disagreed with the other ranks')";
-    }
-    // Mismatched signatures.
-    for (uint64_t s = lo; s <= hi; ++s) {
-      std::map<std::string, std::vector<int>> sigs;
-      for (auto& [w, seqs] : g.by) {
-        auto it = seqs.find(s);
-        if (it != seqs.end()) sigs[it->second->sig()].push_back(w);
-      }
-      if (sigs.size() < 2) continue;
-      findings << "  group '" << g.name << "' seq " << s << ": mismatched calls:";
-      size_t fewest = SIZE_MAX;
-      for (auto& [sig, ws] : sigs) {
-        findings << " " << format_ranks(ws) << " called " << sig << ";";
-        fewest = std::min(fewest, ws.size());
-      }
-      findings << "\n";
-      if (!mismatch_found) {
-        mismatch_found = true;
-        culprits.clear();
-        // Two sides of one size: the one that skipped a call, "" when a tie cannot tell.
-        const bool two_sides =
-            sigs.size() == 2 && sigs.begin()->second.size() == sigs.rbegin()->second.size();
-        const std::string ahead = two_sides ? side_ahead(g, sigs, s, injected_skip[gid]) : "";
-        const bool tie = two_sides && ahead.empty();
-        bool named = false;
-        for (auto& [sig, ws] : sigs) {
-          if (tie || (ahead.empty() ? ws.size() == fewest : sig == ahead)) {
-            culprits.insert(ws.begin(), ws.end());
-            if (!named)
-              culprit_call = sig + " seq " + std::to_string(s) + " on group '" + g.name + "'";
-            named = true;
-            if (!tie) break;
-          }
-        }
-      }
-      break;
-    }
-    // The first sequence number some member with a record never reached.
-    uint64_t first = hi + 1;
-    for (auto& [w, seqs] : g.by) {
-      const uint64_t last = seqs.rbegin()->first;
-      if (last < hi) first = std::min(first, std::max(last + 1, lo));
-    }
-    // Members without any record: where the others got to is all that is known.
-    std::vector<int> silent;
-    for (int w : members) {
-      if (!g.by.count(w)) silent.push_back(w);
-    }
-    if (!silent.empty() && first > hi && hi > 0) {
-      std::vector<int> present;
-      uint64_t at = hi;  // the first call the others did not finish (where they waited)
-      for (auto& [w, seqs] : g.by) {
-        present.push_back(w);
-        for (auto& [q, e] : seqs) {
-          if (e->state != "completed") {
-            at = std::min(at, q);
-            break;
-          }
-        }
-      }
-      std::string sig;
-      for (auto& [w, seqs] : g.by) {
-        if (sig.empty() && seqs.count(at)) sig = seqs.at(at)->sig();
-      }
-      if (seqs_all_completed(g)) {
-        // Nobody waits here: the others moved on to groups the silent ranks belong to.
-        findings << "  group '" << g.name << "' (" << g.size << " ranks): " << format_ranks(silent)
-                 << " left no record; the others finished every call on it they issued\n";
-        if (culprits.empty()) {
-          culprits.insert(silent.begin(), silent.end());
-          culprit_call = earliest_open.empty()
-                             ? "(no record)"
-                             : earliest_open + " (where the others waited; no record of its own)";
-        }
-        continue;
-      }
-      findings << "  group '" << g.name << "' (" << g.size << " ranks): " << format_ranks(present)
-               << " issued up to seq " << hi << " and stopped at seq " << at << " (" << sig << "); "
-               << format_ranks(silent) << " left no record\n";
-      if (culprits.empty()) {
-        culprits.insert(silent.begin(), silent.end());
-        culprit_call = sig + " seq " + std::to_string(at) + " on group '" + g.name +
-                       "' (where the others waited; no record of its own)";
-      }
-    }
-    if (first <= hi || !unknown.empty()) {
-      std::vector<int> did, didnt;
-      std::string sig;
-      for (int w : members) {
-        auto it = g.by.find(w);
-        if (it == g.by.end()) continue;  // no record: reported above
-        const bool reached = it != g.by.end() && it->second.rbegin()->first >= first;
-        (reached ? did : didnt).push_back(w);
-        if (reached && sig.empty() && it->second.count(first)) sig = it->second.at(first)->sig();
-      }
-      if (first <= hi) {
-        findings << "  group '" << g.name << "' (" << g.size << " ranks): first divergence at seq "
-                 << first << " (" << sig << "): " << format_ranks(did) << " reached it; "
-                 << format_ranks(didnt) << " never did";
-        for (int w : didnt) {
-          auto it = g.by.find(w);
-          if (it == g.by.end()) continue;
-          const Entry& last = *it->second.rbegin()->second;
-          findings << "; rank " << w << "'s last there: " << last.sig() << " seq " << last.seq
-                   << " (" << last.state << ")";
-        }
-        findings << "\n";
-        // Ranks behind here but waiting inside another collective are blocked, not culprits.
-        for (int w : didnt) {
-          (blocked.count(w) ? behind_blocked : behind_idle).insert(w);
-        }
-        // The call to name: of the groups where an idle rank is behind, the one the others
-        // entered first.
-        int64_t t = INT64_MAX;
-        for (int w : did) {
-          auto it = g.by.find(w);
-          if (it != g.by.end() && it->second.count(first)) {
-            const Entry& e = *it->second.at(first);
-            t = std::min(t, e.start_ns ? e.start_ns : e.enqueue_ns);
-          }
-        }
-        const bool has_idle =
-            std::any_of(didnt.begin(), didnt.end(), [&](int w) { return !blocked.count(w); });
-        const int rank_of_group = has_idle ? 0 : 1;
-        if (behind_call.empty() || rank_of_group < behind_rank ||
-            (rank_of_group == behind_rank && t < behind_t)) {
-          behind_call = sig + " seq " + std::to_string(first) + " on group '" + g.name + "'";
-          behind_t = t;
-          behind_rank = rank_of_group;
-        }
-      }
-      if (!unknown.empty()) {
-        findings << "  group '" << g.name << "': no record from group rank";
-        for (size_t i = 0; i < unknown.size(); ++i) findings << (i ? ", " : " ") << unknown[i];
-        findings << " (its global rank is unknown)\n";
-      }
-    }
-    // Arrival skew (same-node clocks only): over the collectives every member issued, each
-    // rank's lag behind the first to issue. A rank is late when its median lag is at least
-    // 25 ms over at least 4 collectives. The median, not who came last most often: a scheduler
-    // stall of another rank now and then makes that rank last once, but leaves the slow rank's
-    // lag behind the first arrival unchanged.
-    if (g.by.size() >= 2) {
-      std::map<int, std::vector<int64_t>> lags;  // rank -> lag behind the first, per collective
-      std::map<int, int> last_in;                // rank -> collectives it issued last
-      int n = 0;
-      for (uint64_t s = lo; s <= hi; ++s) {
-        std::vector<std::pair<int, int64_t>> at;
-        for (auto& [w, seqs] : g.by) {
-          auto it = seqs.find(s);
-          if (it == seqs.end()) break;
-          at.emplace_back(w, it->second->enqueue_ns);
-        }
-        if (at.size() != g.by.size()) continue;
-        auto cmp = [](const auto& a, const auto& b) { return a.second < b.second; };
-        const int64_t t0 = std::min_element(at.begin(), at.end(), cmp)->second;
-        ++last_in[std::max_element(at.begin(), at.end(), cmp)->first];
-        for (auto& [w, t] : at) lags[w].push_back(t - t0);
-        ++n;
-      }
-      std::set<int> slow;
-      if (n >= 4) {
-        for (auto& [w, v] : lags) {
-          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2),
-                           v.end());
-          const int64_t median = v[v.size() / 2];
-          if (median < 25'000'000) continue;
-          findings << "  group '" << g.name << "': skew: rank " << w << " issued last in "
-                   << last_in[w] << " of " << n << " collectives, a median " << ms(median)
-                   << " after the first rank\n";
-          slow.insert(w);
-        }
-      }
-      if (culprits.empty() && !slow.empty()) {
-        culprits = slow;
-        culprit_call = "every collective on group '" + g.name + "' (slow, not stopped)";
-      }
+    if (at.size() != g.by.size()) continue;
+    auto cmp = [](const auto& a, const auto& b) { return a.second < b.second; };
+    const int64_t t0 = std::min_element(at.begin(), at.end(), cmp)->second;
+    ++last_in[std::max_element(at.begin(), at.end(), cmp)->first];
+    for (auto& [w, t] : at) lags[w].push_back(t - t0);
+    ++n;
+  }
+  std::set<int> slow;
+  if (n >= 4) {
+    for (auto& [w, lag] : lags) {
+      std::nth_element(lag.begin(), lag.begin() + static_cast<std::ptrdiff_t>(lag.size() / 2),
+                       lag.end());
+      const int64_t median = lag[lag.size() / 2];
+      if (median < 25'000'000) continue;
+      d.findings << "  group '" << g.name << "': skew: rank " << w << " issued last in "
+                 << last_in[w] << " of " << n << " collectives, a median " << ms(median)
+                 << " after the first rank\n";
+      slow.insert(w);
     }
   }
-  // Ranks behind that were not waiting elsewhere come before ranks without a record and skew.
-  if (!mismatch_found && (!behind_idle.empty() || !behind_blocked.empty())) {
-    culprits = behind_idle.empty() ? behind_blocked : behind_idle;
-    culprit_call = behind_call;
+  if (d.culprits.empty() && !slow.empty()) {
+    d.culprits = slow;
+    d.culprit_call = "every collective on group '" + g.name + "' (slow, not stopped)";
   }
-  // A rank whose record was written as it crashed (a fatal signal other than the launcher's
-  // SIGTERM, or an injected crash) comes before ranks without a record.
-  if (culprits.empty()) {
+}
+
+// Every check of one group, strongest evidence first.
+void fd_check_group(const std::string& gid, const Group& g, const WorldView& world, Diagnosis& d) {
+  const GroupWindow v = fd_window(g, world);
+  fd_check_data(g, v, d);
+  static const std::set<int> kNone;
+  auto skip = world.injected_skip.find(gid);
+  fd_check_signatures(g, v, skip == world.injected_skip.end() ? kNone : skip->second, d);
+  const uint64_t first = fd_first_unreached(g, v);
+  if (fd_check_silent(g, v, first, world, d)) return;
+  if (first <= v.hi) fd_check_behind(g, v, first, world, d);
+  if (!v.unknown.empty()) {
+    d.findings << "  group '" << g.name << "': no record from group rank";
+    for (size_t i = 0; i < v.unknown.size(); ++i) d.findings << (i ? ", " : " ") << v.unknown[i];
+    d.findings << " (its global rank is unknown)\n";
+  }
+  fd_check_skew(g, v, d);
+}
+
+// The weaker evidence, when the group checks found no mismatch: ranks behind that were not
+// waiting elsewhere, then a rank whose record was written as it crashed (a fatal signal other
+// than the launcher's SIGTERM, or an injected crash), then ranks without a record in a world
+// whose others all waited.
+void fd_settle_culprits(const std::vector<Record>& rs, const WorldView& world, Diagnosis& d) {
+  if (!d.mismatch_found && (!d.behind_idle.empty() || !d.behind_blocked.empty())) {
+    d.culprits = d.behind_idle.empty() ? d.behind_blocked : d.behind_idle;
+    d.culprit_call = d.behind_call;
+  }
+  if (d.culprits.empty()) {
     for (const Record& r : rs) {
       const bool fatal =
           r.reason.rfind("fatal signal", 0) == 0 && r.reason.rfind("fatal signal 15 ", 0) != 0;
       if (fatal || r.reason.rfind("crash", 0) == 0) {
-        culprits.insert(r.rank);
-        culprit_call = "(crashed) " + r.reason.substr(0, 160);
+        d.culprits.insert(r.rank);
+        d.culprit_call = "(crashed) " + r.reason.substr(0, 160);
       }
     }
   }
-  // A rank without a record in a world whose others all waited: it is the one to look at.
-  if (culprits.empty() && !no_record.empty()) {
-    culprits.insert(no_record.begin(), no_record.end());
-    culprit_call = "(no record)";
+  if (d.culprits.empty() && !world.no_record.empty()) {
+    d.culprits.insert(world.no_record.begin(), world.no_record.end());
+    d.culprit_call = "(no record)";
   }
-  os << findings.str();
-  rep.culprits.assign(culprits.begin(), culprits.end());
-  rep.culprit_call = culprit_call;
-  if (rep.culprits.empty()) {
-    os << "verdict: the records agree: no rank diverged\n";
-  } else {
-    os << "verdict: " << format_ranks(rep.culprits) << " "
-       << (culprit_call == "(no record)"              ? "left no record: look there first"
-           : culprit_call.rfind("(crashed) ", 0) == 0 ? "crashed: " + culprit_call.substr(10)
-                                                      : "diverged first, at " + culprit_call)
-       << "\n";
-  }
+}
+
+std::string fd_verdict(const DoctorReport& rep) {
+  if (rep.culprits.empty()) return "verdict: the records agree: no rank diverged\n";
+  const std::string& call = rep.culprit_call;
+  return "verdict: " + format_ranks(rep.culprits) + " " +
+         (call == "(no record)"              ? "left no record: look there first"
+          : call.rfind("(crashed) ", 0) == 0 ? "crashed: " + call.substr(10)
+                                             : "diverged first, at " + call) +
+         "\n";
+}
+
+}  // namespace
+
+DoctorReport flight_diagnose(const std::vector<FlightFile>& files) {
+  const std::vector<Record> rs = parse_all(files);
+  std::ostringstream os;
+  const WorldView world = fd_survey(rs, os);
+  Diagnosis d;
+  for (auto& [gid, g] : fd_groups(rs)) fd_check_group(gid, g, world, d);
+  fd_settle_culprits(rs, world, d);
+  os << d.findings.str();
+  DoctorReport rep;
+  rep.culprits.assign(d.culprits.begin(), d.culprits.end());
+  rep.culprit_call = d.culprit_call;
+  os << fd_verdict(rep);
   rep.text = os.str();
   return rep;
 }

@@ -30,7 +30,7 @@ struct Gpu {
   const char* sources;
 };
 
-// Datasheet figures; busbw from published nccl-tests runs (see README "Planning a run").
+// Datasheet figures; busbw from published nccl-tests runs (see docs/plan.md, "Planning a run").
 constexpr Gpu kGpus[] = {
     {"h100-sxm", "NVIDIA H100 SXM5 80GB", 989.4, 66.9, 79.6 - 4, 3350, 470, 50,
      "NVIDIA H100 datasheet (989.4 TFLOP/s dense BF16, 80 GB HBM3, 3.35 TB/s, NVLink 900 GB/s); "
@@ -52,7 +52,7 @@ ClusterSpec gpu_cluster(const Gpu& g, int per_node, int nodes) {
   c.nodes = nodes;
   c.peaks = {{"bf16", g.bf16}, {"f16", g.bf16}, {"f32", g.f32}};
   c.memory_gib = g.mem_gib;
-  // Assumptions (README "Planning a run"): elementwise kernels reach 80% of HBM bandwidth, a
+  // Assumptions (docs/plan.md, "Planning a run"): elementwise kernels reach 80% of HBM bandwidth, a
   // fused attention kernel 50% of peak forward and 40% backward, large bf16 GEMMs 80%.
   c.mem_bw_gbps = 0.8 * g.hbm_gbps;
   c.attention_eff = 0.5;

@@ -34,7 +34,7 @@ Variable whole(const char* name, int64_t lo, int64_t hi) {
   return {name, Kind::Int, {}, lo, hi, false};
 }
 
-// Every such variable meshrt reads (README: Environment).
+// Every such variable meshrt reads (docs/environment.md).
 const std::vector<Variable>& table() {
   static const std::vector<Variable> t = {
       on_off("MESHRT_STREAM_JITTER"),

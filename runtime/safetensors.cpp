@@ -115,6 +115,123 @@ SafetensorsReader::~SafetensorsReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+
+using StEntry = SafetensorsReader::Entry;
+
+// The JSON header. JSON objects may repeat a key (the parser keeps the last): a repeated tensor
+// name is refused here, where the parser still sees both, instead of surfacing later as a gap in
+// the data.
+nlohmann::json st_parse_header(const std::string& path, const std::string& hs) {
+  std::string duplicate;
+  std::set<std::string> seen;
+  const nlohmann::json::parser_callback_t on_key = [&](int depth, nlohmann::json::parse_event_t ev,
+                                                       nlohmann::json& parsed) {
+    if (depth == 1 && ev == nlohmann::json::parse_event_t::key && parsed.is_string() &&
+        !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json header = nlohmann::json::parse(hs, on_key, /*allow_exceptions=*/false);
+  MESHRT_CHECK(!header.is_discarded() && header.is_object(),
+               "load_safetensors(" << path << "): header is not a JSON object");
+  MESHRT_CHECK(duplicate.empty(),
+               "load_safetensors(" << path << "): the header names '" << duplicate << "' twice");
+  return header;
+}
+
+void st_read_metadata(const std::string& path, const nlohmann::json& v,
+                      std::map<std::string, std::string>& out) {
+  MESHRT_CHECK(v.is_object(), "load_safetensors(" << path << "): __metadata__ is not an object");
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    MESHRT_CHECK(m.value().is_string(),
+                 "load_safetensors(" << path << "): metadata '" << m.key() << "' is not a string");
+    out[m.key()] = m.value().get<std::string>();
+  }
+}
+
+// A header's shape: at most kMaxDims non-negative extents whose strides and byte size fit in
+// int64, zero extents or not ([0, 2^62, 2^62] holds no element but its strides overflow).
+Shape st_shape(const std::string& where, const nlohmann::json& shape, DType dtype) {
+  MESHRT_CHECK(shape.is_array() && shape.size() <= static_cast<size_t>(kMaxDims),
+               where << ": shape must be an array of at most " << kMaxDims << " extents");
+  std::vector<int64_t> extents;
+  for (auto& d : shape) {
+    MESHRT_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                 where << ": shape has a non-integer or negative extent " << d.dump());
+    MESHRT_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+                 where << ": extent " << d.dump() << " too large");
+    extents.push_back(d.get<int64_t>());
+  }
+  int64_t span = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t x : extents)
+    MESHRT_CHECK(!__builtin_mul_overflow(span, std::max<int64_t>(x, 1), &span),
+                 where << ": shape " << shape.dump() << " overflows 64-bit strides / byte sizes");
+  return Shape(extents);
+}
+
+// One tensor's header entry, checked against itself and the data section's size.
+StEntry st_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
+                 uint64_t data_size) {
+  MESHRT_CHECK(!name.empty(), "load_safetensors(" << path << "): a tensor has an empty name");
+  const std::string where = "load_safetensors(" + path + "): tensor '" + name + "'";
+  MESHRT_CHECK(
+      v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+      where << " needs dtype, shape and data_offsets");
+  MESHRT_CHECK(v["dtype"].is_string(), where << ": dtype is not a string");
+  StEntry e;
+  e.name = name;
+  const std::string ds = v["dtype"].get<std::string>();
+  MESHRT_CHECK(parse_st_dtype(ds, &e.dtype), where << ": unsupported dtype '" << ds
+                                                   << "' (meshrt reads F32, BF16, F16, I32, "
+                                                   << "I64, U8)");
+  e.shape = st_shape(where, v["shape"], e.dtype);
+  const auto& off = v["data_offsets"];
+  MESHRT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                   off[1].is_number_unsigned(),
+               where << ": data_offsets must be two non-negative integers");
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  MESHRT_CHECK(e.begin <= e.end && e.end <= data_size,
+               where << ": data_offsets [" << e.begin << ", " << e.end << "] out of range of the "
+                     << data_size << "-byte data section");
+  const Shape& s = e.shape;
+  int64_t numel = s.numel();
+  uint64_t expect;
+  MESHRT_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(e.dtype), &expect),
+               where << ": byte size overflows");
+  MESHRT_CHECK(expect == e.end - e.begin, where << ": shape " << s.str() << " of " << ds
+                                                << " needs " << expect << " bytes but "
+                                                << "data_offsets span " << e.end - e.begin);
+  return e;
+}
+
+// The entries in data order, which must cover the data section exactly: no overlap, no gap (as
+// the reference reader).
+std::vector<StEntry> st_in_data_order(const std::string& path, std::vector<StEntry> entries,
+                                      uint64_t data_size) {
+  std::stable_sort(entries.begin(), entries.end(), [](const StEntry& a, const StEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t cursor = 0;
+  for (const StEntry& e : entries) {
+    MESHRT_CHECK(e.begin >= cursor, "load_safetensors(" << path << "): tensor '" << e.name
+                                                        << "' at [" << e.begin << ", " << e.end
+                                                        << "] overlaps the previous tensor "
+                                                           "(which ends at "
+                                                        << cursor << ")");
+    MESHRT_CHECK(e.begin == cursor, "load_safetensors(" << path << "): gap of " << e.begin - cursor
+                                                        << " bytes before "
+                                                        << "tensor '" << e.name << "'");
+    cursor = e.end;
+  }
+  MESHRT_CHECK(cursor == data_size, "load_safetensors(" << path << "): " << data_size - cursor
+                                                        << " trailing bytes after the last tensor");
+  return entries;
+}
+
+}  // namespace
+
 void SafetensorsReader::parse() {
   const std::string& path = path_;
   struct stat sb {};
@@ -137,109 +254,17 @@ void SafetensorsReader::parse() {
                                                        << "-byte file (truncated?)");
   std::string hs(n, '\0');
   read_at(8, n, hs.data());
-  // JSON objects may repeat a key (the parser keeps the last): a repeated tensor name is refused
-  // here, where the parser still sees both, instead of surfacing later as a gap in the data.
-  std::string duplicate;
-  std::set<std::string> seen;
-  const nlohmann::json::parser_callback_t on_key = [&](int depth, nlohmann::json::parse_event_t ev,
-                                                       nlohmann::json& parsed) {
-    if (depth == 1 && ev == nlohmann::json::parse_event_t::key && parsed.is_string() &&
-        !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  nlohmann::json header = nlohmann::json::parse(hs, on_key, /*allow_exceptions=*/false);
-  MESHRT_CHECK(!header.is_discarded() && header.is_object(),
-               "load_safetensors(" << path << "): header is not a JSON object");
-  MESHRT_CHECK(duplicate.empty(),
-               "load_safetensors(" << path << "): the header names '" << duplicate << "' twice");
+  const nlohmann::json header = st_parse_header(path, hs);
   const uint64_t data_size = file_size - 8 - n;
   data_start_ = 8 + n;
   std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const auto& v = it.value();
-    if (name == "__metadata__") {
-      MESHRT_CHECK(v.is_object(),
-                   "load_safetensors(" << path << "): __metadata__ is not an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        MESHRT_CHECK(m.value().is_string(), "load_safetensors(" << path << "): metadata '"
-                                                                << m.key() << "' is not a string");
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    MESHRT_CHECK(!name.empty(), "load_safetensors(" << path << "): a tensor has an empty name");
-    const std::string where = "load_safetensors(" + path + "): tensor '" + name + "'";
-    MESHRT_CHECK(
-        v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-        where << " needs dtype, shape and data_offsets");
-    MESHRT_CHECK(v["dtype"].is_string(), where << ": dtype is not a string");
-    Entry e;
-    e.name = name;
-    std::vector<int64_t> extents;
-    const std::string ds = v["dtype"].get<std::string>();
-    MESHRT_CHECK(parse_st_dtype(ds, &e.dtype), where << ": unsupported dtype '" << ds
-                                                     << "' (meshrt reads F32, BF16, F16, I32, "
-                                                     << "I64, U8)");
-    MESHRT_CHECK(v["shape"].is_array() && v["shape"].size() <= static_cast<size_t>(kMaxDims),
-                 where << ": shape must be an array of at most " << kMaxDims << " extents");
-    for (auto& d : v["shape"]) {
-      MESHRT_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                   where << ": shape has a non-integer or negative extent " << d.dump());
-      MESHRT_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
-                   where << ": extent " << d.dump() << " too large");
-      extents.push_back(d.get<int64_t>());
-    }
-    // Every stride and the byte size must fit in int64, zero extents or not: [0, 2^62, 2^62]
-    // holds no element but its strides overflow.
-    int64_t span = static_cast<int64_t>(dtype_size(e.dtype));
-    for (int64_t x : extents)
-      MESHRT_CHECK(
-          !__builtin_mul_overflow(span, std::max<int64_t>(x, 1), &span),
-          where << ": shape " << v["shape"].dump() << " overflows 64-bit strides / byte sizes");
-    e.shape = Shape(extents);
-    const auto& off = v["data_offsets"];
-    MESHRT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
-                     off[1].is_number_unsigned(),
-                 where << ": data_offsets must be two non-negative integers");
-    e.begin = off[0].get<uint64_t>();
-    e.end = off[1].get<uint64_t>();
-    MESHRT_CHECK(e.begin <= e.end && e.end <= data_size,
-                 where << ": data_offsets [" << e.begin << ", " << e.end << "] out of range of the "
-                       << data_size << "-byte data section");
-    const Shape& s = e.shape;
-    int64_t numel = s.numel();
-    uint64_t expect;
-    MESHRT_CHECK(
-        !__builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(e.dtype), &expect),
-        where << ": byte size overflows");
-    MESHRT_CHECK(expect == e.end - e.begin, where << ": shape " << s.str() << " of " << ds
-                                                  << " needs " << expect << " bytes but "
-                                                  << "data_offsets span " << e.end - e.begin);
-    entries.push_back(std::move(e));
+    if (it.key() == "__metadata__")
+      st_read_metadata(path, it.value(), metadata_);
+    else
+      entries.push_back(st_entry(path, it.key(), it.value(), data_size));
   }
-  // The data section must be covered exactly: no overlap, no gap (as the reference reader).
-  std::vector<const Entry*> sorted;
-  for (auto& e : entries) sorted.push_back(&e);
-  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
-  uint64_t cursor = 0;
-  for (const Entry* e : sorted) {
-    MESHRT_CHECK(e->begin >= cursor, "load_safetensors(" << path << "): tensor '" << e->name
-                                                         << "' at [" << e->begin << ", " << e->end
-                                                         << "] overlaps the previous tensor "
-                                                            "(which ends at "
-                                                         << cursor << ")");
-    MESHRT_CHECK(e->begin == cursor, "load_safetensors(" << path << "): gap of "
-                                                         << e->begin - cursor << " bytes before "
-                                                         << "tensor '" << e->name << "'");
-    cursor = e->end;
-  }
-  MESHRT_CHECK(cursor == data_size, "load_safetensors(" << path << "): " << data_size - cursor
-                                                        << " trailing bytes after the last tensor");
-  for (const Entry* e : sorted) entries_.push_back(*e);
+  entries_ = st_in_data_order(path, std::move(entries), data_size);
 }
 
 void SafetensorsReader::read_at(uint64_t pos, uint64_t bytes, void* dst) const {

@@ -2,16 +2,18 @@
 # Installs, only when missing, the Debian packages meshrt's build, tests and benches need.
 # Idempotent and quiet when nothing is missing. Run as root (or with sudo available).
 # Also makes (or reuses) the Python venv .venv-ci at the repository root with safetensors and
-# numpy, which the checkpoint test reads files with (Debian's python is externally managed).
+# numpy, which the checkpoint test reads files with, and lizard, which lint.function_length
+# measures function lengths with (Debian's python is externally managed).
 # --python-venv: only the venv (no root needed); exits non-zero when pip cannot install.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python_venv() {
   local venv="$root/.venv-ci"
-  if "$venv/bin/python" -c "import safetensors, numpy" 2>/dev/null; then return 0; fi
+  if "$venv/bin/python" -c "import safetensors, numpy, lizard" 2>/dev/null; then return 0; fi
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || return 1
-  echo "install-deps: pip installing safetensors numpy into $venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check safetensors numpy || return 1
+  echo "install-deps: pip installing safetensors numpy lizard into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check safetensors numpy lizard ||
+    return 1
 }
 if [ "${1:-}" = "--python-venv" ]; then
   python_venv
@@ -27,7 +29,7 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
-python_venv || echo "install-deps: warning: no .venv-ci with safetensors (pip offline?); the checkpoint python test will skip"
+python_venv || echo "install-deps: warning: no .venv-ci with safetensors and lizard (pip offline?); the checkpoint python test and lint.function_length will skip"
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "install-deps: installing ${missing[*]}"
 SUDO=""

@@ -151,6 +151,55 @@ std::vector<Placement> activation_placements(const DeviceMesh& mesh, bool sp) {
   return pl;
 }
 
+// This replica's batch slice (and sequence shard under SP) of one global input and output
+// gradient, so a dump rebuilds the global tensors.
+struct BlockInputs {
+  Tensor x, dout;
+};
+
+BlockInputs block_inputs(Context& ctx, const DeviceMesh& mesh, const BlockPlan& p, uint64_t seed) {
+  Stream& cs = ctx.compute_stream();
+  const int64_t s_loc = p.sp ? p.seq / p.tp : p.seq;
+  const Shape full{p.seq, p.batch * p.dp, p.cfg.hidden};
+  const Shape off{p.sp ? mesh.coord(kTpDim) * s_loc : 0, mesh.coord(kDpDim) * p.batch, 0};
+  BlockInputs in{ctx.empty({s_loc, p.batch, p.cfg.hidden}, p.cfg.dtype),
+                 ctx.empty({s_loc, p.batch, p.cfg.hidden}, p.cfg.dtype)};
+  in.x.init_philox_({seed, 1u << 20, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
+  in.dout.init_philox_({seed, (1u << 20) + 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
+  return in;
+}
+
+// The block's activations and gradients after the last step, for --dump.
+struct BlockTensors {
+  const Tensor &x, &out, &dout, &dx;
+};
+
+// --dump: the input, output, their gradients and the parameters (with their gradients unless
+// forward-only), as global tensors; returns the number of tensors written.
+int dump_rank(const BlockPlan& p, const BlockBenchOptions& o, const DeviceMesh& mesh,
+              const std::vector<Param*>& params, const BlockTensors& t) {
+  const Tensor &x = t.x, &out = t.out, &dout = t.dout, &dx = t.dx;
+  std::vector<DumpEntry> entries;
+  const auto apl = activation_placements(mesh, p.sp);
+  entries.push_back({"input", x, apl});
+  entries.push_back({"output", out, apl});
+  if (!o.fwd_only) {
+    entries.push_back({"output.grad", dout, apl});
+    entries.push_back({"input.grad", dx, apl});
+    add_param_entries(params, entries);
+  } else {
+    for (Param* q : params) entries.push_back({q->name, q->value, q->placements});
+  }
+  std::map<std::string, std::string> md = block_metadata(p.cfg);
+  md["meshrt.bench"] = std::string("bench ") + layer_kind_name(p.kind);
+  md["meshrt.layers"] = std::to_string(p.layers);
+  md["meshrt.sp"] = p.sp ? "1" : "0";
+  md["meshrt.note"] =
+      "input/output: [seq, batch, hidden] (global); grads after the last timed step, averaged "
+      "over dp; output.grad is the gradient fed to backward";
+  return dump_safetensors(o.dump_path, mesh, entries, md);
+}
+
 struct RankOutput {
   std::vector<int64_t> all;  // world x (steps * kFields + kExtras)
   std::vector<std::string> traces;
@@ -191,15 +240,8 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   GradSync sync(mesh, params, dpo);
   sync.broadcast_params();  // a no-op at dp=1; identical init makes it a formality otherwise
 
-  // This replica's batch slice (and sequence shard under SP) of one global input and output
-  // gradient, so a dump rebuilds the global tensors.
-  const int64_t s_loc = p.sp ? p.seq / p.tp : p.seq;
-  const Shape full{p.seq, p.batch * p.dp, p.cfg.hidden};
-  const Shape off{p.sp ? mesh.coord(kTpDim) * s_loc : 0, mesh.coord(kDpDim) * p.batch, 0};
-  Tensor x = ctx.empty({s_loc, p.batch, p.cfg.hidden}, p.cfg.dtype);
-  Tensor dout = ctx.empty({s_loc, p.batch, p.cfg.hidden}, p.cfg.dtype);
-  x.init_philox_({o.seed, 1u << 20, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
-  dout.init_philox_({o.seed, (1u << 20) + 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
+  const BlockInputs in = block_inputs(ctx, mesh, p, o.seed);
+  const Tensor &x = in.x, &dout = in.dout;
 
   // A trace slice and profiler range (NVTX on CUDA) around each piece, with this rank's share of
   // its model FLOPs (backward: twice the forward's).
@@ -271,27 +313,7 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   mine.insert(mine.end(), extras, extras + kExtras);
 
   RankOutput ro;
-  if (!o.dump_path.empty()) {
-    std::vector<DumpEntry> entries;
-    const auto apl = activation_placements(mesh, p.sp);
-    entries.push_back({"input", x, apl});
-    entries.push_back({"output", out, apl});
-    if (!o.fwd_only) {
-      entries.push_back({"output.grad", dout, apl});
-      entries.push_back({"input.grad", dx, apl});
-      add_param_entries(params, entries);
-    } else {
-      for (Param* q : params) entries.push_back({q->name, q->value, q->placements});
-    }
-    std::map<std::string, std::string> md = block_metadata(p.cfg);
-    md["meshrt.bench"] = std::string("bench ") + layer_kind_name(p.kind);
-    md["meshrt.layers"] = std::to_string(p.layers);
-    md["meshrt.sp"] = p.sp ? "1" : "0";
-    md["meshrt.note"] =
-        "input/output: [seq, batch, hidden] (global); grads after the last timed step, averaged "
-        "over dp; output.grad is the gradient fed to backward";
-    ro.dumped = dump_safetensors(o.dump_path, mesh, entries, md);
-  }
+  if (!o.dump_path.empty()) ro.dumped = dump_rank(p, o, mesh, params, {x, out, dout, dx});
   ro.all = gather_i64(ctx, raw_world, mine);
   if (tracing) ro.traces = gather_strings(ctx, raw_world, rec.serialize());
   ctx.synchronize();

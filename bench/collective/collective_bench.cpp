@@ -598,6 +598,112 @@ Settings settings_for(const CollBenchOptions& o) {
   return s;
 }
 
+// Every rank of this machine holds the largest size's send and receive buffers (and, with
+// --memcpy-bound, two copies of -e): refuse what the host cannot hold before allocating.
+void coll_check_host_memory(const CollBenchOptions& o, const Settings& s, const Launch& launch) {
+  const auto es = static_cast<int64_t>(dtype_size(s.dt));
+  const Layout l = layout_for(s.op, o.max_bytes / es, launch.world_size(), dtype_size(s.dt));
+  const int local = launch.kind() == LaunchKind::Threads ? static_cast<int>(launch.local().size())
+                                                         : launch.local().front().local_size;
+  const double need = (static_cast<double>(l.send + l.recv) * static_cast<double>(es) +
+                       (o.memcpy_bound ? 2.0 * static_cast<double>(o.max_bytes) : 0.0)) *
+                      local;
+  const int64_t have = bench::physical_memory_bytes();
+  MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
+               "-e " << o.max_bytes << ": " << local << " rank(s) on this machine need "
+                     << bench::human_bytes(need) << " for their buffers and it has "
+                     << bench::human_bytes(static_cast<double>(have)) << " of memory; lower -e");
+}
+
+// The totals over every size and both placements.
+struct CollTotals {
+  int64_t wrong = 0;
+  double bus_sum = 0;
+  int bus_n = 0;
+  double avg_busbw() const { return bus_n ? bus_sum / bus_n : 0.0; }
+};
+
+CollTotals coll_totals(const std::vector<Row>& rows) {
+  CollTotals t;
+  for (const Row& r : rows) {
+    for (const Timing& x : r.t) {
+      t.wrong += std::max<int64_t>(0, x.wrong);
+      t.bus_sum += x.busbw;
+      ++t.bus_n;
+    }
+  }
+  return t;
+}
+
+// The summary after the table: wrong values, average bus bandwidth, the time spread over ranks,
+// and with --memcpy-bound each size against the memcpy bound.
+void coll_print_summary(std::ostream& out, const CollBenchOptions& o, const Settings& s, int world,
+                        const std::vector<Row>& rows, const CollTotals& tot, double memcpy_bw) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "# Out of bounds values : %lld %s\n",
+                static_cast<long long>(tot.wrong), tot.wrong == 0 ? "OK" : "FAILED");
+  out << buf;
+  std::snprintf(buf, sizeof(buf), "# Avg bus bandwidth    : %g \n", tot.avg_busbw());
+  out << buf;
+  out << "#\n# time over ranks, us (min / avg / max), out-of-place | in-place:\n";
+  for (const Row& r : rows) {
+    std::snprintf(buf, sizeof(buf), "# %12lld  %9.1f / %9.1f / %9.1f | %9.1f / %9.1f / %9.1f\n",
+                  static_cast<long long>(r.bytes), r.t[0].min_us, r.t[0].avg_us, r.t[0].max_us,
+                  r.t[1].min_us, r.t[1].avg_us, r.t[1].max_us);
+    out << buf;
+  }
+  if (o.memcpy_bound) {
+    std::snprintf(buf, sizeof(buf),
+                  "# memcpy bandwidth: %.2f GB/s per rank with all %d ranks copying %lld bytes at "
+                  "once (slowest rank, median of 7; bounds a shared-memory all-reduce's algbw)\n",
+                  memcpy_bw, world, static_cast<long long>(o.max_bytes));
+    out << buf;
+    out << "# vs the memcpy bound (the traffic a rank needs at that bandwidth / its average time), "
+           "out-of-place | in-place:\n";
+    for (const Row& r : rows) {
+      std::snprintf(buf, sizeof(buf), "# %12lld  %5.0f%% | %5.0f%%\n",
+                    static_cast<long long>(r.bytes),
+                    100 * memcpy_fraction(s.op, world, r, 0, memcpy_bw),
+                    100 * memcpy_fraction(s.op, world, r, 1, memcpy_bw));
+      out << buf;
+    }
+  }
+  out << std::flush;
+}
+
+void write_coll_json(const CollBenchOptions& o, const Settings& s, const Launch& launch,
+                     const std::vector<Row>& rows, const CollTotals& tot, double memcpy_bw) {
+  nlohmann::json j;
+  j["op"] = comm_op_name(s.op);
+  j["backend"] = launch.backend();
+  j["launch"] = launch.describe();
+  j["world_size"] = launch.world_size();
+  j["dtype"] = dtype_name(s.dt);
+  j["redop"] = is_reduction(s.op) ? reduce_op_name(s.redop) : "none";
+  j["root"] = s.op == CommOp::Broadcast ? o.root : -1;
+  j["warmup"] = o.warmup;
+  j["iters"] = o.iters;
+  j["average"] = o.average;
+  if (o.memcpy_bound) j["memcpy_gbps_per_rank"] = memcpy_bw;
+  j["results"] = nlohmann::json::array();
+  for (const Row& r : rows) {
+    nlohmann::json row = {{"size_bytes", r.bytes},
+                          {"count", r.count},
+                          {"out_of_place", timing_json(r.t[0])},
+                          {"in_place", timing_json(r.t[1])}};
+    if (o.memcpy_bound) {
+      const int n = launch.world_size();
+      for (int place = 0; place < 2; ++place)
+        row[place ? "in_place" : "out_of_place"]["memcpy_bound_fraction"] =
+            memcpy_fraction(s.op, n, r, place, memcpy_bw);
+    }
+    j["results"].push_back(row);
+  }
+  j["wrong_total"] = tot.wrong;
+  j["avg_busbw_gbps"] = tot.avg_busbw();
+  write_output_file(o.json_path, j.dump(2) + "\n", "--json");
+}
+
 }  // namespace
 
 void check_collective_options(const CollBenchOptions& o) { settings_for(o); }
@@ -612,23 +718,7 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
   std::unique_ptr<Launch> launch = bootstrap(lo);
   MESHRT_CHECK(s.op != CommOp::Broadcast || (o.root >= 0 && o.root < launch->world_size()),
                "--root " << o.root << " outside [0, " << launch->world_size() << ")");
-  if (launch->local().front().device.is_cpu()) {
-    // Every rank of this machine holds the largest size's send and receive buffers (and, with
-    // --memcpy-bound, two copies of -e): refuse what the host cannot hold before allocating.
-    const auto es = static_cast<int64_t>(dtype_size(s.dt));
-    const Layout l = layout_for(s.op, o.max_bytes / es, launch->world_size(), dtype_size(s.dt));
-    const int local = launch->kind() == LaunchKind::Threads
-                          ? static_cast<int>(launch->local().size())
-                          : launch->local().front().local_size;
-    const double need = (static_cast<double>(l.send + l.recv) * static_cast<double>(es) +
-                         (o.memcpy_bound ? 2.0 * static_cast<double>(o.max_bytes) : 0.0)) *
-                        local;
-    const int64_t have = bench::physical_memory_bytes();
-    MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
-                 "-e " << o.max_bytes << ": " << local << " rank(s) on this machine need "
-                       << bench::human_bytes(need) << " for their buffers and it has "
-                       << bench::human_bytes(static_cast<double>(have)) << " of memory; lower -e");
-  }
+  if (launch->local().front().device.is_cpu()) coll_check_host_memory(o, s, *launch);
 
   std::mutex mu;
   std::vector<Row> rows;
@@ -650,79 +740,10 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
   });
 
   if (!printer_here) return 0;  // another process prints and reports
-  int64_t wrong = 0;
-  double bus_sum = 0;
-  int bus_n = 0;
-  for (const Row& r : rows) {
-    for (const Timing& t : r.t) {
-      wrong += std::max<int64_t>(0, t.wrong);
-      bus_sum += t.busbw;
-      ++bus_n;
-    }
-  }
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), "# Out of bounds values : %lld %s\n",
-                static_cast<long long>(wrong), wrong == 0 ? "OK" : "FAILED");
-  out << buf;
-  std::snprintf(buf, sizeof(buf), "# Avg bus bandwidth    : %g \n", bus_n ? bus_sum / bus_n : 0.0);
-  out << buf;
-  out << "#\n# time over ranks, us (min / avg / max), out-of-place | in-place:\n";
-  for (const Row& r : rows) {
-    std::snprintf(buf, sizeof(buf), "# %12lld  %9.1f / %9.1f / %9.1f | %9.1f / %9.1f / %9.1f\n",
-                  static_cast<long long>(r.bytes), r.t[0].min_us, r.t[0].avg_us, r.t[0].max_us,
-                  r.t[1].min_us, r.t[1].avg_us, r.t[1].max_us);
-    out << buf;
-  }
-  if (o.memcpy_bound) {
-    std::snprintf(buf, sizeof(buf),
-                  "# memcpy bandwidth: %.2f GB/s per rank with all %d ranks copying %lld bytes at "
-                  "once (slowest rank, median of 7; bounds a shared-memory all-reduce's algbw)\n",
-                  memcpy_bw, launch->world_size(), static_cast<long long>(o.max_bytes));
-    out << buf;
-    out << "# vs the memcpy bound (the traffic a rank needs at that bandwidth / its average time), "
-           "out-of-place | in-place:\n";
-    const int n = launch->world_size();
-    for (const Row& r : rows) {
-      std::snprintf(buf, sizeof(buf), "# %12lld  %5.0f%% | %5.0f%%\n",
-                    static_cast<long long>(r.bytes),
-                    100 * memcpy_fraction(s.op, n, r, 0, memcpy_bw),
-                    100 * memcpy_fraction(s.op, n, r, 1, memcpy_bw));
-      out << buf;
-    }
-  }
-  out << std::flush;
-  if (!o.json_path.empty()) {
-    nlohmann::json j;
-    j["op"] = comm_op_name(s.op);
-    j["backend"] = launch->backend();
-    j["launch"] = launch->describe();
-    j["world_size"] = launch->world_size();
-    j["dtype"] = dtype_name(s.dt);
-    j["redop"] = is_reduction(s.op) ? reduce_op_name(s.redop) : "none";
-    j["root"] = s.op == CommOp::Broadcast ? o.root : -1;
-    j["warmup"] = o.warmup;
-    j["iters"] = o.iters;
-    j["average"] = o.average;
-    if (o.memcpy_bound) j["memcpy_gbps_per_rank"] = memcpy_bw;
-    j["results"] = nlohmann::json::array();
-    for (const Row& r : rows) {
-      nlohmann::json row = {{"size_bytes", r.bytes},
-                            {"count", r.count},
-                            {"out_of_place", timing_json(r.t[0])},
-                            {"in_place", timing_json(r.t[1])}};
-      if (o.memcpy_bound) {
-        const int n = launch->world_size();
-        for (int place = 0; place < 2; ++place)
-          row[place ? "in_place" : "out_of_place"]["memcpy_bound_fraction"] =
-              memcpy_fraction(s.op, n, r, place, memcpy_bw);
-      }
-      j["results"].push_back(row);
-    }
-    j["wrong_total"] = wrong;
-    j["avg_busbw_gbps"] = bus_n ? bus_sum / bus_n : 0.0;
-    write_output_file(o.json_path, j.dump(2) + "\n", "--json");
-  }
-  return wrong == 0 ? 0 : 1;
+  const CollTotals tot = coll_totals(rows);
+  coll_print_summary(out, o, s, launch->world_size(), rows, tot, memcpy_bw);
+  if (!o.json_path.empty()) write_coll_json(o, s, *launch, rows, tot, memcpy_bw);
+  return tot.wrong == 0 ? 0 : 1;
 }
 
 }  // namespace meshrt

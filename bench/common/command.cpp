@@ -18,7 +18,7 @@ void add_fault_flag(CLI::App& app) {
   app.add_option_function<std::string>(
          "--fault", [](const std::string& v) { setenv("MESHRT_FAULT", v.c_str(), 1); },
          "Inject a fault, as MESHRT_FAULT: kind@rank=R,step=S[,op=NAME][,ms=T], kind "
-         "crash|hang|slow|skip|corrupt (README: When things go wrong)")
+         "crash|hang|slow|skip|corrupt (docs/faults.md)")
       ->check(CLI::Validator(
           [](std::string& v) {
             try {

@@ -123,28 +123,17 @@ def pct(v, q):
 
 # ---- PyTorch side ------------------------------------------------------------------------------
 
-def torch_worker(rank, a, port, out_path):
+def build_torch_model(a, mesh2, dt, sp):
+    """The block stack as PyTorch layers, tensor-parallel over mesh2["tp"] (sequence-parallel
+    norms with sp), wrapped in DDP over mesh2["dp"] when dp > 1."""
     import torch
-    import torch.distributed as dist
     import torch.nn as nn
     import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
 
-    threads = a.threads or max(1, (os.cpu_count() or 1) // a.ranks)
-    torch.set_num_threads(threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
-    mesh2 = init_device_mesh("cpu", (a.dp, a.tp), mesh_dim_names=("dp", "tp"))
-    mesh = mesh2["tp"]
     tp = a.tp
-    dp_rank = mesh2.get_local_rank("dp")
-    tp_rank = mesh2.get_local_rank("tp")
-    dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
-    sp = a.sp and tp > 1
     hl, d = a.heads // tp, a.hidden // a.heads
 
     class Attention(nn.Module):
@@ -197,7 +186,7 @@ def torch_worker(rank, a, port, out_path):
             nn.init.normal_(p_, 0.0, 0.02)
     layers = layers.to(dt)
     if tp > 1:
-        parallelize_module(layers, mesh, tp_plan)
+        parallelize_module(layers, mesh2["tp"], tp_plan)
 
     class Stack(nn.Module):
         def __init__(self, inner):
@@ -212,32 +201,56 @@ def torch_worker(rank, a, port, out_path):
 
     if a.dp > 1:  # DDP needs one module whose forward runs the stack
         from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(Stack(layers), process_group=mesh2["dp"].get_group())
-    else:
-        model = Stack(layers)
+        return DDP(Stack(layers), process_group=mesh2["dp"].get_group())
+    return Stack(layers)
 
-    def forward(x):
-        return model(x)
 
-    s_loc = a.seq // tp if sp else a.seq
-    g = torch.Generator().manual_seed(100 + 1000 * dp_rank + (tp_rank if sp else 0))
-    x = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt).requires_grad_(True)
-    dout = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt)
+def time_torch_steps(a, model, x, dout):
+    """Wall time (ms) of each timed step on this rank, from a barrier to its backward's end."""
+    import torch
+    import torch.distributed as dist
+
     times = []
     for step in range(a.warmup + a.steps):
         dist.barrier()
         t0 = time.perf_counter()
         if a.fwd_only:
             with torch.no_grad():
-                forward(x)
+                model(x)
         else:
             model.zero_grad(set_to_none=True)
             x.grad = None
-            out = forward(x)
+            out = model(x)
             out.backward(dout)
         t1 = time.perf_counter()
         if step >= a.warmup:
             times.append((t1 - t0) * 1e3)
+    return times
+
+
+def torch_worker(rank, a, port, out_path):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    threads = a.threads or max(1, (os.cpu_count() or 1) // a.ranks)
+    torch.set_num_threads(threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    mesh2 = init_device_mesh("cpu", (a.dp, a.tp), mesh_dim_names=("dp", "tp"))
+    tp = a.tp
+    dp_rank = mesh2.get_local_rank("dp")
+    tp_rank = mesh2.get_local_rank("tp")
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
+    sp = a.sp and tp > 1
+    model = build_torch_model(a, mesh2, dt, sp)
+
+    s_loc = a.seq // tp if sp else a.seq
+    g = torch.Generator().manual_seed(100 + 1000 * dp_rank + (tp_rank if sp else 0))
+    x = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt).requires_grad_(True)
+    dout = torch.randn(a.batch, s_loc, a.hidden, generator=g).to(dt)
+    times = time_torch_steps(a, model, x, dout)
     # A step is done when its slowest rank is (as meshrt reports it).
     tt = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(tt, op=dist.ReduceOp.MAX)

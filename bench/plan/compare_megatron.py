@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Planner predictions against published Megatron-LM runs (README "Planning a run").
+"""Planner predictions against published Megatron-LM runs (docs/plan.md, "Planning a run").
 
 Source: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM", SC'21 (arXiv:2104.04473), Table 1: GPT models, vocabulary 51200, sequence 2048,

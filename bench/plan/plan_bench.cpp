@@ -209,101 +209,97 @@ bool launch_blocking_run(const json& r) {
 
 }  // namespace
 
-std::string compare_with_sweep(const std::string& path, const std::string& cluster,
-                               std::ostream& out, const std::string& memory_path) {
-  const json j = read_sweep("--compare", path);
-  // Program-order peaks by configuration, from a launch-blocking sweep.
+namespace {
+
+// Program-order peaks by configuration, from a launch-blocking sweep (--compare-memory).
+std::map<std::string, double> program_order_peaks(const std::string& memory_path) {
   std::map<std::string, double> po_peak;
-  if (!memory_path.empty()) {
-    const json mj = read_sweep("--compare-memory", memory_path);
-    for (const json& r : mj["results"]) {
-      MESHRT_CHECK(launch_blocking_run(r),
-                   "--compare-memory " << memory_path << ": " << run_label(r.at("config"))
-                                       << " ran with queueing host streams; run that sweep with "
-                                          "MESHRT_LAUNCH_BLOCKING=1");
-      po_peak[run_label(r.at("config"))] =
-          r.at("memory").at("peak_allocated_bytes_max").get<double>();
-    }
+  const json mj = read_sweep("--compare-memory", memory_path);
+  for (const json& r : mj["results"]) {
+    MESHRT_CHECK(launch_blocking_run(r),
+                 "--compare-memory " << memory_path << ": " << run_label(r.at("config"))
+                                     << " ran with queueing host streams; run that sweep with "
+                                        "MESHRT_LAUNCH_BLOCKING=1");
+    po_peak[run_label(r.at("config"))] =
+        r.at("memory").at("peak_allocated_bytes_max").get<double>();
   }
-  bool queued_peaks = false;
-  struct Row {
-    std::string label;
-    double meas_ms, pred_ms, meas_tp, pred_tp, meas_dp, pred_dp, meas_mem, pred_mem;
-    bool bytes_equal;
-  };
-  std::vector<Row> rows;
-  for (const json& r : j["results"]) {
-    const json& c = r.at("config");
-    ModelSpec m;
-    m.hidden = c.at("hidden").get<int64_t>();
-    m.heads = c.at("heads").get<int64_t>();
-    m.ffn = c.at("ffn").get<int64_t>();
-    m.layers = c.at("layers").get<int>();
-    m.seq = c.at("seq").get<int64_t>();
-    m.dtype = c.at("dtype").get<std::string>();
-    m.kind = parse_layer_kind(c.at("kind").get<std::string>());
-    MESHRT_CHECK(!c.value("fwd_only", false),
-                 "--compare " << path << ": forward-only sweeps are not modelled");
-    PlanConfig pc;
-    pc.dp = c.at("dp").get<int>();
-    pc.tp = c.at("tp").get<int>();
-    pc.sp = c.at("sp").get<bool>();
-    pc.micro_batch = c.at("batch_per_replica").get<int64_t>();
-    pc.bucket_mb = c.at("bucket_mb").get<double>();
-    pc.overlap = parse_overlap(c.at("overlap").get<std::string>());
-    pc.optimizer = false;  // the block benchmark runs no optimizer step
-    const ClusterSpec cl = plan::load_cluster(cluster, m.dtype);
-    MESHRT_CHECK(pc.dp * pc.tp <= cl.world(), "--compare: the sweep ran "
-                                                  << pc.dp * pc.tp << " ranks, cluster " << cl.name
-                                                  << " has " << cl.world());
-    const Prediction p = plan::predict(m, cl, pc);
-    const json& tpj = r.at("comm").at("tp");
-    const json& dpj = r.at("comm").at("dp");
-    Row row;
-    row.label = run_label(c);
-    row.meas_ms = r.at("step_ms").at("median").get<double>();
-    row.pred_ms = p.step_s * 1e3;
-    row.meas_tp = tpj.at("exposed_ms_median").get<double>();
-    row.pred_tp = p.tp_exposed_s * 1e3;
-    row.meas_dp = dpj.at("exposed_ms_median").get<double>();
-    row.pred_dp = p.dp_exposed_s * 1e3;
-    row.meas_mem = r.at("memory").at("peak_allocated_bytes_max").get<double>();
-    if (!memory_path.empty()) {
-      auto it = po_peak.find(row.label);
-      MESHRT_CHECK(it != po_peak.end(), "--compare-memory " << memory_path << ": no run of "
-                                                            << row.label << ", which " << path
-                                                            << " has; sweep the same layouts");
-      row.meas_mem = it->second;
-    } else if (!launch_blocking_run(r) && c.value("device_type", std::string()) != "cuda") {
-      queued_peaks = true;
-    }
-    row.pred_mem = p.mem.total();
-    row.bytes_equal =
-        std::llround(tpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.tp_bytes) &&
-        std::llround(tpj.at("collectives_per_step_per_rank").get<double>()) == p.tp_count &&
-        std::llround(dpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.dp_bytes) &&
-        std::llround(dpj.at("collectives_per_step_per_rank").get<double>()) == p.dp_count;
-    rows.push_back(row);
-  }
+  return po_peak;
+}
+
+// One sweep configuration, measured and predicted.
+struct CompareRow {
+  std::string label;
+  double meas_ms, pred_ms, meas_tp, pred_tp, meas_dp, pred_dp, meas_mem, pred_mem;
+  bool bytes_equal;
+};
+
+// The planner's prediction for the configuration of sweep result `r` on `cluster`, next to what
+// the sweep measured (the peak memory is filled in by the caller).
+CompareRow compare_row(const json& r, const std::string& path, const std::string& cluster) {
+  const json& c = r.at("config");
+  ModelSpec m;
+  m.hidden = c.at("hidden").get<int64_t>();
+  m.heads = c.at("heads").get<int64_t>();
+  m.ffn = c.at("ffn").get<int64_t>();
+  m.layers = c.at("layers").get<int>();
+  m.seq = c.at("seq").get<int64_t>();
+  m.dtype = c.at("dtype").get<std::string>();
+  m.kind = parse_layer_kind(c.at("kind").get<std::string>());
+  MESHRT_CHECK(!c.value("fwd_only", false),
+               "--compare " << path << ": forward-only sweeps are not modelled");
+  PlanConfig pc;
+  pc.dp = c.at("dp").get<int>();
+  pc.tp = c.at("tp").get<int>();
+  pc.sp = c.at("sp").get<bool>();
+  pc.micro_batch = c.at("batch_per_replica").get<int64_t>();
+  pc.bucket_mb = c.at("bucket_mb").get<double>();
+  pc.overlap = parse_overlap(c.at("overlap").get<std::string>());
+  pc.optimizer = false;  // the block benchmark runs no optimizer step
+  const ClusterSpec cl = plan::load_cluster(cluster, m.dtype);
+  MESHRT_CHECK(pc.dp * pc.tp <= cl.world(), "--compare: the sweep ran "
+                                                << pc.dp * pc.tp << " ranks, cluster " << cl.name
+                                                << " has " << cl.world());
+  const Prediction p = plan::predict(m, cl, pc);
+  const json& tpj = r.at("comm").at("tp");
+  const json& dpj = r.at("comm").at("dp");
+  CompareRow row;
+  row.label = run_label(c);
+  row.meas_ms = r.at("step_ms").at("median").get<double>();
+  row.pred_ms = p.step_s * 1e3;
+  row.meas_tp = tpj.at("exposed_ms_median").get<double>();
+  row.pred_tp = p.tp_exposed_s * 1e3;
+  row.meas_dp = dpj.at("exposed_ms_median").get<double>();
+  row.pred_dp = p.dp_exposed_s * 1e3;
+  row.meas_mem = r.at("memory").at("peak_allocated_bytes_max").get<double>();
+  row.pred_mem = p.mem.total();
+  row.bytes_equal =
+      std::llround(tpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.tp_bytes) &&
+      std::llround(tpj.at("collectives_per_step_per_rank").get<double>()) == p.tp_count &&
+      std::llround(dpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.dp_bytes) &&
+      std::llround(dpj.at("collectives_per_step_per_rank").get<double>()) == p.dp_count;
+  return row;
+}
+
+// The markdown table; returns each row's |error| of the step time and sets the measured and the
+// predicted best (by time per sequence: the sweep's ranking by tokens/s, batches differ).
+std::vector<double> print_compare_table(const std::vector<CompareRow>& rows, const json& j,
+                                        std::ostream& out, size_t* mbest, size_t* pbest) {
   out << "| configuration | measured step ms | predicted step ms | error | measured tp exposed ms "
          "| predicted | measured dp exposed ms | predicted | measured peak MiB | predicted MiB "
          "| collectives & bytes |\n";
   out << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   std::vector<double> errs;
-  size_t mbest = 0, pbest = 0;
+  auto per = [&](size_t k, bool pred) {
+    const double seqs = j["results"][k]["config"].at("global_batch").get<double>();
+    return (pred ? rows[k].pred_ms : rows[k].meas_ms) / seqs;
+  };
+  *mbest = *pbest = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+    const CompareRow& r = rows[i];
     const double err = (r.pred_ms - r.meas_ms) / r.meas_ms;
     errs.push_back(std::fabs(err));
-    // Best by time per sequence (the sweep's ranking by tokens/s, batches differ).
-    auto per = [&](size_t k, bool pred) {
-      const Row& x = rows[k];
-      const json& c = j["results"][k]["config"];
-      const double seqs = c.at("global_batch").get<double>();
-      return (pred ? x.pred_ms : x.meas_ms) / seqs;
-    };
-    if (per(i, false) < per(mbest, false)) mbest = i;
-    if (per(i, true) < per(pbest, true)) pbest = i;
+    if (per(i, false) < per(*mbest, false)) *mbest = i;
+    if (per(i, true) < per(*pbest, true)) *pbest = i;
     char b[400];
     std::snprintf(b, sizeof b,
                   "| %s | %.1f | %.1f | %+.1f%% | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %s |\n",
@@ -312,13 +308,42 @@ std::string compare_with_sweep(const std::string& path, const std::string& clust
                   r.bytes_equal ? "equal" : "DIFFER");
     out << b;
   }
+  return errs;
+}
+
+}  // namespace
+
+std::string compare_with_sweep(const std::string& path, const std::string& cluster,
+                               std::ostream& out, const std::string& memory_path) {
+  const json j = read_sweep("--compare", path);
+  std::map<std::string, double> po_peak;
+  if (!memory_path.empty()) po_peak = program_order_peaks(memory_path);
+  bool queued_peaks = false;
+  std::vector<CompareRow> rows;
+  for (const json& r : j["results"]) {
+    CompareRow row = compare_row(r, path, cluster);
+    if (!memory_path.empty()) {
+      auto it = po_peak.find(row.label);
+      MESHRT_CHECK(it != po_peak.end(), "--compare-memory " << memory_path << ": no run of "
+                                                            << row.label << ", which " << path
+                                                            << " has; sweep the same layouts");
+      row.meas_mem = it->second;
+    } else if (!launch_blocking_run(r) &&
+               r.at("config").value("device_type", std::string()) != "cuda") {
+      queued_peaks = true;
+    }
+    rows.push_back(row);
+  }
+  size_t mbest = 0, pbest = 0;
+  const std::vector<double> errs = print_compare_table(rows, j, out, &mbest, &pbest);
   auto per_seq = [&](size_t k) {
     return rows[k].meas_ms / j["results"][k]["config"].at("global_batch").get<double>();
   };
   const double loss = per_seq(pbest) / per_seq(mbest) - 1;
   const double med = bench::median(errs);
   double mem_err = 0;
-  for (const Row& r : rows) mem_err = std::max(mem_err, std::fabs(r.pred_mem / r.meas_mem - 1));
+  for (const CompareRow& r : rows)
+    mem_err = std::max(mem_err, std::fabs(r.pred_mem / r.meas_mem - 1));
   out << "\nmedian |error| of the step time: " << fmt("%.1f", 100 * med) << "% over " << rows.size()
       << " configurations\n";
   out << "measured best: " << rows[mbest].label << "; predicted best: " << rows[pbest].label

@@ -175,18 +175,25 @@ void check_sweep_options(const SweepOptions& o) {
   check_distinct_outputs({{"--json", o.json_path}, {"--plot", o.plot_path}});
 }
 
-int run_sweep(const SweepOptions& o, std::ostream& os) {
-  check_sweep_options(o);
-  int world = 1;
+namespace {
+
+// Every run's options: --devices resolved (world: its rank count), 5 timed steps after 1
+// warm-up unless given, and no run's own report or files.
+BlockBenchOptions sweep_base_options(const SweepOptions& o, int* world) {
   BlockBenchOptions base = o.base;
-  base.devices = resolve_bench_devices(o.base, &world);
+  base.devices = resolve_bench_devices(o.base, world);
   if (base.steps == 0) base.steps = 5;
   if (base.warmup < 0) base.warmup = 1;
   base.quiet = true;
   base.json_path.clear();
   base.trace_path.clear();
   base.dump_path.clear();
+  return base;
+}
 
+// Every dp x tp factorisation of the world, with the --sp settings that apply (tp=1 has no
+// sequence parallelism) and every --batch.
+std::vector<Config> sweep_configs(const SweepOptions& o, int world) {
   std::vector<Config> cfgs;
   for (auto [dp, tp] : mesh_factorisations(world)) {
     std::vector<bool> sps;
@@ -199,59 +206,74 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
     for (bool sp : sps)
       for (int64_t b : o.batches) cfgs.push_back({dp, tp, sp, b});
   }
+  return cfgs;
+}
 
-  // Only the process with rank 0 reports (every process runs every configuration). Repeats go
-  // round-robin over the configurations, so a burst of load on a shared machine hits one run of
-  // several configurations rather than every run of one.
+// What the runs gave: per configuration its results (one per repeat) or why it cannot run.
+struct SweepRuns {
+  std::vector<std::vector<BlockBenchResult>> runs;
+  std::vector<std::string> why;
+  size_t done = 0;      // runs attempted
+  double total_s = 0;   // wall time of them all
+  bool printer = true;  // this process reports (rank 0; every process runs every one)
+};
+
+void sweep_progress(const Config& c, int rep, int repeats, size_t done, size_t total, double el,
+                    bool tty) {
+  std::string eta =
+      done == 0 ? "--:--"
+                : clock_str(el / static_cast<double>(done) * static_cast<double>(total - done));
+  std::cerr << (tty ? "\r\033[K" : "") << "sweep [" << done + 1 << "/" << total << "] " << c.label()
+            << (repeats > 1 ? " (repeat " + std::to_string(rep + 1) + ")" : "") << "  elapsed "
+            << clock_str(el) << ", ETA " << eta << (tty ? "" : "\n") << std::flush;
+}
+
+// Repeats go round-robin over the configurations, so a burst of load on a shared machine hits
+// one run of several configurations rather than every run of one.
+SweepRuns sweep_run_all(const SweepOptions& o, const BlockBenchOptions& base,
+                        const std::vector<Config>& cfgs, std::ostream& os) {
   const int R = o.repeats;
-  std::vector<std::vector<BlockBenchResult>> runs(cfgs.size());
-  std::vector<std::string> why(cfgs.size());
-  bool printer = true;
+  SweepRuns sr;
+  sr.runs.resize(cfgs.size());
+  sr.why.resize(cfgs.size());
   const bool tty = isatty(STDERR_FILENO);
   const auto t0 = Clock::now();
   const size_t total = cfgs.size() * static_cast<size_t>(R);
-  size_t done = 0;
   for (int rep = 0; rep < R; ++rep) {
     for (size_t i = 0; i < cfgs.size(); ++i) {
       const Config& c = cfgs[i];
-      if (!why[i].empty()) continue;  // cannot run: do not try again
-      const double el = bench::ms_since(t0, Clock::now()) / 1e3;
-      if (o.progress && printer) {
-        std::string eta =
-            done == 0
-                ? "--:--"
-                : clock_str(el / static_cast<double>(done) * static_cast<double>(total - done));
-        std::cerr << (tty ? "\r\033[K" : "") << "sweep [" << done + 1 << "/" << total << "] "
-                  << c.label() << (R > 1 ? " (repeat " + std::to_string(rep + 1) + ")" : "")
-                  << "  elapsed " << clock_str(el) << ", ETA " << eta << (tty ? "" : "\n")
-                  << std::flush;
-      }
+      if (!sr.why[i].empty()) continue;  // cannot run: do not try again
+      if (o.progress && sr.printer)
+        sweep_progress(c, rep, R, sr.done, total, bench::ms_since(t0, Clock::now()) / 1e3, tty);
       BlockBenchOptions bo = base;
       bo.mesh = "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp);
       bo.sp = c.sp ? 1 : 0;
       bo.batch = c.batch;
       try {
         BlockBenchResult r = run_block_bench_result(bo, os);
-        printer = r.valid;
-        runs[i].push_back(std::move(r));
+        sr.printer = r.valid;
+        sr.runs[i].push_back(std::move(r));
       } catch (const Error& e) {
-        why[i] = e.message();
+        sr.why[i] = e.message();
       }
-      ++done;
+      ++sr.done;
     }
   }
-  const double total_s = bench::ms_since(t0, Clock::now()) / 1e3;
-  if (o.progress && printer)
-    std::cerr << (tty ? "\r\033[K" : "") << "sweep: " << done << " runs of " << cfgs.size()
-              << " configurations in " << clock_str(total_s) << "\n"
+  sr.total_s = bench::ms_since(t0, Clock::now()) / 1e3;
+  if (o.progress && sr.printer)
+    std::cerr << (tty ? "\r\033[K" : "") << "sweep: " << sr.done << " runs of " << cfgs.size()
+              << " configurations in " << clock_str(sr.total_s) << "\n"
               << std::flush;
-  if (!printer) return 0;
+  return sr;
+}
 
-  // One MFU denominator for the whole table: the given peak, else the fastest calibration any
-  // run measured (each run calibrates; the machine's best moment is the fairest estimate).
+// One outcome per configuration: the run with the median step time stands for it, its MFU
+// against one denominator for the whole table: the given peak, else the fastest calibration
+// any run measured (each run calibrates; the machine's best moment is the fairest estimate).
+std::vector<Outcome> sweep_outcomes(const std::vector<Config>& cfgs, const SweepRuns& sr) {
   double peak = 0;
   std::string peak_label;
-  for (auto& rs : runs)
+  for (auto& rs : sr.runs)
     for (auto& r : rs)
       if (r.peak_tflops_per_rank > peak) {
         peak = r.peak_tflops_per_rank;
@@ -261,15 +283,14 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
   for (size_t i = 0; i < cfgs.size(); ++i) {
     Outcome oc;
     oc.c = cfgs[i];
-    oc.why = why[i];
-    if (!runs[i].empty()) {
-      // The run with the median step time stands for the configuration.
-      std::vector<BlockBenchResult> rs = runs[i];
+    oc.why = sr.why[i];
+    if (!sr.runs[i].empty()) {
+      std::vector<BlockBenchResult> rs = sr.runs[i];
       std::sort(rs.begin(), rs.end(), [](const BlockBenchResult& a, const BlockBenchResult& b) {
         return a.step_ms < b.step_ms;
       });
       oc.r = rs[(rs.size() - 1) / 2];
-      for (auto& r : runs[i]) oc.step_ms_runs.push_back(r.step_ms);
+      for (auto& r : sr.runs[i]) oc.step_ms_runs.push_back(r.step_ms);
       oc.r.mfu = peak > 0 ? oc.r.tflops / (peak * oc.r.world) : -1;
       oc.r.peak_tflops_per_rank = peak;
       oc.r.peak_label = peak_label;
@@ -277,13 +298,13 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
     }
     out.push_back(std::move(oc));
   }
+  return out;
+}
 
-  std::vector<Outcome> ok, skipped;
-  for (auto& oc : out) (oc.ok && oc.r.valid ? ok : skipped).push_back(oc);
-  std::stable_sort(ok.begin(), ok.end(), [](const Outcome& a, const Outcome& b) {
-    return a.r.tokens_per_s > b.r.tokens_per_s;
-  });
-
+// The table, best first (ok: sorted by tokens/s), then the configurations skipped.
+void sweep_print_table(const SweepOptions& o, const BlockBenchOptions& base, int world,
+                       const std::vector<Outcome>& ok, const std::vector<Outcome>& skipped,
+                       const SweepRuns& sr, std::ostream& os) {
   const BlockBenchResult* any = ok.empty() ? nullptr : &ok.front().r;
   os << "meshrt sweep: " << o.base.kind << " on " << base.devices << " (" << world << " ranks)";
   if (any)
@@ -311,37 +332,61 @@ int run_sweep(const SweepOptions& o, std::ostream& os) {
   for (const auto& s : skipped)
     os << "  skipped " << s.c.label() << ": " << (s.why.empty() ? "no result" : s.why) << "\n";
   if (any && any->mfu >= 0) os << "\nMFU against " << any->peak_label << "\n";
-  os << "(" << clock_str(total_s) << " for " << done << " runs)\n";
+  os << "(" << clock_str(sr.total_s) << " for " << sr.done << " runs)\n";
+}
 
+void sweep_write_json(const SweepOptions& o, const BlockBenchOptions& base, int world,
+                      const std::vector<Outcome>& ok, const std::vector<Outcome>& skipped,
+                      double total_s) {
+  json j;
+  j["tool"] = "meshrt sweep";
+  j["command_line"] = o.base.command_line;
+  j["versions"] = o.base.versions;
+  j["devices"] = base.devices;
+  j["world_size"] = world;
+  j["batches"] = o.batches;
+  j["repeats"] = o.repeats;
+  j["wall_s"] = total_s;
+  j["results"] = json::array();
+  for (size_t i = 0; i < ok.size(); ++i) {
+    json r = json::parse(ok[i].r.json);
+    r["best"] = i == 0;
+    r["mfu"] = ok[i].r.mfu >= 0 ? json(ok[i].r.mfu) : json(nullptr);
+    r["peak"]["tflops_per_rank"] = ok[i].r.peak_tflops_per_rank;
+    r["peak"]["label"] = ok[i].r.peak_label + " (best calibration of the sweep)";
+    r["sweep_step_ms_per_repeat"] = ok[i].step_ms_runs;
+    j["results"].push_back(r);
+  }
+  j["skipped"] = json::array();
+  for (const auto& s : skipped) j["skipped"].push_back({{"config", s.c.label()}, {"why", s.why}});
+  write_output_file(o.json_path, j.dump(2) + "\n", "--json");
+}
+
+}  // namespace
+
+int run_sweep(const SweepOptions& o, std::ostream& os) {
+  check_sweep_options(o);
+  int world = 1;
+  const BlockBenchOptions base = sweep_base_options(o, &world);
+  const std::vector<Config> cfgs = sweep_configs(o, world);
+  const SweepRuns sr = sweep_run_all(o, base, cfgs, os);
+  if (!sr.printer) return 0;  // only the process with rank 0 reports
+
+  std::vector<Outcome> ok, skipped;
+  for (auto& oc : sweep_outcomes(cfgs, sr)) (oc.ok && oc.r.valid ? ok : skipped).push_back(oc);
+  std::stable_sort(ok.begin(), ok.end(), [](const Outcome& a, const Outcome& b) {
+    return a.r.tokens_per_s > b.r.tokens_per_s;
+  });
+  sweep_print_table(o, base, world, ok, skipped, sr, os);
   if (!o.json_path.empty()) {
-    json j;
-    j["tool"] = "meshrt sweep";
-    j["command_line"] = o.base.command_line;
-    j["versions"] = o.base.versions;
-    j["devices"] = base.devices;
-    j["world_size"] = world;
-    j["batches"] = o.batches;
-    j["repeats"] = o.repeats;
-    j["wall_s"] = total_s;
-    j["results"] = json::array();
-    for (size_t i = 0; i < ok.size(); ++i) {
-      json r = json::parse(ok[i].r.json);
-      r["best"] = i == 0;
-      r["mfu"] = ok[i].r.mfu >= 0 ? json(ok[i].r.mfu) : json(nullptr);
-      r["peak"]["tflops_per_rank"] = ok[i].r.peak_tflops_per_rank;
-      r["peak"]["label"] = ok[i].r.peak_label + " (best calibration of the sweep)";
-      r["sweep_step_ms_per_repeat"] = ok[i].step_ms_runs;
-      j["results"].push_back(r);
-    }
-    j["skipped"] = json::array();
-    for (const auto& s : skipped) j["skipped"].push_back({{"config", s.c.label()}, {"why", s.why}});
-    write_output_file(o.json_path, j.dump(2) + "\n", "--json");
+    sweep_write_json(o, base, world, ok, skipped, sr.total_s);
     os << "wrote " << o.json_path << "\n";
   }
   if (!o.plot_path.empty() && !ok.empty()) {
+    const BlockBenchResult& any = ok.front().r;
     std::string title = "meshrt sweep: " + o.base.kind + " on " + base.devices + ", hidden " +
-                        std::to_string(any->hidden) + ", seq " + std::to_string(any->seq) + ", " +
-                        any->dtype + " (best in green)";
+                        std::to_string(any.hidden) + ", seq " + std::to_string(any.seq) + ", " +
+                        any.dtype + " (best in green)";
     write_plot(o.plot_path, ok, title);
     os << "wrote " << o.plot_path << "\n";
   }

@@ -1,38 +1,19 @@
-// meshrt.hpp: the public C++ API of meshrt, everything an engine embedding libmeshrt may include.
+// meshrt.hpp: the public C++ API of meshrt in one include: tensors, communicators and streams,
+// device meshes and the sharded blocks, header-only over the C API (meshrt.h), in namespace
+// meshrt (inline namespace api_v1). Each part can also be included alone.
 //
-// This list *is* the public header set: CMake (cmake/package.cmake) reads these #include lines,
-// installs each header and everything it includes (the transitive closure) under
-// <prefix>/include/meshrt/, and refuses to configure when the closure reaches a CUDA, MPI, NCCL,
-// JSON, logging or CLI header. To make a header public, add it here (and mark its classes and
-// free functions MESHRT_API).
-#pragma once
+// These headers, meshrt.h, export.h and version.h are everything meshrt installs: the library's
+// internal headers (runtime/, collectives/, mesh/, ...) are not part of the package, and a
+// configure-time check (cmake/cxx_api_headers.cmake) stops the build when an installed header
+// includes anything but the standard library, another installed header or <dlpack/dlpack.h>.
+#ifndef MESHRT_MESHRT_HPP_
+#define MESHRT_MESHRT_HPP_
 
-#include "meshrt/export.h"
-#include "meshrt/version.h"
+#include <meshrt/version.h>
 
-// runtime: tensors, dtypes, devices, streams / events, allocators, the per-rank context, errors
-#include "runtime/allocator.h"
-#include "runtime/context.h"
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/error.h"
-#include "runtime/stream.h"
-#include "runtime/tensor.h"
+#include <meshrt/blocks.hpp>
+#include <meshrt/comm.hpp>
+#include <meshrt/mesh.hpp>
+#include <meshrt/tensor.hpp>
 
-// kernels: the op set
-#include "kernels/ops.h"
-
-// collectives: communicators, thread ranks, bootstrap
-#include "collectives/bootstrap.h"
-#include "collectives/communicator.h"
-#include "collectives/host_comm.h"
-
-// mesh: device mesh, placements, parallel styles, layers and blocks, optimizers, checkpoints
-#include "mesh/blocks.h"
-#include "mesh/checkpoint.h"
-#include "mesh/device_mesh.h"
-#include "mesh/linear.h"
-#include "mesh/optimizer.h"
-#include "mesh/parallel.h"
-#include "mesh/placement.h"
-#include "mesh/style.h"
+#endif  // MESHRT_MESHRT_HPP_

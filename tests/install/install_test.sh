@@ -2,12 +2,15 @@
 # The installed package, checked from the outside (ctest install.*; tests/install/CMakeLists.txt).
 #   install_test.sh consumer <build> <source> <scratch> <version> <meshrt-cli> <generator> <cc> <cxx> <static ON|OFF>
 #       `cmake --install` into <scratch>/prefix, then examples/cmake-consumer built with
-#       find_package(meshrt) and with `pkg-config --cflags --libs meshrt`; both must run and print
-#       the version and exact all-reduce sums; then examples/c, examples/cpp (CMake and one
+#       find_package(meshrt) and with `pkg-config --cflags --libs meshrt` (whose Cflags must add
+#       only -I<prefix>/include, and DLPack's folder when it is not the compiler's default); both
+#       must run and print the version and exact all-reduce sums; then examples/c, examples/cpp (CMake and one
 #       compiler line with only -I<prefix>/include) and examples/python against the install.
 #   install_test.sh headers <build> <scratch> <cc> <cxx>
-#       every installed header compiles alone (C++20; the C headers also as C99); none includes a
-#       CUDA, MPI, NCCL, BLAS, JSON, logging or CLI header.
+#       exactly the public headers are installed (meshrt.h, the C++ API's .hpp, export.h,
+#       version.h); none includes anything but another installed header, <dlpack/dlpack.h> and
+#       the standard library; each compiles alone with only -I<prefix>/include (C++17 and C++20;
+#       the C headers also as C99).
 #   install_test.sh plugins <build> <source> <scratch> <cc> <mpirun.sh> <mpiexec> <forbidden>
 #       the backends as plugins: the installed libmeshrt.so has no DT_NEEDED on a library matching
 #       lib(<forbidden>) (MPI's; and CUDA's and NCCL's unless this build links CUDA in); with libmeshrt-mpi.so moved away a C99 consumer builds, runs and loads no MPI,
@@ -56,7 +59,7 @@ case "$mode" in
     [ "$("$cli" --version)" = "meshrt $version" ] || fail "'meshrt --version' says '$("$cli" --version)', want 'meshrt $version'"
     install_into "$build" "$prefix" "$scratch/install.log"
     for f in lib/cmake/meshrt/meshrtConfig.cmake lib/cmake/meshrt/meshrtConfigVersion.cmake \
-      lib/pkgconfig/meshrt.pc include/meshrt/meshrt.hpp include/meshrt/version.h \
+      lib/pkgconfig/meshrt.pc include/meshrt/meshrt.hpp include/meshrt/comm.hpp include/meshrt/version.h \
       include/meshrt/export.h "lib/libmeshrt.so.$version" "lib/libmeshrt.so.$sover"; do
       [ -e "$prefix/$f" ] || fail "the install has no $f"
     done
@@ -92,6 +95,27 @@ case "$mode" in
     # 2. pkg-config: the same main.cpp from one compiler line.
     export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
     [ "$(pkg-config --modversion meshrt)" = "$version" ] || fail "pkg-config --modversion meshrt is not $version"
+    # Cflags: -I<prefix>/include and nothing else, except DLPack's folder (one holding
+    # dlpack/dlpack.h) when it is not the compiler's default; never <prefix>/include/meshrt.
+    want_inc=$(realpath "$prefix/include")
+    cflags=$(pkg-config --cflags meshrt)
+    seen_prefix=0
+    for f in $cflags; do
+      case "$f" in
+        -I*) d=$(realpath -m "${f#-I}") ;;
+        *) fail "meshrt.pc's Cflags have '$f' (want only -I<prefix>/include): $cflags" ;;
+      esac
+      if [ "$d" = "$want_inc" ]; then
+        seen_prefix=1
+      elif [ ! -f "$d/dlpack/dlpack.h" ]; then
+        fail "meshrt.pc's Cflags add $d, which is neither $prefix/include nor DLPack's folder: $cflags"
+      fi
+    done
+    [ $seen_prefix = 1 ] || fail "meshrt.pc's Cflags lack -I$prefix/include: $cflags"
+    libs=$(pkg-config --libs meshrt)
+    [ "$(echo $libs | sed 's/ *-L[^ ]* */ /; s/^ //')" = "-lmeshrt -pthread" ] ||
+      fail "meshrt.pc's Libs are '$libs', want -L<prefix>/lib -lmeshrt -pthread"
+    echo "meshrt.pc: Cflags $cflags; Libs $libs"
     flags=$(pkg-config --cflags --libs meshrt)
     # shellcheck disable=SC2086 # word splitting of the flags is meant
     "$cxx" -std=c++20 -O1 $extra "$src/examples/cmake-consumer/main.cpp" $flags -Wl,-rpath,"$prefix/lib" \
@@ -185,18 +209,35 @@ case "$mode" in
     prefix=$scratch/prefix
     install_into "$build" "$prefix" "$scratch/install.log"
     cd "$prefix/include"
-    mapfile -t headers < <(find meshrt -type f \( -name '*.h' -o -name '*.hpp' \) | sort)
-    [ "${#headers[@]}" -gt 10 ] || fail "only ${#headers[@]} headers installed under $prefix/include/meshrt"
-    bad=$(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(cuda|cublas|curand|nvtx|mpi|nccl|cblas|openblas|nlohmann/|spdlog/|fmt/|CLI/)' \
-      "${headers[@]}" || true)
-    [ -z "$bad" ] || fail "installed headers include third-party or backend headers:
+    mapfile -t headers < <(find . -type f | sed 's|^\./||' | sort)
+    want="meshrt/blocks.hpp meshrt/comm.hpp meshrt/export.h meshrt/mesh.hpp meshrt/meshrt.h meshrt/meshrt.hpp meshrt/tensor.hpp meshrt/version.h"
+    [ "${headers[*]}" = "$want" ] || fail "installed under include/: ${headers[*]}
+want exactly the public headers: $want"
+    # No installed header includes anything but another installed one, DLPack and the standard
+    # library (names without a folder): nothing internal is reachable from the package.
+    bad=""
+    for h in "${headers[@]}"; do
+      while IFS= read -r line; do
+        inc=$(echo "$line" | sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*//')
+        case "$inc" in
+          \<meshrt/*\>) [ -f "${inc:1:${#inc}-2}" ] || bad+="$h: $line (not installed)"$'\n' ;;
+          "<dlpack/dlpack.h>") ;;
+          \<*/*\>) bad+="$h: $line (not a public header)"$'\n' ;;
+          \<*\>) ;;
+          *) bad+="$h: $line (quoted: the public headers include <meshrt/...>)"$'\n' ;;
+        esac
+      done < <(grep -E '^[[:space:]]*#[[:space:]]*include' "$h" | sed -E 's@[[:space:]]*(//|/\*).*$@@')
+    done
+    [ -z "$bad" ] || fail "installed headers include non-public headers:
 $bad"
     # One translation unit per header, including only it; C headers (.h without C++) also as C99.
     for h in "${headers[@]}"; do
       tu=$scratch/tu/$(echo "$h" | tr '/.' '__')
       # (the typedef keeps a C file that only defines macros from being an empty unit)
       printf '#include <%s>\ntypedef int meshrt_header_test_unit;\n' "$h" >"$tu.cpp"
-      echo "$cxx -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I$prefix/include -I$prefix/include/meshrt $tu.cpp" >>"$scratch/commands"
+      for std in c++17 c++20; do
+        echo "$cxx -std=$std -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I$prefix/include $tu.cpp" >>"$scratch/commands"
+      done
       case "$h" in
         meshrt/version.h | meshrt/export.h | meshrt/meshrt.h)
           printf '#include <%s>\ntypedef int meshrt_header_test_unit;\n' "$h" >"$tu.c"

@@ -42,7 +42,7 @@ Run train_cli(const std::string& args) {
   return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, train_scratch());
 }
 
-// Byte-level tokens of some text as raw u16, the README's recipe.
+// Byte-level tokens of some text as raw u16, docs/training.md's recipe.
 fs::path text_tokens(const std::string& name, size_t bytes) {
   const std::string text =
       "It was the best of times, it was the worst of times, it was the age of wisdom, it was the "

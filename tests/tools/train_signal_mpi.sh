@@ -1,5 +1,5 @@
 #!/bin/sh
-# `meshrt train` under mpirun stops cleanly on a signal, as the README's troubleshooting says:
+# `meshrt train` under mpirun stops cleanly on a signal, as docs/troubleshooting.md says:
 # - SIGUSR2 to mpirun (which Open MPI forwards to every rank at once) stops every rank within
 #   about a step, with the checkpoint of that step, and 128 + SIGUSR2;
 # - SIGTERM to every rank (as a batch scheduler does) gives 128 + SIGTERM, SIGINT to one rank
@@ -12,8 +12,8 @@
 # messages), so no interleaving of the two can break a match.
 # Usage: train_signal_mpi.sh <meshrt> <mpirun.sh> <mpiexec> [mpiexec flags...]
 set -u
-# The README's recipe: a little more than one step plus one checkpoint save. The model is small
-# (a step takes ~20 ms on a quiet 2-core machine, ~1 s at a load of 18) and the timeout 10 s, so
+# docs/troubleshooting.md's recipe: a little more than one step plus one checkpoint save. The
+# model is small (a step takes ~20 ms on a quiet 2-core machine, ~1 s at a load of 18) and the timeout 10 s, so
 # the stop holds on a loaded machine too (at hidden 512, steps of 5-9 s under that load outran a
 # 5 s timeout and Open MPI killed the ranks before their summary).
 export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-10}"

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "bench/block/flops.h"
+#include "bench/common/host_gemm_report.h"
 #include "bench/common/stats.h"
 #include "plan/cost_model.h"
 #include "runtime/device.h"
@@ -250,6 +251,7 @@ BlockBenchResult block_report(const BlockPlan& p, const BlockBenchOptions& o,
   j["tool"] = std::string("meshrt bench ") + layer_kind_name(p.kind);
   j["command_line"] = o.command_line;
   j["versions"] = o.versions;
+  if (!p.cuda) j["host_f32_gemm"] = bench::host_f32_gemm_json();
   j["config"] = {{"kind", layer_kind_name(p.kind)},
                  {"devices", p.devices},
                  {"launch", launch.describe()},

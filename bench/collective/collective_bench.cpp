@@ -564,6 +564,19 @@ double memcpy_fraction(CommOp op, int n, const Row& r, int place, double memcpy_
          (memcpy_gbps * 1e9) / t;
 }
 
+// --latency's lines under the table.
+void print_latency(std::ostream& out, const std::vector<Row>& rows, const CollBenchOptions& o) {
+  char buf[256];
+  out << "# latency, each iteration alone, us (median / p99 of " << o.iters
+      << ", slowest rank), out-of-place | in-place:\n";
+  for (const Row& r : rows) {
+    std::snprintf(buf, sizeof(buf), "# %12lld  %9.2f / %9.2f | %9.2f / %9.2f\n",
+                  static_cast<long long>(r.bytes), r.t[0].lat_median_us, r.t[0].lat_p99_us,
+                  r.t[1].lat_median_us, r.t[1].lat_p99_us);
+    out << buf;
+  }
+}
+
 nlohmann::json timing_json(const Timing& t) {
   nlohmann::json j = {{"time_us", {{"avg", t.avg_us}, {"min", t.min_us}, {"max", t.max_us}}},
                       {"time_us_reported", t.shown_us},
@@ -700,16 +713,7 @@ int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
                   r.t[1].min_us, r.t[1].avg_us, r.t[1].max_us);
     out << buf;
   }
-  if (o.latency) {
-    out << "# latency, each iteration alone, us (median / p99 of " << o.iters
-        << ", slowest rank), out-of-place | in-place:\n";
-    for (const Row& r : rows) {
-      std::snprintf(buf, sizeof(buf), "# %12lld  %9.2f / %9.2f | %9.2f / %9.2f\n",
-                    static_cast<long long>(r.bytes), r.t[0].lat_median_us, r.t[0].lat_p99_us,
-                    r.t[1].lat_median_us, r.t[1].lat_p99_us);
-      out << buf;
-    }
-  }
+  if (o.latency) print_latency(out, rows, o);
   if (o.memcpy_bound) {
     std::snprintf(buf, sizeof(buf),
                   "# memcpy bandwidth: %.2f GB/s per rank with all %d ranks copying %lld bytes at "

@@ -19,6 +19,10 @@ namespace {
 // oneDNN is kept only when at least this much faster: near-ties stay on OpenBLAS, the path
 // meshrt has always run, so noise does not flip shapes between runs.
 constexpr double kOnednnMargin = 0.97;
+// auto times tiles of at least this many multiply-adds (~0.1 ms at 40 GFLOP/s); smaller ones stay
+// on OpenBLAS untimed: too short to time against the noise, too small to matter, and the same in
+// every process (small test and training runs stay bit-reproducible across processes).
+constexpr int64_t kMinTimedFma = int64_t{1} << 22;
 // Scratch C of a timed tile: at most this many floats (64 MiB); taller tiles are timed on their
 // first rows.
 constexpr int64_t kMaxScratch = int64_t{1} << 24;
@@ -94,7 +98,8 @@ F32Choice f32_measure(const DnnlTile& t) {
 
 F32Path f32_path_for(const DnnlTile& t) {
   Mode mode = f32_mode();
-  if (mode == Mode::automatic && !dnnl_built()) mode = Mode::openblas;
+  if (mode == Mode::automatic && !dnnl_built()) return F32Path::openblas;
+  if (mode == Mode::automatic && t.m * t.n * t.k < kMinTimedFma) return F32Path::openblas;
   const F32Key key{t.m, t.n, t.k, t.trans_a, t.trans_b, static_cast<int>(mode)};
   F32Cache& cache = f32_cache();
   // Held while a new shape is timed: the pool's other tiles of that shape wait for the answer
@@ -162,9 +167,9 @@ std::string host_gemm_f32_info() {
   }
   if (!dnnl_built()) return blas + " (auto, built without oneDNN: install libdnnl-dev)";
   return "auto: " + blas + " or f32 matmul of " + dnnl_description() +
-         ", the faster per tile shape, timed at its first use "
-         "(MESHRT_HOST_F32_GEMM=openblas|onednn "
-         "forces one)";
+         ", the faster per tile shape, timed at its first use (tiles under " +
+         std::to_string(kMinTimedFma) +
+         " multiply-adds: OpenBLAS; MESHRT_HOST_F32_GEMM=openblas|onednn forces one)";
 }
 
 }  // namespace meshrt::kernels::host

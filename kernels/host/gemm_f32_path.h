@@ -3,7 +3,10 @@
 // (or OPENBLAS_CORETYPE) picks; oneDNN dispatches on the ISA itself. MESHRT_HOST_F32_GEMM:
 //   auto     (default) both are timed on the first tile of each shape (m, n, k, transposes), the
 //            faster kept for that shape for the rest of the process (OpenBLAS unless oneDNN is at
-//            least 3% faster; OpenBLAS alone in a build without oneDNN);
+//            least 3% faster; OpenBLAS alone in a build without oneDNN). Tiles under 2^22
+//            multiply-adds stay on OpenBLAS untimed. The timing can choose differently in two
+//            processes, whose f32 results may then differ in the last bits: force a path for
+//            runs that must match bit for bit across processes;
 //   openblas / onednn: that path for every shape (onednn is refused in a build without oneDNN).
 // Used by host/gemm.cpp's f32 tiles; the choices are reported by `meshrt info` and the JSON of
 // `bench gemm` / `bench block`.
@@ -36,7 +39,8 @@ struct F32Choice {
 void f32_tile(const DnnlTile& t);
 // The same tile through the given path (tests compare the two).
 void f32_tile_on(const DnnlTile& t, F32Path p);
-// Every shape decided so far in this process, in first-use order.
+// Every shape decided so far in this process, in first-use order (auto's untimed small tiles are
+// not recorded).
 std::vector<F32Choice> f32_choices();
 // One line for `meshrt info`: the mode, the libraries and what auto does.
 std::string host_gemm_f32_info();

@@ -49,10 +49,11 @@ TSAN_ISA ?= baseline
 # whose OpenBLAS pool threads already run, and the children start threads: TSan refuses that
 # ("starting new threads after multi-threaded fork is not supported"). make test and ASan run them.
 TSAN_EXCLUDE ?= capi: (file|TCP) rendezvous of 2 CPU processes
-# The TSan suite runs bf16 GEMMs on the f32 path (MESHRT_HOST_BF16_GEMM=f32): on CPUs with
-# AVX512-BF16 the default path is oneDNN, whose uninstrumented thread pool and primitive cache
+# The TSan suite runs bf16 GEMMs on the f32 path (MESHRT_HOST_BF16_GEMM=f32) and f32 GEMMs on
+# OpenBLAS (MESHRT_HOST_F32_GEMM=openblas): on CPUs with AVX512-BF16 the default bf16 path is
+# oneDNN, and the default f32 path may be, whose uninstrumented thread pool and primitive cache
 # TSan reports (a race in its rwlock) and then fails the process even when suppressed (exit 66,
-# no report). make test and ASan run the oneDNN path.
+# no report). make test and ASan run the oneDNN paths.
 # SAN_UNITY: the sanitizer builds compile each target's sources in batches (CMake's unity build;
 # the kernel loop variants stay one file each): ASan + UBSan's build 790 -> 561 s, TSan's 435 ->
 # ~260 s here, most of their stages' time. `make test`'s build compiles every file alone, so a missing #include still fails
@@ -116,8 +117,9 @@ tsan: deps
 	  "-DCMAKE_C_FLAGS_DEBUG=-O1 $(TSAN_G)" -DMESHRT_SANITIZE=thread \
 	  -DMESHRT_HOST_ISA_VARIANTS=$(TSAN_ISA) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
-	@cd $(TSAN_BUILD) && MESHRT_HOST_BF16_GEMM=f32 ctest --output-on-failure --timeout 600 \
-	  -j $(JOBS) -L multirank -E '$(TSAN_EXCLUDE)' $(CTEST_ARGS)
+	@cd $(TSAN_BUILD) && MESHRT_HOST_BF16_GEMM=f32 MESHRT_HOST_F32_GEMM=openblas \
+	  ctest --output-on-failure --timeout 600 -j $(JOBS) -L multirank -E '$(TSAN_EXCLUDE)' \
+	  $(CTEST_ARGS)
 
 # 2000 training steps under stream jitter: finite losses, flat allocator statistics.
 soak: build

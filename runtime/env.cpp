@@ -44,6 +44,7 @@ const std::vector<Variable>& table() {
       on_off("MESHRT_BLAS_REEXEC", true),
       on_off("MESHRT_CUBLAS_TF32"),
       one_of("MESHRT_HOST_BF16_GEMM", {"auto", "f32"}),
+      one_of("MESHRT_HOST_F32_GEMM", {"auto", "openblas", "onednn"}),
       one_of("MESHRT_ATTENTION", {"flash", "reference"}),
       one_of("MESHRT_NCCL_HALF_REDUCE", {"f32", "native"}),
       whole("MESHRT_HOST_SPIN", 0, 1000000000),

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "collectives/mpi_backend.h"
+#include "kernels/host/gemm_f32_path.h"
 #include "kernels/ops.h"
 #include "runtime/device.h"
 #include "runtime/plugin.h"
@@ -59,6 +60,7 @@ int run_info(std::ostream& os) {
   if (v.count("cublaslt")) os << "  gemm     " << get("cublaslt") << " (CUDA)\n";
   if (v.count("nccl")) os << "  nccl     NCCL " << get("nccl") << "\n";
   os << "  blas     " << get("blas") << ", threading " << get("blas_threading") << "\n";
+  os << "  gemm32   " << get("host_gemm_f32") << "\n";
   os << "  gemm16   " << get("host_gemm_16bit") << "\n";
   os << "  loops    " << get("host_isa") << "\n";
   if (v.count("mpi")) os << "  mpi      " << get("mpi") << "\n";
@@ -92,6 +94,7 @@ std::map<std::string, std::string> version_info() {
   v["blas"] = std::string("OpenBLAS (") + openblas_get_config() + ")";
   v["blas_threading"] = std::string(p >= 0 && p <= 2 ? par[p] : "?") + ", " +
                         std::to_string(openblas_get_num_threads()) + " threads by default";
+  v["host_gemm_f32"] = kernels::host::host_gemm_f32_info();
   v["host_gemm_16bit"] = ops::host_gemm_16bit_info();
   v["host_isa"] = ops::host_isa_info();
   if (const std::string m = detail::mpi_backend().library_version(); !m.empty()) v["mpi"] = m;

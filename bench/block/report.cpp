@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "bench/block/flops.h"
+#include "bench/common/host_gemm_report.h"
 #include "bench/common/stats.h"
 #include "plan/cost_model.h"
 #include "runtime/device.h"
@@ -319,6 +320,7 @@ json br_json(const BlockPlan& p, const BlockBenchOptions& o,
   j["tool"] = std::string("meshrt bench ") + layer_kind_name(p.kind);
   j["command_line"] = o.command_line;
   j["versions"] = o.versions;
+  if (!p.cuda) j["host_f32_gemm"] = bench::host_f32_gemm_json();
   j["config"] = br_config_json(p, o, s.gpu_name);
   j["flops"] = br_flops_json(p, o);
   j["step_ms"] = {{"median", res.step_ms},

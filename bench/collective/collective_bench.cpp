@@ -215,7 +215,8 @@ double reduced(DType dt, ReduceOp op, uint64_t seed, int n, int64_t i) {
 struct Timing {
   double avg_us = 0, min_us = 0, max_us = 0, shown_us = 0;
   double algbw = 0, busbw = 0;
-  int64_t wrong = -1;  // -1: not checked
+  int64_t wrong = -1;                          // -1: not checked
+  double lat_median_us = -1, lat_p99_us = -1;  // --latency: slowest rank's; -1 without
 };
 
 struct Row {
@@ -345,6 +346,27 @@ class RankBench {
     }
   }
 
+  // Each of -n iterations alone: issue, wait for it, next. The median and p99 of this rank's
+  // times, then the slowest rank's of each (the ranks are not otherwise synchronised in between:
+  // the collective itself is the synchronisation, as in osu_allreduce).
+  void latency(bool in_place, const Tensor& send, const Tensor& recv, const Layout& l, Timing& t) {
+    barrier();
+    std::vector<double> ns;
+    ns.reserve(static_cast<size_t>(o_.iters));
+    for (int it = 0; it < o_.iters; ++it) {
+      const auto t0 = Clock::now();
+      issue(in_place, send, recv, l);
+      stream_->synchronize();
+      ns.push_back(static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+    }
+    t.lat_median_us =
+        static_cast<double>(reduce_i64(std::llround(bench::median(ns)), ReduceOp::Max)) / 1e3;
+    t.lat_p99_us =
+        static_cast<double>(reduce_i64(std::llround(bench::percentile(ns, 0.99)), ReduceOp::Max)) /
+        1e3;
+  }
+
   // Fresh inputs, one run, wrong elements on this rank.
   int64_t check(bool in_place, const Tensor& send, const Tensor& recv, const Layout& l,
                 uint64_t seed) {
@@ -443,6 +465,7 @@ class RankBench {
       const double sec = t.shown_us / 1e6;
       t.algbw = sec > 0 ? alg_bytes(s_.op, l, es_, n_) / 1e9 / sec : 0;
       t.busbw = t.algbw * bus_factor(s_.op, n_);
+      if (o_.latency) latency(in_place, send, recv, l, t);
       if (o_.check) {
         const uint64_t seed = o_.seed + 7919u * static_cast<uint64_t>(size_index) + 31u * ip + 1;
         t.wrong = reduce_i64(check(in_place, send, recv, l, seed), ReduceOp::Sum);
@@ -541,12 +564,29 @@ double memcpy_fraction(CommOp op, int n, const Row& r, int place, double memcpy_
          (memcpy_gbps * 1e9) / t;
 }
 
+// --latency's lines under the table.
+void print_latency(std::ostream& out, const std::vector<Row>& rows, const CollBenchOptions& o) {
+  char buf[256];
+  out << "# latency, each iteration alone, us (median / p99 of " << o.iters
+      << ", slowest rank), out-of-place | in-place:\n";
+  for (const Row& r : rows) {
+    std::snprintf(buf, sizeof(buf), "# %12lld  %9.2f / %9.2f | %9.2f / %9.2f\n",
+                  static_cast<long long>(r.bytes), r.t[0].lat_median_us, r.t[0].lat_p99_us,
+                  r.t[1].lat_median_us, r.t[1].lat_p99_us);
+    out << buf;
+  }
+}
+
 nlohmann::json timing_json(const Timing& t) {
-  return {{"time_us", {{"avg", t.avg_us}, {"min", t.min_us}, {"max", t.max_us}}},
-          {"time_us_reported", t.shown_us},
-          {"algbw_gbps", t.algbw},
-          {"busbw_gbps", t.busbw},
-          {"wrong", t.wrong}};
+  nlohmann::json j = {{"time_us", {{"avg", t.avg_us}, {"min", t.min_us}, {"max", t.max_us}}},
+                      {"time_us_reported", t.shown_us},
+                      {"algbw_gbps", t.algbw},
+                      {"busbw_gbps", t.busbw},
+                      {"wrong", t.wrong}};
+  if (t.lat_median_us >= 0) {
+    j["latency_us"] = {{"median", t.lat_median_us}, {"p99", t.lat_p99_us}};
+  }
+  return j;
 }
 
 // The settings of a run, checking every option that needs no launch.
@@ -652,6 +692,7 @@ void coll_print_summary(std::ostream& out, const CollBenchOptions& o, const Sett
                   r.t[1].min_us, r.t[1].avg_us, r.t[1].max_us);
     out << buf;
   }
+  if (o.latency) print_latency(out, rows, o);
   if (o.memcpy_bound) {
     std::snprintf(buf, sizeof(buf),
                   "# memcpy bandwidth: %.2f GB/s per rank with all %d ranks copying %lld bytes at "

@@ -27,7 +27,10 @@ struct CollBenchOptions {
   int average = 1;  // time reported in the table: 0 rank 0, 1 average, 2 minimum, 3 maximum
   uint64_t seed = 1;
   bool memcpy_bound = false;  // also measure concurrent memcpy bandwidth (CPU devices)
-  std::string json_path;      // write every figure here as JSON
+  // Also time each of -n iterations alone (issue, then wait for it): median and p99 latency,
+  // slowest rank, per size and placement.
+  bool latency = false;
+  std::string json_path;  // write every figure here as JSON
 };
 
 // "8", "512K", "64M", "1G" -> bytes (K, M, G are powers of 1024, as nccl-tests reads them).

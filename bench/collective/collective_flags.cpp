@@ -42,6 +42,9 @@ class CollectiveCommand : public Command {
         ->check(cli::kNonNegativeInt);
     c.add_flag("--memcpy-bound", o_.memcpy_bound,
                "also measure the memcpy bandwidth every rank gets while all copy at once");
+    c.add_flag("--latency", o_.latency,
+               "also time each of the -n iterations alone (issue, wait): median and p99 latency "
+               "of the slowest rank");
     c.add_option("--json", o_.json_path, "write the figures to this JSON file");
   }
 

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/common/host_gemm_report.h"
 #include "bench/common/stats.h"
 #include "kernels/host/parallel.h"
 #include "kernels/ops.h"
@@ -472,6 +473,10 @@ int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
   if (o.gemm) bench.gemm_section(ctxs);
   if (o.elementwise) bench.elementwise_section(*ctxs[0]);
   if (o.attention) bench.attention_section(*ctxs[0]);
+  if (!bench.cuda) {
+    bench::print_host_f32_gemm(out);
+    bench.report["host_f32_gemm"] = bench::host_f32_gemm_json();
+  }
   if (!o.json_path.empty()) {
     write_output_file(o.json_path, bench.report.dump(2) + "\n", "--json");
   }

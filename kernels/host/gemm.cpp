@@ -1,4 +1,5 @@
-// Host GEMM: OpenBLAS sgemm on panels split over the rank's pool. bf16 inputs go to oneDNN's
+// Host GEMM: panels split over the rank's pool. f32 panels run OpenBLAS sgemm or oneDNN's f32
+// matmul, chosen per panel shape (gemm_f32_path.h). bf16 inputs go to oneDNN's
 // bf16 matmul (AVX512-BF16 / AMX dot products, f32 accumulation) when the CPU has it
 // (gemm_dnnl.h); otherwise, and for f16, 16-bit inputs are converted to f32 in cache-sized blocks
 // (never whole-tensor copies) for sgemm and accumulated in f32.
@@ -11,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/host/gemm_dnnl.h"
+#include "kernels/host/gemm_f32_path.h"
 #include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
@@ -69,9 +71,23 @@ void tile_f32(const GemmProblem& p, const Tile& t) {
     scale_tile(p, t, c, bias);
     return;
   }
-  cblas_sgemm(CblasRowMajor, tr(p.trans_a), tr(p.trans_b), bi(t.i1 - t.i0), bi(t.j1 - t.j0),
-              bi(p.k), p.alpha, a + a_off(p, t.i0, 0), bi(p.lda), b + b_off(p, 0, t.j0), bi(p.ldb),
-              p.beta, c + t.i0 * p.ldc + t.j0, bi(p.ldc));
+  DnnlTile d{t.i1 - t.i0,
+             t.j1 - t.j0,
+             p.k,
+             a + a_off(p, t.i0, 0),
+             p.lda,
+             p.trans_a,
+             b + b_off(p, 0, t.j0),
+             p.ldb,
+             p.trans_b,
+             c + t.i0 * p.ldc + t.j0,
+             p.ldc,
+             false,
+             nullptr,
+             p.alpha,
+             p.beta,
+             true};
+  f32_tile(d);
   if (bias) {
     for (int64_t i = t.i0; i < t.i1; ++i) {
       float* cr = c + i * p.ldc;
@@ -174,7 +190,7 @@ void tile_bf16_dnnl(const GemmProblem& p, const Tile& t) {
              p.alpha,
              p.beta};
   if (p.alpha == 1.f || !bias) {
-    dnnl_bf16_tile(d);
+    dnnl_tile(d);
     return;
   }
   for (int64_t i0 = t.i0; i0 < t.i1; i0 += kMB) {
@@ -189,7 +205,7 @@ void tile_bf16_dnnl(const GemmProblem& p, const Tile& t) {
     u.bias = nullptr;
     u.alpha = 1.f;
     u.beta = 0.f;
-    dnnl_bf16_tile(u);
+    dnnl_tile(u);
     for (int64_t i = 0; i < mb; ++i) {
       CT* cr = c + (i0 + i) * p.ldc;
       const float* ar = acc + i * u.ldc;

@@ -1,5 +1,6 @@
-// bf16 GEMM tiles through oneDNN's matmul (see gemm_dnnl.h). Primitives are built once per tile
-// shape and kept per thread (oneDNN's own cache would still rebuild the descriptor, ~5 us a call).
+// bf16 and f32 GEMM tiles through oneDNN's matmul (see gemm_dnnl.h). Primitives are built once per
+// tile shape and kept per thread (oneDNN's own cache would still rebuild the descriptor, ~5 us a
+// call).
 #include "kernels/host/gemm_dnnl.h"
 
 #include <cstdlib>
@@ -32,16 +33,23 @@ bool forced_f32() { return env_choice("MESHRT_HOST_BF16_GEMM") == "f32"; }
 
 namespace {
 
-bool cpu_has_bf16(std::string* isa_name) {
+// The ISA oneDNN runs at, by name (ONEDNN_MAX_CPU_ISA caps it).
+std::string dnnl_isa_name() {
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  auto has = [isa](dnnl_cpu_isa_t want) {
+    return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
+  };
+  if (has(dnnl_cpu_isa_avx512_core_amx)) return "avx512_core_amx";
+  if (has(dnnl_cpu_isa_avx512_core_bf16)) return "avx512_core_bf16";
+  if (has(dnnl_cpu_isa_avx512_core)) return "avx512_core";
+  if (has(dnnl_cpu_isa_avx2)) return "avx2";
+  return "below avx2";
+}
+
+bool cpu_has_bf16() {
   const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const auto want = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-  const bool amx = (isa & static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx)) ==
-                   static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
-  const bool bf16 = (isa & want) == want;
-  if (isa_name) {
-    *isa_name = amx ? "avx512_core_amx" : bf16 ? "avx512_core_bf16" : "no bf16 instructions";
-  }
-  return bf16;
+  return (isa & want) == want;
 }
 
 struct Decision {
@@ -52,18 +60,15 @@ struct Decision {
 const Decision& decision() {
   static const Decision d = [] {
     Decision r;
-    std::string isa;
-    const bool hw = cpu_has_bf16(&isa);
-    const dnnl_version_t* v = dnnl_version();
-    std::ostringstream os;
-    os << "oneDNN " << v->major << "." << v->minor << "." << v->patch << " (CPU ISA " << isa << ")";
+    const bool hw = cpu_has_bf16();
+    const std::string lib = dnnl_description();
     if (forced_f32()) {
-      r.why = "f32 sgemm on converted panels (MESHRT_HOST_BF16_GEMM=f32); " + os.str();
+      r.why = "f32 sgemm on converted panels (MESHRT_HOST_BF16_GEMM=f32); " + lib;
     } else if (!hw) {
-      r.why = "f32 sgemm on converted panels: " + os.str() + " reports no bf16 dot products";
+      r.why = "f32 sgemm on converted panels: " + lib + " reports no bf16 dot products";
     } else {
       r.enabled = true;
-      r.why = "bf16 matmul of " + os.str() + ", f32 accumulation";
+      r.why = "bf16 matmul of " + lib + ", f32 accumulation";
     }
     return r;
   }();
@@ -73,7 +78,7 @@ const Decision& decision() {
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alpha_bits, beta_bits;
-  bool ta, tb, c_bf16, bias;
+  bool ta, tb, c_bf16, bias, ab_f32;
   bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
 struct KeyHash {
@@ -121,16 +126,18 @@ Key key_of(const DnnlTile& t) {
   k.tb = t.trans_b;
   k.c_bf16 = t.c_bf16;
   k.bias = t.bias != nullptr;
+  k.ab_f32 = t.ab_f32;
   return k;
 }
 
 Prim make_prim(ThreadState& s, const DnnlTile& t) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
-  const dt cdt = t.c_bf16 ? dt::bf16 : dt::f32;
+  const dt cdt = t.c_bf16 && !t.ab_f32 ? dt::bf16 : dt::f32;
+  const dt in = t.ab_f32 ? dt::f32 : dt::bf16;
   Prim p;
-  p.a = dnnl::memory::desc(dims{t.m, t.k}, dt::bf16, t.trans_a ? dims{1, t.lda} : dims{t.lda, 1});
-  p.b = dnnl::memory::desc(dims{t.k, t.n}, dt::bf16, t.trans_b ? dims{1, t.ldb} : dims{t.ldb, 1});
+  p.a = dnnl::memory::desc(dims{t.m, t.k}, in, t.trans_a ? dims{1, t.lda} : dims{t.lda, 1});
+  p.b = dnnl::memory::desc(dims{t.k, t.n}, in, t.trans_b ? dims{1, t.ldb} : dims{t.ldb, 1});
   p.c = dnnl::memory::desc(dims{t.m, t.n}, cdt, dims{t.ldc, 1});
   if (t.bias) p.bias = dnnl::memory::desc(dims{1, t.n}, cdt, dims{t.n, 1});
   dnnl::primitive_attr attr;
@@ -150,11 +157,21 @@ Prim make_prim(ThreadState& s, const DnnlTile& t) {
 
 }  // namespace
 
+bool dnnl_built() { return true; }
+
+std::string dnnl_description() {
+  const dnnl_version_t* v = dnnl_version();
+  std::ostringstream os;
+  os << "oneDNN " << v->major << "." << v->minor << "." << v->patch << " (CPU ISA "
+     << dnnl_isa_name() << ")";
+  return os.str();
+}
+
 bool dnnl_bf16_gemm_enabled() { return decision().enabled; }
 
-void dnnl_bf16_tile(const DnnlTile& t) {
+void dnnl_tile(const DnnlTile& t) {
   MESHRT_CHECK(t.alpha == 1.f || t.bias == nullptr,
-               "internal: oneDNN bf16 tile with alpha=" << t.alpha << " and a bias");
+               "internal: oneDNN tile with alpha=" << t.alpha << " and a bias");
   try {
     ThreadState& s = state();
     const Key k = key_of(t);
@@ -173,25 +190,33 @@ void dnnl_bf16_tile(const DnnlTile& t) {
     p.mm.execute(s.st, args);
     s.st.wait();
   } catch (const dnnl::error& e) {
-    MESHRT_CHECK(false, "op gemm: oneDNN bf16 matmul failed (status "
-                            << static_cast<int>(e.status) << ": " << e.what() << ") on m=" << t.m
-                            << " n=" << t.n << " k=" << t.k << " lda=" << t.lda << " ldb=" << t.ldb
-                            << " ldc=" << t.ldc << " trans_a=" << t.trans_a
-                            << " trans_b=" << t.trans_b << " out=" << (t.c_bf16 ? "bf16" : "f32")
-                            << "; MESHRT_HOST_BF16_GEMM=f32 uses the f32 path instead");
+    MESHRT_CHECK(false,
+                 "op gemm: oneDNN "
+                     << (t.ab_f32 ? "f32" : "bf16") << " matmul failed (status "
+                     << static_cast<int>(e.status) << ": " << e.what() << ") on m=" << t.m
+                     << " n=" << t.n << " k=" << t.k << " lda=" << t.lda << " ldb=" << t.ldb
+                     << " ldc=" << t.ldc << " trans_a=" << t.trans_a << " trans_b=" << t.trans_b
+                     << " out=" << (t.c_bf16 && !t.ab_f32 ? "bf16" : "f32") << "; "
+                     << (t.ab_f32 ? "MESHRT_HOST_F32_GEMM=openblas" : "MESHRT_HOST_BF16_GEMM=f32")
+                     << " uses OpenBLAS instead");
   }
 }
 
 std::string host_gemm_16bit_info() {
+  // oneDNN 2.x has no f16 matmul on CPUs (its f16 CPU kernels need avx512_core_fp16, from 3.x).
   return "bf16: " + decision().why + "; f16: f32 sgemm on converted panels (no f16 kernels here)";
 }
 
 #else  // no oneDNN in this build
 
+bool dnnl_built() { return false; }
+
+std::string dnnl_description() { return "no oneDNN (built without it: install libdnnl-dev)"; }
+
 bool dnnl_bf16_gemm_enabled() { return false; }
 
-void dnnl_bf16_tile(const DnnlTile&) {
-  MESHRT_CHECK(false, "internal: oneDNN bf16 tile called in a build without oneDNN");
+void dnnl_tile(const DnnlTile&) {
+  MESHRT_CHECK(false, "internal: oneDNN tile called in a build without oneDNN");
 }
 
 std::string host_gemm_16bit_info() {

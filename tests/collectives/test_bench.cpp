@@ -126,6 +126,47 @@ TEST_CASE("collective bench: --memcpy-bound gives each op's fraction of the memc
   std::filesystem::remove(json);
 }
 
+TEST_CASE("collective bench: --latency reports each placement's median and p99", "[multirank]") {
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("meshrt-bench-lat-" + std::to_string(getpid()) + ".json"))
+                               .string();
+  CollBenchOptions o;
+  o.op = "all_reduce";
+  o.devices = "cpu:2";
+  o.backend = "host";
+  o.min_bytes = 8;
+  o.max_bytes = 4096;
+  o.step_factor = 512;
+  o.warmup = 1;
+  o.iters = 20;
+  o.latency = true;
+  o.json_path = json;
+  std::ostringstream out;
+  REQUIRE(run_collective_bench(o, out) == 0);
+  INFO(out.str());
+  CHECK_THAT(out.str(), Catch::Contains("# latency, each iteration alone, us (median / p99 of 20"));
+  std::ifstream f(json);
+  nlohmann::json j = nlohmann::json::parse(f);
+  REQUIRE(j["results"].size() == 2);  // 8, 4096
+  for (auto& r : j["results"]) {
+    for (const char* place : {"out_of_place", "in_place"}) {
+      INFO(place);
+      const double med = r[place]["latency_us"]["median"], p99 = r[place]["latency_us"]["p99"];
+      CHECK(med > 0);
+      CHECK(p99 >= med);
+      CHECK(r[place]["wrong"] == 0);
+    }
+  }
+  // Without the flag there is no latency figure.
+  o.latency = false;
+  std::ostringstream out2;
+  REQUIRE(run_collective_bench(o, out2) == 0);
+  std::ifstream f2(json);
+  nlohmann::json j2 = nlohmann::json::parse(f2);
+  CHECK_FALSE(j2["results"][0]["out_of_place"].contains("latency_us"));
+  std::filesystem::remove(json);
+}
+
 TEST_CASE("collective bench: invalid options say what to change", "[multirank]") {
   CollBenchOptions o;
   o.devices = "cpu:2";

@@ -1,5 +1,8 @@
 // GEMM (plain, bias epilogue, flattened, transposed views, batched) against a double reference.
+#include <cstdlib>
+
 #include "helpers.h"
+#include "kernels/host/gemm_f32_path.h"
 
 using namespace kt;
 namespace ops = meshrt::ops;
@@ -49,7 +52,139 @@ void run_case(Host& h, DType dt, DType ct, Dims d, bool ta, bool tb, float alpha
   check_close(read(h, c), ref, tol_for(ct, 1e-4), what.str());
 }
 
+// Sets MESHRT_HOST_F32_GEMM for one scope, then puts back what ctest's environment had.
+struct F32ModeScope {
+  std::string old;
+  bool had;
+  explicit F32ModeScope(const char* v) {
+    const char* o = std::getenv("MESHRT_HOST_F32_GEMM");
+    had = o != nullptr;
+    if (had) old = o;
+    setenv("MESHRT_HOST_F32_GEMM", v, 1);
+  }
+  ~F32ModeScope() {
+    if (had) {
+      setenv("MESHRT_HOST_F32_GEMM", old.c_str(), 1);
+    } else {
+      unsetenv("MESHRT_HOST_F32_GEMM");
+    }
+  }
+};
+
+// The choices recorded for one shape (m, n, k, no transposes).
+std::vector<meshrt::kernels::host::F32Choice> f32_choices_of(int64_t m, int64_t n, int64_t k) {
+  std::vector<meshrt::kernels::host::F32Choice> r;
+  for (const auto& c : meshrt::kernels::host::f32_choices())
+    if (c.m == m && c.n == n && c.k == k && !c.trans_a && !c.trans_b) r.push_back(c);
+  return r;
+}
+
 }  // namespace
+
+TEST_CASE("gemm f32 tiles: OpenBLAS and oneDNN match a double reference on strided operands",
+          "[gemm]") {
+  namespace hk = meshrt::kernels::host;
+  std::mt19937 rng(91);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<hk::F32Path> paths{hk::F32Path::openblas};
+  if (hk::dnnl_built()) paths.push_back(hk::F32Path::onednn);
+  for (const Dims d : {Dims{1, 1, 1}, Dims{7, 13, 5}, Dims{33, 17, 65}, Dims{130, 67, 257}}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        // Leading dims wider than the rows (a sub-matrix of a larger buffer), C too.
+        const int64_t lda = (ta ? d.m : d.k) + 3, ldb = (tb ? d.k : d.n) + 5, ldc = d.n + 2;
+        std::vector<float> a(static_cast<size_t>((ta ? d.k : d.m) * lda)),
+            b(static_cast<size_t>((tb ? d.n : d.k) * ldb)), c0(static_cast<size_t>(d.m * ldc));
+        for (auto* v : {&a, &b, &c0})
+          for (float& x : *v) x = dist(rng);
+        for (const hk::F32Path path : paths) {
+          std::vector<float> c = c0;
+          hk::DnnlTile t{d.m, d.n,      d.k, a.data(), lda,     ta,   b.data(), ldb,
+                         tb,  c.data(), ldc, false,    nullptr, 0.5f, -1.5f,    true};
+          hk::f32_tile_on(t, path);
+          double worst = 0;
+          for (int64_t i = 0; i < d.m; ++i) {
+            for (int64_t j = 0; j < d.n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < d.k; ++p)
+                s += double(ta ? a[p * lda + i] : a[i * lda + p]) *
+                     double(tb ? b[j * ldb + p] : b[p * ldb + j]);
+              const double want = 0.5 * s - 1.5 * c0[i * ldc + j];
+              worst = std::max(worst, std::abs(c[i * ldc + j] - want) / (1 + std::abs(want)));
+            }
+            // The padding past n is not written.
+            for (int64_t j = d.n; j < ldc; ++j) REQUIRE(c[i * ldc + j] == c0[i * ldc + j]);
+          }
+          INFO(hk::f32_path_name(path)
+               << " m=" << d.m << " n=" << d.n << " k=" << d.k << " ta=" << ta << " tb=" << tb);
+          CHECK(worst < 1e-4);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("MESHRT_HOST_F32_GEMM forces one path, auto times both once per shape", "[gemm]") {
+  namespace hk = meshrt::kernels::host;
+  Host h;
+  {
+    F32ModeScope mode("openblas");
+    CHECK(hk::host_gemm_f32_info().find("for every shape") != std::string::npos);
+    for (int it = 0; it < 3; ++it)
+      run_case(h, DType::f32, DType::f32, Dims{71, 45, 33}, false, false, 1.f, 0.f, false, 81);
+    const auto cs = f32_choices_of(71, 45, 33);
+    REQUIRE(cs.size() == 1);
+    CHECK(cs[0].forced);
+    CHECK(cs[0].path == hk::F32Path::openblas);
+  }
+  if (hk::dnnl_built()) {
+    F32ModeScope mode("onednn");
+    run_case(h, DType::f32, DType::f32, Dims{73, 45, 33}, false, false, 1.f, 0.5f, true, 82);
+    const auto cs = f32_choices_of(73, 45, 33);
+    REQUIRE(cs.size() == 1);
+    CHECK(cs[0].forced);
+    CHECK(cs[0].path == hk::F32Path::onednn);
+  }
+  {
+    F32ModeScope mode("auto");
+    // Small tiles stay on OpenBLAS untimed (and unrecorded).
+    run_case(h, DType::f32, DType::f32, Dims{75, 45, 33}, false, false, 1.f, 0.f, false, 83);
+    CHECK(f32_choices_of(75, 45, 33).empty());
+    // 256^3 is split into row panels of at least 2^22 multiply-adds each: every panel shape is
+    // timed at its first use, then cached (a second and third run add no entry).
+    auto timed = [] {
+      std::vector<hk::F32Choice> r;
+      for (const auto& c : hk::f32_choices())
+        if (c.n == 256 && c.k == 256 && !c.forced && !c.trans_a && !c.trans_b) r.push_back(c);
+      return r;
+    };
+    run_case(h, DType::f32, DType::f32, Dims{256, 256, 256}, false, false, 1.f, 0.f, false, 84);
+    const auto first = timed();
+    REQUIRE(!first.empty());
+    for (int it = 0; it < 2; ++it)
+      run_case(h, DType::f32, DType::f32, Dims{256, 256, 256}, false, false, 1.f, 0.f, false, 85);
+    CHECK(timed().size() == first.size());
+    for (const auto& c : first) {
+      CHECK(c.openblas_us > 0);
+      if (hk::dnnl_built()) {
+        CHECK(c.onednn_us > 0);
+        CHECK((c.path == hk::F32Path::onednn) == (c.onednn_us < 0.97 * c.openblas_us));
+      } else {
+        CHECK(c.path == hk::F32Path::openblas);
+      }
+    }
+  }
+  {
+    F32ModeScope mode("mkl");
+    try {
+      (void)hk::host_gemm_f32_info();
+      FAIL("MESHRT_HOST_F32_GEMM=mkl was accepted");
+    } catch (const std::exception& e) {
+      CHECK(std::string(e.what()).find("MESHRT_HOST_F32_GEMM='mkl' is not accepted: use auto, "
+                                       "openblas or onednn") != std::string::npos);
+    }
+  }
+}
 
 TEST_CASE("gemm f32 matches a double reference over odd and round shapes", "[gemm]") {
   Host h;

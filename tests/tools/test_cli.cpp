@@ -151,6 +151,9 @@ TEST_CASE("environment switches with unknown values are refused before anything 
         Case{"MESHRT_HOST_YIELD_US=-5", "MESHRT_HOST_YIELD_US='-5' is not a whole number in [0"},
         Case{"MESHRT_HOST_BF16_GEMM=bf16",
              "MESHRT_HOST_BF16_GEMM='bf16' is not accepted: use auto or f32, or unset it (auto)"},
+        Case{"MESHRT_HOST_F32_GEMM=mkl",
+             "MESHRT_HOST_F32_GEMM='mkl' is not accepted: use auto, openblas or onednn, or unset "
+             "it (auto)"},
         Case{"MESHRT_HOST_ISA=sse4",
              "MESHRT_HOST_ISA=sse4 is not an instruction set of the host "
              "kernels; use auto, baseline"}}) {

@@ -1,0 +1,48 @@
+// The two f32 GEMM paths of the host backend, OpenBLAS sgemm and oneDNN's f32 matmul, and the
+// choice between them per tile shape. OpenBLAS's speed is whatever kernels its core detection
+// (or OPENBLAS_CORETYPE) picks; oneDNN dispatches on the ISA itself. MESHRT_HOST_F32_GEMM:
+//   auto     (default) both are timed on the first tile of each shape (m, n, k, transposes), the
+//            faster kept for that shape for the rest of the process (OpenBLAS unless oneDNN is at
+//            least 3% faster; OpenBLAS alone in a build without oneDNN). Tiles under 2^22
+//            multiply-adds stay on OpenBLAS untimed. The timing can choose differently in two
+//            processes, whose f32 results may then differ in the last bits: force a path for
+//            runs that must match bit for bit across processes;
+//   openblas / onednn: that path for every shape (onednn is refused in a build without oneDNN).
+// Used by host/gemm.cpp's f32 tiles; the choices are reported by `meshrt info` and the JSON of
+// `bench gemm` / `bench block`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/host/gemm_dnnl.h"
+
+namespace meshrt::kernels::host {
+
+enum class F32Path { openblas, onednn };
+const char* f32_path_name(F32Path p);
+
+// One shape's choice: the tile shape, the path, and (auto) the median microseconds of each path
+// on that tile, 0 when forced.
+struct F32Choice {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  F32Path path = F32Path::openblas;
+  bool forced = false;
+  double openblas_us = 0.0, onednn_us = 0.0;
+};
+
+// Runs one f32 tile (a DnnlTile with ab_f32, no bias, k > 0) on the calling thread through the
+// path chosen for its shape (timing both first in auto mode: on the tile's own A and B, into a
+// scratch C). Thread-safe; one shape is timed once per process.
+void f32_tile(const DnnlTile& t);
+// The same tile through the given path (tests compare the two).
+void f32_tile_on(const DnnlTile& t, F32Path p);
+// Every shape decided so far in this process, in first-use order (auto's untimed small tiles are
+// not recorded).
+std::vector<F32Choice> f32_choices();
+// One line for `meshrt info`: the mode, the libraries and what auto does.
+std::string host_gemm_f32_info();
+
+}  // namespace meshrt::kernels::host

@@ -8,6 +8,7 @@
 
 #include "tools/bench_cli.h"
 #include "tools/doctor.h"
+#include "tools/report.h"
 #include "tools/train.h"
 
 namespace meshrt::cli {
@@ -35,6 +36,8 @@ class MeshrtCli {
   TrainCliOptions train_opts_;
   CLI::App* doctor_ = nullptr;
   DoctorCliOptions doctor_opts_;
+  CLI::App* report_ = nullptr;
+  ReportCliOptions report_opts_;
   BenchCommands bench_;
 };
 

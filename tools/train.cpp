@@ -27,6 +27,31 @@
 
 namespace meshrt::cli {
 
+namespace {
+
+// What a run records of itself: --mem-stats, --metrics, --peak-tflops and the straggler watch.
+void add_watch_flags(CLI::App* c, TrainCliOptions& o) {
+  c->add_flag("--mem-stats", o.mem_stats,
+              "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
+              "allocated, reserved (tools/soak.sh checks they stay flat)");
+  c->add_option(
+      "--metrics", o.metrics,
+      "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
+      "docs/training.md); continued by --resume");
+  c->add_option("--peak-tflops", o.peak_tflops,
+                "Dense peak of one device in TFLOP/s: adds MFU (model FLOPs / peak) to --metrics")
+      ->check(non_negative());
+  c->add_option("--straggler-threshold", o.straggler_threshold,
+                "Warn once when a rank's compute exceeds this x the median rank's for "
+                "--straggler-steps steps in a row (default 1.2; watched with --metrics or either "
+                "flag)");
+  c->add_option("--straggler-steps", o.straggler_steps,
+                "Steps in a row over --straggler-threshold before warning (default 3)")
+      ->check(kNonNegativeInt);
+}
+
+}  // namespace
+
 CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   auto* c = app.add_subcommand(
       "train",
@@ -132,13 +157,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_option("--eval-batches", o.eval_batches, "Global batches per validation loss")
       ->capture_default_str()
       ->check(kPositiveInt);
-  c->add_flag("--mem-stats", o.mem_stats,
-              "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
-              "allocated, reserved (tools/soak.sh checks they stay flat)");
-  c->add_option(
-      "--metrics", o.metrics,
-      "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
-      "docs/training.md); continued by --resume");
+  add_watch_flags(c, o);
   c->add_flag("--skip-nonfinite", o.skip_nonfinite,
               "Skip steps with a non-finite loss or gradient (no update; counted) instead of "
               "stopping");
@@ -205,6 +224,9 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("eval-every", eval_every),
     MESHRT_SHARED("eval-batches", eval_batches),
     MESHRT_SHARED("skip-nonfinite", skip_nonfinite),
+    // Watching adds a collective a step: every rank must do it alike.
+    MESHRT_SHARED("straggler-threshold", straggler_threshold),
+    MESHRT_SHARED("straggler-steps", straggler_steps),
 };
 #undef MESHRT_SHARED
 
@@ -218,8 +240,11 @@ std::vector<std::pair<std::string, std::string>> train_shared_options(const Trai
 }
 
 // --fault sets MESHRT_FAULT, which acts on the rank it names only; --mem-stats adds rank 0's
-// allocator figures to its own lines; --metrics is written by rank 0 alone.
-std::vector<std::string> train_local_options() { return {"fault", "mem-stats", "metrics"}; }
+// allocator figures to its own lines; --metrics is written by rank 0 alone, and --peak-tflops only
+// scales what it writes.
+std::vector<std::string> train_local_options() {
+  return {"fault", "mem-stats", "metrics", "peak-tflops"};
+}
 
 namespace {
 
@@ -262,6 +287,10 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.skip_nonfinite = o.skip_nonfinite;
   c.mem_stats = o.mem_stats;
   c.metrics = o.metrics;
+  c.peak_tflops = o.peak_tflops;
+  c.watch_stragglers = o.straggler_threshold > 0 || o.straggler_steps > 0;
+  if (o.straggler_threshold > 0) c.straggler_threshold = o.straggler_threshold;
+  if (o.straggler_steps > 0) c.straggler_steps = o.straggler_steps;
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
   // Mapped and scanned once per process; the rank threads share the mapping.
   const TokenDType raw = parse_token_dtype(o.data_dtype);
@@ -441,7 +470,13 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
     else
       line << ", finished";
     line << "; last loss " << std::fixed << std::setprecision(6) << st.back().loss << "; "
-         << skipped << " skipped (non-finite)\n";
+         << skipped << " skipped (non-finite)";
+    for (const StepStats& s : st)
+      if (s.straggler_rank >= 0)
+        line << "; straggler: rank " << s.straggler_rank << " (" << s.straggler_device << ") "
+             << std::setprecision(2) << s.straggler_ratio
+             << "x the median rank's compute from step " << s.step;
+    line << "\n";
     print_line(os, line.str());
   }
   // Stopped by a signal (here or, under mpirun, at another rank): no comparison run.

@@ -35,7 +35,11 @@ struct TrainCliOptions {
   std::string lr_schedule = "constant";
   int warmup_steps = 0;
   float min_lr = 0.f, weight_decay = 0.f;
-  std::string metrics;  // --metrics FILE (JSON Lines, docs/training.md)
+  std::string metrics;     // --metrics FILE (JSON Lines, docs/training.md)
+  double peak_tflops = 0;  // --peak-tflops: per device; > 0 adds MFU to the metrics
+  // --straggler-threshold / --straggler-steps; 0: not given (1.2 and 3, watched with --metrics).
+  double straggler_threshold = 0;
+  int straggler_steps = 0;
 };
 
 // Registers the `train` subcommand and its flags on `app`.

@@ -333,6 +333,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     skipped_total += st.skipped ? 1 : 0;
     metrics.record(ctx, &st, verdict.finite() ? opt.last_grad_norm() : -1.0, skipped_total,
                    world.rank() == 0 ? log : nullptr);
+    if (cfg.on_step) cfg.on_step(st);
     out.push_back(st);
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---

@@ -22,6 +22,8 @@ enum class GradSyncMode : uint8_t { Sync, Async, Local };
 GradSyncMode parse_grad_sync(std::string_view s);
 const char* grad_sync_name(GradSyncMode m);
 
+struct StepStats;
+
 struct TrainConfig {
   ModelConfig model;
   std::string mesh = "";  // default: dp=<world>
@@ -67,6 +69,9 @@ struct TrainConfig {
   // (a validation under way is abandoned; a checkpoint is written first with --save), and agree
   // on the signal (StepStats::stop_signal).
   std::function<int()> stop_requested;
+  // Called on every rank after each step (its loss is the global batch's, alike on every rank),
+  // e.g. to ask for a stop through stop_requested at the next step (meshrt tune).
+  std::function<void(const StepStats&)> on_step;
 };
 
 // A non-finite loss or gradient stopped the run; every rank raises it alike.

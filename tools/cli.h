@@ -10,6 +10,7 @@
 #include "tools/doctor.h"
 #include "tools/report.h"
 #include "tools/train.h"
+#include "tools/tune.h"
 
 namespace meshrt::cli {
 
@@ -38,6 +39,8 @@ class MeshrtCli {
   DoctorCliOptions doctor_opts_;
   CLI::App* report_ = nullptr;
   ReportCliOptions report_opts_;
+  CLI::App* tune_ = nullptr;
+  TuneCliOptions tune_opts_;
   BenchCommands bench_;
 };
 

@@ -1,4 +1,5 @@
-// The `meshrt` command line: info, train, doctor, report, and the benchmark registry's commands
+// The `meshrt` command line: info, train, doctor, report, tune, and the benchmark registry's
+// commands
 // (`bench <name>`, `sweep`). tools/cli.h parses and validates; this runs.
 #include <iostream>
 

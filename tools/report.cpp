@@ -132,13 +132,8 @@ std::string rp_data(const std::vector<MetricsRecord>& recs) {
   return d.str();
 }
 
-struct RpInput {
-  std::string label;
-  std::vector<MetricsRecord> recs;
-};
-
 // `plot` clauses for every input and rank: `col(k)` the column of rank k's field.
-std::string rp_rank_lines(const std::string& dir, const std::vector<RpInput>& in, int field,
+std::string rp_rank_lines(const std::string& dir, const std::vector<ReportRun>& in, int field,
                           const char* what, int dash) {
   std::ostringstream p;
   for (size_t f = 0; f < in.size(); ++f)
@@ -150,19 +145,19 @@ std::string rp_rank_lines(const std::string& dir, const std::vector<RpInput>& in
   return p.str();
 }
 
-std::string rp_series(const std::string& dir, const std::vector<RpInput>& in, int col,
-                      const char* style, const char* what) {
+std::string rp_series(const std::string& dir, const std::vector<ReportRun>& in, int col,
+                      const char* style, const char* what, const char* axes = "x1y1") {
   std::ostringstream p;
   for (size_t f = 0; f < in.size(); ++f)
     p << (f ? ", " : "") << gp_quote(dir + "f" + std::to_string(f) + ".dat") << " using 1:" << col
-      << " with " << style << " lc " << f + 1 << " title "
+      << " axes " << axes << " with " << style << " lc " << f + 1 << " title "
       << gp_quote(in[f].label + (what[0] ? " " : "") + what);
   return p.str();
 }
 
-std::string rp_script(const std::string& dir, const std::vector<RpInput>& in) {
+std::string rp_script(const std::string& dir, const std::vector<ReportRun>& in) {
   bool mfu = false;
-  for (const RpInput& i : in)
+  for (const ReportRun& i : in)
     for (const MetricsRecord& r : i.recs) mfu = mfu || std::isfinite(r.mfu);
   std::ostringstream g;
   g << "set datafile missing '?'\nset multiplot layout 3,2 title 'meshrt report'\n"
@@ -174,7 +169,7 @@ std::string rp_script(const std::string& dir, const std::vector<RpInput>& in) {
     << (mfu ? " (dashed: MFU %, right axis)" : "") << "'\n";
   if (mfu) g << "set y2tics\nset ytics nomirror\n";
   g << "plot " << rp_series(dir, in, 5, "lines", "tokens/s");
-  if (mfu) g << ", " << rp_series(dir, in, 6, "lines dt 2 axes x1y2", "MFU %");
+  if (mfu) g << ", " << rp_series(dir, in, 6, "lines dt 2", "MFU %", "x1y2");
   g << "\nunset y2tics\nset ytics mirror\n"
     << "set title 'per rank: compute (solid) and exposed communication (dashed), ms'\nplot "
     << rp_rank_lines(dir, in, 0, "compute", 1) << ", " << rp_rank_lines(dir, in, 1, "exposed", 2)
@@ -196,6 +191,16 @@ void rp_check_outputs(const ReportCliOptions& o) {
 
 }  // namespace
 
+void plot_report_runs(const std::string& path, const std::vector<ReportRun>& in) {
+  bench::GnuplotJob job;
+  job.width = 1400;
+  job.height = 1100;
+  for (size_t f = 0; f < in.size(); ++f)
+    job.data.emplace_back("f" + std::to_string(f) + ".dat", rp_data(in[f].recs));
+  job.body = [&](const std::string& dir) { return rp_script(dir, in); };
+  bench::render_gnuplot(path, job);
+}
+
 CLI::App* add_report_command(CLI::App& app, ReportCliOptions& o) {
   auto* c = app.add_subcommand("report",
                                "Summarise train --metrics files (medians, the slowest rank, the "
@@ -213,20 +218,14 @@ CLI::App* add_report_command(CLI::App& app, ReportCliOptions& o) {
 
 int run_report(const ReportCliOptions& o, std::ostream& os) {
   if (!o.plot.empty()) rp_check_outputs(o);
-  std::vector<RpInput> in;
+  std::vector<ReportRun> in;
   for (const std::string& f : o.files)
     in.push_back({std::filesystem::path(f).filename().string(), read_metrics_file(f)});
   if (o.plot.empty()) {
-    for (const RpInput& i : in) print_report_summary(i.label, i.recs, o.worst, os);
+    for (const ReportRun& i : in) print_report_summary(i.label, i.recs, o.worst, os);
     return 0;
   }
-  bench::GnuplotJob job;
-  job.width = 1400;
-  job.height = 1100;
-  for (size_t f = 0; f < in.size(); ++f)
-    job.data.emplace_back("f" + std::to_string(f) + ".dat", rp_data(in[f].recs));
-  job.body = [&](const std::string& dir) { return rp_script(dir, in); };
-  bench::render_gnuplot(o.plot, job);
+  plot_report_runs(o.plot, in);
   os << "wrote " << o.plot << " (" << in.size() << (in.size() == 1 ? " run" : " runs") << ")\n";
   return 0;
 }

@@ -22,6 +22,14 @@ struct ReportCliOptions {
 CLI::App* add_report_command(CLI::App& app, ReportCliOptions& o);
 int run_report(const ReportCliOptions& o, std::ostream& os);
 
+// One run to plot: its label in the key and its records.
+struct ReportRun {
+  std::string label;
+  std::vector<MetricsRecord> recs;
+};
+// Draws runs on one picture (what run_report does with --plot; meshrt tune's --plot).
+void plot_report_runs(const std::string& path, const std::vector<ReportRun>& runs);
+
 // The summary of one file's records (what run_report prints without --plot).
 void print_report_summary(const std::string& name, const std::vector<MetricsRecord>& recs,
                           int worst, std::ostream& os);

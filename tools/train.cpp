@@ -53,11 +53,16 @@ void add_watch_flags(CLI::App* c, TrainCliOptions& o) {
 }  // namespace
 
 CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
-  auto* c = app.add_subcommand(
-      "train",
-      "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
-      "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line per "
-      "step. SIGINT / SIGTERM stop after the current step (exit status 128 + signal)");
+  return add_train_flags(
+      app.add_subcommand(
+          "train",
+          "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
+          "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line "
+          "per step. SIGINT / SIGTERM stop after the current step (exit status 128 + signal)"),
+      o);
+}
+
+CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   CLI::Option* devices =
       c->add_option("--devices", o.devices,
                     "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
@@ -246,9 +251,7 @@ std::vector<std::string> train_local_options() {
   return {"fault", "mem-stats", "metrics", "peak-tflops"};
 }
 
-namespace {
-
-TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
+TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   TrainConfig c;
   c.model.block.hidden = o.hidden;
   c.model.block.heads = o.heads;
@@ -302,6 +305,8 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   return c;
 }
 
+namespace {
+
 // Refuses, before anything is allocated, a run the host cannot hold (as `bench block` does):
 // otherwise the kernel kills it without a message, or the allocator fails mid-run.
 void check_host_memory(const TrainConfig& cfg, const Launch& launch) {
@@ -342,13 +347,9 @@ Summary summarize(const std::vector<StepStats>& st) {
   return s;
 }
 
-struct RunResult {
-  std::vector<StepStats> stats;  // of this process's first rank (every rank runs as many steps)
-  bool has_rank0 = false;
-};
+}  // namespace
 
-// Runs on every rank of this process.
-RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
+RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
   LaunchOptions lo;
   lo.devices = o.devices;
   lo.devices_defaulted = !o.devices_given;
@@ -381,7 +382,7 @@ RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostrea
       // Every rank raises it after the same collective: no rank is left waiting, so it is not a
       // rank failure (which would abort the world and log from every rank).
       std::lock_guard<std::mutex> lk(mu);
-      nonfinite = std::make_exception_ptr(bench::UniformError(e));
+      nonfinite = std::make_exception_ptr(TrainDivergedError(e));
       return;
     }
     if (rp.rank == first) {
@@ -415,14 +416,12 @@ void print_table(std::ostream& os, const TrainCliOptions& o, GradSyncMode mode, 
         "the compute stream waited for dp communication)\n";
 }
 
-}  // namespace
-
 int run_train(const TrainCliOptions& o, std::ostream& os) {
   const GradSyncMode mode = parse_grad_sync(o.grad_sync);
   StopSignals signals(bench::launcher_rank() == 0);
   TrainConfig cfg;
   try {
-    cfg = to_config(o, mode);
+    cfg = train_config(o, mode);
   } catch (const Error& e) {
     throw bench::UniformError(e);
   }
@@ -437,7 +436,7 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
   detail::set_process_config(std::move(shared), "meshrt train");
   RunResult run;
   try {
-    run = run_once(cfg, o, &os);
+    run = run_train_once(cfg, o, &os);
   } catch (const std::exception& e) {
     // A signal before the first step (e.g. during a file-rendezvous wait): nothing to save.
     const int early = StopSignals::received();
@@ -488,7 +487,7 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
     TrainConfig sync_cfg = cfg;
     sync_cfg.grad_sync = GradSyncMode::Sync;
     sync_cfg.metrics.clear();  // the file is the run's, not the comparison's
-    ss = run_once(sync_cfg, o, nullptr).stats;
+    ss = run_train_once(sync_cfg, o, nullptr).stats;
   }
   if (!run.has_rank0) return 0;
   std::ostringstream table;

@@ -113,7 +113,8 @@ TEST_CASE("report refuses malformed records naming the file and line", "[report]
   nlohmann::json j = nlohmann::json::parse(first);
   j.erase("step");
   refused("nostep.jsonl", first + j.dump() + "\n", "nostep.jsonl:2: field 'step' is missing");
-  refused("notjson.jsonl", first + first + "{oops\n", "notjson.jsonl:3: not valid JSON");
+  const std::string two = good.substr(0, good.find('\n', first.size()) + 1);
+  refused("notjson.jsonl", two + "{oops\n", "notjson.jsonl:3: not valid JSON");
   refused("twice.jsonl", first + first, "twice.jsonl:2: step 1 follows step 1: steps must rise");
   j = nlohmann::json::parse(first);
   j["ranks"][1]["compute_ms"] = "fast";

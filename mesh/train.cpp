@@ -123,6 +123,23 @@ void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, De
   }
 }
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The step's communication times, and its compute: time to the guard less the exposed
+// communication before it (all of tp's; dp's only for async and local, whose dp waits come
+// before the guard, while synchronous DP's optimizer waits after it).
+void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes& t,
+                    double compute_end_ms, StepStats* st) {
+  st->dp_comm_ms = d.comm_ms;
+  st->dp_exposed_ms = d.exposed_ms;
+  st->tp_comm_ms = t.comm_ms;
+  st->tp_exposed_ms = t.exposed_ms;
+  const double dp_before = cfg.grad_sync == GradSyncMode::Sync ? 0.0 : d.exposed_ms;
+  st->compute_ms = std::max(0.0, compute_end_ms - t.exposed_ms - dp_before);
+}
+
 // Every rank raises the same message: the verdict and the culprit search are collective.
 [[noreturn]] void throw_nonfinite(const TrainConfig& cfg, int step, const StepVerdict& v,
                                   const std::string& culprit) {
@@ -205,6 +222,13 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                "train: --eval-batches " << cfg.eval_batches << " must be >= 1");
   MESHRT_CHECK(cfg.eval_every == 0 || cfg.val_data,
                "train: --eval-every " << cfg.eval_every << " needs --val-data FILE");
+  MESHRT_CHECK(std::isfinite(cfg.straggler_threshold) && cfg.straggler_threshold > 1,
+               "train: --straggler-threshold " << cfg.straggler_threshold
+                                               << " must be > 1 (1.2: 20% over the median rank)");
+  MESHRT_CHECK(cfg.straggler_steps >= 1,
+               "train: --straggler-steps " << cfg.straggler_steps << " must be >= 1");
+  MESHRT_CHECK(std::isfinite(cfg.peak_tflops) && cfg.peak_tflops >= 0,
+               "train: --peak-tflops " << cfg.peak_tflops << " must be finite and >= 0");
   if (cfg.data) cfg.data->check(cfg.model.vocab, cfg.seq);
   if (cfg.val_data) cfg.val_data->check(cfg.model.vocab, cfg.seq);
   validate_block(cfg.model.block, tp, cfg.tp, cfg.seq);
@@ -232,7 +256,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
   const LrSchedule schedule = train_lr_schedule(cfg);
   CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
-  TrainMetrics metrics(cfg, world, first_step);
+  TrainMetrics metrics(cfg, world, first_step, train_step_flops(cfg));
   int skipped_total = 0;
   std::vector<StepStats> out;
   for (int step = first_step; step < cfg.steps; ++step) {
@@ -275,6 +299,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     // step t - K's gradients at step t's rate.
     const float lr = scheduled_lr(schedule, cfg.optim.lr, step);
     opt.set_lr(lr);
+    cs.synchronize();  // agree_step's own first wait: here it marks the end of this rank's compute
+    const double compute_end_ms = ms_since(t0);
     StepVerdict verdict = agree_step(ctx, world, loss_sum, sumsq, local_stop_request(cfg));
     // A skipped or failing step applies nothing: its all-reduces still finish before the
     // gradients are named or zeroed.
@@ -294,13 +320,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.lr = cfg.grad_sync == GradSyncMode::Async && cfg.staleness > 0
                 ? static_cast<double>(lr) / cfg.staleness
                 : static_cast<double>(lr);
-    st.step_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    CommTimes d = sync.scheduler().times(), t = tp.times();
-    st.dp_comm_ms = d.comm_ms;
-    st.dp_exposed_ms = d.exposed_ms;
-    st.tp_comm_ms = t.comm_ms;
-    st.tp_exposed_ms = t.exposed_ms;
+    st.step_ms = ms_since(t0);
+    set_comm_times(cfg, sync.scheduler().times(), tp.times(), compute_end_ms, &st);
     st.skipped = !verdict.finite();
     if (log && world.rank() == 0) print_step_line(cfg, ctx, st, *log);
     // --- validation ---
@@ -310,7 +331,9 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.stopped = verdict.stop;
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     skipped_total += st.skipped ? 1 : 0;
-    metrics.record(ctx, st, verdict.finite() ? opt.last_grad_norm() : -1.0, skipped_total);
+    metrics.record(ctx, &st, verdict.finite() ? opt.last_grad_norm() : -1.0, skipped_total,
+                   world.rank() == 0 ? log : nullptr);
+    if (cfg.on_step) cfg.on_step(st);
     out.push_back(st);
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---

@@ -22,6 +22,8 @@ enum class GradSyncMode : uint8_t { Sync, Async, Local };
 GradSyncMode parse_grad_sync(std::string_view s);
 const char* grad_sync_name(GradSyncMode m);
 
+struct StepStats;
+
 struct TrainConfig {
   ModelConfig model;
   std::string mesh = "";  // default: dp=<world>
@@ -54,11 +56,22 @@ struct TrainConfig {
   bool mem_stats = false;
   // --metrics FILE: one JSON Lines record per step on rank 0 (mesh/train_metrics.h).
   std::string metrics;
+  // --peak-tflops: the dense peak of one device (TFLOP/s); > 0 adds MFU to the metrics.
+  double peak_tflops = 0;
+  // Stragglers (mesh/train_metrics.h): a rank whose compute is over straggler_threshold x the
+  // median rank's for straggler_steps steps in a row is named once. Watched when --metrics is
+  // written or watch_stragglers is set (both gather every rank's times once a step).
+  bool watch_stragglers = false;
+  double straggler_threshold = 1.2;
+  int straggler_steps = 3;
   // Polled once a step (and once per validation batch) on every rank: the signal number asking
   // to stop (any value > 0 asks; 0: go on). When it asks on any rank, all stop after that step
   // (a validation under way is abandoned; a checkpoint is written first with --save), and agree
   // on the signal (StepStats::stop_signal).
   std::function<int()> stop_requested;
+  // Called on every rank after each step (its loss is the global batch's, alike on every rank),
+  // e.g. to ask for a stop through stop_requested at the next step (meshrt tune).
+  std::function<void(const StepStats&)> on_step;
 };
 
 // A non-finite loss or gradient stopped the run; every rank raises it alike.
@@ -75,6 +88,15 @@ struct StepStats {
   double dp_comm_ms = 0;     // dp collectives' time on the dp stream
   double dp_exposed_ms = 0;  // time the compute stream waited for them
   double tp_comm_ms = 0, tp_exposed_ms = 0;
+  // Time to the end of forward + backward (when the step's guard starts), less the exposed tp
+  // communication (and exposed dp for async/local, which wait before the guard): this rank's
+  // compute, without the time it waits for slower ranks at the guard and the loss.
+  double compute_ms = 0;
+  // Rank 0, with stragglers watched: the rank flagged at this step (-1: none), its device, and
+  // its compute over the median rank's.
+  int straggler_rank = -1;
+  std::string straggler_device;
+  double straggler_ratio = 0;
   bool skipped = false;  // non-finite and skip_nonfinite: no update this step
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // when evaluated after this step
   // The run stopped after this step on a stop request: the signal most ranks reported (ties: the

@@ -6,19 +6,27 @@
 #include <iomanip>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "mesh/block_desc.h"
 #include "runtime/error.h"
+#include "runtime/logging.h"
 #include "runtime/output_file.h"
 
 namespace meshrt {
 
 namespace {
 
-constexpr int kRankFields = 5;
+// Per rank: step, compute, tp exposed, dp exposed (ms), memory now, peak (KiB), device index.
+constexpr int kRankFields = 7;
 
 bool keep_before(std::string_view line, long long first_step) {
   const long long s = metrics_line_step(line);
   return s >= 0 && s <= first_step;
+}
+
+double tm_ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -29,9 +37,48 @@ long long metrics_line_step(std::string_view line) {
   return j["step"].get<long long>();
 }
 
-TrainMetrics::TrainMetrics(const TrainConfig& cfg, Communicator& world, int first_step)
-    : cfg_(cfg), world_(world), enabled_(!cfg.metrics.empty()) {
-  if (!enabled_ || world.rank() != 0) return;
+double train_step_flops(const TrainConfig& cfg) {
+  const BlockConfig& b = cfg.model.block;
+  double fwd =
+      layer_flops(LayerKind::Transformer, cfg.batch, cfg.seq, b.hidden, b.ffn, true).forward() *
+      cfg.model.layers;
+  fwd += 2.0 * static_cast<double>(cfg.batch) * static_cast<double>(cfg.seq) *
+         static_cast<double>(b.hidden) * static_cast<double>(cfg.model.vocab);
+  return 3 * fwd;
+}
+
+int StragglerWatch::observe(const std::vector<double>& compute_ms, double* ratio) {
+  const size_t n = compute_ms.size();
+  run_.resize(n, 0);
+  named_.resize(n, false);
+  std::vector<double> sorted = compute_ms;
+  std::sort(sorted.begin(), sorted.end());
+  median_ = sorted[(n - 1) / 2];
+  int flagged = -1;
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double r = median_ > 0 ? compute_ms[i] / median_ : 0.0;
+    run_[i] = r > threshold_ ? run_[i] + 1 : 0;
+    if (run_[i] >= steps_ && !named_[i] && r > worst) {
+      flagged = static_cast<int>(i);
+      worst = r;
+    }
+  }
+  if (flagged >= 0) {
+    named_[static_cast<size_t>(flagged)] = true;
+    *ratio = worst;
+  }
+  return flagged;
+}
+
+TrainMetrics::TrainMetrics(const TrainConfig& cfg, Communicator& world, int first_step,
+                           double model_flops)
+    : cfg_(cfg),
+      world_(world),
+      enabled_(!cfg.metrics.empty() || cfg.watch_stragglers),
+      model_flops_(model_flops),
+      stragglers_(cfg.straggler_threshold, cfg.straggler_steps) {
+  if (cfg.metrics.empty() || world.rank() != 0) return;
   if (first_step > 0)
     file_ = std::make_unique<AppendOutputFile>(cfg.metrics, "--metrics",
                                                AppendOutputFile::Start::Append, &keep_before,
@@ -43,21 +90,23 @@ TrainMetrics::TrainMetrics(const TrainConfig& cfg, Communicator& world, int firs
 
 TrainMetrics::~TrainMetrics() = default;
 
-void TrainMetrics::record(Context& ctx, const StepStats& st, double grad_norm, int skipped_total) {
+void TrainMetrics::record(Context& ctx, StepStats* st, double grad_norm, int skipped_total,
+                          std::ostream* log) {
   if (!enabled_) return;
   const AllocatorStats mem = ctx.allocator().stats();
   const auto t0 = std::chrono::steady_clock::now();
   Stream& cs = ctx.compute_stream();
   const int n = world_.size();
   Tensor h = Tensor::empty({kRankFields}, DType::f32, ctx.host_allocator());
-  float* p = h.data<float>();
   // Memory in KiB: f32 holds it exactly up to 16 GiB, within 1 KiB to 2 TiB.
-  const float v[kRankFields] = {
-      static_cast<float>(st.step_ms), static_cast<float>(st.tp_exposed_ms),
-      static_cast<float>(st.dp_exposed_ms),
-      static_cast<float>(static_cast<double>(mem.allocated_bytes) / 1024.0),
-      static_cast<float>(static_cast<double>(mem.peak_allocated_bytes) / 1024.0)};
-  std::copy(v, v + kRankFields, p);
+  const double v[kRankFields] = {st->step_ms,
+                                 st->compute_ms,
+                                 st->tp_exposed_ms,
+                                 st->dp_exposed_ms,
+                                 static_cast<double>(mem.allocated_bytes) / 1024.0,
+                                 static_cast<double>(mem.peak_allocated_bytes) / 1024.0,
+                                 static_cast<double>(ctx.device().index)};
+  for (int i = 0; i < kRankFields; ++i) h.data<float>()[i] = static_cast<float>(v[i]);
   const bool cpu = ctx.device().is_cpu();
   Tensor in = cpu ? h : h.to(ctx.allocator_ptr(), cs);
   Tensor all = cpu ? Tensor::empty({n * kRankFields}, DType::f32, ctx.host_allocator())
@@ -66,9 +115,38 @@ void TrainMetrics::record(Context& ctx, const StepStats& st, double grad_norm, i
   Tensor r = cpu ? all : all.to(ctx.host_allocator(), cs);
   cs.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
-  gather_ms_ += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  gather_ms_ += tm_ms_since(t0);
   if (world_.rank() != 0) return;
+  device_type_ = cpu ? "cpu" : "cuda";
+  std::vector<double> rv(static_cast<size_t>(n * kRankFields)), compute(static_cast<size_t>(n));
+  for (int i = 0; i < n * kRankFields; ++i) rv[static_cast<size_t>(i)] = r.item(i);
+  for (int i = 0; i < n; ++i) compute[static_cast<size_t>(i)] = rv[i * kRankFields + 1];
+  double ratio = 0;
+  if (const int s = stragglers_.observe(compute, &ratio); s >= 0) {
+    st->straggler_rank = s;
+    st->straggler_ratio = ratio;
+    st->straggler_device =
+        device_type_ + ":" + std::to_string(static_cast<int>(rv[s * kRankFields + 6]));
+    if (log) {
+      std::ostringstream line;
+      line << "warning: straggler: rank " << s << " (" << st->straggler_device << ") computes "
+           << std::fixed << std::setprecision(1) << compute[static_cast<size_t>(s)] << " ms, "
+           << std::setprecision(2) << ratio << "x the median rank's " << std::setprecision(1)
+           << stragglers_.median_ms() << " ms, for " << cfg_.straggler_steps
+           << " steps in a row (to step " << st->step << "; --straggler-threshold "
+           << cfg_.straggler_threshold << ")\n";
+      print_line(*log, line.str());
+    }
+  }
+  if (!file_) return;
+  write(*st, rv, grad_norm, skipped_total);
+  cost_ms_ += tm_ms_since(t1);
+}
+
+void TrainMetrics::write(const StepStats& st, const std::vector<double>& r, double grad_norm,
+                         int skipped_total) {
   using nlohmann::json;
+  const int n = world_.size();
   json j;
   j["schema"] = "meshrt.train.metrics";
   j["version"] = kMetricsVersion;
@@ -80,31 +158,39 @@ void TrainMetrics::record(Context& ctx, const StepStats& st, double grad_norm, i
   j["skipped"] = st.skipped;
   j["skipped_steps"] = skipped_total;
   j["step_ms"] = st.step_ms;
-  j["tokens_per_s"] =
-      st.step_ms > 0 ? static_cast<double>(cfg_.batch * cfg_.seq) / (st.step_ms / 1e3) : 0.0;
+  const double step_s = st.step_ms / 1e3;
+  j["tokens_per_s"] = step_s > 0 ? static_cast<double>(cfg_.batch * cfg_.seq) / step_s : 0.0;
+  const double tflops = step_s > 0 ? model_flops_ / step_s / 1e12 : 0.0;
+  j["model_tflops_per_s"] = tflops;
+  if (cfg_.peak_tflops > 0) j["mfu"] = tflops / (cfg_.peak_tflops * n);
+  // Ranks over the threshold for --straggler-steps steps in a row at this step: the slowest.
+  int slow = -1;
+  for (int i = 0; i < n; ++i)
+    if (stragglers_.runs()[static_cast<size_t>(i)] >= cfg_.straggler_steps &&
+        (slow < 0 || r[i * kRankFields + 1] > r[slow * kRankFields + 1]))
+      slow = i;
+  if (slow >= 0) j["straggler_rank"] = slow;
   double fastest = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < n; ++i) fastest = std::min(fastest, r.item(i * kRankFields));
+  for (int i = 0; i < n; ++i) fastest = std::min(fastest, r[i * kRankFields]);
   json ranks = json::array();
   for (int i = 0; i < n; ++i) {
-    const double step_ms = r.item(i * kRankFields), tp = r.item(i * kRankFields + 1),
-                 dp = r.item(i * kRankFields + 2);
+    const double* f = &r[static_cast<size_t>(i * kRankFields)];
     ranks.push_back({{"rank", i},
-                     {"step_ms", step_ms},
-                     {"compute_ms", std::max(0.0, step_ms - tp - dp)},
-                     {"tp_exposed_ms", tp},
-                     {"dp_exposed_ms", dp},
-                     {"mem_current_bytes", r.item(i * kRankFields + 3) * 1024.0},
-                     {"mem_peak_bytes", r.item(i * kRankFields + 4) * 1024.0},
-                     {"skew_ms", step_ms - fastest}});
+                     {"device", device_type_ + ":" + std::to_string(static_cast<int>(f[6]))},
+                     {"step_ms", f[0]},
+                     {"compute_ms", f[1]},
+                     {"tp_exposed_ms", f[2]},
+                     {"dp_exposed_ms", f[3]},
+                     {"mem_current_bytes", f[4] * 1024.0},
+                     {"mem_peak_bytes", f[5] * 1024.0},
+                     {"skew_ms", f[0] - fastest}});
   }
   j["ranks"] = std::move(ranks);
   file_->append_line(j.dump());
-  cost_ms_ +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
 }
 
 void TrainMetrics::log_cost(const std::vector<StepStats>& steps, std::ostream& log) const {
-  if (!enabled_ || steps.empty()) return;
+  if (!file_ || steps.empty()) return;
   double total = 0;
   for (const StepStats& s : steps) total += s.step_ms;
   auto pct = [&](double ms) { return total > 0 ? 100.0 * ms / total : 0.0; };

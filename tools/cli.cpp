@@ -66,6 +66,8 @@ MeshrtCli::MeshrtCli() : app_("meshrt: a runtime for mixed data + tensor paralle
                               "library versions and build options");
   train_ = add_train_command(app_, train_opts_);
   doctor_ = add_doctor_command(app_, doctor_opts_);
+  report_ = add_report_command(app_, report_opts_);
+  tune_ = add_tune_command(app_, tune_opts_);
   add_bench_commands(app_, bench_);
 }
 
@@ -89,6 +91,8 @@ int MeshrtCli::run(int argc, char** argv, std::ostream& os) {
   if (info_->parsed()) return run_info(os);
   if (train_->parsed()) return run_train(train_opts_, os);
   if (doctor_->parsed()) return run_doctor(doctor_opts_, os);
+  if (report_->parsed()) return run_report(report_opts_, os);
+  if (tune_->parsed()) return run_tune(tune_opts_, os);
   if (bench::Command* cmd = parsed_bench_command(bench_)) {
     const std::string name = command_name(app_);
     ExitOnSignal on_signal(name, bench::launcher_rank() == 0);

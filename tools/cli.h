@@ -8,7 +8,9 @@
 
 #include "tools/bench_cli.h"
 #include "tools/doctor.h"
+#include "tools/report.h"
 #include "tools/train.h"
+#include "tools/tune.h"
 
 namespace meshrt::cli {
 
@@ -35,6 +37,10 @@ class MeshrtCli {
   TrainCliOptions train_opts_;
   CLI::App* doctor_ = nullptr;
   DoctorCliOptions doctor_opts_;
+  CLI::App* report_ = nullptr;
+  ReportCliOptions report_opts_;
+  CLI::App* tune_ = nullptr;
+  TuneCliOptions tune_opts_;
   BenchCommands bench_;
 };
 

@@ -1,5 +1,6 @@
-// The `meshrt` command line: info, train, doctor, and the benchmark registry's commands (`bench
-// <name>`, `sweep`). tools/cli.h parses and validates; this runs.
+// The `meshrt` command line: info, train, doctor, report, tune, and the benchmark registry's
+// commands
+// (`bench <name>`, `sweep`). tools/cli.h parses and validates; this runs.
 #include <iostream>
 
 #include "bench/common/command.h"

@@ -27,12 +27,42 @@
 
 namespace meshrt::cli {
 
+namespace {
+
+// What a run records of itself: --mem-stats, --metrics, --peak-tflops and the straggler watch.
+void add_watch_flags(CLI::App* c, TrainCliOptions& o) {
+  c->add_flag("--mem-stats", o.mem_stats,
+              "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
+              "allocated, reserved (tools/soak.sh checks they stay flat)");
+  c->add_option(
+      "--metrics", o.metrics,
+      "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
+      "docs/training.md); continued by --resume");
+  c->add_option("--peak-tflops", o.peak_tflops,
+                "Dense peak of one device in TFLOP/s: adds MFU (model FLOPs / peak) to --metrics")
+      ->check(non_negative());
+  c->add_option("--straggler-threshold", o.straggler_threshold,
+                "Warn once when a rank's compute exceeds this x the median rank's for "
+                "--straggler-steps steps in a row (default 1.2; watched with --metrics or either "
+                "flag)");
+  c->add_option("--straggler-steps", o.straggler_steps,
+                "Steps in a row over --straggler-threshold before warning (default 3)")
+      ->check(kNonNegativeInt);
+}
+
+}  // namespace
+
 CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
-  auto* c = app.add_subcommand(
-      "train",
-      "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
-      "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line per "
-      "step. SIGINT / SIGTERM stop after the current step (exit status 128 + signal)");
+  return add_train_flags(
+      app.add_subcommand(
+          "train",
+          "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
+          "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line "
+          "per step. SIGINT / SIGTERM stop after the current step (exit status 128 + signal)"),
+      o);
+}
+
+CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   CLI::Option* devices =
       c->add_option("--devices", o.devices,
                     "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
@@ -132,13 +162,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
   c->add_option("--eval-batches", o.eval_batches, "Global batches per validation loss")
       ->capture_default_str()
       ->check(kPositiveInt);
-  c->add_flag("--mem-stats", o.mem_stats,
-              "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
-              "allocated, reserved (tools/soak.sh checks they stay flat)");
-  c->add_option(
-      "--metrics", o.metrics,
-      "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
-      "docs/training.md); continued by --resume");
+  add_watch_flags(c, o);
   c->add_flag("--skip-nonfinite", o.skip_nonfinite,
               "Skip steps with a non-finite loss or gradient (no update; counted) instead of "
               "stopping");
@@ -205,6 +229,9 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("eval-every", eval_every),
     MESHRT_SHARED("eval-batches", eval_batches),
     MESHRT_SHARED("skip-nonfinite", skip_nonfinite),
+    // Watching adds a collective a step: every rank must do it alike.
+    MESHRT_SHARED("straggler-threshold", straggler_threshold),
+    MESHRT_SHARED("straggler-steps", straggler_steps),
 };
 #undef MESHRT_SHARED
 
@@ -218,12 +245,13 @@ std::vector<std::pair<std::string, std::string>> train_shared_options(const Trai
 }
 
 // --fault sets MESHRT_FAULT, which acts on the rank it names only; --mem-stats adds rank 0's
-// allocator figures to its own lines; --metrics is written by rank 0 alone.
-std::vector<std::string> train_local_options() { return {"fault", "mem-stats", "metrics"}; }
+// allocator figures to its own lines; --metrics is written by rank 0 alone, and --peak-tflops only
+// scales what it writes.
+std::vector<std::string> train_local_options() {
+  return {"fault", "mem-stats", "metrics", "peak-tflops"};
+}
 
-namespace {
-
-TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
+TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   TrainConfig c;
   c.model.block.hidden = o.hidden;
   c.model.block.heads = o.heads;
@@ -262,6 +290,10 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.skip_nonfinite = o.skip_nonfinite;
   c.mem_stats = o.mem_stats;
   c.metrics = o.metrics;
+  c.peak_tflops = o.peak_tflops;
+  c.watch_stragglers = o.straggler_threshold > 0 || o.straggler_steps > 0;
+  if (o.straggler_threshold > 0) c.straggler_threshold = o.straggler_threshold;
+  if (o.straggler_steps > 0) c.straggler_steps = o.straggler_steps;
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
   // Mapped and scanned once per process; the rank threads share the mapping.
   const TokenDType raw = parse_token_dtype(o.data_dtype);
@@ -272,6 +304,8 @@ TrainConfig to_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.stop_requested = [] { return StopSignals::received(); };
   return c;
 }
+
+namespace {
 
 // Refuses, before anything is allocated, a run the host cannot hold (as `bench block` does):
 // otherwise the kernel kills it without a message, or the allocator fails mid-run.
@@ -313,13 +347,9 @@ Summary summarize(const std::vector<StepStats>& st) {
   return s;
 }
 
-struct RunResult {
-  std::vector<StepStats> stats;  // of this process's first rank (every rank runs as many steps)
-  bool has_rank0 = false;
-};
+}  // namespace
 
-// Runs on every rank of this process.
-RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
+RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
   LaunchOptions lo;
   lo.devices = o.devices;
   lo.devices_defaulted = !o.devices_given;
@@ -352,7 +382,7 @@ RunResult run_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostrea
       // Every rank raises it after the same collective: no rank is left waiting, so it is not a
       // rank failure (which would abort the world and log from every rank).
       std::lock_guard<std::mutex> lk(mu);
-      nonfinite = std::make_exception_ptr(bench::UniformError(e));
+      nonfinite = std::make_exception_ptr(TrainDivergedError(e));
       return;
     }
     if (rp.rank == first) {
@@ -386,14 +416,12 @@ void print_table(std::ostream& os, const TrainCliOptions& o, GradSyncMode mode, 
         "the compute stream waited for dp communication)\n";
 }
 
-}  // namespace
-
 int run_train(const TrainCliOptions& o, std::ostream& os) {
   const GradSyncMode mode = parse_grad_sync(o.grad_sync);
   StopSignals signals(bench::launcher_rank() == 0);
   TrainConfig cfg;
   try {
-    cfg = to_config(o, mode);
+    cfg = train_config(o, mode);
   } catch (const Error& e) {
     throw bench::UniformError(e);
   }
@@ -408,7 +436,7 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
   detail::set_process_config(std::move(shared), "meshrt train");
   RunResult run;
   try {
-    run = run_once(cfg, o, &os);
+    run = run_train_once(cfg, o, &os);
   } catch (const std::exception& e) {
     // A signal before the first step (e.g. during a file-rendezvous wait): nothing to save.
     const int early = StopSignals::received();
@@ -441,7 +469,13 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
     else
       line << ", finished";
     line << "; last loss " << std::fixed << std::setprecision(6) << st.back().loss << "; "
-         << skipped << " skipped (non-finite)\n";
+         << skipped << " skipped (non-finite)";
+    for (const StepStats& s : st)
+      if (s.straggler_rank >= 0)
+        line << "; straggler: rank " << s.straggler_rank << " (" << s.straggler_device << ") "
+             << std::setprecision(2) << s.straggler_ratio
+             << "x the median rank's compute from step " << s.step;
+    line << "\n";
     print_line(os, line.str());
   }
   // Stopped by a signal (here or, under mpirun, at another rank): no comparison run.
@@ -453,7 +487,7 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
     TrainConfig sync_cfg = cfg;
     sync_cfg.grad_sync = GradSyncMode::Sync;
     sync_cfg.metrics.clear();  // the file is the run's, not the comparison's
-    ss = run_once(sync_cfg, o, nullptr).stats;
+    ss = run_train_once(sync_cfg, o, nullptr).stats;
   }
   if (!run.has_rank0) return 0;
   std::ostringstream table;

@@ -3,6 +3,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/common/command.h"
+#include "mesh/train.h"
+
 #include <ostream>
 #include <string>
 #include <utility>
@@ -35,7 +38,11 @@ struct TrainCliOptions {
   std::string lr_schedule = "constant";
   int warmup_steps = 0;
   float min_lr = 0.f, weight_decay = 0.f;
-  std::string metrics;  // --metrics FILE (JSON Lines, docs/training.md)
+  std::string metrics;     // --metrics FILE (JSON Lines, docs/training.md)
+  double peak_tflops = 0;  // --peak-tflops: per device; > 0 adds MFU to the metrics
+  // --straggler-threshold / --straggler-steps; 0: not given (1.2 and 3, watched with --metrics).
+  double straggler_threshold = 0;
+  int straggler_steps = 0;
 };
 
 // Registers the `train` subcommand and its flags on `app`.
@@ -49,6 +56,23 @@ std::vector<std::pair<std::string, std::string>> train_shared_options(const Trai
 // The train options that may differ between ranks: they change nothing the ranks compute or
 // exchange. Every option of `train` is in exactly one of the two lists (tests/tools checks it).
 std::vector<std::string> train_local_options();
+// The train flags on `c` (train's own, and those `tune` shares with it); returns c.
+CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o);
+// The run's configuration from the flags (token files opened; stop_requested: the signals).
+TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode);
+// A run stopped by the finiteness guard (NonFiniteError), raised alike on every rank.
+class TrainDivergedError : public bench::UniformError {
+ public:
+  using bench::UniformError::UniformError;
+};
+struct RunResult {
+  std::vector<StepStats> stats;  // of this process's first rank (every rank runs as many steps)
+  bool has_rank0 = false;
+};
+// One run in this process: the launch from the environment (threads from --devices, or this
+// mpirun rank), every check before it, and train() on each local rank. A non-finite stop is
+// raised as one TrainDivergedError.
+RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os);
 // Runs it (launch from the environment: threads from --devices, or mpirun processes). SIGINT /
 // SIGTERM stop every rank after the same step: a one-line summary, and 128 + the signal's number
 // as the exit status (a second signal exits at once).

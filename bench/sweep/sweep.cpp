@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "bench/common/gnuplot.h"
 #include "bench/common/stats.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
@@ -48,46 +49,20 @@ struct Outcome {
   std::vector<double> step_ms_runs;  // one per repeat
 };
 
-std::string shell_quote(const std::string& s) {
-  std::string o = "'";
-  for (char c : s) {
-    if (c == '\'')
-      o += "'\\''";
-    else
-      o += c;
-  }
-  return o + "'";
-}
-
-// A gnuplot single-quoted string (a quote inside is doubled).
-std::string gp_quote(const std::string& s) {
-  std::string o = "'";
-  for (char c : s) {
-    o += c;
-    if (c == '\'') o += '\'';
-  }
-  return o + "'";
-}
-
 // Bar chart of tokens/s per configuration (best first, the best one highlighted) with gnuplot.
 void write_plot(const std::string& path, const std::vector<Outcome>& ok, const std::string& title) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("meshrt-sweep-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const fs::path dat = dir / "sweep.dat", gp = dir / "sweep.gp", png = dir / "sweep.png";
-  {
-    std::ofstream d(dat);
-    for (size_t i = 0; i < ok.size(); ++i)
-      d << i << " \"" << ok[i].c.label() << "\" " << ok[i].r.tokens_per_s << " " << (i == 0 ? 1 : 0)
-        << "\n";
-  }
+  using bench::gp_quote;
+  std::ostringstream d;
+  for (size_t i = 0; i < ok.size(); ++i)
+    d << i << " \"" << ok[i].c.label() << "\" " << ok[i].r.tokens_per_s << " " << (i == 0 ? 1 : 0)
+      << "\n";
   double ymax = 1;
   for (const auto& oc : ok) ymax = std::max(ymax, oc.r.tokens_per_s);
-  auto script = [&](const char* term) {
-    std::ofstream g(gp);
-    g << "set terminal " << term << " size 1100,560 font \",10\"\n"
-      << "set output " << gp_quote(png.string()) << "\n"
-      << "set title " << gp_quote(title) << " noenhanced\n"
+  bench::GnuplotJob job;
+  job.data = {{"sweep.dat", d.str()}};
+  job.body = [&](const std::string& dir) {
+    std::ostringstream g;
+    g << "set title " << gp_quote(title) << " noenhanced\n"
       << "set ylabel \"tokens / s\"\n"
       << "set style fill solid 0.8 border -1\n"
       << "set boxwidth 0.7\n"
@@ -96,41 +71,12 @@ void write_plot(const std::string& path, const std::vector<Outcome>& ok, const s
       << "set xtics rotate by -35 left noenhanced\n"
       << "set key off\n"
       << "set lmargin 10\nset bmargin 8\n"
-      << "plot " << gp_quote(dat.string())
+      << "plot " << gp_quote(dir + "sweep.dat")
       << " using 1:3:($4 > 0 ? 0x2ca02c : 0x1f77b4):xtic(2) with boxes lc rgb variable, \\\n"
       << "     \"\" using 1:3:(sprintf(\"%.0f\", $3)) with labels offset 0,0.8 font \",8\"\n";
+    return g.str();
   };
-  script("pngcairo");
-  const std::string cmd =
-      "gnuplot " + shell_quote(gp.string()) + " 2>" + shell_quote((dir / "gnuplot.err").string());
-  int rc = std::system(cmd.c_str());
-  if (rc != 0) {  // no cairo: the libgd terminal
-    script("png");
-    rc = std::system(cmd.c_str());
-  }
-  std::string err;
-  {
-    std::ifstream e(dir / "gnuplot.err");
-    std::stringstream ss;
-    ss << e.rdbuf();
-    err = ss.str();
-  }
-  // gnuplot writes into the private folder; the plot reaches `path` as every output does.
-  std::string image;
-  if (rc == 0) {
-    std::ifstream f(png, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    image = ss.str();
-  }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  MESHRT_CHECK(rc == 0 && !image.empty(), "--plot: gnuplot failed (exit "
-                                              << rc << ")" << (err.empty() ? "" : ": " + err)
-                                              << "; install gnuplot (Debian: "
-                                                 "gnuplot-nox, tools/install-deps.sh "
-                                                 "does it) or drop --plot");
-  write_output_file(path, image, "--plot");
+  bench::render_gnuplot(path, job);
 }
 
 }  // namespace

@@ -98,7 +98,8 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"bench collective -e 99999999999999G", "too large"},
       {"bench collective --devices cpu:2 -b 1000G -e 1000G", "need .* for their buffers.*lower -e"},
       {"frobnicate",
-       "unknown command 'frobnicate': use one of info, train, doctor, bench, plan, sweep"},
+       "unknown command 'frobnicate': use one of info, train, doctor, report, tune, bench, plan, "
+       "sweep"},
       {"bench frobnicate", "meshrt bench: unknown command 'frobnicate': use one of block"},
       {"sweep --batches 1,x", "'x' is not an integer >= 1"},
       {"sweep --mesh tp=2", "--mesh is swept; leave it out"},

@@ -1,0 +1,188 @@
+// `meshrt report`: the summary of a synthetic metrics file (every number known), refusals of
+// malformed records naming file:line, the plot, and a straggler (--fault slow) found by `train`
+// and by the report of its metrics file.
+#include <sys/stat.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "mesh/metrics_record.h"
+#include "runtime/error.h"
+#include "tests/common/files.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path report_scratch() {
+  static const fs::path d = meshrt::test::scratch_dir("report");
+  return d;
+}
+
+meshrt::test::Run report_cli(const std::string& args) {
+  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, report_scratch());
+}
+
+// Five steps of two ranks: rank 1 computes 80 ms, rank 0 50 ms; step times 100 300 120 110 200.
+std::string report_synthetic(double loss_shift = 0) {
+  const double loss[] = {4.5, 4.0, 3.5, 3.0, 3.2}, step_ms[] = {100, 300, 120, 110, 200},
+               tok[] = {1000, 333, 900, 950, 500}, lr[] = {1e-3, 1e-3, 8e-4, 5e-4, 2e-4};
+  std::string out;
+  for (int i = 0; i < 5; ++i) {
+    nlohmann::json j = {{"schema", "meshrt.train.metrics"},
+                        {"version", 1},
+                        {"step", i + 1},
+                        {"loss", loss[i] + loss_shift},
+                        {"lr", lr[i]},
+                        {"skipped", i == 3},
+                        {"skipped_steps", i >= 3 ? 1 : 0},
+                        {"step_ms", step_ms[i]},
+                        {"tokens_per_s", tok[i]},
+                        {"mfu", 0.01 * (i + 1)}};
+    if (i == 4) j["val_loss"] = 3.4 + loss_shift;
+    if (i >= 2) j["straggler_rank"] = 1;
+    for (int k = 0; k < 2; ++k)
+      j["ranks"].push_back({{"rank", k},
+                            {"device", "cpu:" + std::to_string(k)},
+                            {"step_ms", step_ms[i]},
+                            {"compute_ms", k == 0 ? 50.0 : 80.0},
+                            {"tp_exposed_ms", 5.0 * (k + 1)},
+                            {"dp_exposed_ms", 20.0},
+                            {"mem_current_bytes", 1048576.0},
+                            {"mem_peak_bytes", 2097152.0 * (k + 1)},
+                            {"skew_ms", 0.0}});
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
+fs::path report_write(const std::string& name, const std::string& text) {
+  const fs::path p = report_scratch() / name;
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("report summarises a metrics file: medians, the slowest rank, the worst steps",
+          "[report][unit]") {
+  const fs::path f = report_write("run.jsonl", report_synthetic());
+  const auto r = report_cli("report " + f.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("report: run.jsonl: 5 steps (1..5), 2 ranks, version 1"));
+  CHECK_THAT(r.out, Catch::Contains("loss 4.500000 -> 3.200000 (min 3.000000 at step 4); val "
+                                    "loss 3.400000 at step 5"));
+  CHECK_THAT(r.out, Catch::Contains("lr 0.001 -> 0.0002"));
+  // Medians: step 120 ms, tokens/s 900, MFU 3%.
+  CHECK_THAT(r.out, Catch::Contains("median step 120.0 ms, 900 tokens/s, MFU 3.00%"));
+  CHECK_THAT(r.out,
+             Catch::Matches("[\\s\\S]*\\n +0 +cpu:0 +120.0 +50.0 +5.0 +20.0 +2.0 MiB\\n[\\s\\S]*"));
+  CHECK_THAT(r.out, Catch::Matches(
+                        "[\\s\\S]*\\n +1 +cpu:1 +120.0 +80.0 +10.0 +20.0 +4.0 MiB\\n[\\s\\S]*"));
+  // The lower median of {50, 80} is rank 0's 50 ms: 80 / 50 = 1.6.
+  CHECK_THAT(
+      r.out,
+      Catch::Contains("slowest rank: 1 (median compute 80.0 ms, 1.60x the median rank's 50.0 ms)"));
+  CHECK_THAT(r.out, Catch::Contains("worst steps: 2 (300.0 ms), 5 (200.0 ms), 3 (120.0 ms)"));
+  CHECK_THAT(r.out, Catch::Contains("skipped steps: 1; straggler: rank 1 from step 3"));
+  // Two files: one summary each.
+  const fs::path g = report_write("other.jsonl", report_synthetic(0.5));
+  const auto two = report_cli("report " + f.string() + " " + g.string() + " --worst 1");
+  REQUIRE(two.rc == 0);
+  CHECK_THAT(two.out, Catch::Contains("report: other.jsonl: 5 steps") &&
+                          Catch::Contains("loss 5.000000 -> 3.700000") &&
+                          Catch::Contains("worst steps: 2 (300.0 ms)\n"));
+}
+
+TEST_CASE("report refuses malformed records naming the file and line", "[report][unit]") {
+  const std::string good = report_synthetic();
+  const std::string first = good.substr(0, good.find('\n') + 1);
+  auto refused = [&](const std::string& name, const std::string& text, const std::string& why) {
+    const fs::path p = report_write(name, text);
+    const auto r = report_cli("report " + p.string());
+    INFO(r.out << r.err);
+    CHECK(r.rc != 0);
+    CHECK_THAT(r.err, Catch::Contains(why));
+  };
+  nlohmann::json j = nlohmann::json::parse(first);
+  j.erase("step");
+  refused("nostep.jsonl", first + j.dump() + "\n", "nostep.jsonl:2: field 'step' is missing");
+  const std::string two = good.substr(0, good.find('\n', first.size()) + 1);
+  refused("notjson.jsonl", two + "{oops\n", "notjson.jsonl:3: not valid JSON");
+  refused("twice.jsonl", first + first, "twice.jsonl:2: step 1 follows step 1: steps must rise");
+  j = nlohmann::json::parse(first);
+  j["ranks"][1]["compute_ms"] = "fast";
+  refused("type.jsonl", j.dump() + "\n",
+          "type.jsonl:1: field 'ranks[1].compute_ms' is \"fast\", not a number");
+  j = nlohmann::json::parse(first);
+  j["version"] = 99;
+  refused("version.jsonl", j.dump() + "\n", "version.jsonl:1: version 99 is not one this meshrt");
+  refused("schema.jsonl", "{\"step\": 1}\n", "schema.jsonl:1: field 'schema' is missing");
+  refused("empty.jsonl", "", "empty.jsonl: no metrics record");
+  const fs::path fifo = report_scratch() / "fifo.jsonl";
+  fs::remove(fifo);
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  const auto r = report_cli("report " + fifo.string());
+  CHECK(r.rc != 0);
+  CHECK_THAT(r.err, Catch::Contains("is a FIFO"));
+  // A last line still being written (no newline yet) is left for later.
+  const auto recs = meshrt::read_metrics_file(report_write("tail.jsonl", good + "{\"sch").string());
+  CHECK(recs.size() == 5);
+  CHECK(recs[4].val_loss == Approx(3.4));
+  CHECK(std::isnan(recs[0].val_loss));
+}
+
+TEST_CASE("report --plot draws one picture of several runs", "[report][unit]") {
+  if (std::system("gnuplot --version >/dev/null 2>&1") != 0) {
+    WARN("gnuplot is not installed: the plot is not tested");
+    return;
+  }
+  const fs::path a = report_write("a.jsonl", report_synthetic()),
+                 b = report_write("b.jsonl", report_synthetic(0.3)),
+                 png = report_scratch() / "plot.png";
+  fs::remove(png);
+  const auto r = report_cli("report " + a.string() + " " + b.string() + " --plot " + png.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("wrote " + png.string() + " (2 runs)"));
+  const std::string img = meshrt::test::slurp(png);
+  REQUIRE(img.size() > 1000);
+  CHECK(img.substr(0, 4) == "\x89PNG");
+  // The plot may not replace an input.
+  const auto same = report_cli("report " + a.string() + " --plot " + a.string());
+  CHECK(same.rc != 0);
+  CHECK_THAT(same.err, Catch::Contains("is the input"));
+}
+
+TEST_CASE("a rank slowed by --fault slow is named a straggler by train and by report",
+          "[report][train][multirank]") {
+  // Rank 1 sleeps 300 ms before each collective it issues (its dp all-reduces come during its
+  // backward): its compute is many times rank 0's whatever the machine's load.
+  const fs::path m = report_scratch() / "slow.jsonl";
+  const auto r = report_cli(
+      "train --devices cpu:2 --hidden 32 --heads 2 --seq 16 --batch 4 --vocab 64 --layers 1 "
+      "--steps 4 --straggler-steps 2 --fault slow@rank=1,step=1,ms=300 --metrics " +
+      m.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("warning: straggler: rank 1 (cpu:1) computes "));
+  CHECK_THAT(r.out, Catch::Contains("for 2 steps in a row (to step 2; --straggler-threshold 1.2)"));
+  CHECK_THAT(r.out, Catch::Contains("; straggler: rank 1 (cpu:1) "));
+  CHECK_THAT(r.out, !Catch::Contains("straggler: rank 0"));
+  const auto recs = meshrt::read_metrics_file(m.string());
+  REQUIRE(recs.size() == 4);
+  CHECK(recs[0].straggler_rank == -1);
+  for (size_t i = 1; i < 4; ++i) CHECK(recs[i].straggler_rank == 1);
+  for (const auto& rec : recs) CHECK(rec.ranks[1].compute_ms > 300);
+  const auto rep = report_cli("report " + m.string());
+  INFO(rep.out << rep.err);
+  REQUIRE(rep.rc == 0);
+  CHECK_THAT(rep.out, Catch::Contains("slowest rank: 1 ") &&
+                          Catch::Contains("straggler: rank 1 from step 2"));
+}

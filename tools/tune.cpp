@@ -1,0 +1,411 @@
+#include "tools/tune.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench/common/stats.h"
+#include "bench/sweep/sweep.h"
+#include "mesh/metrics_record.h"
+#include "runtime/error.h"
+#include "runtime/input_file.h"
+#include "runtime/logging.h"
+#include "runtime/output_file.h"
+#include "tools/report.h"
+#include "tools/signals.h"
+
+namespace meshrt::cli {
+
+namespace {
+
+using nlohmann::json;
+constexpr double kTnNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr int kTuneStop = 100;  // tune's own stop request (not a signal number)
+constexpr const char* kStateName = "tune-state.json";
+
+struct TuneTrial {
+  int index = 0;  // in the full grid (lr slowest, then batch, micro-batches, mesh)
+  double lr = 0;
+  int64_t batch = 0;
+  int micro = 1;
+  std::string mesh;
+  std::string label() const {
+    char b[48];
+    std::snprintf(b, sizeof b, "lr=%g b=%lld mb=%d", lr, static_cast<long long>(batch), micro);
+    return b + (mesh.empty() ? std::string() : " " + mesh);
+  }
+};
+
+struct TuneResult {
+  int index = 0;
+  std::string status;  // "ok", "diverged", "trailing"
+  int steps = 0;
+  double last_loss = kTnNaN, val_loss = kTnNaN, tokens_per_s = 0;
+  std::vector<double> losses;
+  double key() const { return std::isnan(val_loss) ? last_loss : val_loss; }
+};
+
+std::vector<double> tn_doubles(const std::string& s, const char* flag, double dflt) {
+  if (s.empty()) return {dflt};
+  std::vector<double> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    double x = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+    MESHRT_CHECK(
+        ec == std::errc() && p == item.data() + item.size() && std::isfinite(x) && x >= 0,
+        flag << " " << s << ": '" << item << "' is not a number >= 0; give e.g. 1e-3,3e-3");
+    v.push_back(x);
+  }
+  MESHRT_CHECK(!v.empty(), flag << " is empty; give e.g. 1e-3,3e-3");
+  return v;
+}
+
+std::vector<std::string> tn_meshes(const std::string& s, const std::string& dflt) {
+  if (s.empty()) return {dflt};
+  std::vector<std::string> v;
+  std::stringstream ss(s + ";");  // a trailing ';' leaves an empty last mesh
+  for (std::string item; std::getline(ss, item, ';');) {
+    MESHRT_CHECK(!item.empty(), "--grid-mesh " << s << ": an empty mesh; separate meshes with "
+                                               << "';', e.g. 'dp=2;tp=2'");
+    v.push_back(item);
+  }
+  return v;
+}
+
+uint64_t tn_splitmix(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The grid, or `samples` of its points drawn by a seeded Fisher-Yates shuffle (the same on every
+// machine), in grid order.
+std::vector<TuneTrial> tn_grid(const TuneCliOptions& o) {
+  std::vector<TuneTrial> g;
+  const auto lrs = tn_doubles(o.grid_lr, "--grid-lr", o.base.lr);
+  const auto bs = o.grid_batch.empty() ? std::vector<int64_t>{o.base.batch}
+                                       : parse_int_list(o.grid_batch, "--grid-batch");
+  const auto mbs = o.grid_micro.empty() ? std::vector<int64_t>{o.base.micro_batches}
+                                        : parse_int_list(o.grid_micro, "--grid-micro-batches");
+  for (double lr : lrs)
+    for (int64_t b : bs)
+      for (int64_t mb : mbs)
+        for (const std::string& m : tn_meshes(o.grid_mesh, o.base.mesh))
+          g.push_back({static_cast<int>(g.size()), lr, b, static_cast<int>(mb), m});
+  if (o.samples <= 0 || o.samples >= static_cast<int>(g.size())) return g;
+  uint64_t x = o.search_seed;
+  for (size_t i = g.size() - 1; i > 0; --i) std::swap(g[i], g[tn_splitmix(x) % (i + 1)]);
+  g.resize(static_cast<size_t>(o.samples));
+  std::sort(g.begin(), g.end(), [](auto& a, auto& b) { return a.index < b.index; });
+  return g;
+}
+
+// What a state file must match to be resumed: every shared train option and the search.
+std::string tn_fingerprint(const TuneCliOptions& o) {
+  std::string f;
+  for (const auto& [k, v] : train_shared_options(o.base)) f += k + "=" + v + " ";
+  char b[96];
+  std::snprintf(b, sizeof b, "samples=%d search-seed=%llu margin=%g", o.samples,
+                static_cast<unsigned long long>(o.search_seed), o.margin);
+  return f + "grid-lr=" + o.grid_lr + " grid-batch=" + o.grid_batch +
+         " grid-micro-batches=" + o.grid_micro + " grid-mesh=" + o.grid_mesh + " " + b;
+}
+
+json tn_num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+double tn_get(const json& j, const char* k) {
+  return j.contains(k) && j[k].is_number() ? j[k].get<double>() : kTnNaN;
+}
+
+json tn_result_json(const TuneResult& r, const TuneTrial& t) {
+  return {{"index", r.index},
+          {"label", t.label()},
+          {"lr", t.lr},
+          {"batch", t.batch},
+          {"micro_batches", t.micro},
+          {"mesh", t.mesh},
+          {"status", r.status},
+          {"steps", r.steps},
+          {"last_loss", tn_num(r.last_loss)},
+          {"val_loss", tn_num(r.val_loss)},
+          {"tokens_per_s", r.tokens_per_s},
+          {"losses", r.losses}};
+}
+
+// The finished trials of a state file in `dir` ({} when there is none); refused when it holds
+// another search.
+std::vector<TuneResult> tn_read_state(const TuneCliOptions& o) {
+  const std::string path = (std::filesystem::path(o.out) / kStateName).string();
+  if (!std::filesystem::exists(path)) return {};
+  const json j = json::parse(read_input_file(path, "--out state", 64u << 20), nullptr, false);
+  MESHRT_CHECK(j.is_object() && j.value("schema", "") == "meshrt.tune.state" &&
+                   j.contains("trials") && j["trials"].is_array(),
+               path << ": not a meshrt tune state file; use another --out folder");
+  MESHRT_CHECK(j.value("search", "") == tn_fingerprint(o),
+               path << " is the state of another search (" << j.value("search", "?")
+                    << "); use the same flags to resume it, or another --out folder");
+  std::vector<TuneResult> out;
+  for (const json& t : j["trials"]) {
+    TuneResult r;
+    r.index = t.value("index", -1);
+    r.status = t.value("status", "?");
+    r.steps = t.value("steps", 0);
+    r.last_loss = tn_get(t, "last_loss");
+    r.val_loss = tn_get(t, "val_loss");
+    r.tokens_per_s = tn_get(t, "tokens_per_s");
+    for (const json& l : t.value("losses", json::array()))
+      r.losses.push_back(l.is_number() ? l.get<double>() : kTnNaN);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void tn_write_state(const TuneCliOptions& o, const std::vector<TuneResult>& done,
+                    const std::vector<TuneTrial>& grid) {
+  json j = {{"schema", "meshrt.tune.state"}, {"version", 1}, {"search", tn_fingerprint(o)}};
+  j["trials"] = json::array();
+  for (const TuneResult& r : done)
+    for (const TuneTrial& t : grid)
+      if (t.index == r.index) j["trials"].push_back(tn_result_json(r, t));
+  write_output_file((std::filesystem::path(o.out) / kStateName).string(), j.dump(1) + "\n",
+                    "--out state", /*durable=*/true);
+}
+
+// The best finished trial so far (ok, lowest key), or nullptr.
+const TuneResult* tn_best(const std::vector<TuneResult>& done) {
+  const TuneResult* best = nullptr;
+  for (const TuneResult& r : done)
+    if (r.status == "ok" && std::isfinite(r.key()) && (!best || r.key() < best->key())) best = &r;
+  return best;
+}
+
+}  // namespace
+
+namespace {
+
+std::string tn_metrics_path(const TuneCliOptions& o, int index) {
+  return (std::filesystem::path(o.out) / ("trial-" + std::to_string(index) + ".jsonl")).string();
+}
+
+// Tokens/s of the median step (steps 2..N when there are more than one: step 1 warms up).
+double tn_tokens_per_s(const std::vector<StepStats>& st, int64_t tokens) {
+  std::vector<double> ms;
+  for (size_t i = st.size() > 1 ? 1 : 0; i < st.size(); ++i) ms.push_back(st[i].step_ms);
+  const double m = ms.empty() ? 0.0 : bench::median(ms);
+  return m > 0 ? static_cast<double>(tokens) / (m / 1e3) : 0.0;
+}
+
+// One short training in this process. A trial whose loss at a step of its second half is over
+// (1 + margin) x the best trial's at that step asks to stop (it stops after the next step).
+TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneResult* best) {
+  TrainCliOptions to = o.base;
+  to.lr = static_cast<float>(t.lr);
+  to.batch = t.batch;
+  to.micro_batches = t.micro;
+  to.mesh = t.mesh;
+  to.metrics = tn_metrics_path(o, t.index);
+  TrainConfig cfg = train_config(to, parse_grad_sync(to.grad_sync));
+  const std::vector<double> curve = best ? best->losses : std::vector<double>();
+  std::atomic<bool> trailing{false};
+  cfg.on_step = [&](const StepStats& st) {
+    const size_t k = static_cast<size_t>(st.step - 1);
+    if (o.margin > 0 && 2 * st.step >= cfg.steps && k < curve.size() && std::isfinite(curve[k]) &&
+        !(st.loss <= curve[k] * (1 + o.margin)))
+      trailing = true;
+  };
+  cfg.stop_requested = [&] {
+    const int s = StopSignals::received();
+    return s > 0 ? s : (trailing ? kTuneStop : 0);
+  };
+  TuneResult r;
+  r.index = t.index;
+  std::vector<StepStats> st;
+  try {
+    st = run_train_once(cfg, to, nullptr).stats;
+  } catch (const TrainDivergedError&) {
+    r.status = "diverged";
+    try {
+      const auto recs = read_metrics_file(to.metrics);
+      r.steps = static_cast<int>(recs.back().step);
+      for (const MetricsRecord& m : recs) r.losses.push_back(m.loss);
+    } catch (const Error&) {
+    }
+    return r;
+  }
+  if (StopSignals::received() != 0) {
+    r.status = "interrupted";
+    return r;
+  }
+  r.status = trailing ? "trailing" : "ok";
+  r.steps = st.empty() ? 0 : st.back().step;
+  for (const StepStats& s : st) r.losses.push_back(s.loss);
+  if (!st.empty()) r.last_loss = st.back().loss, r.val_loss = st.back().val_loss;
+  r.tokens_per_s = tn_tokens_per_s(st, t.batch * to.seq);
+  return r;
+}
+
+// Finished trials sorted: ok ones by validation loss (else last loss), then the stopped ones.
+std::vector<TuneResult> tn_sorted(std::vector<TuneResult> done) {
+  auto rank = [](const TuneResult& r) {
+    return r.status == "ok" && std::isfinite(r.key()) ? 0 : 1;
+  };
+  std::stable_sort(done.begin(), done.end(), [&](const TuneResult& a, const TuneResult& b) {
+    if (rank(a) != rank(b)) return rank(a) < rank(b);
+    if (rank(a) == 0 && a.key() != b.key()) return a.key() < b.key();
+    return a.index < b.index;
+  });
+  return done;
+}
+
+const TuneTrial& tn_trial(const std::vector<TuneTrial>& grid, int index) {
+  for (const TuneTrial& t : grid)
+    if (t.index == index) return t;
+  MESHRT_FAIL("tune: trial " << index << " is not in the grid");
+}
+
+std::string tn_loss(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6f", x);
+  return std::isfinite(x) ? b : "-";
+}
+
+void tn_print_table(const TuneCliOptions& o, const std::vector<TuneResult>& sorted,
+                    const std::vector<TuneTrial>& grid, std::ostream& os) {
+  std::ostringstream t;
+  t << "tune: " << sorted.size() << " trials, " << o.base.steps << " steps each, sorted by "
+    << (o.base.val_data.empty() ? "the last training loss (no --val-data)" : "validation loss")
+    << " (* best)\n"
+    << "   trial  lr          batch  micro  mesh          val loss   last loss   tokens/s  "
+       "status\n";
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const TuneResult& r = sorted[i];
+    const TuneTrial& g = tn_trial(grid, r.index);
+    char line[256];
+    std::snprintf(
+        line, sizeof line, " %s %5d  %-10g %6lld %6d  %-12s %9s  %10s %10.0f  %s (%d steps)\n",
+        i == 0 && r.status == "ok" ? "*" : " ", r.index, g.lr, static_cast<long long>(g.batch),
+        g.micro, g.mesh.empty() ? "-" : g.mesh.c_str(), tn_loss(r.val_loss).c_str(),
+        tn_loss(r.last_loss).c_str(), r.tokens_per_s, r.status.c_str(), r.steps);
+    t << line;
+  }
+  print_line(os, t.str());
+}
+
+void tn_write_outputs(const TuneCliOptions& o, const std::vector<TuneResult>& sorted,
+                      const std::vector<TuneTrial>& grid, std::ostream& os) {
+  if (!o.json.empty()) {
+    json j = {{"schema", "meshrt.tune"},
+              {"version", 1},
+              {"sorted_by", o.base.val_data.empty() ? "last_loss" : "val_loss"},
+              {"steps", o.base.steps},
+              {"seed", o.base.seed}};
+    j["best_index"] = !sorted.empty() && sorted[0].status == "ok" ? json(sorted[0].index) : json();
+    j["trials"] = json::array();
+    for (const TuneResult& r : sorted)
+      j["trials"].push_back(tn_result_json(r, tn_trial(grid, r.index)));
+    write_output_file(o.json, j.dump(2) + "\n", "--json");
+    os << "wrote " << o.json << "\n";
+  }
+  if (o.plot.empty()) return;
+  std::vector<ReportRun> runs;
+  for (const TuneResult& r : sorted) {
+    const std::string p = tn_metrics_path(o, r.index);
+    if (std::filesystem::exists(p))
+      runs.push_back({"#" + std::to_string(r.index) + " " + tn_trial(grid, r.index).label(),
+                      read_metrics_file(p)});
+  }
+  MESHRT_CHECK(!runs.empty(), "--plot: no trial wrote a metrics record");
+  plot_report_runs(o.plot, runs);
+  os << "wrote " << o.plot << "\n";
+}
+
+void tn_check(const TuneCliOptions& o) {
+  MESHRT_CHECK(o.base.metrics.empty() && o.base.save.empty() && o.base.resume.empty(),
+               "tune: --metrics, --save and --resume are tune's own (each trial's metrics go to "
+               "--out/trial-N.jsonl); drop them");
+  MESHRT_CHECK(
+      std::isfinite(o.margin) && o.margin >= 0,
+      "tune: --margin " << o.margin << " must be >= 0 (0: no early stop of trailing trials)");
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  MESHRT_CHECK(fs::is_directory(o.out), "tune: --out " << o.out << " is not a folder and cannot be "
+                                                       << "made one"
+                                                       << (ec ? ": " + ec.message() : ""));
+  check_output_path(o.json, "--json");
+  check_output_path(o.plot, "--plot");
+  check_distinct_outputs({{"--json", o.json}, {"--plot", o.plot}});
+}
+
+}  // namespace
+
+CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
+  auto* c = app.add_subcommand(
+      "tune",
+      "Short trainings over a grid of --lr, --batch, --micro-batches and the mesh, one after "
+      "another; a table sorted by validation loss; resumes an interrupted search from --out");
+  add_train_flags(c, o.base);
+  c->add_option("--grid-lr", o.grid_lr, "Learning rates to try, e.g. 1e-3,3e-3 (default --lr)");
+  c->add_option("--grid-batch", o.grid_batch, "Global batches to try, e.g. 4,8 (default --batch)");
+  c->add_option("--grid-micro-batches", o.grid_micro,
+                "Micro-batch counts to try, e.g. 1,2 (default --micro-batches)");
+  c->add_option("--grid-mesh", o.grid_mesh,
+                "Meshes to try, separated by ';', e.g. 'dp=2;tp=2' (default --mesh)");
+  c->add_option("--samples", o.samples,
+                "Random search: this many grid points drawn with --search-seed (default: all)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--search-seed", o.search_seed, "Seed of the --samples draw")
+      ->capture_default_str();
+  c->add_option("--margin", o.margin,
+                "Stop a trial whose loss in its second half is over (1 + margin) x the best "
+                "trial's at that step (0: never)")
+      ->capture_default_str();
+  c->add_option("--out", o.out, "Folder for the trials' metrics and the state a rerun resumes from")
+      ->required();
+  c->add_option("--json", o.json, "Write the table as JSON");
+  c->add_option("--plot", o.plot, "Plot the trials' metrics (as meshrt report --plot)");
+  return c;
+}
+
+int run_tune(const TuneCliOptions& o, std::ostream& os) {
+  tn_check(o);
+  StopSignals signals(bench::launcher_rank() == 0);
+  const std::vector<TuneTrial> grid = tn_grid(o);
+  std::vector<TuneResult> done = tn_read_state(o);
+  if (!done.empty())
+    print_line(os, "tune: resuming from " + o.out + ": " + std::to_string(done.size()) + " of " +
+                       std::to_string(grid.size()) + " trials done\n");
+  for (const TuneTrial& t : grid) {
+    if (std::any_of(done.begin(), done.end(), [&](auto& r) { return r.index == t.index; }))
+      continue;
+    TuneResult r = tn_run_trial(o, t, tn_best(done));
+    if (r.status == "interrupted") {
+      const int sig = StopSignals::received();
+      print_line(os, std::string("tune: stopped by ") + StopSignals::name(sig) + " during trial " +
+                         std::to_string(t.index) + "; " + std::to_string(done.size()) + " of " +
+                         std::to_string(grid.size()) +
+                         " trials done: rerun the same command to resume\n");
+      return 128 + sig;
+    }
+    char line[160];
+    std::snprintf(line, sizeof line, "trial %d (%s): %s, %d steps, loss %s, val loss %s\n", t.index,
+                  t.label().c_str(), r.status.c_str(), r.steps, tn_loss(r.last_loss).c_str(),
+                  tn_loss(r.val_loss).c_str());
+    print_line(os, line);
+    done.push_back(std::move(r));
+    tn_write_state(o, done, grid);
+  }
+  const std::vector<TuneResult> sorted = tn_sorted(done);
+  tn_print_table(o, sorted, grid, os);
+  tn_write_outputs(o, sorted, grid, os);
+  return 0;
+}
+
+}  // namespace meshrt::cli

@@ -88,6 +88,7 @@ std::string first_nonfinite_grad(Context& ctx, Communicator& world,
   const auto n = static_cast<int64_t>(grads.size());
   int64_t first = n;
   for (int64_t i = 0; i < n && first == n; ++i) {
+    if (!grads[static_cast<size_t>(i)]->grad.defined()) continue;  // ZeRO 2: freed once reduced
     Tensor g = grads[static_cast<size_t>(i)]->grad.to(DType::f32, cs).to(ctx.host_allocator(), cs);
     cs.synchronize();
     const float* p = g.data<float>();

@@ -98,6 +98,10 @@ void TrainMetrics::record(Context& ctx, const StepStats& st, double grad_norm, i
                      {"skew_ms", step_ms - fastest}});
   }
   j["ranks"] = std::move(ranks);
+  // Rank 0's dp communication by kind (ZeRO: reduce-scatter and all-gather), in bytes.
+  j["dp_bytes"] = {{"all_reduce", st.dp_all_reduce_bytes},
+                   {"reduce_scatter", st.dp_reduce_scatter_bytes},
+                   {"all_gather", st.dp_all_gather_bytes}};
   file_->append_line(j.dump());
   cost_ms_ +=
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();

@@ -54,29 +54,34 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
   Context& ctx = mesh.ctx();
   Stream& cs = ctx.compute_stream();
   const int64_t dp = dp_.size();
+  // The parameters' own gradients give way to the buckets' (freed first: no moment holds both).
+  for (Param* p : params_) p->grad = Tensor();
   for (auto& b : buckets_) {
     // ZeRO pads the flat buffers to a multiple of dp (zero padding: it adds nothing to sums).
     b.padded = opts.zero > 0 ? (b.numel + dp - 1) / dp * dp : b.numel;
+    if (opts.zero > 0) {
+      // The parameters move into one flat buffer per bucket, so a rank's updated shard is
+      // all-gathered in place; each bucket's old tensors are freed before the next is moved.
+      b.values = ctx.zeros({b.padded}, b.dtype);
+      for (size_t i = 0; i < b.params.size(); ++i) {
+        Param* p = b.params[i];
+        Tensor v = b.values.narrow(0, b.offsets[i], p->value.numel());
+        v.copy_(p->value.contiguous(cs).view({p->value.numel()}), cs);
+        p->value = v.view(p->value.shape());
+      }
+      cs.synchronize();
+    }
+    // Stage 2 allocates the full buckets only for the backward that fills them (prepare_grads).
+    const bool full = opts.zero < 2;
     for (int s = 0; s < sets_; ++s) {
-      b.flat.push_back(ctx.zeros({b.padded}, b.dtype));
+      b.flat.push_back(full ? ctx.zeros({b.padded}, b.dtype) : Tensor());
       if (opts.bf16_comm && b.dtype == DType::f32)
-        b.comm_buf.push_back(ctx.empty({b.padded}, DType::bf16));
+        b.comm_buf.push_back(full ? ctx.empty({b.padded}, DType::bf16) : Tensor());
       if (opts.zero == 2) b.grad_shard.push_back(ctx.zeros({b.padded / dp}, b.dtype));
     }
     b.done.assign(static_cast<size_t>(sets_), Event());
     b.launched.assign(static_cast<size_t>(sets_), false);
-    if (opts.zero == 0) continue;
-    // The parameters move into one flat buffer per bucket, so a rank's updated shard is
-    // all-gathered in place.
-    b.values = ctx.zeros({b.padded}, b.dtype);
-    for (size_t i = 0; i < b.params.size(); ++i) {
-      Param* p = b.params[i];
-      Tensor v = b.values.narrow(0, b.offsets[i], p->value.numel());
-      v.copy_(p->value.contiguous(cs).view({p->value.numel()}), cs);
-      p->value = v.view(p->value.shape());
-    }
   }
-  cs.synchronize();
   bind(0);
 }
 
@@ -167,16 +172,30 @@ void GradSync::set_active(int grad_set) {
 
 void GradSync::zero_grad() {
   const size_t s = static_cast<size_t>(active_);
+  in_flight_.clear();
+  Stream& cs = mesh_.ctx().compute_stream();
   for (auto& b : buckets_) {
-    if (opts_.zero == 2 && !b.flat[s].defined()) {
-      allocate_full(b, s);  // zeroed
-      b.grad_shard[s].zero_(mesh_.ctx().compute_stream());
-    } else {
-      b.flat[s].zero_(mesh_.ctx().compute_stream());
-      if (opts_.zero == 2) b.grad_shard[s].zero_(mesh_.ctx().compute_stream());
-    }
+    if (b.flat[s].defined()) b.flat[s].zero_(cs);
+    if (opts_.zero == 2) b.grad_shard[s].zero_(cs);
   }
-  bind(active_);
+}
+
+void GradSync::prepare_grads(const std::vector<Param*>& ps) {
+  if (opts_.zero < 2) return;
+  const size_t s = static_cast<size_t>(active_);
+  for (Param* p : ps) {
+    auto it = std::find(params_.begin(), params_.end(), p);
+    MESHRT_CHECK(it != params_.end(),
+                 "GradSync: parameter " << (p ? p->name : "null") << " is not managed here");
+    Bucket& b =
+        buckets_[static_cast<size_t>(where_[static_cast<size_t>(it - params_.begin())].first)];
+    if (b.flat[s].defined()) continue;
+    allocate_full(b, s);
+    for (size_t i = 0; i < b.params.size(); ++i)
+      b.params[i]->grad = b.flat[s]
+                              .narrow(0, b.offsets[i], b.params[i]->value.numel())
+                              .view(b.params[i]->value.shape());
+  }
 }
 
 void GradSync::launch(Bucket& b) {
@@ -204,6 +223,7 @@ void GradSync::launch(Bucket& b) {
 void GradSync::launch_reduce_scatter(Bucket& b, size_t s) {
   Context& ctx = mesh_.ctx();
   const int64_t n = b.padded / dp_.size();
+  if (!b.flat[s].defined()) allocate_full(b, s);  // no backward wrote it: zero gradients
   // The averaged shard; the full bucket (held by the collective until it is done) is freed.
   if (!b.comm_buf.empty()) {
     ops::cast(ctx, dp_.compute(), b.flat[s], b.comm_buf[s]);
@@ -217,6 +237,16 @@ void GradSync::launch_reduce_scatter(Bucket& b, size_t s) {
   }
   b.flat[s] = Tensor();
   for (Param* p : b.params) p->grad = Tensor();
+  // Rate limit (as FSDP's limit_all_gathers): the issuing thread runs ahead of the streams, and a
+  // bucket is freed only when its reduce-scatter is done; waiting here for the one two buckets
+  // back bounds the full buckets alive to three.
+  in_flight_.push_back(&b);
+  if (in_flight_.size() > 2) {
+    Bucket& old = *in_flight_.front();
+    in_flight_.erase(in_flight_.begin());
+    if (old.done[s].valid()) old.done[s].synchronize();
+    old.done[s] = Event();
+  }
 }
 
 void GradSync::mark_ready(const std::vector<Param*>& ps) {

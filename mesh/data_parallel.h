@@ -6,9 +6,9 @@
 // a multiple of dp and rank r owns elements [r S, (r + 1) S) of it (S = padded / dp; elements past
 // the bucket's end are padding). Stage 1: gradients are all-reduced as at stage 0, each rank
 // updates its shard of the parameters (the optimizer keeps state for its shard only) and the
-// updated shards are all-gathered bucket by bucket. Stage 2: each bucket is reduce-scattered
-// instead (averaged), the rank keeps only its gradient shard and the full bucket is freed once
-// the reduce-scatter has it.
+// updated shards are all-gathered bucket by bucket. Stage 2: a bucket's full buffer exists only
+// from the backward that fills it (prepare_grads) to its reduce-scatter (averaged) and the rank
+// keeps only its gradient shard.
 #pragma once
 
 #include <vector>
@@ -61,6 +61,9 @@ class MESHRT_API GradSync {
   int active() const { return active_; }
   // Zeroes the active set's gradients (on the compute stream).
   void zero_grad();
+  // ZeRO stage 2: allocates (zeroed) the full buckets holding the gradients of `ps` when they are
+  // not allocated; the model calls it before the backward that writes them. No-op otherwise.
+  void prepare_grads(const std::vector<Param*>& ps);
   // With false, mark_ready launches nothing (micro-batches before the last accumulate locally).
   void enable_sync(bool on) { sync_enabled_ = on; }
 
@@ -119,7 +122,7 @@ class MESHRT_API GradSync {
     Event gathered;
   };
   void launch(Bucket& b);
-  // Stage 2: (re)allocates grad set s's full bucket buffers and binds the grads to them.
+  // Stage 2: allocates grad set s's full bucket buffers (zeroed).
   void allocate_full(Bucket& b, size_t s);
   void launch_reduce_scatter(Bucket& b, size_t s);
 
@@ -129,6 +132,7 @@ class MESHRT_API GradSync {
   std::vector<Bucket> buckets_;
   std::vector<std::pair<int, int>> where_;  // param index -> (bucket, slot)
   std::vector<Param*> params_;
+  std::vector<Bucket*> in_flight_;  // stage 2: reduce-scatters not yet waited for, oldest first
   int sets_ = 1;
   int active_ = 0;
   bool sync_enabled_ = true;

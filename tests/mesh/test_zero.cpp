@@ -10,6 +10,7 @@
 #include "mesh/data_parallel.h"
 #include "mesh/model.h"
 #include "mesh/train.h"
+#include "mesh/train_guard.h"
 #include "tests/mesh/harness.h"
 
 using namespace meshrt;
@@ -280,4 +281,26 @@ TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
     CHECK(z0.peak[r] - z1.peak[r] >= state_half * 9 / 10);
     CHECK(z2.peak[r] < z1.peak[r]);
   }
+}
+
+TEST_CASE("the memory precheck counts ZeRO's shares", "[zero][memory][unit]") {
+  TrainConfig c = zero_cfg("dp=4", 0);
+  c.model.block.hidden = 1024;
+  c.model.block.ffn = 4096;
+  c.model.layers = 8;
+  c.model.vocab = 8192;
+  const TrainMemory z0 = estimate_train_memory(c, 4);
+  c.dp.zero = 1;
+  const TrainMemory z1 = estimate_train_memory(c, 4);
+  c.dp.zero = 2;
+  const TrainMemory z2 = estimate_train_memory(c, 4);
+  CHECK(z1.optimizer == Approx(z0.optimizer / 4));
+  CHECK(z1.grads == z0.grads);
+  CHECK(z2.grads < z0.grads / 2);
+  CHECK(z2.optimizer == z1.optimizer);
+  // A budget the precheck refuses at zero 0 (per rank) holds zero 1 and 2.
+  const double budget = 0.8 * z0.total();
+  CHECK(z0.total() > budget);
+  CHECK(z1.total() < budget);
+  CHECK(z2.total() < z1.total());
 }

@@ -8,6 +8,13 @@
 
 namespace meshrt {
 
+void validate_zero_stage(int zero) {
+  MESHRT_CHECK(zero >= 0 && zero <= 2,
+               "train: --zero " << zero
+                                << " is not a supported ZeRO stage: use 0 (replicated), 1 (shard "
+                                   "the optimizer state) or 2 (also the gradients)");
+}
+
 GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts, int grad_sets)
     : mesh_(mesh),
       opts_(opts),
@@ -17,6 +24,10 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
   MESHRT_CHECK(opts.bucket_mb > 0,
                "data parallel: bucket size " << opts.bucket_mb << " MiB must be positive");
   MESHRT_CHECK(grad_sets >= 1, "data parallel: grad_sets " << grad_sets << " < 1");
+  validate_zero_stage(opts.zero);
+  MESHRT_CHECK(opts.zero == 0 || grad_sets == 1, "data parallel: --zero "
+                                                     << opts.zero << " keeps one gradient set, not "
+                                                     << grad_sets << " (use --grad-sync sync)");
   const double cap = opts.bucket_mb * 1024.0 * 1024.0;
   // Pack in reverse forward order: the order backward finishes gradients.
   Bucket cur;
@@ -41,16 +52,88 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
   }
   close();
   Context& ctx = mesh.ctx();
+  Stream& cs = ctx.compute_stream();
+  const int64_t dp = dp_.size();
+  // The parameters' own gradients give way to the buckets' (freed first: no moment holds both).
+  for (Param* p : params_) p->grad = Tensor();
   for (auto& b : buckets_) {
+    // ZeRO pads the flat buffers to a multiple of dp (zero padding: it adds nothing to sums).
+    b.padded = opts.zero > 0 ? (b.numel + dp - 1) / dp * dp : b.numel;
+    if (opts.zero > 0) {
+      // The parameters move into one flat buffer per bucket, so a rank's updated shard is
+      // all-gathered in place; each bucket's old tensors are freed before the next is moved.
+      b.values = ctx.zeros({b.padded}, b.dtype);
+      for (size_t i = 0; i < b.params.size(); ++i) {
+        Param* p = b.params[i];
+        Tensor v = b.values.narrow(0, b.offsets[i], p->value.numel());
+        v.copy_(p->value.contiguous(cs).view({p->value.numel()}), cs);
+        p->value = v.view(p->value.shape());
+      }
+      cs.synchronize();
+    }
+    // Stage 2 allocates the full buckets only for the backward that fills them (prepare_grads).
+    const bool full = opts.zero < 2;
     for (int s = 0; s < sets_; ++s) {
-      b.flat.push_back(ctx.zeros({b.numel}, b.dtype));
+      b.flat.push_back(full ? ctx.zeros({b.padded}, b.dtype) : Tensor());
       if (opts.bf16_comm && b.dtype == DType::f32)
-        b.comm_buf.push_back(ctx.empty({b.numel}, DType::bf16));
+        b.comm_buf.push_back(full ? ctx.empty({b.padded}, DType::bf16) : Tensor());
+      if (opts.zero == 2) b.grad_shard.push_back(ctx.zeros({b.padded / dp}, b.dtype));
     }
     b.done.assign(static_cast<size_t>(sets_), Event());
     b.launched.assign(static_cast<size_t>(sets_), false);
   }
   bind(0);
+}
+
+int64_t GradSync::shard_numel(int b) const {
+  return buckets_[static_cast<size_t>(b)].padded / dp_.size();
+}
+
+int64_t GradSync::bucket_offset(int b, int slot) const {
+  return buckets_[static_cast<size_t>(b)].offsets[static_cast<size_t>(slot)];
+}
+
+std::vector<ShardPiece> GradSync::shard_pieces(int bi) const {
+  MESHRT_CHECK(opts_.zero > 0, "GradSync: shard_pieces needs --zero 1 or 2");
+  const Bucket& b = buckets_[static_cast<size_t>(bi)];
+  const int64_t s = shard_numel(bi), lo = dp_.rank() * s, hi = std::min(lo + s, b.numel);
+  const Tensor& flat = b.flat[static_cast<size_t>(active_)];
+  std::vector<ShardPiece> out;
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const int64_t a = std::max(lo, b.offsets[i]),
+                  e = std::min(hi, b.offsets[i] + b.params[i]->value.numel());
+    if (e <= a) continue;
+    ShardPiece pc;
+    pc.param = b.params[i];
+    pc.at = a - lo;
+    pc.len = e - a;
+    pc.offset = a - b.offsets[i];
+    pc.value = b.values.narrow(0, a, pc.len);
+    pc.grad = opts_.zero == 2 ? b.grad_shard[static_cast<size_t>(active_)].narrow(0, pc.at, pc.len)
+                              : flat.narrow(0, a, pc.len);
+    out.push_back(std::move(pc));
+  }
+  return out;
+}
+
+void GradSync::gather_params(int bi) {
+  Bucket& b = buckets_[static_cast<size_t>(bi)];
+  if (opts_.zero == 0 || dp_.size() == 1) return;
+  const int64_t s = shard_numel(bi);
+  b.gathered = dp_.all_gather(b.values.narrow(0, dp_.rank() * s, s), b.values, "dp.param.gather");
+}
+
+void GradSync::wait_gathers() {
+  for (auto& b : buckets_) {
+    dp_.wait(b.gathered);
+    b.gathered = Event();
+  }
+}
+
+void GradSync::allocate_full(Bucket& b, size_t s) {
+  Context& ctx = mesh_.ctx();
+  b.flat[s] = ctx.zeros({b.padded}, b.dtype);
+  if (!b.comm_buf.empty()) b.comm_buf[s] = ctx.empty({b.padded}, DType::bf16);
 }
 
 std::vector<std::string> GradSync::bucket_params(int b) const {
@@ -70,9 +153,11 @@ void GradSync::bind(int grad_set) {
   for (auto& b : buckets_)
     for (size_t i = 0; i < b.params.size(); ++i) {
       Param* p = b.params[i];
-      p->grad = b.flat[static_cast<size_t>(grad_set)]
-                    .narrow(0, b.offsets[i], p->value.numel())
-                    .view(p->value.shape());
+      const Tensor& flat = b.flat[static_cast<size_t>(grad_set)];
+      // Stage 2 frees the full buckets once reduced: no full gradient until zero_grad.
+      p->grad = flat.defined()
+                    ? flat.narrow(0, b.offsets[i], p->value.numel()).view(p->value.shape())
+                    : Tensor();
     }
   active_ = grad_set;
 }
@@ -86,7 +171,31 @@ void GradSync::set_active(int grad_set) {
 }
 
 void GradSync::zero_grad() {
-  for (auto& b : buckets_) b.flat[static_cast<size_t>(active_)].zero_(mesh_.ctx().compute_stream());
+  const size_t s = static_cast<size_t>(active_);
+  in_flight_.clear();
+  Stream& cs = mesh_.ctx().compute_stream();
+  for (auto& b : buckets_) {
+    if (b.flat[s].defined()) b.flat[s].zero_(cs);
+    if (opts_.zero == 2) b.grad_shard[s].zero_(cs);
+  }
+}
+
+void GradSync::prepare_grads(const std::vector<Param*>& ps) {
+  if (opts_.zero < 2) return;
+  const size_t s = static_cast<size_t>(active_);
+  for (Param* p : ps) {
+    auto it = std::find(params_.begin(), params_.end(), p);
+    MESHRT_CHECK(it != params_.end(),
+                 "GradSync: parameter " << (p ? p->name : "null") << " is not managed here");
+    Bucket& b =
+        buckets_[static_cast<size_t>(where_[static_cast<size_t>(it - params_.begin())].first)];
+    if (b.flat[s].defined()) continue;
+    allocate_full(b, s);
+    for (size_t i = 0; i < b.params.size(); ++i)
+      b.params[i]->grad = b.flat[s]
+                              .narrow(0, b.offsets[i], b.params[i]->value.numel())
+                              .view(b.params[i]->value.shape());
+  }
 }
 
 void GradSync::launch(Bucket& b) {
@@ -94,6 +203,10 @@ void GradSync::launch(Bucket& b) {
   if (b.launched[s]) return;
   b.launched[s] = true;
   if (probe_.defined()) ops::sum_squares(mesh_.ctx(), dp_.compute(), b.flat[s], probe_);
+  if (opts_.zero == 2) {
+    launch_reduce_scatter(b, s);
+    return;
+  }
   if (dp_.size() == 1) {
     b.done[s] = Event();
     return;
@@ -104,6 +217,35 @@ void GradSync::launch(Bucket& b) {
     b.done[s] = dp_.all_reduce(b.comm_buf[s], "dp.grad.bucket", ReduceOp::Avg);
   } else {
     b.done[s] = dp_.all_reduce(b.flat[s], "dp.grad.bucket", ReduceOp::Avg);
+  }
+}
+
+void GradSync::launch_reduce_scatter(Bucket& b, size_t s) {
+  Context& ctx = mesh_.ctx();
+  const int64_t n = b.padded / dp_.size();
+  if (!b.flat[s].defined()) allocate_full(b, s);  // no backward wrote it: zero gradients
+  // The averaged shard; the full bucket (held by the collective until it is done) is freed.
+  if (!b.comm_buf.empty()) {
+    ops::cast(ctx, dp_.compute(), b.flat[s], b.comm_buf[s]);
+    b.comm_stage = ctx.empty({n}, DType::bf16);
+    b.done[s] =
+        dp_.reduce_scatter(b.comm_buf[s], b.comm_stage, "dp.grad.reduce_scatter", ReduceOp::Avg);
+    b.comm_buf[s] = Tensor();
+  } else {
+    b.done[s] =
+        dp_.reduce_scatter(b.flat[s], b.grad_shard[s], "dp.grad.reduce_scatter", ReduceOp::Avg);
+  }
+  b.flat[s] = Tensor();
+  for (Param* p : b.params) p->grad = Tensor();
+  // Rate limit (as FSDP's limit_all_gathers): the issuing thread runs ahead of the streams, and a
+  // bucket is freed only when its reduce-scatter is done; waiting here for the one two buckets
+  // back bounds the full buckets alive to three.
+  in_flight_.push_back(&b);
+  if (in_flight_.size() > 2) {
+    Bucket& old = *in_flight_.front();
+    in_flight_.erase(in_flight_.begin());
+    if (old.done[s].valid()) old.done[s].synchronize();
+    old.done[s] = Event();
   }
 }
 
@@ -129,7 +271,17 @@ void GradSync::finish() {
 void GradSync::wait_bucket(int bi, int grad_set) {
   const size_t s = static_cast<size_t>(grad_set < 0 ? active_ : grad_set);
   Bucket& b = buckets_[static_cast<size_t>(bi)];
-  if (!b.launched[s] || dp_.size() == 1) return;
+  if (!b.launched[s]) return;
+  if (opts_.zero == 2) {
+    dp_.wait(b.done[s]);
+    b.done[s] = Event();
+    if (b.comm_stage.defined())
+      ops::cast(mesh_.ctx(), dp_.compute(), b.comm_stage, b.grad_shard[s]);
+    b.comm_stage = Tensor();
+    b.launched[s] = false;
+    return;
+  }
+  if (dp_.size() == 1) return;
   dp_.wait(b.done[s]);
   b.done[s] = Event();
   if (!b.comm_buf.empty()) ops::cast(mesh_.ctx(), dp_.compute(), b.comm_buf[s], b.flat[s]);

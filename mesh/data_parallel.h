@@ -1,6 +1,14 @@
 // Data parallelism over a mesh's dp dim (kDpDim): gradients packed into buckets (in the reverse of
 // forward order, the order backward produces them), each all-reduced (average) on the dp stream
 // as soon as its last gradient is final, overlapping the rest of backward.
+//
+// ZeRO (DpOptions::zero, docs/zero.md) shards each bucket's flat buffer over dp: it is padded to
+// a multiple of dp and rank r owns elements [r S, (r + 1) S) of it (S = padded / dp; elements past
+// the bucket's end are padding). Stage 1: gradients are all-reduced as at stage 0, each rank
+// updates its shard of the parameters (the optimizer keeps state for its shard only) and the
+// updated shards are all-gathered bucket by bucket. Stage 2: a bucket's full buffer exists only
+// from the backward that fills it (prepare_grads) to its reduce-scatter (averaged) and the rank
+// keeps only its gradient shard.
 #pragma once
 
 #include <vector>
@@ -14,6 +22,19 @@ struct MESHRT_API DpOptions {
   double bucket_mb = 25.0;  // bucket capacity; a parameter larger than this gets its own bucket
   bool bf16_comm = false;   // communicate f32 gradients as bf16 (reduced in f32, cast back)
   Overlap overlap = Overlap::Async;  // None: wait for each bucket right after launching it
+  int zero = 0;                      // ZeRO stage 0, 1 or 2 (see above)
+};
+
+// Throws naming the stage and what to use instead: --zero outside 0..2.
+MESHRT_API void validate_zero_stage(int zero);
+
+// One parameter's part of this rank's ZeRO shard of a bucket: views of `len` elements of its
+// value and its gradient (the reduced gradient: the full bucket at stage 1, the shard at stage
+// 2), starting `at` elements into the shard and `offset` elements into the parameter.
+struct MESHRT_API ShardPiece {
+  Param* param = nullptr;
+  Tensor value, grad;
+  int64_t at = 0, len = 0, offset = 0;
 };
 
 class MESHRT_API GradSync {
@@ -40,6 +61,9 @@ class MESHRT_API GradSync {
   int active() const { return active_; }
   // Zeroes the active set's gradients (on the compute stream).
   void zero_grad();
+  // ZeRO stage 2: allocates (zeroed) the full buckets holding the gradients of `ps` when they are
+  // not allocated; the model calls it before the backward that writes them. No-op otherwise.
+  void prepare_grads(const std::vector<Param*>& ps);
   // With false, mark_ready launches nothing (micro-batches before the last accumulate locally).
   void enable_sync(bool on) { sync_enabled_ = on; }
 
@@ -64,6 +88,20 @@ class MESHRT_API GradSync {
   // Local SGD: average the parameter values over dp (collective; compute waits at the end).
   void average_params();
 
+  // --- ZeRO (zero() >= 1) ---
+  int zero() const { return opts_.zero; }
+  // Elements of bucket b: its parameters', its padded size (a multiple of dp), a rank's shard.
+  int64_t bucket_numel(int b) const { return buckets_[static_cast<size_t>(b)].numel; }
+  int64_t shard_numel(int b) const;
+  // Offset of bucket b's parameter `slot` (bucket(b) order) in the bucket's flat buffer.
+  int64_t bucket_offset(int b, int slot) const;
+  // This rank's shard of bucket b, parameter by parameter (pieces of zero length left out).
+  std::vector<ShardPiece> shard_pieces(int b) const;
+  // Launches the all-gather of bucket b's parameters from every rank's updated shard (in place).
+  void gather_params(int b);
+  // Compute-stream wait for every gather_params launched (before the next forward).
+  void wait_gathers();
+
  private:
   struct Bucket {
     std::vector<Param*> params;  // backward order
@@ -75,8 +113,18 @@ class MESHRT_API GradSync {
     std::vector<Event> done;       // per grad set
     std::vector<bool> launched;    // per grad set
     int ready = 0;                 // params marked in the current step
+    // ZeRO: padded numel, the parameters' flat buffer (values are views of it), stage 2's
+    // reduced gradient shard (per grad set) and the pending parameter all-gather.
+    int64_t padded = 0;
+    Tensor values;
+    std::vector<Tensor> grad_shard;
+    Tensor comm_stage;  // stage 2 with bf16_comm: the bf16 reduced shard
+    Event gathered;
   };
   void launch(Bucket& b);
+  // Stage 2: allocates grad set s's full bucket buffers (zeroed).
+  void allocate_full(Bucket& b, size_t s);
+  void launch_reduce_scatter(Bucket& b, size_t s);
 
   DeviceMesh& mesh_;
   DpOptions opts_;
@@ -84,6 +132,7 @@ class MESHRT_API GradSync {
   std::vector<Bucket> buckets_;
   std::vector<std::pair<int, int>> where_;  // param index -> (bucket, slot)
   std::vector<Param*> params_;
+  std::vector<Bucket*> in_flight_;  // stage 2: reduce-scatters not yet waited for, oldest first
   int sets_ = 1;
   int active_ = 0;
   bool sync_enabled_ = true;

@@ -28,20 +28,24 @@ Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets) {
 }
 
 void DecoderModel::backward(float grad_scale, GradSync* sync) {
+  std::vector<Param*> head, embed;
+  head_.collect(head);
+  embed_.collect(embed);
+  if (sync) sync->prepare_grads(head);
   Tensor d = head_.backward(grad_scale);
-  if (sync) {
-    std::vector<Param*> p;
-    head_.collect(p);
-    sync->mark_ready(p);
-  }
+  if (sync) sync->mark_ready(head);
   StackHooks hooks;
-  if (sync) hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
+  if (sync) {
+    hooks.begin = [sync](const StackPiece& p, Pass pass) {
+      if (pass == Pass::Backward) sync->prepare_grads(p.params);
+    };
+    hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
+  }
   d = stack_.backward(d, hooks);
+  if (sync) sync->prepare_grads(embed);
   embed_.backward(d);
   if (sync) {
-    std::vector<Param*> p;
-    embed_.collect(p);
-    sync->mark_ready(p);
+    sync->mark_ready(embed);
     sync->finish();
   }
 }

@@ -63,11 +63,23 @@ float scheduled_lr(const LrSchedule& s, float lr, int64_t it) {
   return static_cast<float>(scheduled_lr_f64(s, lr, it));
 }
 
-Optimizer::Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg)
+Optimizer::Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg,
+                     GradSync* zero)
     : mesh_(mesh), params_(std::move(params)), cfg_(cfg) {
   MESHRT_CHECK(cfg.lr >= 0 && std::isfinite(cfg.lr),
                "optimizer: learning rate " << cfg.lr << " is invalid");
   Context& ctx = mesh.ctx();
+  if (zero && zero->zero() > 0) {
+    zero_ = zero;
+    for (int b = 0; b < zero->num_buckets(); ++b) {
+      zm_.push_back(ctx.zeros({zero->shard_numel(b)}, DType::f32));
+      if (cfg.kind == OptimizerKind::AdamW)
+        zv_.push_back(ctx.zeros({zero->shard_numel(b)}, DType::f32));
+    }
+    m_.resize(params_.size());
+    v_.resize(cfg.kind == OptimizerKind::AdamW ? params_.size() : 0);
+    return;
+  }
   for (Param* p : params_) {
     m_.push_back(ctx.zeros(p->value.shape(), DType::f32));
     if (cfg.kind == OptimizerKind::AdamW) v_.push_back(ctx.zeros(p->value.shape(), DType::f32));
@@ -90,8 +102,6 @@ void Optimizer::update(const std::vector<Param*>& ps, float lr) {
 
 void Optimizer::update_group(const std::vector<Param*>& ps, float lr, float weight_decay) {
   if (ps.empty()) return;
-  Context& ctx = mesh_.ctx();
-  Stream& cs = ctx.compute_stream();
   std::vector<Tensor> w, g, m, v;
   for (Param* p : ps) {
     size_t i = static_cast<size_t>(std::find(params_.begin(), params_.end(), p) - params_.begin());
@@ -101,6 +111,15 @@ void Optimizer::update_group(const std::vector<Param*>& ps, float lr, float weig
     m.push_back(m_[i]);
     if (!v_.empty()) v.push_back(v_[i]);
   }
+  apply(w, g, m, v, lr, weight_decay);
+}
+
+void Optimizer::apply(const std::vector<Tensor>& w, const std::vector<Tensor>& g,
+                      const std::vector<Tensor>& m, const std::vector<Tensor>& v, float lr,
+                      float weight_decay) {
+  if (w.empty()) return;
+  Context& ctx = mesh_.ctx();
+  Stream& cs = ctx.compute_stream();
   if (cfg_.kind == OptimizerKind::AdamW) {
     // Decoupled: p *= 1 - lr * weight_decay before the Adam step (PyTorch's AdamW).
     ops::AdamWConfig c;
@@ -122,17 +141,64 @@ void Optimizer::update_group(const std::vector<Param*>& ps, float lr, float weig
   }
 }
 
+void Optimizer::update_shard(int b, float lr) {
+  // Elementwise updates: a shard's pieces get exactly the values the whole tensors would.
+  std::vector<Tensor> w[2], g[2], m[2], v[2];  // [0]: matrices (decayed), [1]: the rest
+  for (const ShardPiece& pc : zero_->shard_pieces(b)) {
+    const int k = cfg_.weight_decay > 0.f && pc.param->value.ndim() >= 2 ? 0 : 1;
+    w[k].push_back(pc.value);
+    g[k].push_back(pc.grad);
+    m[k].push_back(zm_[static_cast<size_t>(b)].narrow(0, pc.at, pc.len));
+    if (!zv_.empty()) v[k].push_back(zv_[static_cast<size_t>(b)].narrow(0, pc.at, pc.len));
+  }
+  apply(w[0], g[0], m[0], v[0], lr, cfg_.weight_decay);
+  apply(w[1], g[1], m[1], v[1], lr, 0.f);
+}
+
+void Optimizer::scale_grads(float f) {
+  Context& ctx = mesh_.ctx();
+  if (zero_ && zero_->zero() == 2) {
+    for (int b = 0; b < zero_->num_buckets(); ++b)
+      for (const ShardPiece& pc : zero_->shard_pieces(b))
+        ops::scale(ctx, ctx.compute_stream(), pc.grad, pc.grad, f);
+    return;
+  }
+  for (Param* p : params_) ops::scale(ctx, ctx.compute_stream(), p->grad, p->grad, f);
+}
+
+void Optimizer::step_sharded(float lr) {
+  if (cfg_.clip_norm > 0.f) {
+    zero_->wait_all();
+    double n = grad_norm();
+    last_norm_ = n;
+    if (n > cfg_.clip_norm) scale_grads(static_cast<float>(cfg_.clip_norm / (n + 1e-6)));
+  }
+  // Each bucket's shard is updated as soon as its gradients are reduced, and its all-gather
+  // overlaps the next bucket's update.
+  for (int b = 0; b < zero_->num_buckets(); ++b) {
+    zero_->wait_bucket(b);
+    update_shard(b, lr);
+    zero_->gather_params(b);
+  }
+  zero_->wait_gathers();
+  first_ = false;
+}
+
 void Optimizer::step(GradSync* sync, float lr_scale, int grad_set) {
   step_++;
   const float lr = cfg_.lr * lr_scale;
+  if (zero_) {
+    MESHRT_CHECK(sync == zero_ && grad_set <= 0,
+                 "optimizer: a ZeRO optimizer steps with its own GradSync and gradient set 0");
+    step_sharded(lr);
+    return;
+  }
   if (cfg_.clip_norm > 0.f) {
     if (sync) sync->wait_all(grad_set);
     double n = grad_norm();
     last_norm_ = n;
     if (n > cfg_.clip_norm) {
-      float f = static_cast<float>(cfg_.clip_norm / (n + 1e-6));
-      for (Param* p : params_)
-        ops::scale(mesh_.ctx(), mesh_.ctx().compute_stream(), p->grad, p->grad, f);
+      scale_grads(static_cast<float>(cfg_.clip_norm / (n + 1e-6)));
     }
     update(params_, lr);
   } else if (sync) {
@@ -149,8 +215,57 @@ void Optimizer::step(GradSync* sync, float lr_scale, int grad_set) {
 NamedTensors Optimizer::state(size_t i) const {
   MESHRT_CHECK(i < params_.size(),
                "optimizer: state of parameter " << i << " of " << params_.size());
+  MESHRT_CHECK(m_[i].defined(), "optimizer: the ZeRO-sharded state of "
+                                    << params_[i]->name << " is not gathered (gather_state())");
   if (cfg_.kind == OptimizerKind::AdamW) return {{"exp_avg", m_[i]}, {"exp_avg_sq", v_[i]}};
   return {{"momentum", m_[i]}};
+}
+
+void Optimizer::gather_state() {
+  if (!zero_) return;
+  Context& ctx = mesh_.ctx();
+  Stream& cs = ctx.compute_stream();
+  CommScheduler& dp = zero_->scheduler();
+  auto where = [&](Param* p) {
+    return static_cast<size_t>(std::find(params_.begin(), params_.end(), p) - params_.begin());
+  };
+  for (int b = 0; b < zero_->num_buckets(); ++b) {
+    const int64_t s = zero_->shard_numel(b);
+    for (int k = 0; k < (zv_.empty() ? 1 : 2); ++k) {
+      const Tensor& shard = (k == 0 ? zm_ : zv_)[static_cast<size_t>(b)];
+      Tensor full = ctx.empty({s * dp.size()}, DType::f32);
+      dp.wait(dp.all_gather(shard, full, "dp.optim.gather"));
+      const auto& ps = zero_->bucket(b);
+      for (size_t slot = 0; slot < ps.size(); ++slot) {
+        Tensor& dst = (k == 0 ? m_ : v_)[where(ps[slot])];
+        dst = ctx.empty(ps[slot]->value.shape(), DType::f32);
+        dst.view({dst.numel()})
+            .copy_(full.narrow(0, zero_->bucket_offset(b, static_cast<int>(slot)), dst.numel()),
+                   cs);
+      }
+    }
+  }
+  cs.synchronize();
+}
+
+void Optimizer::scatter_state() {
+  if (!zero_) return;
+  Stream& cs = mesh_.ctx().compute_stream();
+  for (int b = 0; b < zero_->num_buckets(); ++b)
+    for (const ShardPiece& pc : zero_->shard_pieces(b)) {
+      const size_t i = static_cast<size_t>(std::find(params_.begin(), params_.end(), pc.param) -
+                                           params_.begin());
+      zm_[static_cast<size_t>(b)]
+          .narrow(0, pc.at, pc.len)
+          .copy_(m_[i].view({m_[i].numel()}).narrow(0, pc.offset, pc.len), cs);
+      if (!zv_.empty())
+        zv_[static_cast<size_t>(b)]
+            .narrow(0, pc.at, pc.len)
+            .copy_(v_[i].view({v_[i].numel()}).narrow(0, pc.offset, pc.len), cs);
+    }
+  cs.synchronize();
+  for (auto& t : m_) t = Tensor();
+  for (auto& t : v_) t = Tensor();
 }
 
 void Optimizer::set_lr(float lr) {
@@ -165,6 +280,7 @@ void Optimizer::set_steps(int64_t n) {
 }
 
 double Optimizer::grad_norm() {
+  if (zero_ && zero_->zero() == 2) return grad_norm_sharded();
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
   // [0]: tp-sharded parameters (summed over tp), [1]: replicated ones (already complete).
@@ -173,6 +289,33 @@ double Optimizer::grad_norm() {
     const bool sharded = p->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
     ops::sum_squares(ctx, cs, p->grad.contiguous(cs), sharded ? acc_sharded : acc_repl);
   }
+  if (mesh_.size(kTpDim) > 1) {
+    CommScheduler tp(mesh_, kTpDim, Overlap::None);
+    tp.all_reduce(acc_sharded, "grad_norm");
+  }
+  Tensor a = acc_sharded.to(ctx.host_allocator(), cs), r = acc_repl.to(ctx.host_allocator(), cs);
+  cs.synchronize();
+  return std::sqrt(a.item(0) + r.item(0));
+}
+
+}  // namespace meshrt
+
+namespace meshrt {
+
+// Stage 2 holds only gradient shards: the squares are summed over dp (each rank its shard), and
+// the tp-sharded parameters' also over tp.
+double Optimizer::grad_norm_sharded() {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = ctx.compute_stream();
+  Tensor acc_sharded = ctx.zeros({1, 1}, DType::f32), acc_repl = ctx.zeros({1, 1}, DType::f32);
+  for (int b = 0; b < zero_->num_buckets(); ++b)
+    for (const ShardPiece& pc : zero_->shard_pieces(b)) {
+      const bool sharded = pc.param->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
+      ops::sum_squares(ctx, cs, pc.grad, sharded ? acc_sharded : acc_repl);
+    }
+  CommScheduler dp(mesh_, kDpDim, Overlap::None);
+  dp.all_reduce(acc_sharded, "grad_norm");
+  dp.all_reduce(acc_repl, "grad_norm");
   if (mesh_.size(kTpDim) > 1) {
     CommScheduler tp(mesh_, kTpDim, Overlap::None);
     tp.all_reduce(acc_sharded, "grad_norm");

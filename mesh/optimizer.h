@@ -50,7 +50,11 @@ MESHRT_API float scheduled_lr(const LrSchedule& s, float lr, int64_t it);
 
 class MESHRT_API Optimizer {
  public:
-  Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg);
+  // With `zero` (a GradSync at ZeRO stage >= 1 over the same parameters), the state is kept for
+  // this rank's shard of each bucket only, step() must be given that GradSync and ends with the
+  // updated parameters all-gathered (docs/zero.md).
+  Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg,
+            GradSync* zero = nullptr);
   // One update with lr * lr_scale. With `sync`, waits for gradient bucket b (of grad_set) just
   // before updating its parameters, so updates of early buckets overlap later all-reduces.
   void step(GradSync* sync = nullptr, float lr_scale = 1.f, int grad_set = -1);
@@ -67,8 +71,15 @@ class MESHRT_API Optimizer {
 
   // For checkpoints: parameter i's state tensors (handles: writing them restores the state), each
   // f32 with the shape and layout of the parameter's value, by name: AdamW "exp_avg" and
-  // "exp_avg_sq", SGD "momentum".
+  // "exp_avg_sq", SGD "momentum". Sharded (ZeRO) state exists as such only between
+  // gather_state() and scatter_state().
   NamedTensors state(size_t i) const;
+  // ZeRO, collective over dp (no-ops otherwise): gather_state() assembles every parameter's full
+  // (tp-local) state from the dp shards for state(); scatter_state() takes this rank's shard
+  // back from it (after a checkpoint wrote into it) and frees the full copies.
+  void gather_state();
+  void scatter_state();
+  bool sharded() const { return zero_ != nullptr; }
   // Resuming after n updates: AdamW's bias correction continues from n, and SGD's momentum
   // buffers are taken as they are (not re-initialised from the first gradient) when n > 0.
   void set_steps(int64_t n);
@@ -76,13 +87,24 @@ class MESHRT_API Optimizer {
  private:
   void update(const std::vector<Param*>& ps, float lr);
   void update_group(const std::vector<Param*>& ps, float lr, float weight_decay);
+  // The fused update of parallel lists of values, gradients and states.
+  void apply(const std::vector<Tensor>& w, const std::vector<Tensor>& g,
+             const std::vector<Tensor>& m, const std::vector<Tensor>& v, float lr,
+             float weight_decay);
+  // ZeRO: this rank's shard of bucket b (weight decay on the pieces of matrices).
+  void update_shard(int b, float lr);
+  void step_sharded(float lr);
+  double grad_norm_sharded();
+  void scale_grads(float f);
 
   DeviceMesh& mesh_;
   std::vector<Param*> params_;
   OptimizerConfig cfg_;
   int64_t step_ = 0;
   double last_norm_ = -1;
-  std::vector<Tensor> m_, v_;  // per parameter f32 states
+  std::vector<Tensor> m_, v_;  // per parameter f32 states (ZeRO: only while gathered)
+  GradSync* zero_ = nullptr;
+  std::vector<Tensor> zm_, zv_;  // ZeRO: per bucket, this rank's shard of the states
   std::vector<size_t> index_of_;
   bool first_ = true;
 };

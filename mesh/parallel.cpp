@@ -102,11 +102,13 @@ CommScheduler::CommScheduler(DeviceMesh& mesh, std::string_view dim, Overlap ove
 Stream& CommScheduler::comm() const { return mesh_.stream(dim_); }
 Communicator& CommScheduler::group() const { return mesh_.group(dim_); }
 
-Event CommScheduler::finish(Event done, const Tensor& a, const Tensor& b, int64_t bytes) {
+Event CommScheduler::finish(Event done, const Tensor& a, const Tensor& b, int64_t bytes,
+                            int64_t CommTimes::*kind) {
   {
     std::lock_guard<std::mutex> lk(shared_->mu);
     shared_->t.bytes += bytes;
     shared_->t.count++;
+    if (kind) shared_->t.*kind += bytes;
   }
   if (a.defined() && !a.device().is_cpu()) a.storage()->record_stream(comm());
   if (b.defined() && !b.device().is_cpu()) b.storage()->record_stream(comm());
@@ -132,25 +134,25 @@ Event CommScheduler::all_gather(const Tensor& in, const Tensor& out, const char*
   }
   (void)what;
   Event done = timed([&](Stream& cs) { return group().all_gather(in, out, cs); });
-  return finish(done, in, out, static_cast<int64_t>(out.nbytes()));
+  return finish(done, in, out, static_cast<int64_t>(out.nbytes()), &CommTimes::all_gather_bytes);
 }
 
-Event CommScheduler::reduce_scatter(const Tensor& in, const Tensor& out, const char* what) {
+Event CommScheduler::reduce_scatter(const Tensor& in, const Tensor& out, const char* what,
+                                    ReduceOp op) {
   if (size_ == 1) {
     if (in.data_ptr() != out.data_ptr()) out.copy_(in.view(out.shape()), compute_);
     return Event();
   }
   (void)what;
-  Event done =
-      timed([&](Stream& cs) { return group().reduce_scatter(in, out, ReduceOp::Sum, cs); });
-  return finish(done, in, out, static_cast<int64_t>(in.nbytes()));
+  Event done = timed([&](Stream& cs) { return group().reduce_scatter(in, out, op, cs); });
+  return finish(done, in, out, static_cast<int64_t>(in.nbytes()), &CommTimes::reduce_scatter_bytes);
 }
 
 Event CommScheduler::all_reduce(const Tensor& t, const char* what, ReduceOp op) {
   if (size_ == 1) return Event();
   (void)what;
   Event done = timed([&](Stream& cs) { return group().all_reduce(t, op, cs); });
-  return finish(done, t, Tensor(), static_cast<int64_t>(t.nbytes()));
+  return finish(done, t, Tensor(), static_cast<int64_t>(t.nbytes()), &CommTimes::all_reduce_bytes);
 }
 
 Event CommScheduler::broadcast(const Tensor& t, int root, const char* what) {

@@ -55,6 +55,8 @@ struct MESHRT_API CommTimes {
   double exposed_ms = 0;  // time the compute stream stood waiting for them
   int64_t bytes = 0;
   int64_t count = 0;
+  // Bytes by kind (this rank's side, as `bytes`): all-reduce, reduce-scatter, all-gather.
+  int64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0;
 };
 
 // Issues one mesh dim's collectives on that dim's stream, ordered after the compute stream's
@@ -71,7 +73,8 @@ class MESHRT_API CommScheduler {
 
   // Each returns the completion event; under Overlap::None the compute stream already waits.
   Event all_gather(const Tensor& in, const Tensor& out, const char* what);
-  Event reduce_scatter(const Tensor& in, const Tensor& out, const char* what);
+  Event reduce_scatter(const Tensor& in, const Tensor& out, const char* what,
+                       ReduceOp op = ReduceOp::Sum);
   Event all_reduce(const Tensor& t, const char* what, ReduceOp op = ReduceOp::Sum);
   Event broadcast(const Tensor& t, int root, const char* what);
   // The compute stream waits for `e` (timed as exposed communication).
@@ -83,7 +86,8 @@ class MESHRT_API CommScheduler {
   void reset_times();
 
  private:
-  Event finish(Event done, const Tensor& a, const Tensor& b, int64_t bytes);
+  Event finish(Event done, const Tensor& a, const Tensor& b, int64_t bytes,
+               int64_t CommTimes::*kind = nullptr);
   // Runs call(comm stream) after the compute stream's current point, bracketed by timing events.
   template <class F>
   Event timed(F&& call);

@@ -94,6 +94,12 @@ void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, 
        << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
        << " ms (exposed " << st.tp_exposed_ms << " ms)"
        << (st.skipped ? "  skipped: non-finite" : "");
+  if (cfg.dp.zero > 0) {
+    auto mib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+    line << std::setprecision(3) << "  dp MiB all-reduce " << mib(st.dp_all_reduce_bytes)
+         << " reduce-scatter " << mib(st.dp_reduce_scatter_bytes) << " all-gather "
+         << mib(st.dp_all_gather_bytes);
+  }
   if (cfg.mem_stats) {
     const AllocatorStats m = ctx.allocator().stats();
     line << "  mem alloc " << m.allocated_bytes << " peak " << m.peak_allocated_bytes
@@ -136,6 +142,9 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
   st->dp_exposed_ms = d.exposed_ms;
   st->tp_comm_ms = t.comm_ms;
   st->tp_exposed_ms = t.exposed_ms;
+  st->dp_all_reduce_bytes = d.all_reduce_bytes;
+  st->dp_reduce_scatter_bytes = d.reduce_scatter_bytes;
+  st->dp_all_gather_bytes = d.all_gather_bytes;
   const double dp_before = cfg.grad_sync == GradSyncMode::Sync ? 0.0 : d.exposed_ms;
   st->compute_ms = std::max(0.0, compute_end_ms - t.exposed_ms - dp_before);
 }
@@ -148,7 +157,10 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
   if (!v.loss_finite) os << "the loss is not finite";
   if (!v.loss_finite && !v.grads_finite) os << " and ";
   if (!v.grads_finite) {
-    if (culprit.empty())
+    if (culprit.empty() && cfg.dp.zero == 2)
+      os << "a gradient is not finite or their norm overflows f32 (--zero 2 keeps gradient shards "
+            "only: --zero 1 names the parameter)";
+    else if (culprit.empty())
       os << "the gradient norm overflows f32";
     else
       os << "the gradient of " << culprit << " is not finite (the first such parameter)";
@@ -217,6 +229,12 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                "train: --vocab " << cfg.model.vocab << " must be >= 2 and >= tp=" << tp);
   MESHRT_CHECK(cfg.staleness >= 0, "train: --staleness " << cfg.staleness << " must be >= 0");
   MESHRT_CHECK(cfg.sync_every >= 1, "train: --sync-every " << cfg.sync_every << " must be >= 1");
+  validate_zero_stage(cfg.dp.zero);
+  MESHRT_CHECK(cfg.dp.zero == 0 || cfg.grad_sync == GradSyncMode::Sync,
+               "train: --zero " << cfg.dp.zero << " needs --grad-sync sync (got "
+                                << grad_sync_name(cfg.grad_sync)
+                                << ": its delayed gradients or diverging replicas are not sharded)"
+                                   "; use --zero 0");
   MESHRT_CHECK(cfg.eval_every >= 0, "train: --eval-every " << cfg.eval_every << " must be >= 0");
   MESHRT_CHECK(cfg.eval_batches >= 1,
                "train: --eval-batches " << cfg.eval_batches << " must be >= 1");
@@ -246,7 +264,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   GradSync sync(mesh, model.params(), cfg.dp, sets);
   // Every replica starts from dp rank 0's parameters.
   sync.broadcast_params();
-  Optimizer opt(mesh, model.params(), cfg.optim);
+  Optimizer opt(mesh, model.params(), cfg.optim, cfg.dp.zero > 0 ? &sync : nullptr);
   Stream& cs = ctx.compute_stream();
   // --- checkpoint: resume ---
   const CheckpointSession checkpoints = open_checkpointing(cfg, mesh);

@@ -97,6 +97,8 @@ struct StepStats {
   int straggler_rank = -1;
   std::string straggler_device;
   double straggler_ratio = 0;
+  // This rank's dp bytes by kind (ZeRO: reduce-scatters of gradients, all-gathers of parameters).
+  int64_t dp_all_reduce_bytes = 0, dp_reduce_scatter_bytes = 0, dp_all_gather_bytes = 0;
   bool skipped = false;  // non-finite and skip_nonfinite: no update this step
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // when evaluated after this step
   // The run stopped after this step on a stop request: the signal most ranks reported (ties: the
@@ -112,7 +114,8 @@ LrSchedule train_lr_schedule(const TrainConfig& cfg);
 void validate_train(const TrainConfig& cfg, int world_size);
 
 // Runs the loop on this rank (every rank calls it with the same config). Rank 0 writes one line
-// per step to `log` when given: "step N loss X.XXXXXX  time T ms  dp comm C ms (exposed E ms)",
+// per step to `log` when given: "step N loss X.XXXXXX  time T ms  dp comm C ms (exposed E ms)"
+// (with --zero also "  dp MiB all-reduce A reduce-scatter R all-gather G"),
 // and "val step N loss X.XXXXXX" after evaluations. Returns fewer than cfg.steps entries when
 // stop_requested ended the run early.
 std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator& world,

@@ -88,7 +88,10 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
                     Optimizer& opt, std::ostream* log) {
   if (cfg.checkpoint.resume.empty()) return 0;
   const std::string dir = resolve_checkpoint(cfg.checkpoint.resume);
+  // ZeRO: the checkpoint holds whole (tp-local) states; each rank keeps its dp shard of them.
+  opt.gather_state();
   CheckpointMeta got = load_checkpoint(dir, train_checkpoint_meta(cfg, 0), mesh, params, &opt);
+  opt.scatter_state();
   if (log && mesh.rank() == 0)
     print_line(*log,
                "resumed from " + dir + " (step " + std::to_string(got.step) + ", saved on " +
@@ -99,13 +102,22 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
 }
 
 void save_training(const TrainConfig& cfg, const CheckpointSession& session, int step,
-                   DeviceMesh& mesh, const std::vector<Param*>& params, const Optimizer& opt,
+                   DeviceMesh& mesh, const std::vector<Param*>& params, Optimizer& opt,
                    std::ostream* log) {
   auto t0 = std::chrono::steady_clock::now();
   CheckpointMeta meta = train_checkpoint_meta(cfg, step);
   meta.run = session.run;
-  const std::string dir =
-      save_checkpoint(cfg.checkpoint.save, meta, mesh, params, &opt, cfg.checkpoint.keep);
+  // ZeRO: the dp shards of the state are gathered for the save (the format does not depend on
+  // the stage or the dp size, so any layout resumes it) and freed after.
+  opt.gather_state();
+  std::string dir;
+  try {
+    dir = save_checkpoint(cfg.checkpoint.save, meta, mesh, params, &opt, cfg.checkpoint.keep);
+  } catch (...) {
+    opt.scatter_state();
+    throw;
+  }
+  opt.scatter_state();
   if (log && mesh.rank() == 0) {
     std::ostringstream line;
     line << "checkpoint step " << step << " -> " << dir << " (" << std::fixed

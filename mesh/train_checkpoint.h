@@ -33,7 +33,7 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
 
 // Writes the checkpoint of step `step` under cfg.checkpoint.save; rank 0 logs where.
 void save_training(const TrainConfig& cfg, const CheckpointSession& session, int step,
-                   DeviceMesh& mesh, const std::vector<Param*>& params, const Optimizer& opt,
+                   DeviceMesh& mesh, const std::vector<Param*>& params, Optimizer& opt,
                    std::ostream* log);
 
 }  // namespace meshrt

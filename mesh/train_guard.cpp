@@ -1,5 +1,6 @@
 #include "mesh/train_guard.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops.h"
@@ -23,6 +24,13 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
   m.weights = params * es;
   m.grads = params * sets * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
   m.optimizer = params * 4.0 * (cfg.optim.kind == OptimizerKind::AdamW ? 2 : 1);
+  // ZeRO (docs/zero.md): 1 keeps this rank's 1/dp of the state, 2 also of the gradients (and
+  // at most three full buckets during backward).
+  if (cfg.dp.zero >= 1) m.optimizer /= dp;
+  if (cfg.dp.zero >= 2) {
+    const double bucket = cfg.dp.bucket_mb * 1024.0 * 1024.0 / es;  // elements
+    m.grads = (params / dp + std::min(params, 3 * bucket)) * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
+  }
   // Per layer, what the blocks save for backward (the bench block estimate) plus the attention
   // probabilities; the head keeps the logits, their gradient and a softmax-sized temporary.
   const double micro = static_cast<double>(cfg.batch / dp / std::max(1, cfg.micro_batches));
@@ -88,6 +96,7 @@ std::string first_nonfinite_grad(Context& ctx, Communicator& world,
   const auto n = static_cast<int64_t>(grads.size());
   int64_t first = n;
   for (int64_t i = 0; i < n && first == n; ++i) {
+    if (!grads[static_cast<size_t>(i)]->grad.defined()) continue;  // ZeRO 2: freed once reduced
     Tensor g = grads[static_cast<size_t>(i)]->grad.to(DType::f32, cs).to(ctx.host_allocator(), cs);
     cs.synchronize();
     const float* p = g.data<float>();

@@ -11,7 +11,8 @@ namespace meshrt {
 
 // What one rank allocates to train `cfg` on a mesh of `world_size` ranks, in bytes: weights,
 // gradients (per grad set, plus their bf16 communication copies), optimizer states, and the live
-// activations of one micro-batch (saved for backward, with the logits). An estimate: it errs high.
+// activations of one micro-batch (saved for backward, with the logits), ZeRO's shares counted
+// (cfg.dp.zero). An estimate: it errs high.
 struct TrainMemory {
   double weights = 0, grads = 0, optimizer = 0, activations = 0;
   double total() const { return weights + grads + optimizer + activations; }

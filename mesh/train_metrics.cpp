@@ -186,6 +186,10 @@ void TrainMetrics::write(const StepStats& st, const std::vector<double>& r, doub
                      {"skew_ms", f[0] - fastest}});
   }
   j["ranks"] = std::move(ranks);
+  // Rank 0's dp communication by kind (ZeRO: reduce-scatter and all-gather), in bytes.
+  j["dp_bytes"] = {{"all_reduce", st.dp_all_reduce_bytes},
+                   {"reduce_scatter", st.dp_reduce_scatter_bytes},
+                   {"all_gather", st.dp_all_gather_bytes}};
   file_->append_line(j.dump());
 }
 

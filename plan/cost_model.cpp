@@ -699,8 +699,19 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
     params += p.first;
     mem.weights += rounded(p.first);
   }
-  for (double b : buckets(m, c).bytes) mem.grads += rounded(b);
-  if (c.optimizer) mem.optimizer = params / s.es * 8;  // AdamW: exp_avg, exp_avg_sq in f32
+  std::vector<double> bucket_bytes = buckets(m, c).bytes;
+  const double dp = c.zero > 0 ? c.dp : 1;  // ZeRO's shards (mesh/data_parallel.h)
+  if (c.zero >= 2) {
+    // Each bucket's shard, and at most three full buckets alive during backward.
+    std::sort(bucket_bytes.begin(), bucket_bytes.end(), std::greater<>());
+    for (size_t i = 0; i < bucket_bytes.size(); ++i)
+      mem.grads +=
+          rounded(std::ceil(bucket_bytes[i] / dp)) + (i < 3 ? rounded(bucket_bytes[i]) : 0);
+  } else {
+    for (double b : bucket_bytes) mem.grads += rounded(b);
+  }
+  // AdamW: exp_avg, exp_avg_sq in f32 (ZeRO >= 1: this rank's shard of them).
+  if (c.optimizer) mem.optimizer = std::ceil(params / s.es / dp) * 8;
   const double T = s.T, es = s.es, V = static_cast<double>(m.vocab);
   const double Vl = ceil_div(V, c.tp);
   MemWalk w;
@@ -850,7 +861,7 @@ std::string config_label(const PlanConfig& c) {
   std::snprintf(buf, sizeof buf, "dp=%d,tp=%d sp=%s mb=%lld x%d bucket=%gMiB", c.dp, c.tp,
                 c.tp > 1 ? (c.sp ? "on" : "off") : "-", static_cast<long long>(c.micro_batch),
                 c.accum, c.bucket_mb);
-  return buf;
+  return c.zero > 0 ? std::string(buf) + " zero=" + std::to_string(c.zero) : std::string(buf);
 }
 
 std::string why_best(const std::vector<Prediction>& all) {

@@ -103,6 +103,9 @@ struct PlanConfig {
   // Full activation recomputation: each layer's forward runs again before its backward. meshrt
   // does not implement it; the planner models it to compare with published Megatron runs.
   bool recompute = false;
+  // ZeRO stage over dp (docs/zero.md): 1 shards the AdamW state, 2 also the gradients (a rank
+  // keeps its shard and at most three full buckets at a time).
+  int zero = 0;
 };
 
 struct Memory {

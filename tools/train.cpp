@@ -125,6 +125,10 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
       ->capture_default_str()
       ->check(kPositive);
   c->add_flag("--bf16-grads", o.bf16_grads, "Communicate f32 gradients as bf16");
+  c->add_option("--zero", o.zero,
+                "ZeRO stage over dp: 0 replicated, 1 shard the optimizer state, 2 also the "
+                "gradients (docs/zero.md)")
+      ->capture_default_str();
   c->add_option("--overlap", o.overlap, "tp overlap: none | async | chunked")
       ->capture_default_str();
   c->add_flag("--compare,!--no-compare", o.compare,
@@ -216,6 +220,7 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("sync-every", sync_every),
     MESHRT_SHARED("bucket-mb", bucket_mb),
     MESHRT_SHARED("bf16-grads", bf16_grads),
+    MESHRT_SHARED("zero", zero),
     MESHRT_SHARED("overlap", overlap),
     MESHRT_SHARED("compare", compare),
     MESHRT_SHARED("save", save),
@@ -277,6 +282,7 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.min_lr = o.min_lr;
   c.dp.bucket_mb = o.bucket_mb;
   c.dp.bf16_comm = o.bf16_grads;
+  c.dp.zero = o.zero;
   c.grad_sync = mode;
   c.staleness = o.staleness;
   c.sync_every = o.sync_every;

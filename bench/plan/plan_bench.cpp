@@ -89,10 +89,11 @@ int run_table(const PlanOptions& o, std::ostream& out) {
   const ClusterSpec cl = plan::load_cluster(o.cluster, o.dtype);
   const Overlap ov = parse_overlap(o.overlap);
   std::vector<Prediction> all = plan::plan_all(m, cl, o.global_batch, o.buckets, ov, o.optimizer);
-  if (o.recompute) {
+  if (o.recompute || o.zero > 0) {
     for (Prediction& p : all) {
       PlanConfig c = p.cfg;
-      c.recompute = true;
+      c.recompute = o.recompute;
+      c.zero = o.zero;
       p = plan::predict(m, cl, c);
     }
     std::stable_sort(all.begin(), all.end(), [](const Prediction& a, const Prediction& b) {

@@ -22,6 +22,7 @@ struct PlanOptions {
   std::string overlap = "async";
   bool optimizer = true;
   bool recompute = false;
+  int zero = 0;  // ZeRO stage every layout is modelled with
   std::string json_path;
   // --calibrate FILE: measure this machine and write a cluster file (model: the shapes measured).
   std::string calibrate_path;

@@ -147,6 +147,30 @@ TEST_CASE("plan: dp buckets pack the local parameters as GradSync does", "[unit]
   CHECK(memory_per_device(m, t).optimizer == local / 4 * 8);
 }
 
+TEST_CASE("plan: ZeRO shards the optimizer state, then the gradients", "[unit][zero]") {
+  const ModelSpec m = small();
+  const double all = 2 * (263680 + 526080) * 4.0;  // f32 parameters, as above
+  for (int dp : {2, 4}) {
+    INFO("dp=" << dp);
+    PlanConfig c = cfg(dp, 1, false);
+    c.optimizer = true;
+    c.bucket_mb = 1;
+    const Memory z0 = memory_per_device(m, c);
+    c.zero = 1;
+    const Memory z1 = memory_per_device(m, c);
+    c.zero = 2;
+    const Memory z2 = memory_per_device(m, c);
+    CHECK(z0.optimizer == all / 4 * 8);
+    CHECK(z1.optimizer == std::ceil(all / 4 / dp) * 8);  // the AdamW state's 1/dp share
+    CHECK(z1.grads == z0.grads);
+    CHECK(z1.weights == z0.weights);
+    // Stage 2: every bucket's shard plus the three largest buckets (1 MiB each here).
+    CHECK(z2.grads < z1.grads);
+    CHECK(z2.grads >= z1.grads / dp + 3 * 1048576.0);
+    CHECK(z2.total() < z1.total());
+  }
+}
+
 TEST_CASE("plan: FLOPs are bench block's model FLOPs", "[unit]") {
   const ModelSpec m = small();
   const LayerFlops lf = layer_flops(LayerKind::Transformer, 6, m.seq, m.hidden, m.ffn, true);

@@ -531,3 +531,32 @@ TEST_CASE("bad schedule flags are refused with what to change", "[train][unit][l
     CHECK_THAT(r.err, Catch::Contains(msg));
   }
 }
+
+TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind",
+          "[train][multirank][zero]") {
+  const std::string base = "train --devices cpu:2 " + kSmall + " --steps 3 --no-compare";
+  auto losses = [](const std::string& out) {
+    std::vector<std::string> l;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("step ", 0) == 0) l.push_back(line.substr(0, line.find("  time")));
+    return l;
+  };
+  Run z0 = train_cli(base);
+  REQUIRE(z0.rc == 0);
+  for (const char* z : {"1", "2"}) {
+    Run r = train_cli(base + " --zero " + z);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(losses(r.out) == losses(z0.out));
+    CHECK_THAT(r.out, Catch::Contains(" all-gather "));
+  }
+  for (auto [args, msg] : std::vector<std::pair<std::string, std::string>>{
+           {"--zero 4", "--zero 4 is not a supported ZeRO stage: use 0"},
+           {"--zero 1 --grad-sync local", "--zero 1 needs --grad-sync sync (got local"}}) {
+    Run r = train_cli("train --devices cpu:2 " + kSmall + " " + args);
+    INFO(r.err);
+    CHECK(r.rc != 0);
+    CHECK_THAT(r.err, Catch::Contains(msg));
+  }
+}

@@ -197,8 +197,8 @@ struct Ranks {
   std::vector<std::string> out;
 };
 
-// Starts `world` rank processes of this binary in `mode` and waits for all (at most 300 s; then
-// they are killed and the test fails).
+// Starts `world` rank processes of this binary in `mode` and waits for all (at most 900 s, the
+// sanitizer builds' ctest timeout; then they are killed and the test fails).
 Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
   static int runs = 0;
   const std::string run = "t" + std::to_string(getpid()) + "-" + std::to_string(runs++);
@@ -221,7 +221,7 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
     rs.pids.push_back(pid);
   }
   rs.status.assign(static_cast<size_t>(world), -1);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(900);
   for (int left = world; left > 0;) {
     for (int r = 0; r < world; ++r) {
       if (rs.status[static_cast<size_t>(r)] != -1) continue;

@@ -62,11 +62,12 @@ SAN_UNITY ?= ON
 SAN_CMAKE = -DCMAKE_UNITY_BUILD=$(SAN_UNITY) -DMESHRT_CUDA=OFF -DMESHRT_WERROR=ON -DMESHRT_BUILD_SHARED=OFF -DCMAKE_BUILD_TYPE=Debug
 # The suites a sanitizer build needs (not the benchmarks' Release extras or the install tests).
 SAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_runtime test_kernels \
-  test_collectives_host test_mesh test_tools test_capi meshrt_example_c_allreduce \
+  test_collectives_host test_collectives_shm test_mesh test_tools test_capi \
+  meshrt_example_c_allreduce meshrt_example_c_mlp meshrt_example_cpp_allreduce \
+  meshrt_example_cpp_mlp_tp
+TSAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_collectives_host \
+  test_collectives_shm test_mesh test_tools test_capi meshrt_example_c_allreduce \
   meshrt_example_c_mlp meshrt_example_cpp_allreduce meshrt_example_cpp_mlp_tp
-TSAN_TARGETS = meshrt meshrt-bench-collective meshrt-bench-gemm test_collectives_host test_mesh \
-  test_tools test_capi meshrt_example_c_allreduce meshrt_example_c_mlp \
-  meshrt_example_cpp_allreduce meshrt_example_cpp_mlp_tp
 
 .PHONY: all deps configure build test bench format clean sanitize san-build fuzz tsan soak
 

@@ -17,6 +17,7 @@
 
 #include "capi/capi_internal.h"
 #include "collectives/backend_registry.h"
+#include "collectives/comm_detail.h"
 #include "collectives/mpi_backend.h"
 #include "collectives/mpi_runtime.h"
 #include "collectives/nccl_comm.h"
@@ -253,8 +254,7 @@ meshrt_comm_t init_process_world(std::shared_ptr<BootstrapTransport> tr, LaunchK
   RankPlacement p;
   p.rank = tr->rank();
   p.world_size = tr->size();
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
+  const std::string host = detail::node_identity();
   const std::vector<std::string> hosts = tr->all_gather("capi.hosts", host);
   p.local_size = 0;
   for (int r = 0; r < p.world_size; ++r) {

@@ -72,11 +72,12 @@ class BackendLaunch final : public Launch {
   std::vector<bool> taken_;
 };
 
-// Local rank and size from everyone's host name hash (ranks sharing a host are one node).
-void local_from_hashes(const std::vector<std::string>& hashes, RankPlacement* p) {
+// Local rank and size from everyone's node identity (detail::node_identity: the host name, or
+// MESHRT_NODE_ID): ranks with equal identities are one node.
+void local_from_nodes(const std::vector<std::string>& ids, RankPlacement* p) {
   int before = 0, same = 0;
-  for (int r = 0; r < static_cast<int>(hashes.size()); ++r) {
-    if (hashes[static_cast<size_t>(r)] != hashes[static_cast<size_t>(p->rank)]) continue;
+  for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
+    if (ids[static_cast<size_t>(r)] != ids[static_cast<size_t>(p->rank)]) continue;
     ++same;
     if (r < p->rank) ++before;
   }
@@ -99,11 +100,6 @@ std::unique_ptr<BootstrapTransport> env_transport(int rank, int world, double ti
                       "MESHRT_RENDEZVOUS=file:///shared/dir, or launch with mpirun / srun");
   // A wait of 0 (the watchdog disabled) would give up at once: wait as long as it takes.
   return make_tcp_transport(host, port, rank, world, timeout_s > 0 ? timeout_s : 1e9);
-}
-
-std::string hash_bytes() {
-  uint64_t h = detail::hostname_hash();
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
 // A process rank's device: from a list, the entry of its local rank; "cuda" means
@@ -212,7 +208,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     RankPlacement p;
     p.rank = transport->rank();
     p.world_size = transport->size();
-    local_from_hashes(transport->all_gather("hosts", hash_bytes()), &p);
+    local_from_nodes(transport->all_gather("hosts", detail::node_identity()), &p);
     p.device = process_device(spec, p.local_rank, opts.devices_defaulted);
     plan.kind = LaunchKind::MpiProcesses;
     plan.local.push_back(p);
@@ -227,7 +223,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
       detail::check_process_config(*transport);
       // The node layout from the host names (it decides which ranks may share memory);
       // LOCAL_RANK, when given, still picks the device.
-      local_from_hashes(transport->all_gather("hosts", hash_bytes()), &p);
+      local_from_nodes(transport->all_gather("hosts", detail::node_identity()), &p);
     }
     if (!env_or("LOCAL_RANK").empty()) {
       p.local_rank = env_int("LOCAL_RANK", 0);

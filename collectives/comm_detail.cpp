@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "runtime/env.h"
+
 namespace meshrt::detail {
 
 CallSig CallSig::make(CommOp op, DType dt, ReduceOp redop, int64_t count, int root, uint64_t seq) {
@@ -193,16 +195,12 @@ void OrderBook::wait_issued(uint64_t coll_seq, const std::unordered_map<int, uin
   for (auto& [peer, n] : received) order(CommOp::Recv, peer).wait_done(n);
 }
 
-uint64_t hostname_hash() {
+std::string node_identity() {
+  const int64_t id = env_int("MESHRT_NODE_ID", -1);
+  if (id >= 0) return "id:" + std::to_string(id);
   char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return 0;
-  // FNV-1a: stable across processes and runs (std::hash need not be).
-  uint64_t h = 1469598103934665603ull;
-  for (const char* p = buf; *p; ++p) {
-    h ^= static_cast<unsigned char>(*p);
-    h *= 1099511628211ull;
-  }
-  return h;
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
 }
 
 }  // namespace meshrt::detail

@@ -121,6 +121,8 @@ class TicketGuard {
 };
 
 // Hash of this machine's host name (ranks on one node share it): used for local ranks.
-uint64_t hostname_hash();
+// What makes ranks one node: "id:<MESHRT_NODE_ID>" when that is set (simulated nodes on one
+// machine), else the host name. Ranks with equal identities share memory.
+std::string node_identity();
 
 }  // namespace meshrt::detail

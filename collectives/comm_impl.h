@@ -13,7 +13,18 @@ namespace meshrt {
 
 namespace detail {
 class FlightRing;
-}
+
+// While one lives on this thread, the communicators made on it (and split from them on it) get
+// no rank state of their own (flight recorder, injected fault): they are the inner parts of a
+// communicator built over others (the two-level backend), whose own state records and injects.
+class InnerCommScope {
+ public:
+  InnerCommScope();
+  ~InnerCommScope();
+  InnerCommScope(const InnerCommScope&) = delete;
+  InnerCommScope& operator=(const InnerCommScope&) = delete;
+};
+}  // namespace detail
 
 // One validated call, as the Communicator hands it to its backend. `count` is the per-rank
 // element count the ranks must agree on: all_reduce / broadcast: numel; all_gather: input numel;

@@ -132,7 +132,12 @@ CommImpl::~CommImpl() = default;
 namespace {
 // Set while split() makes a child on this thread: the child is not a root (no state of its own).
 thread_local int tls_splitting = 0;
+// Set while a communicator built over others makes its inner ones (detail::InnerCommScope).
+thread_local int tls_inner = 0;
 }  // namespace
+
+detail::InnerCommScope::InnerCommScope() { ++tls_inner; }
+detail::InnerCommScope::~InnerCommScope() { --tls_inner; }
 
 Communicator::Communicator(int rank, int size, std::string name, Device device, CommConfig config,
                            std::unique_ptr<CommImpl> impl)
@@ -148,7 +153,7 @@ Communicator::Communicator(int rank, int size, std::string name, Device device, 
   if (impl_->opens_ranges()) {
     // A root communicator (a world): its rank is the global rank. split() hands its children
     // (made while it runs) the parent's state and a gid derived from the parent's instead.
-    if (tls_splitting == 0)
+    if (tls_splitting == 0 && tls_inner == 0)
       state_ = detail::make_rank_state(rank_, size_, impl_->backend(), config_.fault);
     uint64_t h = 1469598103934665603ull;  // FNV-1a of the name
     for (char ch : name_) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
@@ -545,7 +550,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
   }
   --tls_splitting;
   if (id) st->ring->ended(id, true);
-  if (child && !state_ && child->impl_->opens_ranges()) {
+  if (child && !state_ && child->impl_->opens_ranges() && tls_inner == 0) {
     // Split from a forwarding communicator: the child starts its own state (without the fault,
     // whose rank is a global one).
     child->state_ =

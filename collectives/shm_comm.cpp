@@ -418,13 +418,15 @@ class ShmEngine final : public detail::OrderedEngine {
  public:
   ShmEngine(std::shared_ptr<Segment> seg, std::shared_ptr<Segment> world_seg,
             std::shared_ptr<Peers> peers, std::vector<int> world, int rank, std::string name,
-            CommConfig cfg, std::string token)
+            CommConfig cfg, std::string token,
+            std::shared_ptr<const std::vector<int>> labels = nullptr)
       : OrderedEngine(rank, seg->size(), std::move(name), cfg),
         seg_(std::move(seg)),
         world_seg_(std::move(world_seg)),
         peers_(std::move(peers)),
         world_(std::move(world)),
-        token_(std::move(token)) {
+        token_(std::move(token)),
+        labels_(std::move(labels)) {
     // As the host backend: spin briefly unless the ranks outnumber the cores, yield a while,
     // then sleep on the segment's futex word.
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -447,13 +449,15 @@ class ShmEngine final : public detail::OrderedEngine {
   std::shared_ptr<Peers> peers_;
   std::vector<int> world_;  // group rank -> global rank
   std::string token_;       // the job's segment token: split segments are named from it
+  // The transport's processes are one node of a larger job: their ranks in it (for messages).
+  std::shared_ptr<const std::vector<int>> labels_;
   unsigned spin_ = 0;
   // Collective state, touched only inside collective turns (one at a time per rank).
   uint64_t step_ = 0, use_ = 0;
 
   std::string rank_label(int group_rank) const override {
-    const int g =
-        group_rank >= 0 && group_rank < size() ? world_[static_cast<size_t>(group_rank)] : -1;
+    int g = group_rank >= 0 && group_rank < size() ? world_[static_cast<size_t>(group_rank)] : -1;
+    if (g >= 0 && labels_) g = (*labels_)[static_cast<size_t>(g)];
     return detail::global_rank_label(g, group_rank, name() == "world" && g == group_rank);
   }
 
@@ -945,7 +949,7 @@ std::unique_ptr<Communicator> ShmEngine::split(int color, int key, const std::st
   std::vector<int> world;
   for (const auto& m : members) world.push_back(world_[static_cast<size_t>(m.second)]);
   return make(std::make_shared<ShmEngine>(std::move(ns), world_seg_, peers_, std::move(world),
-                                          new_rank, new_name, config(), token_));
+                                          new_rank, new_name, config(), token_, labels_));
 }
 
 std::string random_token() {
@@ -1002,8 +1006,9 @@ WorldFactory shm_prepare(const WorldPlan& plan) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_shm_world_communicator(BootstrapTransport& tr,
-                                                          CommConfig config) {
+std::unique_ptr<Communicator> make_shm_world_communicator(BootstrapTransport& tr, CommConfig config,
+                                                          std::vector<int> global_ranks,
+                                                          std::string group) {
   const int n = tr.size(), r = tr.rank();
   std::shared_ptr<Segment> seg;
   std::string answer;
@@ -1042,8 +1047,14 @@ std::unique_ptr<Communicator> make_shm_world_communicator(BootstrapTransport& tr
   std::vector<int> world(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) world[static_cast<size_t>(j)] = j;
   const std::string token = name.substr(std::strlen(kNamePrefix) + 1);
+  std::shared_ptr<const std::vector<int>> labels;
+  if (!global_ranks.empty()) {
+    MESHRT_CHECK(static_cast<int>(global_ranks.size()) == n,
+                 "shm: " << global_ranks.size() << " global ranks for " << n << " processes");
+    labels = std::make_shared<const std::vector<int>>(std::move(global_ranks));
+  }
   auto e = std::make_shared<ShmEngine>(seg, seg, std::make_shared<Peers>(pids), std::move(world), r,
-                                       "world", config, token);
+                                       std::move(group), config, token, std::move(labels));
   return ShmEngine::make(std::move(e));
 }
 

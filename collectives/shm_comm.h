@@ -16,8 +16,11 @@ class BootstrapTransport;
 // this node. Collective: rank 0 creates the segment (a per-job unique name, O_EXCL), the name and
 // every rank's pid go through the transport, and rank 0 unlinks the segment once every rank
 // mapped it, so no segment outlives the job however it ends. Throws naming the rank and cause.
+// When the transport's processes are part of a larger job (one node of it), `global_ranks` gives
+// each one's rank in the job, for messages, and `name` the group's name.
 std::unique_ptr<Communicator> make_shm_world_communicator(
-    BootstrapTransport& transport, CommConfig config = CommConfig::from_env());
+    BootstrapTransport& transport, CommConfig config = CommConfig::from_env(),
+    std::vector<int> global_ranks = {}, std::string name = "world");
 
 namespace detail {
 // Removes the /dev/shm segments of meshrt jobs whose creating process is gone (left only when

@@ -51,6 +51,8 @@ const std::vector<Variable>& table() {
       whole("MESHRT_HOST_YIELD_US", 0, 1000000000),
       whole("MESHRT_HOST_THREADS", 1, 4096),
       whole("MESHRT_FLIGHT", 0, 1000000),
+      // Simulated nodes: ranks with the same value share a node (default: the host name).
+      whole("MESHRT_NODE_ID", 0, 1000000),
   };
   return t;
 }

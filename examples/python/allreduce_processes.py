@@ -4,6 +4,9 @@ NumPy arrays in place through shared memory (the shm backend).
 
 Usage: allreduce_processes.py <path to libmeshrt.so>
   starts NRANKS copies of itself (allreduce_processes.py <lib> --rank R --port P) and checks each.
+Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set), each process is one rank and
+meets the others on MASTER_ADDR:MASTER_PORT + 1 (MASTER_PORT is torch's own store):
+  torchrun --standalone --nproc-per-node 2 allreduce_processes.py <path to libmeshrt.so>
 Exits 77 (skipped) when NumPy is missing.
 """
 import ctypes as C
@@ -25,7 +28,7 @@ NRANKS = 2
 COUNT = 1 << 16
 
 
-def rank_main(lib_path, rank, port):
+def rank_main(lib_path, rank, port, nranks=NRANKS, host="127.0.0.1"):
     lib = load(lib_path)
     lib.meshrt_comm_init_tcp.argtypes = [C.POINTER(C.c_void_p), C.c_char_p, C.c_int, C.c_int,
                                          C.c_int, C.POINTER(CommConfig)]
@@ -33,10 +36,10 @@ def rank_main(lib_path, rank, port):
     check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
     cfg = CommConfig(C.sizeof(CommConfig), 0x4D525443, API_VERSION, 60.0, 60.0, -1, 0, -1, None)
     comm = C.c_void_p()
-    check(lib, lib.meshrt_comm_init_tcp(C.byref(comm), b"127.0.0.1", port, NRANKS, rank,
+    check(lib, lib.meshrt_comm_init_tcp(C.byref(comm), host.encode(), port, nranks, rank,
                                         C.byref(cfg)), "meshrt_comm_init_tcp")
     x = np.arange(COUNT, dtype=np.float32) % 100 + 1000 * rank
-    expected = sum(np.arange(COUNT, dtype=np.float32) % 100 + 1000 * r for r in range(NRANKS))
+    expected = sum(np.arange(COUNT, dtype=np.float32) % 100 + 1000 * r for r in range(nranks))
     b = Borrowed(lib, x)
     ev = C.c_void_p()
     check(lib, lib.meshrt_all_reduce(comm, b.handle, b.handle, MESHRT_SUM, None, C.byref(ev)),
@@ -53,6 +56,10 @@ def rank_main(lib_path, rank, port):
 
 def main():
     lib_path = sys.argv[1]
+    env = os.environ
+    if all(v in env for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):  # torchrun
+        return rank_main(lib_path, int(env["RANK"]), int(env["MASTER_PORT"]) + 1,
+                         int(env["WORLD_SIZE"]), env["MASTER_ADDR"])
     if len(sys.argv) == 6 and sys.argv[2] == "--rank" and sys.argv[4] == "--port":
         return rank_main(lib_path, int(sys.argv[3]), int(sys.argv[5]))
     with socket.socket() as s:  # a free port for rank 0 to listen on

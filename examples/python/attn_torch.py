@@ -1,5 +1,5 @@
-"""meshrt from Python with PyTorch tensors (ctypes + DLPack, zero copy): 2 threads form a tp=2
-mesh. Each rank
+"""meshrt from Python with PyTorch tensors (ctypes + DLPack, zero copy): 2 ranks form a tp=2
+mesh, as 2 threads of this process or as 2 processes (one rank each, the shm backend). Each rank
   1. all-reduces a torch tensor in place through meshrt (meshrt writes torch's memory), and
   2. runs meshrt's sharded attention block on GPT-2-layout weights: Hugging Face's Conv1D
      `c_attn` weight [hidden, 3 hidden] with [Q | K | V] columns (MESHRT_WEIGHT_LAYOUT_IN_OUT +
@@ -10,10 +10,17 @@ weights (F.scaled_dot_product_attention, causal).
 Tensors cross as DLPack capsules from `tensor.__dlpack__()`: meshrt takes the DLManagedTensor
 (meshrt_tensor_from_dlpack) and calls torch's deleter when it lets go.
 
-Usage: attn_torch.py <path to libmeshrt.so>
+Usage: attn_torch.py <path to libmeshrt.so> [--processes]
+  --processes: starts 2 copies of itself as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR,
+  MASTER_PORT), each one rank; or under torchrun itself:
+  torchrun --standalone --nproc-per-node 2 attn_torch.py <path to libmeshrt.so>
+  (the ranks meet over TCP on MASTER_ADDR:MASTER_PORT + 1, meshrt_comm_init_tcp).
 Exits 77 (skipped) when PyTorch is not installed.
 """
 import ctypes as C
+import os
+import socket
+import subprocess
 import sys
 import threading
 
@@ -50,6 +57,8 @@ def load(path):
     lib.meshrt_last_error.restype = C.c_char_p
     lib.meshrt_comm_init_all.argtypes = [C.POINTER(C.c_void_p), C.c_int, C.c_void_p,
                                          C.POINTER(CommConfig)]
+    lib.meshrt_comm_init_tcp.argtypes = [C.POINTER(C.c_void_p), C.c_char_p, C.c_int, C.c_int,
+                                         C.c_int, C.POINTER(CommConfig)]
     lib.meshrt_tensor_from_dlpack.argtypes = [C.c_void_p, C.POINTER(C.c_void_p)]
     lib.meshrt_all_reduce.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_int, C.c_void_p,
                                       C.POINTER(C.c_void_p)]
@@ -106,9 +115,9 @@ def reference(x, dy, p):
     return y.detach(), x.grad, w["c_attn_w"].grad
 
 
-def main():
-    lib = load(sys.argv[1])
-    check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
+def problem():
+    """The weights, input and output gradient (seeded: equal in every process) and torch's
+    reference results."""
     torch.manual_seed(7)
     f64 = torch.float64
     full = {"gamma": 1 + 0.3 * torch.randn(HIDDEN, dtype=f64),
@@ -119,64 +128,141 @@ def main():
             "c_proj_b": 0.3 * torch.randn(HIDDEN, dtype=f64)}
     x = torch.randn(SEQ, BATCH, HIDDEN, dtype=f64)
     dy = torch.randn(SEQ, BATCH, HIDDEN, dtype=f64)
-    want_y, want_dx, want_gw = reference(x, dy, full)
-    full = {k: v.float() for k, v in full.items()}
+    want = reference(x, dy, full)
+    return {k: v.float() for k, v in full.items()}, x, dy, want
+
+
+def rank_main(lib, comm, rank, full, x, dy):
+    """One rank's all-reduce and attention block on communicator `comm`."""
+    # 1. In-place all-reduce of a torch tensor: meshrt writes torch's memory.
+    t = torch.arange(4, dtype=torch.float32) + 100 * rank
+    th, ev = handle(lib, t), C.c_void_p()
+    check(lib, lib.meshrt_all_reduce(comm, th, th, SUM, None, C.byref(ev)), "meshrt_all_reduce")
+    sync(lib, ev, "all_reduce")
+    lib.meshrt_tensor_destroy(th)
+    # 2. The attention block on this rank's heads.
+    mesh, attn = C.c_void_p(), C.c_void_p()
+    check(lib, lib.meshrt_mesh_create(C.byref(mesh), comm, f"tp={TP}".encode()),
+          "meshrt_mesh_create")
+    ac = AttnConfig(C.sizeof(AttnConfig), HIDDEN, HEADS, DLDataType(kDLFloat, 32, 1),
+                    LAYERNORM, 1e-5, 1, 1, 0, IN_OUT, QKV_BLOCKED)
+    check(lib, lib.meshrt_attn_create(C.byref(attn), mesh, C.byref(ac)), "meshrt_attn_create")
+    off, n = C.c_int64(), C.c_int64()
+    check(lib, lib.meshrt_attn_shard_info(attn, QKV_WEIGHT, C.byref(off), C.byref(n)),
+          "meshrt_attn_shard_info")
+    d = HIDDEN // HEADS
+    h0, hl = off.value // (3 * d), n.value // (3 * d)
+    mine = slice(h0 * d, (h0 + hl) * d)  # my heads' features within each of Q, K, V
+    qkv_cols = torch.cat([torch.arange(HIDDEN)[mine] + j * HIDDEN for j in range(3)])
+    shards = [full["gamma"], full["beta"], full["c_attn_w"][:, qkv_cols].contiguous(),
+              full["c_attn_b"][qkv_cols].contiguous(),
+              full["c_proj_w"][mine].contiguous(), full["c_proj_b"]]
+    grads = [torch.zeros_like(a) for a in shards]
+    wp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in shards])
+    gp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in grads])
+    check(lib, lib.meshrt_attn_bind_weights(attn, C.byref(wp)), "meshrt_attn_bind_weights")
+    xs, dys = x.float(), dy.float()
+    ys, dxs = torch.empty_like(xs), torch.empty_like(xs)
+    xh, yh, dyh, dxh = (handle(lib, a) for a in (xs, ys, dys, dxs))
+    check(lib, lib.meshrt_attn_forward(attn, xh, yh, None, C.byref(ev)), "meshrt_attn_forward")
+    sync(lib, ev, "forward")
+    check(lib, lib.meshrt_attn_backward(attn, dyh, dxh, C.byref(gp), None, C.byref(ev)),
+          "meshrt_attn_backward")
+    sync(lib, ev, "backward")
+    for h in [xh, yh, dyh, dxh] + [getattr(wp, f) for f, _ in AttnParams._fields_[1:]] + \
+            [getattr(gp, f) for f, _ in AttnParams._fields_[1:]]:
+        lib.meshrt_tensor_destroy(h)
+    check(lib, lib.meshrt_attn_destroy(attn), "meshrt_attn_destroy")
+    check(lib, lib.meshrt_mesh_destroy(mesh), "meshrt_mesh_destroy")
+    return t.tolist(), qkv_cols, ys, dxs, grads[2]
+
+
+def report(rank, result, want, ranks_as):
+    """Prints rank's line against torch autograd; returns whether it matches."""
+    want_y, want_dx, want_gw = want
+    total, cols, y, dx, gw = result
+    want_sum = [float(sum(i + 100 * r for r in range(TP))) for i in range(4)]
+    err = max((y.double() - want_y).abs().max().item(),
+              (dx.double() - want_dx).abs().max().item(),
+              (gw.double() - want_gw[:, cols]).abs().max().item())
+    ok = total == want_sum and err < 1e-4
+    print(f"rank {rank} ({ranks_as}): all_reduce in place on a torch tensor: {total} "
+          f"{'(as expected)' if total == want_sum else f'(expected {want_sum})'}; c_attn columns "
+          f"{cols[0].item()}.. ({len(cols)} of {3 * HIDDEN}); y, dx, c_attn grad vs torch "
+          f"autograd: max |diff| = {err:.1e}", flush=True)
+    return ok
+
+
+def header():
+    print(f"torch {torch.__version__}: attention block, tp={TP}, x [{SEQ}, {BATCH}, {HIDDEN}], "
+          f"{HEADS} heads, causal, GPT-2 Conv1D weights ([in, out], [Q|K|V])", flush=True)
+
+
+def main_process(lib, cfg):
+    """One rank of a torchrun-style launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."""
+    env = os.environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    if world != TP:
+        print(f"this example runs {TP} ranks, not WORLD_SIZE={world}: use --nproc-per-node {TP}")
+        return 2
+    full, x, dy, want = problem()
+    comm = C.c_void_p()
+    check(lib, lib.meshrt_comm_init_tcp(C.byref(comm), env["MASTER_ADDR"].encode(),
+                                        int(env["MASTER_PORT"]) + 1, world, rank, C.byref(cfg)),
+          "meshrt_comm_init_tcp")
+    if rank == 0:
+        header()
+    ok = report(rank, rank_main(lib, comm, rank, full, x, dy), want, f"process {os.getpid()}")
+    check(lib, lib.meshrt_comm_destroy(comm), "meshrt_comm_destroy")
+    return 0 if ok else 1
+
+
+def spawn_processes():
+    """Starts TP copies of this script as torchrun would and checks each."""
+    with socket.socket() as s:  # a free port pair: torch's MASTER_PORT and meshrt's next one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1] - 1
+    procs = []
+    for r in range(TP):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(TP), LOCAL_RANK=str(r),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, __file__, sys.argv[1]], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    ok = True
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed after 120 s)"
+        print(out.rstrip())
+        ok = ok and p.returncode == 0
+    print(f"{TP} ranks as processes over TCP on 127.0.0.1")
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[2] == "--processes":
+        return spawn_processes()
+    lib = load(sys.argv[1])
+    check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
     cfg = CommConfig(C.sizeof(CommConfig), 0x4D525443, API_VERSION, 60.0, 60.0, -1, 0, -1, None)
+    if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return main_process(lib, cfg)
+    full, x, dy, want = problem()
     comms = (C.c_void_p * TP)()
     check(lib, lib.meshrt_comm_init_all(comms, TP, None, C.byref(cfg)), "meshrt_comm_init_all")
     results, errors = {}, []
 
-    def rank_main(rank):
+    def thread_main(rank):
         try:
-            # 1. In-place all-reduce of a torch tensor: meshrt writes torch's memory.
-            t = torch.arange(4, dtype=torch.float32) + 100 * rank
-            th, ev = handle(lib, t), C.c_void_p()
-            check(lib, lib.meshrt_all_reduce(comms[rank], th, th, SUM, None, C.byref(ev)),
-                  "meshrt_all_reduce")
-            sync(lib, ev, "all_reduce")
-            lib.meshrt_tensor_destroy(th)
-            # 2. The attention block on this rank's heads.
-            mesh, attn = C.c_void_p(), C.c_void_p()
-            check(lib, lib.meshrt_mesh_create(C.byref(mesh), comms[rank], f"tp={TP}".encode()),
-                  "meshrt_mesh_create")
-            ac = AttnConfig(C.sizeof(AttnConfig), HIDDEN, HEADS, DLDataType(kDLFloat, 32, 1),
-                            LAYERNORM, 1e-5, 1, 1, 0, IN_OUT, QKV_BLOCKED)
-            check(lib, lib.meshrt_attn_create(C.byref(attn), mesh, C.byref(ac)),
-                  "meshrt_attn_create")
-            off, n = C.c_int64(), C.c_int64()
-            check(lib, lib.meshrt_attn_shard_info(attn, QKV_WEIGHT, C.byref(off), C.byref(n)),
-                  "meshrt_attn_shard_info")
-            d = HIDDEN // HEADS
-            h0, hl = off.value // (3 * d), n.value // (3 * d)
-            mine = slice(h0 * d, (h0 + hl) * d)  # my heads' features within each of Q, K, V
-            qkv_cols = torch.cat([torch.arange(HIDDEN)[mine] + j * HIDDEN for j in range(3)])
-            shards = [full["gamma"], full["beta"], full["c_attn_w"][:, qkv_cols].contiguous(),
-                      full["c_attn_b"][qkv_cols].contiguous(),
-                      full["c_proj_w"][mine].contiguous(), full["c_proj_b"]]
-            grads = [torch.zeros_like(a) for a in shards]
-            wp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in shards])
-            gp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in grads])
-            check(lib, lib.meshrt_attn_bind_weights(attn, C.byref(wp)),
-                  "meshrt_attn_bind_weights")
-            xs, dys = x.float(), dy.float()
-            ys, dxs = torch.empty_like(xs), torch.empty_like(xs)
-            xh, yh, dyh, dxh = (handle(lib, a) for a in (xs, ys, dys, dxs))
-            check(lib, lib.meshrt_attn_forward(attn, xh, yh, None, C.byref(ev)),
-                  "meshrt_attn_forward")
-            sync(lib, ev, "forward")
-            check(lib, lib.meshrt_attn_backward(attn, dyh, dxh, C.byref(gp), None, C.byref(ev)),
-                  "meshrt_attn_backward")
-            sync(lib, ev, "backward")
-            results[rank] = (t.tolist(), qkv_cols, ys, dxs, grads[2])
-            for h in [xh, yh, dyh, dxh] + [getattr(wp, f) for f, _ in AttnParams._fields_[1:]] + \
-                    [getattr(gp, f) for f, _ in AttnParams._fields_[1:]]:
-                lib.meshrt_tensor_destroy(h)
-            check(lib, lib.meshrt_attn_destroy(attn), "meshrt_attn_destroy")
-            check(lib, lib.meshrt_mesh_destroy(mesh), "meshrt_mesh_destroy")
+            results[rank] = rank_main(lib, comms[rank], rank, full, x, dy)
         except Exception as e:  # reported by the main thread
             errors.append(f"rank {rank}: {e}")
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(TP)]
+    threads = [threading.Thread(target=thread_main, args=(r,)) for r in range(TP)]
     for t in threads:
         t.start()
     for t in threads:
@@ -186,20 +272,8 @@ def main():
     if errors:
         print("\n".join(errors))
         return 1
-    want_sum = [float(sum(i + 100 * r for r in range(TP))) for i in range(4)]
-    ok = all(results[r][0] == want_sum for r in range(TP))
-    print(f"torch {torch.__version__}: all_reduce in place on torch tensors: {results[0][0]} "
-          f"{'(as expected)' if ok else f'(expected {want_sum})'}")
-    print(f"attention block, tp={TP}, x [{SEQ}, {BATCH}, {HIDDEN}], {HEADS} heads, causal, "
-          "GPT-2 Conv1D weights ([in, out], [Q|K|V])")
-    for rank in range(TP):
-        _, cols, y, dx, gw = results[rank]
-        err = max((y.double() - want_y).abs().max().item(),
-                  (dx.double() - want_dx).abs().max().item(),
-                  (gw.double() - want_gw[:, cols]).abs().max().item())
-        ok = ok and err < 1e-4
-        print(f"rank {rank}: c_attn columns {cols[0].item()}.. ({len(cols)} of {3 * HIDDEN}); "
-              f"y, dx, c_attn grad vs torch autograd: max |diff| = {err:.1e}")
+    header()
+    ok = all([report(r, results[r], want, "thread") for r in range(TP)])
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -114,8 +114,9 @@ TEST_CASE("bootstrap: backends that cannot work are refused with what to change"
 #if defined(MESHRT_WITH_CUDA)
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("needs CUDA devices"));
 #else
-  CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown collective backend 'nccl'") &&
-                                       Catch::Contains("this build has host, mpi, shm (or auto)"));
+  CHECK_THROWS_WITH(bootstrap(lo),
+                    Catch::Contains("unknown collective backend 'nccl'") &&
+                        Catch::Contains("this build has host, mpi, shm, hier (or auto)"));
 #endif
   lo.backend = "gloo";
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown collective backend 'gloo'") &&
@@ -277,13 +278,13 @@ TEST_CASE("backend registry: exactly the backends this build compiles, in order"
   std::vector<std::string> names;
   for (const CollectiveBackend& b : collective_backends()) names.push_back(b.name);
 #if defined(MESHRT_WITH_CUDA)
-  const std::vector<std::string> expected = {"host", "mpi", "shm", "nccl"};
+  const std::vector<std::string> expected = {"host", "mpi", "shm", "hier", "nccl"};
 #else
-  const std::vector<std::string> expected = {"host", "mpi", "shm"};
+  const std::vector<std::string> expected = {"host", "mpi", "shm", "hier"};
 #endif
   CHECK(names == expected);
   CHECK(collective_backend_names() ==
-        (expected.size() == 4 ? "host, mpi, shm, nccl" : "host, mpi, shm"));
+        (expected.size() == 5 ? "host, mpi, shm, hier, nccl" : "host, mpi, shm, hier"));
   for (const std::string& n : expected) CHECK(find_collective_backend(n).name == n);
   CHECK_THROWS_WITH(find_collective_backend("gloo"),
                     Catch::Contains("unknown collective backend 'gloo'") &&
@@ -318,8 +319,16 @@ TEST_CASE("backend registry: auto picks the highest-priority backend that serves
   CHECK(choose_collective_backend("auto", on_one_node(LaunchKind::EnvProcesses, 3)).name == "shm");
   CHECK(choose_collective_backend("auto", on_one_node(LaunchKind::MpiProcesses, 2)).name == "shm");
   CHECK(choose_collective_backend("mpi", on_one_node(LaunchKind::MpiProcesses, 2)).name == "mpi");
+  // Under mpirun across nodes: two levels (shm in each node, MPI between them); --backend mpi
+  // keeps the flat MPI path. One node is the shm backend's, not two levels'.
   CHECK(choose_collective_backend("auto", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 2))
+            .name == "hier");
+  CHECK(choose_collective_backend("mpi", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 2))
             .name == "mpi");
+  CHECK_THROWS_WITH(choose_collective_backend("hier", on_one_node(LaunchKind::MpiProcesses, 2)),
+                    Catch::Contains("hier cannot run rank 0 of 2 as mpi-processes") &&
+                        Catch::Contains("the shm backend serves one node") &&
+                        Catch::Contains("MESHRT_NODE_ID"));
   CHECK_THROWS_WITH(choose_collective_backend("shm", on_one_node(LaunchKind::Threads, 2)),
                     Catch::Contains("--backend shm cannot run 2 ranks as threads on cpu") &&
                         Catch::Contains("share memory already (host backend)"));
@@ -331,7 +340,8 @@ TEST_CASE("backend registry: auto picks the highest-priority backend that serves
           Catch::Contains("host: it runs ranks as threads of one process") &&
           Catch::Contains("mpi: it needs one process per rank") &&
           Catch::Contains("shm: its ranks share one node's memory, but only 1 of the 3 processes "
-                          "run on this node"));
+                          "run on this node") &&
+          Catch::Contains("hier: it needs MPI between the nodes"));
   CHECK_THROWS_WITH(
       choose_collective_backend("host", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 2)),
       Catch::Contains("--backend host cannot run rank 0 of 2 as mpi-processes on cpu") &&

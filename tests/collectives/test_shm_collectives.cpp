@@ -1,5 +1,6 @@
 // Shared-memory communicator (ranks = processes of one node): the suite starts its own rank
-// processes (fork + exec of this binary with --shm-rank), which meet through a file rendezvous.
+// processes (fork + exec of this binary with --shm-rank or --shm-torchrun), which meet through a
+// file rendezvous or TCP.
 // Every op x dtype x in place / out of place on 2, 3 and 4 processes with odd counts (exact
 // values, the threads backend's expectations) and bit-identical to the threads backend on random
 // floats; split groups, send / recv; a SIGKILLed peer named within the timeout; no segment left
@@ -135,6 +136,20 @@ void split_and_ring(Communicator& w, Stream& s, Failures& f) {
   w.barrier(s).synchronize();
 }
 
+// The matrix's largest count: sanitizer builds (several times slower) use a smaller one, still
+// more than one staging buffer of f32 and i64.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int64_t kShmLargest = 300007;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr int64_t kShmLargest = 300007;
+#else
+constexpr int64_t kShmLargest = 600001;
+#endif
+#else
+constexpr int64_t kShmLargest = 600001;
+#endif
+
 // A rank process: meets the others through `dir`, then runs `mode`. Prints one verdict line.
 int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int world,
                   const std::string& run) {
@@ -144,7 +159,7 @@ int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int
   auto s = make_host_stream("comm");
   Failures f;
   if (mode == "matrix") {
-    const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001, 600001}, f, 11 + world);
+    const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001, kShmLargest}, f, 11 + world);
     const int64_t calls = diff_against_threads(*w, *s, f);
     split_and_ring(*w, *s, f);
     std::printf("%s rank %d: %lld collectives, %lld against threads, %zu failures\n%s",
@@ -182,8 +197,8 @@ struct Ranks {
   std::vector<std::string> out;
 };
 
-// Starts `world` rank processes of this binary in `mode` and waits for all (at most 300 s; then
-// they are killed and the test fails).
+// Starts `world` rank processes of this binary in `mode` and waits for all (at most 900 s, the
+// sanitizer builds' ctest timeout; then they are killed and the test fails).
 Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
   static int runs = 0;
   const std::string run = "t" + std::to_string(getpid()) + "-" + std::to_string(runs++);
@@ -206,7 +221,7 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
     rs.pids.push_back(pid);
   }
   rs.status.assign(static_cast<size_t>(world), -1);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(900);
   for (int left = world; left > 0;) {
     for (int r = 0; r < world; ++r) {
       if (rs.status[static_cast<size_t>(r)] != -1) continue;
@@ -243,22 +258,39 @@ std::vector<std::string> segments_of(const std::vector<pid_t>& pids) {
 
 }  // namespace
 
-TEST_CASE("shm: every op x dtype x in/out-of-place on 2, 3 and 4 processes, equal to threads",
-          "[multirank]") {
+namespace {
+
+// Every op x dtype x place x size on `world` rank processes (one test case per world size, so
+// each has its own ctest timeout).
+void shm_matrix_case(int world) {
   const fs::path dir = scratch_dir("shm-matrix");
-  for (int world : {2, 3, 4}) {
-    Ranks rs = spawn_ranks("matrix", world, dir);
-    for (int r = 0; r < world; ++r) {
-      INFO("world " << world << " rank " << r << ":\n" << rs.out[static_cast<size_t>(r)]);
-      CHECK(rs.status[static_cast<size_t>(r)] == 0);
-      CHECK_THAT(rs.out[static_cast<size_t>(r)],
-                 Catch::Contains("SHM OK rank " + std::to_string(r) +
-                                 ": 550 collectives, 48 "
-                                 "against threads, 0 failures"));
-    }
-    CHECK(segments_of(rs.pids).empty());
+  Ranks rs = spawn_ranks("matrix", world, dir);
+  for (int r = 0; r < world; ++r) {
+    INFO("world " << world << " rank " << r << ":\n" << rs.out[static_cast<size_t>(r)]);
+    CHECK(rs.status[static_cast<size_t>(r)] == 0);
+    CHECK_THAT(rs.out[static_cast<size_t>(r)], Catch::Contains("SHM OK rank " + std::to_string(r) +
+                                                               ": 550 collectives, 48 "
+                                                               "against threads, 0 failures"));
   }
+  CHECK(segments_of(rs.pids).empty());
   fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("shm: every op x dtype x in/out-of-place on 2 processes, equal to threads",
+          "[multirank]") {
+  shm_matrix_case(2);
+}
+
+TEST_CASE("shm: every op x dtype x in/out-of-place on 3 processes, equal to threads",
+          "[multirank]") {
+  shm_matrix_case(3);
+}
+
+TEST_CASE("shm: every op x dtype x in/out-of-place on 4 processes, equal to threads",
+          "[multirank]") {
+  shm_matrix_case(4);
 }
 
 TEST_CASE("shm: a SIGKILLed peer fails the others at once, naming its global rank", "[multirank]") {
@@ -299,18 +331,16 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// A torchrun-style rank in a forked child: bootstrap from RANK / WORLD_SIZE / LOCAL_RANK and
-// MASTER_ADDR / MASTER_PORT (or a file rendezvous), then an all-reduce and a barrier. Returns
-// the child's exit status: 0 when the shm backend served it and the sum is right.
-pid_t torchrun_rank(int rank, int world, const std::string& master_port, const std::string& dir) {
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
+// A torchrun-style rank (this binary run with --shm-torchrun): bootstrap from RANK /
+// WORLD_SIZE / LOCAL_RANK and MASTER_ADDR / MASTER_PORT (or a file rendezvous), then an
+// all-reduce and a barrier. Returns 0 when the shm backend served it and the sum is right.
+int shm_torchrun_main(int rank, int world, const std::string& master_port, const std::string& dir) {
   int rc = 10;
   try {
     setenv("RANK", std::to_string(rank).c_str(), 1);
     setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
     setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-    if (dir.empty()) {
+    if (dir == "-") {
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", master_port.c_str(), 1);
       unsetenv("MESHRT_RENDEZVOUS");
@@ -334,7 +364,18 @@ pid_t torchrun_rank(int rank, int world, const std::string& master_port, const s
     rc = 13;
   }
   std::fflush(stderr);
-  _exit(rc);
+  return rc;
+}
+
+// Starts a torchrun-style rank: fork, then exec of this binary (a forked child of a process
+// with threads must not start threads itself: ThreadSanitizer refuses that).
+pid_t torchrun_rank(int rank, int world, const std::string& master_port, const std::string& dir) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  const std::string rk = std::to_string(rank), ws = std::to_string(world);
+  execl("/proc/self/exe", "test_collectives_shm", "--shm-torchrun", rk.c_str(), ws.c_str(),
+        master_port.c_str(), dir.empty() ? "-" : dir.c_str(), static_cast<char*>(nullptr));
+  _exit(127);
 }
 
 }  // namespace
@@ -391,5 +432,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (argc == 6 && std::string(argv[1]) == "--shm-torchrun")
+    return shm_torchrun_main(std::atoi(argv[2]), std::atoi(argv[3]), argv[4], argv[5]);
   return Catch::Session().run(argc, argv);
 }

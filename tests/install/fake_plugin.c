@@ -34,6 +34,7 @@ const struct fake_plugin_info* meshrt_backend_init_v1(uint32_t core_abi, const c
   (void)core_abi;
   (void)core_version;
 #ifdef FAKE_REFUSE
+  (void)info;
   return NULL;
 #else
   return &info;

@@ -5,6 +5,7 @@
 
 #include <catch2/catch_test_macros.hpp>
 #include <string>
+#include <vector>
 
 #include "meshrt/version.h"
 #include "runtime/error.h"
@@ -41,44 +42,44 @@ struct PluginPathEnv {
   bool had = false;
 };
 
-const std::string kFakeDir = MESHRT_FAKE_PLUGIN_DIR;
+const std::string kPluginFakeDir = MESHRT_FAKE_PLUGIN_DIR;
 
-std::string fake_path(const std::string& kind) {
-  return kFakeDir + "/libmeshrt-fake-" + kind + ".so";
+std::string plugin_fake_path(const std::string& kind) {
+  return kPluginFakeDir + "/libmeshrt-fake-" + kind + ".so";
 }
 
 }  // namespace
 
 TEST_CASE("plugin loader: the search path and the file name", "[unit]") {
-  PluginPathEnv env("/nonexistent::" + kFakeDir);
+  PluginPathEnv env("/nonexistent::" + kPluginFakeDir);
   CHECK(detail::plugin_file_name("cuda") == "libmeshrt-cuda.so");
   const std::vector<std::string> dirs = detail::plugin_search_path();
   REQUIRE(dirs.size() == 3);  // the two folders (the empty entry skipped), then the program's
   CHECK(dirs[0] == "/nonexistent");
-  CHECK(dirs[1] == kFakeDir);
-  CHECK(detail::find_plugin("fake-ok") == fake_path("ok"));
+  CHECK(dirs[1] == kPluginFakeDir);
+  CHECK(detail::find_plugin("fake-ok") == plugin_fake_path("ok"));
   CHECK(detail::find_plugin("fake-absent").empty());
 }
 
 TEST_CASE("plugin loader: a plugin of this version and ABI loads once", "[unit]") {
-  PluginPathEnv env(kFakeDir);
+  PluginPathEnv env(kPluginFakeDir);
   CHECK(detail::loaded_plugin_path("fake-ok").empty());
   const void* t = detail::load_plugin("fake-ok");
   REQUIRE(t != nullptr);
   CHECK(*static_cast<const int*>(t) == 42);  // fake_plugin.c's table
   CHECK(detail::load_plugin("fake-ok") == t);
-  CHECK(detail::loaded_plugin_path("fake-ok") == fake_path("ok"));
+  CHECK(detail::loaded_plugin_path("fake-ok") == plugin_fake_path("ok"));
 }
 
 TEST_CASE("plugin loader: a missing plugin is one line naming the file, dlerror and the path",
           "[unit]") {
-  PluginPathEnv env(kFakeDir);
+  PluginPathEnv env(kPluginFakeDir);
   const std::string e = plugin_load_error("fake-absent");
   CHECK(e.find('\n') == std::string::npos);
   CHECK(e.rfind("cannot load the fake-absent backend (libmeshrt-fake-absent.so): "
                 "libmeshrt-fake-absent.so: cannot open shared object file: No such file or "
                 "directory (searched " +
-                    kFakeDir + ", ",
+                    kPluginFakeDir + ", ",
                 0) == 0);
   CHECK(e.find("; set MESHRT_BACKEND_PATH to its folder)") != std::string::npos);
 }
@@ -87,24 +88,24 @@ TEST_CASE(
     "plugin loader: refuses another version, another ABI, another name, a refusal and no "
     "entry point, in one line each",
     "[unit]") {
-  PluginPathEnv env(kFakeDir);
+  PluginPathEnv env(kPluginFakeDir);
   const std::string v = MESHRT_VERSION_STRING;
   const std::string tail = " (plugin ABI 1): install the plugin built with this libmeshrt.so";
   CHECK(plugin_load_error("fake-version") ==
-        "cannot load the fake-version backend: " + fake_path("version") +
+        "cannot load the fake-version backend: " + plugin_fake_path("version") +
             " is fake-version 0.0.0 (plugin ABI 1), not the fake-version plugin of meshrt " + v +
             tail);
   CHECK(plugin_load_error("fake-abi") ==
-        "cannot load the fake-abi backend: " + fake_path("abi") + " is fake-abi " + v +
+        "cannot load the fake-abi backend: " + plugin_fake_path("abi") + " is fake-abi " + v +
             " (plugin ABI 99), not the fake-abi plugin of meshrt " + v + tail);
   CHECK(plugin_load_error("fake-name") ==
-        "cannot load the fake-name backend: " + fake_path("name") + " is other " + v +
+        "cannot load the fake-name backend: " + plugin_fake_path("name") + " is other " + v +
             " (plugin ABI 1), not the fake-name plugin of meshrt " + v + tail);
   CHECK(plugin_load_error("fake-refuse") ==
-        "cannot load the fake-refuse backend: " + fake_path("refuse") +
+        "cannot load the fake-refuse backend: " + plugin_fake_path("refuse") +
             " is a plugin that refused, not the fake-refuse plugin of meshrt " + v + tail);
   CHECK(plugin_load_error("fake-noentry") ==
-        "cannot load the fake-noentry backend: " + fake_path("noentry") +
+        "cannot load the fake-noentry backend: " + plugin_fake_path("noentry") +
             " has no meshrt_backend_init_v1 entry point: not a meshrt plugin");
   // A refused plugin is not remembered as loaded.
   CHECK(detail::loaded_plugin_path("fake-version").empty());

@@ -3,7 +3,7 @@
 // error naming the library and why for everything it refuses.
 #include <stdlib.h>
 
-#include <catch2/catch_test_macros.hpp>
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 

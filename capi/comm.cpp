@@ -22,6 +22,7 @@
 #include "collectives/mpi_runtime.h"
 #include "collectives/nccl_comm.h"
 #include "runtime/backend.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/error.h"
 
 namespace meshrt::capi {
@@ -75,9 +76,13 @@ Resolved resolve_config(const meshrt_comm_config_t* c) {
              "config->device_type is " << v.device_type
                                        << ": use MESHRT_DEVICE_CPU (0) or MESHRT_DEVICE_CUDA (1)");
   r.type = v.device_type == MESHRT_DEVICE_CUDA ? DeviceType::CUDA : DeviceType::CPU;
-  CAPI_CHECK(r.type == DeviceType::CPU || cuda_backend() != nullptr, MESHRT_ERROR_UNSUPPORTED,
-             "config->device_type is MESHRT_DEVICE_CUDA but this meshrt was built without CUDA "
-             "(MESHRT_CUDA=OFF): use MESHRT_DEVICE_CPU or a CUDA build");
+  if (r.type == DeviceType::CUDA) {
+    // Loads libmeshrt-cuda.so when it is a plugin: its load error is the one line said here.
+    std::string why;
+    CAPI_CHECK(detail::cuda_plugin(&why) != nullptr, MESHRT_ERROR_UNSUPPORTED,
+               "config->device_type is MESHRT_DEVICE_CUDA but "
+                   << why << ": use MESHRT_DEVICE_CPU or install meshrt's CUDA backend");
+  }
   r.device_index = v.device_index;
   if (v.backend && v.backend[0]) r.backend = v.backend;
   return r;
@@ -484,14 +489,12 @@ meshrt_status_t meshrt_comm_adopt_nccl(meshrt_comm_t* comm, void* nccl_comm, int
     CAPI_CHECK(device >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
                "device is " << device << ": pass the CUDA device the NCCL communicator uses");
     const Resolved conf = resolve_config(config);
-#if defined(MESHRT_WITH_CUDA)
+    std::string why;
+    CAPI_CHECK(detail::cuda_plugin(&why) != nullptr, MESHRT_ERROR_UNSUPPORTED,
+               "no NCCL backend: " << why
+                                   << ": adopting an NCCL communicator needs meshrt's CUDA "
+                                      "backend");
     *comm = register_comm(adopt_nccl_communicator(nccl_comm, device, "world", conf.cfg), 1);
-#else
-    (void)conf;
-    fail(MESHRT_ERROR_UNSUPPORTED,
-         "this meshrt was built without CUDA (MESHRT_CUDA=OFF), so it has no NCCL backend: use a "
-         "CUDA build to adopt an NCCL communicator");
-#endif
   });
 }
 

@@ -19,7 +19,7 @@ namespace meshrt::detail {
 using Clock = std::chrono::steady_clock;
 
 // What a rank is about to call; exchanged between ranks (as int64 words) to detect mismatches.
-struct CallSig {
+struct MESHRT_PLUGIN_API CallSig {
   static constexpr int kWords = 8;
   static constexpr int64_t kMagic = 0x6d657368636f6c6cLL;  // guards against reading garbage
   int64_t magic = kMagic;
@@ -57,8 +57,9 @@ MESHRT_PLUGIN_API std::string global_rank_label(int global_rank, int group_rank,
 
 // The watchdog's message: "watchdog: all_reduce(f32, count=8, sum) on group 'world' (seq 7,
 // rank 0) did not complete within 1 s; rank 3 never arrived; the communicators were aborted".
-std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
-                            const std::string& rank, double timeout_s, const std::string& missing);
+MESHRT_PLUGIN_API std::string timeout_message(const std::string& call, const std::string& group,
+                                              uint64_t seq, const std::string& rank,
+                                              double timeout_s, const std::string& missing);
 inline std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
                                    int rank, double timeout_s, const std::string& missing) {
   return timeout_message(call, group, seq, "rank " + std::to_string(rank), timeout_s, missing);

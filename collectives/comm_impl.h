@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "collectives/communicator.h"
+#include "runtime/plugin_api.h"
 
 namespace meshrt {
 
@@ -29,7 +30,7 @@ class InnerCommScope {
 // One validated call, as the Communicator hands it to its backend. `count` is the per-rank
 // element count the ranks must agree on: all_reduce / broadcast: numel; all_gather: input numel;
 // reduce_scatter: output numel; all_to_all: block numel; send / recv: numel.
-struct CommCall {
+struct MESHRT_PLUGIN_API CommCall {
   CommOp op = CommOp::Barrier;
   DType dtype = DType::f32;
   ReduceOp redop = ReduceOp::Sum;
@@ -55,7 +56,7 @@ struct CommCall {
 
 // One rank's side of a group in a backend. The Communicator has already validated the call,
 // given it its sequence number and ordered `stream` after the caller's events.
-class CommImpl {
+class MESHRT_PLUGIN_API CommImpl {
  public:
   virtual ~CommImpl();
   // The name the backend registered under (collectives/backend_registry.h).

@@ -1,5 +1,6 @@
 // The MPI backend's function table (collectives/mpi_backend.h), what libmeshrt-mpi.so's entry
-// point returns, and mpi_backend() for the static builds, which link the backend in.
+// point returns (mpi_plugin_table()), and mpi_backend() for the static builds, which link the
+// backend in.
 #include <mpi.h>
 
 #include <mutex>
@@ -8,8 +9,6 @@
 #include "collectives/mpi_comm.h"
 #include "collectives/mpi_process.h"
 #include "collectives/mpi_runtime.h"
-#include "meshrt/version.h"
-#include "runtime/plugin.h"
 
 namespace meshrt::detail {
 
@@ -65,14 +64,7 @@ const MpiBackend& mpi_backend() { return kMpiTable; }
 const MpiBackend* mpi_backend_if_loaded() { return &kMpiTable; }
 std::string mpi_backend_origin() { return "linked in"; }
 
-}  // namespace meshrt::detail
+// What libmeshrt-mpi.so's entry point returns (runtime/plugin.h's MESHRT_DEFINE_PLUGIN_ENTRY).
+const void* mpi_plugin_table() { return &kMpiTable; }
 
-// libmeshrt-mpi.so's entry point (runtime/plugin.h): the table, for the core of the same version.
-extern "C" MESHRT_PLUGIN_API const meshrt::detail::PluginInfo* meshrt_backend_init_v1(
-    uint32_t core_abi, const char* core_version) {
-  static const meshrt::detail::PluginInfo info{meshrt::detail::kPluginAbi, MESHRT_VERSION_STRING,
-                                               "mpi", &meshrt::detail::mpi_backend()};
-  (void)core_abi;
-  (void)core_version;
-  return &info;
-}
+}  // namespace meshrt::detail

@@ -693,12 +693,6 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int
   return make_nccl_comm(comm, rank, size, device, std::move(keep_name), config);
 }
 
-std::string nccl_refuses(const WorldPlan& plan) {
-  if (plan.device_type != DeviceType::CUDA)
-    return "it needs CUDA devices (e.g. --devices cuda:0-7)";
-  return "";
-}
-
 // Ranks as threads share a unique id made here; process ranks get rank 0's through the launch's
 // transport when their world communicator is made.
 WorldFactory nccl_prepare(const WorldPlan& plan) {
@@ -723,10 +717,8 @@ WorldFactory nccl_prepare(const WorldPlan& plan) {
   };
 }
 
-}  // namespace
-
-std::unique_ptr<Communicator> adopt_nccl_communicator(void* nccl_comm, int device,
-                                                      const std::string& name, CommConfig config) {
+std::unique_ptr<Communicator> nccl_adopt(void* nccl_comm, int device, const std::string& name,
+                                         CommConfig config) {
   MESHRT_CHECK(nccl_comm != nullptr, "adopt_nccl_communicator: the NCCL communicator is null");
   std::string why;
   MESHRT_CHECK(cuda_available(&why), "adopting an NCCL communicator on cuda:"
@@ -745,16 +737,19 @@ std::unique_ptr<Communicator> adopt_nccl_communicator(void* nccl_comm, int devic
                         /*borrowed=*/true);
 }
 
-std::string nccl_version_string() {
+std::string nccl_version() {
   int v = 0;
   MESHRT_NCCL_CHECK(ncclGetVersion(&v), nullptr);
   return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
          std::to_string(v % 100);
 }
 
+}  // namespace
+
 namespace detail {
-void register_nccl_backend(std::vector<CollectiveBackend>& registry) {
-  add_collective_backend(registry, {"nccl", 30, nccl_refuses, nccl_prepare});
+const NcclBackend& nccl_table() {
+  static const NcclBackend t{nccl_prepare, nccl_adopt, nccl_version};
+  return t;
 }
 }  // namespace detail
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/plugin_api.h"
+
 namespace meshrt::kernels {
 
 // One heuristic result: whether the library marked it usable, and its state's name if not.
@@ -19,15 +21,16 @@ struct AlgoCandidate {
 
 // Indices of the usable candidates, in the heuristic's order of preference. Throws meshrt::Error
 // naming `problem` and each candidate's state when none is usable.
-std::vector<int> usable_algos(const std::vector<AlgoCandidate>& cands, const std::string& problem);
+MESHRT_PLUGIN_API std::vector<int> usable_algos(const std::vector<AlgoCandidate>& cands,
+                                                const std::string& problem);
 
 // Tries candidates order[first], order[first + 1], ... with try_algo(index), which returns "" when
 // the algorithm ran and the library's status otherwise. Returns the position in `order` of the
 // one that ran (the caller starts there next time). Throws meshrt::Error naming `problem` and each
 // failure when none runs.
-size_t run_with_fallback(const std::vector<int>& order, size_t first,
-                         const std::function<std::string(int)>& try_algo,
-                         const std::string& problem);
+MESHRT_PLUGIN_API size_t run_with_fallback(const std::vector<int>& order, size_t first,
+                                           const std::function<std::string(int)>& try_algo,
+                                           const std::string& problem);
 
 // cuBLASLt's bias epilogue reads the bias with 16-byte loads: a bias at a less aligned address is
 // added by a separate kernel after the GEMM.
@@ -36,8 +39,8 @@ inline bool bias_in_epilogue(const void* bias) {
 }
 
 // "m=.. n=.. k=.. batch=.. bf16 x bf16 -> f32 + bias bf16, A transposed" for error messages.
-std::string gemm_problem_str(int64_t m, int64_t n, int64_t k, int64_t batch, bool trans_a,
-                             bool trans_b, const std::string& in, const std::string& out,
-                             const std::string& bias);
+MESHRT_PLUGIN_API std::string gemm_problem_str(int64_t m, int64_t n, int64_t k, int64_t batch,
+                                               bool trans_a, bool trans_b, const std::string& in,
+                                               const std::string& out, const std::string& bias);
 
 }  // namespace meshrt::kernels

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
@@ -135,16 +136,15 @@ class Check {
 
 bool is_cpu(const Check& c) { return c.device().is_cpu(); }
 
-// The backend for the op's device.
+// The backend for the op's device: the host's, or the CUDA backend's op table (linked in, or
+// loaded from libmeshrt-cuda.so: runtime/cuda_plugin.h).
 const kernels::Backend& backend_of(const Check& c) {
   if (is_cpu(c)) return kernels::host::backend();
-#if defined(MESHRT_WITH_CUDA)
-  return kernels::cuda::backend();
-#else
-  MESHRT_FAIL("op " << c.op() << ": tensors are on " << c.device().str()
-                    << " but this build of meshrt has no CUDA backend (configure with "
-                       "-DMESHRT_CUDA=ON)");
-#endif
+  std::string why;
+  const detail::CudaPlugin* cuda = detail::cuda_plugin(&why);
+  MESHRT_CHECK(cuda != nullptr,
+               "op " << c.op() << ": tensors are on " << c.device().str() << " but " << why);
+  return *static_cast<const kernels::Backend*>(cuda->kernels);
 }
 
 // Runs op `name` of the device's backend, which must support `dtype`.
@@ -794,8 +794,9 @@ void sgd_momentum_update(Context& ctx, Stream& stream, std::span<const Tensor> p
              cfg);
 }
 
-#if !defined(MESHRT_WITH_CUDA)
-std::string gemm_library_version() { return ""; }  // the CUDA one is in cuda/gemm.cu
-#endif
+std::string gemm_library_version() {
+  const detail::CudaPlugin* cuda = detail::cuda_plugin();
+  return cuda ? cuda->gemm_library_version() : "";
+}
 
 }  // namespace meshrt::ops

@@ -236,7 +236,8 @@ MESHRT_API std::string host_gemm_16bit_info();
 MESHRT_API std::string host_isa_info();
 
 // The vendor GEMM library of the CUDA backend, e.g. "cuBLASLt 13.0.2" (a library call: no GPU
-// needed); "" in builds without CUDA.
+// needed; loads libmeshrt-cuda.so in libmeshrt.so); "" in builds without CUDA or without the
+// plugin.
 MESHRT_API std::string gemm_library_version();
 
 }  // namespace meshrt::ops

@@ -7,13 +7,14 @@
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "runtime/plugin_api.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
 #include "runtime/tensor_desc.h"
 
 namespace meshrt {
 
-class DeviceBackend {
+class MESHRT_PLUGIN_API DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
   virtual DeviceType type() const = 0;
@@ -36,10 +37,11 @@ class DeviceBackend {
 };
 
 // The host backend (always present).
-const DeviceBackend& host_backend();
-// The CUDA backend, or nullptr in a build without CUDA.
-const DeviceBackend* cuda_backend();
+MESHRT_PLUGIN_API const DeviceBackend& host_backend();
+// The CUDA backend (runtime/cuda_plugin.h), or nullptr in a build without CUDA or when its plugin
+// cannot be loaded (cuda_available() says why).
+MESHRT_PLUGIN_API const DeviceBackend* cuda_backend();
 // Backend for a device; throws naming the device when that backend is not built or usable.
-const DeviceBackend& backend_for(Device d);
+MESHRT_PLUGIN_API const DeviceBackend& backend_for(Device d);
 
 }  // namespace meshrt

@@ -9,10 +9,11 @@
 #include <vector>
 
 #include "runtime/allocator.h"
+#include "runtime/plugin_api.h"
 
 namespace meshrt {
 
-class CachingAllocator : public Allocator {
+class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
  public:
   struct Raw {
     // Returns memory of exactly `bytes` (a size class) or nullptr when out of memory.

@@ -1,18 +1,15 @@
-// Built when meshrt is configured without CUDA: there is no CUDA backend.
-#include "runtime/backend.h"
+// Built when meshrt is configured without CUDA: there is no CUDA backend (runtime/cuda_plugin.h).
+#include "runtime/cuda_plugin.h"
 
-namespace meshrt {
+namespace meshrt::detail {
 
-const DeviceBackend* cuda_backend() { return nullptr; }
+const CudaPlugin* cuda_plugin(std::string* why) {
+  if (why) *why = "meshrt was built without CUDA (configure with -DMESHRT_CUDA=ON)";
+  return nullptr;
+}
 
-}  // namespace meshrt
+const CudaPlugin* cuda_plugin_if_loaded() { return nullptr; }
 
-#include "runtime/ranges.h"
+std::string cuda_plugin_origin() { return "not built"; }
 
-namespace meshrt::ranges::detail {
-
-bool nvtx_built() { return false; }
-void nvtx_push(const std::string&, uint64_t) {}
-void nvtx_pop() {}
-
-}  // namespace meshrt::ranges::detail
+}  // namespace meshrt::detail

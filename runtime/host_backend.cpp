@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "runtime/backend.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/dtype_dispatch.h"
 #include "runtime/error.h"
 #include "runtime/half.h"
@@ -170,14 +171,15 @@ const DeviceBackend& backend_for(Device d) {
   return *cuda_backend();
 }
 
+const DeviceBackend* cuda_backend() {
+  const detail::CudaPlugin* p = detail::cuda_plugin();
+  return p ? p->device : nullptr;
+}
+
 bool cuda_available(std::string* why) {
-  const DeviceBackend* be = cuda_backend();
-  if (!be) {
-    if (why) *why = "meshrt was built without CUDA (configure with -DMESHRT_CUDA=ON)";
-    return false;
-  }
   std::string reason;
-  int n = be->device_count(&reason);
+  const detail::CudaPlugin* p = detail::cuda_plugin(&reason);
+  const int n = p ? p->device->device_count(&reason) : 0;
   if (n <= 0 && why) *why = reason;
   return n > 0;
 }

@@ -63,11 +63,12 @@ const void* open_plugin(const std::string& name, const std::string& path) {
                    std::strcmp(info->version, MESHRT_VERSION_STRING) == 0 &&
                    std::strcmp(info->name, name.c_str()) == 0 && info->table != nullptr,
                "cannot load the " << name << " backend: " << path << " is "
-                                  << (info ? std::string(info->name) + " " + info->version
+                                  << (info ? std::string(info->name) + " " + info->version +
+                                                 " (plugin ABI " + std::to_string(info->abi) + ")"
                                            : std::string("a plugin that refused"))
                                   << ", not the " << name << " plugin of meshrt "
-                                  << MESHRT_VERSION_STRING
-                                  << ": install the plugin built with this libmeshrt.so");
+                                  << MESHRT_VERSION_STRING << " (plugin ABI " << kPluginAbi
+                                  << "): install the plugin built with this libmeshrt.so");
   return info->table;
 }
 

@@ -1,14 +1,16 @@
 // Backend plugins: shared libraries (libmeshrt-<name>.so: mpi, cuda) that libmeshrt.so loads on
 // first use, so that the core needs none of their libraries (MPI, CUDA, NCCL) to load and run.
 // Each plugin exports one C entry point, meshrt_backend_init_v1, returning a PluginInfo whose
-// `table` is the backend's function table (e.g. collectives/mpi_backend.h's MpiBackend). The
-// static libraries (tests, the CLI, libmeshrt.a) link the backends in and never load plugins.
+// `table` is the backend's function table (collectives/mpi_backend.h's MpiBackend,
+// runtime/cuda_plugin.h's CudaPlugin). The static libraries (tests, the CLI, libmeshrt.a) link the
+// backends in and never load plugins.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "meshrt/version.h"
 #include "runtime/plugin_api.h"
 
 namespace meshrt::detail {
@@ -25,6 +27,20 @@ struct PluginInfo {
 };
 using PluginEntry = const PluginInfo* (*)(uint32_t core_abi, const char* core_version);
 #define MESHRT_PLUGIN_ENTRY "meshrt_backend_init_v1"
+
+// Defines plugin `name`'s entry point, returning `table_fn()` (the backend defines
+// `const void* meshrt::detail::<name>_plugin_table()`). Only the plugin library holds it:
+// cmake/package.cmake generates one such line per plugin, since the static builds link every
+// backend into one program, where two entry points would collide.
+#define MESHRT_DEFINE_PLUGIN_ENTRY(name, table_fn)                                         \
+  extern "C" MESHRT_PLUGIN_API const meshrt::detail::PluginInfo* meshrt_backend_init_v1(   \
+      uint32_t core_abi, const char* core_version) {                                       \
+    static const meshrt::detail::PluginInfo info{meshrt::detail::kPluginAbi,               \
+                                                 MESHRT_VERSION_STRING, name, table_fn()}; \
+    (void)core_abi;                                                                        \
+    (void)core_version;                                                                    \
+    return &info;                                                                          \
+  }
 
 // "libmeshrt-mpi.so".
 std::string plugin_file_name(const std::string& name);

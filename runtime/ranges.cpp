@@ -4,6 +4,8 @@
 #include <memory>
 #include <mutex>
 
+#include "runtime/cuda_plugin.h"
+
 namespace meshrt::ranges {
 namespace {
 
@@ -21,10 +23,11 @@ std::shared_ptr<const Observer> observer() {
 
 }  // namespace
 
-bool enabled() {
-  static const bool nvtx = detail::nvtx_built();
-  return nvtx || g_has_observer.load(std::memory_order_relaxed);
-}
+namespace detail {
+bool nvtx_built() { return meshrt::detail::cuda_plugin_if_loaded() != nullptr; }
+}  // namespace detail
+
+bool enabled() { return detail::nvtx_built() || g_has_observer.load(std::memory_order_relaxed); }
 
 // Ranges of this thread the observer saw open and not yet closed: a pop goes to the observer
 // only when it saw the push, so installing or removing an observer while ranges are open never
@@ -32,7 +35,7 @@ bool enabled() {
 thread_local int t_observed_open = 0;
 
 void push(const std::string& name, uint64_t payload) {
-  if (detail::nvtx_built()) detail::nvtx_push(name, payload);
+  if (const auto* cuda = meshrt::detail::cuda_plugin_if_loaded()) cuda->nvtx_push(name, payload);
   if (auto o = observer()) {
     (*o)(true, name, payload);
     ++t_observed_open;
@@ -40,7 +43,7 @@ void push(const std::string& name, uint64_t payload) {
 }
 
 void pop() {
-  if (detail::nvtx_built()) detail::nvtx_pop();
+  if (const auto* cuda = meshrt::detail::cuda_plugin_if_loaded()) cuda->nvtx_pop();
   if (t_observed_open == 0) return;
   --t_observed_open;
   if (auto o = observer()) (*o)(false, std::string(), 0);

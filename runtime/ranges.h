@@ -52,10 +52,10 @@ class Scoped {
 };
 
 namespace detail {
-// Backend hooks: NVTX in a CUDA build (runtime/cuda/nvtx_ranges.cpp), nothing otherwise.
+// Whether ranges go to NVTX: the CUDA backend (runtime/cuda_plugin.h) is linked in or its plugin
+// is loaded. A range pushed before the plugin loads is popped from NVTX without having been pushed
+// there, which NVTX ignores.
 bool nvtx_built();
-void nvtx_push(const std::string& name, uint64_t payload);
-void nvtx_pop();
 }  // namespace detail
 
 }  // namespace meshrt::ranges

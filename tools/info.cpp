@@ -3,13 +3,12 @@
 #include <thread>
 
 #include "collectives/mpi_backend.h"
+#include "collectives/nccl_comm.h"
 #include "kernels/host/gemm_f32_path.h"
 #include "kernels/ops.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
 #include "runtime/plugin.h"
-#if defined(MESHRT_WITH_CUDA)
-#include "collectives/nccl_comm.h"
-#endif
 #include "tools/build_info.h"
 
 extern "C" {
@@ -22,19 +21,29 @@ namespace meshrt::cli {
 
 namespace {
 
+// One plugin's line: how this program has the backend, then the plugin file libmeshrt.so would
+// load (or where it was looked for).
+void print_plugin(std::ostream& os, const std::string& name, const std::string& origin,
+                  const std::string& dirs) {
+  const std::string file = detail::find_plugin(name);
+  os << "  " << name << std::string(name.size() < 9 ? 9 - name.size() : 1, ' ') << origin
+     << " (plugin " << detail::plugin_file_name(name) << ": "
+     << (file.empty() ? "not found in " + dirs : file) << ")\n";
+}
+
 // The backends: how this program has each one and, for those libmeshrt.so loads as plugins, the
 // file it would load (runtime/plugin.h's search path).
 void print_backends(std::ostream& os) {
   std::string dirs;
   for (const std::string& d : detail::plugin_search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
-  const std::string mpi = detail::find_plugin("mpi");
   os << "\nbackends\n";
   os << "  host     built in\n";
-  os << "  mpi      " << detail::mpi_backend_origin() << " (plugin "
-     << detail::plugin_file_name("mpi") << ": " << (mpi.empty() ? "not found in " + dirs : mpi)
-     << ")\n";
-  os << "  cuda     " << (std::string(MESHRT_BUILD_CUDA) == "ON" ? "linked in" : "not built")
-     << "\n";
+  print_plugin(os, "mpi", detail::mpi_backend_origin(), dirs);
+  if (std::string(MESHRT_BUILD_CUDA) == "ON") {
+    print_plugin(os, "cuda", detail::cuda_plugin_origin(), dirs);
+  } else {
+    os << "  cuda     not built\n";
+  }
 }
 
 }  // namespace
@@ -85,10 +94,8 @@ std::map<std::string, std::string> version_info() {
   if (const std::string c = device_versions(DeviceType::CUDA); !c.empty()) v["cuda"] = c;
   if (!cuda_available(&why)) v["cuda_unavailable"] = why;
   if (const std::string g = ops::gemm_library_version(); !g.empty()) v["cublaslt"] = g;
-#if defined(MESHRT_WITH_CUDA)
   // ncclGetVersion is a library call: it needs no GPU.
-  v["nccl"] = nccl_version_string();
-#endif
+  if (detail::cuda_plugin() != nullptr) v["nccl"] = nccl_version_string();
   const char* par[] = {"sequential", "pthreads", "OpenMP"};
   const int p = openblas_get_parallel();
   v["blas"] = std::string("OpenBLAS (") + openblas_get_config() + ")";

@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cublas_check.h"
+#include "kernels/cuda/gemm_version.h"
 #include "kernels/gemm_algos.h"
 #include "kernels/ops.h"
 #include "runtime/env.h"
@@ -297,7 +298,7 @@ void gemm_strided_batched(Context& ctx, Stream& s, const GemmProblem& p) { gemm(
 
 }  // namespace meshrt::kernels::cuda
 
-namespace meshrt::ops {
+namespace meshrt::kernels::cuda {
 
 std::string gemm_library_version() {
   // cublasLtGetVersion: major * 10000 + minor * 100 + patch.
@@ -306,4 +307,4 @@ std::string gemm_library_version() {
          std::to_string(v % 100);
 }
 
-}  // namespace meshrt::ops
+}  // namespace meshrt::kernels::cuda

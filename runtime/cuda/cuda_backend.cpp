@@ -187,11 +187,11 @@ class CudaBackend final : public DeviceBackend {
 
 }  // namespace
 
-}  // namespace cuda_detail
-
-const DeviceBackend* cuda_backend() {
-  static const cuda_detail::CudaBackend be;
-  return &be;
+const DeviceBackend& device_backend() {
+  static const CudaBackend be;
+  return be;
 }
+
+}  // namespace cuda_detail
 
 }  // namespace meshrt

@@ -4,9 +4,20 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 
+namespace meshrt {
+class DeviceBackend;
+}  // namespace meshrt
+
 namespace meshrt::cuda_detail {
+
+// The parts of the CUDA backend's table (runtime/cuda_plugin.h) that runtime/cuda provides:
+// the DeviceBackend (cuda_backend.cpp) and NVTX ranges (nvtx_ranges.cpp).
+const DeviceBackend& device_backend();
+void nvtx_push(const std::string& name, uint64_t payload);
+void nvtx_pop();
 
 // What the CUDA runtime says about this machine, asked once: the device count does not change
 // during a process (CUDA_VISIBLE_DEVICES is read when the runtime initialises).

@@ -1,11 +1,11 @@
-// NVTX ranges for runtime/ranges.h (CUDA builds). NVTX 3 is header-only: without a profiler
-// attached every call returns after one check; under Nsight Systems (`nsys profile -t
-// cuda,nvtx,...`) the ranges appear in the "meshrt" domain.
+// NVTX ranges for runtime/ranges.h (the CUDA backend's table, runtime/cuda_plugin.h). NVTX 3 is
+// header-only: without a profiler attached every call returns after one check; under Nsight Systems
+// (`nsys profile -t cuda,nvtx,...`) the ranges appear in the "meshrt" domain.
 #include <nvtx3/nvToolsExt.h>
 
-#include "runtime/ranges.h"
+#include "runtime/cuda/cuda_device.h"
 
-namespace meshrt::ranges::detail {
+namespace meshrt::cuda_detail {
 namespace {
 
 nvtxDomainHandle_t domain() {
@@ -14,8 +14,6 @@ nvtxDomainHandle_t domain() {
 }
 
 }  // namespace
-
-bool nvtx_built() { return true; }
 
 void nvtx_push(const std::string& name, uint64_t payload) {
   nvtxEventAttributes_t a{};
@@ -32,4 +30,4 @@ void nvtx_push(const std::string& name, uint64_t payload) {
 
 void nvtx_pop() { nvtxDomainRangePop(domain()); }
 
-}  // namespace meshrt::ranges::detail
+}  // namespace meshrt::cuda_detail

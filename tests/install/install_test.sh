@@ -11,11 +11,15 @@
 #       version.h); none includes anything but another installed header, <dlpack/dlpack.h> and
 #       the standard library; each compiles alone with only -I<prefix>/include (C++17 and C++20;
 #       the C headers also as C99).
-#   install_test.sh plugins <build> <source> <scratch> <cc> <mpirun.sh> <mpiexec> <forbidden>
+#   install_test.sh plugins <build> <source> <scratch> <cc> <mpirun.sh> <mpiexec> <forbidden> <cuda ON|OFF>
 #       the backends as plugins: the installed libmeshrt.so has no DT_NEEDED on a library matching
-#       lib(<forbidden>) (MPI's; and CUDA's and NCCL's unless this build links CUDA in); with libmeshrt-mpi.so moved away a C99 consumer builds, runs and loads no MPI,
-#       and an MPI launch fails with the one-line error naming the plugin; MESHRT_BACKEND_PATH,
-#       then the folder of libmeshrt.so, find it again for a 2-process mpirun.
+#       lib(<forbidden>) (MPI's, CUDA's, NCCL's); with libmeshrt-mpi.so and libmeshrt-cuda.so
+#       moved away a C99 consumer builds, runs and loads none of them, an MPI launch and a CUDA
+#       world fail with the one-line error naming the plugin and dlerror()'s reason, and a plugin
+#       of another meshrt version or without the entry point is refused in one line naming it;
+#       MESHRT_BACKEND_PATH, then the folder of libmeshrt.so, find the MPI plugin again for a
+#       2-process mpirun; the CUDA plugin next to libmeshrt.so loads (its libraries all resolve)
+#       and then makes the world or says why CUDA is unusable, never that it cannot be loaded.
 #   install_test.sh c99 <build> <source> <scratch> <c compilers...>
 #       meshrt.h compiles alone with each compiler as -std=c99 -Wall -Wextra -Werror -pedantic, and
 #       also with __GNUC__ / __clang__ undefined (its non-GNU branches: no __attribute__).
@@ -258,19 +262,24 @@ $bad"
     ;;
 
   plugins)
-    build=$1 src=$2 scratch=$3 cc=$4 mpirun=$5 mpiexec=$6 forbid=$7
+    build=$1 src=$2 scratch=$3 cc=$4 mpirun=$5 mpiexec=$6 forbid=$7 cuda=$8
     rm -rf "$scratch" && mkdir -p "$scratch/plugins"
     prefix=$scratch/prefix
     lib=$prefix/lib
     install_into "$build" "$prefix" "$scratch/install.log"
     [ -f "$lib/libmeshrt-mpi.so" ] || fail "the install has no lib/libmeshrt-mpi.so"
+    plugins=(mpi)
+    if [ "$cuda" = ON ]; then
+      [ -f "$lib/libmeshrt-cuda.so" ] || fail "the CUDA build's install has no lib/libmeshrt-cuda.so"
+      plugins+=(cuda)
+    fi
     # 1. The core's own dependencies name no backend library.
     needed=$(readelf -d "$lib/libmeshrt.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
     bad=$(printf '%s\n' "$needed" | grep -E "^lib($forbid)[.-]" || true)
     [ -z "$bad" ] || fail "libmeshrt.so has DT_NEEDED on backend libraries: $(echo $bad) (they belong in the plugins)"
     echo "libmeshrt.so needs: $(echo $needed)"
-    # 2. Without the plugin a CPU-only consumer links, runs and maps no MPI library.
-    mv "$lib/libmeshrt-mpi.so" "$scratch/plugins/"
+    # 2. Without the plugins a CPU-only consumer links, runs and maps no backend library.
+    for p in "${plugins[@]}"; do mv "$lib/libmeshrt-$p.so" "$scratch/plugins/"; done
     flags="-I$prefix/include -L$lib -lmeshrt -Wl,-rpath,$lib"
     # shellcheck disable=SC2086 # word splitting of the flags is meant
     "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/allreduce_threads.c" $flags \
@@ -280,8 +289,7 @@ $bad"
       { cat "$scratch/c-example.run.log" >&2; fail "examples/c failed without the plugins"; }
     grep -qx "OK: 0 mismatches" "$scratch/c-example.run.log" ||
       { cat "$scratch/c-example.run.log" >&2; fail "examples/c did not report 0 mismatches"; }
-    # The libraries the core must not need ($forbid: MPI's, and CUDA's in a build without CUDA,
-    # where the CUDA backend is still linked into the core) are not mapped either.
+    # The libraries the core must not need ($forbid: MPI's, CUDA's, NCCL's) are not mapped either.
     mapped=$(ldd "$scratch/c-example" | grep -E "lib($forbid)[.-]" || true)
     [ -z "$mapped" ] || fail "a CPU-only consumer loads backend libraries: $mapped"
     echo "CPU-only consumer without plugins: OK: 0 mismatches, none of lib($forbid) loaded"
@@ -312,6 +320,63 @@ $bad"
       done
       echo "MPI through the plugin ($where): 2 ranks OK"
     done
+    # 5. A CUDA world without libmeshrt-cuda.so: one line naming it and why.
+    if [ "$cuda" = ON ]; then
+      # shellcheck disable=SC2086
+      "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/tests/install/cuda_check.c" $flags \
+        -o "$scratch/cuda-check" >"$scratch/cuda-check.build.log" 2>&1 ||
+        { cat "$scratch/cuda-check.build.log" >&2; fail "building tests/install/cuda_check.c failed"; }
+      env -u MESHRT_BACKEND_PATH "$scratch/cuda-check" >"$scratch/cuda-missing.log" 2>&1 &&
+        fail "a CUDA world was made without libmeshrt-cuda.so"
+      want="FAILED unsupported: meshrt_comm_init_all: config->device_type is MESHRT_DEVICE_CUDA but cannot load the cuda backend (libmeshrt-cuda.so): libmeshrt-cuda.so: cannot open shared object file: No such file or directory (searched $lib; set MESHRT_BACKEND_PATH to its folder): use MESHRT_DEVICE_CPU or install meshrt's CUDA backend"
+      [ "$(cat "$scratch/cuda-missing.log")" = "$want" ] ||
+        { cat "$scratch/cuda-missing.log" >&2; fail "the missing-plugin error is not the one line: $want"; }
+      echo "missing plugin: $(cat "$scratch/cuda-missing.log")"
+    fi
+    # 6. Plugins the loader refuses, each in one line naming the file: another meshrt version's,
+    # and a library without the entry point.
+    for p in "${plugins[@]}"; do
+      for kind in version noentry; do
+        d=$scratch/fake-$p-$kind
+        mkdir -p "$d"
+        defs=(-DFAKE_NAME="\"$p\"")
+        [ $kind = noentry ] && defs+=(-DFAKE_NO_ENTRY)
+        "$cc" -std=c99 -Wall -Wextra -pedantic -Werror -shared -fPIC "${defs[@]}" \
+          "$src/tests/install/fake_plugin.c" -o "$d/libmeshrt-$p.so" >"$d.build.log" 2>&1 ||
+          { cat "$d.build.log" >&2; fail "building tests/install/fake_plugin.c ($p, $kind) failed"; }
+        if [ "$p" = mpi ]; then
+          env MESHRT_BACKEND_PATH="$d" OMPI_COMM_WORLD_SIZE=1 "$scratch/plugin-check" >"$d.log" 2>&1 &&
+            fail "meshrt_comm_init_mpi accepted $d/libmeshrt-mpi.so"
+        else
+          env MESHRT_BACKEND_PATH="$d" "$scratch/cuda-check" >"$d.log" 2>&1 &&
+            fail "a CUDA world was made with $d/libmeshrt-cuda.so"
+        fi
+        if [ $kind = version ]; then
+          why="cannot load the $p backend: $d/libmeshrt-$p.so is $p 0.0.0 (plugin ABI 1), not the $p plugin of meshrt "
+        else
+          why="cannot load the $p backend: $d/libmeshrt-$p.so has no meshrt_backend_init_v1 entry point: not a meshrt plugin"
+        fi
+        [ "$(wc -l <"$d.log")" = 1 ] && grep -qF "$why" "$d.log" ||
+          { cat "$d.log" >&2; fail "the $kind refusal of a fake $p plugin is not one line with: $why"; }
+        echo "refused ($p, $kind): $(cat "$d.log")"
+      done
+    done
+    # 7. The CUDA plugin next to libmeshrt.so loads: its own libraries resolve, and the world is
+    # made (a GPU machine) or CUDA is said to be unusable (no GPU), but never "cannot load".
+    if [ "$cuda" = ON ]; then
+      mv "$scratch/plugins/libmeshrt-cuda.so" "$lib/"
+      unresolved=$(ldd "$lib/libmeshrt-cuda.so" | grep "not found" || true)
+      [ -z "$unresolved" ] || fail "libmeshrt-cuda.so has unresolved libraries: $unresolved"
+      echo "libmeshrt-cuda.so needs: $(readelf -d "$lib/libmeshrt-cuda.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+      env -u MESHRT_BACKEND_PATH "$scratch/cuda-check" >"$scratch/cuda-present.log" 2>&1 || true
+      got=$(cat "$scratch/cuda-present.log")
+      if [ "$got" != "CUDA OK: 1 rank" ]; then
+        [ "$(wc -l <"$scratch/cuda-present.log")" = 1 ] && ! grep -q "cannot load" "$scratch/cuda-present.log" &&
+          grep -q "CUDA" "$scratch/cuda-present.log" ||
+          { cat "$scratch/cuda-present.log" >&2; fail "with libmeshrt-cuda.so installed the CUDA world neither worked nor said why CUDA is unusable"; }
+      fi
+      echo "CUDA through the plugin: $got"
+    fi
     echo "PASS"
     ;;
 

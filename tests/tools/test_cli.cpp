@@ -206,12 +206,15 @@ TEST_CASE("info lists the backends, how this program has them and the plugin fil
   INFO(r.out << r.err);
   REQUIRE(r.rc == 0);
   CHECK(std::regex_search(r.out, std::regex("\nbackends\n  host +built in\n")));
-  // The CLI links the MPI backend in; libmeshrt.so would load libmeshrt-mpi.so instead.
+  // The CLI links the MPI and CUDA backends in; libmeshrt.so would load libmeshrt-mpi.so and
+  // libmeshrt-cuda.so instead.
   CHECK(std::regex_search(
       r.out,
       std::regex("\n  mpi +linked in \\(plugin libmeshrt-mpi\\.so: (not found in .+|/.+)\\)\n")));
 #if defined(MESHRT_WITH_CUDA)
-  CHECK(std::regex_search(r.out, std::regex("\n  cuda +linked in\n")));
+  CHECK(std::regex_search(
+      r.out,
+      std::regex("\n  cuda +linked in \\(plugin libmeshrt-cuda\\.so: (not found in .+|/.+)\\)\n")));
 #else
   CHECK(std::regex_search(r.out, std::regex("\n  cuda +not built\n")));
 #endif

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -205,6 +207,16 @@ void copy_name(char* dst, size_t cap, std::string_view src) {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
+// What binds a stream to a rank (Stream::bind_comm_owner): alive as long as `st` (this world's
+// state of the rank), and pointing at one address per global rank, so that the worlds of one
+// rank share its streams while another rank's collective on them is refused.
+std::shared_ptr<const void> rank_owner(const std::shared_ptr<detail::RankState>& st) {
+  static std::mutex mu;
+  static std::map<int, char> tokens;  // map nodes never move
+  std::lock_guard<std::mutex> lk(mu);
+  return std::shared_ptr<const void>(st, &tokens[st->global_rank]);
+}
+
 // Whether [a, a+na) and [b, b+nb) overlap.
 bool overlaps(const char* a, size_t na, const char* b, size_t nb) {
   return na > 0 && nb > 0 && a < b + nb && b < a + na;
@@ -226,7 +238,7 @@ Event Communicator::submit(CommCall& call, Stream& stream, const EventList& afte
   }
   detail::RankState* st = state_.get();
   int bound_rank = -1;
-  MESHRT_CHECK(!st || stream.bind_comm_owner(state_, st->global_rank, &bound_rank),
+  MESHRT_CHECK(!st || stream.bind_comm_owner(rank_owner(state_), st->global_rank, &bound_rank),
                comm_op_name(call.op)
                    << " on group '" << name_ << "' (global rank " << (st ? st->global_rank : -1)
                    << "): stream '" << stream.name()

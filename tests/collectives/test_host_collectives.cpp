@@ -520,8 +520,15 @@ TEST_CASE("host: a stream carrying one rank's communication is refused to anothe
                         Catch::Contains("stream 'rank0-comm' carries the communication of "
                                         "global rank 0"));
   CHECK(comms[1]->next_seq() == seq);
-  // Once rank 0's communicators are gone the stream can serve another rank.
+  // Another world's rank 0 may share rank 0's stream.
+  auto solo = make_host_communicators(1, "solo", test_config());
+  CHECK_NOTHROW(solo[0]->all_reduce(t[0], ReduceOp::Sum, *s0).synchronize());
+  // Once rank 0's communicators are gone the streams can serve other ranks: swapped here.
   comms.clear();
-  auto again = make_host_communicators(1, "solo", test_config());
-  CHECK_NOTHROW(again[0]->all_reduce(t[0], ReduceOp::Sum, *s0).synchronize());
+  solo.clear();
+  auto again = make_host_communicators(2, "again", test_config());
+  errs = run_ranks(again, [&](int r) {
+    again[r]->all_reduce(t[r], ReduceOp::Sum, r == 0 ? *s1 : *s0).synchronize();
+  });
+  CHECK(join_errors(errs).empty());
 }

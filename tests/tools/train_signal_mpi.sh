@@ -108,6 +108,10 @@ for how in mpirun-USR2 ranks-TERM rank-INT mpirun-INT mpirun-TERM; do
 done
 
 echo "== second signal"
+# Open MPI's default kill timeout again (1 s): this case is about the ranks' second signal, and
+# with the first stop done in a fast step mpirun's own abort of the job (SIGTERM, the timeout,
+# SIGKILL) is what the wait below measures.
+export OMPI_MCA_odls_base_sigkill_timeout=1
 extra=
 start 1 "$@"
 for r in $(ranks); do kill -TERM "$r"; done

@@ -85,7 +85,7 @@ void hier_compare(Failures& f, const std::string& what, const Tensor& got, const
 
 }  // namespace
 
-TEST_CASE("hier: simulated nodes pick the two-level backend; --backend mpi stays flat", "[mpi]") {
+TEST_CASE("hier: simulated nodes pick the two-level backend, --backend mpi stays flat", "[mpi]") {
   HierWorlds& w = hier_worlds();
   CHECK(w.launch->backend() == "hier");
   CHECK(w.hier->backend() == "hier");

@@ -157,6 +157,12 @@ void MlpBlock::collect(std::vector<Param*>& out) {
 }
 
 Tensor MlpBlock::forward(const Tensor& x) {
+  Tensor out = mesh_.ctx().empty(x.shape(), x.dtype());
+  forward_into(x, out);
+  return out;
+}
+
+void MlpBlock::forward_into(const Tensor& x, const Tensor& out) {
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
   Tensor ln = norm.forward(x);
@@ -164,9 +170,7 @@ Tensor MlpBlock::forward(const Tensor& x) {
   Tensor g = ctx.empty(h1_.shape(), h1_.dtype());
   ops::bias_gelu_fwd(ctx, cs, h1_, cfg_.bias ? &fc1.bias.value : nullptr, g, cfg_.gelu);
   Tensor y = fc2.forward(g);
-  Tensor out = ctx.empty(x.shape(), x.dtype());
   ops::add(ctx, cs, x, y, out);
-  return out;
 }
 
 Tensor MlpBlock::backward(const Tensor& dout) {
@@ -213,6 +217,12 @@ Tensor sbhd_to_bhsd(const Tensor& t) { return t.transpose(0, 1).transpose(1, 2);
 }  // namespace
 
 Tensor AttentionBlock::forward(const Tensor& x) {
+  Tensor out = mesh_.ctx().empty(x.shape(), x.dtype());
+  forward_into(x, out);
+  return out;
+}
+
+void AttentionBlock::forward_into(const Tensor& x, const Tensor& out) {
   Context& ctx = mesh_.ctx();
   Stream& cs = tp_.compute();
   Tensor ln = norm.forward(x);
@@ -232,9 +242,7 @@ Tensor AttentionBlock::forward(const Tensor& x) {
   Tensor attn = ctx.empty({s, b, hl * d}, x.dtype());
   sbhd_to_bhsd(attn.view({s, b, hl, d})).copy_(o_, cs);
   Tensor y = proj.forward(attn);
-  Tensor out = ctx.empty(x.shape(), x.dtype());
   ops::add(ctx, cs, x, y, out);
-  return out;
 }
 
 Tensor AttentionBlock::backward(const Tensor& dout) {
@@ -273,6 +281,10 @@ void TransformerBlock::collect(std::vector<Param*>& out) {
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) { return mlp.forward(attn.forward(x)); }
+
+void TransformerBlock::forward_into(const Tensor& x, const Tensor& out) {
+  mlp.forward_into(attn.forward(x), out);
+}
 
 Tensor TransformerBlock::backward(const Tensor& dout) { return attn.backward(mlp.backward(dout)); }
 

@@ -64,6 +64,9 @@ class MESHRT_API Block {
  public:
   virtual ~Block() = default;
   virtual Tensor forward(const Tensor& x) = 0;
+  // forward, writing the output into out (x's shape and dtype, contiguous, not aliasing x)
+  // instead of a new tensor: the residual add is the last op and writes it directly.
+  virtual void forward_into(const Tensor& x, const Tensor& out) = 0;
   virtual Tensor backward(const Tensor& dout) = 0;
   virtual void collect(std::vector<Param*>& out) = 0;
   std::vector<Param*> params() {
@@ -80,6 +83,7 @@ class MESHRT_API MlpBlock : public Block {
   MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
            std::string name, uint64_t id_base);
   Tensor forward(const Tensor& x) override;
+  void forward_into(const Tensor& x, const Tensor& out) override;
   Tensor backward(const Tensor& dout) override;
   void collect(std::vector<Param*>& out) override;
 
@@ -102,6 +106,7 @@ class MESHRT_API AttentionBlock : public Block {
   AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
                  std::string name, uint64_t id_base);
   Tensor forward(const Tensor& x) override;
+  void forward_into(const Tensor& x, const Tensor& out) override;
   Tensor backward(const Tensor& dout) override;
   void collect(std::vector<Param*>& out) override;
 
@@ -123,6 +128,7 @@ class MESHRT_API TransformerBlock : public Block {
   TransformerBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                    const BlockConfig& cfg, std::string name, uint64_t id_base);
   Tensor forward(const Tensor& x) override;
+  void forward_into(const Tensor& x, const Tensor& out) override;
   Tensor backward(const Tensor& dout) override;
   void collect(std::vector<Param*>& out) override;
 

@@ -289,6 +289,14 @@ double Optimizer::grad_norm() {
     const bool sharded = p->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
     ops::sum_squares(ctx, cs, p->grad.contiguous(cs), sharded ? acc_sharded : acc_repl);
   }
+  return norm_from_squares(acc_sharded, acc_repl);
+}
+
+// The norm from the summed squares of the tp-sharded parameters (summed over tp here) and of the
+// replicated ones.
+double Optimizer::norm_from_squares(const Tensor& acc_sharded, const Tensor& acc_repl) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = ctx.compute_stream();
   if (mesh_.size(kTpDim) > 1) {
     CommScheduler tp(mesh_, kTpDim, Overlap::None);
     tp.all_reduce(acc_sharded, "grad_norm");
@@ -316,13 +324,7 @@ double Optimizer::grad_norm_sharded() {
   CommScheduler dp(mesh_, kDpDim, Overlap::None);
   dp.all_reduce(acc_sharded, "grad_norm");
   dp.all_reduce(acc_repl, "grad_norm");
-  if (mesh_.size(kTpDim) > 1) {
-    CommScheduler tp(mesh_, kTpDim, Overlap::None);
-    tp.all_reduce(acc_sharded, "grad_norm");
-  }
-  Tensor a = acc_sharded.to(ctx.host_allocator(), cs), r = acc_repl.to(ctx.host_allocator(), cs);
-  cs.synchronize();
-  return std::sqrt(a.item(0) + r.item(0));
+  return norm_from_squares(acc_sharded, acc_repl);
 }
 
 }  // namespace meshrt

@@ -95,6 +95,7 @@ class MESHRT_API Optimizer {
   void update_shard(int b, float lr);
   void step_sharded(float lr);
   double grad_norm_sharded();
+  double norm_from_squares(const Tensor& acc_sharded, const Tensor& acc_repl);
   void scale_grads(float f);
 
   DeviceMesh& mesh_;

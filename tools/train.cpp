@@ -43,11 +43,12 @@ void add_watch_flags(CLI::App* c, TrainCliOptions& o) {
       ->check(non_negative());
   c->add_option("--straggler-threshold", o.straggler_threshold,
                 "Warn once when a rank's compute exceeds this x the median rank's for "
-                "--straggler-steps steps in a row (default 1.2; watched with --metrics or either "
-                "flag)");
+                "--straggler-steps steps in a row (a ratio > 1; default 1.2; watched with "
+                "--metrics or either flag)")
+      ->check(at_least(1, false));
   c->add_option("--straggler-steps", o.straggler_steps,
                 "Steps in a row over --straggler-threshold before warning (default 3)")
-      ->check(kNonNegativeInt);
+      ->check(kPositiveInt);
 }
 
 }  // namespace

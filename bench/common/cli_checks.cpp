@@ -4,20 +4,23 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <sstream>
 #include <string>
 
 namespace meshrt::cli {
 
 CLI::Validator at_least(double lo, bool integer) {
-  std::string desc = integer ? (lo > 0 ? "INT>=1" : "INT>=0") : "NUMBER>0";
+  std::ostringstream bound;
+  bound << lo;
+  std::string desc = integer ? (lo > 0 ? "INT>=1" : "INT>=0") : "NUMBER>" + bound.str();
   return CLI::Validator(
-      [lo, integer](std::string& in) -> std::string {
+      [lo, integer, b = bound.str()](std::string& in) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(in.c_str(), &end);
         const bool ok_num = end && *end == '\0' && !in.empty() && std::isfinite(v);
         const bool ok_int = !integer || (ok_num && std::trunc(v) == v);
         const std::string what =
-            integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > 0";
+            integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > " + b;
         if (!ok_num || !ok_int || (integer ? v < lo : v <= lo))
           return "'" + in + "' is not " + what;
         if (integer) {  // beyond int64 the conversion would wrap or saturate

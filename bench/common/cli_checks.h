@@ -6,8 +6,8 @@
 
 namespace meshrt::cli {
 
-// A finite number >= lo (integer) or > lo (not integer), e.g. "'-1' is not an integer >= 1";
-// integers also fit int64.
+// A finite number >= lo (integer: lo is 0 or 1) or > lo (not integer), e.g. "'-1' is not an
+// integer >= 1", "'1' is not a number > 1"; integers also fit int64.
 CLI::Validator at_least(double lo, bool integer);
 
 inline const CLI::Validator kPositiveInt = at_least(1, true);

@@ -2,6 +2,7 @@
 // gradients and (gathered) parameter gradients.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 
@@ -156,6 +157,35 @@ TEST_CASE("sharded blocks equal the unsharded run (f32 and bf16, tp 1/2/4, sp of
         }
       }
     }
+  }
+}
+
+TEST_CASE("forward_into writes the output forward returns into the caller's tensor",
+          "[mesh][multirank]") {
+  for (Kind kind : {Kind::Mlp, Kind::Attention, Kind::Transformer}) {
+    INFO(kind_name(kind));
+    run_ranks(2, [&](int r, Communicator& world, Context& ctx) {
+      DeviceMesh mesh(ctx, world, "tp=2");
+      CommScheduler sched(mesh, kTpDim, Overlap::Async);
+      Stream& s = ctx.compute_stream();
+      const BlockConfig cfg = small_config(DType::f32);
+      const TpOptions opt{true, Overlap::Async};
+      std::unique_ptr<Block> block;
+      if (kind == Kind::Mlp) block = std::make_unique<MlpBlock>(mesh, sched, opt, cfg, "b", 0);
+      if (kind == Kind::Attention)
+        block = std::make_unique<AttentionBlock>(mesh, sched, opt, cfg, "b", 0);
+      if (kind == Kind::Transformer)
+        block = std::make_unique<TransformerBlock>(mesh, sched, opt, cfg, "b", 0);
+      Tensor x = ctx.empty({8, 2, cfg.hidden}, DType::f32);  // this rank's sequence shard
+      x.init_philox_({77, static_cast<uint64_t>(r), PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+      const Tensor ref = block->forward(x);
+      Tensor y = ctx.empty(x.shape(), DType::f32);
+      y.fill_(std::nan(""), s);
+      block->forward_into(x, y);
+      s.synchronize();
+      CHECK(y.to_vector() == ref.to_vector());
+      CHECK(y.data_ptr() != ref.data_ptr());
+    });
   }
 }
 

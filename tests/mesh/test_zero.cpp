@@ -84,8 +84,9 @@ TEST_CASE("ZeRO 1 and 2 give the loss curve of zero 0 on every dp x tp layout",
 
 TEST_CASE("ZeRO with accumulation, clipping, weight decay, SGD momentum and bf16 gradients",
           "[zero][train][multirank]") {
-  for (auto [w, m] : zero_layouts()) {
+  for (const auto& [w, mesh] : zero_layouts()) {
     if (w == 1) continue;
+    const std::string m = mesh;  // clang before 16 cannot capture a structured binding
     INFO("mesh " << m);
     for (OptimizerKind opt : {OptimizerKind::AdamW, OptimizerKind::Sgd}) {
       INFO((opt == OptimizerKind::AdamW ? "adamw" : "sgd"));

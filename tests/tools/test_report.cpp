@@ -186,3 +186,20 @@ TEST_CASE("a rank slowed by --fault slow is named a straggler by train and by re
   CHECK_THAT(rep.out, Catch::Contains("slowest rank: 1 ") &&
                           Catch::Contains("straggler: rank 1 from step 2"));
 }
+
+TEST_CASE("straggler flags that could not mean a straggler are refused", "[report][train][unit]") {
+  for (auto [args, msg] : std::vector<std::pair<std::string, std::string>>{
+           {"--straggler-threshold 0", "'0' is not a number > 1"},
+           {"--straggler-threshold 1", "'1' is not a number > 1"},
+           {"--straggler-threshold 0.5", "'0.5' is not a number > 1"},
+           {"--straggler-threshold nan", "'nan' is not a number > 1"},
+           {"--straggler-steps 0", "'0' is not an integer >= 1"}}) {
+    const auto r = report_cli(
+        "train --devices cpu:1 --hidden 32 --heads 2 --seq 16 --batch 4 "
+        "--vocab 64 --layers 1 --steps 1 " +
+        args);
+    INFO(r.out << r.err);
+    CHECK(r.rc != 0);
+    CHECK_THAT(r.err, Catch::Contains(args.substr(0, args.find(' '))) && Catch::Contains(msg));
+  }
+}

@@ -8,6 +8,9 @@
 #
 # Usage: tools/fault-matrix.sh MESHRT_BIN [--mpiexec PATH] [--backends "threads np2 np4 np4-mesh"]
 #                              [--kinds "hang crash skip slow corrupt"] [--table FILE.md]
+# Backends: threads (cpu:4), np2 / np4 (mpirun), np4-mesh (dp=2,tp=2 training under mpirun, hang
+# only), threads-zero and np2-zero (dp=2 training with --zero 2 on cpu:2 / under mpirun: rank 1
+# hangs or dies in its second parameter all-gather; hang and crash only).
 # Exits non-zero when any expectation fails; --table writes the results as a Markdown table.
 set -u
 bin="$1"
@@ -42,6 +45,8 @@ for backend in $backends; do
   for kind in $kinds; do
     case "$backend" in
       threads) R=1; launch=("$bin") ; devs=(--devices cpu:4) ;;
+      threads-zero) R=1; launch=("$bin") ; devs=(--devices cpu:2) ;;
+      np2-zero) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       np2) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       # dp=2,tp=2 training: global rank 2 stops; every rank's watchdog must name rank 2 (global).
       np4-mesh) R=2; launch=("$mpiexec" $root_flag -np 4 --oversubscribe --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
@@ -54,7 +59,7 @@ for backend in $backends; do
       corrupt) spec="corrupt@rank=$R,step=13,op=all_reduce" ;;
       *) spec="$kind@rank=$R,step=3,op=all_reduce" ;;
     esac
-    if [ "$backend" = threads ]; then limit=$((T + slack_threads)); else limit=$((T + slack_mpirun)); fi
+    case "$backend" in threads*) limit=$((T + slack_threads)) ;; *) limit=$((T + slack_mpirun)) ;; esac
     dir="$work/$backend-$kind"
     mkdir -p "$dir"
     export MESHRT_COMM_TIMEOUT=$T MESHRT_FLIGHT_DIR="$dir" MESHRT_FLIGHT_ON_EXIT=0 MESHRT_COMM_DEBUG=0
@@ -69,6 +74,12 @@ for backend in $backends; do
       [ "$kind" = hang ] || continue
       spec="hang@rank=$R,step=10"
       cmd=(train --mesh dp=2,tp=2 --steps 4 --hidden 64 --layers 1 --fault "$spec")
+    elif [ "${backend%-zero}" != "$backend" ]; then
+      # ZeRO 2's parameter all-gathers (the only all-gathers of a dp=2 mesh): the second is in
+      # step 2, after the first update.
+      [ "$kind" = hang ] || [ "$kind" = crash ] || continue
+      spec="$kind@rank=$R,step=2,op=all_gather"
+      cmd=(train "${devs[@]}" --mesh dp=2 --zero 2 --steps 4 --hidden 64 --layers 1 --fault "$spec")
     else
       cmd=(bench collective "${devs[@]}" -b 4K -e 4K -w 2 -n 6 --fault "$spec")
     fi

@@ -105,7 +105,7 @@ san-build: deps
 # ASan + UBSan: the unit and multirank suites (fuzz.<name>.corpus replays every corpus input).
 # Left to `make test`: the kernels suite's reruns under a narrower MESHRT_HOST_ISA (the variant
 # test of the suite itself compares the variants here) and the attention twins' tolerance
-# margins (numerics of the float64 twin; 230 s of CPU at -O1 with ASan, while the attention
+# margins (numerics of the float64 twin; about 225 s of CPU at -O1 with ASan, while the attention
 # kernels' own cases run here).
 SAN_EXCLUDE ?= host loop variant|attention twins hold
 sanitize: san-build

@@ -46,8 +46,7 @@ for backend in $backends; do
     case "$backend" in
       threads) R=1; launch=("$bin") ; devs=(--devices cpu:4) ;;
       threads-zero) R=1; launch=("$bin") ; devs=(--devices cpu:2) ;;
-      np2-zero) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
-      np2) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
+      np2 | np2-zero) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       # dp=2,tp=2 training: global rank 2 stops; every rank's watchdog must name rank 2 (global).
       np4-mesh) R=2; launch=("$mpiexec" $root_flag -np 4 --oversubscribe --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       np4) R=2; launch=("$mpiexec" $root_flag -np 4 --oversubscribe --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;

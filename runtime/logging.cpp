@@ -3,17 +3,22 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <utility>
 
 #include "runtime/env.h"
+#include "runtime/stop.h"
 
 namespace meshrt {
 
@@ -60,6 +65,64 @@ LevelState& level_state() {
   return s;
 }
 
+// Writes [p, p + n) to fd, waiting at most wait_ms in all for the reader (wait_ms < 0: as long
+// as it takes). False when the time ran out (a part may have been written) or fd is gone.
+bool write_within(int fd, const char* p, size_t n, int wait_ms) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::milliseconds(wait_ms < 0 ? 0 : wait_ms);
+  while (n > 0) {
+    if (wait_ms >= 0) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+      pollfd pfd{fd, POLLOUT, 0};
+      const int r = ::poll(&pfd, 1, static_cast<int>(left < 0 ? 0 : left));
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) return false;  // the reader took nothing in time
+      if (r < 0 || (pfd.revents & (POLLERR | POLLNVAL))) return false;
+    }
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;  // the output is gone: nothing to report it to
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// stdout's and stderr's drop state (logging.h's print_line: output that does not hold the run).
+struct OutputState {
+  std::mutex mu;
+  unsigned long long dropped = 0;  // lines lost since the reader last took one
+};
+OutputState& output_state(int fd) {
+  static OutputState st[2];
+  return st[fd == STDERR_FILENO ? 1 : 0];
+}
+
+// One whole line to stdout or stderr, by the policy print_line describes.
+void write_output_line(int fd, const std::string& line) {
+  OutputState& st = output_state(fd);
+  std::lock_guard<std::mutex> lk(st.mu);
+  if (!graceful_stop()) {
+    st.dropped = 0;
+    write_within(fd, line.data(), line.size(), -1);
+    return;
+  }
+  if (st.dropped > 0) {  // the reader was gone: write again only once it takes output at once
+    const std::string note = "meshrt: " + std::to_string(st.dropped) +
+                             " output line(s) dropped: nothing read this output for " +
+                             std::to_string(kOutputStallMs) + " ms while the run went on\n";
+    pollfd pfd{fd, POLLOUT, 0};
+    if (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & POLLOUT) ||
+        !write_within(fd, note.data(), note.size(), kOutputStallMs)) {
+      ++st.dropped;
+      return;
+    }
+    st.dropped = 0;
+  }
+  if (!write_within(fd, line.data(), line.size(), kOutputStallMs)) ++st.dropped;
+}
+
 thread_local int tls_rank = 0;
 thread_local int tls_world = 1;
 
@@ -88,13 +151,7 @@ class WholeLineSink final : public spdlog::sinks::base_sink<std::mutex> {
     } else {
       line.append(f.data(), f.size());
     }
-    size_t done = 0;
-    while (done < line.size()) {
-      const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;  // stderr is gone: nothing to report it to
-      done += static_cast<size_t>(n);
-    }
+    write_output_line(STDERR_FILENO, line);
   }
   void flush_() override {}
 
@@ -122,6 +179,18 @@ std::shared_ptr<const LogSink>& sink_store() {
 }
 
 }  // namespace
+
+void print_line(std::ostream& os, const std::string& line) {
+  os.flush();
+  const int fd = &os == &std::cout ? STDOUT_FILENO : &os == &std::cerr ? STDERR_FILENO : -1;
+  if (fd < 0) {
+    os.write(line.data(), static_cast<std::streamsize>(line.size()));
+    os.flush();
+    return;
+  }
+  std::fflush(fd == STDOUT_FILENO ? stdout : stderr);  // C stdio's pending text goes first
+  write_output_line(fd, line);
+}
 
 void set_log_sink(LogSink sink) {
   std::shared_ptr<const LogSink> s;

@@ -33,12 +33,16 @@ void set_log_sink(LogSink sink);
 // Writes one whole output line (`line` ends with '\n') to `os` in one write and flushes, so that a
 // launcher merging several processes' output (mpirun) never splits it with another line: what
 // was pending is flushed first. Every line a command prints for the user goes through this (log
-// lines are written whole by the logger itself).
-inline void print_line(std::ostream& os, const std::string& line) {
-  os.flush();
-  os.write(line.data(), static_cast<std::streamsize>(line.size()));
-  os.flush();
-}
+// lines are written whole by the logger itself, through the same policy).
+//
+// While a command that stops at safe points runs (runtime/stop.h's graceful_stop(): meshrt train,
+// tune), its stdout / stderr never hold the run: a line the reader does not take within
+// kOutputStallMs is dropped and counted, later lines are dropped at once until the reader takes
+// output again, and then a note says how many were lost. (mpirun stops reading its ranks' output
+// as soon as it is signalled, until they exit: rank 0 blocked on a full pipe would hold every
+// rank in its next collective, past the stop.) Other commands block on a slow reader as usual.
+constexpr int kOutputStallMs = 500;
+void print_line(std::ostream& os, const std::string& line);
 
 }  // namespace meshrt
 

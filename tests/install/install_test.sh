@@ -293,6 +293,28 @@ $bad"
     mapped=$(ldd "$scratch/c-example" | grep -E "lib($forbid)[.-]" || true)
     [ -z "$mapped" ] || fail "a CPU-only consumer loads backend libraries: $mapped"
     echo "CPU-only consumer without plugins: OK: 0 mismatches, none of lib($forbid) loaded"
+    # 2b. The same on a machine without the backend libraries: in a private mount namespace every
+    # file the dynamic loader could find for lib($forbid) (its cache, /usr/local/cuda*) is
+    # covered by an empty one. Needs root (CI's case); elsewhere it says it did not run.
+    { ldconfig -p | sed -n 's/.* => //p'; ls -d /usr/local/cuda*/lib*/* 2>/dev/null; } |
+      grep -E "/lib($forbid)[.-][^/]*$" | while read -r f; do readlink -f "$f"; done |
+      sort -u >"$scratch/hidden.list"
+    hide() {  # hide <command...>: runs it with every file of hidden.list empty
+      unshare -m --propagation private sh -c 'while read -r f; do
+          mount --bind /dev/null "$f" || exit 90; [ -s "$f" ] && exit 91; done <"$0"; exec "$@"' \
+        "$scratch/hidden.list" "$@"
+    }
+    if [ "$(id -u)" = 0 ] && hide true 2>/dev/null; then
+      hide env -u MESHRT_BACKEND_PATH "$scratch/c-example" >"$scratch/c-hidden.log" 2>&1 ||
+        { cat "$scratch/c-hidden.log" >&2; fail "examples/c failed with the backend libraries hidden"; }
+      grep -qx "OK: 0 mismatches" "$scratch/c-hidden.log" ||
+        { cat "$scratch/c-hidden.log" >&2; fail "examples/c did not report 0 mismatches (libraries hidden)"; }
+      echo "CPU-only consumer with $(wc -l <"$scratch/hidden.list") backend libraries hidden: OK: 0 mismatches"
+      hidden=1
+    else
+      echo "NOTE: backend libraries not hidden (needs root and unshare -m): the ldd check above stands"
+      hidden=0
+    fi
     # 3. An MPI launch without the plugin: one line naming it and why.
     # shellcheck disable=SC2086
     "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/tests/install/plugin_check.c" $flags \
@@ -320,6 +342,16 @@ $bad"
       done
       echo "MPI through the plugin ($where): 2 ranks OK"
     done
+    # 4b. The plugin is there but Open MPI is not (hidden as in 2b): one line naming what is missing.
+    if [ "$hidden" = 1 ]; then
+      hide env -u MESHRT_BACKEND_PATH OMPI_COMM_WORLD_SIZE=1 "$scratch/plugin-check" \
+        >"$scratch/mpi-hidden.log" 2>&1 && fail "meshrt_comm_init_mpi succeeded with Open MPI hidden"
+      [ "$(wc -l <"$scratch/mpi-hidden.log")" -eq 1 ] &&
+        grep -Eq "^FAILED unsupported: meshrt_comm_init_mpi: cannot load the mpi backend \(libmeshrt-mpi.so\): .*libmpi[.]so.* \(searched .*; set MESHRT_BACKEND_PATH to its folder\)$" \
+          "$scratch/mpi-hidden.log" ||
+        { cat "$scratch/mpi-hidden.log" >&2; fail "Open MPI hidden: not one line naming libmpi"; }
+      echo "plugin without Open MPI: $(cat "$scratch/mpi-hidden.log")"
+    fi
     # 5. A CUDA world without libmeshrt-cuda.so: one line naming it and why.
     if [ "$cuda" = ON ]; then
       # shellcheck disable=SC2086

@@ -26,7 +26,9 @@ file(MAKE_DIRECTORY ${WORK})
 set(_cases "#include <meshrt/runtime/tensor.h>|includes <meshrt/runtime/tensor.h>, which is not a public header"
            "#include \"runtime/tensor.h\"|the public C++ headers include only"
            "#include <nlohmann/json.hpp>|the public C++ headers include only"
-           "#include <meshrt/mesh/blocks.h>|includes <meshrt/mesh/blocks.h>, which is not a public header")
+           "#include <meshrt/mesh/blocks.h>|includes <meshrt/mesh/blocks.h>, which is not a public header"
+           "#include <mpi.h>|the public C++ headers include only"
+           "#include <cuda_runtime.h>|the public C++ headers include only")
 set(_n 0)
 foreach(_c ${_cases})
   string(REPLACE "|" ";" _c "${_c}")

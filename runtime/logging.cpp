@@ -103,24 +103,21 @@ OutputState& output_state(int fd) {
 void write_output_line(int fd, const std::string& line) {
   OutputState& st = output_state(fd);
   std::lock_guard<std::mutex> lk(st.mu);
-  if (!graceful_stop()) {
-    st.dropped = 0;
-    write_within(fd, line.data(), line.size(), -1);
-    return;
-  }
-  if (st.dropped > 0) {  // the reader was gone: write again only once it takes output at once
+  const bool bounded = graceful_stop();
+  const int wait_ms = bounded ? kOutputStallMs : -1;
+  if (st.dropped > 0) {  // lines were lost: say so first, once the reader takes output again
+    pollfd pfd{fd, POLLOUT, 0};
     const std::string note = "meshrt: " + std::to_string(st.dropped) +
                              " output line(s) dropped: nothing read this output for " +
                              std::to_string(kOutputStallMs) + " ms while the run went on\n";
-    pollfd pfd{fd, POLLOUT, 0};
-    if (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & POLLOUT) ||
-        !write_within(fd, note.data(), note.size(), kOutputStallMs)) {
+    if ((bounded && (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & POLLOUT))) ||
+        !write_within(fd, note.data(), note.size(), wait_ms)) {
       ++st.dropped;
       return;
     }
     st.dropped = 0;
   }
-  if (!write_within(fd, line.data(), line.size(), kOutputStallMs)) ++st.dropped;
+  if (!write_within(fd, line.data(), line.size(), wait_ms) && bounded) ++st.dropped;
 }
 
 thread_local int tls_rank = 0;

@@ -36,7 +36,7 @@ std::string numbered(int i) {
   return buf;
 }
 
-Child start(bool graceful) {
+Child start(bool graceful, bool graceful_after = true) {
   int out[2], done[2], go[2];
   REQUIRE(::pipe(out) == 0);
   (void)::fcntl(out[1], F_SETPIPE_SZ, 65536);  // the usual size, wherever the default differs
@@ -58,6 +58,7 @@ Child start(bool graceful) {
     for (int i = 0; i < lines; ++i) print_line(std::cout, numbered(i));
     char c = 'd';
     if (::write(done[1], &c, 1) != 1 || ::read(go[0], &c, 1) != 1) _exit(4);
+    if (!graceful_after) set_graceful_stop(false);  // the command's stop handling has ended
     print_line(std::cout, "after\n");
     _exit(0);
   }
@@ -102,7 +103,10 @@ int finish(Child& c, std::string* text) {
 
 TEST_CASE("print_line drops output nobody reads during a graceful-stop run, and says so",
           "[logging]") {
-  Child c = start(true);
+  // The note comes with the next line the reader takes, whether the run still goes on or its
+  // stop handling has ended (a blocking line after it then still reports the loss).
+  const bool graceful_after = GENERATE(true, false);
+  Child c = start(true, graceful_after);
   const int lines = c.lines;
   // Nothing is read until the child is done: it must finish by itself (it would block forever
   // without the drop policy).

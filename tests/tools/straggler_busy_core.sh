@@ -2,8 +2,9 @@
 # A straggler that is not injected: under mpirun, rank 0 runs alone on one core and rank 1, at
 # nice 10, on another core that two busy loops share with it (taskset), so rank 1 gets about a
 # twentieth of its core and rank 0 all of its own; other load on the machine (nice 0) takes more
-# from rank 1 than from rank 0, so the gap only widens under load. `meshrt train` must name rank 1 once on its log, in its summary
-# line and in the metrics records (docs/watching.md), and never rank 0.
+# from rank 1 than from rank 0, so the gap only widens under load. `meshrt train` must name rank 1
+# once on its log, in its summary line and in the metrics records (docs/watching.md), and never
+# rank 0.
 # Usage: straggler_busy_core.sh <meshrt> <mpirun.sh> <mpiexec> [mpiexec flags...]
 set -u
 meshrt="$1"
@@ -11,7 +12,6 @@ shift
 command -v taskset >/dev/null 2>&1 || { echo "SKIP: no taskset"; exit 77; }
 # The first two CPUs this process may run on.
 cpus=$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
-
 [ "$(echo $cpus | wc -w)" -ge 2 ] || { echo "SKIP: needs 2 CPUs, has: $cpus"; exit 77; }
 c0=${cpus% *}
 c1=${cpus#* }

@@ -528,17 +528,12 @@ meshrt_status_t meshrt_mlp_shard_info(meshrt_mlp_t mlp, meshrt_mlp_param_t which
     auto m = find_block(mlp, Kind::Mlp);
     const int i = param_index(static_cast<int>(which), "mlp", "MESHRT_MLP_NORM_WEIGHT",
                               "MESHRT_MLP_FC2_BIAS");
-    // The C API's order is the description's (mesh/block_desc.h): norm weight and bias, then
-    // each linear's weight and bias. A colwise linear (fc1) splits its weight and bias over tp, a
-    // rowwise one (fc2) its weight, both along ffn (placement.h's rule, uneven allowed); the rest
-    // is replicated. Also answered for parameters the config does not use.
-    const auto lin = piece_linears(PieceKind::Mlp, m->cfg.hidden, m->cfg.ffn);
-    const LinearDesc* l = i >= 2 ? &lin.at(static_cast<size_t>(i - 2) / 2) : nullptr;
-    const bool split = l && (l->colwise || i % 2 == 0);
-    const int64_t n = l ? (l->colwise ? l->out : l->in) : m->cfg.hidden;
-    const int tp = m->sched->size(), r = m->sched->rank();
-    if (offset) *offset = split ? shard_offset(n, tp, r) : 0;
-    if (size) *size = split ? shard_size(n, tp, r) : m->cfg.hidden;
+    // The C API's order is the description's (mesh/block_desc.h), which says where each shard
+    // lies; also answered for parameters the config does not use.
+    const ParamShard sh = piece_param_shard(PieceKind::Mlp, m->cfg.hidden, m->cfg.ffn, i,
+                                            m->sched->size(), m->sched->rank());
+    if (offset) *offset = sh.offset;
+    if (size) *size = sh.size;
   });
 }
 
@@ -641,13 +636,12 @@ meshrt_status_t meshrt_attn_shard_info(meshrt_attn_t attn, meshrt_attn_param_t w
     auto m = find_block(attn, Kind::Attn);
     const int i = param_index(static_cast<int>(which), "attn", "MESHRT_ATTN_NORM_WEIGHT",
                               "MESHRT_ATTN_PROJ_BIAS");
-    // Whole heads per rank: qkv features 3 d per head, proj rows d per head.
-    const int64_t h0 = m->sched->rank() * m->heads_local, hl = m->heads_local, d = m->head_dim;
-    int64_t per_head = 0;
-    if (i == MESHRT_ATTN_QKV_WEIGHT || i == MESHRT_ATTN_QKV_BIAS) per_head = 3 * d;
-    if (i == MESHRT_ATTN_PROJ_WEIGHT) per_head = d;
-    if (offset) *offset = per_head ? h0 * per_head : 0;
-    if (size) *size = per_head ? hl * per_head : m->cfg.hidden;
+    // The description's shards (whole heads: tp divides heads, checked at create): qkv features
+    // 3 d per head, proj rows d per head, in meshrt's per-head order.
+    const ParamShard sh = piece_param_shard(PieceKind::Attention, m->cfg.hidden, m->cfg.ffn, i,
+                                            m->sched->size(), m->sched->rank());
+    if (offset) *offset = sh.offset;
+    if (size) *size = sh.size;
   });
 }
 

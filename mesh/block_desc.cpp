@@ -1,5 +1,6 @@
 #include "mesh/block_desc.h"
 
+#include "mesh/placement.h"
 #include "runtime/error.h"
 
 namespace meshrt {
@@ -83,6 +84,21 @@ std::vector<int64_t> piece_param_counts(PieceKind p, int64_t hidden, int64_t ffn
     n.push_back(l.out_local(tp));
   }
   return n;
+}
+
+ParamShard piece_param_shard(PieceKind p, int64_t hidden, int64_t ffn, int index, int tp,
+                             int rank) {
+  const std::vector<LinearDesc> lin = piece_linears(p, hidden, ffn);
+  const int params = 2 + 2 * static_cast<int>(lin.size());
+  MESHRT_CHECK(index >= 0 && index < params && tp >= 1 && rank >= 0 && rank < tp,
+               "piece_param_shard: parameter " << index << " of " << params << ", tp rank " << rank
+                                               << " of " << tp);
+  if (index < 2) return {0, hidden, false};  // the norm's gain and bias
+  const LinearDesc& l = lin[static_cast<size_t>(index - 2) / 2];
+  const bool weight = index % 2 == 0;
+  if (!l.colwise && !weight) return {0, l.out, false};  // a rowwise bias: replicated
+  const int64_t n = l.colwise ? l.out : l.in;
+  return {shard_offset(n, tp, rank), shard_size(n, tp, rank), true};
 }
 
 LayerFlops layer_flops(LayerKind kind, int64_t batch, int64_t seq, int64_t hidden, int64_t ffn,

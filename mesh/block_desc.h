@@ -85,6 +85,18 @@ MESHRT_API double attention_core_flops(int64_t batch, int64_t seq, int64_t hidde
 MESHRT_API std::vector<int64_t> piece_param_counts(PieceKind p, int64_t hidden, int64_t ffn,
                                                    int tp = 1);
 
+// Where tp rank `rank`'s shard of a piece's parameter `index` (piece_param_counts' order) lies
+// along the one dim it is split on: a colwise linear's weight and bias on out, a rowwise linear's
+// weight on in, by placement.h's rule (uneven allowed; attention's whole heads when tp divides
+// heads). Replicated parameters (the norm's, a rowwise bias): offset 0 and size hidden. The
+// executors' parameters (make_param) and the C API's shard_info calls follow it.
+struct ParamShard {
+  int64_t offset = 0, size = 0;
+  bool split = false;
+};
+MESHRT_API ParamShard piece_param_shard(PieceKind p, int64_t hidden, int64_t ffn, int index, int tp,
+                                        int rank);
+
 // Model FLOPs of one layer's forward pass for `batch` sequences of `seq` tokens (all replicas:
 // pass the global batch): the matrix multiplies of the description at tp = 1, 2 FLOPs per
 // multiply-add; norms, GeLU, softmax and residual adds are not counted (they are a few percent

@@ -130,9 +130,6 @@ LinearSpec lin(const BlockConfig& c, const std::string& block, uint64_t id, cons
   s.seed = c.seed;
   return s;
 }
-ParallelStyle style_of(const LinearDesc& d, bool sp) {
-  return d.colwise ? colwise_parallel(sp) : rowwise_parallel(sp);
-}
 bool sp(const TpOptions& opt, const CommScheduler& tp) {
   return opt.sequence_parallel && tp.size() > 1;
 }
@@ -143,9 +140,9 @@ MlpBlock::MlpBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
     : norm((validate_block(cfg, tp.size(), opt, 0, /*attention=*/false), mesh), tp, opt, cfg.norm,
            name + ".norm", id, cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
       fc1(mesh, tp, opt, lin(cfg, name, id + 2, desc(PieceKind::Mlp, cfg, 0)),
-          style_of(desc(PieceKind::Mlp, cfg, 0), sp(opt, tp))),
+          linear_style(desc(PieceKind::Mlp, cfg, 0), sp(opt, tp))),
       fc2(mesh, tp, opt, lin(cfg, name, id + 4, desc(PieceKind::Mlp, cfg, 1)),
-          style_of(desc(PieceKind::Mlp, cfg, 1), sp(opt, tp))),
+          linear_style(desc(PieceKind::Mlp, cfg, 1), sp(opt, tp))),
       mesh_(mesh),
       tp_(tp),
       cfg_(cfg) {}
@@ -195,9 +192,9 @@ AttentionBlock::AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOpti
     : norm((validate_block(cfg, tp.size(), opt), mesh), tp, opt, cfg.norm, name + ".norm", id,
            cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
       qkv(mesh, tp, opt, lin(cfg, name, id + 2, desc(PieceKind::Attention, cfg, 0)),
-          style_of(desc(PieceKind::Attention, cfg, 0), sp(opt, tp))),
+          linear_style(desc(PieceKind::Attention, cfg, 0), sp(opt, tp))),
       proj(mesh, tp, opt, lin(cfg, name, id + 4, desc(PieceKind::Attention, cfg, 1)),
-           style_of(desc(PieceKind::Attention, cfg, 1), sp(opt, tp))),
+           linear_style(desc(PieceKind::Attention, cfg, 1), sp(opt, tp))),
       mesh_(mesh),
       tp_(tp),
       cfg_(cfg) {

@@ -217,21 +217,31 @@ Shape Redistribution::out_shape(const Shape& in, int parts) const {
 
 std::string Redistribution::str() const { return from.str() + " -> " + to.str(); }
 
+RedistKind Redistribution::kind() const {
+  if (is_identity()) return RedistKind::Copy;
+  const bool dim0 = (from.is_shard() && from.dim == 0) || (to.is_shard() && to.dim == 0);
+  if (from.is_shard() && to.is_replicate() && dim0) return RedistKind::AllGather;
+  if (from.is_partial() && to.is_shard() && dim0) return RedistKind::ReduceScatter;
+  if (from.is_partial() && to.is_replicate()) return RedistKind::AllReduce;
+  MESHRT_FAIL("redistribute: " << str() << " is not supported (shards of activations are on "
+                               << "dim 0, the sequence)");
+}
+
 Event redistribute(CommScheduler& c, const Tensor& in, const Tensor& out, const Redistribution& r,
                    const char* what) {
-  if (r.is_identity()) {
-    if (in.data_ptr() != out.data_ptr()) out.copy_(in, c.compute());
-    return Event();
+  switch (r.kind()) {
+    case RedistKind::AllGather:
+      return c.all_gather(in, out, what);
+    case RedistKind::ReduceScatter:
+      return c.reduce_scatter(in, out, what);
+    case RedistKind::AllReduce:
+      if (in.data_ptr() != out.data_ptr()) out.copy_(in, c.compute());
+      return c.all_reduce(out, what, r.from.op);
+    case RedistKind::Copy:
+      break;
   }
-  const bool dim0 = (r.from.is_shard() && r.from.dim == 0) || (r.to.is_shard() && r.to.dim == 0);
-  if (r.from.is_shard() && r.to.is_replicate() && dim0) return c.all_gather(in, out, what);
-  if (r.from.is_partial() && r.to.is_shard() && dim0) return c.reduce_scatter(in, out, what);
-  if (r.from.is_partial() && r.to.is_replicate()) {
-    if (in.data_ptr() != out.data_ptr()) out.copy_(in, c.compute());
-    return c.all_reduce(out, what, r.from.op);
-  }
-  MESHRT_FAIL("redistribute " << what << ": " << r.str() << " is not supported (shards of "
-                              << "activations are on dim 0, the sequence)");
+  if (in.data_ptr() != out.data_ptr()) out.copy_(in, c.compute());
+  return Event();
 }
 
 }  // namespace meshrt

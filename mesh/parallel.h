@@ -101,12 +101,18 @@ class MESHRT_API CommScheduler {
   std::shared_ptr<Shared> shared_;
 };
 
+// What a redistribution moves: nothing (a local copy at most) or one tp collective.
+enum class RedistKind : uint8_t { Copy, AllGather, ReduceScatter, AllReduce };
+
 // A change of an activation's placement over one mesh dim. Supported: Shard(0) -> Replicate
 // (all-gather), Partial -> Shard(0) (reduce-scatter), Partial -> Replicate (all-reduce) and
 // no change. Sequence-first activations make a dim-0 shard contiguous, so none needs reshuffling.
+// The executors (redistribute) and the planner's cost model (plan/) both read kind().
 struct MESHRT_API Redistribution {
   Placement from, to;
   bool is_identity() const { return from == to; }
+  // The collective this redistribution is; throws for an unsupported one.
+  RedistKind kind() const;
   bool operator==(const Redistribution&) const = default;
   // The conjugate the gradient takes in backward, from `to`'s gradient to `from`'s: all-gather
   // <-> reduce-scatter, all-reduce <-> no change.

@@ -17,6 +17,10 @@ ParallelStyle rowwise_parallel(bool sp) {
   return {"RowwiseParallel", S, S, Placement::partial(), between(sp), Placement::shard(0), R};
 }
 
+ParallelStyle linear_style(const LinearDesc& d, bool sp) {
+  return d.colwise ? colwise_parallel(sp) : rowwise_parallel(sp);
+}
+
 ParallelStyle sequence_parallel_norm(bool sp) {
   const Placement R = Placement::replicate(), A = between(sp);
   return {"SequenceParallel", A, A, A, A, R, R, /*partial_param_grads=*/sp};

@@ -36,6 +36,10 @@ MESHRT_API ParallelStyle colwise_parallel(bool sequence_parallel);
 // Linear, weight sharded on in: Shard(-1) in, Partial reduced to Replicate (or reduce-scattered
 // to Shard(0)) out; bias replicated, added once.
 MESHRT_API ParallelStyle rowwise_parallel(bool sequence_parallel);
+// The style of one of the blocks' linears (mesh/block_desc.h): colwise or rowwise as the
+// description says. The executors build their linears with it and the planner's cost model reads
+// the same styles for the linears' collectives and buffers.
+MESHRT_API ParallelStyle linear_style(const LinearDesc& d, bool sequence_parallel);
 // Norms (and other per-token modules with replicated weights) on sequence shards.
 MESHRT_API ParallelStyle sequence_parallel_norm(bool sequence_parallel);
 // Embedding, weight [vocab, hidden] sharded on vocab: token ids Replicate in, the Partial lookup

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "mesh/style.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 
@@ -229,70 +230,85 @@ class Block {
                                   static_cast<double>(g.k)));
   }
   int coll(CollOp op, double bytes) { return sim_.issue({op, false, bytes, s_.tp}); }
+  // The tp collective of redistribution `r` (mesh/parallel.h) over a full-sequence activation of
+  // `bytes`, as redistribute() issues it (-1: none, or tp = 1).
+  int redist(const Redistribution& r, double bytes) {
+    if (!s_.comm) return -1;
+    switch (r.kind()) {
+      case RedistKind::AllGather:
+        return coll(CollOp::AllGather, bytes);
+      case RedistKind::ReduceScatter:
+        return coll(CollOp::ReduceScatter, bytes);
+      case RedistKind::AllReduce:
+        return coll(CollOp::AllReduce, bytes);
+      case RedistKind::Copy:
+        break;
+    }
+    return -1;
+  }
+  void wait(int id) {
+    if (id >= 0) sim_.wait(id);
+  }
   // The linear's GEMMs on this rank (mesh/block_desc.h), over the micro-batch's full sequence.
   LinearGemms gemms(const LinearDesc& l, int64_t rows) const {
     return linear_gemms(l, rows, s_.tp);
   }
+  // Bytes of the linear's full-sequence input and output on this rank.
+  double in_bytes(const LinearDesc& l) const { return s_.T * l.in_local(s_.tp) * s_.es; }
+  double out_bytes(const LinearDesc& l) const { return s_.T * l.out_local(s_.tp) * s_.es; }
 
-  // Colwise linear (local out / tp), its input the block's (sequence-sharded under SP).
-  void colwise_fwd(const LinearDesc& l) {
-    const double act = s_.T * s_.h * s_.es;
-    if (s_.sp && ov_ == Overlap::Chunked) {
-      std::vector<int> ids;
-      for (int c = 0; c < s_.tp; ++c) ids.push_back(coll(CollOp::AllGather, act / s_.tp));
-      const GemmShape piece = gemms(l, s_.tokens / (s_.tp * s_.tp)).fwd;
+  // A linear's forward as mesh/linear.cpp runs it, its collectives those of the linear's parallel
+  // style (mesh/style.h): the input redistributed before the GEMM, the output after it; chunked
+  // overlap splits a gathered input or a reduce-scattered output into tp pieces.
+  void linear_fwd(const LinearDesc& l) { linear_fwd(l, linear_style(l, s_.sp)); }
+  void linear_fwd(const LinearDesc& l, const ParallelStyle& st) {
+    const Redistribution rin = st.in(), rout = st.out();
+    const bool chunked = s_.comm && ov_ == Overlap::Chunked;
+    const GemmShape piece = gemms(l, s_.tokens / (s_.tp * s_.tp)).fwd;
+    std::vector<int> ids;
+    if (chunked && !rin.is_identity()) {
+      for (int c = 0; c < s_.tp; ++c) ids.push_back(redist(rin, in_bytes(l) / s_.tp));
       for (int c = 0; c < s_.tp; ++c) {
-        sim_.wait(ids[static_cast<size_t>(c)]);
+        wait(ids[static_cast<size_t>(c)]);
         for (int j = 0; j < s_.tp; ++j) gemm(piece);
       }
       return;
     }
-    if (s_.sp) sim_.wait(coll(CollOp::AllGather, act));
+    if (chunked && !rout.is_identity() && rout.to.is_shard()) {
+      for (int c = 0; c < s_.tp; ++c) {
+        for (int j = 0; j < s_.tp; ++j) gemm(piece);
+        ids.push_back(redist(rout, out_bytes(l) / s_.tp));
+      }
+      for (int id : ids) wait(id);
+      return;
+    }
+    wait(redist(rin, in_bytes(l)));
     gemm(gemms(l, s_.tokens).fwd);
+    wait(redist(rout, out_bytes(l)));
   }
-  // Backward of a colwise linear; returns the dx collective the block waits for (-1: none).
-  int colwise_bwd(const LinearDesc& l) {
-    const double act = s_.T * s_.h * s_.es;
+  // Its backward (Megatron's order): the output gradient redistributed back, the input re-gathered
+  // while dgrad runs, dgrad's redistribution while wgrad runs. Returns the input gradient's
+  // collective, which the block waits for (-1: none).
+  int linear_bwd(const LinearDesc& l) { return linear_bwd(l, linear_style(l, s_.sp)); }
+  int linear_bwd(const LinearDesc& l, const ParallelStyle& st) {
+    const Redistribution rin = st.in(), rout = st.out();
     const LinearGemms g = gemms(l, s_.tokens);
-    int regather = -1, dx = -1;
-    if (s_.sp) regather = coll(CollOp::AllGather, act);
+    wait(redist(rout.grad(), out_bytes(l)));
+    const int regather = redist(rin, in_bytes(l));
     gemm(g.dgrad);
-    if (s_.comm) dx = coll(s_.sp ? CollOp::ReduceScatter : CollOp::AllReduce, act);
-    if (regather >= 0) sim_.wait(regather);
+    const int dx = redist(rin.grad(), in_bytes(l));
+    wait(regather);
     gemm(g.wgrad);
     if (g.has_bias_gemm) gemm(g.bias);
     return dx;
-  }
-  // Rowwise linear (local input in / tp).
-  void rowwise_fwd(const LinearDesc& l) {
-    const double act = s_.T * s_.h * s_.es;
-    if (s_.sp && ov_ == Overlap::Chunked) {
-      std::vector<int> ids;
-      const GemmShape piece = gemms(l, s_.tokens / (s_.tp * s_.tp)).fwd;
-      for (int c = 0; c < s_.tp; ++c) {
-        for (int j = 0; j < s_.tp; ++j) gemm(piece);
-        ids.push_back(coll(CollOp::ReduceScatter, act / s_.tp));
-      }
-      for (int id : ids) sim_.wait(id);
-      return;
-    }
-    gemm(gemms(l, s_.tokens).fwd);
-    if (s_.comm) sim_.wait(coll(s_.sp ? CollOp::ReduceScatter : CollOp::AllReduce, act));
-  }
-  void rowwise_bwd(const LinearDesc& l) {
-    const double act = s_.T * s_.h * s_.es;
-    const LinearGemms g = gemms(l, s_.tokens);
-    if (s_.sp) sim_.wait(coll(CollOp::AllGather, act));
-    gemm(g.dgrad);
-    gemm(g.wgrad);
-    if (g.has_bias_gemm) gemm(g.bias);
   }
 
   void norm_fwd() { ew(2 * s_.Tl * s_.h * s_.es); }
   void norm_bwd() {
     ew(3 * s_.Tl * s_.h * s_.es);
-    if (s_.sp) {
-      // gamma and beta gradients of this sequence shard, summed over tp.
+    // On sequence shards the norm's gain and bias gradients are partial sums, all-reduced over tp
+    // (the style's partial_param_grads).
+    if (sequence_parallel_norm(s_.sp).partial_param_grads) {
       const int a = coll(CollOp::AllReduce, s_.h * s_.es),
                 b = coll(CollOp::AllReduce, s_.h * s_.es);
       sim_.wait(a);
@@ -303,36 +319,34 @@ class Block {
 
   void attention_fwd(double attn_flops) {
     norm_fwd();
-    colwise_fwd(attn_[0]);
+    linear_fwd(attn_[0]);
     ew(6 * s_.T * s_.h / s_.tp * s_.es);  // q, k, v to [b, heads, s, d]
     sim_.compute(attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_eff));
     ew(2 * s_.T * s_.h / s_.tp * s_.es);  // o back to [s, b, hidden]
-    rowwise_fwd(attn_[1]);
+    linear_fwd(attn_[1]);
     residual();
   }
   void attention_bwd(double attn_flops) {
-    rowwise_bwd(attn_[1]);
+    wait(linear_bwd(attn_[1]));
     ew(2 * s_.T * s_.h / s_.tp * s_.es);
     // Backward of the fused kernel: twice the forward's model FLOPs (and the recomputed scores).
     sim_.compute(2 * attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_bwd_eff()));
     ew(6 * s_.T * s_.h / s_.tp * s_.es);
-    const int dx = colwise_bwd(attn_[0]);
-    if (dx >= 0) sim_.wait(dx);
+    wait(linear_bwd(attn_[0]));
     norm_bwd();
     residual();
   }
   void mlp_fwd() {
     norm_fwd();
-    colwise_fwd(mlp_[0]);
+    linear_fwd(mlp_[0]);
     ew(2 * s_.T * ceil_div(s_.f, s_.tp) * s_.es);  // bias + GeLU
-    rowwise_fwd(mlp_[1]);
+    linear_fwd(mlp_[1]);
     residual();
   }
   void mlp_bwd() {
-    rowwise_bwd(mlp_[1]);
+    wait(linear_bwd(mlp_[1]));
     ew(3 * s_.T * ceil_div(s_.f, s_.tp) * s_.es);  // GeLU backward (+ its bias gradient)
-    const int dx = colwise_bwd(mlp_[0]);
-    if (dx >= 0) sim_.wait(dx);
+    wait(linear_bwd(mlp_[0]));
     norm_bwd();
     residual();
   }
@@ -453,26 +467,28 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
   // Causal attention, counted at half (as layer_flops): 2 T s h per replica, / tp.
   const double attn_flops = attention_core_flops(c.micro_batch, m.seq, m.hidden, c.tp) / 2;
   const Overlap dp_ov = c.overlap == Overlap::None ? Overlap::None : Overlap::Async;
+  // The LM's styles (mesh/style.h, as mesh/lm.cpp builds them): the embedding's partial lookup
+  // redistributed to the blocks' placement, the head colwise with loss-parallel logits.
+  const Redistribution embed_out = vocab_parallel_embedding(s.sp).out();
+  const ParallelStyle head = loss_parallel_head(s.sp);
   Block blk(sim, cl, s, c.overlap);
   for (int mb = 0; mb < c.accum; ++mb) {
     const bool last = mb == c.accum - 1;
     if (V > 0) {
       // Vocab-parallel embedding: a row gather, then partial -> sequence shard / replicate.
       blk.ew(2 * s.T * h * s.es);
-      if (s.comm)
-        sim.wait(blk.coll(s.sp ? CollOp::ReduceScatter : CollOp::AllReduce, s.T * h * s.es));
+      blk.wait(blk.redist(embed_out, s.T * h * s.es));
     }
     for (const Piece& p : ps) p.attention ? blk.attention_fwd(attn_flops) : blk.mlp_fwd();
     if (V > 0) {
       blk.norm_fwd();
-      blk.colwise_fwd(lm_head);
+      blk.linear_fwd(lm_head, head);
       // Vocab-parallel cross entropy: softmax over the local logits, max / sum / target over tp.
       blk.ew(3 * s.T * ceil_div(V, c.tp) * 4);
       if (s.comm)
         for (int i = 0; i < 3; ++i) sim.wait(blk.coll(CollOp::AllReduce, s.T * 4));
       blk.ew(2 * s.T * ceil_div(V, c.tp) * s.es);
-      const int dx = blk.colwise_bwd(lm_head);
-      if (dx >= 0) sim.wait(dx);
+      blk.wait(blk.linear_bwd(lm_head, head));
       blk.norm_bwd();
     }
     size_t next_bucket = 0;
@@ -495,7 +511,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
       launch_ready(static_cast<int>(i));
     }
     if (V > 0) {
-      if (s.sp) sim.wait(blk.coll(CollOp::AllGather, s.T * h * s.es));
+      blk.wait(blk.redist(embed_out.grad(), s.T * h * s.es));
       blk.ew(2 * s.T * h * s.es);  // scatter-add into the embedding gradient
     }
     launch_ready(-1);
@@ -579,41 +595,40 @@ class MemBlock {
   MemBlock(MemWalk& w, const Shape& s, double heads) : w_(w), s_(s), heads_(heads) {}
 
   double Al() const { return s_.Tl * s_.h * s_.es; }  // between blocks (sequence shard under SP)
-  double A() const { return s_.T * s_.h * s_.es; }    // a full-sequence activation
   double Q() const { return s_.T * s_.h / s_.tp * s_.es; }
   double F() const { return s_.T * ceil_div(s_.f, s_.tp) * s_.es; }
   double stats() const { return s_.Tl * 4; }
 
-  // Colwise linear forward: the output; under SP the gathered input while its GEMM runs.
-  int colwise_fwd(double out_bytes) {
-    const int y = w_.alloc(out_bytes);
-    int xin = s_.sp ? w_.alloc(A()) : -1;
+  double in_bytes(const LinearDesc& l) const { return s_.T * l.in_local(s_.tp) * s_.es; }
+  double out_bytes(const LinearDesc& l) const { return s_.T * l.out_local(s_.tp) * s_.es; }
+  // A linear's forward (mesh/linear.cpp), its buffers those its parallel style (mesh/style.h)
+  // calls for: the output (a sequence shard after a reduce-scatter); while the GEMM runs, the
+  // redistributed input, or the partial output before it is reduce-scattered.
+  int linear_fwd(const LinearDesc& l) {
+    const ParallelStyle st = linear_style(l, s_.sp);
+    const Redistribution rin = st.in(), rout = st.out();
+    const bool scatter = !rout.is_identity() && rout.to.is_shard();
+    const int y = w_.alloc(scatter ? out_bytes(l) / s_.tp : out_bytes(l));
+    int xin = rin.is_identity() ? -1 : w_.alloc(in_bytes(l));
+    int partial = scatter ? w_.alloc(out_bytes(l)) : -1;
     w_.free(xin);
+    w_.free(partial);
     return y;
   }
-  // Rowwise linear forward: the output; under SP the partial result before its reduce-scatter.
-  int rowwise_fwd() {
-    const int y = w_.alloc(s_.sp ? Al() : A());
-    int part = s_.sp ? w_.alloc(A()) : -1;
-    w_.free(part);
-    return y;
-  }
-  // Rowwise backward: the gathered output gradient (SP) while the input gradient is computed.
-  int rowwise_bwd(double dx_bytes) {
-    int dyc = s_.sp ? w_.alloc(A()) : -1;
-    const int dx = w_.alloc(dx_bytes);
+  // Its backward: the redistributed output gradient and the re-gathered input while the local
+  // input gradient is computed, which is reduce-scattered into the returned gradient when the
+  // input was a sequence shard (else returned itself, all-reduced in place).
+  int linear_bwd(const LinearDesc& l) {
+    const ParallelStyle st = linear_style(l, s_.sp);
+    const Redistribution rin = st.in(), gout = st.out().grad(), gin = rin.grad();
+    int dyc = gout.is_identity() ? -1 : w_.alloc(out_bytes(l));
+    int xfull = rin.is_identity() ? -1 : w_.alloc(in_bytes(l));
+    int local = w_.alloc(in_bytes(l));
+    const bool scatter = !gin.is_identity() && !gin.to.is_replicate();
+    const int dx = scatter ? w_.alloc(in_bytes(l) / s_.tp) : local;
     w_.free(dyc);
-    return dx;
-  }
-  // Colwise backward: the regathered input (SP) and the local input gradient, reduced (-scattered)
-  // into the returned gradient.
-  int colwise_bwd() {
-    if (!s_.sp) return w_.alloc(A());  // reduced in place
-    int xfull = w_.alloc(A());
-    int local = w_.alloc(A());
-    const int dx = w_.alloc(Al());
     w_.free(xfull);
-    w_.free(local);
+    if (scatter) w_.free(local);
     return dx;
   }
 
@@ -621,11 +636,11 @@ class MemBlock {
   int attention_fwd(Saved& sv) {
     int st = w_.alloc(2 * stats());  // norm mean and rstd
     const int ln = w_.alloc(Al());
-    int qkv = colwise_fwd(3 * Q());
+    int qkv = linear_fwd(attn_[0]);
     const int q = w_.alloc(Q()), k = w_.alloc(Q()), v = w_.alloc(Q()), o = w_.alloc(Q());
     const int lse = w_.alloc(s_.T * heads_ / s_.tp * 4);
     const int attn = w_.alloc(Q());
-    int y = rowwise_fwd();
+    int y = linear_fwd(attn_[1]);
     const int out = w_.alloc(Al());
     w_.free(qkv);
     w_.free(y);
@@ -635,9 +650,9 @@ class MemBlock {
   int mlp_fwd(Saved& sv) {
     const int st = w_.alloc(2 * stats());
     const int ln = w_.alloc(Al());
-    const int h1 = colwise_fwd(F());
+    const int h1 = linear_fwd(mlp_[0]);
     const int g = w_.alloc(F());
-    int y = rowwise_fwd();
+    int y = linear_fwd(mlp_[1]);
     const int out = w_.alloc(Al());
     w_.free(y);
     sv.ids = {st, ln, h1, g};
@@ -648,14 +663,14 @@ class MemBlock {
   int attention_bwd(Saved& sv, int& input) {
     int& st = sv.ids[0];
     int &ln = sv.ids[1], &lse = sv.ids[6], &attn = sv.ids[7];
-    int dattn = rowwise_bwd(Q());
+    int dattn = linear_bwd(attn_[1]);
     w_.free(attn);
     int dO = w_.alloc(Q());
     int dq = w_.alloc(Q()), dk = w_.alloc(Q()), dv = w_.alloc(Q());
     int dqkv = w_.alloc(3 * Q());
     for (int i = 2; i <= 5; ++i) w_.free(sv.ids[static_cast<size_t>(i)]);
     w_.free(lse);
-    int dln = colwise_bwd();
+    int dln = linear_bwd(attn_[0]);
     w_.free(ln);
     const int dx = norm_bwd(st, input);
     for (int* t : {&dattn, &dO, &dq, &dk, &dv, &dqkv, &dln}) w_.free(*t);
@@ -663,11 +678,11 @@ class MemBlock {
   }
   int mlp_bwd(Saved& sv, int& input) {
     int &st = sv.ids[0], &ln = sv.ids[1], &h1 = sv.ids[2], &g = sv.ids[3];
-    int dg = rowwise_bwd(F());
+    int dg = linear_bwd(mlp_[1]);
     w_.free(g);
     int dh = w_.alloc(F());
     w_.free(h1);
-    int dln = colwise_bwd();
+    int dln = linear_bwd(mlp_[0]);
     w_.free(ln);
     const int dx = norm_bwd(st, input);
     for (int* t : {&dg, &dh, &dln}) w_.free(*t);
@@ -684,6 +699,8 @@ class MemBlock {
   MemWalk& w_;
   Shape s_;
   double heads_;
+  std::vector<LinearDesc> attn_ = piece_linears(PieceKind::Attention, s_.hidden, s_.ffn);
+  std::vector<LinearDesc> mlp_ = piece_linears(PieceKind::Mlp, s_.hidden, s_.ffn);
 };
 
 }  // namespace

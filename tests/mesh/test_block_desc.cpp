@@ -158,3 +158,44 @@ TEST_CASE("block description: pieces, names, parameters and FLOPs", "[multirank]
     CHECK(layer_flops(k, B, s, h, f, true).attn == core / 2);
   }
 }
+
+TEST_CASE("block description: parameter shards lie where the executors put them", "[multirank]") {
+  // tp = 3: ffn 20 splits unevenly (7, 7, 6); attention's 3 heads one per rank.
+  BlockConfig cfg;
+  cfg.hidden = 12;
+  cfg.heads = 3;
+  cfg.ffn = 20;
+  const int tp = 3;
+  int checked = 0;
+  run_ranks(tp, [&](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "tp=3");
+    CommScheduler sched(mesh, kTpDim, Overlap::Async);
+    for (PieceKind piece : {PieceKind::Attention, PieceKind::Mlp}) {
+      std::unique_ptr<Block> b;
+      if (piece == PieceKind::Attention)
+        b = std::make_unique<AttentionBlock>(mesh, sched, TpOptions{}, cfg, "b", 0);
+      else
+        b = std::make_unique<MlpBlock>(mesh, sched, TpOptions{}, cfg, "b", 0);
+      const std::vector<Param*> ps = b->params();
+      std::lock_guard<std::mutex> lk(meshrt::test::catch_mutex());
+      REQUIRE(ps.size() == 6);
+      for (int i = 0; i < 6; ++i) {
+        const Param& p = *ps[static_cast<size_t>(i)];
+        const ParamShard want = piece_param_shard(piece, cfg.hidden, cfg.ffn, i, tp, r);
+        INFO(p.name << " on tp rank " << r);
+        REQUIRE(p.placements.size() == 1);
+        CHECK(p.placements[0].is_shard() == want.split);
+        const size_t dim = want.split ? static_cast<size_t>(p.placements[0].dim) : 0;
+        CHECK(p.offsets[dim] == (want.split ? want.offset : 0));
+        CHECK(p.value.size(static_cast<int>(dim)) == want.size);
+        ++checked;
+      }
+    }
+  });
+  CHECK(checked == 3 * 2 * 6);
+  // Uneven: fc1's columns on the last rank, fc2's rows likewise.
+  CHECK(piece_param_shard(PieceKind::Mlp, 12, 20, 2, 3, 2).offset == 14);
+  CHECK(piece_param_shard(PieceKind::Mlp, 12, 20, 4, 3, 2).size == 6);
+  REQUIRE_THROWS_WITH(piece_param_shard(PieceKind::Mlp, 12, 20, 6, 3, 0),
+                      Catch::StartsWith("piece_param_shard: parameter 6 of 6"));
+}

@@ -29,12 +29,32 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
+# Optional: Debian's PyTorch (1.13, CPU only, ~140 MB) for the torchrun and PyTorch examples
+# (examples/python/torchrun.sh, ctest examples.python.torchrun, which skips, saying why, without
+# it). A failure to install it is a warning, not an error.
+optional=(python3-torch)
+optional_missing=()
+for p in "${optional[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    optional_missing+=("$p")
+  fi
+done
 python_venv || echo "install-deps: warning: no .venv-ci with safetensors and lizard (pip offline?); the checkpoint python test and lint.function_length will skip"
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "install-deps: installing ${missing[*]}"
+[ ${#missing[@]} -eq 0 ] && [ ${#optional_missing[@]} -eq 0 ] && exit 0
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+updated=0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  updated=1
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ ${#optional_missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${optional_missing[*]} (optional)"
+  { [ $updated = 1 ] || $SUDO apt-get update -qq; } &&
+    $SUDO apt-get install -y -qq --no-install-recommends "${optional_missing[@]}" >/dev/null ||
+    echo "install-deps: warning: could not install ${optional_missing[*]}; examples.python.torchrun will skip"
+fi
 echo "install-deps: done"

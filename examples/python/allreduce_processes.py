@@ -6,7 +6,7 @@ Usage: allreduce_processes.py <path to libmeshrt.so>
   starts NRANKS copies of itself (allreduce_processes.py <lib> --rank R --port P) and checks each.
 Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set), each process is one rank and
 meets the others on MASTER_ADDR:MASTER_PORT + 1 (MASTER_PORT is torch's own store):
-  torchrun --standalone --nproc-per-node 2 allreduce_processes.py <path to libmeshrt.so>
+  torchrun --standalone --nproc_per_node 2 allreduce_processes.py <path to libmeshrt.so>
 Exits 77 (skipped) when NumPy is missing.
 """
 import ctypes as C

@@ -13,7 +13,7 @@ Tensors cross as DLPack capsules from `tensor.__dlpack__()`: meshrt takes the DL
 Usage: attn_torch.py <path to libmeshrt.so> [--processes]
   --processes: starts 2 copies of itself as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR,
   MASTER_PORT), each one rank; or under torchrun itself:
-  torchrun --standalone --nproc-per-node 2 attn_torch.py <path to libmeshrt.so>
+  torchrun --standalone --nproc_per_node 2 attn_torch.py <path to libmeshrt.so>
   (the ranks meet over TCP on MASTER_ADDR:MASTER_PORT + 1, meshrt_comm_init_tcp).
 Exits 77 (skipped) when PyTorch is not installed.
 """
@@ -109,7 +109,10 @@ def reference(x, dy, p):
     ln = F.layer_norm(x, (h,), w["gamma"], w["beta"], 1e-5)
     qkv = ln @ w["c_attn_w"] + w["c_attn_b"]  # Conv1D: [in, out]
     q, k, v = (t.reshape(s, b, HEADS, d).permute(1, 2, 0, 3) for t in qkv.split(h, dim=-1))
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, d]
+    # Causal softmax attention written out (F.scaled_dot_product_attention needs torch >= 2.0).
+    scores = (q @ k.transpose(-2, -1)) / d ** 0.5
+    later = torch.ones(s, s, dtype=torch.bool).triu(1)  # key j > query i: masked
+    o = torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1) @ v  # [b, heads, s, d]
     y = x + o.permute(2, 0, 1, 3).reshape(s, b, h) @ w["c_proj_w"] + w["c_proj_b"]
     y.backward(dy)
     return y.detach(), x.grad, w["c_attn_w"].grad
@@ -203,7 +206,7 @@ def main_process(lib, cfg):
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     if world != TP:
-        print(f"this example runs {TP} ranks, not WORLD_SIZE={world}: use --nproc-per-node {TP}")
+        print(f"this example runs {TP} ranks, not WORLD_SIZE={world}: use --nproc_per_node {TP}")
         return 2
     full, x, dy, want = problem()
     comm = C.c_void_p()

@@ -191,9 +191,10 @@ case "$mode" in
     else
       echo "Python example: not run (no .venv-ci with numpy; tools/install-deps.sh --python-venv makes it)"
     fi
-    # The PyTorch variant (optional): MESHRT_TORCH_PYTHON, else .venv-torch, else .venv-ci.
+    # The PyTorch variant (optional): MESHRT_TORCH_PYTHON, else .venv-torch, else .venv-ci, else
+    # the system's python3 (Debian's python3-torch, which tools/install-deps.sh tries to install).
     tpy=""
-    for cand in "${MESHRT_TORCH_PYTHON:-}" "$src/.venv-torch/bin/python" "$py"; do
+    for cand in "${MESHRT_TORCH_PYTHON:-}" "$src/.venv-torch/bin/python" "$py" /usr/bin/python3; do
       if [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c "import torch, numpy" 2>/dev/null; then
         tpy=$cand
         break
@@ -202,7 +203,7 @@ case "$mode" in
     if [ -n "$tpy" ]; then
       run_py "$tpy" attn_torch.py "PyTorch attention example"
     else
-      echo "PyTorch example: skipped (no python with torch and numpy: set MESHRT_TORCH_PYTHON or make .venv-torch with pip install torch numpy)"
+      echo "PyTorch example: skipped (no python with torch and numpy: set MESHRT_TORCH_PYTHON, apt-get install python3-torch, or make .venv-torch with pip install torch numpy)"
     fi
     echo "PASS"
     ;;

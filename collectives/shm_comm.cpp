@@ -610,10 +610,12 @@ class ShmEngine final : public detail::OrderedEngine {
 
   void barrier(const CommCall&, const Op& op) override { enter(op, ++use_); }
 
-  // Chunk by chunk: every rank copies its chunk into its buffer; each rank reduces its 1/n
-  // slice of the chunk over every rank's buffer in rank order 0..n-1 (so every rank gets
-  // bit-identical results, those of the host backend) into its buffer and its output; then
-  // every rank copies the other slices out of their owners' buffers.
+  // Chunk by chunk: every rank copies the other ranks' 1/n slices of its chunk into its buffer;
+  // each rank reduces its own slice over every rank's (its own straight from its input, the
+  // others' from their buffers) in rank order 0..n-1 (so every rank gets bit-identical results,
+  // those of the host backend) into its buffer and its output; then every rank copies the other
+  // slices out of their owners' buffers. Per rank that moves 4 units of the message on 2 ranks
+  // (copying its own slice in too would make 5).
   void all_reduce(const CommCall& c, const Op& op) override {
     const int n = size();
     const size_t es = dtype_size(c.dtype);
@@ -640,26 +642,37 @@ class ShmEngine final : public detail::OrderedEngine {
       const int64_t len = std::min(per, N - off);
       const uint64_t use = ++use_;
       char* mine = seg_->data(rank(), use);
-      if (len > 0)
-        std::memcpy(mine, in + off * static_cast<int64_t>(es), static_cast<size_t>(len) * es);
+      const char* chunk = in + off * static_cast<int64_t>(es);
+      // Small: every rank reduces the whole message itself, in the same rank order (so the
+      // results stay bit-identical), saving the second step and the copy out.
+      const bool one_step =
+          N == len && static_cast<size_t>(len) * es * static_cast<size_t>(n) <= kOneStepBytes;
+      const int64_t part = ((len + n - 1) / n + align - 1) / align * align;
+      auto lo_of = [&](int r) { return std::min(len, part * r); };
+      const int64_t lo = lo_of(rank()), hi = std::min(len, lo + part);
+      if (one_step && len > 0) std::memcpy(mine, chunk, static_cast<size_t>(len) * es);
+      for (int j = 0; j < n && !one_step; ++j) {
+        const int64_t jlo = lo_of(j), jhi = std::min(len, jlo + part);
+        if (j != rank() && jlo < jhi)
+          std::memcpy(mine + jlo * static_cast<int64_t>(es), chunk + jlo * static_cast<int64_t>(es),
+                      static_cast<size_t>(jhi - jlo) * es);
+      }
       if (k == 0) {
         enter(op, use);
       } else {
         step_all(op, "stalled inside the collective");
       }
-      if (N == len && static_cast<size_t>(len) * es * static_cast<size_t>(n) <= kOneStepBytes) {
-        // Small: every rank reduces the whole message itself, in the same rank order (so the
-        // results stay bit-identical), saving the second step and the copy out.
+      if (one_step) {
         for (int j = 0; j < n; ++j) srcs[static_cast<size_t>(j)] = seg_->data(j, use);
         detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, len, n);
         return;
       }
-      const int64_t part = ((len + n - 1) / n + align - 1) / align * align;
-      auto lo_of = [&](int r) { return std::min(len, part * r); };
-      const int64_t lo = lo_of(rank()), hi = std::min(len, lo + part);
       if (lo < hi) {
+        // In place the output slice is the input slice: the reduction reads each block before
+        // it writes it.
         for (int j = 0; j < n; ++j)
-          srcs[static_cast<size_t>(j)] = seg_->data(j, use) + lo * static_cast<int64_t>(es);
+          srcs[static_cast<size_t>(j)] =
+              (j == rank() ? chunk : seg_->data(j, use)) + lo * static_cast<int64_t>(es);
         void* dsts[2] = {mine + lo * static_cast<int64_t>(es),
                          out + (off + lo) * static_cast<int64_t>(es)};
         detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 2, hi - lo, n,

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "collectives/ordered_comm.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/shared_host_memory.h"
 
 namespace meshrt {
 
@@ -45,7 +47,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
               "the shm backend needs lock-free (address-free) 32- and 64-bit atomics");
 
 constexpr uint64_t kShmMagic = 0x6d6573687368'6d31ULL;  // "meshshm1"
-constexpr uint32_t kShmVersion = 1;
+constexpr uint32_t kShmVersion = 2;
 // Bytes of one staging buffer (each rank has two, used alternately): large messages go through
 // in chunks of this size, so copying in, reducing and copying out of consecutive chunks pipeline.
 constexpr size_t kChunk = size_t{1} << 20;
@@ -74,6 +76,20 @@ struct alignas(64) ShmHeader {
   char reason[kReasonBytes];
 };
 
+// Host blocks of at least this many bytes are shared memory in an shm rank's process
+// (runtime/shared_host_memory.h), so large collectives can run between the ranks' own buffers.
+constexpr size_t kSharedBlockBytes = size_t{1} << 20;
+// Peers' blocks kept mapped per communicator (the oldest are unmapped beyond it).
+constexpr size_t kMaxPeerMaps = 64;
+
+// A rank's input and output of a zero-copy collective: their blocks' descriptors in its process,
+// ids, sizes and the buffers' offsets in them (ok = 0: not both in shared memory).
+struct ShmBuffers {
+  int32_t ok;
+  int32_t fd[2];  // input, output
+  uint64_t id[2], block[2], offset[2];
+};
+
 // What a rank publishes before a step and its peers read after it: indexed by the use (two
 // alternate, so a rank writes the next use's while peers still read this one's).
 struct alignas(64) ShmArea {
@@ -81,6 +97,7 @@ struct alignas(64) ShmArea {
   int64_t key;
   int32_t ok;
   char status[kStatusBytes];
+  ShmBuffers bufs;
 };
 
 struct alignas(64) ShmSlot {
@@ -432,7 +449,13 @@ class ShmEngine final : public detail::OrderedEngine {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     spin_ = static_cast<unsigned>(size()) <= hw ? 256 : 0;
     shm_track(seg_);
+    enable_shared_host_memory(kSharedBlockBytes);
   }
+  ~ShmEngine() override {
+    for (auto& [key, m] : peer_maps_) munmap(m.base, m.bytes);
+  }
+  ShmEngine(const ShmEngine&) = delete;
+  ShmEngine& operator=(const ShmEngine&) = delete;
 
   static std::unique_ptr<Communicator> make(std::shared_ptr<ShmEngine> e) {
     return detail::make_ordered_communicator(std::move(e), Device::cpu(0));
@@ -454,6 +477,12 @@ class ShmEngine final : public detail::OrderedEngine {
   unsigned spin_ = 0;
   // Collective state, touched only inside collective turns (one at a time per rank).
   uint64_t step_ = 0, use_ = 0;
+  // Peers' shared host blocks mapped here: (group rank, block id) -> mapping.
+  struct PeerMap {
+    void* base;
+    size_t bytes;
+  };
+  std::map<std::pair<int, uint64_t>, PeerMap> peer_maps_;
 
   std::string rank_label(int group_rank) const override {
     int g = group_rank >= 0 && group_rank < size() ? world_[static_cast<size_t>(group_rank)] : -1;
@@ -610,6 +639,150 @@ class ShmEngine final : public detail::OrderedEngine {
 
   void barrier(const CommCall&, const Op& op) override { enter(op, ++use_); }
 
+  // Group rank r's shared block `id` (its descriptor `fd` in r's process) mapped here, or null
+  // when it cannot be (another user's process, /proc hidden): the caller falls back to copies.
+  char* map_peer_block(int r, int fd, uint64_t id, uint64_t bytes) {
+    const auto key = std::make_pair(r, id);
+    if (auto it = peer_maps_.find(key); it != peer_maps_.end())
+      return static_cast<char*>(it->second.base);
+    const pid_t pid = peers_->pid(world_[static_cast<size_t>(r)]);
+    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+    const int f = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (f < 0) {
+      MESHRT_LOG_DEBUG("shm: cannot open " << path << " (errno " << errno << "): copies instead");
+      return nullptr;
+    }
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (fstat(f, &st) == 0 && static_cast<uint64_t>(st.st_size) >= bytes)
+      p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+    close(f);
+    if (p == MAP_FAILED) return nullptr;
+    if (peer_maps_.size() >= kMaxPeerMaps) {
+      // Block ids only grow: the smallest of a rank is its oldest.
+      auto old = peer_maps_.begin();
+      munmap(old->second.base, old->second.bytes);
+      peer_maps_.erase(old);
+    }
+    peer_maps_[key] = {p, static_cast<size_t>(bytes)};
+    return static_cast<char*>(p);
+  }
+
+  // Publishes where this rank's input and output lie in shared host memory (ok = 0 when not).
+  static ShmBuffers shared_buffers(const CommCall& c, size_t in_bytes, size_t out_bytes) {
+    ShmBuffers b{};
+    SharedHostRange in{}, out{};
+    b.ok = shared_host_memory_enabled() && find_shared_host_range(c.in.data_ptr(), in_bytes, &in) &&
+           find_shared_host_range(c.out.data_ptr(), out_bytes, &out);
+    if (!b.ok) return b;
+    b.fd[0] = in.fd, b.fd[1] = out.fd;
+    b.id[0] = in.id, b.id[1] = out.id;
+    b.block[0] = in.block_bytes, b.block[1] = out.block_bytes;
+    b.offset[0] = in.offset, b.offset[1] = out.offset;
+    return b;
+  }
+
+  // Every rank's input and output, mapped here, when they all lie in shared host memory and
+  // every rank could map every peer's (two steps: publish, agree); empty otherwise, the same on
+  // every rank, which then run the copying algorithm.
+  bool map_all_buffers(const CommCall& c, const Op& op, size_t in_bytes, size_t out_bytes,
+                       std::vector<char*>& ins, std::vector<char*>& outs) {
+    const int n = size();
+    ins.assign(static_cast<size_t>(n), nullptr);
+    outs.assign(static_cast<size_t>(n), nullptr);
+    const uint64_t use = ++use_;
+    area(rank(), use).bufs = shared_buffers(c, in_bytes, out_bytes);
+    enter(op, use);
+    for (int j = 0; j < n; ++j)
+      if (!area(j, use).bufs.ok) return false;
+    bool mapped = true;
+    for (int j = 0; j < n && mapped; ++j) {
+      const ShmBuffers& b = area(j, use).bufs;
+      if (j == rank()) {
+        ins[static_cast<size_t>(j)] = static_cast<char*>(c.in.data_ptr());
+        outs[static_cast<size_t>(j)] = static_cast<char*>(c.out.data_ptr());
+        continue;
+      }
+      char* i = map_peer_block(j, b.fd[0], b.id[0], b.block[0]);
+      char* o = i ? map_peer_block(j, b.fd[1], b.id[1], b.block[1]) : nullptr;
+      mapped = i && o;
+      if (mapped) {
+        ins[static_cast<size_t>(j)] = i + b.offset[0];
+        outs[static_cast<size_t>(j)] = o + b.offset[1];
+      }
+    }
+    const uint64_t use2 = ++use_;
+    area(rank(), use2).ok = mapped ? 1 : 0;
+    step_all(op, "stalled inside the collective");
+    for (int j = 0; j < n; ++j)
+      if (!area(j, use2).ok) return false;
+    return true;
+  }
+
+  // All-reduce between the ranks' own buffers (zero copy, as the threads backend): each rank
+  // reduces its 1/n slice over every rank's input, in rank order, into every rank's output.
+  // False, having moved nothing, when the buffers are not all shared and mapped.
+  bool all_reduce_zero_copy(const CommCall& c, const Op& op) {
+    const int n = size();
+    const size_t es = dtype_size(c.dtype);
+    const int64_t N = c.count;
+    std::vector<char*> ins, outs;
+    const size_t bytes = static_cast<size_t>(N) * es;
+    if (!map_all_buffers(c, op, bytes, bytes, ins, outs)) return false;
+    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
+    const int64_t part = ((N + n - 1) / n + align - 1) / align * align;
+    const int64_t lo = std::min(N, part * rank()), hi = std::min(N, lo + part);
+    // Out of place the outputs are in no cache: non-temporal stores skip their reads for
+    // ownership (in place each block was just read, and plain stores hit).
+    const bool streaming = detail::stream_output(static_cast<size_t>(N) * es, c.in_place);
+    if (lo < hi) {
+      std::vector<const void*> srcs(static_cast<size_t>(n));
+      std::vector<void*> dsts(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        srcs[static_cast<size_t>(j)] = ins[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es);
+        dsts[static_cast<size_t>(j)] = outs[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es);
+      }
+      detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts.data(), n, hi - lo, n,
+                                streaming ? ~uint64_t{0} : 0u);
+      if (streaming) detail::host_store_fence();
+    }
+    step_all(op, "stalled inside the collective");  // every slice is in every output
+    return true;
+  }
+
+  // Reduce-scatter between the ranks' own buffers: each rank reduces its block of every rank's
+  // input, in rank order, into its output (in place that is its own block of its input: each
+  // block of it is read before it is written, and no peer reads it).
+  bool reduce_scatter_zero_copy(const CommCall& c, const Op& op) {
+    const int n = size();
+    const size_t es = dtype_size(c.dtype), bytes = static_cast<size_t>(c.count) * es;
+    std::vector<char*> ins, outs;
+    if (!map_all_buffers(c, op, bytes * static_cast<size_t>(n), bytes, ins, outs)) return false;
+    std::vector<const void*> srcs(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j)
+      srcs[static_cast<size_t>(j)] =
+          ins[static_cast<size_t>(j)] + bytes * static_cast<size_t>(rank());
+    detail::host_reduce(c.dtype, c.redop, srcs.data(), n, c.out.data_ptr(), c.count, n);
+    step_all(op, "stalled inside the collective");  // no peer reads this input any more
+    return true;
+  }
+
+  // All-gather between the ranks' own buffers: each rank copies every peer's input into its
+  // output (in place a peer's input is its own block of its output, which only it writes).
+  bool all_gather_zero_copy(const CommCall& c, const Op& op) {
+    const int n = size();
+    const size_t es = dtype_size(c.dtype), bytes = static_cast<size_t>(c.count) * es;
+    std::vector<char*> ins, outs;
+    if (!map_all_buffers(c, op, bytes, bytes * static_cast<size_t>(n), ins, outs)) return false;
+    char* out = static_cast<char*>(c.out.data_ptr());
+    for (int j = 0; j < n; ++j) {
+      char* dst = out + bytes * static_cast<size_t>(j);
+      if (dst != ins[static_cast<size_t>(j)]) std::memcpy(dst, ins[static_cast<size_t>(j)], bytes);
+    }
+    step_all(op, "stalled inside the collective");  // no peer reads this input any more
+    return true;
+  }
+
   // Chunk by chunk: every rank copies the other ranks' 1/n slices of its chunk into its buffer;
   // each rank reduces its own slice over every rank's (its own straight from its input, the
   // others' from their buffers) in rank order 0..n-1 (so every rank gets bit-identical results,
@@ -626,6 +799,9 @@ class ShmEngine final : public detail::OrderedEngine {
       if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
       return;
     }
+    if (static_cast<size_t>(N) * es * static_cast<size_t>(n) > kOneStepBytes &&
+        all_reduce_zero_copy(c, op))
+      return;
     struct Fence {
       bool on;
       ~Fence() {
@@ -710,6 +886,9 @@ class ShmEngine final : public detail::OrderedEngine {
     const int n = size();
     const size_t es = dtype_size(c.dtype), region = region_bytes();
     const int64_t N = c.count, per = static_cast<int64_t>(region / es);
+    if (static_cast<size_t>(N) * es * static_cast<size_t>(n) > kOneStepBytes &&
+        reduce_scatter_zero_copy(c, op))
+      return;
     char* out = static_cast<char*>(c.out.data_ptr());
     const char* in = static_cast<const char*>(c.in.data_ptr());
     std::vector<const void*> srcs(static_cast<size_t>(n));
@@ -739,6 +918,9 @@ class ShmEngine final : public detail::OrderedEngine {
     const int n = size();
     const size_t es = dtype_size(c.dtype);
     const int64_t N = c.count, per = static_cast<int64_t>(kChunk / es);
+    if (static_cast<size_t>(N) * es * static_cast<size_t>(n) > kOneStepBytes &&
+        all_gather_zero_copy(c, op))
+      return;
     char* out = static_cast<char*>(c.out.data_ptr());
     const char* in = static_cast<const char*>(c.in.data_ptr());
     for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {

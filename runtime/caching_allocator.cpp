@@ -5,6 +5,7 @@
 
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/shared_host_memory.h"
 
 namespace meshrt {
 
@@ -256,8 +257,15 @@ class HostPlainAllocator final : public Allocator {
 
 std::shared_ptr<Allocator> make_host_caching_allocator(int device_index) {
   CachingAllocator::Raw raw;
-  raw.alloc = host_raw_alloc;
-  raw.free = [](void* p) { std::free(p); };
+  // Large blocks come from shared memory once a shm communicator asked for it
+  // (runtime/shared_host_memory.h), so its collectives can run on them in place.
+  raw.alloc = [](size_t bytes) {
+    void* p = shared_host_alloc(bytes);
+    return p ? p : host_raw_alloc(bytes);
+  };
+  raw.free = [](void* p) {
+    if (!shared_host_free(p)) std::free(p);
+  };
   return std::make_shared<CachingAllocator>(Device::cpu(device_index), "host-caching",
                                             std::move(raw));
 }

@@ -43,6 +43,8 @@ const std::vector<Variable>& table() {
       on_off("MESHRT_FLIGHT_ON_EXIT"),
       on_off("MESHRT_BLAS_REEXEC", true),
       on_off("MESHRT_CUBLAS_TF32"),
+      // shm ranks take large host blocks from shared memory, collectives run on them in place.
+      on_off("MESHRT_SHM_ZERO_COPY", true),
       one_of("MESHRT_HOST_BF16_GEMM", {"auto", "f32"}),
       one_of("MESHRT_HOST_F32_GEMM", {"auto", "openblas", "onednn"}),
       one_of("MESHRT_ATTENTION", {"flash", "reference"}),

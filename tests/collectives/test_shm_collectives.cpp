@@ -34,6 +34,8 @@
 #include "collectives/bootstrap_transport.h"
 #include "collectives/host_comm.h"
 #include "collectives/shm_comm.h"
+#include "runtime/env.h"
+#include "runtime/shared_host_memory.h"
 #include "runtime/stream.h"
 #include "tests/common/files.h"
 
@@ -63,8 +65,9 @@ Tensor random_tensor(int64_t n, DType dt, uint64_t seed) {
 int64_t diff_against_threads(Communicator& w, Stream& s, Failures& f) {
   const int n = w.size(), r = w.rank();
   int64_t calls = 0;
-  // One-step (small) and chunked all-reduces.
-  for (int64_t N : {int64_t{1001}, int64_t{100003}})
+  // One-step (small) and chunked all-reduces; the largest f32 one zero copy (its buffers are
+  // shared blocks: at least 1 MiB), its 16-bit ones through the segment.
+  for (int64_t N : {int64_t{1001}, int64_t{100003}, int64_t{400003}})
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
         const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(dt) + static_cast<uint64_t>(op);
@@ -159,6 +162,14 @@ int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int
   auto s = make_host_stream("comm");
   Failures f;
   if (mode == "matrix") {
+    // Large host blocks are shared memory (so all-reduce runs zero copy) unless
+    // MESHRT_SHM_ZERO_COPY=0.
+    const bool zero_copy = env_switch("MESHRT_SHM_ZERO_COPY");
+    Tensor big = host_tensor(kShmLargest, DType::f32);
+    if (find_shared_host_range(big.data_ptr(), big.nbytes(), nullptr) != zero_copy)
+      f.add(std::string("a ") + std::to_string(big.nbytes()) + "-byte host block is " +
+            (zero_copy ? "not " : "") + "shared memory");
+    std::printf("zero copy %s\n", zero_copy ? "on" : "off");
     const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001, kShmLargest}, f, 11 + world);
     const int64_t calls = diff_against_threads(*w, *s, f);
     split_and_ring(*w, *s, f);
@@ -262,14 +273,20 @@ namespace {
 
 // Every op x dtype x place x size on `world` rank processes (one test case per world size, so
 // each has its own ctest timeout).
-void shm_matrix_case(int world) {
+// zero_copy false: the ranks run with MESHRT_SHM_ZERO_COPY=0 (every collective through the
+// segment).
+void shm_matrix_case(int world, bool zero_copy = true) {
   const fs::path dir = scratch_dir("shm-matrix");
+  if (!zero_copy) setenv("MESHRT_SHM_ZERO_COPY", "0", 1);
   Ranks rs = spawn_ranks("matrix", world, dir);
+  if (!zero_copy) unsetenv("MESHRT_SHM_ZERO_COPY");
   for (int r = 0; r < world; ++r) {
     INFO("world " << world << " rank " << r << ":\n" << rs.out[static_cast<size_t>(r)]);
     CHECK(rs.status[static_cast<size_t>(r)] == 0);
+    CHECK_THAT(rs.out[static_cast<size_t>(r)],
+               Catch::Contains(std::string("zero copy ") + (zero_copy ? "on" : "off")));
     CHECK_THAT(rs.out[static_cast<size_t>(r)], Catch::Contains("SHM OK rank " + std::to_string(r) +
-                                                               ": 550 collectives, 48 "
+                                                               ": 550 collectives, 72 "
                                                                "against threads, 0 failures"));
   }
   CHECK(segments_of(rs.pids).empty());
@@ -281,6 +298,11 @@ void shm_matrix_case(int world) {
 TEST_CASE("shm: every op x dtype x in/out-of-place on 2 processes, equal to threads",
           "[multirank]") {
   shm_matrix_case(2);
+}
+
+TEST_CASE("shm: every op x dtype x in/out-of-place on 2 processes through the segment only",
+          "[multirank]") {
+  shm_matrix_case(2, /*zero_copy=*/false);
 }
 
 TEST_CASE("shm: every op x dtype x in/out-of-place on 3 processes, equal to threads",

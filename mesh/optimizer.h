@@ -61,7 +61,9 @@ class MESHRT_API Optimizer {
   // Global L2 norm of the gradients (collective over tp; dp replicas already agree after sync).
   // Sharded parameters contribute their shard; tp-replicated ones are counted once.
   double grad_norm();
-  // The norm the last step() clipped against (clip_norm > 0), else -1.
+  // The global gradient norm of the last step() (before clipping with clip_norm > 0); -1 before
+  // the first step. Measured every step: one sum of squares over the gradients and a small
+  // all-reduce over tp (over dp too with ZeRO-2).
   double last_grad_norm() const { return last_norm_; }
   int64_t steps() const { return step_; }
   // The base learning rate of later steps (the schedule sets it before each step).

@@ -183,7 +183,7 @@ void Optimizer::step_sharded(float lr) {
   zero_->wait_gathers();
   // Without clipping the norm is measured after the update (it only reads the gradients), so
   // the updates still overlap the buckets' reductions.
-  if (cfg_.clip_norm <= 0.f) last_norm_ = grad_norm();
+  if (cfg_.clip_norm <= 0.f && cfg_.measure_grad_norm) last_norm_ = grad_norm();
   first_ = false;
 }
 
@@ -214,7 +214,7 @@ void Optimizer::step(GradSync* sync, float lr_scale, int grad_set) {
   }
   // Without clipping the norm is measured after the update (it only reads the gradients), so
   // the bucket-by-bucket updates above still overlap the reductions.
-  if (cfg_.clip_norm <= 0.f) last_norm_ = grad_norm();
+  if (cfg_.clip_norm <= 0.f && cfg_.measure_grad_norm) last_norm_ = grad_norm();
   first_ = false;
 }
 

@@ -264,7 +264,10 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   GradSync sync(mesh, model.params(), cfg.dp, sets);
   // Every replica starts from dp rank 0's parameters.
   sync.broadcast_params();
-  Optimizer opt(mesh, model.params(), cfg.optim, cfg.dp.zero > 0 ? &sync : nullptr);
+  // --metrics records the gradient norm of every step (without it, it is measured only to clip).
+  OptimizerConfig optim = cfg.optim;
+  optim.measure_grad_norm = optim.measure_grad_norm || !cfg.metrics.empty();
+  Optimizer opt(mesh, model.params(), optim, cfg.dp.zero > 0 ? &sync : nullptr);
   Stream& cs = ctx.compute_stream();
   // --- checkpoint: resume ---
   const CheckpointSession checkpoints = open_checkpointing(cfg, mesh);

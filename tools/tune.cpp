@@ -292,8 +292,11 @@ void tn_print_table(const TuneCliOptions& o, const std::vector<TuneResult>& sort
   std::ostringstream t;
   t << "tune: " << sorted.size() << " trials, " << o.base.steps << " steps each, sorted by "
     << (o.base.val_data.empty() ? "training loss (no --val-data)" : "validation loss")
-    << " (* best; train loss: the mean of the last " << tune_loss_window(o.base.steps)
-    << " steps)\n"
+    << " (* best; train loss: "
+    << (tune_loss_window(o.base.steps) == 1
+            ? std::string("the last step's")
+            : "the mean of the last " + std::to_string(tune_loss_window(o.base.steps)) + " steps")
+    << ")\n"
     << "   trial  lr          batch  micro  mesh          val loss  train loss   tokens/s  "
        "status\n";
   for (size_t i = 0; i < sorted.size(); ++i) {

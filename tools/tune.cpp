@@ -49,9 +49,10 @@ struct TuneResult {
   int steps = 0;
   double last_loss = kTnNaN, val_loss = kTnNaN, tokens_per_s = 0;
   std::vector<double> losses;
+  int window = 1;  // tune_loss_window(--steps)
   // The training loss it is ranked by without validation data: the mean of its last steps.
-  double train_loss() const { return tune_rank_loss(losses, kTnNaN); }
-  double key() const { return tune_rank_loss(losses, val_loss); }
+  double train_loss() const { return tune_rank_loss(losses, kTnNaN, window); }
+  double key() const { return tune_rank_loss(losses, val_loss, window); }
 };
 
 std::vector<double> tn_doubles(const std::string& s, const char* flag, double dflt) {
@@ -158,6 +159,7 @@ std::vector<TuneResult> tn_read_state(const TuneCliOptions& o) {
   std::vector<TuneResult> out;
   for (const json& t : j["trials"]) {
     TuneResult r;
+    r.window = tune_loss_window(o.base.steps);
     r.index = t.value("index", -1);
     r.status = t.value("status", "?");
     r.steps = t.value("steps", 0);
@@ -235,6 +237,7 @@ TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneR
     return s > 0 ? s : (trailing ? kTuneStop : 0);
   };
   TuneResult r;
+  r.window = tune_loss_window(o.base.steps);
   r.index = t.index;
   std::vector<StepStats> st;
   try {
@@ -375,9 +378,9 @@ double tune_window_mean(const std::vector<double>& losses, size_t end, int windo
   return sum / static_cast<double>(w);
 }
 
-double tune_rank_loss(const std::vector<double>& losses, double val_loss) {
+double tune_rank_loss(const std::vector<double>& losses, double val_loss, int window) {
   if (!std::isnan(val_loss)) return val_loss;
-  return tune_window_mean(losses, losses.size(), tune_loss_window(static_cast<int>(losses.size())));
+  return tune_window_mean(losses, losses.size(), window);
 }
 
 bool tune_trails(const std::vector<double>& mine, const std::vector<double>& best, int steps,

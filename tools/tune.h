@@ -33,8 +33,8 @@ int tune_loss_window(int steps);  // steps / 10, within 1..50
 // of `losses`, or any of them is not finite.
 double tune_window_mean(const std::vector<double>& losses, size_t end, int window);
 // What trials are ranked by (lower is better): the validation loss when there is one (not NaN),
-// else the mean of the last tune_loss_window(losses.size()) training losses.
-double tune_rank_loss(const std::vector<double>& losses, double val_loss);
+// else the mean of the last `window` training losses (tune_loss_window(--steps)).
+double tune_rank_loss(const std::vector<double>& losses, double val_loss, int window);
 // Whether a trial of `steps` steps whose losses so far are `mine` (one per step done) trails the
 // best trial's `best`: in its second half, its windowed mean is over (1 + margin) x the best's
 // over the same steps (a non-finite mean of its own trails; margin 0 or no best: never).

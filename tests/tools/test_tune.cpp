@@ -195,9 +195,10 @@ TEST_CASE("tune's trailing rule compares windowed means, not one noisy step", "[
   // better curve ending on a spike (its last step set to 0.3) still ranks first.
   std::vector<double> spiky = better;
   spiky.back() = 0.3;
-  CHECK(tune_rank_loss(spiky, NAN) < tune_rank_loss(best, NAN));
-  CHECK(tune_rank_loss(spiky, NAN) == Approx(tune_window_mean(spiky, steps, 50)));
-  CHECK(tune_rank_loss(spiky, 0.5) == 0.5);
+  CHECK(tune_rank_loss(spiky, NAN, 50) < tune_rank_loss(best, NAN, 50));
+  CHECK(tune_rank_loss(spiky, NAN, 50) == Approx(tune_window_mean(spiky, steps, 50)));
+  CHECK(tune_rank_loss(spiky, NAN, 1) == 0.3);  // one step: the spike
+  CHECK(tune_rank_loss(spiky, 0.5, 50) == 0.5);
 }
 
 TEST_CASE("tune over micro-batches and meshes: a diverged trial is ranked last, --plot drawn",

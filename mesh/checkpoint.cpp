@@ -307,6 +307,7 @@ json build_index(const CheckpointMeta& meta, DeviceMesh& mesh, const std::vector
   idx["version"] = kVersion;
   idx["step"] = meta.step;
   idx["run"] = meta.run;
+  idx["skipped_steps"] = meta.skipped_steps;
   idx["mesh"] = mesh.str();
   idx["world_size"] = world;
   json cfg = json::object();
@@ -715,6 +716,9 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
         index_count<uint64_t>(idx.at("data"), "seed", "checkpoint: " + index_path + ": data");
     got.mesh = idx.at("mesh").get<std::string>();
     if (idx.contains("run")) got.run = idx.at("run").get<std::string>();  // older indexes have none
+    // Older indexes have no skipped-step count either (0).
+    if (idx.contains("skipped_steps"))
+      got.skipped_steps = index_count<int>(idx, "skipped_steps", "checkpoint: " + index_path);
     MESHRT_CHECK(idx.at("config").is_object(),
                  "checkpoint: " << index_path << ": config is not an object");
     for (auto it = idx.at("config").begin(); it != idx.at("config").end(); ++it)

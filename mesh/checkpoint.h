@@ -32,6 +32,9 @@ struct MESHRT_API CheckpointMeta {
   // The run lineage: drawn at a fresh start (new_checkpoint_run_id), kept by a resumed run. --keep
   // prunes only checkpoints of this run; a --save folder holding others is refused.
   std::string run;
+  // Steps the run skipped as non-finite so far (--skip-nonfinite): a resumed run continues the
+  // count. Informational on load (0 for checkpoints that predate it).
+  int64_t skipped_steps = 0;
 };
 
 // 16 random hex digits naming a new run lineage.

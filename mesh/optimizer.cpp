@@ -181,6 +181,9 @@ void Optimizer::step_sharded(float lr) {
     zero_->gather_params(b);
   }
   zero_->wait_gathers();
+  // Without clipping the norm is measured after the update (it only reads the gradients), so
+  // the updates still overlap the buckets' reductions.
+  if (cfg_.clip_norm <= 0.f && cfg_.measure_grad_norm) last_norm_ = grad_norm();
   first_ = false;
 }
 
@@ -209,6 +212,9 @@ void Optimizer::step(GradSync* sync, float lr_scale, int grad_set) {
   } else {
     update(params_, lr);
   }
+  // Without clipping the norm is measured after the update (it only reads the gradients), so
+  // the bucket-by-bucket updates above still overlap the reductions.
+  if (cfg_.clip_norm <= 0.f && cfg_.measure_grad_norm) last_norm_ = grad_norm();
   first_ = false;
 }
 

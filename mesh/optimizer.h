@@ -21,6 +21,10 @@ struct MESHRT_API OptimizerConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
   float weight_decay = 0.f;                         // of matrices only: AdamW decoupled, SGD as L2
   float clip_norm = 0.f;  // > 0: clip gradients to this global norm before the update
+  // Measure the global gradient norm every step without clipping too (last_grad_norm): one more
+  // pass over the gradients and a host sync, ~1-2% of a small CPU step (docs/watching.md), so
+  // only when something records it (train --metrics).
+  bool measure_grad_norm = false;
 };
 
 // Learning-rate schedules as llm.c and nanoGPT run them (docs/training.md). For the step index
@@ -61,7 +65,9 @@ class MESHRT_API Optimizer {
   // Global L2 norm of the gradients (collective over tp; dp replicas already agree after sync).
   // Sharded parameters contribute their shard; tp-replicated ones are counted once.
   double grad_norm();
-  // The norm the last step() clipped against (clip_norm > 0), else -1.
+  // The global gradient norm of the last step() (before clipping) when clip_norm > 0 or
+  // measure_grad_norm, else -1 (and before the first step). Measuring it is one sum of squares
+  // over the gradients, a small all-reduce over tp (over dp too with ZeRO-2) and a host sync.
   double last_grad_norm() const { return last_norm_; }
   int64_t steps() const { return step_; }
   // The base learning rate of later steps (the schedule sets it before each step).

@@ -264,18 +264,21 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   GradSync sync(mesh, model.params(), cfg.dp, sets);
   // Every replica starts from dp rank 0's parameters.
   sync.broadcast_params();
-  Optimizer opt(mesh, model.params(), cfg.optim, cfg.dp.zero > 0 ? &sync : nullptr);
+  // --metrics records the gradient norm of every step (without it, it is measured only to clip).
+  OptimizerConfig optim = cfg.optim;
+  optim.measure_grad_norm = optim.measure_grad_norm || !cfg.metrics.empty();
+  Optimizer opt(mesh, model.params(), optim, cfg.dp.zero > 0 ? &sync : nullptr);
   Stream& cs = ctx.compute_stream();
   // --- checkpoint: resume ---
   const CheckpointSession checkpoints = open_checkpointing(cfg, mesh);
-  const int first_step = resume_training(cfg, mesh, model.params(), opt, log);
+  int skipped_total = 0;  // the run's: a resumed run continues its checkpoint's count
+  const int first_step = resume_training(cfg, mesh, model.params(), opt, log, &skipped_total);
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
   const LrSchedule schedule = train_lr_schedule(cfg);
   CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
   TrainMetrics metrics(cfg, world, first_step, train_step_flops(cfg));
-  int skipped_total = 0;
   std::vector<StepStats> out;
   for (int step = first_step; step < cfg.steps; ++step) {
     ctx.synchronize();
@@ -349,6 +352,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.stopped = verdict.stop;
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     skipped_total += st.skipped ? 1 : 0;
+    st.skipped_steps = skipped_total;
     metrics.record(ctx, &st, verdict.finite() ? opt.last_grad_norm() : -1.0, skipped_total,
                    world.rank() == 0 ? log : nullptr);
     if (cfg.on_step) cfg.on_step(st);
@@ -356,7 +360,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---
     if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, verdict.stop))
-      save_training(cfg, checkpoints, st.step, mesh, model.params(), opt, log);
+      save_training(cfg, checkpoints, st.step, skipped_total, mesh, model.params(), opt, log);
     if (verdict.stop) break;
   }
   if (log && world.rank() == 0) metrics.log_cost(out, *log);

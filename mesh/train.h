@@ -100,6 +100,9 @@ struct StepStats {
   // This rank's dp bytes by kind (ZeRO: reduce-scatters of gradients, all-gathers of parameters).
   int64_t dp_all_reduce_bytes = 0, dp_reduce_scatter_bytes = 0, dp_all_gather_bytes = 0;
   bool skipped = false;  // non-finite and skip_nonfinite: no update this step
+  // Skipped steps so far in the run, this one included (a resumed run continues its checkpoint's
+  // count).
+  int skipped_steps = 0;
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // when evaluated after this step
   // The run stopped after this step on a stop request: the signal most ranks reported (ties: the
   // smaller number), equal on every rank; 0 when not stopped (or asked without a signal in 1..31).

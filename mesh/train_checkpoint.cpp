@@ -85,13 +85,15 @@ CheckpointSession open_checkpointing(const TrainConfig& cfg, DeviceMesh& mesh) {
 }
 
 int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<Param*>& params,
-                    Optimizer& opt, std::ostream* log) {
+                    Optimizer& opt, std::ostream* log, int* skipped_steps) {
+  *skipped_steps = 0;
   if (cfg.checkpoint.resume.empty()) return 0;
   const std::string dir = resolve_checkpoint(cfg.checkpoint.resume);
   // ZeRO: the checkpoint holds whole (tp-local) states; each rank keeps its dp shard of them.
   opt.gather_state();
   CheckpointMeta got = load_checkpoint(dir, train_checkpoint_meta(cfg, 0), mesh, params, &opt);
   opt.scatter_state();
+  *skipped_steps = static_cast<int>(got.skipped_steps);
   if (log && mesh.rank() == 0)
     print_line(*log,
                "resumed from " + dir + " (step " + std::to_string(got.step) + ", saved on " +
@@ -102,11 +104,12 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
 }
 
 void save_training(const TrainConfig& cfg, const CheckpointSession& session, int step,
-                   DeviceMesh& mesh, const std::vector<Param*>& params, Optimizer& opt,
-                   std::ostream* log) {
+                   int skipped_steps, DeviceMesh& mesh, const std::vector<Param*>& params,
+                   Optimizer& opt, std::ostream* log) {
   auto t0 = std::chrono::steady_clock::now();
   CheckpointMeta meta = train_checkpoint_meta(cfg, step);
   meta.run = session.run;
+  meta.skipped_steps = skipped_steps;
   // ZeRO: the dp shards of the state are gathered for the save (the format does not depend on
   // the stage or the dp size, so any layout resumes it) and freed after.
   opt.gather_state();

@@ -27,13 +27,15 @@ struct CheckpointSession {
 CheckpointSession open_checkpointing(const TrainConfig& cfg, DeviceMesh& mesh);
 
 // Loads cfg.checkpoint.resume (when set) into the model's parameters and the optimizer; returns
-// the number of steps already done (0 without --resume). Rank 0 logs what it loaded.
+// the number of steps already done (0 without --resume) and sets *skipped_steps to the run's
+// skipped steps so far (0 without --resume). Rank 0 logs what it loaded.
 int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<Param*>& params,
-                    Optimizer& opt, std::ostream* log);
+                    Optimizer& opt, std::ostream* log, int* skipped_steps);
 
-// Writes the checkpoint of step `step` under cfg.checkpoint.save; rank 0 logs where.
+// Writes the checkpoint of step `step` (`skipped_steps`: the run's skipped steps so far) under
+// cfg.checkpoint.save; rank 0 logs where.
 void save_training(const TrainConfig& cfg, const CheckpointSession& session, int step,
-                   DeviceMesh& mesh, const std::vector<Param*>& params, Optimizer& opt,
-                   std::ostream* log);
+                   int skipped_steps, DeviceMesh& mesh, const std::vector<Param*>& params,
+                   Optimizer& opt, std::ostream* log);
 
 }  // namespace meshrt

@@ -132,15 +132,18 @@ std::string rp_data(const std::vector<MetricsRecord>& recs) {
   return d.str();
 }
 
-// `plot` clauses for every input and rank: `col(k)` the column of rank k's field.
+// `plot` clauses for every input and rank of one field (column 7 + 5 k + field of rank k). The
+// dash type is the quantity's (`dash`, as the panel's title says); the colour is the run and
+// rank's: one per (input, rank), numbered through the inputs, alike in every per-rank panel.
 std::string rp_rank_lines(const std::string& dir, const std::vector<ReportRun>& in, int field,
                           const char* what, int dash) {
   std::ostringstream p;
+  size_t colour = 1;
   for (size_t f = 0; f < in.size(); ++f)
-    for (size_t k = 0; k < in[f].recs.front().ranks.size(); ++k)
+    for (size_t k = 0; k < in[f].recs.front().ranks.size(); ++k, ++colour)
       p << (p.tellp() > 0 ? ", " : "") << gp_quote(dir + "f" + std::to_string(f) + ".dat")
-        << " using 1:" << 7 + 5 * k + static_cast<size_t>(field) << " with lines lc " << f + 1
-        << " dt " << dash + static_cast<int>(k) << " title "
+        << " using 1:" << 7 + 5 * k + static_cast<size_t>(field) << " with lines lc " << colour
+        << " dt " << dash << " title "
         << gp_quote(in[f].label + " r" + std::to_string(k) + (what[0] ? " " : "") + what);
   return p.str();
 }
@@ -155,7 +158,9 @@ std::string rp_series(const std::string& dir, const std::vector<ReportRun>& in, 
   return p.str();
 }
 
-std::string rp_script(const std::string& dir, const std::vector<ReportRun>& in) {
+}  // namespace
+
+std::string report_gnuplot_script(const std::string& dir, const std::vector<ReportRun>& in) {
   bool mfu = false;
   for (const ReportRun& i : in)
     for (const MetricsRecord& r : i.recs) mfu = mfu || std::isfinite(r.mfu);
@@ -171,14 +176,18 @@ std::string rp_script(const std::string& dir, const std::vector<ReportRun>& in) 
   g << "plot " << rp_series(dir, in, 5, "lines", "tokens/s");
   if (mfu) g << ", " << rp_series(dir, in, 6, "lines dt 2", "MFU %", "x1y2");
   g << "\nunset y2tics\nset ytics mirror\n"
-    << "set title 'per rank: compute (solid) and exposed communication (dashed), ms'\nplot "
+    << "set title 'per rank (colour: run and rank): compute (solid) and exposed communication "
+       "(dashed), ms'\nplot "
     << rp_rank_lines(dir, in, 0, "compute", 1) << ", " << rp_rank_lines(dir, in, 1, "exposed", 2)
-    << "\nset title 'memory per rank, MiB (solid: peak, dashed: current)'\nplot "
+    << "\nset title 'memory per rank, MiB (colour: run and rank; solid: peak, dashed: "
+       "current)'\nplot "
     << rp_rank_lines(dir, in, 2, "peak", 1) << ", " << rp_rank_lines(dir, in, 3, "now", 2)
     << "\nset title 'skew: step time over the fastest rank, ms'\nplot "
     << rp_rank_lines(dir, in, 4, "", 1) << "\nunset multiplot\n";
   return g.str();
 }
+
+namespace {
 
 void rp_check_outputs(const ReportCliOptions& o) {
   check_output_path(o.plot, "--plot");
@@ -197,7 +206,7 @@ void plot_report_runs(const std::string& path, const std::vector<ReportRun>& in)
   job.height = 1100;
   for (size_t f = 0; f < in.size(); ++f)
     job.data.emplace_back("f" + std::to_string(f) + ".dat", rp_data(in[f].recs));
-  job.body = [&](const std::string& dir) { return rp_script(dir, in); };
+  job.body = [&](const std::string& dir) { return report_gnuplot_script(dir, in); };
   bench::render_gnuplot(path, job);
 }
 

@@ -27,6 +27,10 @@ struct ReportRun {
   std::string label;
   std::vector<MetricsRecord> recs;
 };
+// The gnuplot script plot_report_runs runs: its data files are dir + "f<i>.dat" (input i). In the
+// per-rank panels the dash type is the quantity (compute, memory peak: solid; exposed
+// communication, current memory: dashed) and the colour the (run, rank).
+std::string report_gnuplot_script(const std::string& dir, const std::vector<ReportRun>& runs);
 // Draws runs on one picture (what run_report does with --plot; meshrt tune's --plot).
 void plot_report_runs(const std::string& path, const std::vector<ReportRun>& runs);
 

@@ -455,8 +455,8 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
   }
   const std::vector<StepStats>& st = run.stats;
   // The one-line summary: steps done, last loss, why it stopped.
-  const int skipped = static_cast<int>(
-      std::count_if(st.begin(), st.end(), [](const StepStats& s) { return s.skipped; }));
+  // Skipped steps of the run (a resumed one continues its checkpoint's count).
+  const int skipped = st.empty() ? 0 : st.back().skipped_steps;
   // A resumed run starts past step 0: count by step numbers.
   const int done = st.empty() ? 0 : st.back().step;
   const bool stopped = !st.empty() && st.back().stopped;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -48,7 +49,10 @@ struct TuneResult {
   int steps = 0;
   double last_loss = kTnNaN, val_loss = kTnNaN, tokens_per_s = 0;
   std::vector<double> losses;
-  double key() const { return std::isnan(val_loss) ? last_loss : val_loss; }
+  int window = 1;  // tune_loss_window(--steps)
+  // The training loss it is ranked by without validation data: the mean of its last steps.
+  double train_loss() const { return tune_rank_loss(losses, kTnNaN, window); }
+  double key() const { return tune_rank_loss(losses, val_loss, window); }
 };
 
 std::vector<double> tn_doubles(const std::string& s, const char* flag, double dflt) {
@@ -134,6 +138,7 @@ json tn_result_json(const TuneResult& r, const TuneTrial& t) {
           {"status", r.status},
           {"steps", r.steps},
           {"last_loss", tn_num(r.last_loss)},
+          {"train_loss", tn_num(r.train_loss())},
           {"val_loss", tn_num(r.val_loss)},
           {"tokens_per_s", r.tokens_per_s},
           {"losses", r.losses}};
@@ -154,6 +159,7 @@ std::vector<TuneResult> tn_read_state(const TuneCliOptions& o) {
   std::vector<TuneResult> out;
   for (const json& t : j["trials"]) {
     TuneResult r;
+    r.window = tune_loss_window(o.base.steps);
     r.index = t.value("index", -1);
     r.status = t.value("status", "?");
     r.steps = t.value("steps", 0);
@@ -202,8 +208,8 @@ double tn_tokens_per_s(const std::vector<StepStats>& st, int64_t tokens) {
   return m > 0 ? static_cast<double>(tokens) / (m / 1e3) : 0.0;
 }
 
-// One short training in this process. A trial whose loss at a step of its second half is over
-// (1 + margin) x the best trial's at that step asks to stop (it stops after the next step).
+// One short training in this process. A trial that trails the best one (tune_trails) asks to
+// stop (it stops after the next step).
 TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneResult* best) {
   TrainCliOptions to = o.base;
   to.lr = static_cast<float>(t.lr);
@@ -214,10 +220,16 @@ TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneR
   TrainConfig cfg = train_config(to, parse_grad_sync(to.grad_sync));
   const std::vector<double> curve = best ? best->losses : std::vector<double>();
   std::atomic<bool> trailing{false};
+  // Every rank reports each step (threads: at once); all report the same loss.
+  std::mutex mu;
+  std::vector<double> mine;
   cfg.on_step = [&](const StepStats& st) {
-    const size_t k = static_cast<size_t>(st.step - 1);
-    if (o.margin > 0 && 2 * st.step >= cfg.steps && k < curve.size() && std::isfinite(curve[k]) &&
-        !(st.loss <= curve[k] * (1 + o.margin)))
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t k = static_cast<size_t>(st.step);
+    if (mine.size() < k) mine.resize(k, kTnNaN);
+    mine[k - 1] = st.loss;
+    if (tune_trails(std::vector<double>(mine.begin(), mine.begin() + static_cast<long>(k)), curve,
+                    cfg.steps, o.margin))
       trailing = true;
   };
   cfg.stop_requested = [&] {
@@ -225,6 +237,7 @@ TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneR
     return s > 0 ? s : (trailing ? kTuneStop : 0);
   };
   TuneResult r;
+  r.window = tune_loss_window(o.base.steps);
   r.index = t.index;
   std::vector<StepStats> st;
   try {
@@ -251,7 +264,8 @@ TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneR
   return r;
 }
 
-// Finished trials sorted: ok ones by validation loss (else last loss), then the stopped ones.
+// Finished trials sorted: ok ones by validation loss (else their train_loss), then the stopped
+// ones.
 std::vector<TuneResult> tn_sorted(std::vector<TuneResult> done) {
   auto rank = [](const TuneResult& r) {
     return r.status == "ok" && std::isfinite(r.key()) ? 0 : 1;
@@ -280,9 +294,13 @@ void tn_print_table(const TuneCliOptions& o, const std::vector<TuneResult>& sort
                     const std::vector<TuneTrial>& grid, std::ostream& os) {
   std::ostringstream t;
   t << "tune: " << sorted.size() << " trials, " << o.base.steps << " steps each, sorted by "
-    << (o.base.val_data.empty() ? "the last training loss (no --val-data)" : "validation loss")
-    << " (* best)\n"
-    << "   trial  lr          batch  micro  mesh          val loss   last loss   tokens/s  "
+    << (o.base.val_data.empty() ? "training loss (no --val-data)" : "validation loss")
+    << " (* best; train loss: "
+    << (tune_loss_window(o.base.steps) == 1
+            ? std::string("the last step's")
+            : "the mean of the last " + std::to_string(tune_loss_window(o.base.steps)) + " steps")
+    << ")\n"
+    << "   trial  lr          batch  micro  mesh          val loss  train loss   tokens/s  "
        "status\n";
   for (size_t i = 0; i < sorted.size(); ++i) {
     const TuneResult& r = sorted[i];
@@ -292,7 +310,7 @@ void tn_print_table(const TuneCliOptions& o, const std::vector<TuneResult>& sort
         line, sizeof line, " %s %5d  %-10g %6lld %6d  %-12s %9s  %10s %10.0f  %s (%d steps)\n",
         i == 0 && r.status == "ok" ? "*" : " ", r.index, g.lr, static_cast<long long>(g.batch),
         g.micro, g.mesh.empty() ? "-" : g.mesh.c_str(), tn_loss(r.val_loss).c_str(),
-        tn_loss(r.last_loss).c_str(), r.tokens_per_s, r.status.c_str(), r.steps);
+        tn_loss(r.train_loss()).c_str(), r.tokens_per_s, r.status.c_str(), r.steps);
     t << line;
   }
   print_line(os, t.str());
@@ -303,8 +321,9 @@ void tn_write_outputs(const TuneCliOptions& o, const std::vector<TuneResult>& so
   if (!o.json.empty()) {
     json j = {{"schema", "meshrt.tune"},
               {"version", 1},
-              {"sorted_by", o.base.val_data.empty() ? "last_loss" : "val_loss"},
+              {"sorted_by", o.base.val_data.empty() ? "train_loss" : "val_loss"},
               {"steps", o.base.steps},
+              {"loss_window", tune_loss_window(o.base.steps)},
               {"seed", o.base.seed}};
     j["best_index"] = !sorted.empty() && sorted[0].status == "ok" ? json(sorted[0].index) : json();
     j["trials"] = json::array();
@@ -346,6 +365,35 @@ void tn_check(const TuneCliOptions& o) {
 
 }  // namespace
 
+int tune_loss_window(int steps) { return std::clamp(steps / 10, 1, 50); }
+
+double tune_window_mean(const std::vector<double>& losses, size_t end, int window) {
+  if (end == 0 || end > losses.size() || window < 1) return kTnNaN;
+  const size_t w = std::min(end, static_cast<size_t>(window));
+  double sum = 0;
+  for (size_t i = end - w; i < end; ++i) {
+    if (!std::isfinite(losses[i])) return kTnNaN;
+    sum += losses[i];
+  }
+  return sum / static_cast<double>(w);
+}
+
+double tune_rank_loss(const std::vector<double>& losses, double val_loss, int window) {
+  if (!std::isnan(val_loss)) return val_loss;
+  return tune_window_mean(losses, losses.size(), window);
+}
+
+bool tune_trails(const std::vector<double>& mine, const std::vector<double>& best, int steps,
+                 double margin) {
+  const size_t k = mine.size();
+  if (!(margin > 0) || k == 0 || 2 * k < static_cast<size_t>(steps) || best.size() < k)
+    return false;
+  const int w = tune_loss_window(steps);
+  const double b = tune_window_mean(best, k, w);
+  if (!std::isfinite(b)) return false;
+  return !(tune_window_mean(mine, k, w) <= b * (1 + margin));
+}
+
 CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
   auto* c = app.add_subcommand(
       "tune",
@@ -364,8 +412,9 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
   c->add_option("--search-seed", o.search_seed, "Seed of the --samples draw")
       ->capture_default_str();
   c->add_option("--margin", o.margin,
-                "Stop a trial whose loss in its second half is over (1 + margin) x the best "
-                "trial's at that step (0: never)")
+                "Stop a trial whose loss in its second half, averaged over its last steps/10 "
+                "steps (1..50), is over (1 + margin) x the best trial's over the same steps "
+                "(0: never)")
       ->capture_default_str();
   c->add_option("--out", o.out, "Folder for the trials' metrics and the state a rerun resumes from")
       ->required();

@@ -25,6 +25,22 @@ struct TuneCliOptions {
   std::string out, json, plot;
 };
 
+// The early stop of a trailing trial, and the training loss trials are ranked by without
+// validation data: means over the last tune_loss_window(steps) logged steps, so one noisy step
+// neither stops a better trial nor ranks it.
+int tune_loss_window(int steps);  // steps / 10, within 1..50
+// The mean of losses[end - w, end) with w = min(window, end); NaN when end is 0 or past the end
+// of `losses`, or any of them is not finite.
+double tune_window_mean(const std::vector<double>& losses, size_t end, int window);
+// What trials are ranked by (lower is better): the validation loss when there is one (not NaN),
+// else the mean of the last `window` training losses (tune_loss_window(--steps)).
+double tune_rank_loss(const std::vector<double>& losses, double val_loss, int window);
+// Whether a trial of `steps` steps whose losses so far are `mine` (one per step done) trails the
+// best trial's `best`: in its second half, its windowed mean is over (1 + margin) x the best's
+// over the same steps (a non-finite mean of its own trails; margin 0 or no best: never).
+bool tune_trails(const std::vector<double>& mine, const std::vector<double>& best, int steps,
+                 double margin);
+
 CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o);
 int run_tune(const TuneCliOptions& o, std::ostream& os);
 

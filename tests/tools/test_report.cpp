@@ -8,12 +8,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "mesh/metrics_record.h"
 #include "runtime/error.h"
 #include "tests/common/files.h"
+#include "tools/report.h"
 
 namespace fs = std::filesystem;
 
@@ -160,6 +163,46 @@ TEST_CASE("report --plot draws one picture of several runs", "[report][unit]") {
   CHECK_THAT(same.err, Catch::Contains("is the input"));
 }
 
+TEST_CASE("report's per-rank panels dash by quantity and colour by run and rank",
+          "[report][unit]") {
+  const fs::path a = report_write("dash-a.jsonl", report_synthetic()),
+                 b = report_write("dash-b.jsonl", report_synthetic(0.3));
+  const std::vector<meshrt::cli::ReportRun> runs = {{"A", meshrt::read_metrics_file(a.string())},
+                                                    {"B", meshrt::read_metrics_file(b.string())}};
+  const std::string script = meshrt::cli::report_gnuplot_script("/d/", runs);
+  INFO(script);
+  // Per-rank clauses: title "<run> r<rank> <what>" -> (column, colour, dash type).
+  const std::regex clause(
+      "'/d/f(\\d)\\.dat' using 1:(\\d+) with lines lc (\\d+) dt (\\d+) title '([AB]) r(\\d)"
+      "( [a-z]+)?'");
+  std::map<std::string, int> colour;
+  int clauses = 0;
+  for (auto it = std::sregex_iterator(script.begin(), script.end(), clause);
+       it != std::sregex_iterator(); ++it, ++clauses) {
+    const std::smatch& m = *it;
+    const int file = std::stoi(m[1]), col = std::stoi(m[2]), rank = std::stoi(m[6]);
+    const std::string what = m[7].length() ? m[7].str().substr(1) : "skew";
+    INFO(m[0].str());
+    CHECK(file == (m[5] == "A" ? 0 : 1));
+    // Columns: step, 5 run series, then per rank compute, exposed, peak, current, skew.
+    const std::map<std::string, int> field = {
+        {"compute", 0}, {"exposed", 1}, {"peak", 2}, {"now", 3}, {"skew", 4}};
+    REQUIRE(field.count(what) == 1);
+    CHECK(col == 7 + 5 * rank + field.at(what));
+    // The dash type is the quantity's, whatever the rank: solid compute and peak memory, dashed
+    // exposed communication and current memory (as the panel titles say), solid skew.
+    const int want_dash = what == "exposed" || what == "now" ? 2 : 1;
+    CHECK(std::stoi(m[4]) == want_dash);
+    // The colour is the (run, rank)'s: A r0 1, A r1 2, B r0 3, B r1 4, in every panel.
+    CHECK(std::stoi(m[3]) == 1 + 2 * file + rank);
+    colour[m[5].str() + std::to_string(rank)] = std::stoi(m[3]);
+  }
+  CHECK(clauses == 5 * 2 * 2);  // 5 quantities x 2 runs x 2 ranks
+  CHECK(colour.size() == 4);
+  CHECK_THAT(script, Catch::Contains("compute (solid) and exposed communication (dashed)") &&
+                         Catch::Contains("solid: peak, dashed: current"));
+}
+
 TEST_CASE("a rank slowed by --fault slow is named a straggler by train and by report",
           "[report][train][multirank]") {
   // Rank 1 sleeps 300 ms before each collective it issues (its dp all-reduces come during its
@@ -172,6 +215,12 @@ TEST_CASE("a rank slowed by --fault slow is named a straggler by train and by re
   INFO(r.out << r.err);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, Catch::Contains("warning: straggler: rank 1 (cpu:1) computes "));
+  // Rank 1 stays slow through steps 3 and 4: the warning still comes once.
+  size_t warnings = 0;
+  for (size_t at = r.out.find("warning: straggler"); at != std::string::npos;
+       at = r.out.find("warning: straggler", at + 1))
+    ++warnings;
+  CHECK(warnings == 1);
   CHECK_THAT(r.out, Catch::Contains("for 2 steps in a row (to step 2; --straggler-threshold 1.2)"));
   CHECK_THAT(r.out, Catch::Contains("; straggler: rank 1 (cpu:1) "));
   CHECK_THAT(r.out, !Catch::Contains("straggler: rank 0"));

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -515,6 +516,102 @@ TEST_CASE("a metrics file has a record per step with the step line's loss and th
     CHECK(bad.rc != 0);
     CHECK_THAT(bad.err, Catch::Contains("--metrics " + path) && Catch::Contains(why));
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("metrics: grad_norm without --clip, val_loss and mfu agree with the run's numbers",
+          "[train][multirank][metrics]") {
+  const fs::path dir = train_scratch() / "metrics-values";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto tr = text_tokens("mv-train.bin", 4000), va = text_tokens("mv-val.bin", 2000);
+  // B 4, s 16, h 32, ffn 128, vocab 128, 1 layer: model FLOPs of a step, by hand (the forward's
+  // qkv 6 B s h^2 = 393216, causal attention 2 B s^2 h = 65536, proj 2 B s h^2 = 131072, MLP
+  // 4 B s h ffn = 1048576, LM head 2 B s h vocab = 524288; x 3 for forward and backward).
+  const double flops = 3.0 * (393216 + 65536 + 131072 + 1048576 + 524288);
+  const std::string base =
+      "train --devices cpu:2 --hidden 32 --heads 2 --seq 16 --batch 4 --vocab 128 --layers 1 "
+      "--steps 3 --lr 3e-3 --data " +
+      tr.string() + " --val-data " + va.string() + " --eval-every 2 --peak-tflops 0.5 --metrics ";
+  const fs::path plain = dir / "plain.jsonl", clipped = dir / "clipped.jsonl";
+  Run r = train_cli(base + plain.string());
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  // The same run clipping at a norm it never reaches: the same updates, the norm measured before.
+  Run c = train_cli(base + clipped.string() + " --clip 1e30");
+  INFO(c.out << c.err);
+  REQUIRE(c.rc == 0);
+  const auto a = metrics_records(plain), b = metrics_records(clipped);
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  std::map<int, double> val;  // "val step N loss X" lines
+  std::istringstream is(r.out);
+  for (std::string line; std::getline(is, line);) {
+    int step = 0;
+    double loss = 0;
+    if (std::sscanf(line.c_str(), "val step %d loss %lf", &step, &loss) == 2) val[step] = loss;
+  }
+  CHECK(val.size() == 2);  // after step 2 (--eval-every 2) and the last step
+  for (size_t i = 0; i < 3; ++i) {
+    const nlohmann::json &j = a[i], &k = b[i];
+    INFO(j.dump() << "\n" << k.dump());
+    const int step = static_cast<int>(i + 1);
+    // grad_norm: in every record, finite and positive, bit for bit --clip 1e30's.
+    REQUIRE(j.contains("grad_norm"));
+    REQUIRE(j["grad_norm"].is_number());
+    CHECK(std::isfinite(j["grad_norm"].get<double>()));
+    CHECK(j["grad_norm"].get<double>() > 0);
+    CHECK(j["grad_norm"] == k["grad_norm"]);
+    CHECK(j["loss"] == k["loss"]);
+    // val_loss: after the validated steps only, the printed value.
+    CHECK(j.contains("val_loss") == (val.count(step) == 1));
+    if (val.count(step)) CHECK(j["val_loss"].get<double>() == Approx(val[step]).margin(5e-7));
+    // TFLOP/s = FLOPs / step time; MFU = that / (--peak-tflops x 2 ranks).
+    const double step_s = j["step_ms"].get<double>() / 1e3;
+    CHECK(j["model_tflops_per_s"].get<double>() == Approx(flops / step_s / 1e12).epsilon(1e-9));
+    CHECK(j["mfu"].get<double>() ==
+          Approx(j["model_tflops_per_s"].get<double>() / (0.5 * 2)).epsilon(1e-12));
+    CHECK(j["tokens_per_s"].get<double>() == Approx(4 * 16 / step_s).epsilon(1e-9));
+  }
+  CHECK(!train_cli("train --devices cpu:1 --hidden 32 --heads 2 --seq 16 --batch 4 --vocab 64 "
+                   "--layers 1 --steps 1 --metrics " +
+                   (dir / "nopeak.jsonl").string())
+             .rc);
+  CHECK(!metrics_records(dir / "nopeak.jsonl").at(0).contains("mfu"));  // no --peak-tflops
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the skipped-step count is checkpointed and a resumed run continues it",
+          "[train][multirank][metrics][checkpoint]") {
+  const fs::path dir = train_scratch() / "skipped-resume";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path m = dir / "m.jsonl", ck = dir / "ck";
+  // lr 1e30: step 1 is finite, its update makes every later step non-finite (skipped).
+  const std::string base =
+      "train --devices cpu:2 --hidden 32 --heads 2 --seq 16 --batch 4 --vocab 64 --layers 1 "
+      "--steps 4 --lr 1e30 --skip-nonfinite --metrics " +
+      m.string();
+  Run r = train_cli(base + " --save " + ck.string() + " --save-every 2");
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("train: 4 of 4 steps, finished") &&
+                        Catch::Contains("; 3 skipped (non-finite)"));
+  auto counts = [&] {
+    std::vector<int> v;
+    for (const auto& j : metrics_records(m)) v.push_back(j["skipped_steps"].get<int>());
+    return v;
+  };
+  CHECK(counts() == std::vector<int>{0, 1, 2, 3});
+  const nlohmann::json idx = nlohmann::json::parse(slurp(ck / "step-00000002" / "index.json"));
+  CHECK(idx["skipped_steps"] == 1);
+  // Resumed after step 2 (1 skipped so far): steps 3 and 4 count on from 1.
+  Run again = train_cli(base + " --resume " + (ck / "step-00000002").string());
+  INFO(again.out << again.err);
+  REQUIRE(again.rc == 0);
+  CHECK_THAT(again.out, Catch::Contains("train: 4 of 4 steps, finished") &&
+                            Catch::Contains("; 3 skipped (non-finite)"));
+  CHECK(counts() == std::vector<int>{0, 1, 2, 3});
   fs::remove_all(dir);
 }
 

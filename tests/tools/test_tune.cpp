@@ -4,12 +4,17 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "tests/common/files.h"
+#include "tools/tune.h"
 
 namespace fs = std::filesystem;
 
@@ -125,4 +130,152 @@ TEST_CASE("tune refuses flags that are its own and bad grids", "[tune][unit]") {
     CHECK(r.rc != 0);
     CHECK_THAT(r.err, Catch::Contains(why));
   }
+}
+
+namespace {
+
+// A loss curve of `steps` steps falling from 5 to `floor` (exponentially), times (1 + wobble x a
+// fixed +-1 pattern), with a spike to `spike` every 37th step.
+std::vector<double> tune_curve(int steps, double floor, double wobble, double spike) {
+  std::vector<double> v;
+  for (int i = 0; i < steps; ++i) {
+    const double base = floor + (5 - floor) * std::exp(-i / 40.0);
+    const double sign = (i * 7919 % 13) < 6 ? 1.0 : -1.0;
+    v.push_back(i % 37 == 36 ? spike : base * (1 + wobble * sign));
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("tune's trailing rule compares windowed means, not one noisy step", "[tune][unit]") {
+  using meshrt::cli::tune_rank_loss;
+  using meshrt::cli::tune_trails;
+  using meshrt::cli::tune_window_mean;
+  CHECK(meshrt::cli::tune_loss_window(2000) == 50);
+  CHECK(meshrt::cli::tune_loss_window(100) == 10);
+  CHECK(meshrt::cli::tune_loss_window(6) == 1);
+  const std::vector<double> l = {4, 2, 1, 3};
+  CHECK(tune_window_mean(l, 4, 2) == 2.0);
+  CHECK(tune_window_mean(l, 3, 10) == Approx(7.0 / 3));
+  CHECK(std::isnan(tune_window_mean(l, 0, 2)));
+  CHECK(std::isnan(tune_window_mean(l, 5, 2)));
+  CHECK(std::isnan(tune_window_mean({1, NAN, 1}, 3, 2)));
+  // As --steps 2000 --grid-lr 1e-3,2e-3,3e-3 at hidden 64 gave: the first trial (the best so
+  // far) ends near 0.046; a later one ends near 0.0042 but spikes to 0.3 every 37 steps. Its
+  // spikes are over 1.25 x the best's loss at those steps (the one-step rule stopped it as
+  // trailing); its windowed mean is far below the best's at every step of its second half.
+  const int steps = 2000;
+  const std::vector<double> best = tune_curve(steps, 0.046, 0.05, 0.046);
+  const std::vector<double> better = tune_curve(steps, 0.0042, 0.3, 0.3);
+  REQUIRE(better[1997] > 1.25 * best[1997]);  // step 1998 spikes
+  for (int k = 1; k <= steps; ++k) {
+    INFO("step " << k);
+    const std::vector<double> mine(better.begin(), better.begin() + k);
+    REQUIRE_FALSE(tune_trails(mine, best, steps, 0.25));
+  }
+  // A clearly worse curve (2x the best, same noise) trails from the first step of the second
+  // half on; not before it, and never with margin 0 or without a best.
+  std::vector<double> worse = best;
+  for (double& x : worse) x *= 2;
+  auto upto = [&](int k) { return std::vector<double>(worse.begin(), worse.begin() + k); };
+  CHECK_FALSE(tune_trails(upto(999), best, steps, 0.25));
+  CHECK(tune_trails(upto(1000), best, steps, 0.25));
+  CHECK(tune_trails(upto(steps), best, steps, 0.25));
+  CHECK_FALSE(tune_trails(upto(steps), best, steps, 0.0));
+  CHECK_FALSE(tune_trails(upto(steps), {}, steps, 0.25));
+  // Within the margin (1.2 x the best) does not trail; a non-finite loss of its own does.
+  std::vector<double> close = best;
+  for (double& x : close) x *= 1.2;
+  CHECK_FALSE(tune_trails(close, best, steps, 0.25));
+  std::vector<double> nan_tail = best;
+  nan_tail.back() = NAN;
+  CHECK(tune_trails(nan_tail, best, steps, 0.25));
+  // Ranking: the validation loss when there is one, else the mean of the last 50 steps: the
+  // better curve ending on a spike (its last step set to 0.3) still ranks first.
+  std::vector<double> spiky = better;
+  spiky.back() = 0.3;
+  CHECK(tune_rank_loss(spiky, NAN, 50) < tune_rank_loss(best, NAN, 50));
+  CHECK(tune_rank_loss(spiky, NAN, 50) == Approx(tune_window_mean(spiky, steps, 50)));
+  CHECK(tune_rank_loss(spiky, NAN, 1) == 0.3);  // one step: the spike
+  CHECK(tune_rank_loss(spiky, 0.5, 50) == 0.5);
+}
+
+TEST_CASE("tune over micro-batches and meshes: a diverged trial is ranked last, --plot drawn",
+          "[tune][multirank]") {
+  const fs::path out = tune_scratch() / "grid2", js = tune_scratch() / "grid2.json",
+                 png = tune_scratch() / "grid2.png";
+  fs::remove_all(out);
+  fs::remove(png);
+  const bool gnuplot = std::system("gnuplot --version >/dev/null 2>&1") == 0;
+  // lr 1e30 makes step 2 non-finite: those trials diverge (the finiteness guard).
+  const auto r = tune_cli(
+      "tune --devices cpu:2 --hidden 32 --heads 2 --seq 16 --batch 4 --vocab 256 --layers 1 "
+      "--steps 3 --data " +
+      tune_tokens("g2.u16", false).string() +
+      " --grid-lr 1e-3,1e30 --grid-micro-batches 1,2 --grid-mesh 'dp=2;tp=2' --out " +
+      out.string() + " --json " + js.string() + (gnuplot ? " --plot " + png.string() : ""));
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("tune: 8 trials, 3 steps each, sorted by training loss"));
+  const nlohmann::json j = tune_json(js);
+  REQUIRE(j["trials"].size() == 8);
+  CHECK(j["sorted_by"] == "train_loss");
+  // Grid order: lr slowest, then micro-batches, then the mesh.
+  std::set<std::tuple<double, int, std::string>> seen;
+  for (size_t i = 0; i < 8; ++i) {
+    const auto& t = j["trials"][i];
+    INFO(t.dump());
+    const int index = t["index"].get<int>();
+    CHECK(t["lr"].get<double>() == (index < 4 ? 1e-3 : 1e30));
+    CHECK(t["micro_batches"].get<int>() == 1 + index / 2 % 2);
+    CHECK(t["mesh"] == (index % 2 == 0 ? "dp=2" : "tp=2"));
+    seen.insert({t["lr"].get<double>(), t["micro_batches"].get<int>(), t["mesh"]});
+    // The four lr 1e30 trials diverge at step 2 and come last; the others finish.
+    CHECK(t["status"] == (i < 4 ? "ok" : "diverged"));
+    CHECK(t["steps"] == (i < 4 ? 3 : 1));
+    if (i >= 4) CHECK(t["lr"].get<double>() == 1e30);
+    // The mesh is the trial's: dp=2 all-reduces gradients, tp=2 (dp=1) does not.
+    const auto recs = meshrt::test::slurp(out / ("trial-" + std::to_string(index) + ".jsonl"));
+    const auto first = nlohmann::json::parse(recs.substr(0, recs.find('\n')));
+    CHECK((first["dp_bytes"]["all_reduce"].get<double>() > 0) == (index % 2 == 0));
+  }
+  CHECK(seen.size() == 8);
+  CHECK(j["best_index"] == j["trials"][0]["index"]);
+  if (!gnuplot) {
+    WARN("gnuplot is not installed: tune --plot is not tested");
+    return;
+  }
+  CHECK_THAT(r.out, Catch::Contains("wrote " + png.string()));
+  const std::string img = meshrt::test::slurp(png);
+  REQUIRE(img.size() > 1000);
+  CHECK(img.substr(0, 4) == "\x89PNG");
+}
+
+TEST_CASE("tune --samples draws the same trials for the same --search-seed", "[tune][unit]") {
+  const fs::path data = tune_tokens("samples.u16", false);
+  auto drawn = [&](int seed, const std::string& name) {
+    const fs::path out = tune_scratch() / name, js = tune_scratch() / (name + ".json");
+    fs::remove_all(out);
+    const auto r = tune_cli(
+        "tune --devices cpu:1 --hidden 16 --heads 2 --seq 8 --batch 2 --vocab 256 --layers 1 "
+        "--steps 1 --data " +
+        data.string() + " --grid-lr 1e-4,2e-4,3e-4,4e-4,5e-4,6e-4 --samples 3 --search-seed " +
+        std::to_string(seed) + " --out " + out.string() + " --json " + js.string());
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Catch::Contains("tune: 3 trials, 1 steps each"));
+    std::set<int> idx;
+    const nlohmann::json j = tune_json(js);
+    for (const auto& t : j["trials"]) {
+      // A drawn trial's lr is its grid point's: 1e-4 x (index + 1).
+      CHECK(t["lr"].get<double>() == Approx(1e-4 * (t["index"].get<int>() + 1)));
+      idx.insert(t["index"].get<int>());
+    }
+    CHECK(idx.size() == 3);
+    return idx;
+  };
+  const std::set<int> a = drawn(1, "s1"), again = drawn(1, "s1b"), b = drawn(2, "s2");
+  CHECK(a == again);
+  CHECK(a != b);
 }

@@ -1,8 +1,8 @@
 # Packaging (included by the top CMakeLists.txt when MESHRT_BUILD_SHARED is ON):
 #   libmeshrt.so      the static layer libraries (and the C API's meshrt_capi when it exists)
 #                     linked --whole-archive into one shared library, SONAME libmeshrt.so.0.<minor> at 0.x,
-#                     exporting only meshrt_* and meshrt:: symbols (cmake/libmeshrt.map); no MPI,
-#                     CUDA or NCCL library
+#                     exporting the C API (meshrt_*) and the plugin interface, nothing else
+#                     (cmake/libmeshrt.map, the one list of it); no MPI, CUDA or NCCL library
 #   libmeshrt-mpi.so  the MPI backend as a plugin the core loads for an MPI launch
 #   libmeshrt-cuda.so the CUDA backend (CUDA runtime, kernels, cuBLASLt, NCCL) as a plugin the
 #                     core loads when a CUDA device is asked for (CUDA builds)
@@ -100,8 +100,10 @@ install(TARGETS meshrt_shared LIBRARY DESTINATION ${_libdir})
 
 # ---- backend plugins (runtime/plugin.h) -------------------------------------------------------
 # libmeshrt-<name>.so: the backend's static library whole, linked against libmeshrt.so (whose
-# MESHRT_PLUGIN_API internals it calls) and the backend's own libraries; it exports only its entry
-# point. Installed next to libmeshrt.so, where the core looks for it (or MESHRT_BACKEND_PATH).
+# plugin interface it calls: the MESHRT_PLUGIN_API internals listed in cmake/libmeshrt.map; a
+# symbol missing there fails this --no-undefined link) and the backend's own libraries; it
+# exports only its entry point. Installed next to libmeshrt.so, where the core looks for it (or
+# MESHRT_BACKEND_PATH).
 set(_plugin_map ${PROJECT_BINARY_DIR}/generated/meshrt-plugin.map)
 file(CONFIGURE OUTPUT ${_plugin_map} CONTENT "{\n  global:\n    meshrt_backend_init_v1;\n  local:\n    *;\n};\n")
 set(MESHRT_PLUGINS)

@@ -19,6 +19,10 @@ std::string with_where(const std::string& message, const std::string& where) {
 Error::Error(const std::string& message, const std::string& where)
     : std::runtime_error(with_where(message, where)), message_(message), where_(where) {}
 
+Error::~Error() = default;
+CommError::~CommError() = default;
+OutOfMemoryError::~OutOfMemoryError() = default;
+
 std::string error_message(const std::exception& e) {
   const auto* me = dynamic_cast<const Error*>(&e);
   if (me && !log_enabled(LogLevel::Debug)) return me->message();

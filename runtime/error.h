@@ -9,11 +9,18 @@
 
 namespace meshrt {
 
+// Error, CommError and OutOfMemoryError have their destructor out of line (error.cpp): that key
+// function makes their vtable and typeinfo exist once, in libmeshrt.so, which exports them to its
+// plugins (cmake/libmeshrt.map), so an error thrown in a plugin is caught by type in the core
+// and the other way round, whatever the C++ runtime's rule for comparing typeinfo.
 class MESHRT_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what), message_(what) {}
   // `message` plus where it was raised: what() is "message [file.cpp:line]".
   Error(const std::string& message, const std::string& where);
+  Error(const Error&) = default;
+  Error& operator=(const Error&) = default;
+  ~Error() override;
   // The message alone (what a command line shows a user), and "file.cpp:line" or "".
   const std::string& message() const { return message_; }
   const std::string& where() const { return where_; }
@@ -26,6 +33,9 @@ class MESHRT_API Error : public std::runtime_error {
 class MESHRT_API CommError : public Error {
  public:
   using Error::Error;
+  CommError(const CommError&) = default;
+  CommError& operator=(const CommError&) = default;
+  ~CommError() override;
 };
 
 // Raised when memory cannot be allocated (an allocator out of memory): the C API returns
@@ -33,6 +43,9 @@ class MESHRT_API CommError : public Error {
 class MESHRT_API OutOfMemoryError : public Error {
  public:
   using Error::Error;
+  OutOfMemoryError(const OutOfMemoryError&) = default;
+  OutOfMemoryError& operator=(const OutOfMemoryError&) = default;
+  ~OutOfMemoryError() override;
 };
 
 [[noreturn]] MESHRT_API void throw_error(const char* file, int line, const std::string& msg);

@@ -1,6 +1,8 @@
-/* meshrt/export.h: MESHRT_API marks what libmeshrt.so exports. meshrt is compiled with
- * -fvisibility=hidden, so a declaration without it is internal to the library. Programs linking
- * the static archive (libmeshrt.a) define MESHRT_STATIC (the meshrt::meshrt_static target does). */
+/* meshrt/export.h: MESHRT_API gives a declaration default visibility (meshrt is compiled with
+ * -fvisibility=hidden). It does not by itself export it: libmeshrt.so exports the C API of
+ * meshrt.h and nothing else an application can use (the C++ API is header-only over it).
+ * Programs linking the static archive (libmeshrt.a) define MESHRT_STATIC (the
+ * meshrt::meshrt_static target does). */
 #ifndef MESHRT_EXPORT_H
 #define MESHRT_EXPORT_H
 

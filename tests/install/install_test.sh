@@ -18,13 +18,19 @@
 #       world fail with the one-line error naming the plugin and dlerror()'s reason, and a plugin
 #       of another meshrt version or without the entry point is refused in one line naming it;
 #       MESHRT_BACKEND_PATH, then the folder of libmeshrt.so, find the MPI plugin again for a
-#       2-process mpirun; the CUDA plugin next to libmeshrt.so loads (its libraries all resolve)
+#       2-process mpirun, where a meshrt::CommError thrown in the plugin (a call mismatch) reaches
+#       the C API as MESHRT_ERROR_COMM with its message; the CUDA plugin next to libmeshrt.so loads (its libraries all resolve)
 #       and then makes the world or says why CUDA is unusable, never that it cannot be loaded.
 #   install_test.sh c99 <build> <source> <scratch> <c compilers...>
 #       meshrt.h compiles alone with each compiler as -std=c99 -Wall -Wextra -Werror -pedantic, and
 #       also with __GNUC__ / __clang__ undefined (its non-GNU branches: no __attribute__).
-#   install_test.sh exports <libmeshrt.so>
-#       every symbol libmeshrt.so exports is meshrt_* (C) or in namespace meshrt.
+#   install_test.sh exports <libmeshrt.so> <libmeshrt.map> <meshrt.h>
+#       libmeshrt.so exports exactly what its version script <libmeshrt.map> allows, which is the
+#       one list of it: every dynamic symbol it defines is either a C function declared in
+#       <meshrt.h> (and matching the map's C patterns) or a C++ name matching an entry of the
+#       map's extern "C++" block (the plugin interface); every function meshrt.h declares is
+#       exported; and every entry of the plugin interface matches an exported symbol (no stale
+#       entries).
 # Reuses the built tree: `cmake --install` copies, it never builds. MESHRT_CONSUMER_FLAGS (set by
 # ctest in sanitizer builds) is added to the consumers' compile and link flags: a program loading
 # an instrumented libmeshrt.so must be built with the same -fsanitize.
@@ -343,6 +349,19 @@ $bad"
       done
       echo "MPI through the plugin ($where): 2 ranks OK"
     done
+    # 4a. An error thrown inside the plugin crosses into the core: the ranks all-gather different
+    # counts, the plugin's MPI engine throws meshrt::CommError, and the core's C API catches it
+    # by type (typeinfo exported by libmeshrt.so, cmake/libmeshrt.map): MESHRT_ERROR_COMM with
+    # the plugin's message, not MESHRT_ERROR_INTERNAL.
+    env -u MESHRT_BACKEND_PATH "$mpirun" "$mpiexec" -np 2 --bind-to none "$scratch/plugin-check" \
+      mismatch >"$scratch/mpi-mismatch.log" 2>&1 ||
+      { cat "$scratch/mpi-mismatch.log" >&2; fail "mpirun -np 2 plugin-check mismatch failed"; }
+    for r in 0 1; do
+      grep -q "^MISMATCH OK rank $r: meshrt_[a-z_]*: collective mismatch on group 'world'" \
+        "$scratch/mpi-mismatch.log" ||
+        { cat "$scratch/mpi-mismatch.log" >&2; fail "rank $r: the plugin's CommError did not surface as MESHRT_ERROR_COMM"; }
+    done
+    echo "plugin error through the core: $(grep -m1 '^MISMATCH OK rank 0' "$scratch/mpi-mismatch.log")"
     # 4b. The plugin is there but Open MPI is not (hidden as in 2b): one line naming what is missing.
     if [ "$hidden" = 1 ]; then
       hide env -u MESHRT_BACKEND_PATH OMPI_COMM_WORLD_SIZE=1 "$scratch/plugin-check" \
@@ -435,19 +454,69 @@ $bad"
     ;;
 
   exports)
-    lib=$1
+    lib=$1 map=$2 header=$3
     [ -f "$lib" ] || fail "$lib does not exist (build meshrt_shared)"
-    syms=$(nm -D --defined-only "$lib" | awk '{ $1 = ""; $2 = ""; sub(/^  /, ""); print }' | c++filt)
-    n=$(printf '%s\n' "$syms" | grep -c . || true)
-    # Allowed: the C API, anything in namespace meshrt, and the compiler's per-type data for it.
-    offenders=$(printf '%s\n' "$syms" | grep -vE '^(meshrt_[A-Za-z0-9_]*$|meshrt::|(typeinfo|typeinfo name|vtable|VTT|guard variable|non-virtual thunk|virtual thunk|construction vtable) (for|to) meshrt::|construction vtable for .*-in-meshrt::)' || true)
-    if [ -n "$offenders" ]; then
-      printf '  %s\n' "${offenders//$'\n'/$'\n'  }" >&2
-      fail "libmeshrt.so exports $(echo "$offenders" | wc -l) symbols outside meshrt_* / meshrt:: (listed above): hide them (cmake/libmeshrt.map, -fvisibility=hidden)"
+    # The map's global entries, one a line: "c <glob>", "c++ <glob>" or "c++= <exact name>" (a
+    # quoted entry); comments dropped.
+    entries=$(perl -0777 -ne 's{/\*.*?\*/}{}gs; /global:(.*?)local:/s or die "no global: ... local: in $ARGV\n";
+      my $g = $1; my $cxx = "";
+      $cxx = $1 if $g =~ s/extern\s*"C\+\+"\s*\{(.*?)\}\s*;//s;
+      for (split /;/, $g) { s/^\s+|\s+$//g; print "c $_\n" if length }
+      for (split /;/, $cxx) { s/^\s+|\s+$//g; next unless length;
+        if (/^"(.*)"$/) { print "c++= $1\n" } else { print "c++ $_\n" } }' "$map") ||
+      fail "cannot read the global entries of $map"
+    mapfile -t c_globs < <(printf '%s\n' "$entries" | sed -n 's/^c //p')
+    mapfile -t cxx_entries < <(printf '%s\n' "$entries" | sed -n 's/^\(c++=\{0,1\}\) /\1 /p')
+    [ ${#c_globs[@]} -gt 0 ] || fail "$map has no C entries (meshrt_*)"
+    # The C API: every function meshrt.h declares (MESHRT_C_API at the start of a line).
+    mapfile -t c_api < <(perl -0777 -ne 'print "$1\n" while /^MESHRT_C_API\b[^;]*?\b(meshrt_\w+)\s*\(/gms' "$header" | sort -u)
+    [ ${#c_api[@]} -gt 10 ] || fail "found only ${#c_api[@]} MESHRT_C_API functions in $header"
+    declare -A in_header=() cxx_used=()
+    for f in "${c_api[@]}"; do in_header[$f]=1; done
+    mapfile -t raw < <(nm -D --defined-only "$lib" | awk 'NF == 3 { print $3 }' | sort -u)
+    [ ${#raw[@]} -gt 0 ] || fail "nm -D --defined-only $lib listed nothing"
+    declare -A exported=()
+    bad=() n_c=0 n_cxx=0
+    for sym in "${raw[@]}"; do
+      if [[ $sym != _Z* ]]; then
+        exported[$sym]=1
+        ok=0
+        for g in "${c_globs[@]}"; do
+          # shellcheck disable=SC2254 # the entry is a glob, as in the version script
+          case "$sym" in $g) ok=1 ;; esac
+        done
+        if [ $ok = 1 ] && [ -n "${in_header[$sym]:-}" ]; then
+          n_c=$((n_c + 1))
+        else
+          bad+=("$sym (C: not a function of meshrt.h)")
+        fi
+        continue
+      fi
+      name=$(c++filt "$sym")
+      ok=0
+      for e in "${cxx_entries[@]}"; do
+        kind=${e%% *} pat=${e#* }
+        if [ "$kind" = "c++=" ]; then
+          [ "$name" = "$pat" ] && ok=1 && cxx_used[$e]=1
+        else
+          # shellcheck disable=SC2254
+          case "$name" in $pat) ok=1 cxx_used[$e]=1 ;; esac
+        fi
+      done
+      if [ $ok = 1 ]; then n_cxx=$((n_cxx + 1)); else bad+=("$name"); fi
+    done
+    if [ ${#bad[@]} -gt 0 ]; then
+      printf '  %s\n' "${bad[@]}" >&2
+      fail "libmeshrt.so exports ${#bad[@]} symbols outside the C API and the plugin interface (listed above); $map is the one list of what it exports: hide them (-fvisibility=hidden, no MESHRT_API / MESHRT_PLUGIN_API), or, for what a plugin needs, add them to its extern \"C++\" block"
     fi
-    printf '%s\n' "$syms" | grep '^meshrt::make_host_communicators(' >/dev/null ||
-      fail "libmeshrt.so does not export meshrt::make_host_communicators: is MESHRT_API on the public declarations?"
-    echo "$n exported symbols, all meshrt_* or meshrt::"
+    missing=()
+    for f in "${c_api[@]}"; do [ -n "${exported[$f]:-}" ] || missing+=("$f"); done
+    [ ${#missing[@]} -eq 0 ] ||
+      fail "meshrt.h declares functions libmeshrt.so does not export: ${missing[*]}"
+    stale=()
+    for e in "${cxx_entries[@]}"; do [ -n "${cxx_used[$e]:-}" ] || stale+=("${e#* }"); done
+    [ ${#stale[@]} -eq 0 ] || fail "entries of $map's plugin interface match no exported symbol (drop them, or export what they name): ${stale[*]}"
+    echo "${#raw[@]} exported symbols: $n_c C API functions (all ${#c_api[@]} of meshrt.h), $n_cxx of the plugin interface (${#cxx_entries[@]} entries of $(basename "$map"))"
     echo "PASS"
     ;;
 

@@ -78,8 +78,9 @@ struct alignas(64) ShmHeader {
 
 // Host blocks of at least this many bytes are shared memory in an shm rank's process
 // (runtime/shared_host_memory.h), so large collectives can run between the ranks' own buffers.
-constexpr size_t kSharedBlockBytes = size_t{1} << 20;
-// Peers' blocks kept mapped per communicator (the oldest are unmapped beyond it).
+constexpr size_t kSharedBlockBytes = size_t{256} << 10;
+// Peers' blocks kept mapped per communicator (beyond it the least recently used one that the
+// current call does not use is unmapped).
 constexpr size_t kMaxPeerMaps = 64;
 
 // A rank's input and output of a zero-copy collective: their blocks' descriptors in its process,
@@ -481,8 +482,10 @@ class ShmEngine final : public detail::OrderedEngine {
   struct PeerMap {
     void* base;
     size_t bytes;
+    uint64_t used;  // the zero-copy call that last used it
   };
   std::map<std::pair<int, uint64_t>, PeerMap> peer_maps_;
+  uint64_t map_calls_ = 0;
 
   std::string rank_label(int group_rank) const override {
     int g = group_rank >= 0 && group_rank < size() ? world_[static_cast<size_t>(group_rank)] : -1;
@@ -643,8 +646,10 @@ class ShmEngine final : public detail::OrderedEngine {
   // when it cannot be (another user's process, /proc hidden): the caller falls back to copies.
   char* map_peer_block(int r, int fd, uint64_t id, uint64_t bytes) {
     const auto key = std::make_pair(r, id);
-    if (auto it = peer_maps_.find(key); it != peer_maps_.end())
+    if (auto it = peer_maps_.find(key); it != peer_maps_.end()) {
+      it->second.used = map_calls_;
       return static_cast<char*>(it->second.base);
+    }
     const pid_t pid = peers_->pid(world_[static_cast<size_t>(r)]);
     const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
     const int f = open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -659,12 +664,18 @@ class ShmEngine final : public detail::OrderedEngine {
     close(f);
     if (p == MAP_FAILED) return nullptr;
     if (peer_maps_.size() >= kMaxPeerMaps) {
-      // Block ids only grow: the smallest of a rank is its oldest.
-      auto old = peer_maps_.begin();
-      munmap(old->second.base, old->second.bytes);
-      peer_maps_.erase(old);
+      // Unmaps the least recently used block that this call does not use.
+      auto lru = peer_maps_.end();
+      for (auto it = peer_maps_.begin(); it != peer_maps_.end(); ++it)
+        if (it->second.used < map_calls_ &&
+            (lru == peer_maps_.end() || it->second.used < lru->second.used))
+          lru = it;
+      if (lru != peer_maps_.end()) {
+        munmap(lru->second.base, lru->second.bytes);
+        peer_maps_.erase(lru);
+      }
     }
-    peer_maps_[key] = {p, static_cast<size_t>(bytes)};
+    peer_maps_[key] = {p, static_cast<size_t>(bytes), map_calls_};
     return static_cast<char*>(p);
   }
 
@@ -691,6 +702,7 @@ class ShmEngine final : public detail::OrderedEngine {
     ins.assign(static_cast<size_t>(n), nullptr);
     outs.assign(static_cast<size_t>(n), nullptr);
     const uint64_t use = ++use_;
+    ++map_calls_;
     area(rank(), use).bufs = shared_buffers(c, in_bytes, out_bytes);
     enter(op, use);
     for (int j = 0; j < n; ++j)

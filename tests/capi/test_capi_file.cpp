@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <filesystem>
 
 #include "capi_test_util.h"
@@ -23,8 +25,10 @@ std::string fresh_dir(const char* tag) {
   return d.string();
 }
 
-// Runs body in a child process; returns its exit code (the child never returns to Catch).
-int in_child(const std::function<int()>& body) {
+// Runs body in a forked child that never returns to Catch; the parent gets its pid. Both ranks
+// are forked from this (single) thread: a fork while another thread of the parent holds a lock
+// (the allocator's, a sanitizer's) leaves that lock held forever in the child.
+pid_t spawn_child(const std::function<int()>& body) {
   const pid_t pid = fork();
   if (pid == 0) {
     int rc = 100;
@@ -37,9 +41,24 @@ int in_child(const std::function<int()>& body) {
     std::fflush(stderr);
     _exit(rc);
   }
+  return pid;
+}
+
+// The child's exit code; 200 when it did not exit normally, 201 when fork failed.
+int wait_child(pid_t pid) {
+  if (pid < 0) return 201;
   int status = 0;
-  waitpid(pid, &status, 0);
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 200;
+}
+
+// Runs both ranks of a 2-process world as children; returns their exit codes.
+std::pair<int, int> run_two_ranks(const std::function<int(int)>& rank_body) {
+  const pid_t p1 = spawn_child([&] { return rank_body(1); });
+  const pid_t p0 = spawn_child([&] { return rank_body(0); });
+  const int rc0 = wait_child(p0);
+  return {rc0, wait_child(p1)};
 }
 
 // A rank of a 2-process CPU file world: the shm backend serves it (also under an MPI launcher's
@@ -76,11 +95,8 @@ TEST_CASE("capi: file rendezvous of 2 CPU processes runs collectives on the shm 
           "[capi][file]") {
   for (bool under_mpirun : {false, true}) {
     const std::string dir = fresh_dir(under_mpirun ? "two-mpi" : "two");
-    int rc1 = -1;
-    std::thread other(
-        [&] { rc1 = in_child([&] { return two_process_rank(dir, 1, under_mpirun); }); });
-    const int rc0 = in_child([&] { return two_process_rank(dir, 0, under_mpirun); });
-    other.join();
+    const auto [rc0, rc1] =
+        run_two_ranks([&](int rank) { return two_process_rank(dir, rank, under_mpirun); });
     INFO("under mpirun's variables: " << under_mpirun);
     CHECK(rc0 == 0);
     CHECK(rc1 == 0);
@@ -111,10 +127,8 @@ TEST_CASE("capi: TCP rendezvous of 2 CPU processes on 127.0.0.1 runs collectives
           "[capi][file]") {
   const int port = unused_port();
   REQUIRE(port > 0);
-  int rc1 = -1;
-  std::thread other([&] { rc1 = in_child([&] { return two_process_rank("", 1, false, port); }); });
-  const int rc0 = in_child([&] { return two_process_rank("", 0, false, port); });
-  other.join();
+  const auto [rc0, rc1] =
+      run_two_ranks([&](int rank) { return two_process_rank("", rank, false, port); });
   CHECK(rc0 == 0);
   CHECK(rc1 == 0);
   // Alone, rank 0 times out naming the rank that never connected; bad arguments are refused.

@@ -4,13 +4,20 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tests/common/files.h"
@@ -278,4 +285,84 @@ TEST_CASE("tune --samples draws the same trials for the same --search-seed", "[t
   const std::set<int> a = drawn(1, "s1"), again = drawn(1, "s1b"), b = drawn(2, "s2");
   CHECK(a == again);
   CHECK(a != b);
+}
+
+namespace {
+
+// Starts `meshrt <args>` with its stdout on a pipe (stderr to `err`), reads its lines until one
+// starts with `until`, then sends it `sig`; returns its exit status (128 + signal if killed) and
+// everything it printed. No timing: the signal follows a line the process wrote.
+std::pair<int, std::string> tune_signal_after(const std::string& args, const std::string& until,
+                                              int sig, const fs::path& err) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(e, 2);
+    close(fds[0]);
+    execl("/bin/sh", "sh", "-c", ("exec " + std::string(MESHRT_CLI_BIN) + " " + args).c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  FILE* f = fdopen(fds[0], "r");
+  std::string all;
+  bool sent = false;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f)) {
+    all += buf;
+    if (!sent && std::string(buf).rfind(until, 0) == 0) {
+      kill(pid, sig);
+      sent = true;
+    }
+  }
+  std::fclose(f);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), all};
+}
+
+}  // namespace
+
+TEST_CASE("tune stopped by a real SIGINT resumes where it stopped", "[tune][multirank]") {
+  const fs::path out = tune_scratch() / "sigint", js = tune_scratch() / "sigint.json";
+  fs::remove_all(out);
+  const std::string args =
+      "tune --devices cpu:2 --hidden 32 --heads 2 --seq 16 --batch 4 --vocab 256 --layers 1 "
+      "--steps 4 --data " +
+      tune_tokens("sigint.u16", false).string() +
+      " --grid-lr 1e-3,2e-3,3e-3,4e-3,5e-3,6e-3 --out " + out.string() + " --json " + js.string();
+  // SIGINT once trial 1 is reported: the trial then running stops gracefully, unrecorded.
+  const auto [rc, text] =
+      tune_signal_after(args, "trial 1 (", SIGINT, tune_scratch() / "sigint.err");
+  INFO(text << meshrt::test::slurp(tune_scratch() / "sigint.err"));
+  CHECK(rc == 128 + SIGINT);
+  const size_t at = text.find("tune: stopped by SIGINT during trial ");
+  REQUIRE(at != std::string::npos);
+  const int stopped = std::stoi(text.substr(at + 37));
+  // The trials before the stopped one are in the state file, and nothing after it.
+  CHECK(stopped >= 2);
+  CHECK(stopped <= 5);
+  CHECK_THAT(text, Catch::Contains("; " + std::to_string(stopped) + " of 6 trials done"));
+  CHECK(tune_json(out / "tune-state.json")["trials"].size() == static_cast<size_t>(stopped));
+  CHECK(!fs::exists(js));
+  // The same command finishes the rest, from the stopped trial on.
+  const auto again = tune_cli(args);
+  INFO(again.out << again.err);
+  REQUIRE(again.rc == 0);
+  CHECK_THAT(again.out, Catch::Contains("resuming from " + out.string() + ": " +
+                                        std::to_string(stopped) + " of 6 trials done"));
+  CHECK_THAT(again.out, Catch::Contains("trial " + std::to_string(stopped) + " (") &&
+                            !Catch::Contains("trial 0 ("));
+  const nlohmann::json j = tune_json(js);
+  REQUIRE(j["trials"].size() == 6);
+  std::set<int> indices;
+  for (const auto& t : j["trials"]) {
+    indices.insert(t["index"].get<int>());
+    CHECK(t["steps"] == 4);
+  }
+  CHECK(indices == std::set<int>{0, 1, 2, 3, 4, 5});
 }

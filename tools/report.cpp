@@ -167,10 +167,15 @@ std::string report_gnuplot_script(const std::string& dir, const std::vector<Repo
   std::ostringstream g;
   g << "set datafile missing '?'\nset multiplot layout 3,2 title 'meshrt report'\n"
     << "set grid\nset key top right noenhanced font ',8'\nset xlabel 'step'\n"
+    // 5% of each panel's height above and below the data: a constant series (the LR without a
+    // schedule, a flat memory peak) is drawn inside the panel, not on its border.
+    << "set offsets 0, 0, graph 0.05, graph 0.05\n"
     << "set title 'loss (lines: train, points: validation)'\nplot "
     << rp_series(dir, in, 2, "lines", "train") << ", "
-    << rp_series(dir, in, 3, "linespoints pt 7", "val") << "\nset title 'learning rate'\nplot "
-    << rp_series(dir, in, 4, "lines", "") << "\nset title 'tokens / s"
+    << rp_series(dir, in, 3, "linespoints pt 7", "val")
+    // Four significant digits: a narrow LR range (a constant LR) gets distinct tick labels.
+    << "\nset title 'learning rate'\nset format y '%.4g'\nplot "
+    << rp_series(dir, in, 4, "lines", "") << "\nset format y '% h'\nset title 'tokens / s"
     << (mfu ? " (dashed: MFU %, right axis)" : "") << "'\n";
   if (mfu) g << "set y2tics\nset ytics nomirror\n";
   g << "plot " << rp_series(dir, in, 5, "lines", "tokens/s");

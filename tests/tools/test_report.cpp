@@ -201,6 +201,19 @@ TEST_CASE("report's per-rank panels dash by quantity and colour by run and rank"
   CHECK(colour.size() == 4);
   CHECK_THAT(script, Catch::Contains("compute (solid) and exposed communication (dashed)") &&
                          Catch::Contains("solid: peak, dashed: current"));
+  // Every panel pads its y range (a constant LR or memory peak is not drawn on the border), and
+  // the LR panel alone labels its ticks with 4 significant digits.
+  const size_t offsets = script.find("set offsets 0, 0, graph 0.05, graph 0.05\n"),
+               first_plot = script.find("\nplot "), lr = script.find("set title 'learning rate'"),
+               fmt = script.find("set format y '%.4g'\nplot "),
+               reset = script.find("set format y '% h'\n");
+  REQUIRE(offsets != std::string::npos);
+  CHECK(offsets < first_plot);
+  REQUIRE(fmt != std::string::npos);
+  REQUIRE(reset != std::string::npos);
+  CHECK(lr < fmt);
+  CHECK(fmt < reset);
+  CHECK(script.find("set title", lr + 1) > reset);
 }
 
 TEST_CASE("a rank slowed by --fault slow is named a straggler by train and by report",

@@ -51,6 +51,7 @@ const std::vector<Variable>& table() {
       one_of("MESHRT_NCCL_HALF_REDUCE", {"f32", "native"}),
       whole("MESHRT_HOST_SPIN", 0, 1000000000),
       whole("MESHRT_HOST_YIELD_US", 0, 1000000000),
+      whole("MESHRT_HOST_POLL_US", 0, 1000000),
       whole("MESHRT_HOST_THREADS", 1, 4096),
       whole("MESHRT_FLIGHT", 0, 1000000),
       // Simulated nodes: ranks with the same value share a node (default: the host name).

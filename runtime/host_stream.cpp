@@ -26,6 +26,27 @@ thread_local bool tl_stream_worker = false;
 // Set by NonBlockingEnqueue.
 thread_local bool tl_no_block = false;
 
+// How long an idle stream worker, or a thread waiting on a host event, polls (yielding the core
+// between looks) before it sleeps on its condition variable: a collective or a short task that
+// ends within it costs no futex wake-up (MESHRT_HOST_POLL_US, 0 disables).
+Clock::duration host_poll_window() {
+  static const Clock::duration d = std::chrono::microseconds(env_int("MESHRT_HOST_POLL_US", 50));
+  return d;
+}
+
+// Polls `ready` for the poll window, yielding between looks; true when it held.
+template <class Ready>
+bool poll_briefly(Ready ready) {
+  const Clock::duration window = host_poll_window();
+  if (window.count() <= 0) return ready();
+  const auto until = Clock::now() + window;
+  for (;;) {
+    if (ready()) return true;
+    if (Clock::now() >= until) return false;
+    std::this_thread::yield();
+  }
+}
+
 class HostEventImpl final : public EventImpl {
  public:
   void signal(std::exception_ptr err) {
@@ -34,11 +55,13 @@ class HostEventImpl final : public EventImpl {
       err_ = std::move(err);
       time_ = Clock::now();
       done_ = true;
+      done_flag_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
   // Waits without throwing; returns the error carried by the event, if any.
   std::exception_ptr wait() {
+    poll_briefly([&] { return done_flag_.load(std::memory_order_acquire); });
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return done_; });
     return err_;
@@ -62,6 +85,7 @@ class HostEventImpl final : public EventImpl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::atomic<bool> done_flag_{false};  // done_, readable without the lock (polling)
   std::exception_ptr err_;
   Clock::time_point time_;
 };
@@ -101,6 +125,7 @@ class HostStream final : public Stream {
       MESHRT_CHECK(!stop_ || own, "stream '" << name_ << "': enqueue after shutdown");
       q_.push_back(std::move(fn));
       ticket = ++enqueued_;
+      queued_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_one();
     // MESHRT_LAUNCH_BLOCKING: return once the task ran and its captures were released, so that
@@ -158,12 +183,17 @@ class HostStream final : public Stream {
     std::uniform_int_distribution<int> delay_us(0, 200);
     for (;;) {
       std::function<void()> fn;
+      // An idle worker polls a while before it sleeps: the next task of a busy stream then
+      // starts without a wake-up.
+      if (queued_.load(std::memory_order_acquire) == taken_)
+        poll_briefly([&] { return queued_.load(std::memory_order_acquire) != taken_; });
       {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
         if (q_.empty()) return;  // stop_ and drained
         fn = std::move(q_.front());
         q_.pop_front();
+        ++taken_;
       }
       if (jitter_) std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
       try {
@@ -191,6 +221,8 @@ class HostStream final : public Stream {
   std::condition_variable done_cv_;  // blocking_: a task finished
   uint64_t enqueued_ = 0, finished_ = 0;
   std::deque<std::function<void()>> q_;
+  std::atomic<uint64_t> queued_{0};  // tasks ever enqueued (polled without the lock)
+  uint64_t taken_ = 0;               // tasks the worker took (worker only)
   bool stop_ = false;
   std::mutex err_mu_;
   std::exception_ptr error_;

@@ -151,6 +151,8 @@ TEST_CASE("environment switches with unknown values are refused before anything 
              "MESHRT_HOST_SPIN='lots' is not a whole number in [0, 1000000000]: use one, or unset "
              "it"},
         Case{"MESHRT_HOST_YIELD_US=-5", "MESHRT_HOST_YIELD_US='-5' is not a whole number in [0"},
+        Case{"MESHRT_HOST_POLL_US=2000000",
+             "MESHRT_HOST_POLL_US='2000000' is not a whole number in [0, 1000000]"},
         Case{"MESHRT_HOST_BF16_GEMM=bf16",
              "MESHRT_HOST_BF16_GEMM='bf16' is not accepted: use auto or f32, or unset it (auto)"},
         Case{"MESHRT_HOST_F32_GEMM=mkl",

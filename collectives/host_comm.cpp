@@ -99,6 +99,9 @@ class HostFamily {
   std::vector<std::weak_ptr<HostGroup>> groups_;
 };
 
+// All-reduces of at most this many bytes go through the slots' eager buffers (one wait, not two).
+constexpr size_t kEagerBytes = 4096;
+
 // What a rank published for the collective it entered.
 struct Desc {
   CallSig sig;
@@ -118,6 +121,9 @@ struct alignas(64) Slot {
   alignas(64) std::atomic<uint64_t> read{0};
   const std::vector<int64_t>* words = nullptr;
   std::shared_ptr<HostGroup> split_out;  // set by a split leader for its colour
+  // A small all-reduce's input, copied here as the rank enters (two, by the seq's parity): the
+  // peers read the copy, not the caller's buffer, so the rank leaves without waiting for them.
+  alignas(64) unsigned char eager[2][kEagerBytes];
 };
 
 // One direction of a rank pair: the sender posts, the receiver copies and takes.
@@ -287,6 +293,8 @@ class HostEngine final : public detail::OrderedEngine {
   std::shared_ptr<HostGroup> g;
   Device dev;
   static constexpr size_t kSwapChunk = 4096;  // all_to_all: bytes saved per step (L1-resident)
+  // The seq of an eager all-reduce this rank left without waiting for the others (0: none).
+  uint64_t eager_left_ = 0;
 
   void barrier(const CommCall& c, const Op& op) override {
     enter(op.sig, nullptr, nullptr, 0, op);
@@ -295,10 +303,19 @@ class HostEngine final : public detail::OrderedEngine {
 
   // Publishes this rank's call and waits until every rank entered the same collective; then
   // compares the calls (always: it costs nothing here, and a mismatch would read out of bounds).
-  void enter(const CallSig& sig, const void* in, void* out, int key, const Op& op) {
+  // `eager_bytes` > 0: copies that much of `in` into this rank's eager buffer for the peers.
+  void enter(const CallSig& sig, const void* in, void* out, int key, const Op& op,
+             size_t eager_bytes = 0) {
     const uint64_t seq = static_cast<uint64_t>(sig.seq);
     const int n = g->size();
     Slot& me = g->slot(rank());
+    // After an eager all-reduce this rank left without waiting: before it overwrites what the
+    // peers read there (its call, its eager buffer), each must have left that collective.
+    if (eager_left_ != 0) {
+      await_all(&Slot::left, eager_left_, op, "did not finish the previous collective");
+      eager_left_ = 0;
+    }
+    if (eager_bytes > 0) std::memcpy(me.eager[seq & 1], in, eager_bytes);
     me.desc.sig = sig;
     me.desc.in = in;
     me.desc.out = out;
@@ -409,6 +426,8 @@ class HostEngine final : public detail::OrderedEngine {
     const int64_t N = c.count;
     char* out = static_cast<char*>(c.out.data_ptr());
     const char* in = static_cast<const char*>(c.in.data_ptr());
+    if (n > 1 && N > 0 && static_cast<size_t>(N) * es <= kEagerBytes)
+      return eager_all_reduce(c, op);
     enter(op.sig, in, out, 0, op);
     if (n == 1) {
       if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
@@ -439,6 +458,25 @@ class HostEngine final : public detail::OrderedEngine {
       if (streaming) detail::host_store_fence();
     }
     leave(c.seq, op);
+  }
+
+  // A small all-reduce: every rank copies its input into its slot's eager buffer as it enters,
+  // then reduces all the buffers, in rank order 0..n-1 as the large path does (the same bits on
+  // every rank and at every size), into its own output, and leaves without waiting for the
+  // others: one wait per collective instead of two. The next collective's enter waits until
+  // every rank has left this one before it overwrites this rank's call and buffer.
+  void eager_all_reduce(const CommCall& c, const Op& op) {
+    const int n = g->size();
+    const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+    const uint64_t seq = c.seq;
+    enter(op.sig, c.in.data_ptr(), c.out.data_ptr(), 0, op, bytes);
+    std::vector<const void*> srcs(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) srcs[static_cast<size_t>(j)] = g->slot(j).eager[seq & 1];
+    void* dsts[1] = {c.out.data_ptr()};
+    detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 1, c.count, n, 0);
+    g->slot(rank()).left.store(seq);
+    g->notify();
+    eager_left_ = seq;
   }
 
   void reduce_scatter(const CommCall& c, const Op& op) override {

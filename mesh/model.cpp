@@ -21,19 +21,61 @@ std::vector<Param*> DecoderModel::params() {
   return p;
 }
 
-Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets) {
+std::vector<std::vector<Param*>> DecoderModel::pieces() {
+  std::vector<std::vector<Param*>> out(1);
+  embed_.collect(out.front());
+  for (const StackPiece& p : stack_.pieces()) out.push_back(p.params);
+  out.emplace_back();
+  head_.collect(out.back());
+  return out;
+}
+
+namespace {
+// ZeRO stage 3's hooks around each stack piece (piece k of the model is stack piece k - 1):
+// gather before, prefetching the next piece in the pass's order, and free after.
+void add_gather_hooks(GradSync* sync, const std::vector<StackPiece>& pieces, StackHooks* hooks) {
+  if (!sync || sync->zero() != 3) return;
+  const StackPiece* first = pieces.data();
+  auto prev_begin = hooks->begin;
+  hooks->begin = [sync, first, prev_begin](const StackPiece& p, Pass pass) {
+    const int k = static_cast<int>(&p - first) + 1;
+    sync->gather_piece(k, pass == Pass::Forward ? k + 1 : k - 1);
+    if (prev_begin) prev_begin(p, pass);
+  };
+  hooks->end = [sync, first](const StackPiece& p, Pass) {
+    sync->release_piece(static_cast<int>(&p - first) + 1);
+  };
+}
+}  // namespace
+
+Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets, GradSync* sync) {
+  const int head = static_cast<int>(stack_.pieces().size()) + 1;
+  if (sync) sync->gather_piece(0, 1);
   Tensor x = embed_.forward(ids);
-  x = stack_.forward(x);
-  return head_.forward(x, targets);
+  if (sync) sync->release_piece(0);
+  StackHooks hooks;
+  add_gather_hooks(sync, stack_.pieces(), &hooks);
+  x = stack_.forward(x, hooks);
+  if (sync) sync->gather_piece(head);
+  Tensor loss = head_.forward(x, targets);
+  if (sync) sync->release_piece(head);
+  return loss;
 }
 
 void DecoderModel::backward(float grad_scale, GradSync* sync) {
   std::vector<Param*> head, embed;
   head_.collect(head);
   embed_.collect(embed);
-  if (sync) sync->prepare_grads(head);
+  const int head_piece = static_cast<int>(stack_.pieces().size()) + 1;
+  if (sync) {
+    sync->gather_piece(head_piece, head_piece - 1);
+    sync->prepare_grads(head);
+  }
   Tensor d = head_.backward(grad_scale);
-  if (sync) sync->mark_ready(head);
+  if (sync) {
+    sync->release_piece(head_piece);
+    sync->mark_ready(head);
+  }
   StackHooks hooks;
   if (sync) {
     hooks.begin = [sync](const StackPiece& p, Pass pass) {
@@ -41,10 +83,15 @@ void DecoderModel::backward(float grad_scale, GradSync* sync) {
     };
     hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
   }
+  add_gather_hooks(sync, stack_.pieces(), &hooks);
   d = stack_.backward(d, hooks);
-  if (sync) sync->prepare_grads(embed);
+  if (sync) {
+    sync->gather_piece(0);
+    sync->prepare_grads(embed);
+  }
   embed_.backward(d);
   if (sync) {
+    sync->release_piece(0);
     sync->mark_ready(embed);
     sync->finish();
   }

@@ -20,14 +20,20 @@ struct ModelConfig {
 class DecoderModel {
  public:
   DecoderModel(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const ModelConfig& cfg);
-  // ids, targets [seq, batch] i64 -> mean loss over the tokens, a [1] f32 tensor.
-  Tensor forward(const Tensor& ids, const Tensor& targets);
+  // ids, targets [seq, batch] i64 -> mean loss over the tokens, a [1] f32 tensor. With `sync` at
+  // ZeRO stage 3, each piece's parameters are gathered before its forward (the next piece's
+  // prefetched) and freed after.
+  Tensor forward(const Tensor& ids, const Tensor& targets, GradSync* sync = nullptr);
   // Backward of the loss times grad_scale; after each piece of the block stack tells `sync` its
   // gradients are final so their buckets' all-reduces start while earlier pieces are still
-  // differentiating.
+  // differentiating (stage 3: gathering each piece's parameters again, the previous piece's
+  // prefetched).
   void backward(float grad_scale, GradSync* sync);
   // Every parameter, in forward order.
   std::vector<Param*> params();
+  // The parameters by piece, in forward order: the embedding, each stack piece, the LM head (the
+  // units ZeRO stage 3 gathers).
+  std::vector<std::vector<Param*>> pieces();
   const ModelConfig& config() const { return cfg_; }
 
  private:

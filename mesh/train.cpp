@@ -62,7 +62,7 @@ int local_stop_request(const TrainConfig& cfg) {
 // is agreed before each batch (a long validation must not delay it): then *stop is the verdict
 // and the loss is not computed.
 double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
-                DecoderModel& model, CommScheduler& dp_loss, StepVerdict* stop) {
+                DecoderModel& model, GradSync& sync, CommScheduler& dp_loss, StepVerdict* stop) {
   Stream& cs = ctx.compute_stream();
   const int64_t local = cfg.batch / mesh.size(kDpDim), micro = local / cfg.micro_batches;
   const float w = 1.f / static_cast<float>(cfg.eval_batches * cfg.micro_batches);
@@ -77,7 +77,7 @@ double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, Devic
       Tensor ids, targets;
       const int64_t first = b * cfg.batch + mesh.coord(kDpDim) * local + mb * micro;
       make_batch(cfg, ctx, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
-      ops::add(ctx, cs, sum, model.forward(ids, targets), sum, 1.f, w);
+      ops::add(ctx, cs, sum, model.forward(ids, targets, &sync), sum, 1.f, w);
     }
   }
   dp_loss.all_reduce(sum, "val_loss", ReduceOp::Avg);
@@ -112,10 +112,10 @@ void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, 
 // The validation loss after step st->step (rank 0 prints "val step N loss X"); a stop agreed
 // during it joins the step's verdict, and no loss is printed.
 void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
-                   DecoderModel& model, CommScheduler& dp_loss, std::ostream* log, StepStats* st,
-                   StepVerdict* verdict) {
+                   DecoderModel& model, GradSync& sync, CommScheduler& dp_loss, std::ostream* log,
+                   StepStats* st, StepVerdict* verdict) {
   StepVerdict stop;
-  st->val_loss = evaluate(cfg, ctx, world, mesh, model, dp_loss, &stop);
+  st->val_loss = evaluate(cfg, ctx, world, mesh, model, sync, dp_loss, &stop);
   if (stop.stop) {
     verdict->stop = true;
     verdict->stop_signal = stop.stop_signal;
@@ -157,9 +157,9 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
   if (!v.loss_finite) os << "the loss is not finite";
   if (!v.loss_finite && !v.grads_finite) os << " and ";
   if (!v.grads_finite) {
-    if (culprit.empty() && cfg.dp.zero == 2)
-      os << "a gradient is not finite or their norm overflows f32 (--zero 2 keeps gradient shards "
-            "only: --zero 1 names the parameter)";
+    if (culprit.empty() && cfg.dp.zero >= 2)
+      os << "a gradient is not finite or their norm overflows f32 (--zero " << cfg.dp.zero
+         << " keeps gradient shards only: --zero 1 names the parameter)";
     else if (culprit.empty())
       os << "the gradient norm overflows f32";
     else
@@ -261,7 +261,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   CommScheduler tp(mesh, kTpDim, cfg.tp.overlap);
   DecoderModel model(mesh, tp, cfg.tp, cfg.model);
   const int sets = cfg.grad_sync == GradSyncMode::Async ? cfg.staleness + 1 : 1;
-  GradSync sync(mesh, model.params(), cfg.dp, sets);
+  GradSync sync(mesh, model.params(), cfg.dp, sets,
+                cfg.dp.zero == 3 ? model.pieces() : std::vector<std::vector<Param*>>());
   // Every replica starts from dp rank 0's parameters.
   sync.broadcast_params();
   // --metrics records the gradient norm of every step (without it, it is measured only to clip).
@@ -273,6 +274,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   const CheckpointSession checkpoints = open_checkpointing(cfg, mesh);
   int skipped_total = 0;  // the run's: a resumed run continues its checkpoint's count
   const int first_step = resume_training(cfg, mesh, model.params(), opt, log, &skipped_total);
+  sync.shard_params();  // stage 3: each rank keeps its shard of the (broadcast or loaded) whole
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
@@ -302,7 +304,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       const int64_t first =
           static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
       make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
-      Tensor loss = model.forward(ids, targets);
+      Tensor loss = model.forward(ids, targets, &sync);
       ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
       model.backward(grad_scale, &sync);
     }
@@ -348,7 +350,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     // --- validation ---
     if (cfg.val_data && !verdict.stop &&
         (step + 1 == cfg.steps || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0)))
-      validate_step(cfg, ctx, world, mesh, model, dp_loss, log, &st, &verdict);
+      validate_step(cfg, ctx, world, mesh, model, sync, dp_loss, log, &st, &verdict);
     st.stopped = verdict.stop;
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     skipped_total += st.skipped ? 1 : 0;
@@ -359,8 +361,11 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     out.push_back(st);
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---
-    if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, verdict.stop))
+    if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, verdict.stop)) {
+      sync.gather_all_params();  // stage 3: the checkpoint holds whole (tp-local) parameters
       save_training(cfg, checkpoints, st.step, skipped_total, mesh, model.params(), opt, log);
+      sync.shard_params();
+    }
     if (verdict.stop) break;
   }
   if (log && world.rank() == 0) metrics.log_cost(out, *log);

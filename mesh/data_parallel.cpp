@@ -25,8 +25,8 @@ std::vector<int> piece_of_params(const std::vector<Param*>& params,
     for (size_t i = 0; i < pieces[k].size(); ++i) {
       MESHRT_CHECK(out.size() < params.size() && params[out.size()] == pieces[k][i],
                    "data parallel: --zero 3's piece " << k << " parameter " << i
-                                                      << " is not the next of the "
-                                                      << params.size() << " parameters in order");
+                                                      << " is not the next of the " << params.size()
+                                                      << " parameters in order");
       out.push_back(static_cast<int>(k));
     }
   MESHRT_CHECK(out.size() == params.size(), "data parallel: --zero 3's pieces hold "
@@ -71,8 +71,8 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
     MESHRT_CHECK(p && p->value.defined(), "data parallel: parameter " << k << " is undefined");
     const double bytes = static_cast<double>(p->value.nbytes());
     // Stage 3: a bucket never spans two pieces (a piece gathers its own buckets only).
-    const bool new_piece = !piece_of.empty() && k + 1 < params_.size() &&
-                           piece_of[k] != piece_of[k + 1];
+    const bool new_piece =
+        !piece_of.empty() && k + 1 < params_.size() && piece_of[k] != piece_of[k + 1];
     if (!cur.params.empty() &&
         (cur_bytes + bytes > cap || cur.dtype != p->value.dtype() || new_piece))
       close();
@@ -149,7 +149,8 @@ std::vector<ShardPiece> GradSync::shard_pieces(int bi) const {
     pc.at = a - lo;
     pc.len = e - a;
     pc.offset = a - b.offsets[i];
-    pc.value = opts_.zero == 3 ? b.param_shard.narrow(0, pc.at, pc.len) : b.values.narrow(0, a, pc.len);
+    pc.value =
+        opts_.zero == 3 ? b.param_shard.narrow(0, pc.at, pc.len) : b.values.narrow(0, a, pc.len);
     pc.grad = opts_.zero >= 2 ? b.grad_shard[static_cast<size_t>(active_)].narrow(0, pc.at, pc.len)
                               : flat.narrow(0, a, pc.len);
     out.push_back(std::move(pc));
@@ -283,9 +284,8 @@ void GradSync::bind(int grad_set) {
       Param* p = b.params[i];
       const Tensor& flat = b.flat[static_cast<size_t>(grad_set)];
       // Stage 2 frees the full buckets once reduced: no full gradient until zero_grad.
-      p->grad = flat.defined()
-                    ? flat.narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i])
-                    : Tensor();
+      p->grad = flat.defined() ? flat.narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i])
+                               : Tensor();
     }
   active_ = grad_set;
 }
@@ -316,8 +316,7 @@ void GradSync::prepare_grads(const std::vector<Param*>& ps) {
     if (b.flat[s].defined()) continue;
     allocate_full(b, s);
     for (size_t i = 0; i < b.params.size(); ++i)
-      b.params[i]->grad =
-          b.flat[s].narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i]);
+      b.params[i]->grad = b.flat[s].narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i]);
   }
 }
 

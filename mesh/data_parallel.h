@@ -35,7 +35,8 @@ MESHRT_API void validate_zero_stage(int zero);
 
 // One parameter's part of this rank's ZeRO shard of a bucket: views of `len` elements of its
 // value (stage 3: of the parameter shard) and its gradient (the reduced gradient: the full bucket
-// at stage 1, the shard at stages 2 and 3), starting `at` elements into the shard and `offset` elements into the parameter.
+// at stage 1, the shard at stages 2 and 3), starting `at` elements into the shard and `offset`
+// elements into the parameter.
 struct MESHRT_API ShardPiece {
   Param* param = nullptr;
   Tensor value, grad;

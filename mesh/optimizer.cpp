@@ -317,8 +317,8 @@ double Optimizer::norm_from_squares(const Tensor& acc_sharded, const Tensor& acc
 
 namespace meshrt {
 
-// Stages 2 and 3 hold only gradient shards: the squares are summed over dp (each rank its shard), and
-// the tp-sharded parameters' also over tp.
+// Stages 2 and 3 hold only gradient shards: the squares are summed over dp (each rank its shard),
+// and the tp-sharded parameters' also over tp.
 double Optimizer::grad_norm_sharded() {
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();

@@ -263,8 +263,10 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   const int sets = cfg.grad_sync == GradSyncMode::Async ? cfg.staleness + 1 : 1;
   GradSync sync(mesh, model.params(), cfg.dp, sets,
                 cfg.dp.zero == 3 ? model.pieces() : std::vector<std::vector<Param*>>());
-  // Every replica starts from dp rank 0's parameters.
+  // Every replica starts from dp rank 0's parameters (stage 3: then keeps its shard of them,
+  // before the optimizer state is allocated).
   sync.broadcast_params();
+  sync.shard_params();
   // --metrics records the gradient norm of every step (without it, it is measured only to clip).
   OptimizerConfig optim = cfg.optim;
   optim.measure_grad_norm = optim.measure_grad_norm || !cfg.metrics.empty();
@@ -273,8 +275,10 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   // --- checkpoint: resume ---
   const CheckpointSession checkpoints = open_checkpointing(cfg, mesh);
   int skipped_total = 0;  // the run's: a resumed run continues its checkpoint's count
+  // Stage 3: a checkpoint loads whole (tp-local) parameters.
+  if (!cfg.checkpoint.resume.empty()) sync.gather_all_params();
   const int first_step = resume_training(cfg, mesh, model.params(), opt, log, &skipped_total);
-  sync.shard_params();  // stage 3: each rank keeps its shard of the (broadcast or loaded) whole
+  sync.shard_params();
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);

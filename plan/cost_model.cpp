@@ -433,7 +433,8 @@ BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
   bool open = false;
   for (size_t k = params.size(); k-- > 0;) {
     const auto [bytes, piece] = params[k];
-    if (open && cur + bytes > cap) {
+    // ZeRO 3's buckets follow piece boundaries (GradSync: a piece gathers its own buckets).
+    if (open && (cur + bytes > cap || (c.zero == 3 && piece != first_piece))) {
       b.bytes.push_back(cur);
       b.launch_after.push_back(first_piece);
       open = false;
@@ -712,12 +713,24 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   // (mesh/data_parallel.cpp), in the parameters' dtype, each rounded to the allocators' size
   // classes.
   double params = 0;
+  std::map<int, double> piece_bytes;  // ZeRO 3: the parameters gathered together
   for (const auto& p : local_params(m, c)) {
     params += p.first;
+    piece_bytes[p.second] += p.first;
     mem.weights += rounded(p.first);
   }
   std::vector<double> bucket_bytes = buckets(m, c).bytes;
   const double dp = c.zero > 0 ? c.dp : 1;  // ZeRO's shards (mesh/data_parallel.h)
+  if (c.zero == 3) {
+    // Each bucket's parameter shard, and the full buffers of at most three pieces (the current
+    // one, the prefetched one and one being freed: GradSync::kMaxGatheredPieces).
+    mem.weights = 0;
+    for (double b : bucket_bytes) mem.weights += rounded(std::ceil(b / dp));
+    std::vector<double> whole;
+    for (const auto& pb : piece_bytes) whole.push_back(pb.second);
+    std::sort(whole.begin(), whole.end(), std::greater<>());
+    for (size_t i = 0; i < whole.size() && i < 3 && c.dp > 1; ++i) mem.weights += rounded(whole[i]);
+  }
   if (c.zero >= 2) {
     // Each bucket's shard, and at most three full buckets alive during backward.
     std::sort(bucket_bytes.begin(), bucket_bytes.end(), std::greater<>());

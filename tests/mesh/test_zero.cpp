@@ -1,4 +1,4 @@
-// ZeRO stages 1 and 2 over dp (docs/zero.md): the loss curves of zero 0, shard coverage with
+// ZeRO stages 1, 2 and 3 over dp (docs/zero.md): the loss curves of zero 0, shard coverage with
 // padding, checkpoints across stages and layouts, and refused configurations.
 #include <unistd.h>
 
@@ -233,6 +233,77 @@ TEST_CASE("a ZeRO checkpoint resumes onto another stage, dp size and tp size",
   fs::remove_all(root);
 }
 
+TEST_CASE("a ZeRO 3 checkpoint on dp=4 resumes onto zero 0 on dp=1",
+          "[zero][checkpoint][train][multirank]") {
+  const std::string root = zero_scratch("resume3");
+  TrainConfig base = zero_cfg("dp=4", 3);
+  base.steps = 6;
+  const auto full = zero_losses(4, base);
+  REQUIRE(full.size() == 6);
+  TrainConfig first = base;
+  first.steps = 3;
+  first.checkpoint.save = root;
+  const auto head = zero_losses(4, first);
+  REQUIRE(head.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(head[i] == full[i]);
+  const std::vector<double> tail(full.begin() + 3, full.end());
+  // Onto zero 0 on one rank, and back onto zero 3 on dp=2 x tp=2 and on dp=4 (bit for bit).
+  TrainConfig r = zero_cfg("dp=1", 0);
+  r.steps = 6;
+  r.checkpoint.resume = root;
+  const auto got = zero_losses(1, r);
+  REQUIRE(got.size() == 3);
+  CHECK(rel_err(got, tail) < 1e-5);
+  r = zero_cfg("dp=2,tp=2", 3);
+  r.steps = 6;
+  r.checkpoint.resume = root;
+  CHECK(rel_err(zero_losses(4, r), tail) < 1e-5);
+  r.mesh = "dp=4";
+  CHECK(zero_losses(4, r) == tail);
+  fs::remove_all(root);
+}
+
+TEST_CASE("ZeRO 3 buckets follow pieces; a piece is whole only while gathered",
+          "[zero][multirank]") {
+  run_ranks(2, [&](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "dp=2");
+    CommScheduler tp(mesh, kTpDim, Overlap::None);
+    DecoderModel model(mesh, tp, {}, zero_model());
+    // The whole first MLP, before sharding, to compare the gathered values with.
+    const auto pieces = model.pieces();
+    REQUIRE(pieces.size() == 2 + 2 * 2);
+    std::vector<Tensor> before;
+    for (Param* p : pieces[2])
+      before.push_back(p->value.to(ctx.host_allocator(), ctx.compute_stream()));
+    DpOptions o;
+    o.bucket_mb = 1;  // larger than any piece: one bucket per piece
+    o.zero = 3;
+    GradSync sync(mesh, model.params(), o, 1, pieces);
+    RANK_REQUIRE(sync.num_buckets() == 6);
+    RANK_REQUIRE(sync.num_pieces() == 6);
+    for (int b = 0; b < sync.num_buckets(); ++b)
+      RANK_REQUIRE(sync.bucket(b).size() == pieces[static_cast<size_t>(5 - b)].size());
+    sync.shard_params();
+    for (const auto& pc : pieces)
+      for (Param* p : pc) RANK_REQUIRE(!p->value.defined());
+    sync.gather_piece(2, 3);
+    ctx.synchronize();
+    for (size_t i = 0; i < pieces[2].size(); ++i) {
+      Tensor got = pieces[2][i]->value.to(ctx.host_allocator(), ctx.compute_stream());
+      ctx.synchronize();
+      RANK_REQUIRE(got.numel() == before[i].numel());
+      for (int64_t k = 0; k < got.numel(); ++k)
+        RANK_REQUIRE(got.data<float>()[k] == before[i].data<float>()[k]);
+    }
+    RANK_REQUIRE(pieces[3].front()->value.defined());  // prefetched
+    RANK_REQUIRE(!pieces[4].front()->value.defined());
+    sync.release_piece(2);
+    sync.release_piece(3);
+    RANK_REQUIRE(!pieces[2].front()->value.defined());
+    (void)r;
+  });
+}
+
 TEST_CASE("bad ZeRO configurations are refused with what to change", "[zero][train][unit]") {
   TrainConfig c = zero_cfg("dp=2", 4);
   REQUIRE_THROWS_WITH(validate_train(c, 2), Catch::Contains("--zero 4 is not a supported"));
@@ -245,6 +316,16 @@ TEST_CASE("bad ZeRO configurations are refused with what to change", "[zero][tra
                       Catch::Contains("--zero 1 needs --grad-sync sync (got async"));
   c.grad_sync = GradSyncMode::Local;
   REQUIRE_THROWS_WITH(validate_train(c, 2), Catch::Contains("use --zero 0"));
+  c.dp.zero = 3;
+  REQUIRE_THROWS_WITH(validate_train(c, 2),
+                      Catch::Contains("--zero 3 needs --grad-sync sync (got local"));
+  c.grad_sync = GradSyncMode::Async;
+  REQUIRE_THROWS_WITH(validate_train(c, 2),
+                      Catch::Contains("--zero 3 needs --grad-sync sync (got async"));
+  c.grad_sync = GradSyncMode::Sync;
+  REQUIRE_NOTHROW(validate_train(c, 2));
+  c.dp.zero = 4;
+  REQUIRE_THROWS_WITH(validate_train(c, 2), Catch::Contains("or 3 (also the parameters)"));
 }
 
 namespace {
@@ -286,7 +367,8 @@ TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
     c.dp.bucket_mb = 0.25;
     return c;
   };
-  const ZeroRun z0 = zero_run(2, cfg(0)), z1 = zero_run(2, cfg(1)), z2 = zero_run(2, cfg(2));
+  const ZeroRun z0 = zero_run(2, cfg(0)), z1 = zero_run(2, cfg(1)), z2 = zero_run(2, cfg(2)),
+                z3 = zero_run(2, cfg(3));
   int64_t param_bytes = 0;
   {
     // The model's parameter count, from a dp=1 model.
@@ -311,6 +393,13 @@ TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
   CHECK(s2.dp_all_reduce_bytes == 0);
   CHECK(s2.dp_reduce_scatter_bytes == s1.dp_all_reduce_bytes);
   CHECK(s2.dp_all_gather_bytes == s1.dp_all_gather_bytes);
+  // Stage 3 gathers every piece's parameters twice (forward and backward; buckets follow the
+  // pieces, so its padding differs a little from stage 2's) and reduce-scatters as stage 2.
+  const StepStats& s3 = z3.steps.back();
+  CHECK(s3.dp_all_reduce_bytes == 0);
+  CHECK(s3.dp_reduce_scatter_bytes >= param_bytes);
+  CHECK(s3.dp_reduce_scatter_bytes < param_bytes + 64 * 4 * 2);
+  CHECK(s3.dp_all_gather_bytes == 2 * s3.dp_reduce_scatter_bytes);
   // AdamW keeps 8 bytes per f32 parameter: each rank of stage 1 half of them.
   const int64_t state_half = param_bytes * 2 / 2;  // 8 / 4 bytes per parameter, over dp=2
   for (size_t r = 0; r < 2; ++r) {
@@ -318,6 +407,8 @@ TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
                  << ", parameters " << param_bytes << " bytes");
     CHECK(z0.peak[r] - z1.peak[r] >= state_half * 9 / 10);
     CHECK(z2.peak[r] < z1.peak[r]);
+    // Stage 3 keeps half the parameters between uses, less a few whole pieces in flight.
+    CHECK(z3.peak[r] < z2.peak[r] - param_bytes / 4);
   }
 }
 
@@ -341,4 +432,14 @@ TEST_CASE("the memory precheck counts ZeRO's shares", "[zero][memory][unit]") {
   CHECK(z0.total() > budget);
   CHECK(z1.total() < budget);
   CHECK(z2.total() < z1.total());
+  c.dp.zero = 3;
+  const TrainMemory z3 = estimate_train_memory(c, 4);
+  CHECK(z3.weights < z0.weights / 2);
+  CHECK(z3.weights > z0.weights / 4);  // the shard plus the pieces in flight
+  CHECK(z3.grads == z2.grads);
+  CHECK(z3.optimizer == z2.optimizer);
+  // A budget the precheck refuses at zero 0, 1 and 2 and admits at zero 3.
+  const double tight = (z2.total() + z3.total()) / 2;
+  CHECK(z2.total() > tight);
+  CHECK(z3.total() < tight);
 }

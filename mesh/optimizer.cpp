@@ -230,6 +230,7 @@ NamedTensors Optimizer::state(size_t i) const {
 
 void Optimizer::gather_state() {
   if (!zero_) return;
+  zero_->gather_all_params();  // stage 3: the parameters too
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
   CommScheduler& dp = zero_->scheduler();
@@ -273,6 +274,7 @@ void Optimizer::scatter_state() {
   cs.synchronize();
   for (auto& t : m_) t = Tensor();
   for (auto& t : v_) t = Tensor();
+  zero_->shard_params();
 }
 
 void Optimizer::set_lr(float lr) {

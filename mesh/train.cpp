@@ -275,10 +275,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   // --- checkpoint: resume ---
   const CheckpointSession checkpoints = open_checkpointing(cfg, mesh);
   int skipped_total = 0;  // the run's: a resumed run continues its checkpoint's count
-  // Stage 3: a checkpoint loads whole (tp-local) parameters.
-  if (!cfg.checkpoint.resume.empty()) sync.gather_all_params();
   const int first_step = resume_training(cfg, mesh, model.params(), opt, log, &skipped_total);
-  sync.shard_params();
 
   const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
@@ -365,11 +362,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     out.push_back(st);
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the
     // guard above) ---
-    if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, verdict.stop)) {
-      sync.gather_all_params();  // stage 3: the checkpoint holds whole (tp-local) parameters
+    if (checkpoint_due(cfg.checkpoint, st.step, cfg.steps, verdict.stop))
       save_training(cfg, checkpoints, st.step, skipped_total, mesh, model.params(), opt, log);
-      sync.shard_params();
-    }
     if (verdict.stop) break;
   }
   if (log && world.rank() == 0) metrics.log_cost(out, *log);

@@ -713,23 +713,27 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   // (mesh/data_parallel.cpp), in the parameters' dtype, each rounded to the allocators' size
   // classes.
   double params = 0;
-  std::map<int, double> piece_bytes;  // ZeRO 3: the parameters gathered together
   for (const auto& p : local_params(m, c)) {
     params += p.first;
-    piece_bytes[p.second] += p.first;
     mem.weights += rounded(p.first);
   }
-  std::vector<double> bucket_bytes = buckets(m, c).bytes;
+  const BucketPlan plan = buckets(m, c);
+  std::vector<double> bucket_bytes = plan.bytes;
   const double dp = c.zero > 0 ? c.dp : 1;  // ZeRO's shards (mesh/data_parallel.h)
   if (c.zero == 3) {
     // Each bucket's parameter shard, and the full buffers of at most three pieces (the current
-    // one, the prefetched one and one being freed: GradSync::kMaxGatheredPieces).
+    // one, the prefetched one and one being freed: GradSync::kMaxGatheredPieces); at stage 3 a
+    // bucket's launch_after is its only piece.
     mem.weights = 0;
-    for (double b : bucket_bytes) mem.weights += rounded(std::ceil(b / dp));
-    std::vector<double> whole;
-    for (const auto& pb : piece_bytes) whole.push_back(pb.second);
-    std::sort(whole.begin(), whole.end(), std::greater<>());
-    for (size_t i = 0; i < whole.size() && i < 3 && c.dp > 1; ++i) mem.weights += rounded(whole[i]);
+    std::map<int, double> whole;  // piece -> its buckets' full buffers
+    for (size_t i = 0; i < bucket_bytes.size(); ++i) {
+      mem.weights += rounded(std::ceil(bucket_bytes[i] / dp));
+      whole[plan.launch_after[i]] += rounded(std::ceil(bucket_bytes[i] / dp) * dp);
+    }
+    std::vector<double> largest;
+    for (const auto& w : whole) largest.push_back(w.second);
+    std::sort(largest.begin(), largest.end(), std::greater<>());
+    for (size_t i = 0; i < largest.size() && i < 3 && c.dp > 1; ++i) mem.weights += largest[i];
   }
   if (c.zero >= 2) {
     // Each bucket's shard, and at most three full buckets alive during backward.

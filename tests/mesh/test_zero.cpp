@@ -263,6 +263,32 @@ TEST_CASE("a ZeRO 3 checkpoint on dp=4 resumes onto zero 0 on dp=1",
   fs::remove_all(root);
 }
 
+TEST_CASE("ZeRO 3's finiteness guard stops or skips a non-finite step",
+          "[zero][train][multirank]") {
+  TrainConfig c = zero_cfg("dp=2", 3);
+  c.optim.lr = 1e30f;
+  std::string msg;
+  try {
+    zero_losses(2, c);
+  } catch (const NonFiniteError& e) {
+    msg = e.message();
+  }
+  CHECK_THAT(msg,
+             Catch::StartsWith("step 2: the loss is not finite and a gradient is not finite") &&
+                 Catch::Contains("--zero 3 keeps gradient shards only: --zero 1 names"));
+  // Skipped: the step applies nothing, and the later steps see the same broken weights.
+  c.skip_nonfinite = true;
+  std::vector<StepStats> st;
+  run_ranks(2, [&](int r, Communicator& w, Context& ctx) {
+    auto s = train(c, ctx, w, nullptr);
+    if (r == 0) st = s;
+  });
+  REQUIRE(st.size() == 5);
+  CHECK(std::isfinite(st[0].loss));
+  CHECK_FALSE(st[0].skipped);
+  for (size_t i = 1; i < 5; ++i) CHECK(st[i].skipped);
+}
+
 TEST_CASE("ZeRO 3 buckets follow pieces; a piece is whole only while gathered",
           "[zero][multirank]") {
   run_ranks(2, [&](int r, Communicator& world, Context& ctx) {

@@ -93,7 +93,7 @@ TEST_CASE("ZeRO 3 gives the loss curve of zero 0 on every dp x tp layout",
   }
 }
 
-TEST_CASE("ZeRO 3 with accumulation, clipping, weight decay and SGD momentum",
+TEST_CASE("ZeRO 3 with accumulation, clipping, weight decay, SGD, sequence parallel, bf16",
           "[zero][train][multirank]") {
   for (const auto& [w, mesh] : zero_layouts()) {
     if (w == 1) continue;
@@ -111,6 +111,13 @@ TEST_CASE("ZeRO 3 with accumulation, clipping, weight decay and SGD momentum",
       CHECK(rel_err(zero_losses(w, cfg(3)), zero_losses(w, cfg(0))) < 1e-6);
     }
   }
+  // Sequence parallel on dp=2 x tp=2: the norms' partial gradients are reduced over tp before
+  // the buckets see them, as at stage 0.
+  TrainConfig sp = zero_cfg("dp=2,tp=2", 0);
+  sp.tp.sequence_parallel = true;
+  const auto sp0 = zero_losses(4, sp);
+  sp.dp.zero = 3;
+  CHECK(rel_err(zero_losses(4, sp), sp0) < 1e-6);
   // bf16 gradient communication: stage 3 reduce-scatters in bf16 as stage 2 does.
   TrainConfig b = zero_cfg("dp=2", 2);
   b.dp.bf16_comm = true;

@@ -30,32 +30,32 @@ std::vector<std::vector<Param*>> DecoderModel::pieces() {
   return out;
 }
 
-namespace {
-// ZeRO stage 3's hooks around each stack piece (piece k of the model is stack piece k - 1):
-// gather before, prefetching the next piece in the pass's order, and free after.
-void add_gather_hooks(GradSync* sync, const std::vector<StackPiece>& pieces, StackHooks* hooks) {
-  if (!sync || sync->zero() != 3) return;
-  const StackPiece* first = pieces.data();
-  auto prev_begin = hooks->begin;
-  hooks->begin = [sync, first, prev_begin](const StackPiece& p, Pass pass) {
-    const int k = static_cast<int>(&p - first) + 1;
-    sync->gather_piece(k, pass == Pass::Forward ? k + 1 : k - 1);
-    if (prev_begin) prev_begin(p, pass);
+StackHooks with_sync_hooks(GradSync* sync, const BlockStack& stack, StackHooks hooks,
+                           int first_piece) {
+  if (!sync) return hooks;
+  const StackPiece* first = stack.pieces().data();
+  auto begin = std::move(hooks.begin);
+  auto end = std::move(hooks.end);
+  hooks.begin = [sync, first, first_piece, begin](const StackPiece& p, Pass pass) {
+    const int k = static_cast<int>(&p - first) + first_piece;
+    const int next = pass == Pass::Forward ? k + 1 : k - 1;
+    if (sync->zero() == 3) sync->gather_piece(k, next < sync->num_pieces() ? next : -1);
+    if (pass == Pass::Backward) sync->prepare_grads(p.params);
+    if (begin) begin(p, pass);
   };
-  hooks->end = [sync, first](const StackPiece& p, Pass) {
-    sync->release_piece(static_cast<int>(&p - first) + 1);
+  hooks.end = [sync, first, first_piece, end](const StackPiece& p, Pass pass) {
+    if (end) end(p, pass);
+    if (sync->zero() == 3) sync->release_piece(static_cast<int>(&p - first) + first_piece);
   };
+  return hooks;
 }
-}  // namespace
 
 Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets, GradSync* sync) {
   const int head = static_cast<int>(stack_.pieces().size()) + 1;
   if (sync) sync->gather_piece(0, 1);
   Tensor x = embed_.forward(ids);
   if (sync) sync->release_piece(0);
-  StackHooks hooks;
-  add_gather_hooks(sync, stack_.pieces(), &hooks);
-  x = stack_.forward(x, hooks);
+  x = stack_.forward(x, with_sync_hooks(sync, stack_, {}, 1));
   if (sync) sync->gather_piece(head);
   Tensor loss = head_.forward(x, targets);
   if (sync) sync->release_piece(head);
@@ -77,14 +77,8 @@ void DecoderModel::backward(float grad_scale, GradSync* sync) {
     sync->mark_ready(head);
   }
   StackHooks hooks;
-  if (sync) {
-    hooks.begin = [sync](const StackPiece& p, Pass pass) {
-      if (pass == Pass::Backward) sync->prepare_grads(p.params);
-    };
-    hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
-  }
-  add_gather_hooks(sync, stack_.pieces(), &hooks);
-  d = stack_.backward(d, hooks);
+  if (sync) hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
+  d = stack_.backward(d, with_sync_hooks(sync, stack_, std::move(hooks), 1));
   if (sync) {
     sync->gather_piece(0);
     sync->prepare_grads(embed);

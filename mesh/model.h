@@ -43,6 +43,15 @@ class DecoderModel {
   LmHead head_;
 };
 
+// `hooks` with `sync`'s work around each piece of `stack` added (none without sync): before a
+// piece's backward its gradient buckets are allocated (ZeRO 2 and 3: prepare_grads); at ZeRO 3
+// its parameters are gathered before each pass, the next piece in the pass's order prefetched
+// (forward: the next, backward: the previous), and freed after. Stack piece k is GradSync piece
+// k + first_piece (a DecoderModel's embedding is piece 0); the last stack piece prefetches piece
+// k + first_piece + 1 only when `sync` has it.
+StackHooks with_sync_hooks(GradSync* sync, const BlockStack& stack, StackHooks hooks,
+                           int first_piece = 0);
+
 // Synthetic next-token data, keyed by (seed, global sample index) only: sample i is a walk
 // t[k+1] = (5 t[k] + 3 + (k % 3)) mod vocab from a random start, so the model can learn it and
 // each dp rank draws its own slice of the same global batch. ids [seq, n], targets [seq, n].

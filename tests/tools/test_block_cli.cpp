@@ -28,6 +28,7 @@ using meshrt::test::slurp;
 
 fs::path block_scratch() {
   static const fs::path d = meshrt::test::scratch_dir("block-cli");
+  fs::create_directories(d);  // again: a case removes it when done
   return d;
 }
 
@@ -154,4 +155,5 @@ TEST_CASE("bench block --zero 3 gathers each piece and lowers the peak; --zero 1
     INFO(name);
     CHECK(f3.at(name).to_vector() == t.to_vector());
   }
+  fs::remove_all(block_scratch());
 }

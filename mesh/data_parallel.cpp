@@ -160,7 +160,8 @@ std::vector<ShardPiece> GradSync::shard_pieces(int bi) const {
 
 void GradSync::gather_params(int bi) {
   Bucket& b = buckets_[static_cast<size_t>(bi)];
-  if (opts_.zero == 0 || opts_.zero == 3 || dp_.size() == 1) return;  // stage 3: the forward's
+  // Stage 3 gathers in the next forward instead.
+  if (opts_.zero == 0 || opts_.zero == 3 || dp_.size() == 1) return;
   const int64_t s = shard_numel(bi);
   b.gathered = dp_.all_gather(b.values.narrow(0, dp_.rank() * s, s), b.values, "dp.param.gather");
 }
@@ -197,7 +198,8 @@ void GradSync::launch_param_gather(Bucket& b) {
 void GradSync::gather_piece(int k, int prefetch) {
   if (opts_.zero != 3) return;
   MESHRT_CHECK(k >= 0 && k < num_pieces() && prefetch < num_pieces(),
-               "GradSync: piece " << k << " (prefetch " << prefetch << ") of " << num_pieces());
+               "GradSync: piece " << k << " (prefetch " << prefetch << ") is not one of the "
+                                  << num_pieces() << " pieces given to the constructor");
   for (int p : {k, prefetch}) {
     if (p < 0 || piece_gathered_[static_cast<size_t>(p)]) continue;
     // The rate limit: the issuing thread runs ahead of the compute stream, and a released
@@ -221,7 +223,9 @@ void GradSync::gather_piece(int k, int prefetch) {
 
 void GradSync::release_piece(int k) {
   if (opts_.zero != 3) return;
-  MESHRT_CHECK(k >= 0 && k < num_pieces(), "GradSync: piece " << k << " of " << num_pieces());
+  MESHRT_CHECK(k >= 0 && k < num_pieces(), "GradSync: piece "
+                                               << k << " is not one of the " << num_pieces()
+                                               << " pieces given to the constructor");
   piece_gathered_[static_cast<size_t>(k)] = false;
   for (int bi : piece_buckets_[static_cast<size_t>(k)]) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];

@@ -2,6 +2,9 @@
 // padding, checkpoints across stages and layouts, and refused configurations.
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <mutex>
@@ -299,7 +302,29 @@ TEST_CASE("ZeRO 3's finiteness guard stops or skips a non-finite step",
   for (size_t i = 1; i < 5; ++i) CHECK(st[i].skipped);
 }
 
-TEST_CASE("ZeRO 3 buckets follow pieces; a piece is whole only while gathered",
+TEST_CASE("a signal stops ZeRO 3 with a checkpoint that continues the curve",
+          "[zero][checkpoint][train][multirank]") {
+  const std::string root = zero_scratch("stop3");
+  TrainConfig base = zero_cfg("dp=2", 3);
+  const auto full = zero_losses(2, base);
+  REQUIRE(full.size() == 5);
+  // SIGINT asked once both ranks have finished step 2: every rank stops after step 3 (the guard
+  // agrees), saving it.
+  std::atomic<int> seen{0};
+  TrainConfig first = base;
+  first.checkpoint.save = root;
+  first.on_step = [&](const StepStats&) { seen++; };
+  first.stop_requested = [&] { return seen.load() >= 4 ? SIGINT : 0; };
+  const auto head = zero_losses(2, first);
+  REQUIRE(head.size() == 3);
+  CHECK(head == std::vector<double>(full.begin(), full.begin() + 3));
+  TrainConfig r = base;
+  r.checkpoint.resume = root;
+  CHECK(zero_losses(2, r) == std::vector<double>(full.begin() + 3, full.end()));
+  fs::remove_all(root);
+}
+
+TEST_CASE("ZeRO 3 buckets follow pieces and a piece is whole only while gathered",
           "[zero][multirank]") {
   run_ranks(2, [&](int r, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "dp=2");

@@ -114,7 +114,7 @@ TEST_CASE(
   fs::remove_all(block_scratch());
 }
 
-TEST_CASE("bench block --zero 3 gathers each piece and lowers the peak; --zero 1 is refused",
+TEST_CASE("bench block --zero 3 gathers each piece and lowers the peak, and --zero 1 is refused",
           "[multirank][zero]") {
   const std::string base =
       "bench block --devices cpu:2 --mesh dp=2 --seq 32 --hidden 128 --heads 4 --layers 8 "

@@ -414,13 +414,13 @@ ZeroRun zero_run(int world, const TrainConfig& cfg) {
 
 TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
           "[zero][train][memory][multirank]") {
-  // Parameters dominate: hidden 128 and 4 layers, a batch of 2 sequences of 8 tokens.
+  // Parameters dominate: hidden 128 and 8 layers, a batch of 2 sequences of 8 tokens.
   auto cfg = [](int zero) {
     TrainConfig c = zero_cfg("dp=2", zero);
     c.model.block.hidden = 128;
     c.model.block.heads = 4;
     c.model.block.ffn = 512;
-    c.model.layers = 4;
+    c.model.layers = 8;
     c.model.vocab = 256;
     c.batch = 2;
     c.seq = 8;
@@ -468,8 +468,10 @@ TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
                  << ", parameters " << param_bytes << " bytes");
     CHECK(z0.peak[r] - z1.peak[r] >= state_half * 9 / 10);
     CHECK(z2.peak[r] < z1.peak[r]);
-    // Stage 3 keeps half the parameters between uses, less a few whole pieces in flight.
-    CHECK(z3.peak[r] < z2.peak[r] - param_bytes / 4);
+    // Stage 3 keeps half the parameters between uses (3.4 MB here) and at most three whole
+    // pieces (an MLP is 0.53 MB); the peak also holds what queued host tasks still reference,
+    // which varies with the machine's load.
+    CHECK(z3.peak[r] < z2.peak[r] - param_bytes / 8);
   }
 }
 

@@ -58,7 +58,8 @@ Norm::Norm(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, NormKind k
 
 void Norm::collect(std::vector<Param*>& out) {
   out.push_back(&gamma);
-  if (beta.value.defined()) out.push_back(&beta);
+  // By kind, not by beta's value: ZeRO 3 frees the values between uses.
+  if (kind_ == NormKind::LayerNorm) out.push_back(&beta);
 }
 
 Tensor Norm::forward(const Tensor& x) {
@@ -88,7 +89,7 @@ Tensor Norm::backward(const Tensor& dy) {
   // earlier micro-batches tp times).
   Tensor dg = partial ? ctx.empty(gamma.grad.shape(), gamma.grad.dtype()) : gamma.grad;
   Tensor db;
-  if (beta.value.defined())
+  if (kind_ == NormKind::LayerNorm)
     db = partial ? ctx.empty(beta.grad.shape(), beta.grad.dtype()) : beta.grad;
   if (kind_ == NormKind::LayerNorm) {
     ops::layernorm_bwd(ctx, cs, dy, x_, gamma.value, mean_, rstd_, dx, &dg, &db, !partial);

@@ -9,13 +9,35 @@
 namespace meshrt {
 
 void validate_zero_stage(int zero) {
-  MESHRT_CHECK(zero >= 0 && zero <= 2,
+  MESHRT_CHECK(zero >= 0 && zero <= 3,
                "train: --zero " << zero
                                 << " is not a supported ZeRO stage: use 0 (replicated), 1 (shard "
-                                   "the optimizer state) or 2 (also the gradients)");
+                                   "the optimizer state), 2 (also the gradients) or 3 (also the "
+                                   "parameters)");
 }
 
-GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts, int grad_sets)
+namespace {
+// Stage 3: the piece of each parameter (forward order), checked to partition `params`.
+std::vector<int> piece_of_params(const std::vector<Param*>& params,
+                                 const std::vector<std::vector<Param*>>& pieces) {
+  std::vector<int> out;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    for (size_t i = 0; i < pieces[k].size(); ++i) {
+      MESHRT_CHECK(out.size() < params.size() && params[out.size()] == pieces[k][i],
+                   "data parallel: --zero 3's piece " << k << " parameter " << i
+                                                      << " is not the next of the " << params.size()
+                                                      << " parameters in order");
+      out.push_back(static_cast<int>(k));
+    }
+  MESHRT_CHECK(out.size() == params.size(), "data parallel: --zero 3's pieces hold "
+                                                << out.size() << " of the " << params.size()
+                                                << " parameters; pass every one");
+  return out;
+}
+}  // namespace
+
+GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts, int grad_sets,
+                   std::vector<std::vector<Param*>> pieces)
     : mesh_(mesh),
       opts_(opts),
       dp_(mesh, kDpDim, opts.overlap),
@@ -28,6 +50,12 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
   MESHRT_CHECK(opts.zero == 0 || grad_sets == 1, "data parallel: --zero "
                                                      << opts.zero << " keeps one gradient set, not "
                                                      << grad_sets << " (use --grad-sync sync)");
+  MESHRT_CHECK(opts.zero < 3 || !pieces.empty(),
+               "data parallel: --zero 3 needs the model's pieces (GradSync's `pieces`)");
+  const std::vector<int> piece_of =
+      opts.zero == 3 ? piece_of_params(params_, pieces) : std::vector<int>();
+  if (opts.zero == 3) piece_buckets_.resize(pieces.size());
+  piece_gathered_.assign(piece_buckets_.size(), true);  // whole until shard_params()
   const double cap = opts.bucket_mb * 1024.0 * 1024.0;
   // Pack in reverse forward order: the order backward finishes gradients.
   Bucket cur;
@@ -42,10 +70,21 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
     Param* p = params_[k];
     MESHRT_CHECK(p && p->value.defined(), "data parallel: parameter " << k << " is undefined");
     const double bytes = static_cast<double>(p->value.nbytes());
-    if (!cur.params.empty() && (cur_bytes + bytes > cap || cur.dtype != p->value.dtype())) close();
-    if (cur.params.empty()) cur.dtype = p->value.dtype();
+    // Stage 3: a bucket never spans two pieces (a piece gathers its own buckets only).
+    const bool new_piece =
+        !piece_of.empty() && k + 1 < params_.size() && piece_of[k] != piece_of[k + 1];
+    if (!cur.params.empty() &&
+        (cur_bytes + bytes > cap || cur.dtype != p->value.dtype() || new_piece))
+      close();
+    if (cur.params.empty()) {
+      cur.dtype = p->value.dtype();
+      if (!piece_of.empty())
+        piece_buckets_[static_cast<size_t>(piece_of[k])].push_back(
+            static_cast<int>(buckets_.size()));
+    }
     where_[k] = {static_cast<int>(buckets_.size()), static_cast<int>(cur.params.size())};
     cur.offsets.push_back(cur.numel);
+    cur.shapes.push_back(p->value.shape());
     cur.params.push_back(p);
     cur.numel += p->value.numel();
     cur_bytes += bytes;
@@ -70,6 +109,8 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
         p->value = v.view(p->value.shape());
       }
       cs.synchronize();
+      // Stage 3 on dp = 1: the shard is the whole buffer.
+      if (opts.zero == 3) b.param_shard = dp == 1 ? b.values : ctx.zeros({b.padded / dp}, b.dtype);
     }
     // Stage 2 allocates the full buckets only for the backward that fills them (prepare_grads).
     const bool full = opts.zero < 2;
@@ -77,7 +118,7 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
       b.flat.push_back(full ? ctx.zeros({b.padded}, b.dtype) : Tensor());
       if (opts.bf16_comm && b.dtype == DType::f32)
         b.comm_buf.push_back(full ? ctx.empty({b.padded}, DType::bf16) : Tensor());
-      if (opts.zero == 2) b.grad_shard.push_back(ctx.zeros({b.padded / dp}, b.dtype));
+      if (opts.zero >= 2) b.grad_shard.push_back(ctx.zeros({b.padded / dp}, b.dtype));
     }
     b.done.assign(static_cast<size_t>(sets_), Event());
     b.launched.assign(static_cast<size_t>(sets_), false);
@@ -94,22 +135,23 @@ int64_t GradSync::bucket_offset(int b, int slot) const {
 }
 
 std::vector<ShardPiece> GradSync::shard_pieces(int bi) const {
-  MESHRT_CHECK(opts_.zero > 0, "GradSync: shard_pieces needs --zero 1 or 2");
+  MESHRT_CHECK(opts_.zero > 0, "GradSync: shard_pieces needs --zero 1, 2 or 3");
   const Bucket& b = buckets_[static_cast<size_t>(bi)];
   const int64_t s = shard_numel(bi), lo = dp_.rank() * s, hi = std::min(lo + s, b.numel);
   const Tensor& flat = b.flat[static_cast<size_t>(active_)];
   std::vector<ShardPiece> out;
   for (size_t i = 0; i < b.params.size(); ++i) {
     const int64_t a = std::max(lo, b.offsets[i]),
-                  e = std::min(hi, b.offsets[i] + b.params[i]->value.numel());
+                  e = std::min(hi, b.offsets[i] + b.shapes[i].numel());
     if (e <= a) continue;
     ShardPiece pc;
     pc.param = b.params[i];
     pc.at = a - lo;
     pc.len = e - a;
     pc.offset = a - b.offsets[i];
-    pc.value = b.values.narrow(0, a, pc.len);
-    pc.grad = opts_.zero == 2 ? b.grad_shard[static_cast<size_t>(active_)].narrow(0, pc.at, pc.len)
+    pc.value =
+        opts_.zero == 3 ? b.param_shard.narrow(0, pc.at, pc.len) : b.values.narrow(0, a, pc.len);
+    pc.grad = opts_.zero >= 2 ? b.grad_shard[static_cast<size_t>(active_)].narrow(0, pc.at, pc.len)
                               : flat.narrow(0, a, pc.len);
     out.push_back(std::move(pc));
   }
@@ -118,7 +160,8 @@ std::vector<ShardPiece> GradSync::shard_pieces(int bi) const {
 
 void GradSync::gather_params(int bi) {
   Bucket& b = buckets_[static_cast<size_t>(bi)];
-  if (opts_.zero == 0 || dp_.size() == 1) return;
+  // Stage 3 gathers in the next forward instead.
+  if (opts_.zero == 0 || opts_.zero == 3 || dp_.size() == 1) return;
   const int64_t s = shard_numel(bi);
   b.gathered = dp_.all_gather(b.values.narrow(0, dp_.rank() * s, s), b.values, "dp.param.gather");
 }
@@ -128,6 +171,96 @@ void GradSync::wait_gathers() {
     dp_.wait(b.gathered);
     b.gathered = Event();
   }
+}
+
+GradSync::Bucket& GradSync::bucket_of(const Param* p) {
+  auto it = std::find(params_.begin(), params_.end(), p);
+  MESHRT_CHECK(it != params_.end(),
+               "GradSync: parameter " << (p ? p->name : "null") << " is not managed here");
+  return buckets_[static_cast<size_t>(where_[static_cast<size_t>(it - params_.begin())].first)];
+}
+
+void GradSync::bind_values(Bucket& b) {
+  for (size_t i = 0; i < b.params.size(); ++i)
+    b.params[i]->value = b.values.narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i]);
+}
+
+void GradSync::launch_param_gather(Bucket& b) {
+  if (dp_.size() == 1) {
+    b.values = b.param_shard;  // the shard is the whole bucket: nothing to gather or free
+  } else {
+    b.values = mesh_.ctx().empty({b.padded}, b.dtype);
+    b.gathered = dp_.all_gather(b.param_shard, b.values, "dp.param.gather");
+  }
+  bind_values(b);
+}
+
+void GradSync::gather_piece(int k, int prefetch) {
+  if (opts_.zero != 3) return;
+  MESHRT_CHECK(k >= 0 && k < num_pieces() && prefetch < num_pieces(),
+               "GradSync: piece " << k << " (prefetch " << prefetch << ") is not one of the "
+                                  << num_pieces() << " pieces given to the constructor");
+  for (int p : {k, prefetch}) {
+    if (p < 0 || piece_gathered_[static_cast<size_t>(p)]) continue;
+    // The rate limit: the issuing thread runs ahead of the compute stream, and a released
+    // piece's buffers live until the compute queued on them is done.
+    int live = 0;
+    for (bool g : piece_gathered_) live += g ? 1 : 0;
+    while (!released_.empty() && live + static_cast<int>(released_.size()) >= kMaxGatheredPieces) {
+      released_.front().synchronize();
+      released_.erase(released_.begin());
+    }
+    for (int bi : piece_buckets_[static_cast<size_t>(p)])
+      launch_param_gather(buckets_[static_cast<size_t>(bi)]);
+    piece_gathered_[static_cast<size_t>(p)] = true;
+  }
+  for (int bi : piece_buckets_[static_cast<size_t>(k)]) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    dp_.wait(b.gathered);
+    b.gathered = Event();
+  }
+}
+
+void GradSync::release_piece(int k) {
+  if (opts_.zero != 3) return;
+  MESHRT_CHECK(k >= 0 && k < num_pieces(), "GradSync: piece "
+                                               << k << " is not one of the " << num_pieces()
+                                               << " pieces given to the constructor");
+  piece_gathered_[static_cast<size_t>(k)] = false;
+  for (int bi : piece_buckets_[static_cast<size_t>(k)]) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    b.values = Tensor();
+    for (Param* p : b.params) p->value = Tensor();
+  }
+  if (dp_.size() > 1) released_.push_back(mesh_.ctx().compute_stream().record());
+}
+
+void GradSync::gather_all_params() {
+  if (opts_.zero != 3) return;
+  for (int k = 0; k < num_pieces(); ++k)
+    if (!piece_gathered_[static_cast<size_t>(k)]) {
+      for (int bi : piece_buckets_[static_cast<size_t>(k)])
+        launch_param_gather(buckets_[static_cast<size_t>(bi)]);
+      piece_gathered_[static_cast<size_t>(k)] = true;
+    }
+  wait_gathers();
+  mesh_.ctx().compute_stream().synchronize();
+}
+
+void GradSync::shard_params() {
+  if (opts_.zero != 3) return;
+  Stream& cs = mesh_.ctx().compute_stream();
+  for (int k = 0; k < num_pieces(); ++k) {
+    if (!piece_gathered_[static_cast<size_t>(k)]) continue;
+    for (int bi : piece_buckets_[static_cast<size_t>(k)]) {
+      Bucket& b = buckets_[static_cast<size_t>(bi)];
+      const int64_t s = b.padded / dp_.size();
+      if (dp_.size() > 1) b.param_shard.copy_(b.values.narrow(0, dp_.rank() * s, s), cs);
+    }
+    cs.synchronize();
+    release_piece(k);
+  }
+  released_.clear();  // synchronised above
 }
 
 void GradSync::allocate_full(Bucket& b, size_t s) {
@@ -155,9 +288,8 @@ void GradSync::bind(int grad_set) {
       Param* p = b.params[i];
       const Tensor& flat = b.flat[static_cast<size_t>(grad_set)];
       // Stage 2 frees the full buckets once reduced: no full gradient until zero_grad.
-      p->grad = flat.defined()
-                    ? flat.narrow(0, b.offsets[i], p->value.numel()).view(p->value.shape())
-                    : Tensor();
+      p->grad = flat.defined() ? flat.narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i])
+                               : Tensor();
     }
   active_ = grad_set;
 }
@@ -176,7 +308,7 @@ void GradSync::zero_grad() {
   Stream& cs = mesh_.ctx().compute_stream();
   for (auto& b : buckets_) {
     if (b.flat[s].defined()) b.flat[s].zero_(cs);
-    if (opts_.zero == 2) b.grad_shard[s].zero_(cs);
+    if (opts_.zero >= 2) b.grad_shard[s].zero_(cs);
   }
 }
 
@@ -184,17 +316,11 @@ void GradSync::prepare_grads(const std::vector<Param*>& ps) {
   if (opts_.zero < 2) return;
   const size_t s = static_cast<size_t>(active_);
   for (Param* p : ps) {
-    auto it = std::find(params_.begin(), params_.end(), p);
-    MESHRT_CHECK(it != params_.end(),
-                 "GradSync: parameter " << (p ? p->name : "null") << " is not managed here");
-    Bucket& b =
-        buckets_[static_cast<size_t>(where_[static_cast<size_t>(it - params_.begin())].first)];
+    Bucket& b = bucket_of(p);
     if (b.flat[s].defined()) continue;
     allocate_full(b, s);
     for (size_t i = 0; i < b.params.size(); ++i)
-      b.params[i]->grad = b.flat[s]
-                              .narrow(0, b.offsets[i], b.params[i]->value.numel())
-                              .view(b.params[i]->value.shape());
+      b.params[i]->grad = b.flat[s].narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i]);
   }
 }
 
@@ -203,7 +329,7 @@ void GradSync::launch(Bucket& b) {
   if (b.launched[s]) return;
   b.launched[s] = true;
   if (probe_.defined()) ops::sum_squares(mesh_.ctx(), dp_.compute(), b.flat[s], probe_);
-  if (opts_.zero == 2) {
+  if (opts_.zero >= 2) {
     launch_reduce_scatter(b, s);
     return;
   }
@@ -252,12 +378,7 @@ void GradSync::launch_reduce_scatter(Bucket& b, size_t s) {
 void GradSync::mark_ready(const std::vector<Param*>& ps) {
   if (!sync_enabled_) return;  // accumulation micro-batch: nothing to launch, nothing to count
   for (Param* p : ps) {
-    auto it = std::find(params_.begin(), params_.end(), p);
-    MESHRT_CHECK(it != params_.end(),
-                 "GradSync: parameter " << (p ? p->name : "null") << " is not managed here");
-    auto [bi, slot] = where_[static_cast<size_t>(it - params_.begin())];
-    (void)slot;
-    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    Bucket& b = bucket_of(p);
     b.ready++;
     if (b.ready == static_cast<int>(b.params.size())) launch(b);
   }
@@ -272,7 +393,7 @@ void GradSync::wait_bucket(int bi, int grad_set) {
   const size_t s = static_cast<size_t>(grad_set < 0 ? active_ : grad_set);
   Bucket& b = buckets_[static_cast<size_t>(bi)];
   if (!b.launched[s]) return;
-  if (opts_.zero == 2) {
+  if (opts_.zero >= 2) {
     dp_.wait(b.done[s]);
     b.done[s] = Event();
     if (b.comm_stage.defined())

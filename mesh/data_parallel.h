@@ -8,7 +8,12 @@
 // updates its shard of the parameters (the optimizer keeps state for its shard only) and the
 // updated shards are all-gathered bucket by bucket. Stage 2: a bucket's full buffer exists only
 // from the backward that fills it (prepare_grads) to its reduce-scatter (averaged) and the rank
-// keeps only its gradient shard.
+// keeps only its gradient shard. Stage 3: gradients as at stage 2, and the parameters are sharded
+// too: a bucket never spans two pieces (the model's units: embedding, each stack piece, LM head),
+// each rank keeps its shard of every bucket's flat parameter buffer, and a piece's buckets are
+// all-gathered into full buffers just before its forward and again before its backward
+// (gather_piece, which also prefetches the next piece's on the dp stream) and freed after it
+// (release_piece). The optimizer updates the shards in place and gathers nothing.
 #pragma once
 
 #include <vector>
@@ -22,15 +27,16 @@ struct MESHRT_API DpOptions {
   double bucket_mb = 25.0;  // bucket capacity; a parameter larger than this gets its own bucket
   bool bf16_comm = false;   // communicate f32 gradients as bf16 (reduced in f32, cast back)
   Overlap overlap = Overlap::Async;  // None: wait for each bucket right after launching it
-  int zero = 0;                      // ZeRO stage 0, 1 or 2 (see above)
+  int zero = 0;                      // ZeRO stage 0, 1, 2 or 3 (see above)
 };
 
-// Throws naming the stage and what to use instead: --zero outside 0..2.
+// Throws naming the stage and what to use instead: --zero outside 0..3.
 MESHRT_API void validate_zero_stage(int zero);
 
 // One parameter's part of this rank's ZeRO shard of a bucket: views of `len` elements of its
-// value and its gradient (the reduced gradient: the full bucket at stage 1, the shard at stage
-// 2), starting `at` elements into the shard and `offset` elements into the parameter.
+// value (stage 3: of the parameter shard) and its gradient (the reduced gradient: the full bucket
+// at stage 1, the shard at stages 2 and 3), starting `at` elements into the shard and `offset`
+// elements into the parameter.
 struct MESHRT_API ShardPiece {
   Param* param = nullptr;
   Tensor value, grad;
@@ -42,7 +48,11 @@ class MESHRT_API GradSync {
   // `params` in forward order. Each parameter's grad is rebound to a view of its bucket's flat
   // buffer (so the all-reduce needs no copies) and zeroed. `grad_sets` > 1 keeps that many
   // independent gradient buffers (for delayed, staleness-aware updates); set 0 is active.
-  GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts, int grad_sets = 1);
+  // Stage 3 needs `pieces`: the parameters grouped by the model's units in forward order (their
+  // concatenation is `params`); buckets then follow piece boundaries. Other stages ignore it.
+  // At stage 3 the parameters stay gathered (whole) until shard_params().
+  GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts, int grad_sets = 1,
+           std::vector<std::vector<Param*>> pieces = {});
 
   int dp_size() const { return dp_.size(); }
   CommScheduler& scheduler() { return dp_; }
@@ -102,10 +112,29 @@ class MESHRT_API GradSync {
   // Compute-stream wait for every gather_params launched (before the next forward).
   void wait_gathers();
 
+  // --- ZeRO stage 3 (no-ops at other stages) ---
+  // Makes piece k's parameters whole for the compute stream: launches the all-gather of each of
+  // its buckets not gathered (or prefetched) yet and makes the compute stream wait for them; then
+  // launches the all-gathers of piece `prefetch` (-1: none) on the dp stream, so they overlap
+  // piece k's compute. At most kMaxGatheredPieces pieces' full buffers are alive at once (the
+  // issuing thread waits for the compute of the oldest released one; FSDP's limit_all_gathers).
+  void gather_piece(int k, int prefetch = -1);
+  // Frees piece k's full parameter buffers (its parameters' values become undefined) once the
+  // compute queued on them is done.
+  void release_piece(int k);
+  int num_pieces() const { return static_cast<int>(piece_buckets_.size()); }
+  // Every bucket whole (collective over dp; waits): for checkpoints and tests.
+  void gather_all_params();
+  // Takes this rank's shard of every whole bucket (after a checkpoint load, the initial broadcast
+  // or gather_all_params) and frees the full buffers.
+  void shard_params();
+  static constexpr int kMaxGatheredPieces = 3;
+
  private:
   struct Bucket {
     std::vector<Param*> params;  // backward order
     std::vector<int64_t> offsets;
+    std::vector<Shape> shapes;  // the parameters' (stage 3 frees their values between uses)
     int64_t numel = 0;
     DType dtype = DType::f32;
     std::vector<Tensor> flat;      // one per grad set
@@ -120,11 +149,16 @@ class MESHRT_API GradSync {
     std::vector<Tensor> grad_shard;
     Tensor comm_stage;  // stage 2 with bf16_comm: the bf16 reduced shard
     Event gathered;
+    Tensor param_shard;  // stage 3: this rank's shard of the parameters (values: when gathered)
   };
   void launch(Bucket& b);
   // Stage 2: allocates grad set s's full bucket buffers (zeroed).
   void allocate_full(Bucket& b, size_t s);
   void launch_reduce_scatter(Bucket& b, size_t s);
+  // Stage 3: allocates bucket b's full buffer and launches its all-gather; binds the values.
+  void launch_param_gather(Bucket& b);
+  void bind_values(Bucket& b);
+  Bucket& bucket_of(const Param* p);
 
   DeviceMesh& mesh_;
   DpOptions opts_;
@@ -133,6 +167,11 @@ class MESHRT_API GradSync {
   std::vector<std::pair<int, int>> where_;  // param index -> (bucket, slot)
   std::vector<Param*> params_;
   std::vector<Bucket*> in_flight_;  // stage 2: reduce-scatters not yet waited for, oldest first
+  // Stage 3: each piece's buckets, whether each piece is gathered, and the compute-stream events
+  // of released pieces whose buffers the queued compute may still read (oldest first).
+  std::vector<std::vector<int>> piece_buckets_;
+  std::vector<bool> piece_gathered_;
+  std::vector<Event> released_;
   int sets_ = 1;
   int active_ = 0;
   bool sync_enabled_ = true;

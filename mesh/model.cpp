@@ -21,30 +21,71 @@ std::vector<Param*> DecoderModel::params() {
   return p;
 }
 
-Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets) {
+std::vector<std::vector<Param*>> DecoderModel::pieces() {
+  std::vector<std::vector<Param*>> out(1);
+  embed_.collect(out.front());
+  for (const StackPiece& p : stack_.pieces()) out.push_back(p.params);
+  out.emplace_back();
+  head_.collect(out.back());
+  return out;
+}
+
+StackHooks with_sync_hooks(GradSync* sync, const BlockStack& stack, StackHooks hooks,
+                           int first_piece) {
+  if (!sync) return hooks;
+  const StackPiece* first = stack.pieces().data();
+  auto begin = std::move(hooks.begin);
+  auto end = std::move(hooks.end);
+  hooks.begin = [sync, first, first_piece, begin](const StackPiece& p, Pass pass) {
+    const int k = static_cast<int>(&p - first) + first_piece;
+    const int next = pass == Pass::Forward ? k + 1 : k - 1;
+    if (sync->zero() == 3) sync->gather_piece(k, next < sync->num_pieces() ? next : -1);
+    if (pass == Pass::Backward) sync->prepare_grads(p.params);
+    if (begin) begin(p, pass);
+  };
+  hooks.end = [sync, first, first_piece, end](const StackPiece& p, Pass pass) {
+    if (end) end(p, pass);
+    if (sync->zero() == 3) sync->release_piece(static_cast<int>(&p - first) + first_piece);
+  };
+  return hooks;
+}
+
+Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets, GradSync* sync) {
+  const int head = static_cast<int>(stack_.pieces().size()) + 1;
+  if (sync) sync->gather_piece(0, 1);
   Tensor x = embed_.forward(ids);
-  x = stack_.forward(x);
-  return head_.forward(x, targets);
+  if (sync) sync->release_piece(0);
+  x = stack_.forward(x, with_sync_hooks(sync, stack_, {}, 1));
+  if (sync) sync->gather_piece(head);
+  Tensor loss = head_.forward(x, targets);
+  if (sync) sync->release_piece(head);
+  return loss;
 }
 
 void DecoderModel::backward(float grad_scale, GradSync* sync) {
   std::vector<Param*> head, embed;
   head_.collect(head);
   embed_.collect(embed);
-  if (sync) sync->prepare_grads(head);
-  Tensor d = head_.backward(grad_scale);
-  if (sync) sync->mark_ready(head);
-  StackHooks hooks;
+  const int head_piece = static_cast<int>(stack_.pieces().size()) + 1;
   if (sync) {
-    hooks.begin = [sync](const StackPiece& p, Pass pass) {
-      if (pass == Pass::Backward) sync->prepare_grads(p.params);
-    };
-    hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
+    sync->gather_piece(head_piece, head_piece - 1);
+    sync->prepare_grads(head);
   }
-  d = stack_.backward(d, hooks);
-  if (sync) sync->prepare_grads(embed);
+  Tensor d = head_.backward(grad_scale);
+  if (sync) {
+    sync->release_piece(head_piece);
+    sync->mark_ready(head);
+  }
+  StackHooks hooks;
+  if (sync) hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
+  d = stack_.backward(d, with_sync_hooks(sync, stack_, std::move(hooks), 1));
+  if (sync) {
+    sync->gather_piece(0);
+    sync->prepare_grads(embed);
+  }
   embed_.backward(d);
   if (sync) {
+    sync->release_piece(0);
     sync->mark_ready(embed);
     sync->finish();
   }

@@ -20,14 +20,20 @@ struct ModelConfig {
 class DecoderModel {
  public:
   DecoderModel(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const ModelConfig& cfg);
-  // ids, targets [seq, batch] i64 -> mean loss over the tokens, a [1] f32 tensor.
-  Tensor forward(const Tensor& ids, const Tensor& targets);
+  // ids, targets [seq, batch] i64 -> mean loss over the tokens, a [1] f32 tensor. With `sync` at
+  // ZeRO stage 3, each piece's parameters are gathered before its forward (the next piece's
+  // prefetched) and freed after.
+  Tensor forward(const Tensor& ids, const Tensor& targets, GradSync* sync = nullptr);
   // Backward of the loss times grad_scale; after each piece of the block stack tells `sync` its
   // gradients are final so their buckets' all-reduces start while earlier pieces are still
-  // differentiating.
+  // differentiating (stage 3: gathering each piece's parameters again, the previous piece's
+  // prefetched).
   void backward(float grad_scale, GradSync* sync);
   // Every parameter, in forward order.
   std::vector<Param*> params();
+  // The parameters by piece, in forward order: the embedding, each stack piece, the LM head (the
+  // units ZeRO stage 3 gathers).
+  std::vector<std::vector<Param*>> pieces();
   const ModelConfig& config() const { return cfg_; }
 
  private:
@@ -36,6 +42,15 @@ class DecoderModel {
   BlockStack stack_;
   LmHead head_;
 };
+
+// `hooks` with `sync`'s work around each piece of `stack` added (none without sync): before a
+// piece's backward its gradient buckets are allocated (ZeRO 2 and 3: prepare_grads); at ZeRO 3
+// its parameters are gathered before each pass, the next piece in the pass's order prefetched
+// (forward: the next, backward: the previous), and freed after. Stack piece k is GradSync piece
+// k + first_piece (a DecoderModel's embedding is piece 0); the last stack piece prefetches piece
+// k + first_piece + 1 only when `sync` has it.
+StackHooks with_sync_hooks(GradSync* sync, const BlockStack& stack, StackHooks hooks,
+                           int first_piece = 0);
 
 // Synthetic next-token data, keyed by (seed, global sample index) only: sample i is a walk
 // t[k+1] = (5 t[k] + 3 + (k % 3)) mod vocab from a random start, so the model can learn it and

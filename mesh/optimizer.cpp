@@ -145,7 +145,8 @@ void Optimizer::update_shard(int b, float lr) {
   // Elementwise updates: a shard's pieces get exactly the values the whole tensors would.
   std::vector<Tensor> w[2], g[2], m[2], v[2];  // [0]: matrices (decayed), [1]: the rest
   for (const ShardPiece& pc : zero_->shard_pieces(b)) {
-    const int k = cfg_.weight_decay > 0.f && pc.param->value.ndim() >= 2 ? 0 : 1;
+    // The full shape's rank: at stage 3 the value is freed between uses.
+    const int k = cfg_.weight_decay > 0.f && pc.param->full_shape.ndim() >= 2 ? 0 : 1;
     w[k].push_back(pc.value);
     g[k].push_back(pc.grad);
     m[k].push_back(zm_[static_cast<size_t>(b)].narrow(0, pc.at, pc.len));
@@ -157,7 +158,7 @@ void Optimizer::update_shard(int b, float lr) {
 
 void Optimizer::scale_grads(float f) {
   Context& ctx = mesh_.ctx();
-  if (zero_ && zero_->zero() == 2) {
+  if (zero_ && zero_->zero() >= 2) {
     for (int b = 0; b < zero_->num_buckets(); ++b)
       for (const ShardPiece& pc : zero_->shard_pieces(b))
         ops::scale(ctx, ctx.compute_stream(), pc.grad, pc.grad, f);
@@ -174,7 +175,7 @@ void Optimizer::step_sharded(float lr) {
     if (n > cfg_.clip_norm) scale_grads(static_cast<float>(cfg_.clip_norm / (n + 1e-6)));
   }
   // Each bucket's shard is updated as soon as its gradients are reduced, and its all-gather
-  // overlaps the next bucket's update.
+  // overlaps the next bucket's update (stage 3 gathers nothing: the next forward does).
   for (int b = 0; b < zero_->num_buckets(); ++b) {
     zero_->wait_bucket(b);
     update_shard(b, lr);
@@ -229,6 +230,7 @@ NamedTensors Optimizer::state(size_t i) const {
 
 void Optimizer::gather_state() {
   if (!zero_) return;
+  zero_->gather_all_params();  // stage 3: the parameters too
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
   CommScheduler& dp = zero_->scheduler();
@@ -272,6 +274,7 @@ void Optimizer::scatter_state() {
   cs.synchronize();
   for (auto& t : m_) t = Tensor();
   for (auto& t : v_) t = Tensor();
+  zero_->shard_params();
 }
 
 void Optimizer::set_lr(float lr) {
@@ -286,7 +289,7 @@ void Optimizer::set_steps(int64_t n) {
 }
 
 double Optimizer::grad_norm() {
-  if (zero_ && zero_->zero() == 2) return grad_norm_sharded();
+  if (zero_ && zero_->zero() >= 2) return grad_norm_sharded();
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
   // [0]: tp-sharded parameters (summed over tp), [1]: replicated ones (already complete).
@@ -316,8 +319,8 @@ double Optimizer::norm_from_squares(const Tensor& acc_sharded, const Tensor& acc
 
 namespace meshrt {
 
-// Stage 2 holds only gradient shards: the squares are summed over dp (each rank its shard), and
-// the tp-sharded parameters' also over tp.
+// Stages 2 and 3 hold only gradient shards: the squares are summed over dp (each rank its shard),
+// and the tp-sharded parameters' also over tp.
 double Optimizer::grad_norm_sharded() {
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();

@@ -56,7 +56,7 @@ class MESHRT_API Optimizer {
  public:
   // With `zero` (a GradSync at ZeRO stage >= 1 over the same parameters), the state is kept for
   // this rank's shard of each bucket only, step() must be given that GradSync and ends with the
-  // updated parameters all-gathered (docs/zero.md).
+  // updated parameters all-gathered (stage 3: the shards updated in place; docs/zero.md).
   Optimizer(DeviceMesh& mesh, std::vector<Param*> params, OptimizerConfig cfg,
             GradSync* zero = nullptr);
   // One update with lr * lr_scale. With `sync`, waits for gradient bucket b (of grad_set) just
@@ -67,7 +67,7 @@ class MESHRT_API Optimizer {
   double grad_norm();
   // The global gradient norm of the last step() (before clipping) when clip_norm > 0 or
   // measure_grad_norm, else -1 (and before the first step). Measuring it is one sum of squares
-  // over the gradients, a small all-reduce over tp (over dp too with ZeRO-2) and a host sync.
+  // over the gradients, a small all-reduce over tp (over dp too with ZeRO 2 and 3) and a host sync.
   double last_grad_norm() const { return last_norm_; }
   int64_t steps() const { return step_; }
   // The base learning rate of later steps (the schedule sets it before each step).
@@ -82,7 +82,8 @@ class MESHRT_API Optimizer {
   NamedTensors state(size_t i) const;
   // ZeRO, collective over dp (no-ops otherwise): gather_state() assembles every parameter's full
   // (tp-local) state from the dp shards for state(); scatter_state() takes this rank's shard
-  // back from it (after a checkpoint wrote into it) and frees the full copies.
+  // back from it (after a checkpoint wrote into it) and frees the full copies. At stage 3 they
+  // gather and shard the parameters' values too (GradSync::gather_all_params, shard_params).
   void gather_state();
   void scatter_state();
   bool sharded() const { return zero_ != nullptr; }

@@ -62,7 +62,7 @@ int local_stop_request(const TrainConfig& cfg) {
 // is agreed before each batch (a long validation must not delay it): then *stop is the verdict
 // and the loss is not computed.
 double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
-                DecoderModel& model, CommScheduler& dp_loss, StepVerdict* stop) {
+                DecoderModel& model, GradSync& sync, CommScheduler& dp_loss, StepVerdict* stop) {
   Stream& cs = ctx.compute_stream();
   const int64_t local = cfg.batch / mesh.size(kDpDim), micro = local / cfg.micro_batches;
   const float w = 1.f / static_cast<float>(cfg.eval_batches * cfg.micro_batches);
@@ -77,7 +77,7 @@ double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, Devic
       Tensor ids, targets;
       const int64_t first = b * cfg.batch + mesh.coord(kDpDim) * local + mb * micro;
       make_batch(cfg, ctx, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
-      ops::add(ctx, cs, sum, model.forward(ids, targets), sum, 1.f, w);
+      ops::add(ctx, cs, sum, model.forward(ids, targets, &sync), sum, 1.f, w);
     }
   }
   dp_loss.all_reduce(sum, "val_loss", ReduceOp::Avg);
@@ -112,10 +112,10 @@ void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, 
 // The validation loss after step st->step (rank 0 prints "val step N loss X"); a stop agreed
 // during it joins the step's verdict, and no loss is printed.
 void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
-                   DecoderModel& model, CommScheduler& dp_loss, std::ostream* log, StepStats* st,
-                   StepVerdict* verdict) {
+                   DecoderModel& model, GradSync& sync, CommScheduler& dp_loss, std::ostream* log,
+                   StepStats* st, StepVerdict* verdict) {
   StepVerdict stop;
-  st->val_loss = evaluate(cfg, ctx, world, mesh, model, dp_loss, &stop);
+  st->val_loss = evaluate(cfg, ctx, world, mesh, model, sync, dp_loss, &stop);
   if (stop.stop) {
     verdict->stop = true;
     verdict->stop_signal = stop.stop_signal;
@@ -157,9 +157,9 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
   if (!v.loss_finite) os << "the loss is not finite";
   if (!v.loss_finite && !v.grads_finite) os << " and ";
   if (!v.grads_finite) {
-    if (culprit.empty() && cfg.dp.zero == 2)
-      os << "a gradient is not finite or their norm overflows f32 (--zero 2 keeps gradient shards "
-            "only: --zero 1 names the parameter)";
+    if (culprit.empty() && cfg.dp.zero >= 2)
+      os << "a gradient is not finite or their norm overflows f32 (--zero " << cfg.dp.zero
+         << " keeps gradient shards only: --zero 1 names the parameter)";
     else if (culprit.empty())
       os << "the gradient norm overflows f32";
     else
@@ -261,9 +261,12 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   CommScheduler tp(mesh, kTpDim, cfg.tp.overlap);
   DecoderModel model(mesh, tp, cfg.tp, cfg.model);
   const int sets = cfg.grad_sync == GradSyncMode::Async ? cfg.staleness + 1 : 1;
-  GradSync sync(mesh, model.params(), cfg.dp, sets);
-  // Every replica starts from dp rank 0's parameters.
+  GradSync sync(mesh, model.params(), cfg.dp, sets,
+                cfg.dp.zero == 3 ? model.pieces() : std::vector<std::vector<Param*>>());
+  // Every replica starts from dp rank 0's parameters (stage 3: then keeps its shard of them,
+  // before the optimizer state is allocated).
   sync.broadcast_params();
+  sync.shard_params();
   // --metrics records the gradient norm of every step (without it, it is measured only to clip).
   OptimizerConfig optim = cfg.optim;
   optim.measure_grad_norm = optim.measure_grad_norm || !cfg.metrics.empty();
@@ -302,7 +305,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       const int64_t first =
           static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
       make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
-      Tensor loss = model.forward(ids, targets);
+      Tensor loss = model.forward(ids, targets, &sync);
       ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
       model.backward(grad_scale, &sync);
     }
@@ -348,7 +351,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     // --- validation ---
     if (cfg.val_data && !verdict.stop &&
         (step + 1 == cfg.steps || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0)))
-      validate_step(cfg, ctx, world, mesh, model, dp_loss, log, &st, &verdict);
+      validate_step(cfg, ctx, world, mesh, model, sync, dp_loss, log, &st, &verdict);
     st.stopped = verdict.stop;
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     skipped_total += st.skipped ? 1 : 0;

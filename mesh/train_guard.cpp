@@ -25,11 +25,18 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
   m.grads = params * sets * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
   m.optimizer = params * 4.0 * (cfg.optim.kind == OptimizerKind::AdamW ? 2 : 1);
   // ZeRO (docs/zero.md): 1 keeps this rank's 1/dp of the state, 2 also of the gradients (and
-  // at most three full buckets during backward).
+  // at most three full buckets during backward), 3 also of the parameters (and the full buffers
+  // of at most GradSync::kMaxGatheredPieces pieces: the embedding or head, or a layer's larger
+  // piece).
   if (cfg.dp.zero >= 1) m.optimizer /= dp;
   if (cfg.dp.zero >= 2) {
     const double bucket = cfg.dp.bucket_mb * 1024.0 * 1024.0 / es;  // elements
     m.grads = (params / dp + std::min(params, 3 * bucket)) * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
+  }
+  if (cfg.dp.zero == 3 && dp > 1) {
+    const double piece =
+        std::max({v * h / tp + 2 * h, 4 * h * h / tp + 5 * h, 2 * h * f / tp + 4 * h});
+    m.weights = (params / dp + std::min(params, GradSync::kMaxGatheredPieces * piece)) * es;
   }
   // Per layer, what the blocks save for backward (the bench block estimate) plus the attention
   // probabilities; the head keeps the logits, their gradient and a softmax-sized temporary.

@@ -433,7 +433,8 @@ BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
   bool open = false;
   for (size_t k = params.size(); k-- > 0;) {
     const auto [bytes, piece] = params[k];
-    if (open && cur + bytes > cap) {
+    // ZeRO 3's buckets follow piece boundaries (GradSync: a piece gathers its own buckets).
+    if (open && (cur + bytes > cap || (c.zero == 3 && piece != first_piece))) {
       b.bytes.push_back(cur);
       b.launch_after.push_back(first_piece);
       open = false;
@@ -716,8 +717,24 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
     params += p.first;
     mem.weights += rounded(p.first);
   }
-  std::vector<double> bucket_bytes = buckets(m, c).bytes;
+  const BucketPlan plan = buckets(m, c);
+  std::vector<double> bucket_bytes = plan.bytes;
   const double dp = c.zero > 0 ? c.dp : 1;  // ZeRO's shards (mesh/data_parallel.h)
+  if (c.zero == 3) {
+    // Each bucket's parameter shard, and the full buffers of at most three pieces (the current
+    // one, the prefetched one and one being freed: GradSync::kMaxGatheredPieces); at stage 3 a
+    // bucket's launch_after is its only piece.
+    mem.weights = 0;
+    std::map<int, double> whole;  // piece -> its buckets' full buffers
+    for (size_t i = 0; i < bucket_bytes.size(); ++i) {
+      mem.weights += rounded(std::ceil(bucket_bytes[i] / dp));
+      whole[plan.launch_after[i]] += rounded(std::ceil(bucket_bytes[i] / dp) * dp);
+    }
+    std::vector<double> largest;
+    for (const auto& w : whole) largest.push_back(w.second);
+    std::sort(largest.begin(), largest.end(), std::greater<>());
+    for (size_t i = 0; i < largest.size() && i < 3 && c.dp > 1; ++i) mem.weights += largest[i];
+  }
   if (c.zero >= 2) {
     // Each bucket's shard, and at most three full buckets alive during backward.
     std::sort(bucket_bytes.begin(), bucket_bytes.end(), std::greater<>());

@@ -104,7 +104,8 @@ struct PlanConfig {
   // does not implement it; the planner models it to compare with published Megatron runs.
   bool recompute = false;
   // ZeRO stage over dp (docs/zero.md): 1 shards the AdamW state, 2 also the gradients (a rank
-  // keeps its shard and at most three full buckets at a time).
+  // keeps its shard and at most three full buckets at a time), 3 also the parameters (its shard
+  // and at most three pieces gathered at a time; buckets follow piece boundaries).
   int zero = 0;
 };
 

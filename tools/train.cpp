@@ -128,7 +128,7 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_flag("--bf16-grads", o.bf16_grads, "Communicate f32 gradients as bf16");
   c->add_option("--zero", o.zero,
                 "ZeRO stage over dp: 0 replicated, 1 shard the optimizer state, 2 also the "
-                "gradients (docs/zero.md)")
+                "gradients, 3 also the parameters (docs/zero.md)")
       ->capture_default_str();
   c->add_option("--overlap", o.overlap, "tp overlap: none | async | chunked")
       ->capture_default_str();

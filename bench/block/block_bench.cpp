@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "mesh/data_parallel.h"
 #include "mesh/dump.h"
+#include "mesh/model.h"
 #include "mesh/stack.h"
 #include "runtime/error.h"
 
@@ -237,8 +238,12 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   DpOptions dpo;
   dpo.bucket_mb = o.bucket_mb;
   dpo.overlap = p.overlap == Overlap::None ? Overlap::None : Overlap::Async;
-  GradSync sync(mesh, params, dpo);
+  dpo.zero = o.zero;
+  std::vector<std::vector<Param*>> piece_params;
+  for (const StackPiece& pc : stack.pieces()) piece_params.push_back(pc.params);
+  GradSync sync(mesh, params, dpo, 1, piece_params);
   sync.broadcast_params();  // a no-op at dp=1; identical init makes it a formality otherwise
+  sync.shard_params();      // --zero 3: each rank keeps its shard
 
   const BlockInputs in = block_inputs(ctx, mesh, p, o.seed);
   const Tensor &x = in.x, &dout = in.dout;
@@ -259,6 +264,8 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   };
   hooks.end = [&](const StackPiece&, Pass) { rec.end(open_piece); };
   hooks.grads_ready = [&](const StackPiece& pc) { sync.mark_ready(pc.params); };
+  // --zero 2 and 3 (docs/zero.md): gradient buckets per piece, stage 3's gathers and frees.
+  hooks = with_sync_hooks(&sync, stack, std::move(hooks));
 
   ctx.synchronize();
   raw_world.barrier(cs);
@@ -313,7 +320,10 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   mine.insert(mine.end(), extras, extras + kExtras);
 
   RankOutput ro;
-  if (!o.dump_path.empty()) ro.dumped = dump_rank(p, o, mesh, params, {x, out, dout, dx});
+  if (!o.dump_path.empty()) {
+    sync.gather_all_params();  // --zero 3: the dump holds whole (tp-local) parameters
+    ro.dumped = dump_rank(p, o, mesh, params, {x, out, dout, dx});
+  }
   ro.all = gather_i64(ctx, raw_world, mine);
   if (tracing) ro.traces = gather_strings(ctx, raw_world, rec.serialize());
   ctx.synchronize();

@@ -28,6 +28,10 @@ struct BlockBenchOptions {
   bool fwd_only = false;
   std::string overlap = "async";  // none | async | chunked (tp); dp buckets: none or async
   double bucket_mb = 25.0;        // dp gradient bucket size
+  // ZeRO stage over dp (docs/zero.md): 2 reduce-scatters the gradients into shards, 3 also keeps
+  // only a shard of the parameters and gathers each piece's before its forward and backward. 1
+  // is refused: the benchmark runs no optimizer, whose state is all stage 1 shards.
+  int zero = 0;
   uint64_t seed = 1;
   std::string json_path, trace_path, dump_path;
   // Cluster (preset or file) of the planner's prediction in the JSON's "plan" (default: the GPU's

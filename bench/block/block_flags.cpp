@@ -53,6 +53,10 @@ class BlockCommand : public Command {
     c.add_option("--bucket-mb", o_.bucket_mb, "dp gradient bucket size, MiB")
         ->capture_default_str()
         ->check(kPositive);
+    c.add_option("--zero", o_.zero,
+                 "ZeRO stage over dp: 0, 2 (gradient shards) or 3 (also parameter shards, "
+                 "gathered per piece; docs/zero.md)")
+        ->capture_default_str();
     c.add_option("--seed", o_.seed, "Seed of weights and inputs")
         ->capture_default_str()
         ->check(kNonNegativeInt);

@@ -51,6 +51,14 @@ void check_options(const BlockBenchOptions& o) {
   MESHRT_CHECK(o.steps >= 0, "--steps " << o.steps << " must be >= 1");
   MESHRT_CHECK(o.warmup >= -1, "--warmup " << o.warmup << " must be >= 0");
   MESHRT_CHECK(o.bucket_mb > 0, "--bucket-mb " << o.bucket_mb << " must be positive");
+  MESHRT_CHECK(o.zero == 0 || o.zero == 2 || o.zero == 3,
+               "--zero " << o.zero
+                         << ": the block benchmark runs ZeRO stage 0, 2 or 3 (stage 1 shards only "
+                            "the optimizer state, and it runs no optimizer)");
+  MESHRT_CHECK(o.zero == 0 || o.dump_path.empty() || o.fwd_only,
+               "--dump with --zero " << o.zero
+                                     << ": the gradients are kept as dp shards only; dump with "
+                                        "--zero 0 (the same values) or --fwd-only");
   MESHRT_CHECK(o.peak_tflops >= 0, "--peak-tflops " << o.peak_tflops << " must be >= 0");
   if (!o.dtype.empty()) {
     const DType dt = parse_dtype(o.dtype);

@@ -64,6 +64,7 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
   c.sp = p.sp;
   c.micro_batch = p.batch;
   c.bucket_mb = o.bucket_mb;
+  c.zero = o.zero;
   c.overlap = p.overlap;
   c.optimizer = false;
   plan::ClusterSpec cl;
@@ -274,6 +275,7 @@ json br_config_json(const BlockPlan& p, const BlockBenchOptions& o, const std::s
           {"warmup", p.warmup},
           {"fwd_only", o.fwd_only},
           {"bucket_mb", o.bucket_mb},
+          {"zero", o.zero},
           {"seed", o.seed},
           {"host_threads_per_rank",
            p.cuda ? 0

@@ -37,8 +37,8 @@ class PlanCommand : public Command {
     c.add_flag("--no-optimizer", no_opt_,
                "No AdamW state or step (what `meshrt bench block` and `sweep` run)");
     c.add_option("--zero", o_.zero,
-                 "Model every layout with ZeRO stage 0, 1 or 2 over dp (docs/zero.md)")
-        ->check(CLI::Range(0, 2));
+                 "Model every layout with ZeRO stage 0, 1, 2 or 3 over dp (docs/zero.md)")
+        ->check(CLI::Range(0, 3));
     c.add_flag("--recompute", o_.recompute,
                "Model full activation recomputation (as Megatron runs; meshrt does not)");
     c.add_option("--json", o_.json_path, "Write every configuration's prediction as JSON");

@@ -171,6 +171,34 @@ TEST_CASE("plan: ZeRO shards the optimizer state, then the gradients", "[unit][z
   }
 }
 
+TEST_CASE("plan: ZeRO 3 shards the parameters, gathering three pieces at most", "[unit][zero]") {
+  ModelSpec m = small();
+  m.layers = 8;
+  const double attn = 263680 * 4.0, mlp = 526080 * 4.0, all = m.layers * (attn + mlp);
+  double weights_dp2 = 0;
+  for (int dp : {2, 4}) {
+    INFO("dp=" << dp);
+    PlanConfig c = cfg(dp, 1, false);
+    c.optimizer = true;
+    c.bucket_mb = 1;
+    c.zero = 2;
+    const Memory z2 = memory_per_device(m, c);
+    c.zero = 3;
+    const Memory z3 = memory_per_device(m, c);
+    CHECK(z2.weights >= all);
+    // The shard, plus the whole buffers of the three largest pieces (two MLPs, an attention),
+    // each bucket rounded to the allocator's size classes.
+    CHECK(z3.weights >= all / dp + 2 * mlp + attn);
+    CHECK(z3.weights < z2.weights);
+    CHECK(z3.optimizer == z2.optimizer);
+    CHECK(z3.total() < z2.total());
+    // Only the shard shrinks from dp=2 to dp=4: by a quarter of the parameters (within the
+    // size classes' rounding).
+    if (dp == 2) weights_dp2 = z3.weights;
+    if (dp == 4) CHECK(weights_dp2 - z3.weights == Approx(all / 4).epsilon(0.1));
+  }
+}
+
 TEST_CASE("plan: FLOPs are bench block's model FLOPs", "[unit]") {
   const ModelSpec m = small();
   const LayerFlops lf = layer_flops(LayerKind::Transformer, 6, m.seq, m.hidden, m.ffn, true);

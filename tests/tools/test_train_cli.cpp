@@ -641,7 +641,7 @@ TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind"
   };
   Run z0 = train_cli(base);
   REQUIRE(z0.rc == 0);
-  for (const char* z : {"1", "2"}) {
+  for (const char* z : {"1", "2", "3"}) {
     Run r = train_cli(base + " --zero " + z);
     INFO(r.out << r.err);
     REQUIRE(r.rc == 0);
@@ -650,7 +650,8 @@ TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind"
   }
   for (auto [args, msg] : std::vector<std::pair<std::string, std::string>>{
            {"--zero 4", "--zero 4 is not a supported ZeRO stage: use 0"},
-           {"--zero 1 --grad-sync local", "--zero 1 needs --grad-sync sync (got local"}}) {
+           {"--zero 1 --grad-sync local", "--zero 1 needs --grad-sync sync (got local"},
+           {"--zero 3 --grad-sync async", "--zero 3 needs --grad-sync sync (got async"}}) {
     Run r = train_cli("train --devices cpu:2 " + kSmall + " " + args);
     INFO(r.err);
     CHECK(r.rc != 0);

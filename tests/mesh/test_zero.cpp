@@ -14,6 +14,7 @@
 #include "mesh/model.h"
 #include "mesh/train.h"
 #include "mesh/train_guard.h"
+#include "runtime/stream.h"
 #include "tests/mesh/harness.h"
 
 using namespace meshrt;
@@ -428,6 +429,13 @@ TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
     c.dp.bucket_mb = 0.25;
     return c;
   };
+  // Host streams launch blocking (as MESHRT_LAUNCH_BLOCKING=1): every task runs and drops its
+  // tensors before the next is issued, so the peaks are the program order's and do not depend on
+  // how far the host ran ahead of its streams (the machine's load).
+  struct Blocking {
+    Blocking() { set_host_launch_blocking(1); }
+    ~Blocking() { set_host_launch_blocking(-1); }
+  } blocking;
   const ZeroRun z0 = zero_run(2, cfg(0)), z1 = zero_run(2, cfg(1)), z2 = zero_run(2, cfg(2)),
                 z3 = zero_run(2, cfg(3));
   int64_t param_bytes = 0;
@@ -464,14 +472,14 @@ TEST_CASE("ZeRO communicates by kind and lowers every rank's peak memory",
   // AdamW keeps 8 bytes per f32 parameter: each rank of stage 1 half of them.
   const int64_t state_half = param_bytes * 2 / 2;  // 8 / 4 bytes per parameter, over dp=2
   for (size_t r = 0; r < 2; ++r) {
-    INFO("rank " << r << " peaks " << z0.peak[r] << " " << z1.peak[r] << " " << z2.peak[r]
-                 << ", parameters " << param_bytes << " bytes");
-    CHECK(z0.peak[r] - z1.peak[r] >= state_half * 9 / 10);
+    INFO("rank " << r << " peaks " << z0.peak[r] << " " << z1.peak[r] << " " << z2.peak[r] << " "
+                 << z3.peak[r] << ", parameters " << param_bytes << " bytes");
+    // In program order stage 1 saves 88% of that here (its padded flat buffers cost the rest).
+    CHECK(z0.peak[r] - z1.peak[r] >= state_half * 8 / 10);
     CHECK(z2.peak[r] < z1.peak[r]);
     // Stage 3 keeps half the parameters between uses (3.4 MB here) and at most three whole
-    // pieces (an MLP is 0.53 MB); the peak also holds what queued host tasks still reference,
-    // which varies with the machine's load.
-    CHECK(z3.peak[r] < z2.peak[r] - param_bytes / 8);
+    // pieces (an MLP is 0.53 MB).
+    CHECK(z3.peak[r] < z2.peak[r] - param_bytes / 4);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 
 #include "runtime/backend.h"
 #include "runtime/cuda_plugin.h"
@@ -133,6 +134,12 @@ void host_copy_strided(const TensorDesc& dst, const TensorDesc& src) {
                    [&](int64_t doff, int64_t soff, int64_t n, int64_t ds, int64_t ss) {
                      D* o = dp + doff;
                      const S* in = sp + soff;
+                     if constexpr (std::is_same_v<D, S>) {
+                       if (ds == 1 && ss == 1) {
+                         std::memcpy(o, in, static_cast<size_t>(n) * sizeof(D));
+                         return;
+                       }
+                     }
                      if (ds == 1 && ss == 1) {
                        for (int64_t i = 0; i < n; ++i) o[i] = convert_elem<D>(in[i]);
                      } else {
@@ -150,6 +157,10 @@ void host_fill(const TensorDesc& dst, double value) {
     D* dp = static_cast<D*>(dst.ptr);
     for_each_row(dst, dst.strides, [&](int64_t doff, int64_t, int64_t n, int64_t ds, int64_t) {
       D* o = dp + doff;
+      if (ds == 1) {
+        std::fill_n(o, n, v);  // vectorized (a memset for zeros)
+        return;
+      }
       for (int64_t i = 0; i < n; ++i) o[i * ds] = v;
     });
   });

@@ -15,6 +15,7 @@
 #include "collectives/config_check.h"
 #include "collectives/mpi_backend.h"
 #include "collectives/mpi_runtime.h"
+#include "runtime/affinity.h"
 #include "runtime/device.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -301,8 +302,12 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
     std::atomic<int> running{n};
     std::vector<std::atomic<bool>> done(static_cast<size_t>(n));
     std::vector<std::thread> threads;
+    // Each rank thread on its own cores (MESHRT_HOST_BIND); what it starts inherits them.
+    const std::vector<cpu_set_t> cores = rank_core_sets(n);
     for (int i = 0; i < n; ++i) {
       threads.emplace_back([&, i] {
+        if (!cores.empty())
+          bind_this_thread(cores[static_cast<size_t>(i)], local()[static_cast<size_t>(i)].rank);
         body(i);
         done[static_cast<size_t>(i)].store(true);
         running.fetch_sub(1);

@@ -49,6 +49,7 @@ const std::vector<Variable>& table() {
       one_of("MESHRT_HOST_F32_GEMM", {"auto", "openblas", "onednn"}),
       one_of("MESHRT_ATTENTION", {"flash", "reference"}),
       one_of("MESHRT_NCCL_HALF_REDUCE", {"f32", "native"}),
+      one_of("MESHRT_HOST_BIND", {"auto", "none"}),
       whole("MESHRT_HOST_SPIN", 0, 1000000000),
       whole("MESHRT_HOST_YIELD_US", 0, 1000000000),
       whole("MESHRT_HOST_POLL_US", 0, 1000000),

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/ops.h"
+#include "runtime/affinity.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
@@ -149,6 +150,9 @@ int usable_cores() {
 namespace {
 int threads_for(const Context& ctx) {
   if (const int64_t v = env_int("MESHRT_HOST_THREADS", 0); v > 0) return static_cast<int>(v);
+  // A rank bound to its own cores (runtime/affinity.h) uses all of them.
+  const int mine = usable_cores();
+  if (mine < static_cast<int>(process_cores().size())) return mine;
   int ranks = std::max(1, ctx.local_ranks());
   return std::max(1, usable_cores() / ranks);
 }

@@ -2,6 +2,7 @@
 // file rendezvous transport.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,13 +10,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "coll_test_util.h"
 #include "collectives/bootstrap.h"
 #include "collectives/bootstrap_transport.h"
+#include "runtime/affinity.h"
 #include "runtime/backend.h"
+#include "runtime/logging.h"
 #include "runtime/stream.h"
 
 using namespace meshrt;
@@ -396,4 +400,102 @@ TEST_CASE("file transport: blobs of different lengths, and each key is one excha
     CHECK(got[static_cast<size_t>(r)] == std::vector<std::string>{"|0", "xxxxx|1", "xxxxxxxxxx|4"});
   }
   fs::remove_all(d);
+}
+
+namespace {
+// This thread's cores and those of a task on a host stream it starts.
+struct RankCores {
+  std::vector<int> thread, stream;
+};
+
+std::vector<int> my_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof(set), &set) == 0);
+  std::vector<int> v;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) v.push_back(c);
+  return v;
+}
+
+std::vector<RankCores> launch_cpu2_cores() {
+  LaunchOptions lo;
+  lo.devices = "cpu:2";
+  auto launch = bootstrap(lo);
+  std::vector<RankCores> seen(2);
+  launch->run([&](const RankPlacement& p, Communicator&) {
+    RankCores& rc = seen[static_cast<size_t>(p.rank)];
+    rc.thread = my_cores();
+    auto s = make_host_stream("probe");
+    s->enqueue([&rc] { rc.stream = my_cores(); });
+    s->synchronize();
+  });
+  return seen;
+}
+}  // namespace
+
+TEST_CASE("bootstrap: rank threads and their streams run on disjoint cores (MESHRT_HOST_BIND)",
+          "[multirank]") {
+  const std::vector<int> all = process_cores();
+  REQUIRE(!all.empty());
+  SECTION("auto binds each rank to its share of the cores, when there is one") {
+    ScopedEnv env({{"MESHRT_HOST_BIND", nullptr}});
+    const std::vector<RankCores> seen = launch_cpu2_cores();
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      CHECK(seen[static_cast<size_t>(r)].stream == seen[static_cast<size_t>(r)].thread);
+    }
+    if (all.size() < 2) {
+      CHECK(seen[0].thread == all);  // more ranks than cores: not bound
+      CHECK(rank_core_sets(2).empty());
+    } else {
+      const size_t half = all.size() / 2;
+      CHECK(seen[0].thread == std::vector<int>(all.begin(), all.begin() + half));
+      CHECK(seen[1].thread == std::vector<int>(all.begin() + half, all.begin() + 2 * half));
+    }
+    CHECK(rank_core_sets(1).empty());
+    CHECK(rank_core_sets(static_cast<int>(all.size()) + 1).empty());
+  }
+  SECTION("none leaves every rank on all of the process's cores") {
+    ScopedEnv env({{"MESHRT_HOST_BIND", "none"}});
+    const std::vector<RankCores> seen = launch_cpu2_cores();
+    for (const RankCores& rc : seen) {
+      CHECK(rc.thread == all);
+      CHECK(rc.stream == all);
+    }
+    CHECK(rank_core_sets(2).empty());
+  }
+  SECTION("a core set the OS refuses leaves the thread unbound, with a warning") {
+    std::vector<std::string> warned;
+    std::mutex mu;
+    set_log_sink([&](LogLevel level, int, int, const std::string& msg) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (level == LogLevel::Warn) warned.push_back(msg);
+    });
+    std::vector<int> after;
+    std::thread t([&] {
+      cpu_set_t none;
+      CPU_ZERO(&none);
+      CPU_SET(CPU_SETSIZE - 1, &none);  // no such core here
+      bind_this_thread(none, 7);
+      after = my_cores();
+    });
+    t.join();
+    set_log_sink(nullptr);
+    CHECK(after == all);
+    REQUIRE(warned.size() == 1);
+    CHECK(warned[0].find("rank 7: binding its threads to 1 core(s) failed (") == 0);
+    CHECK(warned[0].find("it runs unbound (MESHRT_HOST_BIND=none skips binding)") !=
+          std::string::npos);
+  }
+  SECTION("a value that is not auto or none is refused, naming it") {
+    ScopedEnv env({{"MESHRT_HOST_BIND", "cores"}});
+    try {
+      (void)rank_core_sets(2);
+      FAIL("MESHRT_HOST_BIND=cores was accepted");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("MESHRT_HOST_BIND='cores' is not accepted: use auto or "
+                                       "none") != std::string::npos);
+    }
+  }
 }

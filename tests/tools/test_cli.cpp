@@ -155,6 +155,8 @@ TEST_CASE("environment switches with unknown values are refused before anything 
              "MESHRT_HOST_POLL_US='2000000' is not a whole number in [0, 1000000]"},
         Case{"MESHRT_HOST_BF16_GEMM=bf16",
              "MESHRT_HOST_BF16_GEMM='bf16' is not accepted: use auto or f32, or unset it (auto)"},
+        Case{"MESHRT_HOST_BIND=cores",
+             "MESHRT_HOST_BIND='cores' is not accepted: use auto or none, or unset it (auto)"},
         Case{"MESHRT_HOST_F32_GEMM=mkl",
              "MESHRT_HOST_F32_GEMM='mkl' is not accepted: use auto, openblas or onednn, or unset "
              "it (auto)"},

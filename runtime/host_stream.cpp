@@ -159,6 +159,7 @@ class HostStream final : public Stream {
   void synchronize() override {
     Event e = record();
     auto* host = static_cast<HostEventImpl*>(EventAccess::impl(e).get());
+    help();
     std::exception_ptr err = host->wait();
     if (err) {
       std::lock_guard<std::mutex> lk(err_mu_);
@@ -177,38 +178,86 @@ class HostStream final : public Stream {
     if (!error_) error_ = std::move(e);
   }
 
+  // Runs one task taken from the queue (by the worker or a helping caller), then hands the
+  // queue back. `fn` is released here, before the next task, so its captured tensors are freed.
+  void execute(std::function<void()>& fn, std::mt19937& rng) {
+    if (jitter_) {
+      std::uniform_int_distribution<int> delay_us(0, 200);
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+    }
+    try {
+      fn();
+    } catch (...) {
+      set_error(std::current_exception());
+    }
+    fn = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      running_ = false;
+      running_flag_.store(false, std::memory_order_release);
+      ++finished_;
+    }
+    if (blocking_) done_cv_.notify_all();
+    cv_.notify_one();  // the worker may take the next task
+  }
+
+  // A queued task that the worker may take: none is running (a helping caller's included).
+  bool worker_may_take() const {
+    return queued_.load(std::memory_order_acquire) != taken_.load(std::memory_order_acquire) &&
+           !running_flag_.load(std::memory_order_acquire);
+  }
+
+  // A thread about to wait for this stream runs its queued tasks itself while the worker is
+  // idle (in order, one at a time, as the worker would): a short task such as a small
+  // collective then costs no hand-over to the worker and back. It stops when the worker is
+  // busy or the queue is empty; the caller then waits as before.
+  void help() {
+    std::mt19937 rng(0x5eed);
+    const bool was_worker = tl_stream_worker;
+    tl_stream_worker = true;  // what a task enqueues elsewhere must not block (as on the worker)
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (running_ || q_.empty()) break;
+        fn = std::move(q_.front());
+        q_.pop_front();
+        running_ = true;
+        running_flag_.store(true, std::memory_order_release);
+        taken_.fetch_add(1, std::memory_order_release);
+      }
+      execute(fn, rng);
+    }
+    tl_stream_worker = was_worker;
+  }
+
   void run() {
     std::mt19937 rng(
         static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
-    std::uniform_int_distribution<int> delay_us(0, 200);
     for (;;) {
       std::function<void()> fn;
       // An idle worker polls a while before it sleeps: the next task of a busy stream then
-      // starts without a wake-up.
-      if (queued_.load(std::memory_order_acquire) == taken_)
-        poll_briefly([&] { return queued_.load(std::memory_order_acquire) != taken_; });
+      // starts without a wake-up. Tasks that a helping caller takes keep it polling: the stream
+      // is busy, and a sleeping worker would cost every enqueue a futex wake-up.
+      for (uint64_t seen = queued_.load(std::memory_order_acquire);;) {
+        if (poll_briefly([&] { return worker_may_take() || queued_.load() != seen; }) &&
+            !worker_may_take()) {
+          seen = queued_.load(std::memory_order_acquire);
+          continue;
+        }
+        break;
+      }
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        cv_.wait(lk, [&] { return (stop_ && !running_) || (!q_.empty() && !running_); });
         if (q_.empty()) return;  // stop_ and drained
         fn = std::move(q_.front());
         q_.pop_front();
-        ++taken_;
+        running_ = true;
+        running_flag_.store(true, std::memory_order_release);
+        taken_.fetch_add(1, std::memory_order_release);
       }
-      if (jitter_) std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
-      try {
-        fn();
-      } catch (...) {
-        set_error(std::current_exception());
-      }
-      fn = nullptr;  // release captured tensors on the worker, before the next task
-      if (blocking_) {
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          ++finished_;
-        }
-        done_cv_.notify_all();
-      }
+      execute(fn, rng);
     }
   }
 
@@ -221,8 +270,10 @@ class HostStream final : public Stream {
   std::condition_variable done_cv_;  // blocking_: a task finished
   uint64_t enqueued_ = 0, finished_ = 0;
   std::deque<std::function<void()>> q_;
-  std::atomic<uint64_t> queued_{0};  // tasks ever enqueued (polled without the lock)
-  uint64_t taken_ = 0;               // tasks the worker took (worker only)
+  std::atomic<uint64_t> queued_{0};        // tasks ever enqueued (polled without the lock)
+  std::atomic<uint64_t> taken_{0};         // tasks taken off the queue (under mu_; polled without)
+  bool running_ = false;                   // a task taken off the queue is running (under mu_)
+  std::atomic<bool> running_flag_{false};  // running_, polled without the lock
   bool stop_ = false;
   std::mutex err_mu_;
   std::exception_ptr error_;

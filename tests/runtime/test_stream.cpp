@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -111,6 +112,60 @@ TEST_CASE("an error in a task reaches synchronize and waiting streams", "[stream
   REQUIRE(ran == 1);  // later tasks still run (they may be signals others wait on)
   REQUIRE_THROWS_WITH(a->synchronize(), Catch::Contains("boom"));
   a->synchronize();  // reported once; the stream is usable again
+}
+
+TEST_CASE("synchronize may run queued tasks on the waiting thread: order and exclusion hold",
+          "[stream]") {
+  // synchronize() takes queued tasks off an idle worker and runs them itself (who runs one is a
+  // race by design). Whoever runs them: in order, never two at once, only on the worker or the
+  // synchronizing thread, and a task's error is reported once.
+  for (const bool jitter : {false, true}) {
+    INFO("jitter " << jitter);
+    auto s = make_host_stream_jitter("s", jitter);
+    const int rounds = jitter ? 200 : 3000;
+    std::atomic<int> active{0};
+    int overlaps = 0, next = 0, out_of_order = 0;
+    std::vector<std::thread::id> ran_on;
+    ran_on.reserve(static_cast<size_t>(rounds) * 3);
+    for (int r = 0; r < rounds; ++r) {
+      for (int k = 0; k < 3; ++k) {
+        const int seq = r * 3 + k;
+        s->enqueue([&, seq] {
+          if (active.fetch_add(1) != 0) ++overlaps;
+          if (next != seq) ++out_of_order;
+          next = seq + 1;
+          ran_on.push_back(std::this_thread::get_id());
+          active.fetch_sub(1);
+        });
+      }
+      s->synchronize();
+    }
+    CHECK(overlaps == 0);
+    CHECK(out_of_order == 0);
+    CHECK(next == rounds * 3);
+    std::set<std::thread::id> others;
+    for (const std::thread::id& id : ran_on)
+      if (id != std::this_thread::get_id()) others.insert(id);
+    CHECK(others.size() <= 1);  // the one worker
+    // An error in a task that either thread runs is reported by the next synchronize, once.
+    s->enqueue([] { MESHRT_FAIL("boom in a helped task"); });
+    REQUIRE_THROWS_WITH(s->synchronize(), Catch::Contains("boom in a helped task"));
+    s->synchronize();
+  }
+}
+
+TEST_CASE("synchronize runs a queued cross-stream wait without deadlock", "[stream]") {
+  // A task that waits for another stream's event may run on the synchronizing thread.
+  auto a = make_host_stream_jitter("a", false), b = make_host_stream_jitter("b", false);
+  for (int i = 0; i < 500; ++i) {
+    int x = 0, y = -1;
+    a->enqueue([&x] { x = 1; });
+    b->wait(a->record());
+    b->enqueue([&x, &y] { y = x; });
+    b->synchronize();
+    REQUIRE(y == 1);
+    a->synchronize();
+  }
 }
 
 TEST_CASE("stress: several streams, thousands of tasks and cross waits", "[stream]") {

@@ -201,6 +201,16 @@ class HostStream final : public Stream {
     cv_.notify_one();  // the worker may take the next task
   }
 
+  // Takes the next task off the queue for the calling thread (mu_ held, none running).
+  std::function<void()> take_locked() {
+    std::function<void()> fn = std::move(q_.front());
+    q_.pop_front();
+    running_ = true;
+    running_flag_.store(true, std::memory_order_release);
+    taken_.fetch_add(1, std::memory_order_release);
+    return fn;
+  }
+
   // A queued task that the worker may take: none is running (a helping caller's included).
   bool worker_may_take() const {
     return queued_.load(std::memory_order_acquire) != taken_.load(std::memory_order_acquire) &&
@@ -220,11 +230,7 @@ class HostStream final : public Stream {
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (running_ || q_.empty()) break;
-        fn = std::move(q_.front());
-        q_.pop_front();
-        running_ = true;
-        running_flag_.store(true, std::memory_order_release);
-        taken_.fetch_add(1, std::memory_order_release);
+        fn = take_locked();
       }
       execute(fn, rng);
     }
@@ -239,23 +245,15 @@ class HostStream final : public Stream {
       // An idle worker polls a while before it sleeps: the next task of a busy stream then
       // starts without a wake-up. Tasks that a helping caller takes keep it polling: the stream
       // is busy, and a sleeping worker would cost every enqueue a futex wake-up.
-      for (uint64_t seen = queued_.load(std::memory_order_acquire);;) {
-        if (poll_briefly([&] { return worker_may_take() || queued_.load() != seen; }) &&
-            !worker_may_take()) {
-          seen = queued_.load(std::memory_order_acquire);
-          continue;
-        }
-        break;
-      }
+      uint64_t seen = queued_.load(std::memory_order_acquire);
+      while (poll_briefly([&] { return worker_may_take() || queued_.load() != seen; }) &&
+             !worker_may_take())
+        seen = queued_.load(std::memory_order_acquire);
       {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return (stop_ && !running_) || (!q_.empty() && !running_); });
         if (q_.empty()) return;  // stop_ and drained
-        fn = std::move(q_.front());
-        q_.pop_front();
-        running_ = true;
-        running_flag_.store(true, std::memory_order_release);
-        taken_.fetch_add(1, std::memory_order_release);
+        fn = take_locked();
       }
       execute(fn, rng);
     }

@@ -224,6 +224,7 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("staleness", staleness),
     MESHRT_SHARED("sync-every", sync_every),
     MESHRT_SHARED("bucket-mb", bucket_mb),
+    MESHRT_SHARED("mem-limit-mb", mem_limit_mb),
     MESHRT_SHARED("bf16-grads", bf16_grads),
     MESHRT_SHARED("zero", zero),
     MESHRT_SHARED("overlap", overlap),

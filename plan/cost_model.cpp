@@ -455,6 +455,47 @@ bool dp_inter_node(const ClusterSpec& cl, const PlanConfig& c) {
   return c.dp > 1 && c.dp * c.tp > cl.devices_per_node;
 }
 
+// ZeRO 3's parameter all-gathers: each piece's buckets are gathered before its forward and again
+// before its backward, the next piece's prefetched (issued) while the current one computes.
+class ParamGathers {
+ public:
+  ParamGathers(Sim& sim, const BucketPlan& bp, const PlanConfig& c, int first, int last)
+      : sim_(sim), bp_(bp), on_(c.zero == 3 && c.dp > 1), dp_(c.dp), first_(first), last_(last) {}
+
+  // A pass begins: forward walks the pieces first..last, backward last..first.
+  void start(bool forward) {
+    if (!on_) return;
+    forward_ = forward;
+    ids_.clear();
+    issue(forward ? first_ : last_);
+  }
+
+  // The piece is about to compute: its gathers are waited for and the next piece's issued.
+  void need(int piece) {
+    if (!on_) return;
+    issue(piece);
+    const int next = forward_ ? piece + 1 : piece - 1;
+    if (next >= first_ && next <= last_) issue(next);
+    for (int id : ids_[piece]) sim_.wait(id);
+  }
+
+ private:
+  void issue(int piece) {
+    if (ids_.count(piece)) return;
+    std::vector<int>& ids = ids_[piece];
+    for (size_t k = 0; k < bp_.bytes.size(); ++k)
+      if (bp_.launch_after[k] == piece)
+        ids.push_back(sim_.issue({CollOp::AllGather, true, bp_.bytes[k], dp_}));
+  }
+
+  Sim& sim_;
+  const BucketPlan& bp_;
+  bool on_;
+  int dp_, first_, last_;
+  bool forward_ = true;
+  std::map<int, std::vector<int>> ids_;
+};
+
 // One step: accum micro-batches of forward + backward, the dp buckets launched during the last
 // one's backward, then the wait for all of them.
 Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
@@ -473,15 +514,24 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
   const Redistribution embed_out = vocab_parallel_embedding(s.sp).out();
   const ParallelStyle head = loss_parallel_head(s.sp);
   Block blk(sim, cl, s, c.overlap);
+  const int P = static_cast<int>(ps.size());
+  ParamGathers pg(sim, bp, c, V > 0 ? -1 : 0, P);
   for (int mb = 0; mb < c.accum; ++mb) {
     const bool last = mb == c.accum - 1;
+    pg.start(/*forward=*/true);
     if (V > 0) {
+      pg.need(-1);
       // Vocab-parallel embedding: a row gather, then partial -> sequence shard / replicate.
       blk.ew(2 * s.T * h * s.es);
       blk.wait(blk.redist(embed_out, s.T * h * s.es));
     }
-    for (const Piece& p : ps) p.attention ? blk.attention_fwd(attn_flops) : blk.mlp_fwd();
+    for (int i = 0; i < P; ++i) {
+      pg.need(i);
+      ps[static_cast<size_t>(i)].attention ? blk.attention_fwd(attn_flops) : blk.mlp_fwd();
+    }
+    pg.start(/*forward=*/false);
     if (V > 0) {
+      pg.need(P);
       blk.norm_fwd();
       blk.linear_fwd(lm_head, head);
       // Vocab-parallel cross entropy: softmax over the local logits, max / sum / target over tp.
@@ -495,7 +545,9 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
     size_t next_bucket = 0;
     auto launch_ready = [&](int piece) {
       while (last && next_bucket < bp.bytes.size() && bp.launch_after[next_bucket] >= piece) {
-        Collective col{CollOp::AllReduce, true, bp.bytes[next_bucket], c.dp};
+        // ZeRO 2 and 3 reduce-scatter the bucket (its input bytes), 0 and 1 all-reduce it.
+        const CollOp op = c.zero >= 2 ? CollOp::ReduceScatter : CollOp::AllReduce;
+        Collective col{op, true, bp.bytes[next_bucket], c.dp};
         if (c.dp > 1) {
           const int id = sim.issue(col);
           if (dp_ov == Overlap::None) sim.wait(id);
@@ -505,6 +557,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
     };
     launch_ready(static_cast<int>(ps.size()));  // the LM head's parameters
     for (size_t i = ps.size(); i-- > 0;) {
+      pg.need(static_cast<int>(i));
       // Full activation recomputation (Megatron's --recompute-granularity full): the layer's
       // forward again, from its saved input, just before its backward.
       if (c.recompute) ps[i].attention ? blk.attention_fwd(attn_flops) : blk.mlp_fwd();
@@ -512,12 +565,19 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
       launch_ready(static_cast<int>(i));
     }
     if (V > 0) {
+      pg.need(-1);
       blk.wait(blk.redist(embed_out.grad(), s.T * h * s.es));
       blk.ew(2 * s.T * h * s.es);  // scatter-add into the embedding gradient
     }
     launch_ready(-1);
   }
   sim.wait_all_dp();
+  // ZeRO 1 and 2: each rank updated its shard; the parameters are all-gathered bucket by bucket
+  // before the next forward (GradSync::gather_all_params), none of it under compute.
+  if (c.dp > 1 && (c.zero == 1 || c.zero == 2)) {
+    for (double b : bp.bytes) sim.issue({CollOp::AllGather, true, b, c.dp});
+    sim.wait_all_dp();
+  }
   return sim;
 }
 

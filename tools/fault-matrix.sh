@@ -10,7 +10,9 @@
 #                              [--kinds "hang crash skip slow corrupt"] [--table FILE.md]
 # Backends: threads (cpu:4), np2 / np4 (mpirun), np4-mesh (dp=2,tp=2 training under mpirun, hang
 # only), threads-zero and np2-zero (dp=2 training with --zero 2 on cpu:2 / under mpirun: rank 1
-# hangs or dies in its second parameter all-gather; hang and crash only).
+# hangs or dies in its second parameter all-gather; hang and crash only), threads-zero3 and
+# np2-zero3 (the same with --zero 3: rank 1 hangs or dies in its third parameter all-gather,
+# inside step 1's forward prefetch of a piece's sharded parameters).
 # Exits non-zero when any expectation fails; --table writes the results as a Markdown table.
 set -u
 bin="$1"
@@ -45,8 +47,8 @@ for backend in $backends; do
   for kind in $kinds; do
     case "$backend" in
       threads) R=1; launch=("$bin") ; devs=(--devices cpu:4) ;;
-      threads-zero) R=1; launch=("$bin") ; devs=(--devices cpu:2) ;;
-      np2 | np2-zero) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
+      threads-zero | threads-zero3) R=1; launch=("$bin") ; devs=(--devices cpu:2) ;;
+      np2 | np2-zero | np2-zero3) R=1; launch=("$mpiexec" $root_flag -np 2 --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       # dp=2,tp=2 training: global rank 2 stops; every rank's watchdog must name rank 2 (global).
       np4-mesh) R=2; launch=("$mpiexec" $root_flag -np 4 --oversubscribe --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
       np4) R=2; launch=("$mpiexec" $root_flag -np 4 --oversubscribe --bind-to none -x MESHRT_COMM_TIMEOUT -x MESHRT_COMM_DEBUG -x MESHRT_FLIGHT_DIR -x MESHRT_FLIGHT_ON_EXIT "$bin"); devs=() ;;
@@ -73,6 +75,13 @@ for backend in $backends; do
       [ "$kind" = hang ] || continue
       spec="hang@rank=$R,step=10"
       cmd=(train --mesh dp=2,tp=2 --steps 4 --hidden 64 --layers 1 --fault "$spec")
+    elif [ "${backend%-zero3}" != "$backend" ]; then
+      # ZeRO 3's parameter all-gathers (the only all-gathers of a dp=2 mesh): each piece's
+      # sharded parameters before its forward, the next piece's prefetched; the third is in
+      # step 1's forward, before any update.
+      [ "$kind" = hang ] || [ "$kind" = crash ] || continue
+      spec="$kind@rank=$R,step=3,op=all_gather"
+      cmd=(train "${devs[@]}" --mesh dp=2 --zero 3 --steps 4 --hidden 64 --layers 2 --fault "$spec")
     elif [ "${backend%-zero}" != "$backend" ]; then
       # ZeRO 2's parameter all-gathers (the only all-gathers of a dp=2 mesh): the second is in
       # step 2, after the first update.

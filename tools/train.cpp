@@ -34,6 +34,10 @@ void add_watch_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_flag("--mem-stats", o.mem_stats,
               "Append rank 0's allocator statistics to each step line: bytes allocated, peak "
               "allocated, reserved (tools/soak.sh checks they stay flat)");
+  c->add_option("--mem-limit-mb", o.mem_limit_mb,
+                "CPU: the host memory in MiB the run may use, checked before anything is "
+                "allocated (default: 80% of physical memory)")
+      ->check(kPositive);
   c->add_option(
       "--metrics", o.metrics,
       "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
@@ -220,6 +224,7 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("staleness", staleness),
     MESHRT_SHARED("sync-every", sync_every),
     MESHRT_SHARED("bucket-mb", bucket_mb),
+    MESHRT_SHARED("mem-limit-mb", mem_limit_mb),
     MESHRT_SHARED("bf16-grads", bf16_grads),
     MESHRT_SHARED("zero", zero),
     MESHRT_SHARED("overlap", overlap),
@@ -316,23 +321,30 @@ namespace {
 
 // Refuses, before anything is allocated, a run the host cannot hold (as `bench block` does):
 // otherwise the kernel kills it without a message, or the allocator fails mid-run.
-void check_host_memory(const TrainConfig& cfg, const Launch& launch) {
+// --mem-limit-mb replaces the limit (80% of physical memory) with the given one.
+void check_host_memory(const TrainConfig& cfg, const Launch& launch, double mem_limit_mb) {
   if (!launch.local().front().device.is_cpu()) return;
   const int local = launch.kind() == LaunchKind::Threads ? static_cast<int>(launch.local().size())
                                                          : launch.local().front().local_size;
   const TrainMemory m = estimate_train_memory(cfg, launch.world_size());
   const double need = m.total() * local;
-  const int64_t have = bench::physical_memory_bytes();
+  const double have = static_cast<double>(bench::physical_memory_bytes());
+  const double limit = mem_limit_mb > 0 ? mem_limit_mb * 1024 * 1024 : 0.8 * have;
   using bench::human_bytes;
-  MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
+  std::ostringstream lim;
+  if (mem_limit_mb > 0)
+    lim << "the limit is --mem-limit-mb " << mem_limit_mb << " (" << human_bytes(limit) << ")";
+  else
+    lim << "the machine has " << human_bytes(have) << " (80% usable)";
+  MESHRT_CHECK(limit <= 0 || need < limit,
                "this run needs about "
-                   << human_bytes(need) << " of host memory for " << local
-                   << " rank(s) (per rank: " << human_bytes(m.weights) << " weights, "
-                   << human_bytes(m.grads) << " gradients, " << human_bytes(m.optimizer)
-                   << " optimizer state, " << human_bytes(m.activations)
-                   << " activations) and the machine has " << human_bytes(static_cast<double>(have))
-                   << "; reduce --hidden, --ffn, --layers or --vocab, shard over tp (--mesh), or "
-                      "lower --batch or --seq (or raise --micro-batches)");
+                   << human_bytes(need) << " of host memory for " << local << " rank(s) (per rank: "
+                   << human_bytes(m.weights) << " weights, " << human_bytes(m.grads)
+                   << " gradients, " << human_bytes(m.optimizer) << " optimizer state, "
+                   << human_bytes(m.activations) << " activations) and " << lim.str()
+                   << "; shard over dp (--zero 1|2|3), reduce --hidden, --ffn, --layers or "
+                      "--vocab, shard over tp (--mesh), or lower --batch or --seq (or raise "
+                      "--micro-batches)");
 }
 
 struct Summary {
@@ -364,7 +376,7 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
   // Before any rank starts; every process fails alike, so mpirun prints it once.
   try {
     validate_train(cfg, launch->world_size());
-    check_host_memory(cfg, *launch);
+    check_host_memory(cfg, *launch, o.mem_limit_mb);
     check_output_path(cfg.metrics, "--metrics");
     if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
     if (!cfg.checkpoint.resume.empty())

@@ -35,6 +35,7 @@ struct TrainCliOptions {
   int eval_every = 0, eval_batches = 4;
   bool skip_nonfinite = false;
   bool mem_stats = false;
+  double mem_limit_mb = 0;  // --mem-limit-mb: the precheck's per-host limit; 0: physical memory
   // Learning-rate schedule and weight decay (mesh/optimizer.h, docs/training.md).
   std::string lr_schedule = "constant";
   int warmup_steps = 0;

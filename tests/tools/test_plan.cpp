@@ -171,6 +171,51 @@ TEST_CASE("plan: ZeRO shards the optimizer state, then the gradients", "[unit][z
   }
 }
 
+TEST_CASE("plan: ZeRO's parameter all-gathers are in the step's dp comm time", "[unit][zero]") {
+  // Ring costs, no latency, 1 GB/s: all-reduce 2(n-1)/n of its bytes, all-gather and
+  // reduce-scatter (n-1)/n. Per step over the local parameters' bytes B (f = (n-1)/n):
+  // zero 0 all-reduces (2f B), 1 adds the after-step all-gather (3f B), 2 reduce-scatters then
+  // gathers (2f B), 3 reduce-scatters once and gathers before every forward and backward.
+  ModelSpec m = small();
+  m.layers = 4;
+  const ClusterSpec cl = ideal(1e-6, 1);
+  for (int accum : {1, 2}) {
+    INFO("accum=" << accum);
+    PlanConfig c = cfg(4, 1, false);
+    c.bucket_mb = 1;
+    c.accum = accum;
+    double B = 0;
+    for (double b : dp_bucket_bytes(m, c)) B += b;
+    const double f = 3.0 / 4, unit = f * B / 1e9;
+    double t[4];
+    for (int z = 0; z < 4; ++z) {
+      c.zero = z;
+      t[z] = predict(m, cl, c).dp_comm_s;
+    }
+    CHECK(t[0] == Approx(2 * unit).epsilon(1e-9));
+    CHECK(t[1] == Approx(3 * unit).epsilon(1e-9));
+    CHECK(t[2] == Approx(2 * unit).epsilon(1e-9));
+    CHECK(t[3] == Approx((1 + 2 * accum) * unit).epsilon(1e-9));
+    CHECK(t[1] > t[0]);
+    CHECK(t[3] > t[2]);
+  }
+  // The step time grows with them: nothing of zero 1's gather hides, and zero 3's forward gather
+  // of the first piece waits before any compute.
+  PlanConfig c = cfg(4, 1, false);
+  c.bucket_mb = 1;
+  c.optimizer = true;
+  const ClusterSpec fast = ideal(1e6, 1);  // compute negligible: the step is its exposed comm
+  c.zero = 0;
+  const Prediction z0 = predict(m, fast, c);
+  c.zero = 1;
+  const Prediction z1 = predict(m, fast, c);
+  c.zero = 3;
+  const Prediction z3 = predict(m, fast, c);
+  CHECK(z1.step_s - z0.step_s == Approx(z1.dp_comm_s - z0.dp_comm_s).epsilon(1e-6));
+  CHECK(z3.step_s > z0.step_s);
+  CHECK(z3.dp_exposed_s == Approx(z3.dp_comm_s).epsilon(1e-6));
+}
+
 TEST_CASE("plan: ZeRO 3 shards the parameters, gathering three pieces at most", "[unit][zero]") {
   ModelSpec m = small();
   m.layers = 8;

@@ -629,6 +629,34 @@ TEST_CASE("bad schedule flags are refused with what to change", "[train][unit][l
   }
 }
 
+TEST_CASE("train: a run the memory precheck refuses at --zero 0 trains at --zero 3",
+          "[train][multirank][zero]") {
+  // Per rank, the precheck's estimate (mesh/train_guard.cpp): about 130 MiB at zero 0 (weights,
+  // gradients and AdamW state of 6.6M parameters, plus activations), about 60 MiB at zero 3 on
+  // dp=4. Four ranks: about 520 MiB against 250 MiB, the limit 400 MiB between them.
+  const std::string cmd =
+      "train --devices cpu:4 --hidden 256 --layers 8 --heads 8 --batch 4 --seq 64 --steps 3 "
+      "--bucket-mb 1 --no-compare --mem-limit-mb 400";
+  Run z0 = train_cli(cmd + " --zero 0");
+  INFO(z0.out << z0.err);
+  CHECK(z0.rc == 1);
+  CHECK_THAT(z0.err, Catch::Contains("of host memory for 4 rank(s)") &&
+                         Catch::Contains("the limit is --mem-limit-mb 400") &&
+                         Catch::Contains("shard over dp (--zero 1|2|3)"));
+  CHECK(z0.out.find("step 1") == std::string::npos);  // refused before any step
+  Run z3 = train_cli(cmd + " --zero 3");
+  INFO(z3.out << z3.err);
+  REQUIRE(z3.rc == 0);
+  CHECK_THAT(z3.out, Catch::Contains("step 3"));
+  // The limit itself is validated.
+  for (const char* bad : {"0", "-5", "abc"}) {
+    Run r = train_cli("train --devices cpu:1 --mem-limit-mb " + std::string(bad));
+    INFO(r.err);
+    CHECK(r.rc != 0);
+    CHECK_THAT(r.err, Catch::Contains("--mem-limit-mb"));
+  }
+}
+
 TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind",
           "[train][multirank][zero]") {
   const std::string base = "train --devices cpu:2 " + kSmall + " --steps 3 --no-compare";

@@ -163,6 +163,10 @@ class OrderedImpl final : public CommImpl {
 
   std::string_view backend() const override { return e_->backend(); }
   void issue(CommCall call, Stream& stream) override {
+    // The queued call holds stream-ordered blocks as a host kernel does (Tensor::stream_ref):
+    // `stream` is recorded as a user, so no stream reuses them before the call ran.
+    call.in = call.in.stream_ref(stream);
+    call.out = call.out.stream_ref(stream);
     stream.enqueue([e = e_, c = std::move(call)] { e->run(c); });
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name,

@@ -37,6 +37,9 @@ class MESHRT_API Allocator {
     (void)ptr;
     (void)stream;
   }
+  // True when deallocate() honours the stream-ordered contract above (the caching pools): host
+  // tasks may then capture a block without owning it (Tensor::stream_ref), as CUDA kernels do.
+  virtual bool stream_ordered() const { return false; }
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() {}
   // Gives cached, unused memory back to the system.

@@ -41,6 +41,18 @@ void Storage::record_stream(Stream& stream) {
 
 // ---- Tensor ------------------------------------------------------------------------------------
 
+Tensor Tensor::stream_ref(Stream& stream) const {
+  if (!defined()) return *this;
+  Allocator* a = storage_->allocator();
+  if (!a || !a->stream_ordered()) return *this;
+  a->record_stream(storage_->data(), stream);
+  Tensor t = *this;
+  // Same memory, no owner: destroying it frees nothing.
+  t.storage_ = std::make_shared<Storage>(storage_->data(), storage_->bytes(), storage_->device(),
+                                         std::function<void(void*)>());
+  return t;
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, const std::shared_ptr<Allocator>& alloc,
                      Stream* stream) {
   MESHRT_CHECK(alloc != nullptr, "Tensor::empty" << shape.str() << ": no allocator");
@@ -262,8 +274,9 @@ const Tensor& Tensor::copy_(const Tensor& src, Stream& stream) const {
     const DeviceBackend& be = backend_for(device());
     be.copy_strided(desc(), src.desc(), stream);
     if (be.type() == DeviceType::CPU) {
-      // Keep both storages alive until the copy task has run.
-      auto a = storage_, b = src.storage_;
+      // Keep both storages alive until the copy task has run, or (stream-ordered allocators)
+      // mark their use on this stream.
+      Tensor a = stream_ref(stream), b = src.stream_ref(stream);
       stream.enqueue([a, b] {});
     } else {
       src.storage_->record_stream(stream);
@@ -290,7 +303,7 @@ const Tensor& Tensor::fill_(double value, Stream& stream) const {
   if (numel() == 0) return *this;
   backend_for(device()).fill(desc(), value, stream);
   if (device().is_cpu()) {
-    auto a = storage_;
+    Tensor a = stream_ref(stream);
     stream.enqueue([a] {});
   } else {
     storage_->record_stream(stream);
@@ -314,7 +327,7 @@ const Tensor& Tensor::init_philox_(const PhiloxInit& init, const Shape& full_sha
   if (numel() == 0) return *this;
   backend_for(device()).init_philox(desc(), init, full_shape, offsets, stream);
   if (device().is_cpu()) {
-    auto a = storage_;
+    Tensor a = stream_ref(stream);
     stream.enqueue([a] {});
   } else {
     storage_->record_stream(stream);

@@ -117,6 +117,14 @@ class MESHRT_API Tensor {
   const Tensor& init_philox_(const PhiloxInit& init,
                              Stream& stream) const;  // this tensor is the full one
 
+  // The handle a task queued on `stream` captures (host kernels). When the storage comes from a
+  // stream-ordered allocator (Allocator::stream_ordered), the handle does not own the block: the
+  // program's last handle frees it at once, as on CUDA, and the allocator's stream tags keep it
+  // from other streams until this stream's work before the free ran (record_stream when `stream`
+  // is not the allocation stream), while later work on the allocation stream reuses it at once.
+  // Other storages (external memory, the plain allocator) are kept alive by the task, as before.
+  Tensor stream_ref(Stream& stream) const;
+
   // Host tensors only: reads/writes one element as double after the stream work is done.
   double item(int64_t flat_index) const;
   // Host tensors only: the values as doubles (synchronise streams first).

@@ -90,7 +90,14 @@ void OrderedEngine::run(const CommCall& c) {
   try {
     run_op(c, op);
   } catch (...) {
-    failed(c);
+    // A collective that fails after an abort may leave peers (threads, processes on shared
+    // memory, MPI requests) still reading or writing this rank's buffers: they check for the
+    // abort only between steps. Keep the buffers from the allocator for good (a use after free,
+    // seen after a process was stopped and resumed past the timeout); the process is failing.
+    if (aborted()) {
+      c.in.keep_forever();
+      c.out.keep_forever();
+    }
     throw;
   }
 }

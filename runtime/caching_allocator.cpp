@@ -37,6 +37,13 @@ CachingAllocator::~CachingAllocator() {
   for (auto& b : stranded_) raw_.free(b.ptr);
   stranded_.clear();
   release_cached_locked();
+  if (!leaked_.empty()) {
+    // Reachable from static storage, so leak checkers do not report what was kept on purpose.
+    static std::mutex mu;
+    static auto* forever = new std::vector<void*>;
+    std::lock_guard<std::mutex> g(mu);
+    forever->insert(forever->end(), leaked_.begin(), leaked_.end());
+  }
   if (!live_.empty())
     MESHRT_LOG_WARN("allocator " << name_ << " destroyed with " << live_.size()
                                  << " live blocks; they are leaked to stay valid");
@@ -172,7 +179,36 @@ void CachingAllocator::deallocate(void* ptr) {
   file_freed(std::move(b));
 }
 
+void CachingAllocator::leak(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = live_.find(ptr); it != live_.end()) {
+    it->second.leaked = true;
+    return;
+  }
+  leaked_.push_back(ptr);
+  auto drop = [ptr](std::vector<Block>& v) {
+    auto it = std::find_if(v.begin(), v.end(), [ptr](const Block& b) { return b.ptr == ptr; });
+    if (it == v.end()) return false;
+    v.erase(it);
+    return true;
+  };
+  if (drop(pending_) || drop(stranded_)) return;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second.ptr == ptr) {
+      free_.erase(it);
+      return;
+    }
+  }
+  leaked_.pop_back();  // not a block of this pool (already released): nothing to keep
+}
+
 void CachingAllocator::file_freed(Block b) {
+  if (b.leaked) {
+    std::lock_guard<std::mutex> lk(mu_);
+    leaked_.push_back(b.ptr);
+    return;
+  }
   // The block is tagged with the position of each stream it was used on: an event recorded now,
   // after all work enqueued so far there. Recording is done without the lock: under
   // MESHRT_LAUNCH_BLOCKING it waits for the stream, whose tasks may allocate or free.

@@ -34,6 +34,7 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
   void deallocate(void* ptr) override;
   void record_stream(void* ptr, Stream& stream) override;
   bool stream_ordered() const override { return raw_.stream_ordered; }
+  void leak(void* ptr) override;
   AllocatorStats stats() const override;
   void reset_peak() override;
   void empty_cache() override;
@@ -47,6 +48,7 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
     std::weak_ptr<const void> alive;
     std::vector<std::pair<Stream*, std::weak_ptr<const void>>> used_on;  // record_stream
     std::vector<Event> pending;  // work that must finish before reuse
+    bool leaked = false;         // leak(): dropped, not filed, when the program frees it
   };
 
   // Moves pending blocks whose events completed to the free lists. Caller holds mu_.
@@ -65,6 +67,7 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
   std::multimap<size_t, Block> free_;  // ready for reuse, keyed by size class
   std::vector<Block> pending_;         // freed, waiting on stream events
   std::vector<Block> stranded_;        // freed, but their stream could not record: never reused
+  std::vector<void*> leaked_;          // leak(): never reused nor freed
   AllocatorStats stats_;
 };
 

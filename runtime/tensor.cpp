@@ -1,6 +1,7 @@
 #include "runtime/tensor.h"
 
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "runtime/backend.h"
@@ -39,7 +40,25 @@ void Storage::record_stream(Stream& stream) {
   if (alloc_) alloc_->record_stream(ptr_, stream);
 }
 
+std::shared_ptr<Storage> Storage::borrow() const {
+  auto s = std::make_shared<Storage>(ptr_, bytes_, device_, std::function<void(void*)>());
+  s->lender_ = alloc_;
+  return s;
+}
+
 // ---- Tensor ------------------------------------------------------------------------------------
+
+void Tensor::keep_forever() const {
+  if (!defined()) return;
+  if (storage_->borrowed()) {
+    storage_->lender()->leak(storage_->data());
+    return;
+  }
+  static std::mutex mu;
+  static auto* graveyard = new std::vector<Tensor>;  // leaked on purpose
+  std::lock_guard<std::mutex> lk(mu);
+  graveyard->push_back(*this);
+}
 
 Tensor Tensor::stream_ref(Stream& stream) const {
   if (!defined()) return *this;
@@ -47,9 +66,7 @@ Tensor Tensor::stream_ref(Stream& stream) const {
   if (!a || !a->stream_ordered()) return *this;
   a->record_stream(storage_->data(), stream);
   Tensor t = *this;
-  // Same memory, no owner: destroying it frees nothing.
-  t.storage_ = std::make_shared<Storage>(storage_->data(), storage_->bytes(), storage_->device(),
-                                         std::function<void(void*)>());
+  t.storage_ = storage_->borrow();  // same memory, no owner: destroying it frees nothing
   return t;
 }
 

@@ -294,3 +294,64 @@ TEST_CASE("stream-ordered reuse gives the program-order results under jitter",
   for (size_t j = 0; j < kept.size(); ++j)
     REQUIRE(all_equal(kept[j], static_cast<double>(kEvery) * static_cast<double>(j + 1)));
 }
+
+TEST_CASE("keep_forever takes a block out of circulation, held, pending or cached",
+          "[allocator][stream]") {
+  // A collective that failed after an abort keeps its buffers this way: a peer may still write
+  // them. Its handles are stream_refs, which own nothing, so the allocator must be told.
+  auto a = make_host_caching_allocator();
+  auto s1 = make_host_stream_jitter("s1", stream_jitter_from_env());
+  auto s2 = make_host_stream_jitter("s2", stream_jitter_from_env());
+  auto reused = [&](void* p) {
+    // Every allocation of the class, on either stream, after all work ran.
+    s1->synchronize();
+    s2->synchronize();
+    std::vector<Tensor> got;
+    for (int i = 0; i < 4; ++i) {
+      got.push_back(Tensor::empty({1024}, DType::f32, a, i % 2 ? s1.get() : s2.get()));
+      if (got.back().data_ptr() == p) return true;
+    }
+    return false;
+  };
+  SECTION("the program still holds it") {
+    Tensor x = Tensor::empty({1024}, DType::f32, a, s1.get());
+    x.stream_ref(*s2).keep_forever();
+    void* p = x.data_ptr();
+    x = Tensor();
+    REQUIRE_FALSE(reused(p));
+  }
+  SECTION("freed, with work queued on another stream") {
+    Tensor x = Tensor::empty({1024}, DType::f32, a, s1.get());
+    std::promise<void> gate = block_stream(*s2);
+    Tensor ref = x.stream_ref(*s2);
+    void* p = x.data_ptr();
+    x = Tensor();  // pending on s2's event
+    ref.keep_forever();
+    gate.set_value();
+    REQUIRE_FALSE(reused(p));
+  }
+  SECTION("freed and cached") {
+    Tensor x = Tensor::empty({1024}, DType::f32, a, s1.get());
+    Tensor ref = x.stream_ref(*s1);
+    void* p = x.data_ptr();
+    x = Tensor();
+    s1->synchronize();
+    ref.keep_forever();
+    REQUIRE_FALSE(reused(p));
+  }
+  SECTION("an owning handle") {
+    Tensor x = Tensor::empty({1024}, DType::f32, a, s1.get());
+    x.keep_forever();
+    void* p = x.data_ptr();
+    x = Tensor();
+    REQUIRE(a->stats().live_blocks == 1);  // the kept handle still owns it
+    REQUIRE_FALSE(reused(p));
+  }
+  // Control: without keep_forever the same sequence reuses the block.
+  SECTION("control") {
+    Tensor x = Tensor::empty({1024}, DType::f32, a, s1.get());
+    void* p = x.data_ptr();
+    x = Tensor();
+    REQUIRE(reused(p));
+  }
+}

@@ -347,10 +347,10 @@ json br_json(const BlockPlan& p, const BlockBenchOptions& o,
   const StepFigures& first = br_at(figures, 0, 0);
   j["comm"] = {{std::string(kTpDim), br_comm_json(s.tpc, s.tpe, first.tp, p.tp)},
                {std::string(kDpDim), br_comm_json(s.dpc, s.dpe, first.dp, p.dp)}};
-  // Host streams queue work. Compute tasks hold caching-pool blocks stream-ordered (reused at
-  // once by later work on their stream, as on CUDA); the tensors queued collectives use stay
-  // allocated until they ran, so the host peak can exceed the program's (MESHRT_LAUNCH_BLOCKING=1
-  // measures the program-order peak; MESHRT_HOST_STREAM_REUSE=0 makes every task hold its tensors).
+  // Host streams queue work. With the host pool's stream-ordered reuse (the default) queued
+  // tasks hold blocks as CUDA kernels do, and the peak is the program's; with
+  // MESHRT_HOST_STREAM_REUSE=0 every queued task holds its tensors until it ran
+  // (MESHRT_LAUNCH_BLOCKING=1 measures the program-order peak either way).
   const bool blocking = !p.cuda && launch_blocking_from_env();
   const bool reuse = p.cuda || env_switch("MESHRT_HOST_STREAM_REUSE");
   j["memory"] = {
@@ -359,12 +359,10 @@ json br_json(const BlockPlan& p, const BlockBenchOptions& o,
       {"host_stream_reuse", reuse},
       {"note", std::string("allocator peak over the timed steps (parameters, gradients, "
                            "activations, communication buffers)") +
-                   (p.cuda || blocking ? ""
-                    : reuse ? "; host streams queued work: it includes tensors held by queued "
-                              "collectives (MESHRT_LAUNCH_BLOCKING=1 measures the program-order "
-                              "peak)"
-                            : "; host streams queued work, so it includes tensors held by queued "
-                              "tasks (MESHRT_LAUNCH_BLOCKING=1 measures the program-order peak)")}};
+                   (p.cuda || blocking || reuse
+                        ? ""
+                        : "; host streams queued work, so it includes tensors held by queued "
+                          "tasks (MESHRT_LAUNCH_BLOCKING=1 measures the program-order peak)")}};
   j["skew"] = {{"slowest_rank", s.slow_rank},
                {"fastest_rank", s.fast_rank},
                {"step_ms_slowest", s.slow},

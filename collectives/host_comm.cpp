@@ -273,18 +273,6 @@ class HostEngine final : public detail::OrderedEngine {
         dev(d) {}
 
   std::string_view backend() const override { return "host"; }
-  // A collective that fails after an abort may leave peers still reading or writing this rank's
-  // buffers (they check for the abort only between steps): keep them alive for good rather than
-  // let the allocator hand them out again (a use after free, seen after a process was stopped
-  // and resumed past the timeout). Only after an abort: the process is failing anyway.
-  void failed(const CommCall& c) override {
-    if (!aborted()) return;
-    static std::mutex mu;
-    static auto* graveyard = new std::vector<Tensor>;  // leaked on purpose
-    std::lock_guard<std::mutex> lk(mu);
-    if (c.in.defined()) graveyard->push_back(c.in);
-    if (c.out.defined()) graveyard->push_back(c.out);
-  }
   bool aborted() const override { return g->family().aborted(); }
   std::string abort_reason() const override { return g->family().reason(); }
   void abort_group(const std::string& why) override { g->family().abort(why); }

@@ -90,7 +90,14 @@ void OrderedEngine::run(const CommCall& c) {
   try {
     run_op(c, op);
   } catch (...) {
-    failed(c);
+    // A collective that fails after an abort may leave peers (threads, processes on shared
+    // memory, MPI requests) still reading or writing this rank's buffers: they check for the
+    // abort only between steps. Keep the buffers from the allocator for good (a use after free,
+    // seen after a process was stopped and resumed past the timeout); the process is failing.
+    if (aborted()) {
+      c.in.keep_forever();
+      c.out.keep_forever();
+    }
     throw;
   }
 }
@@ -163,6 +170,10 @@ class OrderedImpl final : public CommImpl {
 
   std::string_view backend() const override { return e_->backend(); }
   void issue(CommCall call, Stream& stream) override {
+    // The queued call holds stream-ordered blocks as a host kernel does (Tensor::stream_ref):
+    // `stream` is recorded as a user, so no stream reuses them before the call ran.
+    call.in = call.in.stream_ref(stream);
+    call.out = call.out.stream_ref(stream);
     stream.enqueue([e = e_, c = std::move(call)] { e->run(c); });
   }
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name,

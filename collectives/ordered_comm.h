@@ -69,8 +69,6 @@ class MESHRT_PLUGIN_API OrderedEngine {
                                               const Op& op) = 0;
   // Called before every collective and split (not send / recv), once its turn came.
   virtual void entering(const Op& op) { (void)op; }
-  // Called when `c` fails with an exception (before it propagates).
-  virtual void failed(const CommCall& c) { (void)c; }
   // Every rank's `mine` (the same length on each), concatenated in group-rank order: the data
   // check's exchange under MESHRT_COMM_DEBUG=1, run inside the collective's turn.
   virtual std::vector<int64_t> exchange_words(const Op& op, const std::vector<int64_t>& mine) = 0;

@@ -37,6 +37,13 @@ class MESHRT_API Allocator {
     (void)ptr;
     (void)stream;
   }
+  // True when deallocate() honours the stream-ordered contract above (the caching pools): host
+  // tasks may then capture a block without owning it (Tensor::stream_ref), as CUDA kernels do.
+  virtual bool stream_ordered() const { return false; }
+  // Never hands out nor frees the block at ptr again, whether the program still holds it, freed
+  // it or it waits in the cache: a communicator abort may leave a peer writing it
+  // (Tensor::keep_forever). The memory stays reserved until the process exits.
+  virtual void leak(void* ptr) { (void)ptr; }
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() {}
   // Gives cached, unused memory back to the system.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/shared_host_memory.h"
@@ -36,6 +37,13 @@ CachingAllocator::~CachingAllocator() {
   for (auto& b : stranded_) raw_.free(b.ptr);
   stranded_.clear();
   release_cached_locked();
+  if (!leaked_.empty()) {
+    // Reachable from static storage, so leak checkers do not report what was kept on purpose.
+    static std::mutex mu;
+    static auto* forever = new std::vector<void*>;
+    std::lock_guard<std::mutex> g(mu);
+    forever->insert(forever->end(), leaked_.begin(), leaked_.end());
+  }
   if (!live_.empty())
     MESHRT_LOG_WARN("allocator " << name_ << " destroyed with " << live_.size()
                                  << " live blocks; they are leaked to stay valid");
@@ -157,36 +165,79 @@ void CachingAllocator::record_stream(void* ptr, Stream& stream) {
 
 void CachingAllocator::deallocate(void* ptr) {
   if (!ptr) return;
-  // Record events outside the lock? Stream::record only enqueues; cheap and lock-free of us.
+  Block b;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = live_.find(ptr);
+    MESHRT_CHECK(it != live_.end(), "allocator " << name_ << ": deallocate of " << ptr
+                                                 << ", which it did not allocate (or freed twice)");
+    b = std::move(it->second);
+    live_.erase(it);
+    stats_.allocated_bytes -= static_cast<int64_t>(b.size);
+    stats_.live_blocks--;
+  }
+  file_freed(std::move(b));
+}
+
+void CachingAllocator::leak(void* ptr) {
+  if (!ptr) return;
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = live_.find(ptr);
-  MESHRT_CHECK(it != live_.end(), "allocator " << name_ << ": deallocate of " << ptr
-                                               << ", which it did not allocate (or freed twice)");
-  Block b = std::move(it->second);
-  live_.erase(it);
-  stats_.allocated_bytes -= static_cast<int64_t>(b.size);
-  stats_.live_blocks--;
+  if (auto it = live_.find(ptr); it != live_.end()) {
+    it->second.leaked = true;
+    return;
+  }
+  leaked_.push_back(ptr);
+  auto drop = [ptr](std::vector<Block>& v) {
+    auto it = std::find_if(v.begin(), v.end(), [ptr](const Block& b) { return b.ptr == ptr; });
+    if (it == v.end()) return false;
+    v.erase(it);
+    return true;
+  };
+  if (drop(pending_) || drop(stranded_)) return;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second.ptr == ptr) {
+      free_.erase(it);
+      return;
+    }
+  }
+  leaked_.pop_back();  // not a block of this pool (already released): nothing to keep
+}
+
+void CachingAllocator::file_freed(Block b) {
+  if (b.leaked) {
+    std::lock_guard<std::mutex> lk(mu_);
+    leaked_.push_back(b.ptr);
+    return;
+  }
+  // The block is tagged with the position of each stream it was used on: an event recorded now,
+  // after all work enqueued so far there. Recording is done without the lock: under
+  // MESHRT_LAUNCH_BLOCKING it waits for the stream, whose tasks may allocate or free.
   // A stream that no longer exists drained its work when it was destroyed: nothing to wait for.
   // Recording can fail on a stream being shut down (a task's captures are freed while it
   // drains, after a watchdog abort); deallocate runs in destructors and must not throw, so the
   // block is then kept out of circulation until the allocator goes.
+  bool stranded = false;
   try {
     if (b.stream && !b.alive.expired()) b.pending.push_back(b.stream->record());
     for (auto& [s, alive] : b.used_on)
       if (!alive.expired()) b.pending.push_back(s->record());
   } catch (const std::exception& e) {
-    MESHRT_LOG_DEBUG("allocator " << name_ << ": block " << ptr
+    MESHRT_LOG_DEBUG("allocator " << name_ << ": block " << b.ptr
                                   << " not reused (cannot record on its stream: " << e.what()
                                   << ")");
-    stranded_.push_back(std::move(b));
-    return;
+    stranded = true;
   }
-  if (b.pending.empty()) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stranded) {
+    stranded_.push_back(std::move(b));
+  } else if (b.pending.empty()) {
     b.used_on.clear();
     free_.emplace(b.size, std::move(b));
-    return;
+  } else {
+    // Work queued later on b.stream may take it at once (take_free_locked); other streams
+    // once the events completed (process_pending_locked).
+    pending_.push_back(std::move(b));
   }
-  pending_.push_back(std::move(b));
 }
 
 AllocatorStats CachingAllocator::stats() const {
@@ -257,6 +308,7 @@ class HostPlainAllocator final : public Allocator {
 
 std::shared_ptr<Allocator> make_host_caching_allocator(int device_index) {
   CachingAllocator::Raw raw;
+  raw.stream_ordered = env_switch("MESHRT_HOST_STREAM_REUSE");
   // Large blocks come from shared memory once a shm communicator asked for it
   // (runtime/shared_host_memory.h), so its collectives can run on them in place.
   raw.alloc = [](size_t bytes) {

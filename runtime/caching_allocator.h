@@ -21,6 +21,9 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
     std::function<void(void* p)> free;
     // Memory left on the device (for error messages); may be empty.
     std::function<std::string()> describe_free;
+    // Whether stream_ordered() says so: host tasks then capture blocks without owning them
+    // (Tensor::stream_ref). MESHRT_HOST_STREAM_REUSE=0 turns it off for the host pool.
+    bool stream_ordered = true;
   };
 
   CachingAllocator(Device device, std::string name, Raw raw);
@@ -30,6 +33,8 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
   void* allocate(size_t bytes, Stream* stream) override;
   void deallocate(void* ptr) override;
   void record_stream(void* ptr, Stream& stream) override;
+  bool stream_ordered() const override { return raw_.stream_ordered; }
+  void leak(void* ptr) override;
   AllocatorStats stats() const override;
   void reset_peak() override;
   void empty_cache() override;
@@ -43,6 +48,7 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
     std::weak_ptr<const void> alive;
     std::vector<std::pair<Stream*, std::weak_ptr<const void>>> used_on;  // record_stream
     std::vector<Event> pending;  // work that must finish before reuse
+    bool leaked = false;         // leak(): dropped, not filed, when the program frees it
   };
 
   // Moves pending blocks whose events completed to the free lists. Caller holds mu_.
@@ -50,6 +56,8 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
   // Releases every cached free block to the system. Caller holds mu_.
   void release_cached_locked();
   void* take_free_locked(size_t size, Stream* stream);
+  // Files a freed block: cached at once, pending on its streams' events, or stranded.
+  void file_freed(Block b);
 
   Device device_;
   std::string name_;
@@ -59,6 +67,7 @@ class MESHRT_PLUGIN_API CachingAllocator : public Allocator {
   std::multimap<size_t, Block> free_;  // ready for reuse, keyed by size class
   std::vector<Block> pending_;         // freed, waiting on stream events
   std::vector<Block> stranded_;        // freed, but their stream could not record: never reused
+  std::vector<void*> leaked_;          // leak(): never reused nor freed
   AllocatorStats stats_;
 };
 

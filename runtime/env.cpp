@@ -39,6 +39,7 @@ const std::vector<Variable>& table() {
   static const std::vector<Variable> t = {
       on_off("MESHRT_STREAM_JITTER"),
       on_off("MESHRT_LAUNCH_BLOCKING"),
+      on_off("MESHRT_HOST_STREAM_REUSE", true),
       on_off("MESHRT_COMM_DEBUG"),
       on_off("MESHRT_FLIGHT_ON_EXIT"),
       on_off("MESHRT_BLAS_REEXEC", true),

@@ -1,6 +1,7 @@
 #include "runtime/tensor.h"
 
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "runtime/backend.h"
@@ -39,7 +40,35 @@ void Storage::record_stream(Stream& stream) {
   if (alloc_) alloc_->record_stream(ptr_, stream);
 }
 
+std::shared_ptr<Storage> Storage::borrow() const {
+  auto s = std::make_shared<Storage>(ptr_, bytes_, device_, std::function<void(void*)>());
+  s->lender_ = alloc_;
+  return s;
+}
+
 // ---- Tensor ------------------------------------------------------------------------------------
+
+void Tensor::keep_forever() const {
+  if (!defined()) return;
+  if (storage_->borrowed()) {
+    storage_->lender()->leak(storage_->data());
+    return;
+  }
+  static std::mutex mu;
+  static auto* graveyard = new std::vector<Tensor>;  // leaked on purpose
+  std::lock_guard<std::mutex> lk(mu);
+  graveyard->push_back(*this);
+}
+
+Tensor Tensor::stream_ref(Stream& stream) const {
+  if (!defined()) return *this;
+  Allocator* a = storage_->allocator();
+  if (!a || !a->stream_ordered()) return *this;
+  a->record_stream(storage_->data(), stream);
+  Tensor t = *this;
+  t.storage_ = storage_->borrow();  // same memory, no owner: destroying it frees nothing
+  return t;
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const std::shared_ptr<Allocator>& alloc,
                      Stream* stream) {
@@ -262,8 +291,9 @@ const Tensor& Tensor::copy_(const Tensor& src, Stream& stream) const {
     const DeviceBackend& be = backend_for(device());
     be.copy_strided(desc(), src.desc(), stream);
     if (be.type() == DeviceType::CPU) {
-      // Keep both storages alive until the copy task has run.
-      auto a = storage_, b = src.storage_;
+      // Keep both storages alive until the copy task has run, or (stream-ordered allocators)
+      // mark their use on this stream.
+      Tensor a = stream_ref(stream), b = src.stream_ref(stream);
       stream.enqueue([a, b] {});
     } else {
       src.storage_->record_stream(stream);
@@ -290,7 +320,7 @@ const Tensor& Tensor::fill_(double value, Stream& stream) const {
   if (numel() == 0) return *this;
   backend_for(device()).fill(desc(), value, stream);
   if (device().is_cpu()) {
-    auto a = storage_;
+    Tensor a = stream_ref(stream);
     stream.enqueue([a] {});
   } else {
     storage_->record_stream(stream);
@@ -314,7 +344,7 @@ const Tensor& Tensor::init_philox_(const PhiloxInit& init, const Shape& full_sha
   if (numel() == 0) return *this;
   backend_for(device()).init_philox(desc(), init, full_shape, offsets, stream);
   if (device().is_cpu()) {
-    auto a = storage_;
+    Tensor a = stream_ref(stream);
     stream.enqueue([a] {});
   } else {
     storage_->record_stream(stream);

@@ -33,6 +33,12 @@ class MESHRT_API Storage {
   const std::shared_ptr<Allocator>& allocator_ptr() const { return alloc_; }
   // Marks that this storage is used on `stream` (stream-aware reuse on free).
   void record_stream(Stream& stream);
+  // A handle on this storage's memory that frees nothing (Tensor::stream_ref). It remembers the
+  // allocator only so that keep_forever() can reach it.
+  std::shared_ptr<Storage> borrow() const;
+  // Whether this is such a handle: its allocator is the memory's lender, not its owner.
+  bool borrowed() const { return lender_ != nullptr; }
+  Allocator* lender() const { return lender_.get(); }
 
  private:
   void* ptr_;
@@ -40,6 +46,7 @@ class MESHRT_API Storage {
   Device device_;
   std::shared_ptr<Allocator> alloc_;
   std::function<void(void*)> deleter_;
+  std::shared_ptr<Allocator> lender_;  // borrow(): the owner's allocator; never freed through
 };
 
 // Philox initialisation: value of full-tensor element i is a function of (seed, id, i) only.
@@ -116,6 +123,18 @@ class MESHRT_API Tensor {
                              Stream& stream) const;
   const Tensor& init_philox_(const PhiloxInit& init,
                              Stream& stream) const;  // this tensor is the full one
+
+  // The handle a task queued on `stream` captures (host kernels). When the storage comes from a
+  // stream-ordered allocator (Allocator::stream_ordered), the handle does not own the block: the
+  // program's last handle frees it at once, as on CUDA, and the allocator's stream tags keep it
+  // from other streams until this stream's work before the free ran (record_stream when `stream`
+  // is not the allocation stream), while later work on the allocation stream reuses it at once.
+  // Other storages (external memory, the plain allocator) are kept alive by the task, as before.
+  Tensor stream_ref(Stream& stream) const;
+  // Keeps this tensor's memory from ever being reused or freed, even when it is a stream_ref
+  // whose owner freed it: for the buffers of a collective that failed after an abort, which a
+  // peer may still write. The memory stays until the process exits.
+  void keep_forever() const;
 
   // Host tensors only: reads/writes one element as double after the stream work is done.
   double item(int64_t flat_index) const;

@@ -12,6 +12,7 @@
 #include "bench/common/stats.h"
 #include "plan/cost_model.h"
 #include "runtime/device.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
 #include "runtime/stream.h"
@@ -346,18 +347,22 @@ json br_json(const BlockPlan& p, const BlockBenchOptions& o,
   const StepFigures& first = br_at(figures, 0, 0);
   j["comm"] = {{std::string(kTpDim), br_comm_json(s.tpc, s.tpe, first.tp, p.tp)},
                {std::string(kDpDim), br_comm_json(s.dpc, s.dpe, first.dp, p.dp)}};
-  // Host streams queue work: a tensor a queued task uses stays allocated until the task ran, so
-  // the host peak is the program's plus what the queues hold, unless MESHRT_LAUNCH_BLOCKING=1.
+  // Host streams queue work. With the host pool's stream-ordered reuse (the default) queued
+  // tasks hold blocks as CUDA kernels do, and the peak is the program's; with
+  // MESHRT_HOST_STREAM_REUSE=0 every queued task holds its tensors until it ran
+  // (MESHRT_LAUNCH_BLOCKING=1 measures the program-order peak either way).
   const bool blocking = !p.cuda && launch_blocking_from_env();
+  const bool reuse = p.cuda || env_switch("MESHRT_HOST_STREAM_REUSE");
   j["memory"] = {
       {"peak_allocated_bytes_max", res.peak_bytes},
       {"launch_blocking", blocking},
+      {"host_stream_reuse", reuse},
       {"note", std::string("allocator peak over the timed steps (parameters, gradients, "
                            "activations, communication buffers)") +
-                   (p.cuda || blocking ? ""
-                                       : "; host streams queued work, so it includes tensors held "
-                                         "by queued tasks (MESHRT_LAUNCH_BLOCKING=1 measures the "
-                                         "program-order peak)")}};
+                   (p.cuda || blocking || reuse
+                        ? ""
+                        : "; host streams queued work, so it includes tensors held by queued "
+                          "tasks (MESHRT_LAUNCH_BLOCKING=1 measures the program-order peak)")}};
   j["skew"] = {{"slowest_rank", s.slow_rank},
                {"fastest_rank", s.fast_rank},
                {"step_ms_slowest", s.slow},

@@ -196,7 +196,8 @@ void attention_bwd_head(const AttnDims& D, const T* q, const T* k, const T* v, c
 void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& lse, float scale, bool causal) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, q, k, v, out, lse, scale, causal] {
+  s.enqueue([tp, q = q.stream_ref(s), k = k.stream_ref(s), v = v.stream_ref(s),
+             out = out.stream_ref(s), lse = lse.stream_ref(s), scale, causal] {
     ensure_blas_single_threaded();
     const AttnDims D = dims_of(q, k);
     const int64_t qblocks = (D.sq + kBq - 1) / kBq;
@@ -220,7 +221,9 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
                    const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
                    const Tensor& dk, const Tensor& dv, float scale, bool causal) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, q, k, v, out, dout, lse, dq, dk, dv, scale, causal] {
+  s.enqueue([tp, q = q.stream_ref(s), k = k.stream_ref(s), v = v.stream_ref(s),
+             out = out.stream_ref(s), dout = dout.stream_ref(s), lse = lse.stream_ref(s),
+             dq = dq.stream_ref(s), dk = dk.stream_ref(s), dv = dv.stream_ref(s), scale, causal] {
     ensure_blas_single_threaded();
     const AttnDims D = dims_of(q, k);
     dispatch_float(q.dtype(), [&](auto tag) {

@@ -26,7 +26,7 @@ int64_t row_grain(int64_t row_len) {
 void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor& out, float alpha,
          float beta) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, a, b, out, alpha, beta] {
+  s.enqueue([tp, a = a.stream_ref(s), b = b.stream_ref(s), out = out.stream_ref(s), alpha, beta] {
     dispatch_float(out.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* pa = a.data<T>();
@@ -52,7 +52,7 @@ void scale(Context& ctx, Stream& s, const Tensor& x, const Tensor& out, float al
 
 void sum_squares(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, x, out] {
+  s.enqueue([tp, x = x.stream_ref(s), out = out.stream_ref(s)] {
     const int64_t n = x.numel(), chunks = (n + kGrain - 1) / kGrain;
     // One f64 partial per fixed chunk, summed in chunk order: the result does not depend on the
     // number of threads.
@@ -99,7 +99,7 @@ void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
     return;
   }
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, x, out] {
+  s.enqueue([tp, x = x.stream_ref(s), out = out.stream_ref(s)] {
     tp->parallel_for(out.numel(), kGrain, [&](int64_t lo, int64_t hi) {
       host_copy_strided(range_desc(out, lo, hi), range_desc(x, lo, hi));
     });
@@ -108,7 +108,7 @@ void cast(Context& ctx, Stream& s, const Tensor& x, const Tensor& out) {
 
 void fill(Context& ctx, Stream& s, const Tensor& out, double value) {
   ThreadPool* tp = &pool(ctx);  // ops::fill requires a contiguous out
-  s.enqueue([tp, out, value] {
+  s.enqueue([tp, out = out.stream_ref(s), value] {
     tp->parallel_for(out.numel(), kGrain,
                      [&](int64_t lo, int64_t hi) { host_fill(range_desc(out, lo, hi), value); });
   });
@@ -145,7 +145,7 @@ void dispatch_gelu(ops::GeluKind k, F&& f) {
 void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias, const Tensor& y,
                    ops::GeluKind kind) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, x, bias, y, kind] {
+  s.enqueue([tp, x = x.stream_ref(s), bias = bias.stream_ref(s), y = y.stream_ref(s), kind] {
     const int64_t n = row_len(x), rows = row_count(x);
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -175,7 +175,8 @@ void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias,
 void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const Tensor& bias,
                    const Tensor& dx, const Tensor& dbias, ops::GeluKind kind, bool accumulate) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, dy, x, bias, dx, dbias, kind, accumulate] {
+  s.enqueue([tp, dy = dy.stream_ref(s), x = x.stream_ref(s), bias = bias.stream_ref(s),
+             dx = dx.stream_ref(s), dbias = dbias.stream_ref(s), kind, accumulate] {
     const int64_t n = row_len(x), rows = row_count(x);
     // Fixed row chunks (independent of the thread count) reduced in order: dbias is
     // deterministic whatever the pool size.
@@ -283,7 +284,7 @@ inline void philox_draws(uint64_t seed, uint64_t offset, uint64_t index0,
 void dropout_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float p, uint64_t seed,
                  uint64_t offset, int64_t index_base) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, x, y, p, seed, offset, index_base] {
+  s.enqueue([tp, x = x.stream_ref(s), y = y.stream_ref(s), p, seed, offset, index_base] {
     const float inv = 1.0f / (1.0f - p);
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);

@@ -14,7 +14,8 @@ MESHRT_HOST_ISA_BEGIN
 void embedding_fwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& weight,
                    const Tensor& out, int64_t vocab_offset) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, ids, weight, out, vocab_offset] {
+  s.enqueue([tp, ids = ids.stream_ref(s), weight = weight.stream_ref(s), out = out.stream_ref(s),
+             vocab_offset] {
     const int64_t tokens = ids.numel(), v = weight.size(0), d = weight.size(1);
     dispatch_float(weight.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -50,7 +51,8 @@ void embedding_fwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& wei
 void embedding_bwd(Context& ctx, Stream& s, const Tensor& ids, const Tensor& dout,
                    const Tensor& dweight, int64_t vocab_offset, bool accumulate) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, ids, dout, dweight, vocab_offset, accumulate] {
+  s.enqueue([tp, ids = ids.stream_ref(s), dout = dout.stream_ref(s),
+             dweight = dweight.stream_ref(s), vocab_offset, accumulate] {
     const int64_t tokens = ids.numel(), v = dweight.size(0), d = dweight.size(1);
     // Group the tokens of this shard by row (stable), then sum each row's tokens in f32 and
     // write it once: deterministic, exact-order f32 accumulation even for 16-bit dweight.

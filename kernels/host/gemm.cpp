@@ -258,7 +258,10 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
                                    << " n=" << p.n << " k=" << p.k);
   }
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, p] {
+  // The task's operands do not own stream-ordered blocks (Tensor::stream_ref).
+  GemmProblem held = p;
+  for (Tensor* t : {&held.a, &held.b, &held.c, &held.bias}) *t = t->stream_ref(s);
+  s.enqueue([tp, p = std::move(held)] {
     ensure_blas_single_threaded();
     std::vector<Tile> tiles = plan_tiles(p, tp->size());
     std::function<void(const Tile&)> body;

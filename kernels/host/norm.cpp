@@ -61,7 +61,8 @@ void reduce_partials(ThreadPool* tp, const float* part, int64_t chunks, int64_t 
 void norm_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& gamma, const Tensor& beta,
               const Tensor& y, const Tensor& mean, const Tensor& rstd, float eps, bool rms) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, x, gamma, beta, y, mean, rstd, eps, rms] {
+  s.enqueue([tp, x = x.stream_ref(s), gamma = gamma.stream_ref(s), beta = beta.stream_ref(s),
+             y = y.stream_ref(s), mean = mean.stream_ref(s), rstd = rstd.stream_ref(s), eps, rms] {
     const int64_t n = row_len(x), rows = row_count(x);
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -106,7 +107,9 @@ void norm_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, const 
               const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
               const Tensor& dbeta, bool rms, bool accumulate) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rms, accumulate] {
+  s.enqueue([tp, dy = dy.stream_ref(s), x = x.stream_ref(s), gamma = gamma.stream_ref(s),
+             mean = mean.stream_ref(s), rstd = rstd.stream_ref(s), dx = dx.stream_ref(s),
+             dgamma = dgamma.stream_ref(s), dbeta = dbeta.stream_ref(s), rms, accumulate] {
     const int64_t n = row_len(x), rows = row_count(x);
     RowChunks rc(rows, n);
     const bool want_dg = dgamma.defined(), want_db = dbeta.defined();

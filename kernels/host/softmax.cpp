@@ -19,7 +19,7 @@ int64_t rows_grain(int64_t n) { return std::max<int64_t>(1, kGrain / std::max<in
 
 void softmax_rows_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, float scale) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, x, y, scale] {
+  s.enqueue([tp, x = x.stream_ref(s), y = y.stream_ref(s), scale] {
     const int64_t n = row_len(x), rows = row_count(x);
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -44,7 +44,7 @@ void softmax_rows_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y,
 void softmax_rows_bwd(Context& ctx, Stream& s, const Tensor& y, const Tensor& dy, const Tensor& dx,
                       float scale) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, y, dy, dx, scale] {
+  s.enqueue([tp, y = y.stream_ref(s), dy = dy.stream_ref(s), dx = dx.stream_ref(s), scale] {
     const int64_t n = row_len(y), rows = row_count(y);
     dispatch_float(y.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -68,7 +68,7 @@ void softmax_rows_bwd(Context& ctx, Stream& s, const Tensor& y, const Tensor& dy
 
 void xent_row_max(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, logits, row_max] {
+  s.enqueue([tp, logits = logits.stream_ref(s), row_max = row_max.stream_ref(s)] {
     const int64_t n = row_len(logits), rows = row_count(logits);
     dispatch_float(logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -88,7 +88,8 @@ void xent_row_max(Context& ctx, Stream& s, const Tensor& logits, const Tensor& r
 void xent_row_sumexp(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_max,
                      const Tensor& sumexp) {
   ThreadPool* tp = &pool(ctx);
-  s.enqueue([tp, logits, row_max, sumexp] {
+  s.enqueue([tp, logits = logits.stream_ref(s), row_max = row_max.stream_ref(s),
+             sumexp = sumexp.stream_ref(s)] {
     const int64_t n = row_len(logits), rows = row_count(logits);
     dispatch_float(logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -110,7 +111,8 @@ void xent_row_sumexp(Context& ctx, Stream& s, const Tensor& logits, const Tensor
 
 void xent_target_logit(Context& ctx, Stream& s, const Tensor& logits, const Tensor& targets,
                        const Tensor& target_logit, int64_t vocab_offset, int64_t ignore_index) {
-  s.enqueue([logits, targets, target_logit, vocab_offset, ignore_index] {
+  s.enqueue([logits = logits.stream_ref(s), targets = targets.stream_ref(s),
+             target_logit = target_logit.stream_ref(s), vocab_offset, ignore_index] {
     const int64_t n = row_len(logits), rows = row_count(logits);
     dispatch_float(logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -133,7 +135,9 @@ void xent_target_logit(Context& ctx, Stream& s, const Tensor& logits, const Tens
 void xent_loss(Context& ctx, Stream& s, const Tensor& row_max, const Tensor& sumexp,
                const Tensor& target_logit, const Tensor& targets, const Tensor& loss,
                int64_t ignore_index) {
-  s.enqueue([row_max, sumexp, target_logit, targets, loss, ignore_index] {
+  s.enqueue([row_max = row_max.stream_ref(s), sumexp = sumexp.stream_ref(s),
+             target_logit = target_logit.stream_ref(s), targets = targets.stream_ref(s),
+             loss = loss.stream_ref(s), ignore_index] {
     const int64_t rows = row_max.numel();
     dispatch_index(targets.dtype(), [&](auto itag) {
       using I = decltype(itag);

@@ -6,6 +6,8 @@
 #include <map>
 #include <mutex>
 #include <numbers>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "mesh/train.h"
@@ -484,5 +486,29 @@ TEST_CASE(
       for (const StepStats& s : schedule_run(w, schedule_cfg(m, opt))) got.push_back(s.loss);
       CHECK(rel_err(got, ref_loss) < 1e-4);
     }
+  }
+}
+
+TEST_CASE("stream-ordered host reuse gives the launch-blocking loss curve bit for bit",
+          "[dp][train][stream][multirank]") {
+  // Host tasks hold caching-pool blocks without owning them (Tensor::stream_ref), so the host
+  // thread's allocations reuse blocks whose queued readers have not run yet. The curves must be
+  // those of launch blocking, where every task ran before the next allocation; mesh.jitter runs
+  // this with random delays before every task.
+  for (auto [w, m, sp] : std::vector<std::tuple<int, std::string, bool>>{
+           {2, "dp=2,tp=1", false}, {2, "dp=1,tp=2", true}, {4, "dp=2,tp=2", false}}) {
+    INFO("mesh " << m << (sp ? " sp" : ""));
+    auto queued = losses(w, m, GradSyncMode::Sync, OptimizerKind::AdamW, 1, 1, sp);
+    set_host_launch_blocking(1);
+    std::vector<double> blocking;
+    try {
+      blocking = losses(w, m, GradSyncMode::Sync, OptimizerKind::AdamW, 1, 1, sp);
+    } catch (...) {
+      set_host_launch_blocking(-1);
+      throw;
+    }
+    set_host_launch_blocking(-1);
+    REQUIRE(queued.size() == 5);
+    for (size_t i = 0; i < queued.size(); ++i) CHECK(queued[i] == blocking[i]);
   }
 }

@@ -597,6 +597,17 @@ TEST_CASE("plan: --compare-memory takes a launch-blocking sweep of the same layo
   CHECK(s["memory_measured"] == "queued");
   CHECK(s["memory_max_abs_error"].get<double>() == Approx(0.5));
   CHECK(out.str().find("MESHRT_LAUNCH_BLOCKING=1") != std::string::npos);
+  {
+    // A sweep whose host pool reused blocks stream-ordered: its peaks are compared as they are.
+    json reuse = sweep(false, 2, 2 * p.mem.total());
+    reuse["results"][0]["memory"]["host_stream_reuse"] = true;
+    write(timed, reuse);
+    std::ostringstream o2;
+    json s2 = json::parse(compare_with_sweep(timed, "h100-sxm:8", o2));
+    CHECK(s2["memory_measured"] == "sweep");
+    CHECK(o2.str().find("stream-ordered host pool") != std::string::npos);
+    write(timed, sweep(false, 2, 2 * p.mem.total()));
+  }
   // A sweep that did not block is refused; so is one without the timed sweep's layouts.
   write(mem, sweep(false, 2, p.mem.total()));
   CHECK_THROWS_WITH(compare_with_sweep(timed, "h100-sxm:8", out, mem),

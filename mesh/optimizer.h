@@ -87,6 +87,12 @@ class MESHRT_API Optimizer {
   void gather_state();
   void scatter_state();
   bool sharded() const { return zero_ != nullptr; }
+  // The GradSync whose buckets shard the state (null unless sharded()).
+  GradSync* zero_sync() const { return zero_; }
+  // The names of a parameter's state tensors, as state() names them.
+  std::vector<std::string> state_names() const;
+  // ZeRO: this rank's shard of bucket b's state `k` (state_names()[k]), f32, shard_numel(b).
+  const Tensor& shard_state(int b, size_t k) const;
   // Resuming after n updates: AdamW's bias correction continues from n, and SGD's momentum
   // buffers are taken as they are (not re-initialised from the first gradient) when n > 0.
   void set_steps(int64_t n);

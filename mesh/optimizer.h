@@ -82,8 +82,9 @@ class MESHRT_API Optimizer {
   NamedTensors state(size_t i) const;
   // ZeRO, collective over dp (no-ops otherwise): gather_state() assembles every parameter's full
   // (tp-local) state from the dp shards for state(); scatter_state() takes this rank's shard
-  // back from it (after a checkpoint wrote into it) and frees the full copies. At stage 3 they
-  // gather and shard the parameters' values too (GradSync::gather_all_params, shard_params).
+  // back from it and frees the full copies. At stage 3 they gather and shard the parameters'
+  // values too (GradSync::gather_all_params, shard_params). Checkpoints in the whole-tensor
+  // format on dp = 1 use them; on dp > 1 the shards are saved as they are (checkpoint.h).
   void gather_state();
   void scatter_state();
   bool sharded() const { return zero_ != nullptr; }

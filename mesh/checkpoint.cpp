@@ -20,6 +20,7 @@
 
 #include "mesh/checkpoint_index.h"
 #include "mesh/checkpoint_root.h"
+#include "mesh/checkpoint_zero.h"
 #include "mesh/crc32c.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -33,7 +34,8 @@ using json = nlohmann::ordered_json;
 namespace {
 
 constexpr const char* kFormat = "meshrt-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 1;      // whole (tp-sharded) tensors
+constexpr int kZeroVersion = 2;  // ZeRO: each rank's dp shards of the flat buckets
 constexpr const char* kIndex = detail::kCheckpointIndex;
 constexpr const char* kLatest = detail::kCheckpointLatest;
 constexpr uint64_t kMaxIndexBytes = 64ull << 20;
@@ -154,6 +156,41 @@ std::vector<Saved> saved_tensors(const std::vector<Param*>& params, const Optimi
   return out;
 }
 
+// A tensor a checkpoint holds for the model, named as the index names it: a parameter's value
+// (kind -1) or its optimizer state k, with its dtype (known without the tensor: a ZeRO 3
+// parameter's value exists only while gathered).
+struct Want {
+  std::string key, kind;  // kind: "param" or the state's name
+  Param* p;
+  int state;
+  DType dtype;
+};
+
+DType param_dtype(const Param* p, const Optimizer* opt) {
+  if (p->value.defined()) return p->value.dtype();
+  const GradSync* g = opt ? opt->zero_sync() : nullptr;
+  for (int b = 0; g && b < g->num_buckets(); ++b)
+    for (const Param* q : g->bucket(b))
+      if (q == p) return g->bucket_dtype(b);
+  MESHRT_FAIL("checkpoint: parameter " << p->name << " has no value (a ZeRO 3 shard without "
+                                       << "its optimizer's GradSync)");
+}
+
+std::vector<Want> wanted_tensors(const std::vector<Param*>& params, const Optimizer* opt) {
+  std::vector<Want> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param* p = params[i];
+    out.push_back({p->name, "param", p, -1, param_dtype(p, opt)});
+    if (!opt) continue;
+    MESHRT_CHECK(i < opt->params().size() && opt->params()[i] == p,
+                 "checkpoint: the optimizer's parameter " << i << " is not " << p->name);
+    const auto names = opt->state_names();
+    for (size_t k = 0; k < names.size(); ++k)
+      out.push_back({p->name + "." + names[k], names[k], p, static_cast<int>(k), DType::f32});
+  }
+  return out;
+}
+
 json shape_json(const Shape& s) { return s.vec(); }
 
 // Test hook MESHRT_CHECKPOINT_FAULT="rank=R,mode=kill|throw": rank R fails after writing part
@@ -265,14 +302,12 @@ struct RankFileInfo {
   uint64_t bytes = 0;
 };
 
-// This rank's shards (those it owns: one copy of each replica) and the optimizer step, to
-// tmp/rank-N.safetensors. Returns its size and checksum.
+// This rank's tensors (`mine`) and the optimizer step, to tmp/rank-N.safetensors. Returns its
+// size and checksum.
 RankFileInfo write_rank_file(const std::string& tmp, const CheckpointMeta& meta, DeviceMesh& mesh,
-                             const std::vector<Saved>& all, const Optimizer* opt) {
+                             NamedTensors mine, const Optimizer* opt,
+                             std::map<std::string, std::string> metadata) {
   const int rank = mesh.rank();
-  NamedTensors mine;
-  for (const Saved& s : all)
-    if (owns(s.p->placements, mesh.coords())) mine.emplace_back(s.key, s.local);
   Tensor step_t = Tensor::empty({1}, DType::i64, host_plain());
   step_t.data<int64_t>()[0] = opt ? opt->steps() : meta.step;
   mine.emplace_back("optimizer.step", step_t);
@@ -290,21 +325,120 @@ RankFileInfo write_rank_file(const std::string& tmp, const CheckpointMeta& meta,
     out.crc = crc32c(out.crc, data, n);
     out.bytes += n;
   };
-  save_safetensors(
-      tmp + "/" + rank_file(rank), mine, mesh.ctx().compute_stream(),
-      {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"rank", std::to_string(rank)}},
-      wo);
+  metadata["format"] = kFormat;
+  metadata["step"] = std::to_string(meta.step);
+  metadata["rank"] = std::to_string(rank);
+  save_safetensors(tmp + "/" + rank_file(rank), mine, mesh.ctx().compute_stream(), metadata, wo);
   return out;
 }
 
+// The shards this rank owns (one copy of each replica) of whole (tp-local) tensors.
+NamedTensors owned_tensors(const std::vector<Saved>& all, DeviceMesh& mesh) {
+  NamedTensors mine;
+  for (const Saved& s : all)
+    if (owns(s.p->placements, mesh.coords())) mine.emplace_back(s.key, s.local);
+  return mine;
+}
+
+// ZeRO: this rank's dp shard of every bucket's flat parameter buffer and optimizer states, read
+// where they live (nothing is gathered).
+NamedTensors zero_rank_tensors(const Optimizer& opt, DeviceMesh& mesh) {
+  GradSync& g = *opt.zero_sync();
+  g.wait_gathers();  // stages 1 and 2: the step's all-gathers write the buffers read here
+  mesh.ctx().compute_stream().synchronize();
+  const auto names = opt.state_names();
+  NamedTensors out;
+  for (int b = 0; b < g.num_buckets(); ++b) {
+    const auto bs = static_cast<size_t>(b);
+    out.emplace_back(detail::zero_tensor_name(bs, "param"), g.param_shard(b));
+    for (size_t k = 0; k < names.size(); ++k)
+      out.emplace_back(detail::zero_tensor_name(bs, names[k]), opt.shard_state(b, k));
+  }
+  return out;
+}
+
+// Collective: every tp rank's bucket layout as numbers (from its dp rank 0), on every rank. Per
+// tp rank: the bucket count, per bucket (numel, padded, dtype), per parameter (bucket, offset).
+std::vector<int64_t> exchange_zero_layout(DeviceMesh& mesh, const std::vector<Param*>& params,
+                                          const Optimizer& opt) {
+  const GradSync& g = *opt.zero_sync();
+  const size_t np = params.size(), slot = 1 + 5 * np;
+  const int tp = mesh.size(kTpDim);
+  std::vector<int64_t> v(slot * static_cast<size_t>(tp), 0);
+  MESHRT_CHECK(static_cast<size_t>(g.num_buckets()) <= np,
+               "checkpoint: " << g.num_buckets() << " buckets for " << np << " parameters");
+  if (mesh.coord(kDpDim) == 0) {
+    int64_t* o = v.data() + slot * static_cast<size_t>(mesh.coord(kTpDim));
+    o[0] = g.num_buckets();
+    for (int b = 0; b < g.num_buckets(); ++b) {
+      int64_t* ob = o + 1 + 3 * b;
+      ob[0] = g.bucket_numel(b);
+      ob[1] = g.padded_numel(b);
+      ob[2] = static_cast<int64_t>(g.bucket_dtype(b));
+      const auto& ps = g.bucket(b);
+      for (size_t slot_i = 0; slot_i < ps.size(); ++slot_i) {
+        const auto i = static_cast<size_t>(std::find(params.begin(), params.end(), ps[slot_i]) -
+                                           params.begin());
+        MESHRT_CHECK(i < np, "checkpoint: bucket " << b << " holds " << ps[slot_i]->name
+                                                   << ", which is not among the saved parameters");
+        o[1 + 3 * np + 2 * i] = b;
+        o[1 + 3 * np + 2 * i + 1] = g.bucket_offset(b, static_cast<int>(slot_i));
+      }
+    }
+  }
+  return agree(mesh, v, ReduceOp::Sum);
+}
+
+// Rank 0: the layout of a ZeRO-sharded checkpoint from exchange_zero_layout's numbers.
+detail::CheckpointZeroLayout zero_layout(DeviceMesh& mesh, const std::vector<Param*>& params,
+                                         const Optimizer& opt, const std::vector<int64_t>& v) {
+  detail::CheckpointZeroLayout z;
+  z.stage = opt.zero_sync()->zero();
+  z.dp = mesh.size(kDpDim);
+  z.tp = mesh.size(kTpDim);
+  z.state = opt.state_names();
+  const size_t np = params.size(), slot = 1 + 5 * np;
+  for (int t = 0; t < z.tp; ++t) {
+    const int64_t* o = v.data() + slot * static_cast<size_t>(t);
+    std::vector<int> c(mesh.dims().size(), 0);
+    if (mesh.has_dim(kTpDim)) c[static_cast<size_t>(mesh.dim_index(kTpDim))] = t;
+    detail::CheckpointZeroTpRank tr;
+    for (int d = 0; d < z.dp; ++d) {
+      c[static_cast<size_t>(mesh.dim_index(kDpDim))] = d;
+      tr.files.push_back(rank_file(mesh.rank_of(c)));
+    }
+    c[static_cast<size_t>(mesh.dim_index(kDpDim))] = 0;
+    for (int64_t b = 0; b < o[0]; ++b) {
+      detail::CheckpointZeroBucket bk;
+      bk.numel = o[1 + 3 * b];
+      bk.padded = o[1 + 3 * b + 1];
+      bk.shard = bk.padded / z.dp;
+      bk.dtype = safetensors_dtype_name(static_cast<DType>(o[1 + 3 * b + 2]));
+      tr.buckets.push_back(bk);
+    }
+    for (size_t i = 0; i < np; ++i) {
+      detail::CheckpointZeroParam p;
+      p.name = params[i]->name;
+      p.offset = o[1 + 3 * np + 2 * i + 1];
+      extent_at(params[i]->full_shape, mesh.dims(), c, params[i]->placements, &p.shape, &p.offsets);
+      tr.buckets[static_cast<size_t>(o[1 + 3 * np + 2 * i])].params.push_back(p);
+    }
+    for (auto& bk : tr.buckets)
+      std::sort(bk.params.begin(), bk.params.end(),
+                [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    z.tp_ranks.push_back(std::move(tr));
+  }
+  return z;
+}
+
 // The index: the meta, every rank file's size and checksum (info: ok, bytes, crc per rank) and
-// every tensor's shards.
-json build_index(const CheckpointMeta& meta, DeviceMesh& mesh, const std::vector<Saved>& all,
-                 const Optimizer* opt, const std::vector<int64_t>& info) {
+// every tensor (`with_shards`: where its shards are; a ZeRO-sharded checkpoint's layout says it).
+json build_index(const CheckpointMeta& meta, DeviceMesh& mesh, const std::vector<Want>& all,
+                 const Optimizer* opt, const std::vector<int64_t>& info, bool with_shards) {
   const int world = mesh.world_size();
   json idx;
   idx["format"] = kFormat;
-  idx["version"] = kVersion;
+  idx["version"] = with_shards ? kVersion : kZeroVersion;
   idx["step"] = meta.step;
   idx["run"] = meta.run;
   idx["skipped_steps"] = meta.skipped_steps;
@@ -328,9 +462,9 @@ json build_index(const CheckpointMeta& meta, DeviceMesh& mesh, const std::vector
   }
   idx["files"] = files;
   json tensors = json::object();
-  for (const Saved& s : all) {
+  for (const Want& s : all) {
     json shards = json::array();
-    for (int r = 0; r < world; ++r) {
+    for (int r = 0; r < world && with_shards; ++r) {
       const auto c = coords_of(mesh.dims(), r);
       if (!owns(s.p->placements, c)) continue;
       Shape l, o;
@@ -340,7 +474,7 @@ json build_index(const CheckpointMeta& meta, DeviceMesh& mesh, const std::vector
     }
     json pl = json::array();
     for (auto& p : s.p->placements) pl.push_back(p.str());
-    tensors[s.key] = {{"dtype", safetensors_dtype_name(s.local.dtype())},
+    tensors[s.key] = {{"dtype", safetensors_dtype_name(s.dtype)},
                       {"shape", shape_json(s.p->full_shape)},
                       {"placements", pl},
                       {"shards", shards}};
@@ -385,6 +519,13 @@ void publish(const std::string& root, const std::string& tmp, const std::string&
 
 }  // namespace
 
+bool checkpoint_saves_shards(const DeviceMesh& mesh, const Optimizer* opt) {
+  if (!opt || !opt->sharded() || mesh.size(kDpDim) < 2) return false;
+  for (const MeshDim& d : mesh.dims())
+    if (d.name != kDpDim && d.name != kTpDim && d.size > 1) return false;
+  return true;
+}
+
 std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta, DeviceMesh& mesh,
                             const std::vector<Param*>& params, const Optimizer* opt, int keep) {
   const int rank = mesh.rank(), world = mesh.world_size();
@@ -405,11 +546,20 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   agree_error(mesh, err, "could not prepare " + root);
   const std::string tmp = share_save_dir(mesh, root, name, tmp0);
 
-  // Every rank writes the shards it owns.
-  const auto all = saved_tensors(params, opt);
+  // Every rank writes the shards it owns; with ZeRO on dp > 1 its dp shards of the buckets.
+  const bool zero = checkpoint_saves_shards(mesh, opt);
+  const std::vector<int64_t> layout =
+      zero ? exchange_zero_layout(mesh, params, *opt) : std::vector<int64_t>();
   RankFileInfo mine;
   try {
-    mine = write_rank_file(tmp, meta, mesh, all, opt);
+    if (zero)
+      mine = write_rank_file(tmp, meta, mesh, zero_rank_tensors(*opt, mesh), opt,
+                             {{"zero_stage", std::to_string(opt->zero_sync()->zero())},
+                              {"dp_rank", std::to_string(mesh.coord(kDpDim))},
+                              {"tp_rank", std::to_string(mesh.coord(kTpDim))}});
+    else
+      mine = write_rank_file(tmp, meta, mesh, owned_tensors(saved_tensors(params, opt), mesh), opt,
+                             {});
   } catch (const std::exception& e) {
     err = e.what();
   }
@@ -428,8 +578,9 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   // Rank 0 writes the index, publishes the directory, then the pointer, then prunes.
   if (rank == 0) {
     try {
-      publish(root, tmp, name, build_index(meta, mesh, all, opt, info).dump(1) + "\n", meta.run,
-              keep);
+      json idx = build_index(meta, mesh, wanted_tensors(params, opt), opt, info, !zero);
+      if (zero) idx["zero"] = detail::zero_layout_json(zero_layout(mesh, params, *opt, layout));
+      publish(root, tmp, name, idx.dump(1) + "\n", meta.run, keep);
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -482,17 +633,7 @@ namespace {
 using ShardRef = detail::CheckpointShardRef;
 using IndexTensor = detail::CheckpointIndexTensor;
 
-Shape shape_from(const json& j, const std::string& where) {
-  MESHRT_CHECK(j.is_array() && j.size() <= static_cast<size_t>(kMaxDims),
-               where << ": not an array of at most " << kMaxDims << " extents");
-  std::vector<int64_t> v;
-  for (auto& d : j) {
-    MESHRT_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0,
-                 where << ": extent " << d.dump() << " is not a non-negative integer");
-    v.push_back(d.get<int64_t>());
-  }
-  return Shape(v);
-}
+Shape shape_from(const json& j, const std::string& where) { return detail::index_shape(j, where); }
 
 // Copies the part of saved shard `s` (tensor `e` of file `r`) that overlaps this rank's block
 // [off, off + local) into `dst` (the block, contiguous). Returns the elements copied.
@@ -565,33 +706,26 @@ CheckpointMeta read_checkpoint_meta(const std::string& path, const CheckpointMet
   return read_index(resolve_checkpoint(path), expect).meta;
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& expect,
-                               DeviceMesh& mesh, const std::vector<Param*>& params,
-                               Optimizer* opt) {
-  Context& ctx = mesh.ctx();
-  Stream& cs = ctx.compute_stream();
-  const std::string dir = resolve_checkpoint(path);
-  const std::string index_path = dir + "/" + kIndex;
-  const detail::CheckpointIndex idx = read_index(dir, expect);
-  const CheckpointMeta& got = idx.meta;
-  const auto& file_bytes = idx.file_bytes;
-  const auto& file_crc = idx.file_crc;
-  const auto& tensors = idx.tensors;
-  const auto want = saved_tensors(params, opt);
-  for (const Saved& s : want) {
-    auto it = tensors.find(s.key);
-    MESHRT_CHECK(it != tensors.end(), "checkpoint: " << index_path << " has no tensor '" << s.key
-                                                     << "' that the model needs");
+namespace {
+
+// The model's tensors are in the index with their full shapes and dtypes; the files it lists exist
+// with their sizes.
+void check_against_index(const detail::CheckpointIndex& idx, const std::vector<Want>& want,
+                         const std::string& dir, const std::string& index_path) {
+  for (const Want& s : want) {
+    auto it = idx.tensors.find(s.key);
+    MESHRT_CHECK(it != idx.tensors.end(), "checkpoint: " << index_path << " has no tensor '"
+                                                         << s.key << "' that the model needs");
     MESHRT_CHECK(it->second.shape == s.p->full_shape,
                  "checkpoint: " << index_path << ": tensor '" << s.key << "' has shape "
                                 << it->second.shape.str() << " but the model's is "
                                 << s.p->full_shape.str());
-    MESHRT_CHECK(it->second.dtype == safetensors_dtype_name(s.local.dtype()),
+    MESHRT_CHECK(it->second.dtype == safetensors_dtype_name(s.dtype),
                  "checkpoint: " << index_path << ": tensor '" << s.key << "' is "
                                 << it->second.dtype << " but the model's is "
-                                << safetensors_dtype_name(s.local.dtype()));
+                                << safetensors_dtype_name(s.dtype));
   }
-  for (auto& [f, n] : file_bytes) {
+  for (auto& [f, n] : idx.file_bytes) {
     const std::string fp = dir + "/" + f;
     struct stat sb {};
     MESHRT_CHECK(::stat(fp.c_str(), &sb) == 0,
@@ -602,89 +736,146 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
                  "checkpoint: " << fp << " is " << sb.st_size << " bytes but the index says " << n
                                 << " (truncated or overwritten)");
   }
+}
 
-  // Per rank work, agreed on before anything is modified: checksums (file i on rank i % world,
-  // so each file is read whole once) and this rank's byte ranges into host buffers.
+// Where loaded elements go: elements [a, e) (row-major, of the parameter's tp-local block) of
+// wanted tensor `want`, into `dst` (flat, e - a elements).
+struct Dest {
+  size_t want;
+  int64_t a, e;
+  Tensor dst;
+};
+
+// Whole tensors, or with a ZeRO optimizer this rank's shard pieces (stage 3 after dropping the
+// gathered parameters: the shards are what it keeps).
+std::vector<Dest> load_destinations(const std::vector<Want>& want, const Optimizer* opt) {
+  std::vector<Dest> out;
+  GradSync* g = opt ? opt->zero_sync() : nullptr;
+  if (!g) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      const Want& w = want[i];
+      Tensor t = w.p->value;
+      if (w.state >= 0) {
+        const size_t pi = static_cast<size_t>(
+            std::find(opt->params().begin(), opt->params().end(), w.p) - opt->params().begin());
+        t = opt->state(pi).at(static_cast<size_t>(w.state)).second;
+      }
+      MESHRT_CHECK(t.defined() && t.is_contiguous(),
+                   "checkpoint: tensor '" << w.key << "' is not a contiguous tensor to load into");
+      out.push_back({i, 0, t.numel(), t.view({t.numel()})});
+    }
+    return out;
+  }
+  g->shard_params();  // stage 3: keep the shards (no-op when not gathered or at other stages)
+  std::map<const Param*, size_t> first;
+  for (size_t i = want.size(); i-- > 0;) first[want[i].p] = i;
+  const size_t kinds = 1 + opt->state_names().size();
+  for (int b = 0; b < g->num_buckets(); ++b)
+    for (const ShardPiece& pc : g->shard_pieces(b)) {
+      auto it = first.find(pc.param);
+      if (it == first.end()) continue;
+      for (size_t k = 0; k < kinds; ++k)
+        out.push_back({it->second + k, pc.offset, pc.offset + pc.len,
+                       k == 0 ? pc.value : opt->shard_state(b, k - 1).narrow(0, pc.at, pc.len)});
+    }
+  return out;
+}
+
+// Version 1: elements [a, e) of this rank's block of `w` from the whole-tensor shards that
+// overlap it.
+void read_whole_format(std::map<std::string, std::unique_ptr<SafetensorsReader>>& readers,
+                       const std::string& dir, const std::string& index_path, const IndexTensor& t,
+                       const Want& w, const Shape& local, int64_t a, int64_t e, char* dst) {
+  const size_t es = dtype_size(w.dtype);
+  std::vector<char> whole(static_cast<size_t>(local.numel()) * es);
+  int64_t covered = 0;
+  for (const ShardRef& sh : t.shards) {
+    auto& rd = readers[sh.file];
+    if (!rd) rd = std::make_unique<SafetensorsReader>(dir + "/" + sh.file);
+    const auto* en = rd->find(w.key);
+    MESHRT_CHECK(en && en->shape == sh.shape && safetensors_dtype_name(en->dtype) == t.dtype,
+                 "checkpoint: " << dir << "/" << sh.file << " has no " << t.dtype << " tensor '"
+                                << w.key << "' of shape " << sh.shape.str()
+                                << " as its index says");
+    covered += copy_overlap(*rd, *en, sh, w.p->offsets, local, whole.data());
+  }
+  MESHRT_CHECK(covered == local.numel(),
+               "checkpoint: " << index_path << ": the shards of '" << w.key << "' cover " << covered
+                              << " of the " << local.numel() << " elements this rank needs");
+  std::memcpy(dst, whole.data() + static_cast<size_t>(a) * es, static_cast<size_t>(e - a) * es);
+}
+
+// Reads every destination's elements into host buffers (nothing of the model is modified).
+// Version 1: file i's checksum is verified on rank i % world (each file read whole once);
+// version 2: each rank verifies the files it reads, when it first opens them.
+std::vector<Tensor> stage_loads(const detail::CheckpointIndex& idx, const std::string& dir,
+                                const std::string& index_path, DeviceMesh& mesh,
+                                const std::vector<Want>& want, const std::vector<Dest>& dests) {
   const int rank = mesh.rank(), world = mesh.world_size();
-  std::string err;
-  std::vector<Tensor> staged;
-  try {
+  if (idx.version == 1) {
     int i = 0;
-    for (auto& [f, n] : file_bytes) {
+    for (auto& [f, n] : idx.file_bytes) {
       if (i++ % world != rank) continue;
       SafetensorsReader r(dir + "/" + f);  // also validates the header
-      std::vector<char> buf(std::min<uint64_t>(n, 8ull << 20));
-      uint32_t crc = 0;
-      const int fd = ::open((dir + "/" + f).c_str(), O_RDONLY | O_CLOEXEC);
-      MESHRT_CHECK(fd >= 0, "checkpoint: cannot open " << dir << "/" << f);
-      uint64_t total = 0;
-      ssize_t got_n;
-      while ((got_n = ::read(fd, buf.data(), buf.size())) > 0) {
-        crc = crc32c(crc, buf.data(), static_cast<size_t>(got_n));
-        total += static_cast<uint64_t>(got_n);
-      }
-      ::close(fd);
-      MESHRT_CHECK(total == n && crc == file_crc.at(f),
-                   "checkpoint: " << dir << "/" << f << " fails its checksum (crc32c " << std::hex
-                                  << crc << ", index says " << file_crc.at(f) << std::dec
-                                  << "): the file is corrupt");
+      detail::verify_checkpoint_file(dir + "/" + f, n, idx.file_crc.at(f));
     }
-    std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
-    for (const Saved& s : want) {
-      const IndexTensor& t = tensors.at(s.key);
-      Tensor h = Tensor::empty(s.local.shape(), s.local.dtype(), host_plain());
-      int64_t covered = 0;
-      for (const ShardRef& sh : t.shards) {
-        auto& rd = readers[sh.file];
-        if (!rd) rd = std::make_unique<SafetensorsReader>(dir + "/" + sh.file);
-        const auto* e = rd->find(s.key);
-        MESHRT_CHECK(e && e->shape == sh.shape && safetensors_dtype_name(e->dtype) == t.dtype,
-                     "checkpoint: " << dir << "/" << sh.file << " has no " << t.dtype << " tensor '"
-                                    << s.key << "' of shape " << sh.shape.str()
-                                    << " as its index says");
-        covered += copy_overlap(*rd, *e, sh, s.p->offsets, s.local.shape(),
-                                static_cast<char*>(h.data_ptr()));
-      }
-      MESHRT_CHECK(covered == s.local.numel(), "checkpoint: " << index_path << ": the shards of '"
-                                                              << s.key << "' cover " << covered
-                                                              << " of the " << s.local.numel()
-                                                              << " elements this rank needs");
-      staged.push_back(h);
-    }
+  }
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
+  detail::CheckpointFiles files(dir, idx);
+  detail::ZeroShardSource zero(idx, files, static_cast<size_t>(mesh.coord(kTpDim)));
+  std::vector<Tensor> staged;
+  for (const Dest& d : dests) {
+    const Want& w = want[d.want];
+    Shape local, off;
+    extent_at(w.p->full_shape, mesh.dims(), mesh.coords(), w.p->placements, &local, &off);
+    Tensor h = Tensor::empty({d.e - d.a}, w.dtype, host_plain());
+    auto* dst = static_cast<char*>(h.data_ptr());
+    if (idx.version == 1)
+      read_whole_format(readers, dir, index_path, idx.tensors.at(w.key), w, local, d.a, d.e, dst);
+    else
+      zero.read(w.p->name, w.kind, dtype_size(w.dtype), w.p->offsets, local, d.a, d.e, dst);
+    staged.push_back(h);
+  }
+  return staged;
+}
+
+}  // namespace
+
+CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& expect,
+                               DeviceMesh& mesh, const std::vector<Param*>& params,
+                               Optimizer* opt) {
+  Stream& cs = mesh.ctx().compute_stream();
+  const std::string dir = resolve_checkpoint(path);
+  const std::string index_path = dir + "/" + kIndex;
+  const detail::CheckpointIndex idx = read_index(dir, expect);
+  const auto want = wanted_tensors(params, opt);
+  check_against_index(idx, want, dir, index_path);
+  // Per rank work, agreed on before anything is modified: checksums and this rank's elements
+  // into host buffers.
+  std::string err;
+  std::vector<Dest> dests;
+  std::vector<Tensor> staged;
+  try {
+    dests = load_destinations(want, opt);
+    staged = stage_loads(idx, dir, index_path, mesh, want, dests);
   } catch (const std::exception& e) {
     err = e.what();
   }
   agree_error(mesh, err, "rejected the checkpoint " + dir);
-  for (size_t i = 0; i < want.size(); ++i) want[i].local.copy_(staged[i], cs);
+  for (size_t i = 0; i < dests.size(); ++i) dests[i].dst.copy_(staged[i], cs);
+  if (GradSync* g = opt ? opt->zero_sync() : nullptr) {
+    // Stages 1 and 2 keep whole parameters: each rank loaded its shard; gather the rest.
+    for (int b = 0; b < g->num_buckets(); ++b) g->gather_params(b);
+    g->wait_gathers();
+  }
   if (opt) opt->set_steps(idx.optimizer_step);
   cs.synchronize();
-  return got;
+  return idx.meta;
 }
 
 namespace detail {
 
 namespace {
-
-// Element count of `s` and every stride fit in int64 (zero extents or not).
-void check_shape_fits(const Shape& s, const std::string& where) {
-  int64_t span = 1;
-  for (int d = 0; d < s.ndim(); ++d)
-    MESHRT_CHECK(!__builtin_mul_overflow(span, std::max<int64_t>(s[d], 1), &span),
-                 where << ": shape " << s.str() << " overflows 64-bit sizes");
-}
-
-// Field `name` of `j`: a non-negative integer that fits T. A float (1e20), a string, a negative
-// or too large value is refused naming the field instead of wrapping.
-template <class T>
-T index_count(const json& j, const char* name, const std::string& where) {
-  MESHRT_CHECK(j.is_object() && j.contains(name), where << ": field '" << name << "' is missing");
-  const json& v = j.at(name);
-  MESHRT_CHECK(v.is_number_unsigned() &&
-                   v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
-               where << ": field '" << name << "' is " << v.dump() << ", not an integer in [0, "
-                     << std::numeric_limits<T>::max() << "]");
-  return static_cast<T>(v.get<uint64_t>());
-}
 
 // "0000abcd": 1 to 8 hex digits, nothing else.
 uint32_t parse_crc(const std::string& h, const std::string& where) {
@@ -705,10 +896,11 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
                "checkpoint: " << index_path << " is not a meshrt checkpoint index (format "
                               << (idx.contains("format") ? idx["format"].dump() : "missing")
                               << ", expected \"" << kFormat << "\"); written by another tool?");
-  MESHRT_CHECK(idx["version"] == kVersion, "checkpoint: " << index_path << " has version "
-                                                          << idx["version"].dump()
-                                                          << "; this meshrt reads " << kVersion);
+  MESHRT_CHECK(idx["version"] == kVersion || idx["version"] == kZeroVersion,
+               "checkpoint: " << index_path << " has version " << idx["version"].dump()
+                              << "; this meshrt reads " << kVersion << " and " << kZeroVersion);
   CheckpointIndex out;
+  out.version = idx["version"] == kZeroVersion ? kZeroVersion : kVersion;
   CheckpointMeta& got = out.meta;
   try {
     got.step = index_count<int>(idx, "step", "checkpoint: " + index_path);
@@ -755,7 +947,7 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
       IndexTensor t;
       t.dtype = it.value().at("dtype").get<std::string>();
       t.shape = shape_from(it.value().at("shape"), where + " shape");
-      check_shape_fits(t.shape, where);
+      check_index_shape_fits(t.shape, where);
       MESHRT_CHECK(it.value().at("shards").is_array(), where << ": shards is not an array");
       for (auto& s : it.value().at("shards")) {
         ShardRef r;
@@ -776,6 +968,9 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
     }
     out.optimizer_step = index_count<int64_t>(idx.at("optimizer"), "step",
                                               "checkpoint: " + index_path + ": optimizer");
+    if (out.version == kZeroVersion)
+      out.zero = parse_zero_layout(idx.at("zero"), out.file_bytes, out.tensors,
+                                   "checkpoint: " + index_path);
   } catch (const json::exception& e) {
     MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
   }

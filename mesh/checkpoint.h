@@ -73,8 +73,15 @@ MESHRT_API std::shared_ptr<CheckpointLock> open_checkpoint_root(const std::strin
                                                                 const std::string& resumed_dir,
                                                                 DeviceMesh& mesh);
 
+// Whether save_checkpoint writes `opt`'s ZeRO dp shards as they are (index version 2: ZeRO stage
+// >= 1 on dp > 1, a mesh of dp and tp only) rather than whole tensors (version 1, for which a
+// sharded optimizer's state must be gathered first: Optimizer::gather_state).
+MESHRT_API bool checkpoint_saves_shards(const DeviceMesh& mesh, const Optimizer* opt);
+
 // Collective over the mesh's world. Writes root/step-<step> (each rank its shards of `params` and
-// of the optimizer's state, replicas written once) through a temporary directory unique to this
+// of the optimizer's state, replicas written once; with ZeRO on dp > 1 (checkpoint_saves_shards)
+// its dp shard of every bucket's flat parameters and states, nothing gathered, and the buckets'
+// layout in the index) through a temporary directory unique to this
 // job, then points root/latest at it and, with keep > 0, removes older checkpoints of meta.run
 // (which must be set). Rank 0 holds the folder's lock during the save (lock_checkpoint_root) and
 // first removes stale temporaries. A checkpoint of the same step is replaced; files in it that
@@ -98,7 +105,10 @@ MESHRT_API CheckpointMeta read_checkpoint_meta(const std::string& path,
 
 // Collective. Loads checkpoint `dir` (see resolve_checkpoint) into `params` and the optimizer
 // state on this mesh, whatever mesh it was saved from: each rank reads only the byte ranges of
-// its shards. Before anything is modified it checks the index, every `expect.config` field (a
+// its shards (from a ZeRO-sharded checkpoint the ranges of the bucket shards holding the elements
+// it keeps: onto the same layout only its own file; a ZeRO optimizer's state and, at stage 3, its
+// parameters are loaded as this rank's shards, at stages 1 and 2 the parameters then all-gathered
+// over dp). Before anything is modified it checks the index, every `expect.config` field (a
 // difference is named with both values), tensor names, shapes and dtypes against the model, file
 // sizes and checksums; any problem throws on every rank naming the file, and leaves params
 // untouched. Returns the saved meta.

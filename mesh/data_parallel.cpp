@@ -134,6 +134,13 @@ int64_t GradSync::bucket_offset(int b, int slot) const {
   return buckets_[static_cast<size_t>(b)].offsets[static_cast<size_t>(slot)];
 }
 
+Tensor GradSync::param_shard(int bi) const {
+  MESHRT_CHECK(opts_.zero > 0, "GradSync: param_shard needs --zero 1, 2 or 3");
+  const Bucket& b = buckets_[static_cast<size_t>(bi)];
+  const int64_t s = shard_numel(bi);
+  return opts_.zero == 3 ? b.param_shard : b.values.narrow(0, dp_.rank() * s, s);
+}
+
 std::vector<ShardPiece> GradSync::shard_pieces(int bi) const {
   MESHRT_CHECK(opts_.zero > 0, "GradSync: shard_pieces needs --zero 1, 2 or 3");
   const Bucket& b = buckets_[static_cast<size_t>(bi)];

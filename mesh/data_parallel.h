@@ -107,6 +107,12 @@ class MESHRT_API GradSync {
   int64_t bucket_offset(int b, int slot) const;
   // This rank's shard of bucket b, parameter by parameter (pieces of zero length left out).
   std::vector<ShardPiece> shard_pieces(int b) const;
+  int dp_rank() const { return dp_.rank(); }
+  int64_t padded_numel(int b) const { return buckets_[static_cast<size_t>(b)].padded; }
+  DType bucket_dtype(int b) const { return buckets_[static_cast<size_t>(b)].dtype; }
+  // This rank's shard of bucket b's flat parameter buffer (stage 3: the kept shard; stages 1 and
+  // 2: the range it updates), for checkpoints.
+  Tensor param_shard(int b) const;
   // Launches the all-gather of bucket b's parameters from every rank's updated shard (in place).
   void gather_params(int b);
   // Compute-stream wait for every gather_params launched (before the next forward).

@@ -228,6 +228,17 @@ NamedTensors Optimizer::state(size_t i) const {
   return {{"momentum", m_[i]}};
 }
 
+std::vector<std::string> Optimizer::state_names() const {
+  if (cfg_.kind == OptimizerKind::AdamW) return {"exp_avg", "exp_avg_sq"};
+  return {"momentum"};
+}
+
+const Tensor& Optimizer::shard_state(int b, size_t k) const {
+  MESHRT_CHECK(zero_ && b >= 0 && b < zero_->num_buckets() && k < state_names().size(),
+               "optimizer: no ZeRO state shard " << k << " of bucket " << b);
+  return (k == 0 ? zm_ : zv_)[static_cast<size_t>(b)];
+}
+
 void Optimizer::gather_state() {
   if (!zero_) return;
   zero_->gather_all_params();  // stage 3: the parameters too

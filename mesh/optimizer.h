@@ -82,11 +82,18 @@ class MESHRT_API Optimizer {
   NamedTensors state(size_t i) const;
   // ZeRO, collective over dp (no-ops otherwise): gather_state() assembles every parameter's full
   // (tp-local) state from the dp shards for state(); scatter_state() takes this rank's shard
-  // back from it (after a checkpoint wrote into it) and frees the full copies. At stage 3 they
-  // gather and shard the parameters' values too (GradSync::gather_all_params, shard_params).
+  // back from it and frees the full copies. At stage 3 they gather and shard the parameters'
+  // values too (GradSync::gather_all_params, shard_params). Checkpoints in the whole-tensor
+  // format on dp = 1 use them; on dp > 1 the shards are saved as they are (checkpoint.h).
   void gather_state();
   void scatter_state();
   bool sharded() const { return zero_ != nullptr; }
+  // The GradSync whose buckets shard the state (null unless sharded()).
+  GradSync* zero_sync() const { return zero_; }
+  // The names of a parameter's state tensors, as state() names them.
+  std::vector<std::string> state_names() const;
+  // ZeRO: this rank's shard of bucket b's state `k` (state_names()[k]), f32, shard_numel(b).
+  const Tensor& shard_state(int b, size_t k) const;
   // Resuming after n updates: AdamW's bias correction continues from n, and SGD's momentum
   // buffers are taken as they are (not re-initialised from the first gradient) when n > 0.
   void set_steps(int64_t n);

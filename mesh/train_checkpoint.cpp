@@ -89,10 +89,9 @@ int resume_training(const TrainConfig& cfg, DeviceMesh& mesh, const std::vector<
   *skipped_steps = 0;
   if (cfg.checkpoint.resume.empty()) return 0;
   const std::string dir = resolve_checkpoint(cfg.checkpoint.resume);
-  // ZeRO: the checkpoint holds whole (tp-local) states; each rank keeps its dp shard of them.
-  opt.gather_state();
+  // ZeRO: each rank loads its dp shard of the state (and at stage 3 of the parameters) from
+  // either format, on any layout.
   CheckpointMeta got = load_checkpoint(dir, train_checkpoint_meta(cfg, 0), mesh, params, &opt);
-  opt.scatter_state();
   *skipped_steps = static_cast<int>(got.skipped_steps);
   if (log && mesh.rank() == 0)
     print_line(*log,
@@ -110,17 +109,18 @@ void save_training(const TrainConfig& cfg, const CheckpointSession& session, int
   CheckpointMeta meta = train_checkpoint_meta(cfg, step);
   meta.run = session.run;
   meta.skipped_steps = skipped_steps;
-  // ZeRO: the dp shards of the state are gathered for the save (the format does not depend on
-  // the stage or the dp size, so any layout resumes it) and freed after.
-  opt.gather_state();
+  // ZeRO on dp > 1: each rank writes its dp shards as they are (nothing gathered). Otherwise
+  // (dp = 1) the state is gathered into whole tensors for the save and freed after.
+  const bool gather = !checkpoint_saves_shards(mesh, &opt);
+  if (gather) opt.gather_state();
   std::string dir;
   try {
     dir = save_checkpoint(cfg.checkpoint.save, meta, mesh, params, &opt, cfg.checkpoint.keep);
   } catch (...) {
-    opt.scatter_state();
+    if (gather) opt.scatter_state();
     throw;
   }
-  opt.scatter_state();
+  if (gather) opt.scatter_state();
   if (log && mesh.rank() == 0) {
     std::ostringstream line;
     line << "checkpoint step " << step << " -> " << dir << " (" << std::fixed

@@ -39,7 +39,9 @@ StackHooks with_sync_hooks(GradSync* sync, const BlockStack& stack, StackHooks h
   hooks.begin = [sync, first, first_piece, begin](const StackPiece& p, Pass pass) {
     const int k = static_cast<int>(&p - first) + first_piece;
     const int next = pass == Pass::Forward ? k + 1 : k - 1;
-    if (sync->zero() == 3) sync->gather_piece(k, next < sync->num_pieces() ? next : -1);
+    const bool prefetch =
+        next < sync->num_pieces() && (pass == Pass::Forward || next >= first_piece);
+    if (sync->zero() == 3) sync->gather_piece(k, prefetch ? next : -1);
     if (pass == Pass::Backward) sync->prepare_grads(p.params);
     if (begin) begin(p, pass);
   };
@@ -50,7 +52,8 @@ StackHooks with_sync_hooks(GradSync* sync, const BlockStack& stack, StackHooks h
   return hooks;
 }
 
-Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets, GradSync* sync) {
+Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets, GradSync* sync,
+                             bool backward_follows) {
   const int head = static_cast<int>(stack_.pieces().size()) + 1;
   if (sync) sync->gather_piece(0, 1);
   Tensor x = embed_.forward(ids);
@@ -58,7 +61,7 @@ Tensor DecoderModel::forward(const Tensor& ids, const Tensor& targets, GradSync*
   x = stack_.forward(x, with_sync_hooks(sync, stack_, {}, 1));
   if (sync) sync->gather_piece(head);
   Tensor loss = head_.forward(x, targets);
-  if (sync) sync->release_piece(head);
+  if (sync && !backward_follows) sync->release_piece(head);  // else backward releases it
   return loss;
 }
 
@@ -68,7 +71,7 @@ void DecoderModel::backward(float grad_scale, GradSync* sync) {
   embed_.collect(embed);
   const int head_piece = static_cast<int>(stack_.pieces().size()) + 1;
   if (sync) {
-    sync->gather_piece(head_piece, head_piece - 1);
+    sync->gather_piece(head_piece, head_piece - 1);  // the head's: still there from forward
     sync->prepare_grads(head);
   }
   Tensor d = head_.backward(grad_scale);
@@ -79,13 +82,9 @@ void DecoderModel::backward(float grad_scale, GradSync* sync) {
   StackHooks hooks;
   if (sync) hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
   d = stack_.backward(d, with_sync_hooks(sync, stack_, std::move(hooks), 1));
-  if (sync) {
-    sync->gather_piece(0);
-    sync->prepare_grads(embed);
-  }
+  if (sync) sync->prepare_grads(embed);  // a scatter-add of d: the weights are not read
   embed_.backward(d);
   if (sync) {
-    sync->release_piece(0);
     sync->mark_ready(embed);
     sync->finish();
   }

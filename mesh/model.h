@@ -22,12 +22,14 @@ class DecoderModel {
   DecoderModel(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const ModelConfig& cfg);
   // ids, targets [seq, batch] i64 -> mean loss over the tokens, a [1] f32 tensor. With `sync` at
   // ZeRO stage 3, each piece's parameters are gathered before its forward (the next piece's
-  // prefetched) and freed after.
-  Tensor forward(const Tensor& ids, const Tensor& targets, GradSync* sync = nullptr);
+  // prefetched) and freed after, except the LM head's when `backward_follows`: its backward runs
+  // right after its forward, so they stay for it (as FSDP2 keeps the root module's).
+  Tensor forward(const Tensor& ids, const Tensor& targets, GradSync* sync = nullptr,
+                 bool backward_follows = true);
   // Backward of the loss times grad_scale; after each piece of the block stack tells `sync` its
   // gradients are final so their buckets' all-reduces start while earlier pieces are still
-  // differentiating (stage 3: gathering each piece's parameters again, the previous piece's
-  // prefetched).
+  // differentiating (stage 3: gathering each stack piece's parameters again, the previous
+  // piece's prefetched; the embedding's backward reads no parameters, so it gathers none).
   void backward(float grad_scale, GradSync* sync);
   // Every parameter, in forward order.
   std::vector<Param*> params();
@@ -48,7 +50,8 @@ class DecoderModel {
 // its parameters are gathered before each pass, the next piece in the pass's order prefetched
 // (forward: the next, backward: the previous), and freed after. Stack piece k is GradSync piece
 // k + first_piece (a DecoderModel's embedding is piece 0); the last stack piece prefetches piece
-// k + first_piece + 1 only when `sync` has it.
+// k + first_piece + 1 only when `sync` has it, and backward prefetches no piece below
+// first_piece (the embedding's backward needs no parameters).
 StackHooks with_sync_hooks(GradSync* sync, const BlockStack& stack, StackHooks hooks,
                            int first_piece = 0);
 

@@ -77,7 +77,8 @@ double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, Devic
       Tensor ids, targets;
       const int64_t first = b * cfg.batch + mesh.coord(kDpDim) * local + mb * micro;
       make_batch(cfg, ctx, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
-      ops::add(ctx, cs, sum, model.forward(ids, targets, &sync), sum, 1.f, w);
+      ops::add(ctx, cs, sum, model.forward(ids, targets, &sync, /*backward_follows=*/false), sum,
+               1.f, w);
     }
   }
   dp_loss.all_reduce(sum, "val_loss", ReduceOp::Avg);

@@ -456,7 +456,9 @@ bool dp_inter_node(const ClusterSpec& cl, const PlanConfig& c) {
 }
 
 // ZeRO 3's parameter all-gathers: each piece's buckets are gathered before its forward and again
-// before its backward, the next piece's prefetched (issued) while the current one computes.
+// before its backward, the next piece's prefetched (issued) while the current one computes. As
+// DecoderModel does, the LM head (piece `last`) stays gathered from its forward to its backward,
+// and the embedding (piece -1) is not gathered for its backward, which reads no parameters.
 class ParamGathers {
  public:
   ParamGathers(Sim& sim, const BucketPlan& bp, const PlanConfig& c, int first, int last)
@@ -466,7 +468,12 @@ class ParamGathers {
   void start(bool forward) {
     if (!on_) return;
     forward_ = forward;
-    ids_.clear();
+    if (forward) {
+      ids_.clear();
+    } else {
+      for (auto it = ids_.begin(); it != ids_.end();)
+        it = it->first == last_ ? ++it : ids_.erase(it);
+    }
     issue(forward ? first_ : last_);
   }
 
@@ -475,7 +482,7 @@ class ParamGathers {
     if (!on_) return;
     issue(piece);
     const int next = forward_ ? piece + 1 : piece - 1;
-    if (next >= first_ && next <= last_) issue(next);
+    if (next >= (forward_ ? first_ : 0) && next <= last_) issue(next);
     for (int id : ids_[piece]) sim_.wait(id);
   }
 
@@ -565,7 +572,6 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
       launch_ready(static_cast<int>(i));
     }
     if (V > 0) {
-      pg.need(-1);
       blk.wait(blk.redist(embed_out.grad(), s.T * h * s.es));
       blk.ew(2 * s.T * h * s.es);  // scatter-add into the embedding gradient
     }

@@ -199,6 +199,24 @@ TEST_CASE("plan: ZeRO's parameter all-gathers are in the step's dp comm time", "
     CHECK(t[1] > t[0]);
     CHECK(t[3] > t[2]);
   }
+  // With an embedding and an LM head (vocab > 0), as DecoderModel runs them: the head's
+  // parameters stay gathered from its forward to its backward, and the embedding's backward
+  // gathers none, so each is gathered once per micro-batch, not twice.
+  ModelSpec lm = m;
+  lm.vocab = 512;
+  const double once = (2.0 * lm.vocab * lm.hidden + 2.0 * lm.hidden) * 4;  // embedding, head, norm
+  for (int accum : {1, 2}) {
+    INFO("vocab, accum=" << accum);
+    PlanConfig c = cfg(4, 1, false);
+    c.bucket_mb = 1;
+    c.accum = accum;
+    c.zero = 3;
+    double B = 0;
+    for (double b : dp_bucket_bytes(lm, c)) B += b;
+    const double f = 3.0 / 4;
+    CHECK(predict(lm, cl, c).dp_comm_s ==
+          Approx(f * ((1 + 2 * accum) * B - accum * once) / 1e9).epsilon(1e-3));
+  }
   // The step time grows with them: nothing of zero 1's gather hides, and zero 3's forward gather
   // of the first piece waits before any compute.
   PlanConfig c = cfg(4, 1, false);

@@ -12,18 +12,27 @@
 
 namespace meshrt {
 
-std::vector<int> process_cores() {
+namespace {
+
+// The cores in the mask of thread `tid` (0: the caller).
+std::vector<int> cores_of(pid_t tid) {
   cpu_set_t set;
   CPU_ZERO(&set);
   std::vector<int> cores;
-  if (sched_getaffinity(getpid(), sizeof(set), &set) != 0) {
-    MESHRT_LOG_DEBUG("affinity: sched_getaffinity failed: " << std::strerror(errno));
+  if (sched_getaffinity(tid, sizeof(set), &set) != 0) {
+    MESHRT_LOG_DEBUG("affinity: sched_getaffinity(" << tid << ") failed: " << std::strerror(errno));
     return cores;
   }
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &set)) cores.push_back(c);
   return cores;
 }
+
+}  // namespace
+
+std::vector<int> process_cores() { return cores_of(getpid()); }
+
+std::vector<int> thread_cores() { return cores_of(0); }
 
 std::vector<cpu_set_t> rank_core_sets(int ranks) {
   std::vector<cpu_set_t> sets;

@@ -11,8 +11,11 @@
 
 namespace meshrt {
 
-// The cores of this process's affinity mask (the main thread's), in increasing order.
+// The cores of this process's affinity mask (the main thread's), in increasing order; empty when
+// the OS does not say.
 std::vector<int> process_cores();
+// The cores of the calling thread's mask (a bound rank's share), the same way.
+std::vector<int> thread_cores();
 
 // One core set per rank (rank r: the r-th contiguous share of process_cores()), or none when the
 // ranks are not to be bound: MESHRT_HOST_BIND=none, one rank, or more ranks than cores.

@@ -1,7 +1,6 @@
 #include "kernels/host/parallel.h"
 
 #include <cblas.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -137,12 +136,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
 }
 
 int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
+  if (const size_t n = thread_cores().size(); n > 0) return static_cast<int>(n);
   unsigned h = std::thread::hardware_concurrency();
   return h > 0 ? static_cast<int>(h) : 1;
 }

@@ -55,7 +55,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
-// Usable cores of this process (affinity mask), at least 1.
+// Usable cores of the calling thread (its affinity mask: a bound rank's share), at least 1.
 int usable_cores();
 // The rank's pool (created on first use, sized cores / ctx.local_ranks()).
 ThreadPool& pool(Context& ctx);

@@ -192,8 +192,8 @@ InputGrad Linear::backward(const Tensor& dy) {
   // is in flight.
   Tensor dyc = dy;
   Event dy_gathered;
-  const bool split_dgrad = !gout.is_identity() && gout.kind() == RedistKind::AllGather &&
-                           opt_.overlap != Overlap::None;
+  const bool split_dgrad =
+      !gout.is_identity() && gout.kind() == RedistKind::AllGather && opt_.overlap != Overlap::None;
   if (!gout.is_identity()) {
     dyc = ctx.empty(gout.out_shape(dy.shape(), tp), dy.dtype());
     dy_gathered = redistribute(tp_, dy, dyc, gout, "linear.bwd.out");

@@ -21,7 +21,9 @@ MESHRT_API LayerKind parse_layer_kind(std::string_view s);
 
 // How collectives overlap compute. None: the compute stream waits right after each collective.
 // Async: collectives run on the tp stream and compute waits only where the result is needed
-// (Megatron's backward: all-gather || dgrad GEMM, reduce-scatter || wgrad GEMM). Chunked: the
+// (Megatron's backward: all-gather || dgrad GEMM, reduce-scatter || wgrad GEMM); a GEMM over a
+// sequence all-gather (a colwise forward, a rowwise dgrad under sequence parallel) computes the
+// rank's own shard's rows first, while the other shards are still in flight. Chunked: the
 // sequence all-gather before a colwise GEMM and the reduce-scatter after a rowwise GEMM are split
 // into tp pieces so each GEMM piece starts as its input arrives (needs sequence parallel).
 enum class Overlap : uint8_t { None, Async, Chunked };
@@ -69,7 +71,9 @@ MESHRT_API LinearDesc lm_head_linear(int64_t hidden, int64_t vocab);
 // The GEMMs of one linear on one tp rank over `tokens` rows (the full sequence x batch, which a
 // colwise linear gathers under sequence parallelism first), as mesh/linear.cpp issues them:
 // forward x W, dgrad dy W^T, wgrad x^T dy, and the bias row sum (ones dy) when bias_row_sum.
-// Chunked overlap issues the forward as tp x tp GEMMs of tokens / tp^2 rows each.
+// Chunked overlap issues the forward as tp x tp GEMMs of tokens / tp^2 rows each. Under sequence
+// parallel, async issues a colwise forward, and async and chunked a rowwise dgrad, as tp GEMMs of
+// tokens / tp rows (one per sequence shard, the rank's own first while the all-gather runs).
 struct LinearGemms {
   GemmShape fwd, dgrad, wgrad, bias;
   bool has_bias_gemm = false;

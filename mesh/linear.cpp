@@ -85,7 +85,12 @@ Tensor Linear::forward(const Tensor& x) {
   Tensor xin = x;
   if (!rin.is_identity()) {
     xin = ctx.empty(xs, x.dtype());
-    tp_.wait(redistribute(tp_, x, xin, rin, "linear.in"));
+    Event gathered = redistribute(tp_, x, xin, rin, "linear.in");
+    if (rout.is_identity() && opt_.overlap == Overlap::Async) {
+      gemm_local_first(x, xin, gathered, weight.value, false, y, bptr);
+      return y;
+    }
+    tp_.wait(gathered);
   }
   if (rout.is_identity() || rout.to.is_replicate()) {
     ops::gemm(ctx, cs, xin, false, weight.value, false, y, 1.f, 0.f, bptr);
@@ -96,6 +101,26 @@ Tensor Linear::forward(const Tensor& x) {
   ops::gemm(ctx, cs, xin, false, weight.value, false, partial, 1.f, 0.f, bptr);
   tp_.wait(redistribute(tp_, partial, y, rout, "linear.out"));
   return y;
+}
+
+// out = gathered @ op(w), row block by row block of the sequence shards: this rank's own shard
+// (`local`, which the all-gather into `gathered` copies) first, while the all-gather is still
+// in flight, the other ranks' shards once it completed. Each output row is the same GEMM row as
+// in one whole GEMM, so the result equals the unsplit one.
+void Linear::gemm_local_first(const Tensor& local, const Tensor& gathered, const Event& done,
+                              const Tensor& w, bool trans_w, const Tensor& out,
+                              const Tensor* bptr) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  const int tp = tp_.size(), me = tp_.rank();
+  const int64_t s_loc = local.size(0);
+  ops::gemm(ctx, cs, local, false, w, trans_w, out.narrow(0, me * s_loc, s_loc), 1.f, 0.f, bptr);
+  tp_.wait(done);
+  for (int j = 0; j < tp; ++j) {
+    if (j == me) continue;
+    ops::gemm(ctx, cs, gathered.narrow(0, j * s_loc, s_loc), false, w, trans_w,
+              out.narrow(0, j * s_loc, s_loc), 1.f, 0.f, bptr);
+  }
 }
 
 // Chunk c of every rank's sequence shard arrives by one all-gather; its tp GEMM pieces start as
@@ -163,10 +188,16 @@ InputGrad Linear::backward(const Tensor& dy) {
   // The output's gradient back to what the local GEMMs wrote (Megatron: the sequence all-gather
   // of dy before a rowwise GEMM).
   const Redistribution gout = rout.grad(), gin = rin.grad();
+  // Under Async and Chunked, the dgrad rows of this rank's own dy shard run while that gather
+  // is in flight.
   Tensor dyc = dy;
+  Event dy_gathered;
+  const bool split_dgrad =
+      !gout.is_identity() && gout.kind() == RedistKind::AllGather && opt_.overlap != Overlap::None;
   if (!gout.is_identity()) {
     dyc = ctx.empty(gout.out_shape(dy.shape(), tp), dy.dtype());
-    tp_.wait(redistribute(tp_, dy, dyc, gout, "linear.bwd.out"));
+    dy_gathered = redistribute(tp_, dy, dyc, gout, "linear.bwd.out");
+    if (!split_dgrad) tp_.wait(dy_gathered);
   }
   // Megatron: re-gather the input while computing dgrad; reduce (-scatter) dgrad while
   // computing wgrad.
@@ -178,7 +209,10 @@ InputGrad Linear::backward(const Tensor& dy) {
   }
   InputGrad g;
   Tensor dx_local = ctx.empty(xs, dy.dtype());
-  ops::gemm(ctx, cs, dyc, false, weight.value, true, dx_local);
+  if (split_dgrad)
+    gemm_local_first(dy, dyc, dy_gathered, weight.value, true, dx_local, nullptr);
+  else
+    ops::gemm(ctx, cs, dyc, false, weight.value, true, dx_local);
   if (gin.is_identity() || gin.to.is_replicate()) {
     g.dx = dx_local;
   } else {

@@ -35,8 +35,10 @@ struct MESHRT_API InputGrad {
 // Colwise: x [s_local, b, in] -> y [s, b, out_local]; backward all-reduces the input gradient
 // (reduce-scatters it along the sequence under SP) while the wgrad GEMM runs.
 // Rowwise: x [s, b, in_local] -> y [s_local, b, out]; backward all-gathers dy first under SP.
+// Overlap::Async under SP computes a GEMM over the sequence all-gather (colwise forward, rowwise
+// dgrad) one sequence shard at a time, the own shard's rows first while the gather runs.
 // Overlap::Chunked splits the sequence all-gather (colwise) / reduce-scatter (rowwise) into tp
-// pieces so GEMM pieces start as their rows arrive.
+// pieces so GEMM pieces start as their rows arrive (its backward is async's).
 class MESHRT_API Linear {
  public:
   Linear(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const LinearSpec& s,
@@ -51,6 +53,8 @@ class MESHRT_API Linear {
  private:
   Tensor forward_chunked_gather(const Tensor& x, const Tensor& y, const Tensor* bptr);
   Tensor forward_chunked_scatter(const Tensor& x, const Tensor& y, const Tensor* bptr);
+  void gemm_local_first(const Tensor& local, const Tensor& gathered, const Event& done,
+                        const Tensor& w, bool trans_w, const Tensor& out, const Tensor* bptr);
 
   DeviceMesh& mesh_;
   CommScheduler& tp_;

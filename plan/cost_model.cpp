@@ -282,9 +282,21 @@ class Block {
       for (int id : ids) wait(id);
       return;
     }
+    if (s_.comm && ov_ == Overlap::Async && !rin.is_identity() && rout.is_identity()) {
+      // Own sequence shard first, while the all-gather runs (Linear::gemm_local_first).
+      const int id = redist(rin, in_bytes(l));
+      gemm_local_first(gemms(l, s_.tokens / s_.tp).fwd, id);
+      return;
+    }
     wait(redist(rin, in_bytes(l)));
     gemm(gemms(l, s_.tokens).fwd);
     wait(redist(rout, out_bytes(l)));
+  }
+  // tp GEMMs of one sequence shard each: this rank's own before collective `id` completes.
+  void gemm_local_first(const GemmShape& piece, int id) {
+    gemm(piece);
+    wait(id);
+    for (int j = 1; j < s_.tp; ++j) gemm(piece);
   }
   // Its backward (Megatron's order): the output gradient redistributed back, the input re-gathered
   // while dgrad runs, dgrad's redistribution while wgrad runs. Returns the input gradient's
@@ -293,9 +305,17 @@ class Block {
   int linear_bwd(const LinearDesc& l, const ParallelStyle& st) {
     const Redistribution rin = st.in(), rout = st.out();
     const LinearGemms g = gemms(l, s_.tokens);
-    wait(redist(rout.grad(), out_bytes(l)));
+    const Redistribution gout = rout.grad();
+    // Async and chunked: the dgrad rows of the own dy shard run while dy is gathered.
+    const bool split = s_.comm && ov_ != Overlap::None && !gout.is_identity() &&
+                       gout.kind() == RedistKind::AllGather;
+    const int dy = redist(gout, out_bytes(l));
+    if (!split) wait(dy);
     const int regather = redist(rin, in_bytes(l));
-    gemm(g.dgrad);
+    if (split)
+      gemm_local_first(gemms(l, s_.tokens / s_.tp).dgrad, dy);
+    else
+      gemm(g.dgrad);
     const int dx = redist(rin.grad(), in_bytes(l));
     wait(regather);
     gemm(g.wgrad);

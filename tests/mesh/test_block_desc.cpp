@@ -30,14 +30,23 @@ std::vector<std::string> desc_piece_gemms(PieceKind piece, const BlockConfig& cf
   std::vector<std::string> out;
   for (const LinearDesc& l : piece_linears(piece, cfg.hidden, cfg.ffn)) {
     const LinearGemms g = linear_gemms(l, tokens, tp);
+    const LinearGemms shard = linear_gemms(l, tokens / tp, tp);
     if (sp && ov == Overlap::Chunked) {
       // tp chunks of the sequence, each as tp GEMMs of tokens / tp^2 rows.
       const std::string chunk = desc_gemm_name(linear_gemms(l, tokens / (tp * tp), tp).fwd);
       for (int i = 0; i < tp * tp; ++i) out.push_back(chunk);
+    } else if (sp && ov == Overlap::Async && l.colwise) {
+      // The gathered input one sequence shard at a time, the own one first.
+      for (int i = 0; i < tp; ++i) out.push_back(desc_gemm_name(shard.fwd));
     } else {
       out.push_back(desc_gemm_name(g.fwd));
     }
-    out.push_back(desc_gemm_name(g.dgrad));
+    if (sp && ov != Overlap::None && !l.colwise) {
+      // A rowwise dgrad over the gathered dy, likewise one sequence shard at a time.
+      for (int i = 0; i < tp; ++i) out.push_back(desc_gemm_name(shard.dgrad));
+    } else {
+      out.push_back(desc_gemm_name(g.dgrad));
+    }
     out.push_back(desc_gemm_name(g.wgrad));
     if (g.has_bias_gemm && cfg.bias) out.push_back(desc_gemm_name(g.bias));
   }

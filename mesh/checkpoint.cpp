@@ -639,52 +639,12 @@ Shape shape_from(const json& j, const std::string& where) { return detail::index
 // [off, off + local) into `dst` (the block, contiguous). Returns the elements copied.
 int64_t copy_overlap(const SafetensorsReader& r, const SafetensorsReader::Entry& e,
                      const ShardRef& s, const Shape& off, const Shape& local, char* dst) {
-  const int nd = local.ndim();
   const size_t es = dtype_size(e.dtype);
-  std::vector<int64_t> lo(static_cast<size_t>(nd)), hi(static_cast<size_t>(nd));
-  int64_t count = 1;
-  for (int d = 0; d < nd; ++d) {
-    lo[static_cast<size_t>(d)] = std::max(off[d], s.offsets[d]);
-    hi[static_cast<size_t>(d)] = std::min(off[d] + local[d], s.offsets[d] + s.shape[d]);
-    if (hi[static_cast<size_t>(d)] <= lo[static_cast<size_t>(d)]) return 0;
-    count *= hi[static_cast<size_t>(d)] - lo[static_cast<size_t>(d)];
-  }
-  // Dims after k are covered whole in both blocks, so one run spans them: read it in one piece.
-  int k = nd - 1;
-  while (k >= 0 && lo[static_cast<size_t>(k)] == s.offsets[k] &&
-         lo[static_cast<size_t>(k)] == off[k] &&
-         hi[static_cast<size_t>(k)] == s.offsets[k] + s.shape[k] &&
-         hi[static_cast<size_t>(k)] == off[k] + local[k])
-    --k;
-  std::vector<int64_t> sstride(static_cast<size_t>(nd), 1), dstride(static_cast<size_t>(nd), 1);
-  for (int d = nd - 2; d >= 0; --d) {
-    sstride[static_cast<size_t>(d)] = sstride[static_cast<size_t>(d) + 1] * s.shape[d + 1];
-    dstride[static_cast<size_t>(d)] = dstride[static_cast<size_t>(d) + 1] * local[d + 1];
-  }
-  if (k < 0) {
-    r.read(e, 0, static_cast<uint64_t>(count) * es, dst);
-    return count;
-  }
-  const int64_t run =
-      (hi[static_cast<size_t>(k)] - lo[static_cast<size_t>(k)]) * sstride[static_cast<size_t>(k)];
-  std::vector<int64_t> idx(lo.begin(), lo.begin() + k);  // odometer over dims < k
-  while (true) {
-    int64_t so = (lo[static_cast<size_t>(k)] - s.offsets[k]) * sstride[static_cast<size_t>(k)];
-    int64_t dof = (lo[static_cast<size_t>(k)] - off[k]) * dstride[static_cast<size_t>(k)];
-    for (int d = 0; d < k; ++d) {
-      so += (idx[static_cast<size_t>(d)] - s.offsets[d]) * sstride[static_cast<size_t>(d)];
-      dof += (idx[static_cast<size_t>(d)] - off[d]) * dstride[static_cast<size_t>(d)];
-    }
-    r.read(e, static_cast<uint64_t>(so) * es, static_cast<uint64_t>(run) * es,
-           dst + static_cast<size_t>(dof) * es);
-    int d = k - 1;
-    while (d >= 0 && ++idx[static_cast<size_t>(d)] == hi[static_cast<size_t>(d)]) {
-      idx[static_cast<size_t>(d)] = lo[static_cast<size_t>(d)];
-      --d;
-    }
-    if (d < 0) break;
-  }
-  return count;
+  return detail::for_each_overlap_run(
+      s.offsets, s.shape, off, local, [&](int64_t from, int64_t to, int64_t run) {
+        r.read(e, static_cast<uint64_t>(from) * es, static_cast<uint64_t>(run) * es,
+               dst + static_cast<size_t>(to) * es);
+      });
 }
 
 }  // namespace
@@ -980,3 +940,52 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
 }  // namespace detail
 
 }  // namespace meshrt
+
+namespace meshrt::detail {
+
+int64_t for_each_overlap_run(const Shape& ao, const Shape& as, const Shape& bo, const Shape& bs,
+                             const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const int nd = as.ndim();
+  const auto u = [](int d) { return static_cast<size_t>(d); };
+  std::vector<int64_t> lo(u(nd)), hi(u(nd));
+  int64_t count = 1;
+  for (int d = 0; d < nd; ++d) {
+    lo[u(d)] = std::max(ao[d], bo[d]);
+    hi[u(d)] = std::min(ao[d] + as[d], bo[d] + bs[d]);
+    if (hi[u(d)] <= lo[u(d)]) return 0;
+    count *= hi[u(d)] - lo[u(d)];
+  }
+  // Dims after k are covered whole in both blocks, so one run spans them.
+  int k = nd - 1;
+  while (k >= 0 && lo[u(k)] == ao[k] && lo[u(k)] == bo[k] && hi[u(k)] == ao[k] + as[k] &&
+         hi[u(k)] == bo[k] + bs[k])
+    --k;
+  if (k < 0) {
+    fn(0, 0, count);
+    return count;
+  }
+  std::vector<int64_t> astride(u(nd), 1), bstride(u(nd), 1);
+  for (int d = nd - 2; d >= 0; --d) {
+    astride[u(d)] = astride[u(d) + 1] * as[d + 1];
+    bstride[u(d)] = bstride[u(d) + 1] * bs[d + 1];
+  }
+  const int64_t run = (hi[u(k)] - lo[u(k)]) * astride[u(k)];
+  std::vector<int64_t> idx(lo.begin(), lo.begin() + k);  // odometer over dims < k
+  while (true) {
+    int64_t fa = (lo[u(k)] - ao[k]) * astride[u(k)], fb = (lo[u(k)] - bo[k]) * bstride[u(k)];
+    for (int d = 0; d < k; ++d) {
+      fa += (idx[u(d)] - ao[d]) * astride[u(d)];
+      fb += (idx[u(d)] - bo[d]) * bstride[u(d)];
+    }
+    fn(fa, fb, run);
+    int d = k - 1;
+    while (d >= 0 && ++idx[u(d)] == hi[u(d)]) {
+      idx[u(d)] = lo[u(d)];
+      --d;
+    }
+    if (d < 0) break;
+  }
+  return count;
+}
+
+}  // namespace meshrt::detail

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -70,5 +71,12 @@ struct CheckpointIndex {
 // their tensors). Throws an Error naming `index_path` on any problem.
 CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& index_path,
                                        const std::string& dir, const CheckpointMeta& expect);
+
+// The overlap of two row-major blocks of one tensor, `a` at offsets `ao` with shape `as` and `b`
+// at `bo` / `bs`: calls fn(a_elem, b_elem, run) for each contiguous run of it (element offsets
+// inside each block; trailing dims that both blocks cover whole merge into one run). Returns the
+// overlap's element count (0 when empty). The resharding loads copy saved blocks with it.
+int64_t for_each_overlap_run(const Shape& ao, const Shape& as, const Shape& bo, const Shape& bs,
+                             const std::function<void(int64_t, int64_t, int64_t)>& fn);
 
 }  // namespace meshrt::detail

@@ -211,38 +211,6 @@ int64_t flat_index(const std::vector<int64_t>& i, const Shape& shape) {
   return f;
 }
 
-// Copies the overlap of saved block (so, ss) into block (od, sd) held whole in `dst`; `src` holds
-// the saved block's row-major elements from flat index `first` on. Returns the elements copied.
-int64_t copy_block_overlap(const char* src, int64_t first, const Shape& so, const Shape& ss,
-                           char* dst, const Shape& od, const Shape& sd, size_t es,
-                           const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
-  const int nd = sd.ndim();
-  if (nd == 0) {
-    std::memcpy(dst, src, es);
-    return 1;
-  }
-  std::vector<int64_t> i = lo, si(static_cast<size_t>(nd)), di(static_cast<size_t>(nd));
-  const int64_t run = hi.back() - lo.back();
-  int64_t copied = 0;
-  while (true) {
-    for (int d = 0; d < nd; ++d) {
-      si[static_cast<size_t>(d)] = i[static_cast<size_t>(d)] - so[d];
-      di[static_cast<size_t>(d)] = i[static_cast<size_t>(d)] - od[d];
-    }
-    std::memcpy(dst + static_cast<size_t>(flat_index(di, sd)) * es,
-                src + static_cast<size_t>(flat_index(si, ss) - first) * es,
-                static_cast<size_t>(run) * es);
-    copied += run;
-    int d = nd - 2;
-    while (d >= 0 && ++i[static_cast<size_t>(d)] == hi[static_cast<size_t>(d)]) {
-      i[static_cast<size_t>(d)] = lo[static_cast<size_t>(d)];
-      --d;
-    }
-    if (d < 0) break;
-  }
-  return copied;
-}
-
 }  // namespace
 
 void ZeroShardSource::read(const std::string& name, const std::string& kind, size_t es,
@@ -287,7 +255,11 @@ void ZeroShardSource::read(const std::string& name, const std::string& kind, siz
     const int64_t first = flat_index(f, ss), last = flat_index(g, ss);
     std::vector<char> buf(static_cast<size_t>(last - first + 1) * es);
     read_flat(l.tp, l.bucket, kind, es, l.p->offset + first, l.p->offset + last + 1, buf.data());
-    covered += copy_block_overlap(buf.data(), first, so, ss, whole.data(), off, local, es, lo, hi);
+    covered += for_each_overlap_run(so, ss, off, local, [&](int64_t from, int64_t to, int64_t run) {
+      std::memcpy(whole.data() + static_cast<size_t>(to) * es,
+                  buf.data() + static_cast<size_t>(from - first) * es,
+                  static_cast<size_t>(run) * es);
+    });
   }
   MESHRT_CHECK(covered == local.numel(), "checkpoint: the saved blocks of '"
                                              << name << "' cover " << covered << " of the "

@@ -86,24 +86,24 @@ Tensor Norm::backward(const Tensor& dy) {
   const bool partial = style_.partial_param_grads;
   // Under sequence parallel the weight gradients of this shard are partial: reduce this step's
   // contribution over tp before adding it (never the accumulated gradient, which would count
-  // earlier micro-batches tp times).
-  Tensor dg = partial ? ctx.empty(gamma.grad.shape(), gamma.grad.dtype()) : gamma.grad;
+  // earlier micro-batches tp times). Gain and bias go in one buffer and one all-reduce, as
+  // Megatron coalesces its sequence-parallel norm gradients: one sync point instead of two.
+  const bool layer = kind_ == NormKind::LayerNorm;
+  const int64_t h = gamma.grad.numel();
+  Tensor both = partial ? ctx.empty({layer ? 2 * h : h}, gamma.grad.dtype()) : Tensor();
+  Tensor dg = partial ? both.narrow(0, 0, h).view(gamma.grad.shape()) : gamma.grad;
   Tensor db;
-  if (kind_ == NormKind::LayerNorm)
-    db = partial ? ctx.empty(beta.grad.shape(), beta.grad.dtype()) : beta.grad;
-  if (kind_ == NormKind::LayerNorm) {
+  if (layer) db = partial ? both.narrow(0, h, h).view(beta.grad.shape()) : beta.grad;
+  if (layer) {
     ops::layernorm_bwd(ctx, cs, dy, x_, gamma.value, mean_, rstd_, dx, &dg, &db, !partial);
   } else {
     ops::rmsnorm_bwd(ctx, cs, dy, x_, gamma.value, rstd_, dx, &dg, !partial);
   }
   if (partial) {
     const Redistribution r{Placement::partial(), Placement::replicate()};
-    Event e1 = redistribute(tp_, dg, dg, r, "norm.grad");
-    Event e2 = db.defined() ? redistribute(tp_, db, db, r, "norm.grad") : Event();
-    tp_.wait(e1);
-    tp_.wait(e2);
+    tp_.wait(redistribute(tp_, both, both, r, "norm.grad"));
     ops::add(ctx, cs, gamma.grad, dg, gamma.grad);
-    if (db.defined()) ops::add(ctx, cs, beta.grad, db, beta.grad);
+    if (layer) ops::add(ctx, cs, beta.grad, db, beta.grad);
   }
   x_ = mean_ = rstd_ = Tensor();
   return dx;

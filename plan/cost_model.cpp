@@ -327,13 +327,9 @@ class Block {
   void norm_bwd() {
     ew(3 * s_.Tl * s_.h * s_.es);
     // On sequence shards the norm's gain and bias gradients are partial sums, all-reduced over tp
-    // (the style's partial_param_grads).
-    if (sequence_parallel_norm(s_.sp).partial_param_grads) {
-      const int a = coll(CollOp::AllReduce, s_.h * s_.es),
-                b = coll(CollOp::AllReduce, s_.h * s_.es);
-      sim_.wait(a);
-      sim_.wait(b);
-    }
+    // (the style's partial_param_grads) in one buffer.
+    if (sequence_parallel_norm(s_.sp).partial_param_grads)
+      sim_.wait(coll(CollOp::AllReduce, 2 * s_.h * s_.es));
   }
   void residual() { ew(3 * s_.Tl * s_.h * s_.es); }
 

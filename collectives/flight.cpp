@@ -109,9 +109,10 @@ std::string flight_job_id(std::string_view backend) {
   for (const char* v : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"}) {
     const char* x = std::getenv(v);
     if (!x || !*x) continue;
-    std::string id = std::string(v) + "=" + x;
+    std::string id(v);
+    id.append("=").append(x);
     const char* step = std::getenv("SLURM_STEP_ID");
-    if (std::string_view(v) == "SLURM_JOB_ID" && step && *step) id += "." + std::string(step);
+    if (std::string_view(v) == "SLURM_JOB_ID" && step && *step) id.append(".").append(step);
     return id;
   }
   return "";
@@ -371,7 +372,7 @@ std::string flight_job_id() {
     id = env_or(v);
     if (!id.empty()) {
       if (!std::strcmp(v, "SLURM_JOB_ID") && !env_or("SLURM_STEP_ID").empty())
-        id += "." + env_or("SLURM_STEP_ID");
+        id.append(".").append(env_or("SLURM_STEP_ID"));
       break;
     }
   }

@@ -40,7 +40,7 @@ namespace {
 std::string default_mesh(const TrainConfig& cfg, int world_size) {
   if (!cfg.mesh.empty()) return cfg.mesh;
   std::string m(kDpDim);
-  m += "=" + std::to_string(world_size);
+  m.append("=").append(std::to_string(world_size));
   return m;
 }
 

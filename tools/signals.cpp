@@ -83,7 +83,8 @@ extern "C" void on_exit_signal(int sig) {
 
 ExitOnSignal::ExitOnSignal(const std::string& command, bool announce) {
   g_announce.store(announce);
-  const std::string prefix = "\n" + command.substr(0, 200) + ": interrupted by ";
+  std::string prefix = "\n";  // append: GCC 12's -O3 misreads "literal" + string (-Wrestrict)
+  prefix.append(command, 0, 200).append(": interrupted by ");
   std::memcpy(g_exit_prefix, prefix.data(), prefix.size());
   g_exit_prefix_len = prefix.size();
   clock_gettime(CLOCK_MONOTONIC, &g_exit_start);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 namespace meshrt::test {
 
@@ -52,6 +53,15 @@ inline Run run_shell(const std::string& cmd, const std::filesystem::path& dir) {
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+// Runs the program `bin` with `args` as run_shell does.
+inline Run run_program(std::string_view bin, std::string_view args,
+                       const std::filesystem::path& dir) {
+  std::string cmd;
+  cmd.reserve(bin.size() + 1 + args.size());
+  cmd.append(bin).append(" ").append(args);
+  return run_shell(cmd, dir);
 }
 
 }  // namespace meshrt::test

@@ -28,7 +28,7 @@ fs::path report_scratch() {
 }
 
 meshrt::test::Run report_cli(const std::string& args) {
-  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, report_scratch());
+  return meshrt::test::run_program(MESHRT_CLI_BIN, args, report_scratch());
 }
 
 // Five steps of two ranks: rank 1 computes 80 ms, rank 0 50 ms; step times 100 300 120 110 200.

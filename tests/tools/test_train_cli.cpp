@@ -40,7 +40,7 @@ fs::path train_scratch() {
 }
 
 Run train_cli(const std::string& args) {
-  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, train_scratch());
+  return meshrt::test::run_program(MESHRT_CLI_BIN, args, train_scratch());
 }
 
 // Byte-level tokens of some text as raw u16, docs/training.md's recipe.

@@ -33,7 +33,7 @@ fs::path tune_scratch() {
 }
 
 meshrt::test::Run tune_cli(const std::string& args) {
-  return meshrt::test::run_shell(std::string(MESHRT_CLI_BIN) + " " + args, tune_scratch());
+  return meshrt::test::run_program(MESHRT_CLI_BIN, args, tune_scratch());
 }
 
 // Byte-level tokens (raw u16) of a repeated sentence, forward or reversed.

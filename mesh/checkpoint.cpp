@@ -937,12 +937,6 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
   return out;
 }
 
-}  // namespace detail
-
-}  // namespace meshrt
-
-namespace meshrt::detail {
-
 int64_t for_each_overlap_run(const Shape& ao, const Shape& as, const Shape& bo, const Shape& bs,
                              const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   const int nd = as.ndim();
@@ -988,4 +982,6 @@ int64_t for_each_overlap_run(const Shape& ao, const Shape& as, const Shape& bo, 
   return count;
 }
 
-}  // namespace meshrt::detail
+}  // namespace detail
+
+}  // namespace meshrt

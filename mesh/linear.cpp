@@ -86,7 +86,7 @@ Tensor Linear::forward(const Tensor& x) {
   if (!rin.is_identity()) {
     xin = ctx.empty(xs, x.dtype());
     Event gathered = redistribute(tp_, x, xin, rin, "linear.in");
-    if (rout.is_identity() && opt_.overlap == Overlap::Async) {
+    if (forward_own_shard_first(style_, opt_.overlap)) {
       gemm_local_first(x, xin, gathered, weight.value, false, y, bptr);
       return y;
     }
@@ -192,8 +192,7 @@ InputGrad Linear::backward(const Tensor& dy) {
   // is in flight.
   Tensor dyc = dy;
   Event dy_gathered;
-  const bool split_dgrad =
-      !gout.is_identity() && gout.kind() == RedistKind::AllGather && opt_.overlap != Overlap::None;
+  const bool split_dgrad = dgrad_own_shard_first(style_, opt_.overlap);
   if (!gout.is_identity()) {
     dyc = ctx.empty(gout.out_shape(dy.shape(), tp), dy.dtype());
     dy_gathered = redistribute(tp_, dy, dyc, gout, "linear.bwd.out");

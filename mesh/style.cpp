@@ -21,6 +21,14 @@ ParallelStyle linear_style(const LinearDesc& d, bool sp) {
   return d.colwise ? colwise_parallel(sp) : rowwise_parallel(sp);
 }
 
+bool forward_own_shard_first(const ParallelStyle& s, Overlap ov) {
+  return ov == Overlap::Async && s.in().kind() == RedistKind::AllGather && s.out().is_identity();
+}
+
+bool dgrad_own_shard_first(const ParallelStyle& s, Overlap ov) {
+  return ov != Overlap::None && s.out().grad().kind() == RedistKind::AllGather;
+}
+
 ParallelStyle sequence_parallel_norm(bool sp) {
   const Placement R = Placement::replicate(), A = between(sp);
   return {"SequenceParallel", A, A, A, A, R, R, /*partial_param_grads=*/sp};

@@ -40,6 +40,14 @@ MESHRT_API ParallelStyle rowwise_parallel(bool sequence_parallel);
 // description says. The executors build their linears with it and the planner's cost model reads
 // the same styles for the linears' collectives and buffers.
 MESHRT_API ParallelStyle linear_style(const LinearDesc& d, bool sequence_parallel);
+// Whether a linear of style `s` runs a GEMM over a sequence all-gather one sequence shard at a
+// time, the rank's own shard first while the gather is in flight (Linear::gemm_local_first):
+// the forward under async when the input is gathered and the output left as computed (colwise
+// under sequence parallel; chunked splits that gather itself instead), and the dgrad under async
+// and chunked when dy is gathered (rowwise under sequence parallel). The executor and the
+// planner's cost model both ask these.
+MESHRT_API bool forward_own_shard_first(const ParallelStyle& s, Overlap ov);
+MESHRT_API bool dgrad_own_shard_first(const ParallelStyle& s, Overlap ov);
 // Norms (and other per-token modules with replicated weights) on sequence shards.
 MESHRT_API ParallelStyle sequence_parallel_norm(bool sequence_parallel);
 // Embedding, weight [vocab, hidden] sharded on vocab: token ids Replicate in, the Partial lookup

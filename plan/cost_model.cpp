@@ -282,7 +282,7 @@ class Block {
       for (int id : ids) wait(id);
       return;
     }
-    if (s_.comm && ov_ == Overlap::Async && !rin.is_identity() && rout.is_identity()) {
+    if (s_.comm && forward_own_shard_first(st, ov_)) {
       // Own sequence shard first, while the all-gather runs (Linear::gemm_local_first).
       const int id = redist(rin, in_bytes(l));
       gemm_local_first(gemms(l, s_.tokens / s_.tp).fwd, id);
@@ -307,8 +307,7 @@ class Block {
     const LinearGemms g = gemms(l, s_.tokens);
     const Redistribution gout = rout.grad();
     // Async and chunked: the dgrad rows of the own dy shard run while dy is gathered.
-    const bool split = s_.comm && ov_ != Overlap::None && !gout.is_identity() &&
-                       gout.kind() == RedistKind::AllGather;
+    const bool split = s_.comm && dgrad_own_shard_first(st, ov_);
     const int dy = redist(gout, out_bytes(l));
     if (!split) wait(dy);
     const int regather = redist(rin, in_bytes(l));

@@ -8,18 +8,39 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <vector>
 
 namespace meshrt::test {
 
 // <tmp>/meshrt-test-<name>-<pid>, created on first use (ctest runs cases as parallel processes,
-// so each process gets its own).
+// so each process gets its own) and removed with everything in it when the process exits, so
+// that test runs do not pile up folders in /tmp. MESHRT_TEST_KEEP_FILES=1 keeps them for a look
+// after a failure. A forked child leaves them to the process that made them.
 inline std::filesystem::path scratch_dir(const std::string& name) {
+  struct Made {
+    const pid_t owner = ::getpid();
+    std::mutex mu;
+    std::vector<std::filesystem::path> dirs;
+    ~Made() {
+      const char* keep = std::getenv("MESHRT_TEST_KEEP_FILES");
+      if (::getpid() != owner || (keep != nullptr && *keep != '\0' && std::string(keep) != "0"))
+        return;
+      for (const auto& d : dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+      }
+    }
+  };
+  static Made made;
   std::filesystem::path p = std::filesystem::temp_directory_path() /
                             ("meshrt-test-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(p);
+  std::lock_guard<std::mutex> lk(made.mu);
+  if (std::filesystem::create_directories(p)) made.dirs.push_back(p);
   return p;
 }
 

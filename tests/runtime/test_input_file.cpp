@@ -11,19 +11,13 @@
 
 #include "runtime/error.h"
 #include "runtime/input_file.h"
+#include "tests/common/files.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path input_scratch() {
-  static const fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("meshrt-input-file-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
-}
+fs::path input_scratch() { return meshrt::test::scratch_dir("input-file"); }
 
 }  // namespace
 
@@ -57,5 +51,4 @@ TEST_CASE("input files: FIFOs, devices, directories and missing files are refuse
                     Catch::Contains(": is a directory, not a regular file"));
   CHECK_THROWS_WITH(meshrt::InputFile((input_scratch() / "none").string(), "--data"),
                     Catch::Contains("none: cannot open (No such file or directory)"));
-  fs::remove_all(input_scratch());
 }

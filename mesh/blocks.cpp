@@ -101,9 +101,15 @@ Tensor Norm::backward(const Tensor& dy) {
   }
   if (partial) {
     const Redistribution r{Placement::partial(), Placement::replicate()};
-    tp_.wait(redistribute(tp_, both, both, r, "norm.grad"));
-    ops::add(ctx, cs, gamma.grad, dg, gamma.grad);
-    if (layer) ops::add(ctx, cs, beta.grad, db, beta.grad);
+    const Event reduced = redistribute(tp_, both, both, r, "norm.grad");
+    // Inside a deferral the sums go into the gradients on the comm stream, behind the all-reduce,
+    // and the compute stream waits only when the gradients are read (settle_grad_writes).
+    const bool defer = tp_.deferring_grad_writes() && tp_.size() > 1;
+    Stream& s = defer ? tp_.comm() : cs;
+    if (!defer) tp_.wait(reduced);
+    ops::add(ctx, s, gamma.grad, dg, gamma.grad);
+    if (layer) ops::add(ctx, s, beta.grad, db, beta.grad);
+    if (defer) tp_.defer_grad_writes(s.record());
   }
   x_ = mean_ = rstd_ = Tensor();
   return dx;

@@ -382,12 +382,16 @@ void GradSync::launch_reduce_scatter(Bucket& b, size_t s) {
   }
 }
 
-void GradSync::mark_ready(const std::vector<Param*>& ps) {
+void GradSync::mark_ready(const std::vector<Param*>& ps, CommScheduler* writes_on) {
   if (!sync_enabled_) return;  // accumulation micro-batch: nothing to launch, nothing to count
+  // What launch() reads the bucket for: the probe, the reduce-scatter, the all-reduce.
+  const bool reads = probe_.defined() || opts_.zero >= 2 || dp_.size() > 1;
   for (Param* p : ps) {
     Bucket& b = bucket_of(p);
     b.ready++;
-    if (b.ready == static_cast<int>(b.params.size())) launch(b);
+    if (b.ready != static_cast<int>(b.params.size())) continue;
+    if (reads && writes_on) writes_on->settle_grad_writes();
+    launch(b);
   }
 }
 

@@ -78,8 +78,10 @@ class MESHRT_API GradSync {
   void enable_sync(bool on) { sync_enabled_ = on; }
 
   // The gradients of `ps` are final for this step: launch every bucket all of whose parameters
-  // are now final. Called by the model after each block's backward.
-  void mark_ready(const std::vector<Param*>& ps);
+  // are now final. Called by the model after each block's backward. `writes_on`: the scheduler
+  // whose comm stream may still be writing some of them (the tp one inside BlockStack::backward);
+  // a launch that reads the bucket (dp > 1, ZeRO 2 / 3, the probe) settles those writes first.
+  void mark_ready(const std::vector<Param*>& ps, CommScheduler* writes_on = nullptr);
   // Launches any bucket not launched yet (end of backward).
   void finish();
   // When defined (a one-element f32 tensor), each bucket adds ops::sum_squares of its local

@@ -80,7 +80,11 @@ void DecoderModel::backward(float grad_scale, GradSync* sync) {
     sync->mark_ready(head);
   }
   StackHooks hooks;
-  if (sync) hooks.grads_ready = [sync](const StackPiece& p) { sync->mark_ready(p.params); };
+  if (sync) {
+    hooks.grads_ready = [sync, tp = &stack_.tp()](const StackPiece& p) {
+      sync->mark_ready(p.params, tp);
+    };
+  }
   d = stack_.backward(d, with_sync_hooks(sync, stack_, std::move(hooks), 1));
   if (sync) sync->prepare_grads(embed);  // a scatter-add of d: the weights are not read
   embed_.backward(d);

@@ -184,6 +184,12 @@ void CommScheduler::wait(const Event& e) {
   }
 }
 
+void CommScheduler::settle_grad_writes() {
+  if (!grad_writes_.valid()) return;
+  wait(grad_writes_);
+  grad_writes_ = Event();
+}
+
 CommTimes CommScheduler::times() const {
   std::lock_guard<std::mutex> lk(shared_->mu);
   shared_->resolve_locked(true);

@@ -80,6 +80,29 @@ class MESHRT_API CommScheduler {
   // The compute stream waits for `e` (timed as exposed communication).
   void wait(const Event& e);
 
+  // Gradient writes left on the comm stream. Inside a deferral (BlockStack::backward opens one)
+  // the sequence-parallel norms add their all-reduced gain and bias gradients into the gradients
+  // on the comm stream, behind the all-reduce, and the compute stream does not wait there: one
+  // sync point fewer per norm, so rank skew can even out before the next one (Megatron reduces
+  // these gradients once after backward for the same reason). settle_grad_writes() makes the
+  // compute stream wait for all of them (timed as exposed); whoever reads gradients calls it
+  // first: the stack at its end, GradSync::mark_ready before it reads a bucket.
+  class GradDeferral {
+   public:
+    explicit GradDeferral(CommScheduler& c) : c_(c), was_(c.defer_grads_) { c.defer_grads_ = true; }
+    ~GradDeferral() { c_.defer_grads_ = was_; }
+    GradDeferral(const GradDeferral&) = delete;
+    GradDeferral& operator=(const GradDeferral&) = delete;
+
+   private:
+    CommScheduler& c_;
+    bool was_;
+  };
+  bool deferring_grad_writes() const { return defer_grads_; }
+  // `written`: recorded on comm() after the last gradient write queued there.
+  void defer_grad_writes(const Event& written) { grad_writes_ = written; }
+  void settle_grad_writes();
+
   // Totals since the last reset. Blocks until the timed collectives and waits have completed
   // (call it after synchronising).
   CommTimes times() const;
@@ -97,6 +120,8 @@ class MESHRT_API CommScheduler {
   Overlap overlap_;
   Stream& compute_;
   int size_ = 1, rank_ = 0;
+  bool defer_grads_ = false;
+  Event grad_writes_;  // the last deferred gradient write (the comm stream runs them in order)
   struct Shared;
   std::shared_ptr<Shared> shared_;
 };

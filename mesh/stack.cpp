@@ -17,7 +17,7 @@ std::string layer_tag(int l) {
 BlockStack::BlockStack(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                        const BlockConfig& cfg, LayerKind kind, int layers,
                        const std::string& prefix)
-    : kind_(kind), layers_(layers) {
+    : tp_(tp), kind_(kind), layers_(layers) {
   MESHRT_CHECK(layers >= 1, "block stack: layers " << layers << " must be >= 1");
   auto add = [&](int l, bool attention, std::unique_ptr<Block> b) {
     StackPiece p;
@@ -55,13 +55,17 @@ Tensor BlockStack::forward(const Tensor& x, const StackHooks& hooks) {
 
 Tensor BlockStack::backward(const Tensor& dout, const StackHooks& hooks) {
   Tensor d = dout;
-  for (size_t i = pieces_.size(); i-- > 0;) {
-    const StackPiece& p = pieces_[i];
-    if (hooks.begin) hooks.begin(p, Pass::Backward);
-    d = p.block->backward(d);
-    if (hooks.end) hooks.end(p, Pass::Backward);
-    if (hooks.grads_ready) hooks.grads_ready(p);
+  {
+    CommScheduler::GradDeferral defer(tp_);
+    for (size_t i = pieces_.size(); i-- > 0;) {
+      const StackPiece& p = pieces_[i];
+      if (hooks.begin) hooks.begin(p, Pass::Backward);
+      d = p.block->backward(d);
+      if (hooks.end) hooks.end(p, Pass::Backward);
+      if (hooks.grads_ready) hooks.grads_ready(p);
+    }
   }
+  tp_.settle_grad_writes();
   return d;
 }
 

@@ -30,7 +30,10 @@ struct StackHooks {
   // Around each piece's forward (in layer order) and backward (in reverse).
   std::function<void(const StackPiece&, Pass)> begin, end;
   // After a piece's backward (after `end`): its parameters' gradients are final for this step,
-  // e.g. GradSync::mark_ready so their dp buckets launch while earlier pieces differentiate.
+  // e.g. GradSync::mark_ready so their dp buckets launch while earlier pieces differentiate. The
+  // sequence-parallel norms' may still be being written on the tp stream: a hook that reads
+  // gradients settles them first (CommScheduler::settle_grad_writes; mark_ready takes the tp
+  // scheduler for that). When backward returns every gradient is settled.
   std::function<void(const StackPiece&)> grads_ready;
 };
 
@@ -48,8 +51,10 @@ class BlockStack {
   const std::vector<StackPiece>& pieces() const { return pieces_; }
   LayerKind kind() const { return kind_; }
   int layers() const { return layers_; }
+  CommScheduler& tp() const { return tp_; }
 
  private:
+  CommScheduler& tp_;
   LayerKind kind_;
   int layers_;
   std::vector<std::unique_ptr<Block>> blocks_;

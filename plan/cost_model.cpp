@@ -323,12 +323,25 @@ class Block {
   }
 
   void norm_fwd() { ew(2 * s_.Tl * s_.h * s_.es); }
-  void norm_bwd() {
+  // `deferred`: inside the block stack, whose backward defers the gradient writes
+  // (CommScheduler::GradDeferral): the all-reduce is waited for at settle_grads, not here.
+  void norm_bwd(bool deferred = false) {
     ew(3 * s_.Tl * s_.h * s_.es);
     // On sequence shards the norm's gain and bias gradients are partial sums, all-reduced over tp
     // (the style's partial_param_grads) in one buffer.
-    if (sequence_parallel_norm(s_.sp).partial_param_grads)
-      sim_.wait(coll(CollOp::AllReduce, 2 * s_.h * s_.es));
+    if (sequence_parallel_norm(s_.sp).partial_param_grads) {
+      const int id = coll(CollOp::AllReduce, 2 * s_.h * s_.es);
+      if (deferred && s_.comm)
+        pending_grads_ = id;
+      else
+        sim_.wait(id);
+    }
+  }
+  // The compute stream waits for the deferred norm-gradient all-reduces (the last covers the
+  // earlier ones: the tp stream runs them in order).
+  void settle_grads() {
+    if (pending_grads_ >= 0) sim_.wait(pending_grads_);
+    pending_grads_ = -1;
   }
   void residual() { ew(3 * s_.Tl * s_.h * s_.es); }
 
@@ -348,7 +361,7 @@ class Block {
     sim_.compute(2 * attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_bwd_eff()));
     ew(6 * s_.T * s_.h / s_.tp * s_.es);
     wait(linear_bwd(attn_[0]));
-    norm_bwd();
+    norm_bwd(/*deferred=*/true);
     residual();
   }
   void mlp_fwd() {
@@ -362,7 +375,7 @@ class Block {
     wait(linear_bwd(mlp_[1]));
     ew(3 * s_.T * ceil_div(s_.f, s_.tp) * s_.es);  // GeLU backward (+ its bias gradient)
     wait(linear_bwd(mlp_[0]));
-    norm_bwd();
+    norm_bwd(/*deferred=*/true);
     residual();
   }
 
@@ -370,6 +383,7 @@ class Block {
   Sim& sim_;
   const ClusterSpec& cl_;
   Shape s_;
+  int pending_grads_ = -1;
   Overlap ov_;
   // The pieces' linears (qkv, proj; fc1, fc2).
   std::vector<LinearDesc> attn_ = piece_linears(PieceKind::Attention, s_.hidden, s_.ffn);
@@ -570,6 +584,8 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
         // ZeRO 2 and 3 reduce-scatter the bucket (its input bytes), 0 and 1 all-reduce it.
         const CollOp op = c.zero >= 2 ? CollOp::ReduceScatter : CollOp::AllReduce;
         Collective col{op, true, bp.bytes[next_bucket], c.dp};
+        // GradSync::mark_ready settles the deferred norm gradients before it reads a bucket.
+        if (c.dp > 1 || c.zero >= 2) blk.settle_grads();
         if (c.dp > 1) {
           const int id = sim.issue(col);
           if (dp_ov == Overlap::None) sim.wait(id);
@@ -586,6 +602,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
       ps[i].attention ? blk.attention_bwd(attn_flops) : blk.mlp_bwd();
       launch_ready(static_cast<int>(i));
     }
+    blk.settle_grads();  // BlockStack::backward's end
     if (V > 0) {
       blk.wait(blk.redist(embed_out.grad(), s.T * h * s.es));
       blk.ew(2 * s.T * h * s.es);  // scatter-add into the embedding gradient

@@ -263,7 +263,7 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
         piece(pc.name + (fwd ? ".fwd" : ".bwd"), (fwd ? 1 : 2) * (pc.attention ? f_attn : f_mlp));
   };
   hooks.end = [&](const StackPiece&, Pass) { rec.end(open_piece); };
-  hooks.grads_ready = [&](const StackPiece& pc) { sync.mark_ready(pc.params); };
+  hooks.grads_ready = [&](const StackPiece& pc) { sync.mark_ready(pc.params, &tp); };
   // --zero 2 and 3 (docs/zero.md): gradient buckets per piece, stage 3's gathers and frees.
   hooks = with_sync_hooks(&sync, stack, std::move(hooks));
 

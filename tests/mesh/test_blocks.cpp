@@ -7,8 +7,10 @@
 #include <mutex>
 
 #include "mesh/blocks.h"
+#include "mesh/data_parallel.h"
 #include "mesh/dump.h"
 #include "mesh/lm.h"
+#include "mesh/stack.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
 #include "tests/mesh/harness.h"
@@ -176,6 +178,70 @@ TEST_CASE("async and chunked overlap give the none mode's numbers (tp 2/4, sp on
           compare(run_block(kind, tp, TpOptions{true, ov}, dt), ref, 0.0);
         }
       }
+    }
+  }
+}
+
+TEST_CASE("the block stack leaves the sp norms' gradient sums on the tp stream until read",
+          "[mesh][multirank][overlap]") {
+  // BlockStack::backward defers each sequence-parallel norm's gradient all-reduce and sums to the
+  // tp stream (CommScheduler::GradDeferral); GradSync::mark_ready settles them before a bucket's
+  // probe reads it, and backward returns with every gradient settled. So the gradients equal
+  // the same transformer block's run on its own (which waits at each norm) bit for bit, and the
+  // probe of one-parameter buckets, each read at its piece, sums the final gradients. Under
+  // stream jitter (mesh.jitter.*) a read before the settle would miss this step's norm sums.
+  for (int tp : {2, 4}) {
+    for (Overlap ov : {Overlap::None, Overlap::Async}) {
+      INFO("tp=" << tp << " overlap=" << overlap_name(ov));
+      run_ranks(tp, [&](int r, Communicator& world, Context& ctx) {
+        DeviceMesh mesh(ctx, world, "dp=1,tp=" + std::to_string(tp));
+        CommScheduler sched(mesh, kTpDim, ov);
+        Stream& s = ctx.compute_stream();
+        const TpOptions opt{true, ov};
+        const BlockConfig cfg = small_config(DType::f32);
+        BlockStack stack(mesh, sched, opt, cfg, LayerKind::Transformer, 1, "b");
+        TransformerBlock block(mesh, sched, opt, cfg, "b", 0);
+        const std::vector<Param*> ps = stack.params(), bs = block.params();
+        RANK_REQUIRE(ps.size() == bs.size());
+        for (size_t i = 0; i < ps.size(); ++i) bs[i]->value.copy_(ps[i]->value, s);
+        Tensor x = ctx.empty({16 / tp, 2, cfg.hidden}, DType::f32);
+        Tensor dout = ctx.empty(x.shape(), DType::f32);
+        const auto seed = static_cast<uint64_t>(r);
+        x.init_philox_({77, 1 + seed, PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+        dout.init_philox_({77, 9 + seed, PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+        DpOptions o;
+        o.bucket_mb = 1e-6;  // one parameter per bucket: each is read when its piece is done
+        GradSync sync(mesh, ps, o);
+        Tensor probe = ctx.zeros({1}, DType::f32);
+        sync.set_sumsq_probe(probe);
+        bool deferred = false;
+        StackHooks hooks;
+        hooks.grads_ready = [&](const StackPiece& p) {
+          deferred = deferred || sched.deferring_grad_writes();
+          sync.mark_ready(p.params, &sched);
+        };
+        stack.forward(x);
+        const Tensor dx = stack.backward(dout, hooks);
+        sync.finish();
+        block.forward(x);
+        const Tensor dx_ref = block.backward(dout);
+        ctx.synchronize();
+        RANK_REQUIRE(deferred);
+        RANK_REQUIRE(!sched.deferring_grad_writes());
+        RANK_REQUIRE(dx.to_vector() == dx_ref.to_vector());
+        double sumsq = 0, norm_sumsq = 0;
+        for (size_t i = 0; i < ps.size(); ++i) {
+          const std::vector<double> g = ps[i]->grad.to_vector();
+          RANK_REQUIRE(g == bs[i]->grad.to_vector());
+          for (double v : g) {
+            sumsq += v * v;
+            if (ps[i]->name.find(".norm.") != std::string::npos) norm_sumsq += v * v;
+          }
+        }
+        // A probe that read a norm's gradient before its sums would be short by about this much.
+        RANK_REQUIRE(norm_sumsq > 1e-3 * sumsq);
+        RANK_REQUIRE(std::abs(probe.item(0) - sumsq) <= 1e-5 * sumsq);
+      });
     }
   }
 }

@@ -104,7 +104,7 @@ Tensor Norm::backward(const Tensor& dy) {
     const Event reduced = redistribute(tp_, both, both, r, "norm.grad");
     // Inside a deferral the sums go into the gradients on the comm stream, behind the all-reduce,
     // and the compute stream waits only when the gradients are read (settle_grad_writes).
-    const bool defer = tp_.deferring_grad_writes() && tp_.size() > 1;
+    const bool defer = tp_.deferring_grad_writes();
     Stream& s = defer ? tp_.comm() : cs;
     if (!defer) tp_.wait(reduced);
     ops::add(ctx, s, gamma.grad, dg, gamma.grad);

@@ -17,11 +17,13 @@
 
 namespace meshrt::test {
 
-// <tmp>/meshrt-test-<name>-<pid>, created on first use (ctest runs cases as parallel processes,
-// so each process gets its own) and removed with everything in it when the process exits, so
-// that test runs do not pile up folders in /tmp. MESHRT_TEST_KEEP_FILES=1 keeps them for a look
-// after a failure. A forked child leaves them to the process that made them.
-inline std::filesystem::path scratch_dir(const std::string& name) {
+// <base>/meshrt-test-<name>-<pid> (base: <tmp>), created on first use (ctest runs cases as
+// parallel processes, so each process gets its own) and removed with everything in it when the
+// process exits, so that test runs do not pile up folders in /tmp. MESHRT_TEST_KEEP_FILES=1 keeps
+// them for a look after a failure. A forked child leaves them to the process that made them.
+inline std::filesystem::path scratch_dir(
+    const std::string& name,
+    const std::filesystem::path& base = std::filesystem::temp_directory_path()) {
   struct Made {
     const pid_t owner = ::getpid();
     std::mutex mu;
@@ -37,8 +39,7 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
     }
   };
   static Made made;
-  std::filesystem::path p = std::filesystem::temp_directory_path() /
-                            ("meshrt-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::path p = base / ("meshrt-test-" + name + "-" + std::to_string(::getpid()));
   std::lock_guard<std::mutex> lk(made.mu);
   if (std::filesystem::create_directories(p)) made.dirs.push_back(p);
   return p;

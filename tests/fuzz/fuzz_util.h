@@ -9,26 +9,22 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <system_error>
+
+#include "tests/common/files.h"
 
 namespace meshrt::fuzz {
 
 // A folder of this process's own (in /dev/shm when it is there: fuzzing writes a file per input),
-// removed at exit.
+// removed at exit (tests/common/files.h).
 inline const std::string& scratch_dir() {
   static const std::string dir = [] {
-    namespace fs = std::filesystem;
     std::error_code ec;
-    const fs::path base = fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
-                              ? fs::path("/dev/shm")
-                              : fs::temp_directory_path();
-    const fs::path d = base / ("meshrt-fuzz-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    static const std::string keep = d.string();
-    std::atexit([] {
-      std::error_code e;
-      std::filesystem::remove_all(keep, e);
-    });
-    return d.string();
+    const bool shm =
+        std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0;
+    return test::scratch_dir("fuzz", shm ? std::filesystem::path("/dev/shm")
+                                         : std::filesystem::temp_directory_path())
+        .string();
   }();
   return dir;
 }

@@ -106,7 +106,8 @@ Tensor Linear::forward(const Tensor& x) {
 // out = gathered @ op(w), row block by row block of the sequence shards: this rank's own shard
 // (`local`, which the all-gather into `gathered` copies) first, while the all-gather is still
 // in flight, the other ranks' shards once it completed. Each output row is the same GEMM row as
-// in one whole GEMM, so the result equals the unsplit one.
+// in one whole GEMM: the unsplit result bit for bit where the GEMM rounds a row independently of
+// the row count (oneDNN, OpenBLAS's AVX-512 kernels), within rounding otherwise (its Haswell ones).
 void Linear::gemm_local_first(const Tensor& local, const Tensor& gathered, const Event& done,
                               const Tensor& w, bool trans_w, const Tensor& out,
                               const Tensor* bptr) {

@@ -135,6 +135,34 @@ void compare(const Result& got, const Result& ref, double tol) {
   }
 }
 
+// Whether the host f32 GEMM gives each output row the same bits whatever the number of rows
+// computed with it. Async and chunked split GEMMs by sequence rows, so they match none bit for bit
+// only then: oneDNN and OpenBLAS's SkylakeX / Cooperlake kernels do, OpenBLAS's Haswell kernels
+// (OPENBLAS_CORETYPE=Haswell, or an AVX2 CPU) do not (they round differently by row count).
+bool gemm_rows_independent() {
+  bool same = true;
+  run_ranks(1, [&](int, Communicator&, Context& ctx) {
+    Stream& s = ctx.compute_stream();
+    const int64_t shapes[][3] = {{16, 64, 32}, {32, 96, 48}, {64, 128, 64}};
+    for (const auto& [m, n, k] : shapes) {
+      for (bool trans_b : {false, true}) {
+        Tensor a = ctx.empty({m, k}, DType::f32);
+        Tensor b = ctx.empty(trans_b ? Shape{n, k} : Shape{k, n}, DType::f32);
+        a.init_philox_(PhiloxInit{7, 0, PhiloxInit::Dist::Normal, 0.f, 1.f}, a.shape(), {0, 0}, s);
+        b.init_philox_(PhiloxInit{7, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, b.shape(), {0, 0}, s);
+        Tensor whole = ctx.empty({m, n}, DType::f32), split = ctx.empty({m, n}, DType::f32);
+        ops::gemm(ctx, s, a, false, b, trans_b, whole, 1.f, 0.f);
+        for (int64_t r0 : {int64_t{0}, m / 2})
+          ops::gemm(ctx, s, a.narrow(0, r0, m / 2), false, b, trans_b, split.narrow(0, r0, m / 2),
+                    1.f, 0.f);
+        s.synchronize();
+        same = same && whole.to_vector() == split.to_vector();
+      }
+    }
+  });
+  return same;
+}
+
 }  // namespace
 
 TEST_CASE("sharded blocks equal the unsharded run (f32 and bf16, tp 1/2/4, sp off/on)",
@@ -166,7 +194,14 @@ TEST_CASE("async and chunked overlap give the none mode's numbers (tp 2/4, sp on
           "[mesh][multirank][overlap]") {
   // Async computes a GEMM over a sequence all-gather one shard at a time (own shard first),
   // chunked in tp^2 pieces: every output row is the same GEMM row as in none's whole GEMMs, and
-  // the collectives sum in the same order, so the numbers are none's exactly.
+  // the collectives sum in the same order, so the numbers are none's exactly where the host GEMM
+  // computes a row independently of the row count; else within the rounding of the GEMM sums.
+  const bool exact = gemm_rows_independent();
+  if (!exact)
+    WARN(
+        "the host f32 GEMM rounds a row differently by row count (OpenBLAS's Haswell kernels?): "
+        "compared within 1e-5 (f32) and 1e-2 (bf16, whose f32 sums may round to another bf16), "
+        "not bit for bit");
   for (Kind kind : {Kind::Mlp, Kind::Attention, Kind::Transformer}) {
     for (DType dt : {DType::f32, DType::bf16}) {
       for (int tp : {2, 4}) {
@@ -175,7 +210,10 @@ TEST_CASE("async and chunked overlap give the none mode's numbers (tp 2/4, sp on
         for (Overlap ov : {Overlap::Async, Overlap::Chunked}) {
           INFO(kind_name(kind) << " " << dtype_name(dt) << " tp=" << tp
                                << " overlap=" << overlap_name(ov));
-          compare(run_block(kind, tp, TpOptions{true, ov}, dt), ref, 0.0);
+          compare(run_block(kind, tp, TpOptions{true, ov}, dt), ref,
+                  exact              ? 0.0
+                  : dt == DType::f32 ? 1e-5
+                                     : 1e-2);
         }
       }
     }

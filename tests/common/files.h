@@ -58,9 +58,17 @@ struct Run {
   std::string out, err;
 };
 
+// `s` as one /bin/sh word: in single quotes, each ' written as '\''. For the programs' paths,
+// which are the build folder's and so may hold spaces.
+inline std::string sh_quote(std::string_view s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 // Runs `cmd` through /bin/sh with stdout and stderr captured in files under `dir` (no shell
-// quoting is added: callers pass arguments that need none). MESHRT_COMM_TIMEOUT=60 turns a hang
-// into a failure rather than a stuck test.
+// quoting is added: callers quote what needs it, e.g. a program's path with sh_quote).
+// MESHRT_COMM_TIMEOUT=60 turns a hang into a failure rather than a stuck test.
 inline Run run_shell(const std::string& cmd, const std::filesystem::path& dir) {
   static int n = 0;
   const int id = n++;
@@ -77,12 +85,11 @@ inline Run run_shell(const std::string& cmd, const std::filesystem::path& dir) {
   return r;
 }
 
-// Runs the program `bin` with `args` as run_shell does.
+// Runs the program `bin` (quoted here) with `args` as run_shell does.
 inline Run run_program(std::string_view bin, std::string_view args,
                        const std::filesystem::path& dir) {
-  std::string cmd;
-  cmd.reserve(bin.size() + 1 + args.size());
-  cmd.append(bin).append(" ").append(args);
+  std::string cmd = sh_quote(bin);
+  cmd.append(" ").append(args);
   return run_shell(cmd, dir);
 }
 

@@ -109,8 +109,10 @@ case "$mode" in
     # dlpack/dlpack.h) when it is not the compiler's default; never <prefix>/include/meshrt.
     want_inc=$(realpath "$prefix/include")
     cflags=$(pkg-config --cflags meshrt)
+    # pkg-config escapes a space in a path as '\ ' for the shell: split its output as the shell does.
+    eval "cflag_words=($cflags)"
     seen_prefix=0
-    for f in $cflags; do
+    for f in "${cflag_words[@]}"; do
       case "$f" in
         -I*) d=$(realpath -m "${f#-I}") ;;
         *) fail "meshrt.pc's Cflags have '$f' (want only -I<prefix>/include): $cflags" ;;
@@ -123,12 +125,14 @@ case "$mode" in
     done
     [ $seen_prefix = 1 ] || fail "meshrt.pc's Cflags lack -I$prefix/include: $cflags"
     libs=$(pkg-config --libs meshrt)
-    [ "$(echo $libs | sed 's/ *-L[^ ]* */ /; s/^ //')" = "-lmeshrt -pthread" ] ||
+    eval "lib_words=($libs)"
+    [ "$(printf '%s\n' "${lib_words[@]}" | grep -v '^-L' | tr '\n' ' ')" = "-lmeshrt -pthread " ] ||
       fail "meshrt.pc's Libs are '$libs', want -L<prefix>/lib -lmeshrt -pthread"
     echo "meshrt.pc: Cflags $cflags; Libs $libs"
     flags=$(pkg-config --cflags --libs meshrt)
-    # shellcheck disable=SC2086 # word splitting of the flags is meant
-    "$cxx" -std=c++20 -O1 $extra "$src/examples/cmake-consumer/main.cpp" $flags -Wl,-rpath,"$prefix/lib" \
+    eval "flag_words=($flags)"
+    # shellcheck disable=SC2086 # word splitting of $extra is meant
+    "$cxx" -std=c++20 -O1 $extra "$src/examples/cmake-consumer/main.cpp" "${flag_words[@]}" -Wl,-rpath,"$prefix/lib" \
       -o "$scratch/app-pkgconfig" >"$scratch/pkgconfig.build.log" 2>&1 ||
       { cat "$scratch/pkgconfig.build.log" >&2; fail "c++ main.cpp \$(pkg-config --cflags --libs meshrt) failed: $flags"; }
     "$scratch/app-pkgconfig" >"$scratch/pkgconfig.run.log" 2>&1 ||
@@ -139,7 +143,7 @@ case "$mode" in
     # 3. The C API examples against the installed package: examples/c as strict C99 from one
     # compiler line, and examples/python (ctypes + NumPy) loading the installed libmeshrt.so.
     "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/allreduce_threads.c" \
-      $flags -pthread -Wl,-rpath,"$prefix/lib" -o "$scratch/c-example" >"$scratch/c-example.build.log" 2>&1 ||
+      "${flag_words[@]}" -pthread -Wl,-rpath,"$prefix/lib" -o "$scratch/c-example" >"$scratch/c-example.build.log" 2>&1 ||
       { cat "$scratch/c-example.build.log" >&2; fail "cc -std=c99 examples/c/allreduce_threads.c \$(pkg-config --cflags --libs meshrt) failed"; }
     "$scratch/c-example" >"$scratch/c-example.run.log" 2>&1 ||
       { cat "$scratch/c-example.run.log" >&2; fail "examples/c against the install failed"; }
@@ -149,7 +153,7 @@ case "$mode" in
     sed 's/^/  /' "$scratch/c-example.run.log"
     # shellcheck disable=SC2086 # word splitting of the flags is meant
     "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/mlp_tp.c" \
-      $flags -pthread -lm -Wl,-rpath,"$prefix/lib" -o "$scratch/c-mlp" >"$scratch/c-mlp.build.log" 2>&1 ||
+      "${flag_words[@]}" -pthread -lm -Wl,-rpath,"$prefix/lib" -o "$scratch/c-mlp" >"$scratch/c-mlp.build.log" 2>&1 ||
       { cat "$scratch/c-mlp.build.log" >&2; fail "cc -std=c99 examples/c/mlp_tp.c \$(pkg-config --cflags --libs meshrt) failed"; }
     "$scratch/c-mlp" >"$scratch/c-mlp.run.log" 2>&1 ||
       { cat "$scratch/c-mlp.run.log" >&2; fail "examples/c/mlp_tp.c against the install failed"; }
@@ -247,18 +251,24 @@ $bad"
       # (the typedef keeps a C file that only defines macros from being an empty unit)
       printf '#include <%s>\ntypedef int meshrt_header_test_unit;\n' "$h" >"$tu.cpp"
       for std in c++17 c++20; do
-        echo "$cxx -std=$std -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I$prefix/include $tu.cpp" >>"$scratch/commands"
+        printf '%q ' "$cxx" "-std=$std" -fsyntax-only -Wall -Wextra -Wpedantic -Werror \
+          "-I$prefix/include" "$tu.cpp" >>"$scratch/commands"
+        echo >>"$scratch/commands"
       done
       case "$h" in
         meshrt/version.h | meshrt/export.h | meshrt/meshrt.h)
           printf '#include <%s>\ntypedef int meshrt_header_test_unit;\n' "$h" >"$tu.c"
-          echo "$cc -std=c99 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I$prefix/include $tu.c" >>"$scratch/commands"
+          printf '%q ' "$cc" -std=c99 -fsyntax-only -Wall -Wextra -Wpedantic -Werror \
+            "-I$prefix/include" "$tu.c" >>"$scratch/commands"
+          echo >>"$scratch/commands"
           ;;
       esac
     done
     status=0
+    # Each line is one command with its words shell-quoted (printf %q); -d keeps xargs from
+    # reading quotes itself.
     # shellcheck disable=SC2016
-    xargs -P 2 -I{} sh -c '{} 2>&1 || { echo "FAILED: {}"; exit 1; }' <"$scratch/commands" >"$scratch/compile.log" || status=1
+    xargs -P 2 -d '\n' -I{} bash -c '{} 2>&1 || { echo "FAILED: {}"; exit 1; }' <"$scratch/commands" >"$scratch/compile.log" || status=1
     if [ $status -ne 0 ]; then
       cat "$scratch/compile.log" >&2
       fail "some installed headers do not compile alone (see FAILED lines above)"
@@ -287,9 +297,9 @@ $bad"
     echo "libmeshrt.so needs: $(echo $needed)"
     # 2. Without the plugins a CPU-only consumer links, runs and maps no backend library.
     for p in "${plugins[@]}"; do mv "$lib/libmeshrt-$p.so" "$scratch/plugins/"; done
-    flags="-I$prefix/include -L$lib -lmeshrt -Wl,-rpath,$lib"
-    # shellcheck disable=SC2086 # word splitting of the flags is meant
-    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/allreduce_threads.c" $flags \
+    flags=("-I$prefix/include" "-L$lib" -lmeshrt "-Wl,-rpath,$lib")
+    # shellcheck disable=SC2086 # word splitting of $extra is meant
+    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/allreduce_threads.c" "${flags[@]}" \
       -pthread -o "$scratch/c-example" >"$scratch/c-example.build.log" 2>&1 ||
       { cat "$scratch/c-example.build.log" >&2; fail "building examples/c/allreduce_threads.c failed"; }
     env -u MESHRT_BACKEND_PATH "$scratch/c-example" >"$scratch/c-example.run.log" 2>&1 ||
@@ -324,7 +334,7 @@ $bad"
     fi
     # 3. An MPI launch without the plugin: one line naming it and why.
     # shellcheck disable=SC2086
-    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/tests/install/plugin_check.c" $flags \
+    "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/tests/install/plugin_check.c" "${flags[@]}" \
       -o "$scratch/plugin-check" >"$scratch/plugin-check.build.log" 2>&1 ||
       { cat "$scratch/plugin-check.build.log" >&2; fail "building tests/install/plugin_check.c failed"; }
     env -u MESHRT_BACKEND_PATH OMPI_COMM_WORLD_SIZE=1 "$scratch/plugin-check" >"$scratch/missing.log" 2>&1 &&
@@ -375,7 +385,7 @@ $bad"
     # 5. A CUDA world without libmeshrt-cuda.so: one line naming it and why.
     if [ "$cuda" = ON ]; then
       # shellcheck disable=SC2086
-      "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/tests/install/cuda_check.c" $flags \
+      "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/tests/install/cuda_check.c" "${flags[@]}" \
         -o "$scratch/cuda-check" >"$scratch/cuda-check.build.log" 2>&1 ||
         { cat "$scratch/cuda-check.build.log" >&2; fail "building tests/install/cuda_check.c failed"; }
       env -u MESHRT_BACKEND_PATH "$scratch/cuda-check" >"$scratch/cuda-missing.log" 2>&1 &&

@@ -36,7 +36,7 @@ fs::path block_scratch() {
 Run block_cli(const std::string& args) {
   // Appended, not `std::string(...) + " " + args`: GCC 12 warns (-Warray-bounds, a known false
   // positive in its inlined char_traits::copy) on that form here.
-  std::string cmd = MESHRT_CLI_BIN;
+  std::string cmd = meshrt::test::sh_quote(MESHRT_CLI_BIN);
   cmd += ' ';
   cmd += args;
   return meshrt::test::run_shell(cmd, block_scratch());

@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using meshrt::test::Run;
+using meshrt::test::sh_quote;
 using meshrt::test::slurp;
 
 fs::path scratch() {
@@ -35,9 +36,9 @@ fs::path scratch() {
   return d;
 }
 
-// Runs `<bin> <args>` (no shell quoting needed for the arguments used here).
+// Runs `<bin> <args>` (the path quoted; no shell quoting needed for the arguments used here).
 Run run(const std::string& bin, const std::string& args) {
-  return meshrt::test::run_shell(bin + " " + args, scratch());
+  return meshrt::test::run_program(bin, args, scratch());
 }
 
 // Runs `meshrt <args>`.
@@ -165,9 +166,9 @@ TEST_CASE("environment switches with unknown values are refused before anything 
              "kernels; use auto, baseline"}}) {
     // Built by append: GCC 12 warns (-Warray-bounds, a false positive that depends on the
     // path's length) on operator+ inside an initializer list.
-    std::string cli_bench = MESHRT_CLI_BIN;
+    std::string cli_bench = sh_quote(MESHRT_CLI_BIN);
     cli_bench.append(" bench collective");
-    const std::vector<std::string> bins = {cli_bench, MESHRT_BENCH_COLLECTIVE_BIN};
+    const std::vector<std::string> bins = {cli_bench, sh_quote(MESHRT_BENCH_COLLECTIVE_BIN)};
     for (const std::string& bin : bins) {
       Run r = meshrt::test::run_shell(c.env + " " + bin + " -b 8 -e 8", scratch());
       INFO(c.env << " " << bin << ": " << r.err);
@@ -182,7 +183,7 @@ TEST_CASE("environment switches with unknown values are refused before anything 
       "MESHRT_STREAM_JITTER=off MESHRT_LOG_LEVEL=warning "
       "MESHRT_COMM_DEBUG=yes MESHRT_FLIGHT_ON_EXIT=0 "
       "MESHRT_HOST_SPIN=0 MESHRT_HOST_BF16_GEMM=f32 " +
-          std::string(MESHRT_CLI_BIN) + " bench collective --devices cpu:2 -b 8 -e 8 -n 2 -w 0",
+          sh_quote(MESHRT_CLI_BIN) + " bench collective --devices cpu:2 -b 8 -e 8 -n 2 -w 0",
       scratch());
   INFO(r.err);
   CHECK(r.rc == 0);
@@ -194,7 +195,7 @@ TEST_CASE("a benchmark stopped by SIGINT or SIGTERM prints one summary line", "[
     const fs::path err = scratch() / (std::string("sig-") + sig + ".err");
     // Signalled once its table header is out (the handlers are in place before the run starts).
     const std::string cmd =
-        std::string(MESHRT_CLI_BIN) +
+        sh_quote(MESHRT_CLI_BIN) +
         " bench collective --devices cpu:2 -b 8 -e 8 -n 100000000 -w 0 >" + out.string() + " 2>" +
         err.string() + " & pid=$!; i=0; until grep -q '^#' " + out.string() +
         " 2>/dev/null || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done; kill -" + sig +
@@ -404,7 +405,7 @@ TEST_CASE("dp gradient buckets launch during backward in every step, not at its 
   // If buckets were only launched by finish(), every all-reduce would follow L0.attn.bwd.
   const fs::path tr = scratch() / "dp.trace.json";
   std::string cmd = "MESHRT_LAUNCH_BLOCKING=1 ";
-  cmd.append(MESHRT_CLI_BIN);
+  cmd.append(sh_quote(MESHRT_CLI_BIN));
   cmd.append(
       " bench block --devices cpu:2 --mesh dp=2,tp=1 --layers 2 --bucket-mb 0.05 --seq 128 "
       "--hidden 128 --heads 4 --steps 3 --warmup 1 --no-calibrate --trace ");
@@ -493,7 +494,7 @@ TEST_CASE("outputs refuse device nodes and shared files, follow links, and fail 
   fs::create_directories(dir);
   const fs::path err = scratch() / "efbig.err";
   for (const char* flag : {"--json", "--trace"}) {
-    const std::string cmd = "ulimit -f 1; trap '' XFSZ; " + std::string(MESHRT_CLI_BIN) +
+    const std::string cmd = "ulimit -f 1; trap '' XFSZ; " + sh_quote(MESHRT_CLI_BIN) +
                             " bench block " + shape + " " + flag + " " + (dir / "x").string() +
                             " >/dev/null 2>" + err.string();
     const int st = std::system(cmd.c_str());
@@ -515,8 +516,9 @@ namespace {
 // discarded (it would hit the limit too).
 Run cli_file_limit(const std::string& args) {
   const fs::path err = scratch() / "limit.err";
-  const std::string cmd = "bash -c 'ulimit -f 1; exec " + std::string(MESHRT_CLI_BIN) + " " + args +
-                          "' >/dev/null 2>" + err.string();
+  // The program's path reaches bash as $0, so it needs no quoting inside the command string.
+  const std::string cmd = "bash -c 'ulimit -f 1; exec \"$0\" " + args + "' " +
+                          sh_quote(MESHRT_CLI_BIN) + " >/dev/null 2>" + err.string();
   const int st = std::system(cmd.c_str());
   Run r;
   r.signaled = WIFSIGNALED(st);

@@ -75,7 +75,9 @@ struct Background {
       dup2(fd, 1);
       dup2(fd, 2);
       execl("/bin/sh", "sh", "-c",
-            (std::string("exec env ") + env + " " + MESHRT_CLI_BIN + " " + args).c_str(),
+            (std::string("exec env ") + env + " " + meshrt::test::sh_quote(MESHRT_CLI_BIN) + " " +
+             args)
+                .c_str(),
             static_cast<char*>(nullptr));
       _exit(127);
     }

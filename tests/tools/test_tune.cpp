@@ -303,7 +303,8 @@ std::pair<int, std::string> tune_signal_after(const std::string& args, const std
     const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(e, 2);
     close(fds[0]);
-    execl("/bin/sh", "sh", "-c", ("exec " + std::string(MESHRT_CLI_BIN) + " " + args).c_str(),
+    execl("/bin/sh", "sh", "-c",
+          ("exec " + meshrt::test::sh_quote(MESHRT_CLI_BIN) + " " + args).c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
   }

@@ -110,6 +110,7 @@ case "$mode" in
     want_inc=$(realpath "$prefix/include")
     cflags=$(pkg-config --cflags meshrt)
     # pkg-config escapes a space in a path as '\ ' for the shell: split its output as the shell does.
+    cflag_words=()
     eval "cflag_words=($cflags)"
     seen_prefix=0
     for f in "${cflag_words[@]}"; do
@@ -125,11 +126,13 @@ case "$mode" in
     done
     [ $seen_prefix = 1 ] || fail "meshrt.pc's Cflags lack -I$prefix/include: $cflags"
     libs=$(pkg-config --libs meshrt)
+    lib_words=()
     eval "lib_words=($libs)"
     [ "$(printf '%s\n' "${lib_words[@]}" | grep -v '^-L' | tr '\n' ' ')" = "-lmeshrt -pthread " ] ||
       fail "meshrt.pc's Libs are '$libs', want -L<prefix>/lib -lmeshrt -pthread"
     echo "meshrt.pc: Cflags $cflags; Libs $libs"
     flags=$(pkg-config --cflags --libs meshrt)
+    flag_words=()
     eval "flag_words=($flags)"
     # shellcheck disable=SC2086 # word splitting of $extra is meant
     "$cxx" -std=c++20 -O1 $extra "$src/examples/cmake-consumer/main.cpp" "${flag_words[@]}" -Wl,-rpath,"$prefix/lib" \

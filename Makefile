@@ -27,9 +27,9 @@ CLANG ?= clang
 CLANGXX ?= clang++
 # Sanitizer runtime options for every test run here (harmless for other builds): Open MPI's
 # process-lifetime allocations are not leaks, OpenBLAS's spin-wait pool is not a race (each file
-# says why).
-export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/lsan.supp:print_suppressions=0
-export TSAN_OPTIONS ?= suppressions=$(CURDIR)/tools/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1
+# says why). The paths are quoted for the runtimes' option parser: the folder may hold spaces.
+export LSAN_OPTIONS ?= suppressions='$(CURDIR)/tools/sanitizers/lsan.supp':print_suppressions=0
+export TSAN_OPTIONS ?= suppressions='$(CURDIR)/tools/sanitizers/tsan.supp':halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # Tests that ask for absurd sizes expect meshrt's "cannot allocate" error, not the sanitizer's abort
 # (allocator_may_return_null, in TSAN_OPTIONS above too).

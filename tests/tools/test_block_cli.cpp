@@ -34,12 +34,7 @@ fs::path block_scratch() {
 
 // Runs `meshrt <args>` (no shell quoting needed for the arguments used here).
 Run block_cli(const std::string& args) {
-  // Appended, not `std::string(...) + " " + args`: GCC 12 warns (-Warray-bounds, a known false
-  // positive in its inlined char_traits::copy) on that form here.
-  std::string cmd = meshrt::test::sh_quote(MESHRT_CLI_BIN);
-  cmd += ' ';
-  cmd += args;
-  return meshrt::test::run_shell(cmd, block_scratch());
+  return meshrt::test::run_program(MESHRT_CLI_BIN, args, block_scratch());
 }
 
 double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {

@@ -16,6 +16,7 @@
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
 #include "collectives/communicator.h"
+#include "collectives/exact_values.h"
 #include "runtime/allocator.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
@@ -147,70 +148,11 @@ const char* nccl_type_name(DType dt) {
 
 bool is_reduction(CommOp op) { return op == CommOp::AllReduce || op == CommOp::ReduceScatter; }
 
-// Inputs: small integers that depend on (seed, rank, index) only, so every reduction over up to
-// a few hundred ranks is exact in every dtype and #wrong is a real check.
-double pattern(uint64_t seed, int rank, int64_t i) {
-  uint64_t h = static_cast<uint64_t>(i) * 7u + static_cast<uint64_t>(rank) * 13u + seed * 5u;
-  return static_cast<double>(static_cast<int64_t>(h % 17u) - 8);
-}
-
-void store(void* p, DType dt, int64_t i, double v) {
-  switch (dt) {
-    case DType::f32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DType::bf16:
-      static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(static_cast<float>(v));
-      break;
-    case DType::f16:
-      static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(static_cast<float>(v));
-      break;
-    case DType::i32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      break;
-    case DType::i64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      break;
-    case DType::u8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      break;
-  }
-}
-
-double load(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::f32:
-      return static_cast<const float*>(p)[i];
-    case DType::bf16:
-      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16:
-      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::i32:
-      return static_cast<const int32_t*>(p)[i];
-    case DType::i64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::u8:
-      return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
-
-double reduced(DType dt, ReduceOp op, uint64_t seed, int n, int64_t i) {
-  double acc = pattern(seed, 0, i);
-  for (int j = 1; j < n; ++j) {
-    double v = pattern(seed, j, i);
-    if (op == ReduceOp::Sum || op == ReduceOp::Avg) acc += v;
-    if (op == ReduceOp::Max) acc = std::max(acc, v);
-    if (op == ReduceOp::Min) acc = std::min(acc, v);
-  }
-  if (op != ReduceOp::Avg) return acc;
-  if (dt == DType::i32 || dt == DType::i64)
-    return static_cast<double>(static_cast<int64_t>(acc) / n);
-  float q = static_cast<float>(acc) / static_cast<float>(n);
-  if (dt == DType::bf16) return bf16_bits_to_f32(f32_to_bf16_bits(q));
-  if (dt == DType::f16) return f16_bits_to_f32(f32_to_f16_bits(q));
-  return q;
-}
+// Inputs and expected results: collectives/exact_values.h, so #wrong is a real check.
+using exact::load;
+using exact::pattern;
+using exact::reduced;
+using exact::store;
 
 struct Timing {
   double avg_us = 0, min_us = 0, max_us = 0, shown_us = 0;

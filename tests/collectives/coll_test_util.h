@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/exact_values.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/half.h"
@@ -30,53 +31,9 @@ inline Tensor host_tensor(int64_t n, DType dt) {
   return Tensor::empty(Shape{n}, dt, test_allocator());
 }
 
-// Small integers, exact in every dtype and in sums over up to 8 ranks: v in [-8, 8].
-inline double pattern(uint64_t seed, int rank, int64_t i) {
-  uint64_t h = static_cast<uint64_t>(i) * 7u + static_cast<uint64_t>(rank) * 13u + seed * 5u;
-  return static_cast<double>(static_cast<int64_t>(h % 17u) - 8);
-}
-
-// Writes v into element i of a contiguous host buffer of dtype dt.
-inline void store(void* p, DType dt, int64_t i, double v) {
-  switch (dt) {
-    case DType::f32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DType::bf16:
-      static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(static_cast<float>(v));
-      break;
-    case DType::f16:
-      static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(static_cast<float>(v));
-      break;
-    case DType::i32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      break;
-    case DType::i64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      break;
-    case DType::u8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      break;
-  }
-}
-
-inline double load(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::f32:
-      return static_cast<const float*>(p)[i];
-    case DType::bf16:
-      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16:
-      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::i32:
-      return static_cast<const int32_t*>(p)[i];
-    case DType::i64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::u8:
-      return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
+using exact::load;
+using exact::pattern;
+using exact::store;
 
 // Fills t[i] = pattern(seed, rank, offset + i).
 inline void fill_pattern(const Tensor& t, uint64_t seed, int rank, int64_t offset = 0) {
@@ -89,24 +46,7 @@ inline void fill_value(const Tensor& t, double v) {
   for (int64_t i = 0; i < t.numel(); ++i) store(t.data_ptr(), t.dtype(), i, v);
 }
 
-// The value a reduction over ranks 0..n-1 of pattern(seed, j, i) must produce, in dtype dt.
-inline double reduced(DType dt, ReduceOp op, uint64_t seed, int n, int64_t i) {
-  double acc = pattern(seed, 0, i);
-  for (int j = 1; j < n; ++j) {
-    double v = pattern(seed, j, i);
-    if (op == ReduceOp::Sum || op == ReduceOp::Avg) acc += v;
-    if (op == ReduceOp::Max) acc = std::max(acc, v);
-    if (op == ReduceOp::Min) acc = std::min(acc, v);
-  }
-  if (op != ReduceOp::Avg) return acc;
-  if (dt == DType::i32 || dt == DType::i64) {
-    return static_cast<double>(static_cast<int64_t>(acc) / n);
-  }
-  float q = static_cast<float>(acc) / static_cast<float>(n);
-  if (dt == DType::bf16) return bf16_bits_to_f32(f32_to_bf16_bits(q));
-  if (dt == DType::f16) return f16_bits_to_f32(f32_to_f16_bits(q));
-  return q;
-}
+using exact::reduced;
 
 // Records failures from rank threads (Catch2 assertions are not thread-safe).
 class Failures {

@@ -23,7 +23,9 @@ MESHRT_API LayerKind parse_layer_kind(std::string_view s);
 // Async: collectives run on the tp stream and compute waits only where the result is needed
 // (Megatron's backward: all-gather || dgrad GEMM, reduce-scatter || wgrad GEMM); a GEMM over a
 // sequence all-gather (a colwise forward, a rowwise dgrad under sequence parallel) computes the
-// rank's own shard's rows first, while the other shards are still in flight. Chunked: the
+// rank's own shard's rows first, while the other shards are still in flight, and a GEMM before a
+// sequence reduce-scatter (a rowwise forward) computes the rows the other ranks own first and
+// sends them while its own rows compute. Chunked: the
 // sequence all-gather before a colwise GEMM and the reduce-scatter after a rowwise GEMM are split
 // into tp pieces so each GEMM piece starts as its input arrives (needs sequence parallel).
 enum class Overlap : uint8_t { None, Async, Chunked };

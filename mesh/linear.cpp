@@ -97,6 +97,10 @@ Tensor Linear::forward(const Tensor& x) {
     tp_.wait(redistribute(tp_, y, y, rout, "linear.out"));
     return y;
   }
+  if (tp > 1 && forward_peer_rows_first(style_, opt_.overlap)) {
+    gemm_peer_rows_first(xin, y, bptr);
+    return y;
+  }
   Tensor partial = ctx.empty({s, b, out_l}, x.dtype());
   ops::gemm(ctx, cs, xin, false, weight.value, false, partial, 1.f, 0.f, bptr);
   tp_.wait(redistribute(tp_, partial, y, rout, "linear.out"));
@@ -122,6 +126,50 @@ void Linear::gemm_local_first(const Tensor& local, const Tensor& gathered, const
     ops::gemm(ctx, cs, gathered.narrow(0, j * s_loc, s_loc), false, w, trans_w,
               out.narrow(0, j * s_loc, s_loc), 1.f, 0.f, bptr);
   }
+}
+
+// y = this rank's sequence shard of the sum over tp of x @ w's partial outputs, as a
+// reduce-scatter gives it, with the rows the other ranks own computed first: they go out in one
+// exchange while this rank's own rows compute, and the compute stream waits only after that. A
+// peer running up to a shard's GEMM behind then costs no waiting, where a reduce-scatter after
+// the whole GEMM waits for the slowest rank (TransformerEngine's ring-exchange reduce-scatter
+// computes the next rank's chunk first for the same reason). The sum runs in rank order in f32,
+// rounded once, as the host reduce-scatter's: the same bits wherever the GEMM rounds a row
+// independently of the row count.
+void Linear::gemm_peer_rows_first(const Tensor& x, const Tensor& y, const Tensor* bptr) {
+  Context& ctx = mesh_.ctx();
+  Stream& cs = tp_.compute();
+  const int tp = tp_.size(), me = tp_.rank();
+  const int64_t s_loc = y.size(0);
+  auto rows = [&](int j, const Tensor& out) {
+    ops::gemm(ctx, cs, x.narrow(0, j * s_loc, s_loc), false, weight.value, false, out, 1.f, 0.f,
+              bptr);
+  };
+  // Block j: the rows rank j owns, exchanged in place for rank j's partial of this rank's rows
+  // (the reduce-scatter's memory: one buffer of the full output). The own block stays here;
+  // zeros, not stale memory, for the exchange to pass over.
+  Tensor blocks = ctx.empty({tp, s_loc, y.size(1), y.size(2)}, y.dtype());
+  for (int k = 1; k < tp; ++k) rows((me + k) % tp, blocks.select(0, (me + k) % tp));
+  blocks.select(0, me).fill_(0.0, cs);
+  const Event done = tp_.exchange(blocks, blocks, "linear.out.exchange");
+  rows(me, y);
+  tp_.wait(done);
+  auto part = [&](int j) { return j == me ? y : blocks.select(0, j); };
+  if (tp == 2 || y.dtype() == DType::f32) {
+    // ((p0 + p1) + p2) + ... in the own block, the last addition into y.
+    const Tensor acc = blocks.select(0, me);
+    for (int j = 1; j < tp; ++j)
+      ops::add(ctx, cs, j == 1 ? part(0) : acc, part(j), j == tp - 1 ? y : acc);
+    return;
+  }
+  // 16-bit over more than two ranks: accumulate in f32, round once.
+  Tensor acc = ctx.empty(y.shape(), DType::f32), wide = ctx.empty(y.shape(), DType::f32);
+  ops::cast(ctx, cs, part(0), acc);
+  for (int j = 1; j < tp; ++j) {
+    ops::cast(ctx, cs, part(j), wide);
+    ops::add(ctx, cs, acc, wide, acc);
+  }
+  ops::cast(ctx, cs, acc, y);
 }
 
 // Chunk c of every rank's sequence shard arrives by one all-gather; its tp GEMM pieces start as

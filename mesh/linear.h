@@ -36,7 +36,8 @@ struct MESHRT_API InputGrad {
 // (reduce-scatters it along the sequence under SP) while the wgrad GEMM runs.
 // Rowwise: x [s, b, in_local] -> y [s_local, b, out]; backward all-gathers dy first under SP.
 // Overlap::Async under SP computes a GEMM over the sequence all-gather (colwise forward, rowwise
-// dgrad) one sequence shard at a time, the own shard's rows first while the gather runs.
+// dgrad) one sequence shard at a time, the own shard's rows first while the gather runs, and a
+// rowwise forward the rows the other ranks own first, exchanged while its own rows compute.
 // Overlap::Chunked splits the sequence all-gather (colwise) / reduce-scatter (rowwise) into tp
 // pieces so GEMM pieces start as their rows arrive (its backward is async's).
 class MESHRT_API Linear {
@@ -53,6 +54,7 @@ class MESHRT_API Linear {
  private:
   Tensor forward_chunked_gather(const Tensor& x, const Tensor& y, const Tensor* bptr);
   Tensor forward_chunked_scatter(const Tensor& x, const Tensor& y, const Tensor* bptr);
+  void gemm_peer_rows_first(const Tensor& x, const Tensor& y, const Tensor* bptr);
   void gemm_local_first(const Tensor& local, const Tensor& gathered, const Event& done,
                         const Tensor& w, bool trans_w, const Tensor& out, const Tensor* bptr);
 

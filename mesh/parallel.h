@@ -77,6 +77,10 @@ class MESHRT_API CommScheduler {
                        ReduceOp op = ReduceOp::Sum);
   Event all_reduce(const Tensor& t, const char* what, ReduceOp op = ReduceOp::Sum);
   Event broadcast(const Tensor& t, int root, const char* what);
+  // Block j of `in` ([size, ...]) goes to rank j, block i of `out` comes from rank i: the
+  // exchange of a reduce-scatter whose sum the caller computes (Linear's peer-rows-first
+  // forward); counted as reduce-scatter bytes.
+  Event exchange(const Tensor& in, const Tensor& out, const char* what);
   // The compute stream waits for `e` (timed as exposed communication).
   void wait(const Event& e);
 

@@ -25,6 +25,11 @@ bool forward_own_shard_first(const ParallelStyle& s, Overlap ov) {
   return ov == Overlap::Async && s.in().kind() == RedistKind::AllGather && s.out().is_identity();
 }
 
+bool forward_peer_rows_first(const ParallelStyle& s, Overlap ov) {
+  return ov == Overlap::Async && s.in().is_identity() &&
+         s.out().kind() == RedistKind::ReduceScatter;
+}
+
 bool dgrad_own_shard_first(const ParallelStyle& s, Overlap ov) {
   return ov != Overlap::None && s.out().grad().kind() == RedistKind::AllGather;
 }

@@ -48,6 +48,10 @@ MESHRT_API ParallelStyle linear_style(const LinearDesc& d, bool sequence_paralle
 // planner's cost model both ask these.
 MESHRT_API bool forward_own_shard_first(const ParallelStyle& s, Overlap ov);
 MESHRT_API bool dgrad_own_shard_first(const ParallelStyle& s, Overlap ov);
+// Whether a linear's forward under async computes the output rows the other ranks own first and
+// exchanges them while its own rows compute, summing after (Linear::gemm_peer_rows_first):
+// a reduce-scattered output (rowwise under sequence parallel).
+MESHRT_API bool forward_peer_rows_first(const ParallelStyle& s, Overlap ov);
 // Norms (and other per-token modules with replicated weights) on sequence shards.
 MESHRT_API ParallelStyle sequence_parallel_norm(bool sequence_parallel);
 // Embedding, weight [vocab, hidden] sharded on vocab: token ids Replicate in, the Partial lookup

@@ -288,6 +288,18 @@ class Block {
       gemm_local_first(gemms(l, s_.tokens / s_.tp).fwd, id);
       return;
     }
+    if (s_.comm && forward_peer_rows_first(st, ov_)) {
+      // The other ranks' rows first, exchanged while the own rows compute, then the rank-order
+      // sum (Linear::gemm_peer_rows_first); the exchange moves the reduce-scatter's bytes and is
+      // costed as one.
+      const GemmShape piece = gemms(l, s_.tokens / s_.tp).fwd;
+      for (int j = 1; j < s_.tp; ++j) gemm(piece);
+      const int id = redist(rout, out_bytes(l));
+      gemm(piece);
+      wait(id);
+      ew((s_.tp + 1) * s_.Tl * l.out_local(s_.tp) * s_.es);
+      return;
+    }
     wait(redist(rin, in_bytes(l)));
     gemm(gemms(l, s_.tokens).fwd);
     wait(redist(rout, out_bytes(l)));

@@ -35,8 +35,9 @@ std::vector<std::string> desc_piece_gemms(PieceKind piece, const BlockConfig& cf
       // tp chunks of the sequence, each as tp GEMMs of tokens / tp^2 rows.
       const std::string chunk = desc_gemm_name(linear_gemms(l, tokens / (tp * tp), tp).fwd);
       for (int i = 0; i < tp * tp; ++i) out.push_back(chunk);
-    } else if (sp && ov == Overlap::Async && l.colwise) {
-      // The gathered input one sequence shard at a time, the own one first.
+    } else if (sp && ov == Overlap::Async) {
+      // One sequence shard at a time: colwise over the gathered input, the own shard first;
+      // rowwise the output rows each rank owns, the other ranks' first.
       for (int i = 0; i < tp; ++i) out.push_back(desc_gemm_name(shard.fwd));
     } else {
       out.push_back(desc_gemm_name(g.fwd));

@@ -361,7 +361,8 @@ TEST_CASE("a tiny block bench writes JSON with every figure and a valid trace", 
     if (e["tid"] == 1) {
       ++comm;
       CHECK(e["args"]["bytes"].get<double>() > 0);
-      CHECK((name == "all_gather" || name == "reduce_scatter" || name == "all_reduce"));
+      CHECK((name == "all_gather" || name == "reduce_scatter" || name == "all_reduce" ||
+             name == "all_to_all"));
     }
     if (name.find(".fwd") != std::string::npos || name.find(".bwd") != std::string::npos) {
       ++compute;

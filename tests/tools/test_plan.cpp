@@ -288,17 +288,17 @@ TEST_CASE("plan: exposed communication follows meshrt's overlap rules", "[unit]"
     // all-gather / reduce-scatter move (n-1)/n of their bytes, all-reduce 2(n-1)/n.
     CHECK(p.tp_comm_s == Approx((4 * 5 * act * 0.5 + 4 * 2 * 1024 * 1.0) / 1e9));
   }
-  // Compute slow: forward reduce-scatters are waited for at once; the forward all-gather and
-  // the backward all-gather of dy hide under the own shard's GEMM rows, the regather under dgrad
-  // and the input gradient's reduce-scatter under wgrad. Of the four norm all-reduces the stack
-  // defers (CommScheduler::GradDeferral) three hide under the next pieces' backward; its end
-  // waits for the last.
+  // Compute slow: the forward all-gather and the backward all-gather of dy hide under the own
+  // shard's GEMM rows, the forward reduce-scatter's exchange under the own rows' GEMM (the other
+  // ranks' rows go first), the regather under dgrad and the input gradient's reduce-scatter
+  // under wgrad. Of the four norm all-reduces the stack defers (CommScheduler::GradDeferral)
+  // three hide under the next pieces' backward; its end waits for the last.
   {
     const Prediction p = predict(m, ideal(1e-6, 1), cfg(1, 2, true));
-    const double exposed = (4 * 1 * act * 0.5 + 1 * 2 * 1024 * 1.0) / 1e9;
-    CHECK(p.tp_exposed_s == Approx(exposed).epsilon(1e-9));
+    const double exposed = (1 * 2 * 1024 * 1.0) / 1e9;
+    CHECK(p.tp_exposed_s == Approx(exposed).margin(1e-11));
     CHECK(p.tp_comm_s - p.tp_exposed_s ==
-          Approx((4 * 4 * act * 0.5 + 3 * 2 * 1024 * 1.0) / 1e9).epsilon(1e-9));
+          Approx((4 * 5 * act * 0.5 + 3 * 2 * 1024 * 1.0) / 1e9).epsilon(1e-9));
     // Overlap none: nothing hides.
     const Prediction n = predict(m, ideal(1e-6, 1), cfg(1, 2, true, Overlap::None));
     CHECK(n.tp_exposed_s == Approx(n.tp_comm_s).epsilon(1e-9));
@@ -306,7 +306,7 @@ TEST_CASE("plan: exposed communication follows meshrt's overlap rules", "[unit]"
     ClusterSpec half = ideal(1e-6, 1);
     half.overlap_eff = 0.5;
     const Prediction h = predict(m, half, cfg(1, 2, true));
-    CHECK(h.step_s - p.step_s == Approx(0.5 * 4 * 4 * act * 0.5 / 1e9));
+    CHECK(h.step_s - p.step_s == Approx(0.5 * 4 * 5 * act * 0.5 / 1e9));
   }
   // dp: buckets launched during backward hide under it, except what runs after its end.
   {
@@ -459,7 +459,11 @@ Issued run_real(const std::string& mesh, bool sp, const std::string& overlap, do
       if (!push) return;
       const size_t sp_ = name.find(' '), slash = name.rfind('/');
       if (sp_ == std::string::npos || slash == std::string::npos) return;
-      const std::string op = name.substr(0, sp_), dim = name.substr(slash + 1);
+      std::string op = name.substr(0, sp_);
+      const std::string dim = name.substr(slash + 1);
+      // Async's rowwise forward sends a reduce-scatter's blocks by an exchange and sums them
+      // itself (Linear::gemm_peer_rows_first); the planner counts it as the reduce-scatter.
+      if (op == "all_to_all") op = "reduce_scatter";
       if (op != "all_gather" && op != "reduce_scatter" && op != "all_reduce") return;
       if (dim != "tp" && dim != "dp") return;
       std::lock_guard<std::mutex> lk(mu);

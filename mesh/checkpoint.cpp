@@ -240,6 +240,33 @@ void prepare_checkpoint_root(const std::string& root) {
   }
   MESHRT_CHECK(::access(root.c_str(), W_OK | X_OK) == 0,
                "--save " << root << ": directory is not writable: " << std::strerror(errno));
+  check_checkpoint_root_entries(root);
+}
+
+void check_checkpoint_root_entries(const std::string& root) {
+  // What a save replaces must be meshrt's: the `latest` pointer (a file naming a step folder) and
+  // step-N folders. Anything else under those names is the user's: refused before the run, not
+  // replaced (or failed on) after it.
+  struct stat sb {};
+  const std::string latest = root + "/" + kLatest;
+  if (::lstat(latest.c_str(), &sb) == 0) {
+    std::string n = S_ISREG(sb.st_mode) ? read_small_file(latest, 256) : std::string();
+    while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+    MESHRT_CHECK(S_ISREG(sb.st_mode) && parse_step_name(n) >= 0,
+                 "--save " << root << ": " << latest
+                           << " is not a checkpoint pointer meshrt wrote (a file naming a "
+                              "step-N folder); a save would replace it: move it away or give "
+                              "another --save folder");
+  }
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (parse_step_name(n) < 0) continue;
+    MESHRT_CHECK(e.is_directory(ec) && !e.is_symlink(ec),
+                 "--save " << root << ": " << e.path().string()
+                           << " is not a checkpoint folder (a file or a link where meshrt keeps "
+                              "step-N folders); move it away or give another --save folder");
+  }
 }
 
 namespace {

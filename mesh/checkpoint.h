@@ -47,6 +47,9 @@ MESHRT_API bool checkpoint_due(const CheckpointOptions& o, int step, int last, b
 // Refuses a --save root that exists and is not a directory (a file, a device node) or cannot be
 // created; creates it otherwise. Messages name the path and the reason.
 MESHRT_API void prepare_checkpoint_root(const std::string& root);
+// Refuses a `latest` that is not a step pointer and step-N entries that are not folders: what a
+// save would replace that meshrt did not write (prepare_checkpoint_root calls it).
+MESHRT_API void check_checkpoint_root_entries(const std::string& root);
 
 // A job's hold on a --save folder: an exclusive flock(2) on root/.meshrt-lock (the file stays;
 // the lock dies with the process, so a killed job never leaves a lock that blocks). The file

@@ -225,6 +225,36 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
   }
 }
 
+void check_outputs_spare_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                                const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [owhat, opath] : outputs) {
+    if (opath.empty()) continue;
+    std::error_code ec;
+    const fs::path out = fs::weakly_canonical(resolve_output_path(opath, owhat), ec);
+    if (ec) continue;  // check_output_path reports what is wrong with it
+    struct stat os {};
+    const bool out_exists = ::stat(out.c_str(), &os) == 0;
+    for (const auto& [iwhat, ipath] : inputs) {
+      if (ipath.empty()) continue;
+      struct stat is {};
+      if (::stat(ipath.c_str(), &is) != 0) continue;
+      const fs::path in = fs::weakly_canonical(ipath, ec);
+      if (ec) continue;
+      const bool same =
+          (out_exists && os.st_dev == is.st_dev && os.st_ino == is.st_ino) || out == in;
+      MESHRT_CHECK(!same, owhat << " " << opath << " is the input " << iwhat << " " << ipath
+                                << ": writing it would replace that input; give " << owhat
+                                << " another file");
+      if (!S_ISDIR(is.st_mode)) continue;
+      const std::string rel = out.lexically_relative(in).string();
+      MESHRT_CHECK(rel.empty() || rel == "." || rel.rfind("..", 0) == 0,
+                   owhat << " " << opath << " lies inside the input " << iwhat << " " << ipath
+                         << ": writing it would change that input; give " << owhat
+                         << " a file outside it");
+    }
+  }
+}
+
 AppendOutputFile::AppendOutputFile(const std::string& path, std::string what, Start start,
                                    bool (*keep_if)(std::string_view, long long), long long keep_arg)
     : path_(path), what_(std::move(what)) {

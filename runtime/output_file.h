@@ -105,4 +105,12 @@ MESHRT_API void check_output_path(const std::string& path, const std::string& wh
 MESHRT_API void check_distinct_outputs(
     const std::vector<std::pair<std::string, std::string>>& outputs);
 
+// Refuses an output that would replace one of the run's inputs (after following symlinks): the
+// same file (`--metrics` naming the `--data` file), or a file inside an input folder (a file of
+// the checkpoint being resumed). Pairs of (what, path); empty paths and inputs that do not exist
+// (preset names) are skipped.
+MESHRT_API void check_outputs_spare_inputs(
+    const std::vector<std::pair<std::string, std::string>>& outputs,
+    const std::vector<std::pair<std::string, std::string>>& inputs);
+
 }  // namespace meshrt

@@ -71,7 +71,8 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   CLI::Option* devices =
       c->add_option("--devices", o.devices,
                     "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(kNonEmpty);
   c->callback([&o, devices] { o.devices_given = devices->count() > 0; });
   c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)")
       ->check(kNonEmpty);
@@ -157,11 +158,14 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
               "refused unless --resume continues it");
   c->add_option("--resume", o.resume,
                 "Continue from a checkpoint (a --save directory or one step-N/ in it), on any "
-                "mesh; --steps counts from the start of the original run");
+                "mesh; --steps counts from the start of the original run")
+      ->check(kNonEmpty);
   c->add_option("--data", o.data,
                 "Token file to train on: raw u16/u32 (.bin, nanoGPT), llm.c .bin (by its header) "
-                "or .npy of integers; memory-mapped (default: synthetic tokens)");
-  c->add_option("--val-data", o.val_data, "Validation token file (same formats as --data)");
+                "or .npy of integers; memory-mapped (default: synthetic tokens)")
+      ->check(kNonEmpty);
+  c->add_option("--val-data", o.val_data, "Validation token file (same formats as --data)")
+      ->check(kNonEmpty);
   c->add_option("--data-dtype", o.data_dtype, "Element type of raw token files: u16 | u32")
       ->capture_default_str();
   c->add_option("--eval-every", o.eval_every,
@@ -378,6 +382,9 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
     validate_train(cfg, launch->world_size());
     check_host_memory(cfg, *launch, o.mem_limit_mb);
     check_output_path(cfg.metrics, "--metrics");
+    check_outputs_spare_inputs(
+        {{"--metrics", cfg.metrics}},
+        {{"--data", o.data}, {"--val-data", o.val_data}, {"--resume", cfg.checkpoint.resume}});
     if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
     if (!cfg.checkpoint.resume.empty())
       read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));

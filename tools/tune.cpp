@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bench/common/cli_checks.h"
 #include "bench/common/stats.h"
 #include "bench/sweep/sweep.h"
 #include "mesh/metrics_record.h"
@@ -358,6 +359,12 @@ void tn_check(const TuneCliOptions& o) {
   MESHRT_CHECK(fs::is_directory(o.out), "tune: --out " << o.out << " is not a folder and cannot be "
                                                        << "made one"
                                                        << (ec ? ": " + ec.message() : ""));
+  // A folder a search made holds its state file from the start (run_tune writes it before the
+  // first trial); files without one are someone else's, which trial-N.jsonl would replace.
+  MESHRT_CHECK(fs::exists(fs::path(o.out) / kStateName, ec) || fs::is_empty(o.out, ec),
+               "tune: --out " << o.out << " holds files but no " << kStateName
+                              << ": not a folder a tune search made (its trial-N.jsonl files "
+                                 "would replace files there); give a new or empty folder");
   check_output_path(o.json, "--json");
   check_output_path(o.plot, "--plot");
   check_distinct_outputs({{"--json", o.json}, {"--plot", o.plot}});
@@ -400,7 +407,8 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
       "Short trainings over a grid of --lr, --batch, --micro-batches and the mesh, one after "
       "another; a table sorted by validation loss; resumes an interrupted search from --out");
   add_train_flags(c, o.base);
-  c->add_option("--grid-lr", o.grid_lr, "Learning rates to try, e.g. 1e-3,3e-3 (default --lr)");
+  c->add_option("--grid-lr", o.grid_lr, "Learning rates to try, e.g. 1e-3,3e-3 (default --lr)")
+      ->check(kNonEmpty);
   c->add_option("--grid-batch", o.grid_batch, "Global batches to try, e.g. 4,8 (default --batch)");
   c->add_option("--grid-micro-batches", o.grid_micro,
                 "Micro-batch counts to try, e.g. 1,2 (default --micro-batches)");
@@ -428,6 +436,7 @@ int run_tune(const TuneCliOptions& o, std::ostream& os) {
   StopSignals signals(bench::launcher_rank() == 0);
   const std::vector<TuneTrial> grid = tn_grid(o);
   std::vector<TuneResult> done = tn_read_state(o);
+  if (done.empty()) tn_write_state(o, done, grid);  // the folder is this search's from now on
   if (!done.empty())
     print_line(os, "tune: resuming from " + o.out + ": " + std::to_string(done.size()) + " of " +
                        std::to_string(grid.size()) + " trials done\n");

@@ -70,6 +70,9 @@ void check_options(const BlockBenchOptions& o) {
   check_output_path(o.dump_path, "--dump");
   check_distinct_outputs(
       {{"--json", o.json_path}, {"--trace", o.trace_path}, {"--dump", o.dump_path}});
+  check_outputs_spare_inputs(
+      {{"--json", o.json_path}, {"--trace", o.trace_path}, {"--dump", o.dump_path}},
+      {{"--plan-cluster", o.plan_cluster}});
 }
 
 void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {

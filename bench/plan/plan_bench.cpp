@@ -178,6 +178,10 @@ void check_plan_options(const PlanOptions& o) {
   check_output_path(o.json_path, "--json");
   check_output_path(o.calibrate_path, "--calibrate");
   check_distinct_outputs({{"--json", o.json_path}, {"--calibrate", o.calibrate_path}});
+  check_outputs_spare_inputs({{"--json", o.json_path}, {"--calibrate", o.calibrate_path}},
+                             {{"--cluster", o.cluster},
+                              {"--compare", o.compare_path},
+                              {"--compare-memory", o.compare_memory_path}});
 }
 
 namespace {

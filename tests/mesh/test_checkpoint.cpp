@@ -583,6 +583,22 @@ TEST_CASE("save targets must be directories that can be created and temporary na
                     Catch::Contains("cannot create the directory"));
   prepare_checkpoint_root(root + "/a/b");
   CHECK(fs::is_directory(root + "/a/b"));
+  // What a save would replace but meshrt did not write: refused up front, left as it was.
+  spit(root + "/a/b/latest", "user notes\n");
+  CHECK_THROWS_WITH(prepare_checkpoint_root(root + "/a/b"),
+                    Catch::Contains("latest is not a checkpoint pointer meshrt wrote"));
+  CHECK(slurp(root + "/a/b/latest") == "user notes\n");
+  spit(root + "/a/b/latest", "step-00000003\n");
+  spit(root + "/a/b/step-00000003", "a file");
+  CHECK_THROWS_WITH(prepare_checkpoint_root(root + "/a/b"),
+                    Catch::Contains("step-00000003 is not a checkpoint folder"));
+  fs::remove(root + "/a/b/step-00000003");
+  fs::create_directory_symlink(root + "/a", root + "/a/b/step-00000003");
+  CHECK_THROWS_WITH(prepare_checkpoint_root(root + "/a/b"),
+                    Catch::Contains("step-00000003 is not a checkpoint folder"));
+  fs::remove(root + "/a/b/step-00000003");
+  fs::create_directory(root + "/a/b/step-00000003");
+  prepare_checkpoint_root(root + "/a/b");  // a pointer and its folder, as a save leaves them
   Full ref = save_on({2, "dp=2", false}, root + "/ck", 1);
   require_bit_identical(load_on({1, "dp=1", false}, root + "/ck"), ref);
   // --keep 1 leaves only the newest.

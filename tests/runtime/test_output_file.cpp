@@ -156,3 +156,29 @@ TEST_CASE("two outputs naming one file are refused", "[unit]") {
       Catch::Contains("name the same file"));
   fs::remove_all(d);
 }
+
+TEST_CASE("an output naming one of the run's inputs, or a file inside one, is refused", "[unit]") {
+  const fs::path d = scratch("spare");
+  const std::string data = (d / "tokens.u16").string(), ck = (d / "ck").string();
+  write_output_file(data, "tokens", "test");
+  fs::create_directories(d / "ck" / "step-00000004");
+  write_output_file((d / "ck" / "step-00000004" / "index.json").string(), "{}", "test");
+  const std::vector<std::pair<std::string, std::string>> in = {
+      {"--data", data}, {"--resume", ck}, {"--cluster", "cpu"}};
+  REQUIRE_NOTHROW(check_outputs_spare_inputs({{"--metrics", (d / "m.jsonl").string()}}, in));
+  REQUIRE_NOTHROW(check_outputs_spare_inputs({{"--metrics", ""}}, in));
+  REQUIRE_NOTHROW(check_outputs_spare_inputs({{"--json", (d / "ck2.json").string()}}, in));
+  REQUIRE_THROWS_WITH(check_outputs_spare_inputs({{"--metrics", data}}, in),
+                      Catch::Contains("--metrics " + data + " is the input --data " + data));
+  fs::create_symlink("tokens.u16", d / "link.u16");
+  REQUIRE_THROWS_WITH(check_outputs_spare_inputs({{"--json", (d / "link.u16").string()}}, in),
+                      Catch::Contains("is the input --data"));
+  const std::string index = (d / "ck" / "step-00000004" / "index.json").string();
+  REQUIRE_THROWS_WITH(check_outputs_spare_inputs({{"--metrics", index}}, in),
+                      Catch::Contains("lies inside the input --resume " + ck));
+  REQUIRE_THROWS_WITH(
+      check_outputs_spare_inputs({{"--metrics", (d / "ck" / "new.jsonl").string()}}, in),
+      Catch::Contains("lies inside the input --resume"));
+  CHECK(read(data) == "tokens");  // nothing was written
+  fs::remove_all(d);
+}

@@ -137,6 +137,17 @@ TEST_CASE("tune refuses flags that are its own and bad grids", "[tune][unit]") {
     CHECK(r.rc != 0);
     CHECK_THAT(r.err, Catch::Contains(why));
   }
+  // A folder with the user's files and no state file is not a search to resume: refused, the
+  // file left as it was.
+  const fs::path foreign = tune_scratch() / "foreign";
+  fs::create_directories(foreign);
+  std::ofstream(foreign / "trial-0.jsonl") << "notes\n";
+  const auto r =
+      tune_cli("tune --devices cpu:1 --grid-lr 1e-3 --steps 2 --out " + foreign.string());
+  INFO(r.err);
+  CHECK(r.rc != 0);
+  CHECK_THAT(r.err, Catch::Contains("holds files but no tune-state.json"));
+  CHECK(meshrt::test::slurp(foreign / "trial-0.jsonl") == "notes\n");
 }
 
 namespace {

@@ -104,7 +104,11 @@ Record parse(const FlightFile& f) {
     x.group_size = field<int>(e, "group_size", f.path);
     x.root = field<int>(e, "root", f.path);
     x.peer = field<int>(e, "peer", f.path);
-    x.seq = field<uint64_t>(e, "seq", f.path);
+    const int64_t seq = field<int64_t>(e, "seq", f.path);
+    MESHRT_CHECK(seq >= 0 && seq <= (int64_t{1} << 62),
+                 f.path << ": entry seq " << seq
+                        << " is not a sequence number (0 to 2^62); was the record edited?");
+    x.seq = static_cast<uint64_t>(seq);
     x.count = field<int64_t>(e, "count", f.path);
     x.bytes = field<int64_t>(e, "bytes", f.path);
     x.enqueue_ns = field<int64_t>(e, "enqueue_ns", f.path);
@@ -333,9 +337,20 @@ GroupWindow fd_window(const Group& g, const WorldView& world) {
   return v;
 }
 
+// The sequence numbers some member holds in the window, in order: what the checks below visit
+// (records are sparse, so the numbers between are not walked one by one).
+std::set<uint64_t> fd_window_seqs(const Group& g, const GroupWindow& v) {
+  std::set<uint64_t> out;
+  for (auto& [w, seqs] : g.by)
+    for (auto it = seqs.lower_bound(v.lo); it != seqs.end() && it->first <= v.hi; ++it)
+      out.insert(it->first);
+  return out;
+}
+
 // A failed data check (MESHRT_COMM_DEBUG=1): every rank computed the same verdict.
 void fd_check_data(const Group& g, const GroupWindow& v, Diagnosis& d) {
-  for (uint64_t s = v.lo; s <= v.hi && !d.mismatch_found; ++s) {
+  for (uint64_t s : fd_window_seqs(g, v)) {
+    if (d.mismatch_found) break;
     std::set<int> bad;
     const Entry* at = nullptr;
     for (auto& [w, seqs] : g.by) {
@@ -384,7 +399,7 @@ void fd_blame_mismatch(const Group& g, const std::map<std::string, std::vector<i
 // The first sequence number at which the members called different collectives.
 void fd_check_signatures(const Group& g, const GroupWindow& v, const std::set<int>& skipped,
                          Diagnosis& d) {
-  for (uint64_t s = v.lo; s <= v.hi; ++s) {
+  for (uint64_t s : fd_window_seqs(g, v)) {
     std::map<std::string, std::vector<int>> sigs;
     for (auto& [w, seqs] : g.by) {
       auto it = seqs.find(s);
@@ -513,7 +528,7 @@ void fd_check_skew(const Group& g, const GroupWindow& v, Diagnosis& d) {
   std::map<int, std::vector<int64_t>> lags;  // rank -> lag behind the first, per collective
   std::map<int, int> last_in;                // rank -> collectives it issued last
   int n = 0;
-  for (uint64_t s = v.lo; s <= v.hi; ++s) {
+  for (uint64_t s : fd_window_seqs(g, v)) {
     std::vector<std::pair<int, int64_t>> at;
     for (auto& [w, seqs] : g.by) {
       auto it = seqs.find(s);

@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <tuple>
 
 #include "collectives/bootstrap_transport.h"
@@ -16,6 +19,7 @@
 #include "collectives/mpi_process.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/stop.h"
 
 namespace meshrt {
 
@@ -190,6 +194,62 @@ int mpi_int_count(int64_t n, const char* what) {
 
 }  // namespace detail
 
+namespace {
+
+// While MPI_Init runs: ends the process when it takes longer than the communicator timeout
+// (MESHRT_COMM_TIMEOUT; 0: never) or when a stop was requested (SIGINT / SIGTERM under
+// StopSignals, which would otherwise wait for a step that never comes), saying why.
+class InitWatch {
+ public:
+  explicit InitWatch(double timeout_s)
+      : thread_([this, timeout_s] {
+          const auto start = std::chrono::steady_clock::now();
+          std::unique_lock<std::mutex> lk(mu_);
+          while (!done_) {
+            cv_.wait_for(lk, std::chrono::milliseconds(50));
+            if (done_) return;
+            const double waited =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (const int sig = stop_request()) {
+              std::fprintf(stderr,
+                           "meshrt: stopped by signal %d while MPI_Init waited for the "
+                           "job's other processes\n",
+                           sig);
+              std::fflush(stderr);
+              _exit(128 + sig);
+            }
+            if (timeout_s > 0 && waited > timeout_s) {
+              std::fprintf(stderr,
+                           "meshrt: MPI_Init did not complete within %.0f s (MESHRT_COMM_TIMEOUT): "
+                           "it waits for every process of the job; did each one start meshrt "
+                           "with a command that runs ranks (not --help, info or another "
+                           "program)?\n",
+                           timeout_s);
+              std::fflush(stderr);
+              _exit(1);
+            }
+          }
+        }) {}
+  ~InitWatch() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  InitWatch(const InitWatch&) = delete;
+  InitWatch& operator=(const InitWatch&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members it uses exist
+};
+
+}  // namespace
+
 void mpi_init() {
   detail::MpiProcess& p = detail::mpi_process();
   std::lock_guard<std::mutex> lk(p.mu);
@@ -208,7 +268,13 @@ void mpi_init() {
     return;
   }
   int provided = 0;
-  MESHRT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+  {
+    // MPI_Init waits inside the MPI library for every process of the job, with no timeout and
+    // deaf to signals the process handles: a process of the job that never initialises (one
+    // started with --help, or another program) would hold the others there for good.
+    InitWatch watch(CommConfig::from_env().timeout_s);
+    MESHRT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+  }
   MESHRT_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MESHRT_CHECK(provided == MPI_THREAD_MULTIPLE, "this MPI library provides thread level "
                                                     << provided

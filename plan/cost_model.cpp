@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -959,10 +960,30 @@ Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& 
   return r;
 }
 
+namespace {
+// Layouts with more accumulation steps than this are not listed: the simulation walks each
+// micro-batch, and a global batch of 2^40 would otherwise ask for 2^31 of them.
+constexpr int64_t kMaxPlannedAccum = 4096;
+
+// The divisors of n >= 1, ascending, found up to sqrt(n): micro-batch sizes of a global batch
+// of any size without walking every number below it.
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> lo, hi;
+  for (int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    lo.push_back(d);
+    if (d != n / d) hi.push_back(n / d);
+  }
+  lo.insert(lo.end(), hi.rbegin(), hi.rend());
+  return lo;
+}
+}  // namespace
+
 std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int64_t global_batch,
                                  const std::vector<double>& bucket_list, Overlap overlap,
                                  bool optimizer) {
-  MESHRT_CHECK(global_batch >= 1, "--global-batch " << global_batch << " must be >= 1");
+  MESHRT_CHECK(global_batch >= 1 && global_batch <= (int64_t{1} << 40),
+               "--global-batch " << global_batch << " must be from 1 to 2^40 sequences per step");
   std::vector<Prediction> out;
   const int world = cl.world();
   for (int tp = 1; tp <= cl.devices_per_node; ++tp) {
@@ -971,8 +992,8 @@ std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int6
     if (global_batch % dp != 0) continue;
     const int64_t per = global_batch / dp;
     for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-      for (int64_t mb = 1; mb <= per; ++mb) {
-        if (per % mb != 0) continue;
+      for (int64_t mb : divisors(per)) {
+        if (per / mb > kMaxPlannedAccum) continue;
         for (double bucket : bucket_list) {
           if (dp == 1 && bucket != bucket_list.front()) continue;  // no dp: buckets do not matter
           PlanConfig c;

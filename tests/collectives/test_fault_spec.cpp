@@ -222,6 +222,23 @@ std::string with_field(std::string text, const std::string& key, const std::stri
   return text.replace(from, to - from, value);
 }
 
+TEST_CASE("doctor: sparse or negative sequence numbers neither hang nor pass", "[unit]") {
+  // Two calls 10^12 sequence numbers apart: diagnosed without walking the numbers between.
+  FlightFile a = record(0, 2, 2, false), b = record(1, 2, 2, false);
+  const std::string far = "1000000000000";
+  for (FlightFile* f : {&a, &b}) {
+    const std::string second = "\"seq\": 2";
+    const size_t p = f->text.rfind(second);
+    REQUIRE(p != std::string::npos);
+    f->text.replace(p, second.size(), "\"seq\": " + far);
+  }
+  DoctorReport rep = flight_diagnose({a, b});
+  CHECK(rep.culprits.empty());  // both made the same calls
+  FlightFile neg = record(0, 2, 1, false);
+  neg.text = with_field(neg.text, "seq", "-1");
+  CHECK_THROWS_WITH(flight_diagnose({neg}), Catch::Contains("seq -1 is not a sequence number"));
+}
+
 TEST_CASE("doctor: records of another job or format version are refused naming both", "[unit]") {
   FlightFile r0 = record(0, 2, 1, false), r1 = record(1, 2, 1, false);
   // Thread ranks of one process: the job is host:pid.

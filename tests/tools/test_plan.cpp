@@ -351,6 +351,20 @@ TEST_CASE("plan: layouts, memory overflow and the reason for the best", "[unit]"
     }
   }
   CHECK(overflow);  // dp=32, tp=1 with a micro-batch of 8 does not fit in 80 GB
+  // Any global batch up to 2^40: the micro-batches are its divisors (found up to its square root,
+  // not by walking every number below it) that leave at most 4096 accumulation steps.
+  ModelSpec small_m = parse_model_spec("hidden=64,heads=4,layers=1,seq=16");
+  small_m.dtype = "bf16";
+  const int64_t huge = int64_t{1} << 40;
+  const auto big = plan_all(small_m, cl, huge, {25}, Overlap::Async);
+  REQUIRE(!big.empty());
+  for (const Prediction& p : big) {
+    CHECK(p.cfg.dp * p.cfg.micro_batch * p.cfg.accum == huge);
+    CHECK(p.cfg.accum >= 1);
+    CHECK(p.cfg.accum <= 4096);
+  }
+  CHECK_THROWS_WITH(plan_all(small_m, cl, huge + 1, {25}, Overlap::Async),
+                    Catch::Contains("must be from 1 to 2^40"));
   const std::string why = why_best(all);
   CHECK(why.find(config_label(all[0].cfg) + " wins by ") == 0);
   // A dp group over nodes uses the NICs of its members on each node.

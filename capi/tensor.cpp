@@ -91,7 +91,9 @@ Tensor tensor_from_dl(const DLTensor& t, std::function<void(void*)> deleter) {
   for (int i = 0; i < t.ndim; ++i) {
     CAPI_CHECK(dims[static_cast<size_t>(i)] >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
                "DLTensor shape " << dims_str(t.shape, t.ndim) << " has a negative extent");
-    numel *= dims[static_cast<size_t>(i)];
+    CAPI_CHECK(!__builtin_mul_overflow(numel, dims[static_cast<size_t>(i)], &numel),
+               MESHRT_ERROR_INVALID_ARGUMENT,
+               "DLTensor shape " << dims_str(t.shape, t.ndim) << " has more elements than int64");
   }
   if (t.strides != nullptr) {
     int64_t expect = 1;
@@ -112,6 +114,19 @@ Tensor tensor_from_dl(const DLTensor& t, std::function<void(void*)> deleter) {
   CAPI_CHECK(t.byte_offset % dtype_size(dt) == 0, MESHRT_ERROR_INVALID_ARGUMENT,
              "DLTensor byte_offset " << t.byte_offset << " is not a multiple of the element size "
                                      << dtype_size(dt));
+  // The bytes it spans must lie in the address space (user pointers stay below 2^57): an offset
+  // that wraps the pointer around, e.g. a negative one passed as unsigned, is refused, not used.
+  uint64_t end = 0;
+  const bool wraps =
+      __builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(dt), &end) ||
+      __builtin_add_overflow(end, t.byte_offset, &end) ||
+      __builtin_add_overflow(end, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data)), &end);
+  CAPI_CHECK(t.data == nullptr || (!wraps && end <= (uint64_t{1} << 57)),
+             MESHRT_ERROR_INVALID_ARGUMENT,
+             "DLTensor data " << t.data << " + byte_offset " << t.byte_offset << " + " << numel
+                              << " elements of " << dtype_size(dt)
+                              << " bytes runs past the address space: is byte_offset a negative "
+                                 "number passed as unsigned?");
   void* data = t.data ? static_cast<char*>(t.data) + t.byte_offset : nullptr;
   return Tensor::from_blob(data, Shape(dims), dt, dev, std::move(deleter));
 }

@@ -7,6 +7,8 @@ namespace meshrt::bench {
 
 namespace {
 
+using cli::kBenchSteps;
+using cli::kBenchWarmup;
 using cli::kNonNegativeInt;
 using cli::kPositive;
 using cli::kPositiveInt;
@@ -19,7 +21,8 @@ class BlockCommand : public Command {
     c.add_option("--devices", o_.devices,
                  "Ranks: cpu:N (N host ranks as threads) | cuda:all | cuda:0-3 | cuda:0,2; under "
                  "mpirun: cpu or cuda (one rank per process). Default: cuda:all when CUDA works, "
-                 "else cpu:<cores, at most 8>");
+                 "else cpu:<cores, at most 8>")
+        ->check(cli::kNonEmpty);
     c.add_option("--mesh", o_.mesh,
                  "Mesh over the ranks, dims dp and tp, e.g. dp=2,tp=2 "
                  "(default tp=<world size>)")
@@ -41,9 +44,9 @@ class BlockCommand : public Command {
     c.add_option("--dtype", o_.dtype, "f32 | bf16 | f16 (default f32 on CPU, bf16 on CUDA)")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     c.add_option("--steps", o_.steps, "Timed steps (default 10 on CPU, 20 on CUDA)")
-        ->check(kPositiveInt);
+        ->check(kBenchSteps);
     c.add_option("--warmup", o_.warmup, "Untimed steps first (default 2 on CPU, 5 on CUDA)")
-        ->check(kNonNegativeInt);
+        ->check(kBenchWarmup);
     c.add_flag("--fwd-only", o_.fwd_only, "Forward only (no backward, no gradient sync)");
     c.add_option("--overlap", o_.overlap,
                  "tp collectives: none (wait at once) | async (wait where needed) | chunked "

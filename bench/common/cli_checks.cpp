@@ -35,6 +35,20 @@ CLI::Validator at_least(double lo, bool integer) {
       desc);
 }
 
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  const std::string what = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, what](std::string& in) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(in.c_str(), &end, 10);
+        if (in.empty() || !end || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+          return "'" + in + "' is not " + what;
+        return std::string();
+      },
+      "INT:" + std::to_string(lo) + ".." + std::to_string(hi));
+}
+
 CLI::Validator non_negative() {
   return CLI::Validator(
       [](std::string& in) -> std::string {

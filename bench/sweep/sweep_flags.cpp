@@ -7,6 +7,8 @@ namespace meshrt::bench {
 
 namespace {
 
+using cli::kBenchSteps;
+using cli::kBenchWarmup;
 using cli::kNonNegativeInt;
 using cli::kPositive;
 using cli::kPositiveInt;
@@ -37,9 +39,9 @@ class SweepCommand : public Command {
     c.add_option("--dtype", o.dtype, "f32 | bf16 | f16")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     c.add_option("--steps", o.steps, "Timed steps per configuration (default 5)")
-        ->check(kPositiveInt);
+        ->check(kBenchSteps);
     c.add_option("--warmup", o.warmup, "Untimed steps per configuration (default 1)")
-        ->check(kNonNegativeInt);
+        ->check(kBenchWarmup);
     c.add_flag("--fwd-only", o.fwd_only, "Forward only");
     c.add_option("--overlap", o.overlap, "none | async | chunked (chunked runs only with sp)")
         ->capture_default_str()

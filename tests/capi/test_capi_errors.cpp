@@ -197,6 +197,19 @@ TEST_CASE("capi: DLPack tensors meshrt refuses, case by case", "[capi]") {
   require_status(meshrt_tensor_from_dltensor(neg.dl(), &t), MESHRT_ERROR_INVALID_ARGUMENT,
                  {"negative extent"});
   neg.dl()->shape[0] = 4;
+  // Offsets that wrap the pointer around (-64 as unsigned) or leave the address space.
+  Buf off(dl_dtype(kDLFloat, 32), 4);
+  for (uint64_t bad : {~uint64_t{63}, uint64_t{1} << 62}) {
+    off.dl()->byte_offset = bad;
+    require_status(meshrt_tensor_from_dltensor(off.dl(), &t), MESHRT_ERROR_INVALID_ARGUMENT,
+                   {"byte_offset " + std::to_string(bad), "runs past the address space"});
+  }
+  off.dl()->byte_offset = 0;
+  int64_t huge[2] = {int64_t{1} << 40, int64_t{1} << 40};
+  neg.dl()->ndim = 2;
+  neg.dl()->shape = huge;
+  require_status(meshrt_tensor_from_dltensor(neg.dl(), &t), MESHRT_ERROR_INVALID_ARGUMENT,
+                 {"more elements than int64"});
   // A CUDA tensor (never dereferenced) on a CPU communicator.
   Buf cuda(dl_dtype(kDLFloat, 32), 4);
   cuda.dl()->device.device_type = kDLCUDA;

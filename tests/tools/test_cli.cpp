@@ -80,8 +80,11 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"bench block --overlap sometimes", "sometimes not in \\{none,async,chunked\\}"},
       {"bench block --dtype f64", "f64 not in \\{f32,bf16,f16\\}"},
       {"bench block --batch 0", "--batch: '0' is not an integer >= 1"},
-      {"bench block --steps 2.5", "--steps: '2.5' is not an integer >= 1"},
-      {"bench block --warmup -1", "--warmup: '-1' is not an integer >= 0"},
+      {"bench block --steps 2.5", "--steps: '2.5' is not an integer from 1 to 1000000"},
+      {"bench block --steps 300000000", "--steps: '300000000' is not an integer from 1 to"},
+      {"bench block --warmup -1", "--warmup: '-1' is not an integer from 0 to 1000000"},
+      {"bench block --warmup 2147483647", "--warmup: '2147483647' is not an integer from 0"},
+      {"sweep --steps 2147483647", "--steps: '2147483647' is not an integer from 1 to"},
       {"bench block --bucket-mb 0", "--bucket-mb: '0' is not a number > 0"},
       {"bench block --sp --no-sp", "--sp excludes --no-sp"},
       {"bench block --devices gpu:2", "unknown device kind 'gpu'"},
@@ -113,6 +116,9 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"train --clip -0.5", "--clip: '-0.5' is not a number >= 0"},
       {"train --seed -1", "--seed: '-1' is not an integer >= 0"},
       {"train --steps 0", "--steps: '0' is not an integer >= 1"},
+      {"train --data ''", "--data: an empty value is not accepted"},
+      {"train --resume ''", "--resume: an empty value is not accepted"},
+      {"bench block --devices ''", "--devices: an empty value is not accepted"},
       {"train --bucket-mb 0", "--bucket-mb: '0' is not a number > 0"},
   };
   if (!meshrt::cuda_available())

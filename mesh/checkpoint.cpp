@@ -43,8 +43,16 @@ constexpr uint64_t kMaxIndexBytes = 64ull << 20;
 std::string step_name(int64_t step) { return detail::checkpoint_step_name(step); }
 std::string rank_file(int rank) { return detail::checkpoint_rank_file(rank); }
 int64_t parse_step_name(const std::string& n) { return detail::parse_checkpoint_step_name(n); }
+
 std::string read_small_file(const std::string& path, uint64_t limit) {
   return detail::read_checkpoint_file(path, limit);
+}
+
+// The step folder name a `latest` pointer file holds, without its trailing newline.
+std::string read_latest_pointer(const std::string& latest) {
+  std::string n = read_small_file(latest, 256);
+  while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+  return n;
 }
 
 // Host memory filled by the CPU directly (pread, stores), outside any stream's order: a caching
@@ -250,8 +258,7 @@ void check_checkpoint_root_entries(const std::string& root) {
   struct stat sb {};
   const std::string latest = root + "/" + kLatest;
   if (::lstat(latest.c_str(), &sb) == 0) {
-    std::string n = S_ISREG(sb.st_mode) ? read_small_file(latest, 256) : std::string();
-    while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+    const std::string n = S_ISREG(sb.st_mode) ? read_latest_pointer(latest) : std::string();
     MESHRT_CHECK(S_ISREG(sb.st_mode) && parse_step_name(n) >= 0,
                  "--save " << root << ": " << latest
                            << " is not a checkpoint pointer meshrt wrote (a file naming a "
@@ -643,8 +650,7 @@ std::string resolve_checkpoint(const std::string& path) {
   MESHRT_CHECK(S_ISDIR(sb.st_mode), "--resume " << path << ": not a directory");
   const std::string latest = path + "/" + kLatest;
   if (::lstat(latest.c_str(), &sb) == 0) {
-    std::string n = read_small_file(latest, 256);
-    while (!n.empty() && (n.back() == '\n' || n.back() == ' ')) n.pop_back();
+    const std::string n = read_latest_pointer(latest);
     MESHRT_CHECK(parse_step_name(n) >= 0,
                  "--resume: " << latest << " does not name a checkpoint (holds '" << n << "')");
     return path + "/" + n;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "collectives/communicator.h"
+#include "runtime/dtype_dispatch.h"
 #include "runtime/half.h"
 
 namespace meshrt::exact {
@@ -42,23 +43,7 @@ inline void store(void* p, DType dt, int64_t i, double v) {
 }
 
 // Element i of a contiguous host buffer of dtype dt, as a double.
-inline double load(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::f32:
-      return static_cast<const float*>(p)[i];
-    case DType::bf16:
-      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16:
-      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::i32:
-      return static_cast<const int32_t*>(p)[i];
-    case DType::i64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::u8:
-      return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
+inline double load(const void* p, DType dt, int64_t i) { return load_as_double(p, dt, i); }
 
 // What a reduction `op` over ranks 0..n-1 of pattern(seed, j, i) must give, in dtype dt (avg:
 // integer division for integers, one f32 division rounded to dt for floats).

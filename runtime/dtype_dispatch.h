@@ -37,6 +37,26 @@ void dispatch_any(DType dt, F&& f) {
   MESHRT_FAIL("unknown dtype code " << static_cast<int>(dt));
 }
 
+// Element i of a contiguous host buffer of dtype dt, as a double (Tensor::item, the collective
+// checks of collectives/exact_values.h).
+inline double load_as_double(const void* base, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::f32:
+      return static_cast<const float*>(base)[i];
+    case DType::bf16:
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::f16:
+      return f16_bits_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::i32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::u8:
+      return static_cast<const uint8_t*>(base)[i];
+  }
+  return 0;
+}
+
 // Calls f(T{}) with T the storage type of a floating dtype (f32, bf16, f16).
 template <class F>
 void dispatch_float(DType dt, F&& f) {

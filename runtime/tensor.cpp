@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "runtime/backend.h"
+#include "runtime/dtype_dispatch.h"
 #include "runtime/error.h"
 #include "runtime/half.h"
 #include "runtime/logging.h"
@@ -357,26 +358,6 @@ const Tensor& Tensor::init_philox_(const PhiloxInit& init, Stream& stream) const
   for (int i = 0; i < zeros.ndim(); ++i) zeros[i] = 0;
   return init_philox_(init, shape_, zeros, stream);
 }
-
-namespace {
-double load_as_double(const void* base, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::f32:
-      return static_cast<const float*>(base)[i];
-    case DType::bf16:
-      return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::f16:
-      return f16_bits_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::i32:
-      return static_cast<const int32_t*>(base)[i];
-    case DType::i64:
-      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
-    case DType::u8:
-      return static_cast<const uint8_t*>(base)[i];
-  }
-  return 0;
-}
-}  // namespace
 
 double Tensor::item(int64_t flat_index) const {
   MESHRT_CHECK(defined() && device().is_cpu(), "item(): " << str() << " is not a host tensor");

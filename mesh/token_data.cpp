@@ -1,7 +1,6 @@
 #include "mesh/token_data.h"
 
-#include <sys/mman.h>
-
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -22,6 +21,11 @@ namespace {
 
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
+// The file's first bytes read to find its format: any .npy header numpy writes (a few hundred
+// bytes) and llm.c's 1 KiB one.
+constexpr size_t kHeadBytes = size_t{1} << 20;
+// Tokens decoded per read when scanning the whole file.
+constexpr int64_t kScanTokens = int64_t{1} << 20;
 
 // Little-endian unsigned integer of `n` bytes at `p` (x86 and ARM hosts are little-endian; .npy
 // files that say otherwise are refused).
@@ -63,7 +67,9 @@ std::string npy_field(const std::string& h, const std::string& key, const std::s
   return s;
 }
 
-NpyHeader parse_npy(const unsigned char* p, size_t bytes, const std::string& path) {
+// `p`: the file's first `bytes` bytes (at most kHeadBytes) of `file_bytes`.
+NpyHeader parse_npy(const unsigned char* p, size_t bytes, uint64_t file_bytes,
+                    const std::string& path) {
   static const unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   MESHRT_CHECK(bytes >= 10 && std::memcmp(p, kMagic, 6) == 0,
                path << ": not a NumPy .npy file (bad magic); write it with numpy.save, or give a "
@@ -76,8 +82,12 @@ NpyHeader parse_npy(const unsigned char* p, size_t bytes, const std::string& pat
   const size_t hlen = load_le(p + 8, static_cast<int>(len_bytes));
   NpyHeader h;
   h.data_offset = 8 + len_bytes + hlen;
-  MESHRT_CHECK(h.data_offset <= bytes, path << ": truncated .npy header (" << hlen
-                                            << " header bytes, file has " << bytes << ")");
+  MESHRT_CHECK(h.data_offset <= file_bytes, path << ": truncated .npy header (" << hlen
+                                                 << " header bytes, file has " << file_bytes
+                                                 << ")");
+  MESHRT_CHECK(h.data_offset <= bytes, path << ": the .npy header has " << hlen
+                                            << " bytes, more than the " << kHeadBytes
+                                            << " meshrt reads; save the tokens with numpy.save");
   const std::string dict(reinterpret_cast<const char*>(p + 8 + len_bytes), hlen);
   h.descr = npy_field(dict, "descr", path);
   const std::string order = npy_field(dict, "fortran_order", path);
@@ -119,6 +129,24 @@ NpyHeader parse_npy(const unsigned char* p, size_t bytes, const std::string& pat
   return h;
 }
 
+// Decodes one little-endian token of `elem_bytes` bytes.
+int64_t decode_token(const unsigned char* q, int elem_bytes, bool is_signed) {
+  switch (elem_bytes) {
+    case 1:
+      return is_signed ? static_cast<int8_t>(*q) : *q;
+    case 2: {
+      const auto v = static_cast<uint16_t>(load_le(q, 2));
+      return is_signed ? static_cast<int16_t>(v) : v;
+    }
+    case 4: {
+      const auto v = static_cast<uint32_t>(load_le(q, 4));
+      return is_signed ? static_cast<int32_t>(v) : static_cast<int64_t>(v);
+    }
+    default:
+      return static_cast<int64_t>(load_le(q, 8));
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenDType raw_dtype,
@@ -127,32 +155,30 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
   f->path_ = path;
   f->flag_ = flag;
   // Refuses a FIFO (whose open would wait for a writer), a device or a directory up front.
-  InputFile in(path, flag);
-  f->map_bytes_ = static_cast<size_t>(in.size());
-  if (f->map_bytes_ > 0) {
-    f->map_ = mmap(nullptr, f->map_bytes_, PROT_READ, MAP_SHARED, in.fd(), 0);
-    MESHRT_CHECK(f->map_ != MAP_FAILED,
-                 flag << " " << path << ": cannot map (" << std::strerror(errno) << ")");
-  }
-  const auto* p = static_cast<const unsigned char*>(f->map_);
-  const size_t bytes = f->map_bytes_;
+  f->in_ = std::make_unique<InputFile>(path, flag);
+  const uint64_t bytes = f->in_->size();
   MESHRT_CHECK(bytes > 0, flag << " " << path << " is empty; give a file of tokens");
+  std::vector<unsigned char> head(static_cast<size_t>(std::min<uint64_t>(bytes, kHeadBytes)));
+  head.resize(f->in_->read_at(0, head.data(), head.size()));
+  const unsigned char* p = head.data();
+  const size_t got = head.size();
+  MESHRT_CHECK(got > 0, flag << " " << path << " is empty; give a file of tokens");
 
   const bool npy = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
-  size_t offset = 0;
+  uint64_t offset = 0;
   if (npy) {
-    NpyHeader h = parse_npy(p, bytes, path);
+    NpyHeader h = parse_npy(p, got, bytes, path);
     f->elem_bytes_ = h.elem_bytes;
     f->is_signed_ = h.is_signed;
     f->count_ = h.count;
     f->format_ = ".npy " + h.descr;
     offset = h.data_offset;
-    const size_t have = (bytes - offset) / static_cast<size_t>(h.elem_bytes);
-    MESHRT_CHECK(have >= static_cast<size_t>(h.count), path << ": truncated: the .npy header says "
-                                                            << h.count << " tokens, the file "
-                                                            << "holds " << have);
-  } else if (bytes >= 4 && static_cast<int32_t>(load_le(p, 4)) == kLlmcMagic) {
-    MESHRT_CHECK(bytes >= kLlmcHeaderBytes,
+    const uint64_t have = (bytes - offset) / static_cast<uint64_t>(h.elem_bytes);
+    MESHRT_CHECK(have >= static_cast<uint64_t>(h.count),
+                 path << ": truncated: the .npy header says " << h.count << " tokens, the file "
+                      << "holds " << have);
+  } else if (got >= 4 && static_cast<int32_t>(load_le(p, 4)) == kLlmcMagic) {
+    MESHRT_CHECK(got >= kLlmcHeaderBytes,
                  flag << " " << path << ": starts with llm.c's magic number " << kLlmcMagic
                       << " but has " << bytes << " bytes, less than llm.c's " << kLlmcHeaderBytes
                       << "-byte header: the file is truncated (write it again)");
@@ -165,61 +191,100 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
     f->count_ = n;
     f->format_ = version == 1 ? "llm.c u16" : "llm.c u32";
     offset = kLlmcHeaderBytes;
-    const size_t have = (bytes - offset) / static_cast<size_t>(f->elem_bytes_);
+    const uint64_t have = (bytes - offset) / static_cast<uint64_t>(f->elem_bytes_);
     MESHRT_CHECK(
-        n >= 0 && have >= static_cast<size_t>(n),
+        n >= 0 && have >= static_cast<uint64_t>(n),
         path << ": truncated: the llm.c header says " << n << " tokens, the file holds " << have);
   } else {
     f->elem_bytes_ = raw_dtype == TokenDType::U16 ? 2 : 4;
     f->format_ = raw_dtype == TokenDType::U16 ? "raw u16" : "raw u32";
-    MESHRT_CHECK(bytes % static_cast<size_t>(f->elem_bytes_) == 0,
+    MESHRT_CHECK(bytes % static_cast<uint64_t>(f->elem_bytes_) == 0,
                  flag << " " << path << ": " << bytes << " bytes is not a whole number of "
                       << f->format_ << " tokens; is --data-dtype right (u16 or u32)?");
-    f->count_ = static_cast<int64_t>(bytes) / f->elem_bytes_;
+    f->count_ = static_cast<int64_t>(bytes / static_cast<uint64_t>(f->elem_bytes_));
   }
-  f->data_ = p + offset;
+  f->file_bytes_ = bytes;
+  f->data_offset_ = offset;
 
   // One pass for the largest token, so the vocabulary check at every run is O(1).
   int64_t mx = 0;
-  for (int64_t i = 0; i < f->count_; ++i) {
-    const int64_t t = f->token(i);
-    if (t > mx) mx = t;
-    MESHRT_CHECK(t >= 0, path << ": token " << t << " at position " << i
-                              << " is negative; token ids are >= 0");
-  }
+  f->scan(0, [&](int64_t first, const int64_t* t, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      mx = std::max(mx, t[i]);
+      MESHRT_CHECK(t[i] >= 0, path << ": token " << t[i] << " at position " << first + i
+                                   << " is negative; token ids are >= 0");
+    }
+    return true;
+  });
   f->max_token_ = mx;
   return f;
 }
 
-TokenFile::~TokenFile() {
-  if (map_ != nullptr && map_ != MAP_FAILED) munmap(map_, map_bytes_);
-}
+TokenFile::~TokenFile() = default;
 
 std::string TokenFile::format() const { return format_; }
 
-int64_t TokenFile::token(int64_t i) const {
-  const unsigned char* q = data_ + i * elem_bytes_;
-  switch (elem_bytes_) {
-    case 1:
-      return is_signed_ ? static_cast<int8_t>(*q) : *q;
-    case 2: {
-      const auto v = static_cast<uint16_t>(load_le(q, 2));
-      return is_signed_ ? static_cast<int16_t>(v) : v;
-    }
-    case 4: {
-      const auto v = static_cast<uint32_t>(load_le(q, 4));
-      return is_signed_ ? static_cast<int32_t>(v) : static_cast<int64_t>(v);
-    }
-    default:
-      return static_cast<int64_t>(load_le(q, 8));
+void TokenFile::read_raw(int64_t first, int64_t n, int64_t* out) const {
+  const auto eb = static_cast<size_t>(elem_bytes_);
+  std::vector<unsigned char> buf(static_cast<size_t>(n) * eb);
+  const uint64_t at = data_offset_ + static_cast<uint64_t>(first) * eb;
+  const size_t got = in_->read_at(at, buf.data(), buf.size());
+  MESHRT_CHECK(got == buf.size(),
+               flag_ << " " << path_ << ": tokens " << first << ".." << first + n - 1 << " (bytes "
+                     << at << ".." << at + buf.size() - 1 << ") are no longer in "
+                     << "the file: it had " << file_bytes_ << " bytes when the run opened it and "
+                     << "was truncated since; do not rewrite a data file during a run (write a "
+                        "new file and rename it over the old one), then resume the run");
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = decode_token(buf.data() + static_cast<size_t>(i) * eb, elem_bytes_, is_signed_);
+}
+
+void TokenFile::scan(int64_t from,
+                     const std::function<bool(int64_t, const int64_t*, int64_t)>& f) const {
+  std::vector<int64_t> chunk(static_cast<size_t>(std::min(kScanTokens, count_)));
+  for (int64_t first = from; first < count_; first += kScanTokens) {
+    const int64_t n = std::min(kScanTokens, count_ - first);
+    read_raw(first, n, chunk.data());
+    if (!f(first, chunk.data(), n)) return;
   }
+}
+
+int64_t TokenFile::token(int64_t i) const {
+  MESHRT_CHECK(i >= 0 && i < count_,
+               flag_ << " " << path_ << ": token " << i << " asked for, the file holds " << count_);
+  int64_t t = 0;
+  read_raw(i, 1, &t);
+  return t;
+}
+
+void TokenFile::read(int64_t first, int64_t n, int64_t* out) const {
+  MESHRT_CHECK(first >= 0 && n >= 0 && first <= count_ - n,
+               flag_ << " " << path_ << ": tokens " << first << ".." << first + n - 1
+                     << " asked for, the file holds " << count_);
+  read_raw(first, n, out);
+  for (int64_t i = 0; i < n; ++i)
+    MESHRT_CHECK(out[i] >= 0 && out[i] <= max_token_,
+                 flag_ << " " << path_ << ": token " << out[i] << " at position " << first + i
+                       << " is outside 0.." << max_token_ << ", the range the file held when "
+                       << "the run opened it: it was rewritten since; do not rewrite a data file "
+                          "during a run (write a new file and rename it over the old one), then "
+                          "resume the run");
 }
 
 void TokenFile::check(int64_t vocab, int64_t seq) const {
   if (max_token_ >= vocab) {
-    int64_t i = 0;
-    while (token(i) < vocab) ++i;
-    MESHRT_FAIL(flag_ << " " << path_ << ": token " << token(i) << " at position " << i
+    int64_t i = -1, t = 0;
+    scan(0, [&](int64_t first, const int64_t* c, int64_t n) {
+      const int64_t* e = std::find_if(c, c + n, [&](int64_t v) { return v >= vocab; });
+      if (e == c + n) return true;
+      i = first + (e - c);
+      t = *e;
+      return false;
+    });
+    MESHRT_CHECK(i >= 0, flag_ << " " << path_ << ": its largest token was " << max_token_
+                               << " when the run opened it, and none is >= --vocab " << vocab
+                               << " now: the file was rewritten since; keep it unchanged");
+    MESHRT_FAIL(flag_ << " " << path_ << ": token " << t << " at position " << i
                       << " is >= --vocab " << vocab << "; raise --vocab to at least "
                       << max_token_ + 1 << " (the file's largest token is " << max_token_ << ")");
   }
@@ -238,13 +303,14 @@ void make_token_batch(Context& ctx, const TokenFile& file, uint64_t seed, uint64
   int64_t* pi = hi.data<int64_t>();
   int64_t* pt = ht.data<int64_t>();
   const auto starts = static_cast<uint64_t>(file.size() - seq);
+  std::vector<int64_t> window(static_cast<size_t>(seq + 1));
   for (int64_t j = 0; j < n; ++j) {
     const Philox4 r = philox_draw(seed, stream, static_cast<uint64_t>(first_sample + j));
     const uint64_t word = (static_cast<uint64_t>(r.v[1]) << 32) | r.v[0];
-    const auto start = static_cast<int64_t>(word % starts);
+    file.read(static_cast<int64_t>(word % starts), seq + 1, window.data());
     for (int64_t k = 0; k < seq; ++k) {
-      pi[k * n + j] = file.token(start + k);
-      pt[k * n + j] = file.token(start + k + 1);
+      pi[k * n + j] = window[static_cast<size_t>(k)];
+      pt[k * n + j] = window[static_cast<size_t>(k + 1)];
     }
   }
   if (ctx.device().is_cpu()) {

@@ -1,8 +1,10 @@
-// Token files for training (memory-mapped raw uint16 / uint32, llm.c's headed .bin, NumPy .npy of
-// integers) and the deterministic sampler that draws training windows from them.
+// Token files for training (raw uint16 / uint32, llm.c's headed .bin, NumPy .npy of integers, read
+// with pread: a file truncated or rewritten during a run is an error, not a SIGBUS) and the
+// deterministic sampler that draws training windows from them.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -16,9 +18,12 @@ namespace meshrt {
 enum class TokenDType : uint8_t { U16, U32 };
 TokenDType parse_token_dtype(std::string_view s);  // "u16" | "u32" (also uint16, uint32)
 
+class InputFile;
+
 class TokenFile {
  public:
-  // Maps `path` read-only and scans it once for its largest token (a negative one in a signed .npy
+  // Opens `path` (kept open for the run: a file renamed over it does not change what is read) and
+  // scans it once for its largest token (a negative one in a signed .npy
   // is an error naming its position). The format comes from the file: ".npy" by its header; a .bin
   // starting with llm.c's magic (20240520) by that header; anything else is raw `raw_dtype`.
   // Errors name the file and what to change. `flag` names the option in messages ("--data").
@@ -32,8 +37,13 @@ class TokenFile {
   const std::string& flag() const { return flag_; }
   int64_t size() const { return count_; }  // tokens
   int64_t max_token() const { return max_token_; }
-  std::string format() const;  // "raw u16", "llm.c u32", ".npy <u2", ...
-  int64_t token(int64_t i) const;
+  std::string format() const;      // "raw u16", "llm.c u32", ".npy <u2", ...
+  int64_t token(int64_t i) const;  // token i (one read: for checks, not for batches)
+
+  // Tokens [first, first + n) into out. Throws, naming the file and what to do, where it no longer
+  // holds them (truncated since the open) or holds a token outside the range the open found
+  // (rewritten in place): such a token would index past the embedding table.
+  void read(int64_t first, int64_t n, int64_t* out) const;
 
   // Throws unless every token is < vocab (naming the first position that is not: the slow path
   // rescans, the check itself is O(1)) and the file holds one window of seq + 1 tokens.
@@ -41,11 +51,16 @@ class TokenFile {
 
  private:
   TokenFile() = default;
+  // Calls f(first, tokens, n) for consecutive chunks of the tokens from `from` on, until the end
+  // or until f returns false. Tokens are decoded but not range-checked.
+  void scan(int64_t from, const std::function<bool(int64_t, const int64_t*, int64_t)>& f) const;
+  // Decodes n tokens starting at token `first` into out (throws where the file has shrunk).
+  void read_raw(int64_t first, int64_t n, int64_t* out) const;
 
   std::string path_, flag_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const unsigned char* data_ = nullptr;  // first token
+  std::unique_ptr<InputFile> in_;
+  uint64_t file_bytes_ = 0;   // at open
+  uint64_t data_offset_ = 0;  // first token's byte
   int64_t count_ = 0;
   int elem_bytes_ = 2;
   bool is_signed_ = false;

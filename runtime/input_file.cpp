@@ -81,6 +81,20 @@ std::string InputFile::read_all() {
   return out;
 }
 
+size_t InputFile::read_at(uint64_t offset, void* buf, size_t n) const {
+  auto* p = static_cast<char*>(buf);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd_, p + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    MESHRT_CHECK(r >= 0, what_ << " " << path_ << ": read of " << n << " bytes at offset " << offset
+                               << " failed (" << std::strerror(errno) << ")");
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
   InputFile f(path, what, max_bytes);
   return f.read_all();

@@ -31,6 +31,10 @@ class MESHRT_API InputFile {
   // grew past the cap while being read is refused rather than read without end.
   std::string read_all();
 
+  // Up to `n` bytes at `offset` into `buf` (pread, retried on EINTR and short reads): fewer than
+  // `n` only where the file ends first (it may have shrunk since the open). Throws on a read error.
+  size_t read_at(uint64_t offset, void* buf, size_t n) const;
+
  private:
   std::string path_, what_;
   uint64_t max_bytes_ = 0, size_ = 0;

@@ -208,6 +208,49 @@ TEST_CASE("a token batch is windows of the file, keyed by the global sample inde
   CHECK(ids_b.item(0) != ids.item(0));
 }
 
+TEST_CASE("a token file truncated or rewritten during a run is an error, not a crash",
+          "[data][unit]") {
+  std::vector<uint16_t> t(4096);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>(i % 500);
+  const fs::path p = write_file("shrinks.bin", raw_bytes(t));
+  auto f = TokenFile::open(p.string(), TokenDType::U16);
+  REQUIRE(f->max_token() == 499);
+  Context ctx(Device::cpu(0));
+  Tensor ids, tg;
+  const int64_t seq = 64;
+  make_token_batch(ctx, *f, 7, kTrainTokenStream, 0, 16, seq, &ids, &tg);
+  for (int64_t k = 0; k < seq; ++k)
+    REQUIRE(tg.item(k * 16) == std::fmod(ids.item(k * 16) + 1, 500.));
+  // Rewritten in place with a token past the range the open found: it would index past the
+  // embedding table. Every window of 65 tokens among these 16 draws holds one of them.
+  std::vector<uint16_t> big(t.size(), 60000);
+  {
+    std::fstream out(p, std::ios::binary | std::ios::in | std::ios::out);
+    out.write(reinterpret_cast<const char*>(big.data()),
+              static_cast<std::streamsize>(big.size() * 2));
+  }
+  CHECK_THAT(
+      error_of([&] { make_token_batch(ctx, *f, 7, kTrainTokenStream, 0, 16, seq, &ids, &tg); }),
+      Catch::Contains("shrinks.bin: token 60000 at position") &&
+          Catch::Contains("is outside 0..499") && Catch::Contains("it was rewritten"));
+  CHECK_THAT(error_of([&] { f->check(400, seq); }), Catch::Contains("token 60000 at position 0"));
+  // Truncated: what the mapped file raised as SIGBUS is an error naming the bytes.
+  fs::resize_file(p, 100);
+  CHECK_THAT(
+      error_of([&] { make_token_batch(ctx, *f, 7, kTrainTokenStream, 0, 16, seq, &ids, &tg); }),
+      Catch::Contains("shrinks.bin: tokens") &&
+          Catch::Contains("are no longer in the file: it had 8192 bytes") &&
+          Catch::Contains("truncated since"));
+  CHECK_THAT(error_of([&] { f->token(4000); }), Catch::Contains("no longer in the file"));
+  CHECK_THAT(error_of([&] { f->token(4096); }),
+             Catch::Contains("token 4096 asked for, the file holds 4096"));
+  // A file renamed over the path does not change what the open file reads.
+  auto g = TokenFile::open(write_file("renamed.bin", raw_bytes(t)).string(), TokenDType::U16);
+  fs::rename(write_file("other.bin", raw_bytes(big)), scratch() / "renamed.bin");
+  CHECK(g->token(3) == 3);
+  CHECK_NOTHROW(make_token_batch(ctx, *g, 7, kTrainTokenStream, 0, 16, seq, &ids, &tg));
+}
+
 namespace {
 
 struct Curve {

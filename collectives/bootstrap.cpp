@@ -170,6 +170,24 @@ bool rendezvous_tcp_from_env(std::string* host, int* port) {
   return true;
 }
 
+namespace {
+
+// Whether the environment launches this process as one rank (torchrun, or RANK and WORLD_SIZE set
+// by hand). One of the two alone is refused, as torch's env:// does: the process would otherwise
+// run as a whole world of threads while its peers wait for it.
+bool env_launched() {
+  const bool rank = !env_or("RANK").empty(), size = !env_or("WORLD_SIZE").empty();
+  MESHRT_CHECK(rank == size,
+               (rank ? "RANK=" + env_or("RANK") + " is set but WORLD_SIZE is not"
+                     : "WORLD_SIZE=" + env_or("WORLD_SIZE") + " is set but RANK is not")
+                   << ": a process started as one rank needs both (torchrun sets "
+                      "both); set the other, or unset it to run the ranks as threads "
+                      "of this process (--devices cpu:N)");
+  return rank;
+}
+
+}  // namespace
+
 namespace detail {
 
 void check_process_config_early(double timeout_s) {
@@ -177,7 +195,7 @@ void check_process_config_early(double timeout_s) {
   std::unique_ptr<BootstrapTransport> t;
   if (mpi_launched()) {
     t = mpi_backend().make_transport(timeout_s);
-  } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
+  } else if (env_launched()) {
     const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
     std::string host;
     int port = 0;
@@ -213,7 +231,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     p.device = process_device(spec, p.local_rank, opts.devices_defaulted);
     plan.kind = LaunchKind::MpiProcesses;
     plan.local.push_back(p);
-  } else if (!env_or("RANK").empty() && !env_or("WORLD_SIZE").empty()) {
+  } else if (env_launched()) {
     RankPlacement p;
     p.rank = env_int("RANK", 0);
     p.world_size = env_int("WORLD_SIZE", 1);

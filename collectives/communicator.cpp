@@ -105,6 +105,7 @@ CommConfig CommConfig::from_env() {
     c.timeout_s = v;
   }
   c.debug = env_switch("MESHRT_COMM_DEBUG");
+  detail::check_flight_dir_from_env();
   if (std::string f = env_or("MESHRT_FAULT"); !f.empty()) {
     detail::parse_fault_spec(f);  // refuses a malformed spec here, saying what to change
     c.fault = std::move(f);

@@ -389,6 +389,23 @@ std::string flight_dir() {
   return env_or("TMPDIR", "/tmp") + "/meshrt-flight-" + flight_job_id();
 }
 
+void check_flight_dir_from_env() {
+  const std::string d = env_or("MESHRT_FLIGHT_DIR");
+  if (d.empty()) return;
+  struct stat st {};
+  const bool exists = ::stat(d.c_str(), &st) == 0;
+  const int err = errno;
+  MESHRT_CHECK(exists && S_ISDIR(st.st_mode),
+               "MESHRT_FLIGHT_DIR=" << d << ": "
+                                    << (exists ? "not a directory" : std::strerror(err))
+                                    << "; give an existing directory for the flight records, or "
+                                       "unset it (they then go to ${TMPDIR:-/tmp}/meshrt-flight-"
+                                       "<job id>)");
+  MESHRT_CHECK(::access(d.c_str(), W_OK | X_OK) == 0,
+               "MESHRT_FLIGHT_DIR=" << d << ": cannot write there (" << std::strerror(errno)
+                                    << "); give a directory this user can write, or unset it");
+}
+
 namespace {
 
 // Writes one record (temporary file, then rename); "" and a warning on failure.

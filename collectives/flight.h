@@ -100,6 +100,9 @@ MESHRT_PLUGIN_API void flight_mark_parked();
 // The directory the records go to: MESHRT_FLIGHT_DIR, else the per-job folder
 // ${TMPDIR:-/tmp}/meshrt-flight-<job id> (made on the first record), never the working directory.
 std::string flight_dir();
+// Refuses a MESHRT_FLIGHT_DIR that is not an existing, writable directory, at start (CommConfig::
+// from_env): a record is written when something has already gone wrong, too late to say so.
+void check_flight_dir_from_env();
 // The job id every rank of one job shares: MESHRT_RUN_ID, TORCHELASTIC_RUN_ID,
 // SLURM_JOB_ID[.SLURM_STEP_ID], Open MPI's job id (OMPI_MCA_ess_base_jobid), PMIX_NAMESPACE,
 // else "pid<process id>" (threads); characters outside [A-Za-z0-9._-] become '_'.

@@ -225,6 +225,10 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                "train: global --batch " << cfg.batch << " must divide by dp (" << dp
                                         << ") x --micro-batches (" << cfg.micro_batches << ")");
   MESHRT_CHECK(cfg.seq >= 1, "train: --seq " << cfg.seq << " must be >= 1");
+  // As bench block: without sequence parallelism there is no sequence collective to split.
+  MESHRT_CHECK(!(cfg.tp.overlap == Overlap::Chunked && tp > 1 && !cfg.tp.sequence_parallel),
+               "train: --overlap chunked splits the sequence all-gather / reduce-scatter into "
+               "pieces and needs sequence parallelism: add --sp or use --overlap async");
   // A vocabulary that tp does not divide is sharded unevenly; every rank needs one entry.
   MESHRT_CHECK(cfg.model.vocab >= 2 && cfg.model.vocab >= tp,
                "train: --vocab " << cfg.model.vocab << " must be >= 2 and >= tp=" << tp);

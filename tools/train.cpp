@@ -52,7 +52,7 @@ void add_watch_flags(CLI::App* c, TrainCliOptions& o) {
       ->check(at_least(1, false));
   c->add_option("--straggler-steps", o.straggler_steps,
                 "Steps in a row over --straggler-threshold before warning (default 3)")
-      ->check(kPositiveInt);
+      ->check(cli::int_at_least(1, o.straggler_steps));
 }
 
 }  // namespace
@@ -80,20 +80,31 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
       ->capture_default_str()
-      ->check(kPositiveInt);
-  c->add_option("--seq", o.seq, "Sequence length")->capture_default_str()->check(kPositiveInt);
-  c->add_option("--hidden", o.hidden, "Hidden size")->capture_default_str()->check(kPositiveInt);
-  c->add_option("--heads", o.heads, "Attention heads")->capture_default_str()->check(kPositiveInt);
-  c->add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")->check(kNonNegativeInt);
+      ->check(cli::int_at_least(1, o.batch));
+  c->add_option("--seq", o.seq, "Sequence length")
+      ->capture_default_str()
+      ->check(cli::int_at_least(1, o.seq));
+  c->add_option("--hidden", o.hidden, "Hidden size")
+      ->capture_default_str()
+      ->check(cli::int_at_least(1, o.hidden));
+  c->add_option("--heads", o.heads, "Attention heads")
+      ->capture_default_str()
+      ->check(cli::int_at_least(1, o.heads));
+  c->add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")
+      ->check(cli::int_at_least(0, o.ffn));
   c->add_option("--layers", o.layers, "Transformer blocks")
       ->capture_default_str()
-      ->check(kPositiveInt);
-  c->add_option("--vocab", o.vocab, "Vocabulary size")->capture_default_str()->check(kPositiveInt);
+      ->check(cli::int_at_least(1, o.layers));
+  c->add_option("--vocab", o.vocab, "Vocabulary size")
+      ->capture_default_str()
+      ->check(cli::int_at_least(1, o.vocab));
   c->add_option("--dtype", o.dtype, "f32 | bf16 | f16")->capture_default_str();
-  c->add_option("--steps", o.steps, "Training steps")->capture_default_str()->check(kPositiveInt);
+  c->add_option("--steps", o.steps, "Training steps")
+      ->capture_default_str()
+      ->check(cli::int_at_least(1, o.steps));
   c->add_option("--seed", o.seed, "Seed of weights and data")
       ->capture_default_str()
-      ->check(kNonNegativeInt);
+      ->check(cli::int_at_least(0, o.seed));
   c->add_option("--lr", o.lr, "Learning rate")->capture_default_str()->check(non_negative());
   c->add_option("--optimizer", o.optimizer, "sgd | adamw")->capture_default_str();
   // Learning-rate schedule and weight decay (docs/training.md); checked again in validate_train.
@@ -104,7 +115,7 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--warmup-steps", o.warmup_steps,
                 "Linear warmup: step i < W uses lr * (i + 1) / W (must be below --steps)")
       ->capture_default_str()
-      ->check(kNonNegativeInt);
+      ->check(cli::int_at_least(0, o.warmup_steps));
   c->add_option("--min-lr", o.min_lr, "Learning rate at the end of a cosine or linear decay")
       ->capture_default_str()
       ->check(non_negative());
@@ -117,16 +128,16 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
       ->check(non_negative());
   c->add_option("--micro-batches", o.micro_batches, "Gradient accumulation micro-batches per step")
       ->capture_default_str()
-      ->check(kPositiveInt);
+      ->check(cli::int_at_least(1, o.micro_batches));
   c->add_option("--grad-sync", o.grad_sync,
                 "sync | async (staleness-aware delayed gradients) | local (local SGD)")
       ->capture_default_str();
   c->add_option("--staleness", o.staleness, "async: apply gradients K steps late, lr / K")
       ->capture_default_str()
-      ->check(kNonNegativeInt);
+      ->check(cli::int_at_least(0, o.staleness));
   c->add_option("--sync-every", o.sync_every, "local: average parameters every H steps")
       ->capture_default_str()
-      ->check(kPositiveInt);
+      ->check(cli::int_at_least(1, o.sync_every));
   c->add_option("--bucket-mb", o.bucket_mb, "Gradient bucket size in MiB")
       ->capture_default_str()
       ->check(kPositive);
@@ -145,12 +156,12 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
                     "index.json) and a 'latest' pointer; written at the last step")
           ->check(kNonEmpty);
   c->add_option("--save-every", o.save_every, "Also write a checkpoint every N steps")
-      ->check(kPositiveInt)
+      ->check(cli::int_at_least(1, o.save_every))
       ->needs(save);
   c->add_option("--keep", o.keep,
                 "Keep only the newest N checkpoints of this run (default all); meshrt removes only "
                 "the files it wrote")
-      ->check(kPositiveInt)
+      ->check(cli::int_at_least(1, o.keep))
       ->needs(save);
   c->add_flag("--overwrite", o.overwrite,
               "Write into a --save folder that holds another run's checkpoints (replacing those "
@@ -162,7 +173,7 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
       ->check(kNonEmpty);
   c->add_option("--data", o.data,
                 "Token file to train on: raw u16/u32 (.bin, nanoGPT), llm.c .bin (by its header) "
-                "or .npy of integers; memory-mapped (default: synthetic tokens)")
+                "or .npy of integers; read as it is when the run starts (default: synthetic tokens)")
       ->check(kNonEmpty);
   c->add_option("--val-data", o.val_data, "Validation token file (same formats as --data)")
       ->check(kNonEmpty);
@@ -171,10 +182,10 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--eval-every", o.eval_every,
                 "Validation loss every N steps (0: after the last step); needs --val-data")
       ->capture_default_str()
-      ->check(kNonNegativeInt);
+      ->check(cli::int_at_least(0, o.eval_every));
   c->add_option("--eval-batches", o.eval_batches, "Global batches per validation loss")
       ->capture_default_str()
-      ->check(kPositiveInt);
+      ->check(cli::int_at_least(1, o.eval_batches));
   add_watch_flags(c, o);
   c->add_flag("--skip-nonfinite", o.skip_nonfinite,
               "Skip steps with a non-finite loss or gradient (no update; counted) instead of "

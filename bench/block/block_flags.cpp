@@ -9,9 +9,7 @@ namespace {
 
 using cli::kBenchSteps;
 using cli::kBenchWarmup;
-using cli::kNonNegativeInt;
 using cli::kPositive;
-using cli::kPositiveInt;
 
 class BlockCommand : public Command {
  public:
@@ -31,16 +29,17 @@ class BlockCommand : public Command {
     c.add_flag("--no-sp", no_sp_, "No sequence parallel")->excludes("--sp");
     c.add_option("--batch", o_.batch,
                  "Micro-batch per dp replica, sequences (default 1 on CPU, 4 on CUDA)")
-        ->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o_.batch));
     c.add_option("--seq", o_.seq, "Sequence length (default 512 on CPU, 2048 on CUDA)")
-        ->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o_.seq));
     c.add_option("--hidden", o_.hidden, "Hidden size (default 1024 on CPU, 4096 on CUDA)")
-        ->check(kPositiveInt);
-    c.add_option("--ffn", o_.ffn, "MLP inner size (default 4 x hidden)")->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o_.hidden));
+    c.add_option("--ffn", o_.ffn, "MLP inner size (default 4 x hidden)")
+        ->check(cli::int_at_least(1, o_.ffn));
     c.add_option("--heads", o_.heads, "Attention heads (default 16 on CPU, 32 on CUDA)")
-        ->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o_.heads));
     c.add_option("--layers", o_.layers, "Blocks stacked (default 1 on CPU, 2 on CUDA)")
-        ->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o_.layers));
     c.add_option("--dtype", o_.dtype, "f32 | bf16 | f16 (default f32 on CPU, bf16 on CUDA)")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     c.add_option("--steps", o_.steps, "Timed steps (default 10 on CPU, 20 on CUDA)")
@@ -62,7 +61,7 @@ class BlockCommand : public Command {
         ->capture_default_str();
     c.add_option("--seed", o_.seed, "Seed of weights and inputs")
         ->capture_default_str()
-        ->check(kNonNegativeInt);
+        ->check(cli::int_at_least(0, o_.seed));
     c.add_option("--json", o_.json_path, "Write every figure, the config and versions as JSON");
     c.add_option("--plan-cluster", o_.plan_cluster,
                  "Cluster of the planner's prediction written into --json (preset or `meshrt "

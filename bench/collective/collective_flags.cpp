@@ -31,16 +31,20 @@ class CollectiveCommand : public Command {
     c.add_option("-o,--redop", o_.redop, "sum | avg | max | min")->capture_default_str();
     c.add_option("-r,--root", o_.root, "broadcast root")->capture_default_str();
     c.add_option("-w,--warmup_iters", o_.warmup, "untimed iterations per size")
-        ->capture_default_str();
-    c.add_option("-n,--iters", o_.iters, "timed iterations per size")->capture_default_str();
+        ->capture_default_str()
+        ->check(cli::int_at_least(0, o_.warmup));
+    c.add_option("-n,--iters", o_.iters, "timed iterations per size")
+        ->capture_default_str()
+        ->check(cli::int_at_least(1, o_.iters));
     c.add_option("-c,--check", check_, "check results on fresh inputs (0/1)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(cli::int_in(0, 1));
     c.add_option("-a,--average", o_.average,
                  "time shown: 0 rank 0, 1 average, 2 minimum, 3 maximum over ranks")
         ->capture_default_str();
     c.add_option("--seed", o_.seed, "input pattern seed")
         ->capture_default_str()
-        ->check(cli::kNonNegativeInt);
+        ->check(cli::int_at_least(0, o_.seed));
     c.add_flag("--memcpy-bound", o_.memcpy_bound,
                "also measure the memcpy bandwidth every rank gets while all copy at once");
     c.add_flag("--latency", o_.latency,

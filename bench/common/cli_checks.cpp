@@ -9,26 +9,36 @@
 
 namespace meshrt::cli {
 
-CLI::Validator at_least(double lo, bool integer) {
+namespace {
+
+// A decimal number as the flags' help shows them ("3e-4", "-1", "0.5"): strtod alone also reads
+// hexadecimal ("0x10" as 16), "inf" and "nan", which no flag means.
+bool decimal(const std::string& in) {
+  return !in.empty() && in.find_first_not_of("0123456789+-.eE") == std::string::npos;
+}
+
+}  // namespace
+
+CLI::Validator at_least(double lo, bool integer, int64_t hi) {
   std::ostringstream bound;
   bound << lo;
   std::string desc = integer ? (lo > 0 ? "INT>=1" : "INT>=0") : "NUMBER>" + bound.str();
   return CLI::Validator(
-      [lo, integer, b = bound.str()](std::string& in) -> std::string {
+      [lo, integer, hi, b = bound.str()](std::string& in) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(in.c_str(), &end);
-        const bool ok_num = end && *end == '\0' && !in.empty() && std::isfinite(v);
+        const bool ok_num = end && *end == '\0' && decimal(in) && std::isfinite(v);
         const bool ok_int = !integer || (ok_num && std::trunc(v) == v);
         const std::string what =
             integer ? (lo > 0 ? "an integer >= 1" : "an integer >= 0") : "a number > " + b;
         if (!ok_num || !ok_int || (integer ? v < lo : v <= lo))
           return "'" + in + "' is not " + what;
-        if (integer) {  // beyond int64 the conversion would wrap or saturate
+        if (integer) {  // beyond the variable's type the conversion would fail or wrap
           errno = 0;
-          (void)std::strtoll(in.c_str(), &end, 10);
-          if (errno == ERANGE || *end != '\0')
-            return "'" + in + "' is not " + what + " of at most " +
-                   std::to_string(std::numeric_limits<int64_t>::max());
+          const long long n = std::strtoll(in.c_str(), &end, 10);
+          if (errno == ERANGE || n > hi)
+            return "'" + in + "' is not " + what + " of at most " + std::to_string(hi);
+          if (*end != '\0') return "'" + in + "' is not " + what + " written in digits";
         }
         return std::string();
       },
@@ -54,7 +64,7 @@ CLI::Validator non_negative() {
       [](std::string& in) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(in.c_str(), &end);
-        if (in.empty() || !end || *end != '\0' || !std::isfinite(v) || !(v >= 0))
+        if (!decimal(in) || !end || *end != '\0' || !std::isfinite(v) || !(v >= 0))
           return "'" + in + "' is not a number >= 0";
         return std::string();
       },

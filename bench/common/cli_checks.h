@@ -3,15 +3,30 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
 
 namespace meshrt::cli {
 
 // A finite number >= lo (integer: lo is 0 or 1) or > lo (not integer), e.g. "'-1' is not an
-// integer >= 1", "'1' is not a number > 1"; integers also fit int64.
-CLI::Validator at_least(double lo, bool integer);
+// integer >= 1", "'1' is not a number > 1"; integers also at most `hi` ("'3000000000' is not an
+// integer >= 1 of at most 2147483647").
+CLI::Validator at_least(double lo, bool integer, int64_t hi = std::numeric_limits<int64_t>::max());
 
-inline const CLI::Validator kPositiveInt = at_least(1, true);
-inline const CLI::Validator kNonNegativeInt = at_least(0, true);
+// An integer >= lo (0 or 1) that the option's variable `v` (or a vector's elements) can hold:
+// checked here, CLI11's own conversion would print only "Could not convert".
+template <typename T>
+CLI::Validator int_at_least(int64_t lo, const T& v) {
+  if constexpr (std::is_integral_v<T>) {
+    constexpr uint64_t max = static_cast<uint64_t>(std::numeric_limits<T>::max());
+    constexpr auto i64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    return at_least(static_cast<double>(lo), true, static_cast<int64_t>(max < i64 ? max : i64));
+  } else {
+    return int_at_least(lo, typename T::value_type{});
+  }
+}
+
 inline const CLI::Validator kPositive = at_least(0, false);
 // An integer in [lo, hi], e.g. "'3000000000' is not an integer from 1 to 1000000".
 CLI::Validator int_in(int64_t lo, int64_t hi);

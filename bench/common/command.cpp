@@ -62,6 +62,29 @@ void check_config_before_failing() {
   }
 }
 
+// CLI11's "Could not convert: --steps = 99999999999" (a value its type cannot hold, where no
+// validator checked the range first) as "--steps: '99999999999' is not an integer this option can
+// hold (INT)"; other errors unchanged.
+std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
+  const std::string msg = e.what(), head = "Could not convert: ";
+  const size_t eq = msg.find(" = ");
+  if (dynamic_cast<const CLI::ConversionError*>(&e) == nullptr || msg.rfind(head, 0) != 0 ||
+      eq == std::string::npos)
+    return msg;
+  const std::string name = msg.substr(head.size(), eq - head.size()), value = msg.substr(eq + 3);
+  std::string type;
+  for (const CLI::App* a = &app; a != nullptr;) {
+    if (const CLI::Option* o = a->get_option_no_throw(name)) type = o->get_type_name();
+    const std::vector<const CLI::App*> subs =
+        a->get_subcommands([](const CLI::App* s) { return s->parsed(); });
+    a = subs.empty() ? nullptr : subs[0];
+  }
+  const bool whole = type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0;
+  return name + ": '" + value + "' is not " + (whole ? "an integer" : "a value") +
+         " this option can hold" + (type.empty() ? "" : " (" + type + ")") +
+         "; give one in its range (--help lists the options)";
+}
+
 }  // namespace
 
 // The ranks that stay quiet about an error every rank raised exit 0: OpenMPI aborts the whole job
@@ -82,7 +105,9 @@ int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
     }
   }
   std::ostringstream out, err;
-  const int rc = app.exit(e, out, err);
+  const std::string text = parse_error_text(app, e);
+  const int rc =
+      text == e.what() ? app.exit(e, out, err) : app.exit(CLI::ConversionError(text), out, err);
   if (launcher_rank() != 0) return 0;
   // Whole, in one write each: mpirun's merging of the ranks' output never splits a line.
   if (!out.str().empty()) print_line(std::cout, out.str());

@@ -1,4 +1,5 @@
 // `meshrt bench gemm` and meshrt-bench-gemm: the flags and checks.
+#include "bench/common/cli_checks.h"
 #include "bench/common/command.h"
 #include "bench/gemm/gemm_bench.h"
 
@@ -9,25 +10,40 @@ namespace {
 class GemmCommand : public Command {
  public:
   void add_flags(CLI::App& c) override {
-    c.add_option("-m", o_.m, "GEMM rows of A and C (with -n and -k: one shape instead of the set)");
-    c.add_option("-n", o_.n, "GEMM columns of B and C");
-    c.add_option("-k", o_.k, "GEMM inner dimension");
+    // Sizes up to 2^31 per dimension: their products are checked against int64 again later.
+    const CLI::Validator dim = cli::int_in(1, int64_t{1} << 31),
+                         dim_or_default = cli::int_in(0, int64_t{1} << 31);
+    c.add_option("-m", o_.m, "GEMM rows of A and C (with -n and -k: one shape instead of the set)")
+        ->check(dim);
+    c.add_option("-n", o_.n, "GEMM columns of B and C")->check(dim);
+    c.add_option("-k", o_.k, "GEMM inner dimension")->check(dim);
     c.add_flag("--trans-b", o_.trans_b, "B stored as [n, k]");
     c.add_option("--dtype", o_.dtype, "f32 | bf16 | f16")->capture_default_str();
     c.add_option("--devices", o_.devices, "cpu | cpu:N (N ranks as threads) | cuda:N")
         ->capture_default_str();
-    c.add_option("--warmup", o_.warmup, "untimed runs per measurement")->capture_default_str();
-    c.add_option("--repeats", o_.repeats, "timed runs (median reported)")->capture_default_str();
+    c.add_option("--warmup", o_.warmup, "untimed runs per measurement")
+        ->capture_default_str()
+        ->check(cli::kBenchWarmup);
+    c.add_option("--repeats", o_.repeats, "timed runs (median reported)")
+        ->capture_default_str()
+        ->check(cli::kBenchSteps);
     c.add_option("--tokens", o_.tokens,
-                 "rows of the block shapes and elementwise tensors (0: 2048 on cpu, 8192 on cuda)");
-    c.add_option("--hidden", o_.hidden, "hidden size (0: 768 on cpu, 4096 on cuda)");
+                 "rows of the block shapes and elementwise tensors (0: 2048 on cpu, 8192 on cuda)")
+        ->check(dim_or_default);
+    c.add_option("--hidden", o_.hidden, "hidden size (0: 768 on cpu, 4096 on cuda)")
+        ->check(dim_or_default);
     c.add_flag("--no-gemm", no_gemm_, "skip the GEMM table");
     c.add_flag("--no-elementwise", no_elem_, "skip the elementwise table");
     c.add_flag("--no-attention", no_attn_, "skip attention");
-    c.add_option("--attn-batch", o_.attn_batch, "attention batch (0: 1 on cpu, 4 on cuda)");
-    c.add_option("--attn-heads", o_.attn_heads, "attention heads (0: 8 on cpu, 16 on cuda)");
-    c.add_option("--attn-seq", o_.attn_seq, "attention sequence (0: 1024 on cpu, 2048 on cuda)");
-    c.add_option("--attn-head-dim", o_.attn_head_dim, "attention head dim")->capture_default_str();
+    c.add_option("--attn-batch", o_.attn_batch, "attention batch (0: 1 on cpu, 4 on cuda)")
+        ->check(dim_or_default);
+    c.add_option("--attn-heads", o_.attn_heads, "attention heads (0: 8 on cpu, 16 on cuda)")
+        ->check(dim_or_default);
+    c.add_option("--attn-seq", o_.attn_seq, "attention sequence (0: 1024 on cpu, 2048 on cuda)")
+        ->check(dim_or_default);
+    c.add_option("--attn-head-dim", o_.attn_head_dim, "attention head dim")
+        ->capture_default_str()
+        ->check(dim);
     c.add_option("--json", o_.json_path, "also write the figures to this JSON file");
   }
 

@@ -8,9 +8,6 @@ namespace meshrt::bench {
 
 namespace {
 
-using cli::kNonNegativeInt;
-using cli::kPositiveInt;
-
 class PlanCommand : public Command {
  public:
   void add_flags(CLI::App& c) override {
@@ -18,7 +15,7 @@ class PlanCommand : public Command {
                  "The model: hidden=..,heads=..,ffn=..,layers=..,seq=..,vocab=.. (ffn default 4 x "
                  "hidden, vocab 0: no embedding / LM head)");
     c.add_option("--global-batch", o_.global_batch, "Sequences per optimizer step, all replicas")
-        ->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o_.global_batch));
     c.add_option("--cluster", o_.cluster,
                  "A preset (h100-sxm:8, h200-sxm:8, a100-sxm:8, ':8xN' for N nodes, cpu) or a "
                  "cluster JSON file (--calibrate writes one)")
@@ -28,7 +25,7 @@ class PlanCommand : public Command {
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     c.add_option("--top", o_.top, "Rows shown (0: all)")
         ->capture_default_str()
-        ->check(kNonNegativeInt);
+        ->check(cli::int_at_least(0, o_.top));
     c.add_option("--bucket-mb", buckets_, "dp gradient bucket sizes tried, MiB, comma-separated")
         ->capture_default_str();
     c.add_option("--overlap", o_.overlap, "tp overlap modelled: none | async | chunked")

@@ -9,9 +9,7 @@ namespace {
 
 using cli::kBenchSteps;
 using cli::kBenchWarmup;
-using cli::kNonNegativeInt;
 using cli::kPositive;
-using cli::kPositiveInt;
 
 class SweepCommand : public Command {
  public:
@@ -30,12 +28,13 @@ class SweepCommand : public Command {
         ->capture_default_str()
         ->check(CLI::IsMember({"both", "on", "off"}));
     c.add_option("--seq", o.seq, "Sequence length (default as for bench block)")
-        ->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o.seq));
     c.add_option("--hidden", o.hidden, "Hidden size (default as for bench block)")
-        ->check(kPositiveInt);
-    c.add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")->check(kPositiveInt);
-    c.add_option("--heads", o.heads, "Attention heads")->check(kPositiveInt);
-    c.add_option("--layers", o.layers, "Blocks stacked")->check(kPositiveInt);
+        ->check(cli::int_at_least(1, o.hidden));
+    c.add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")
+        ->check(cli::int_at_least(1, o.ffn));
+    c.add_option("--heads", o.heads, "Attention heads")->check(cli::int_at_least(1, o.heads));
+    c.add_option("--layers", o.layers, "Blocks stacked")->check(cli::int_at_least(1, o.layers));
     c.add_option("--dtype", o.dtype, "f32 | bf16 | f16")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     c.add_option("--steps", o.steps, "Timed steps per configuration (default 5)")
@@ -55,7 +54,7 @@ class SweepCommand : public Command {
                  "Runs per configuration, round-robin over the configurations; the run with the "
                  "median step time is reported")
         ->capture_default_str()
-        ->check(kPositiveInt);
+        ->check(cli::int_at_least(1, s_.repeats));
     c.add_option("--json", s_.json_path, "Write every run's figures as JSON");
     c.add_option("--plot", s_.plot_path, "Write a PNG bar chart of tokens/s (gnuplot)");
     c.add_flag("--no-progress", no_progress_, "No progress line on stderr");

@@ -111,7 +111,7 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"sweep --plot /nonexistent-dir/p.png", "does not exist"},
       {"bench block --seed -3", "--seed: '-3' is not an integer >= 0"},
       {"bench collective --seed -1", "--seed: '-1' is not an integer >= 0"},
-      {"bench gemm -m -1 -n 4 -k 4", "-m, -n and -k must all be > 0"},
+      {"bench gemm -m -1 -n 4 -k 4", "-m: '-1' is not an integer from 1 to 2147483648"},
       {"train --lr -1", "--lr: '-1' is not a number >= 0"},
       {"train --clip -0.5", "--clip: '-0.5' is not a number >= 0"},
       {"train --seed -1", "--seed: '-1' is not an integer >= 0"},
@@ -120,6 +120,23 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"train --resume ''", "--resume: an empty value is not accepted"},
       {"bench block --devices ''", "--devices: an empty value is not accepted"},
       {"train --bucket-mb 0", "--bucket-mb: '0' is not a number > 0"},
+      // Past the variable's type (int), in digits only, decimal only.
+      {"train --steps 99999999999",
+       "--steps: '99999999999' is not an integer >= 1 of at most 2147483647"},
+      {"train --layers 3000000000", "--layers: '3000000000' is not an integer >= 1 of at most"},
+      {"train --steps 1e2", "--steps: '1e2' is not an integer >= 1 written in digits"},
+      {"train --lr 0x10", "--lr: '0x10' is not a number >= 0"},
+      {"bench block --bucket-mb 0x10", "--bucket-mb: '0x10' is not a number > 0"},
+      {"bench collective -c 5", "--check: '5' is not an integer from 0 to 1"},
+      {"bench collective -n 0", "--iters: '0' is not an integer >= 1"},
+      {"bench collective -w 3000000000", "--warmup_iters: '3000000000' is not an integer >= 0"},
+      // CLI11's own conversion, where no validator checks the range first.
+      {"bench gemm -m 99999999999999999999 -n 4 -k 4",
+       "-m: '99999999999999999999' is not an integer from 1 to 2147483648"},
+      {"bench collective -r 99999999999",
+       "--root: '99999999999' is not an integer this option can hold \\(INT\\)"},
+      {"train --devices cpu:2 --mesh tp=2 --overlap chunked",
+       "--overlap chunked .* needs sequence parallelism: add --sp or use --overlap async"},
   };
   if (!meshrt::cuda_available())
     cases.push_back({"bench block --devices cuda:0", "CUDA is unavailable"});
@@ -167,6 +184,14 @@ TEST_CASE("environment switches with unknown values are refused before anything 
         Case{"MESHRT_HOST_F32_GEMM=mkl",
              "MESHRT_HOST_F32_GEMM='mkl' is not accepted: use auto, openblas or onednn, or unset "
              "it (auto)"},
+        Case{"MESHRT_FLIGHT_DIR=/nonexistent-dir",
+             "MESHRT_FLIGHT_DIR=/nonexistent-dir: No such file or directory; give an existing "
+             "directory"},
+        Case{"MESHRT_FLIGHT_DIR=/dev/null", "MESHRT_FLIGHT_DIR=/dev/null: not a directory"},
+        Case{"RANK=1",
+             "RANK=1 is set but WORLD_SIZE is not: a process started as one rank needs "
+             "both"},
+        Case{"WORLD_SIZE=2", "WORLD_SIZE=2 is set but RANK is not"},
         Case{"MESHRT_HOST_ISA=sse4",
              "MESHRT_HOST_ISA=sse4 is not an instruction set of the host "
              "kernels; use auto, baseline"}}) {
@@ -737,14 +762,14 @@ TEST_CASE("standalone programs and the CLI have the same flags, checks and messa
       {"collective", "-i 1X", "size '1X' is not a byte count"},
       {"collective", "--op all_gatherv", "use one of all_reduce"},
       {"collective", "-b 1K -e 512", "-b 1024 must be >= 0 and <= -e 512"},
-      {"collective", "-n 0", "-n 0 must be >= 1"},
+      {"collective", "-n 0", "--iters: '0' is not an integer >= 1"},
       {"collective", "-a 7", "-a 7: use 0 \\(rank 0\\)"},
       {"collective", "-f 1", "use -f with a factor > 1"},
       {"collective", "--frobnicate", "not expected: --frobnicate"},
-      {"gemm", "-m -1 -n 4 -k 4", "-m, -n and -k must all be > 0"},
+      {"gemm", "-m -1 -n 4 -k 4", "-m: '-1' is not an integer from 1 to 2147483648"},
       {"gemm", "--dtype i32", "--dtype i32 must be f32, bf16 or f16"},
-      {"gemm", "--repeats 0", "--repeats >= 1 \\(got 2, 0\\)"},
-      {"gemm", "--tokens -4", "--tokens and --hidden must be > 0"},
+      {"gemm", "--repeats 0", "--repeats: '0' is not an integer from 1 to 1000000"},
+      {"gemm", "--tokens -4", "--tokens: '-4' is not an integer from 0 to 2147483648"},
       {"gemm", "--devices gpu:1", "unknown device kind 'gpu'"},
       {"gemm", "--frobnicate", "not expected: --frobnicate"},
   };

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "mesh/style.h"
@@ -37,6 +38,7 @@ int dtype_bytes(const std::string& dtype) {
 ModelSpec parse_model_spec(const std::string& s) {
   ModelSpec m;
   bool ffn_given = false, have_hidden = false, have_heads = false, have_seq = false;
+  std::set<std::string> seen;
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -46,6 +48,8 @@ ModelSpec parse_model_spec(const std::string& s) {
                             << "' is not key=value; give hidden=..,heads=..,ffn=..,layers=..,"
                                "seq=..,vocab=..");
     const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    MESHRT_CHECK(seen.insert(k).second, "--model " << s << ": '" << k
+                                                   << "' is given twice; give each key once");
     if (k == "kind") {
       MESHRT_CHECK(v == "block" || v == "mlp" || v == "attn",
                    "--model " << s << ": kind=" << v << " must be block, mlp or attn");

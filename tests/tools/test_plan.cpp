@@ -421,6 +421,8 @@ TEST_CASE("plan: cluster presets and files, model specs, and their errors", "[un
                     Catch::Contains("unknown key 'depth'"));
   CHECK_THROWS_WITH(parse_model_spec("hidden=x,heads=4,seq=8"),
                     Catch::Contains("hidden=x must be a positive integer"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=4,seq=8,hidden=128"),
+                    Catch::Contains("'hidden' is given twice; give each key once"));
   const ModelSpec m = small();
   CHECK_THROWS_WITH(predict(m, ideal(1, 1), cfg(1, 3, false)), Catch::Contains("by tp=3"));
   PlanConfig big = cfg(1, 16, false);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "collectives/comm_detail.h"
 #include "runtime/error.h"
@@ -51,13 +53,44 @@ struct Record {
   std::vector<Entry> entries;
 };
 
+// JSON's name for what `v` holds, for messages.
+const char* json_kind(const json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  return v.type_name();
+}
+
+// An integer field within T's range (nlohmann's get<int> would wrap 3567587328 to -727379968).
+template <class T>
+T int_value(const json& v, const std::string& what, const std::string& path) {
+  MESHRT_CHECK(v.is_number_integer(), path << ": " << what << " is " << v.dump() << " ("
+                                           << json_kind(v) << "); it must be an integer");
+  const bool neg = v.is_number_unsigned() ? false : v.get<int64_t>() < 0;
+  const bool fits = neg ? v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min())
+                        : v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  MESHRT_CHECK(fits, path << ": " << what << " is " << v.dump() << ", outside "
+                          << std::numeric_limits<T>::min() << ".." << std::numeric_limits<T>::max()
+                          << "; was the record edited?");
+  return neg ? static_cast<T>(v.get<int64_t>()) : static_cast<T>(v.get<uint64_t>());
+}
+
 template <class T>
 T field(const json& j, const char* key, const std::string& path) {
   MESHRT_CHECK(j.contains(key), path << ": not a meshrt flight record (no '" << key << "')");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception& e) {
-    MESHRT_FAIL(path << ": field '" << key << "' has the wrong type: " << e.what());
+  const json& v = j.at(key);
+  const std::string what = std::string("field '") + key + "'";
+  if constexpr (std::is_same_v<T, std::string>) {
+    MESHRT_CHECK(v.is_string(), path << ": " << what << " is " << v.dump() << " (" << json_kind(v)
+                                     << "); it must be a string");
+    return v.get<std::string>();
+  } else if constexpr (std::is_integral_v<T>) {
+    return int_value<T>(v, what, path);
+  } else {  // a list of integers
+    MESHRT_CHECK(v.is_array(), path << ": " << what << " is " << v.dump() << " (" << json_kind(v)
+                                    << "); it must be a list of integers");
+    T out;
+    for (const json& x : v) out.push_back(int_value<typename T::value_type>(x, what, path));
+    return out;
   }
 }
 

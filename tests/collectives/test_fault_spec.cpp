@@ -207,7 +207,8 @@ TEST_CASE("doctor: files that are not flight records are refused naming the file
   CHECK_THROWS_WITH(flight_diagnose({{"b.json", "{\"x\": 1}"}}),
                     Catch::Contains("b.json: not a meshrt flight record"));
   CHECK_THROWS_WITH(flight_diagnose({{"c.json", "{\"meshrt_flight\": 1, \"rank\": \"zero\"}"}}),
-                    Catch::Contains("c.json: field 'rank' has the wrong type"));
+                    Catch::Contains("c.json: field 'rank' is \"zero\" (string); it must be an "
+                                    "integer"));
   FlightFile r0 = record(0, 2, 1, false);
   CHECK_THROWS_WITH(flight_diagnose({r0, {"again.json", r0.text}}),
                     Catch::Contains("are both records of rank 0"));
@@ -237,6 +238,19 @@ TEST_CASE("doctor: sparse or negative sequence numbers neither hang nor pass", "
   FlightFile neg = record(0, 2, 1, false);
   neg.text = with_field(neg.text, "seq", "-1");
   CHECK_THROWS_WITH(flight_diagnose({neg}), Catch::Contains("seq -1 is not a sequence number"));
+  // Integers past the field's type are refused, not wrapped (3567587328 read as -727379968).
+  FlightFile big = record(0, 2, 1, false);
+  big.text = with_field(big.text, "rank", "3567587328");
+  CHECK_THROWS_WITH(flight_diagnose({big}),
+                    Catch::Contains("field 'rank' is 3567587328, outside -2147483648..2147483647"));
+  FlightFile huge = record(0, 2, 1, false);
+  huge.text = with_field(huge.text, "count", "18446744073709551615");
+  CHECK_THROWS_WITH(flight_diagnose({huge}), Catch::Contains("field 'count' is "
+                                                             "18446744073709551615, outside"));
+  FlightFile real = record(0, 2, 1, false);
+  real.text = with_field(real.text, "group_size", "2.5");
+  CHECK_THROWS_WITH(flight_diagnose({real}),
+                    Catch::Contains("field 'group_size' is 2.5 (a number); it must be an integer"));
 }
 
 TEST_CASE("doctor: records of another job or format version are refused naming both", "[unit]") {

@@ -67,17 +67,10 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       o);
 }
 
-CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
-  CLI::Option* devices =
-      c->add_option("--devices", o.devices,
-                    "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
-          ->capture_default_str()
-          ->check(kNonEmpty);
-  c->callback([&o, devices] { o.devices_given = devices->count() > 0; });
-  c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)")
-      ->check(kNonEmpty);
-  bench::add_fault_flag(*c);
-  c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
+namespace {
+
+// The model's shape and dtype.
+void add_model_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
       ->capture_default_str()
       ->check(cli::int_at_least(1, o.batch));
@@ -99,6 +92,10 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
       ->capture_default_str()
       ->check(cli::int_at_least(1, o.vocab));
   c->add_option("--dtype", o.dtype, "f32 | bf16 | f16")->capture_default_str();
+}
+
+// Steps, optimizer, schedule, accumulation, gradient sync and tp overlap.
+void add_optimizer_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--steps", o.steps, "Training steps")
       ->capture_default_str()
       ->check(cli::int_at_least(1, o.steps));
@@ -150,6 +147,10 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
       ->capture_default_str();
   c->add_flag("--compare,!--no-compare", o.compare,
               "async/local: also run synchronous DP and print the trade (default on)");
+}
+
+// Checkpoints: --save, --save-every, --keep, --overwrite, --resume.
+void add_checkpoint_flags(CLI::App* c, TrainCliOptions& o) {
   CLI::Option* save =
       c->add_option("--save", o.save,
                     "Checkpoint directory: step-N/ per checkpoint (a safetensors file per rank and "
@@ -171,9 +172,13 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
                 "Continue from a checkpoint (a --save directory or one step-N/ in it), on any "
                 "mesh; --steps counts from the start of the original run")
       ->check(kNonEmpty);
+}
+
+// Token files and validation.
+void add_data_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--data", o.data,
                 "Token file to train on: raw u16/u32 (.bin, nanoGPT), llm.c .bin (by its header) "
-                "or .npy of integers; read as it is when the run starts (default: synthetic tokens)")
+                "or .npy of integers; kept open for the run (default: synthetic tokens)")
       ->check(kNonEmpty);
   c->add_option("--val-data", o.val_data, "Validation token file (same formats as --data)")
       ->check(kNonEmpty);
@@ -186,6 +191,25 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--eval-batches", o.eval_batches, "Global batches per validation loss")
       ->capture_default_str()
       ->check(cli::int_at_least(1, o.eval_batches));
+}
+
+}  // namespace
+
+CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
+  CLI::Option* devices =
+      c->add_option("--devices", o.devices,
+                    "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
+          ->capture_default_str()
+          ->check(kNonEmpty);
+  c->callback([&o, devices] { o.devices_given = devices->count() > 0; });
+  c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)")
+      ->check(kNonEmpty);
+  bench::add_fault_flag(*c);
+  c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
+  add_model_flags(c, o);
+  add_optimizer_flags(c, o);
+  add_checkpoint_flags(c, o);
+  add_data_flags(c, o);
   add_watch_flags(c, o);
   c->add_flag("--skip-nonfinite", o.skip_nonfinite,
               "Skip steps with a non-finite loss or gradient (no update; counted) instead of "

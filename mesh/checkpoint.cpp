@@ -666,8 +666,6 @@ namespace {
 using ShardRef = detail::CheckpointShardRef;
 using IndexTensor = detail::CheckpointIndexTensor;
 
-Shape shape_from(const json& j, const std::string& where) { return detail::index_shape(j, where); }
-
 // Copies the part of saved shard `s` (tensor `e` of file `r`) that overlaps this rank's block
 // [off, off + local) into `dst` (the block, contiguous). Returns the elements copied.
 int64_t copy_overlap(const SafetensorsReader& r, const SafetensorsReader::Entry& e,
@@ -878,95 +876,109 @@ uint32_t parse_crc(const std::string& h, const std::string& where) {
   return static_cast<uint32_t>(std::stoul(h, nullptr, 16));
 }
 
+// The run the index records (step, data seed, mesh, lineage, skipped steps, config), each field
+// checked, and the checksum kind.
+CheckpointMeta parse_index_meta(const IndexFields& f) {
+  CheckpointMeta got;
+  got.step = index_count<int>(f, "step");
+  got.seed = index_count<uint64_t>(f.object("data"), "seed");
+  got.mesh = f.string("mesh");
+  got.run = f.string_or("run", "");  // older indexes have none
+  // Older indexes have no skipped-step count either (0).
+  if (f.has("skipped_steps")) got.skipped_steps = index_count<int>(f, "skipped_steps");
+  const IndexFields config = f.object("config");
+  for (const auto& [k, v] : config.raw().items())
+    got.config.emplace_back(k, config.string(k.c_str()));
+  const std::string sum = f.string("checksum");
+  if (sum != "crc32c")
+    f.fail("checksum", f.raw().at("checksum"),
+           "\"crc32c\" (the only checksum this meshrt verifies; written by another tool?)");
+  return got;
+}
+
+// The rank files the index lists (names inside `dir`, sizes and checksums), one per rank.
+void parse_index_files(const IndexFields& f, const std::string& dir, CheckpointIndex& out) {
+  const int world = static_cast<int>(f.integer("world_size", 1, 1 << 20));
+  const IndexFields files = f.object("files");
+  for (const auto& [name, entry] : files.raw().items()) {
+    MESHRT_CHECK(name.find('/') == std::string::npos && name != ".." && name != "." &&
+                     !name.empty() && name.find('\0') == std::string::npos,
+                 f.where() << " names file '" << name << "' outside " << dir);
+    const IndexFields e(entry, f.where() + ": file '" + name + "'");
+    out.file_bytes[name] = index_count<uint64_t>(e, "bytes");
+    out.file_crc[name] = parse_crc(e.string("crc32c"), e.where());
+  }
+  MESHRT_CHECK(out.file_bytes.size() == static_cast<size_t>(world),
+               f.where() << ": field 'files' lists " << out.file_bytes.size()
+                         << " files but field 'world_size' is " << world
+                         << " (one file per rank): the index is not meshrt's or was edited");
+}
+
+// One tensor of the index: dtype, full shape, and (version 1) its shards in the listed files.
+CheckpointIndexTensor parse_index_tensor(const IndexFields& f, const CheckpointIndex& out) {
+  const std::string& where = f.where();
+  CheckpointIndexTensor t;
+  t.dtype = f.string("dtype");
+  t.shape = index_shape(f.at("shape", "an array of extents"), where + " shape");
+  check_index_shape_fits(t.shape, where);
+  const json& shards = f.array("shards");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const IndexFields sf(shards[i], where + ": shard " + std::to_string(i));
+    CheckpointShardRef r;
+    r.file = sf.string("file");
+    MESHRT_CHECK(out.file_bytes.count(r.file),
+                 where << ": shard in '" << r.file << "', which the index does not list");
+    r.offsets = index_shape(sf.at("offsets", "an array of extents"), where + " offsets");
+    r.shape = index_shape(sf.at("shape", "an array of extents"), where + " shard shape");
+    MESHRT_CHECK(r.offsets.ndim() == t.shape.ndim() && r.shape.ndim() == t.shape.ndim(),
+                 where << ": a shard's rank differs from the tensor's");
+    for (int d = 0; d < t.shape.ndim(); ++d)
+      MESHRT_CHECK(r.offsets[d] <= t.shape[d] && r.shape[d] <= t.shape[d] - r.offsets[d],
+                   where << ": shard at " << r.offsets.str() << " of shape " << r.shape.str()
+                         << " runs past " << t.shape.str());
+    t.shards.push_back(r);
+  }
+  return t;
+}
+
 }  // namespace
 
 CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& index_path,
                                        const std::string& dir, const CheckpointMeta& expect) {
+  const std::string where = "checkpoint: " + index_path;
   json idx = json::parse(text, nullptr, /*allow_exceptions=*/false);
   MESHRT_CHECK(!idx.is_discarded() && idx.is_object(),
-               "checkpoint: " << index_path << " is not JSON; not a meshrt checkpoint");
+               where << " is not JSON; not a meshrt checkpoint");
   MESHRT_CHECK(idx.contains("format") && idx["format"] == kFormat,
-               "checkpoint: " << index_path << " is not a meshrt checkpoint index (format "
-                              << (idx.contains("format") ? idx["format"].dump() : "missing")
-                              << ", expected \"" << kFormat << "\"); written by another tool?");
+               where << " is not a meshrt checkpoint index (format "
+                     << (idx.contains("format") ? idx["format"].dump() : "missing")
+                     << ", expected \"" << kFormat << "\"); written by another tool?");
   MESHRT_CHECK(idx["version"] == kVersion || idx["version"] == kZeroVersion,
-               "checkpoint: " << index_path << " has version " << idx["version"].dump()
-                              << "; this meshrt reads " << kVersion << " and " << kZeroVersion);
+               where << " has version " << idx["version"].dump() << "; this meshrt reads "
+                     << kVersion << " and " << kZeroVersion);
+  const IndexFields f(idx, where);
   CheckpointIndex out;
   out.version = idx["version"] == kZeroVersion ? kZeroVersion : kVersion;
-  CheckpointMeta& got = out.meta;
-  try {
-    got.step = index_count<int>(idx, "step", "checkpoint: " + index_path);
-    got.seed =
-        index_count<uint64_t>(idx.at("data"), "seed", "checkpoint: " + index_path + ": data");
-    got.mesh = idx.at("mesh").get<std::string>();
-    if (idx.contains("run")) got.run = idx.at("run").get<std::string>();  // older indexes have none
-    // Older indexes have no skipped-step count either (0).
-    if (idx.contains("skipped_steps"))
-      got.skipped_steps = index_count<int>(idx, "skipped_steps", "checkpoint: " + index_path);
-    MESHRT_CHECK(idx.at("config").is_object(),
-                 "checkpoint: " << index_path << ": config is not an object");
-    for (auto it = idx.at("config").begin(); it != idx.at("config").end(); ++it)
-      got.config.emplace_back(it.key(), it.value().get<std::string>());
-  } catch (const json::exception& e) {
-    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
-  }
+  out.meta = parse_index_meta(f);
+  const CheckpointMeta& got = out.meta;
   for (const auto& want : expect.config) {
     const std::string &k = want.first, &v = want.second;
     auto it =
         std::find_if(got.config.begin(), got.config.end(), [&](auto& kv) { return kv.first == k; });
-    MESHRT_CHECK(it != got.config.end(), "checkpoint: " << index_path << " does not record '" << k
-                                                        << "' (this run has " << k << "=" << v
-                                                        << ")");
-    MESHRT_CHECK(it->second == v, "checkpoint: " << index_path << " was saved with " << k << "="
-                                                 << it->second << " but this run has " << k << "="
-                                                 << v << "; use the same " << k << " to resume");
+    MESHRT_CHECK(it != got.config.end(),
+                 where << " does not record '" << k << "' (this run has " << k << "=" << v << ")");
+    MESHRT_CHECK(it->second == v, where << " was saved with " << k << "=" << it->second
+                                        << " but this run has " << k << "=" << v
+                                        << "; use the same " << k << " to resume");
   }
-  try {
-    MESHRT_CHECK(idx.at("files").is_object() && idx.at("tensors").is_object(),
-                 "checkpoint: " << index_path << ": files and tensors must be objects");
-    for (auto it = idx.at("files").begin(); it != idx.at("files").end(); ++it) {
-      const std::string f = it.key();
-      MESHRT_CHECK(f.find('/') == std::string::npos && f != ".." && f != "." && !f.empty() &&
-                       f.find('\0') == std::string::npos,
-                   "checkpoint: " << index_path << " names file '" << f << "' outside " << dir);
-      out.file_bytes[f] = index_count<uint64_t>(it.value(), "bytes",
-                                                "checkpoint: " + index_path + ": file '" + f + "'");
-      out.file_crc[f] = parse_crc(it.value().at("crc32c").get<std::string>(),
-                                  "checkpoint: " + index_path + ": file '" + f + "'");
-    }
-    for (auto it = idx.at("tensors").begin(); it != idx.at("tensors").end(); ++it) {
-      const std::string where = "checkpoint: " + index_path + ": tensor '" + it.key() + "'";
-      IndexTensor t;
-      t.dtype = it.value().at("dtype").get<std::string>();
-      t.shape = shape_from(it.value().at("shape"), where + " shape");
-      check_index_shape_fits(t.shape, where);
-      MESHRT_CHECK(it.value().at("shards").is_array(), where << ": shards is not an array");
-      for (auto& s : it.value().at("shards")) {
-        ShardRef r;
-        r.file = s.at("file").get<std::string>();
-        MESHRT_CHECK(out.file_bytes.count(r.file),
-                     where << ": shard in '" << r.file << "', which the index does not list");
-        r.offsets = shape_from(s.at("offsets"), where + " offsets");
-        r.shape = shape_from(s.at("shape"), where + " shard shape");
-        MESHRT_CHECK(r.offsets.ndim() == t.shape.ndim() && r.shape.ndim() == t.shape.ndim(),
-                     where << ": a shard's rank differs from the tensor's");
-        for (int d = 0; d < t.shape.ndim(); ++d)
-          MESHRT_CHECK(r.offsets[d] <= t.shape[d] && r.shape[d] <= t.shape[d] - r.offsets[d],
-                       where << ": shard at " << r.offsets.str() << " of shape " << r.shape.str()
-                             << " runs past " << t.shape.str());
-        t.shards.push_back(r);
-      }
-      out.tensors[it.key()] = t;
-    }
-    out.optimizer_step = index_count<int64_t>(idx.at("optimizer"), "step",
-                                              "checkpoint: " + index_path + ": optimizer");
-    if (out.version == kZeroVersion)
-      out.zero = parse_zero_layout(idx.at("zero"), out.file_bytes, out.tensors,
-                                   "checkpoint: " + index_path);
-  } catch (const json::exception& e) {
-    MESHRT_FAIL("checkpoint: " << index_path << " is malformed: " << e.what());
-  }
+  parse_index_files(f, dir, out);
+  const IndexFields tensors = f.object("tensors");
+  for (const auto& [name, t] : tensors.raw().items())
+    out.tensors[name] = parse_index_tensor(IndexFields(t, where + ": tensor '" + name + "'"), out);
+  out.optimizer_step = index_count<int64_t>(f.object("optimizer"), "step");
+  if (out.version == kZeroVersion)
+    out.zero = parse_zero_layout(IndexFields(f.at("zero", "an object"), where + ": zero"),
+                                 out.file_bytes, out.tensors);
   return out;
 }
 

@@ -42,29 +42,30 @@ namespace {
 
 // One bucket of the layout, checked: padded = shard * dp >= numel, each block inside its
 // tensor, its elements inside the bucket.
-CheckpointZeroBucket parse_zero_bucket(const checkpoint_json& jb, int dp,
-                                       const std::map<std::string, CheckpointIndexTensor>& tensors,
-                                       const std::string& where) {
+CheckpointZeroBucket parse_zero_bucket(
+    const IndexFields& f, int dp, const std::map<std::string, CheckpointIndexTensor>& tensors) {
+  const std::string& where = f.where();
   CheckpointZeroBucket b;
-  b.numel = index_count<int64_t>(jb, "numel", where);
-  b.padded = index_count<int64_t>(jb, "padded", where);
-  b.shard = index_count<int64_t>(jb, "shard", where);
-  b.dtype = jb.at("dtype").get<std::string>();
+  b.numel = index_count<int64_t>(f, "numel");
+  b.padded = index_count<int64_t>(f, "padded");
+  b.shard = index_count<int64_t>(f, "shard");
+  b.dtype = f.string("dtype");
   int64_t prod = 0;
   MESHRT_CHECK(!__builtin_mul_overflow(b.shard, static_cast<int64_t>(dp), &prod) &&
                    prod == b.padded && b.numel <= b.padded,
                where << ": shard " << b.shard << " x dp " << dp << " is not the padded size "
                      << b.padded << " (>= numel " << b.numel << ")");
-  MESHRT_CHECK(jb.at("params").is_array(), where << ": params is not an array");
-  for (const auto& jp : jb.at("params")) {
+  const checkpoint_json& params = f.array("params");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const IndexFields pf(params[i], where + ": params[" + std::to_string(i) + "]");
     CheckpointZeroParam p;
-    p.name = jp.at("name").get<std::string>();
+    p.name = pf.string("name");
     const std::string w = where + ": parameter '" + p.name + "'";
     auto it = tensors.find(p.name);
     MESHRT_CHECK(it != tensors.end(), w << " is not among the index's tensors");
-    p.offset = index_count<int64_t>(jp, "offset", w);
-    p.shape = index_shape(jp.at("shape"), w + " shape");
-    p.offsets = index_shape(jp.at("offsets"), w + " offsets");
+    p.offset = index_count<int64_t>(pf, "offset");
+    p.shape = index_shape(pf.at("shape", "an array of extents"), w + " shape");
+    p.offsets = index_shape(pf.at("offsets", "an array of extents"), w + " offsets");
     check_index_shape_fits(p.shape, w);
     const Shape& full = it->second.shape;
     MESHRT_CHECK(p.shape.ndim() == full.ndim() && p.offsets.ndim() == full.ndim(),
@@ -81,42 +82,54 @@ CheckpointZeroBucket parse_zero_bucket(const checkpoint_json& jb, int dp,
   return b;
 }
 
+// The names in array field `key` of `f`, each a string.
+std::vector<std::string> index_strings(const IndexFields& f, const char* key) {
+  std::vector<std::string> out;
+  const checkpoint_json& a = f.array(key);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_string())
+      json_field_fail(f.where(), f.name(key) + "[" + std::to_string(i) + "]",
+                      json_value_text(a[i].dump()), "a string");
+    out.push_back(a[i].get<std::string>());
+  }
+  return out;
+}
+
 }  // namespace
 
-CheckpointZeroLayout parse_zero_layout(const checkpoint_json& j,
-                                       const std::map<std::string, uint64_t>& files,
-                                       const std::map<std::string, CheckpointIndexTensor>& tensors,
-                                       const std::string& where) {
+CheckpointZeroLayout parse_zero_layout(
+    const IndexFields& f, const std::map<std::string, uint64_t>& files,
+    const std::map<std::string, CheckpointIndexTensor>& tensors) {
   CheckpointZeroLayout z;
-  const std::string w = where + ": zero";
-  z.stage = index_count<int>(j, "stage", w);
-  z.dp = index_count<int>(j, "dp", w);
-  z.tp = index_count<int>(j, "tp", w);
+  const std::string& w = f.where();
+  z.stage = index_count<int>(f, "stage");
+  z.dp = index_count<int>(f, "dp");
+  z.tp = index_count<int>(f, "tp");
   MESHRT_CHECK(z.stage >= 1 && z.stage <= 3 && z.dp >= 1 && z.tp >= 1,
                w << ": stage " << z.stage << ", dp " << z.dp << ", tp " << z.tp
                  << " (expected stage 1-3, dp and tp >= 1)");
-  for (const auto& s : j.at("state")) {
-    const std::string n = s.get<std::string>();
+  for (const std::string& n : index_strings(f, "state")) {
     MESHRT_CHECK(n == "exp_avg" || n == "exp_avg_sq" || n == "momentum",
                  w << ": unknown optimizer state '" << n << "'");
     z.state.push_back(n);
   }
-  MESHRT_CHECK(j.at("tp_ranks").is_array() && j.at("tp_ranks").size() == static_cast<size_t>(z.tp),
+  const checkpoint_json& tps = f.array("tp_ranks");
+  MESHRT_CHECK(tps.size() == static_cast<size_t>(z.tp),
                w << ": tp_ranks does not list the " << z.tp << " tp ranks");
-  for (const auto& jt : j.at("tp_ranks")) {
+  for (const auto& jt : tps) {
     CheckpointZeroTpRank t;
-    const std::string wt = w + ": tp rank " + std::to_string(z.tp_ranks.size());
-    MESHRT_CHECK(jt.at("files").is_array() && jt.at("files").size() == static_cast<size_t>(z.dp),
-                 wt << ": files does not list the " << z.dp << " dp ranks' files");
-    for (const auto& f : jt.at("files")) {
-      t.files.push_back(f.get<std::string>());
-      MESHRT_CHECK(files.count(t.files.back()),
-                   wt << ": file '" << t.files.back() << "' is not among the index's files");
-    }
-    MESHRT_CHECK(jt.at("buckets").is_array(), wt << ": buckets is not an array");
-    for (const auto& jb : jt.at("buckets"))
-      t.buckets.push_back(parse_zero_bucket(jb, z.dp, tensors,
-                                            wt + ": bucket " + std::to_string(t.buckets.size())));
+    const IndexFields tf(jt, w + ": tp rank " + std::to_string(z.tp_ranks.size()));
+    t.files = index_strings(tf, "files");
+    MESHRT_CHECK(t.files.size() == static_cast<size_t>(z.dp),
+                 tf.where() << ": files does not list the " << z.dp << " dp ranks' files");
+    for (const std::string& file : t.files)
+      MESHRT_CHECK(files.count(file),
+                   tf.where() << ": file '" << file << "' is not among the index's files");
+    const checkpoint_json& buckets = tf.array("buckets");
+    for (const auto& jb : buckets)
+      t.buckets.push_back(parse_zero_bucket(
+          IndexFields(jb, tf.where() + ": bucket " + std::to_string(t.buckets.size())), z.dp,
+          tensors));
     z.tp_ranks.push_back(std::move(t));
   }
   return z;

@@ -14,23 +14,20 @@
 
 #include "mesh/checkpoint_index.h"
 #include "runtime/error.h"
+#include "runtime/json_field.h"
 #include "runtime/safetensors.h"
 
 namespace meshrt::detail {
 
 using checkpoint_json = nlohmann::ordered_json;
 
-// Field `name` of `j`: a non-negative integer that fits T. A float (1e20), a string, a negative
+using IndexFields = JsonFields<checkpoint_json>;
+
+// Field `name` of `f`: a non-negative integer that fits T. A float (1e20), a string, a negative
 // or too large value is refused naming the field instead of wrapping.
 template <class T>
-T index_count(const checkpoint_json& j, const char* name, const std::string& where) {
-  MESHRT_CHECK(j.is_object() && j.contains(name), where << ": field '" << name << "' is missing");
-  const checkpoint_json& v = j.at(name);
-  MESHRT_CHECK(v.is_number_unsigned() &&
-                   v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
-               where << ": field '" << name << "' is " << v.dump() << ", not an integer in [0, "
-                     << std::numeric_limits<T>::max() << "]");
-  return static_cast<T>(v.get<uint64_t>());
+T index_count(const IndexFields& f, const char* name) {
+  return static_cast<T>(f.count(name, static_cast<uint64_t>(std::numeric_limits<T>::max())));
 }
 
 // An array of at most kMaxDims non-negative extents.
@@ -38,12 +35,10 @@ Shape index_shape(const checkpoint_json& j, const std::string& where);
 // Element count of `s` and every stride fit in int64.
 void check_index_shape_fits(const Shape& s, const std::string& where);
 
-// The index's "zero" object, validated against the index's files and tensors (json exceptions
-// propagate: the caller names the index as malformed).
-CheckpointZeroLayout parse_zero_layout(const checkpoint_json& j,
+// The index's "zero" object `j`, validated against the index's files and tensors.
+CheckpointZeroLayout parse_zero_layout(const IndexFields& j,
                                        const std::map<std::string, uint64_t>& files,
-                                       const std::map<std::string, CheckpointIndexTensor>& tensors,
-                                       const std::string& where);
+                                       const std::map<std::string, CheckpointIndexTensor>& tensors);
 checkpoint_json zero_layout_json(const CheckpointZeroLayout& z);
 
 // The files of checkpoint `dir`, opened on first use; each is checked against the index's size and

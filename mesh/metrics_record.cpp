@@ -8,6 +8,7 @@
 #include "mesh/train_metrics.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
+#include "runtime/json_field.h"
 
 namespace meshrt {
 
@@ -18,90 +19,66 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Far above any real run's file (1 KiB a record for a million steps).
 constexpr uint64_t kMaxMetricsBytes = uint64_t{1} << 30;
 
-// A number field: required (absent throws), or optional (absent or null: NaN). null is accepted
-// in either case (the writer writes it for non-finite values).
-double mr_number(const json& j, const char* key, bool required, const std::string& where = "") {
-  const auto it = j.find(key);
-  if (it == j.end()) {
-    MESHRT_CHECK(!required, "field '" << where << key << "' is missing");
-    return kNaN;
-  }
-  if (it->is_null()) return kNaN;
-  MESHRT_CHECK(it->is_number(),
-               "field '" << where << key << "' is " << it->dump() << ", not a number");
-  return it->get<double>();
-}
+using MetricsFields = JsonFields<json>;
 
-long long mr_integer(const json& j, const char* key, const std::string& where = "") {
-  const auto it = j.find(key);
-  MESHRT_CHECK(it != j.end(), "field '" << where << key << "' is missing");
-  MESHRT_CHECK(it->is_number_integer(),
-               "field '" << where << key << "' is " << it->dump() << ", not an integer");
-  return it->get<long long>();
+// A number field >= 0: required (absent throws) or optional (absent: NaN). `nullable`: null reads
+// as NaN (the writer writes null for a loss or gradient norm that was not finite).
+double mr_number(const MetricsFields& f, const char* key, bool required, bool nullable = false) {
+  if (!f.has(key) && !required) return kNaN;
+  if (nullable && f.at(key, "a number >= 0 (or null)").is_null()) return kNaN;
+  return f.number(key, json_at_least(0));
 }
 
 MetricsRank mr_rank(const json& r, size_t i) {
-  const std::string where = "ranks[" + std::to_string(i) + "].";
-  MESHRT_CHECK(r.is_object(), "field 'ranks[" << i << "]' is not an object");
+  const MetricsFields f(r, "", "ranks[" + std::to_string(i) + "].");
   MetricsRank k;
-  k.rank = static_cast<int>(mr_integer(r, "rank", where));
-  MESHRT_CHECK(k.rank == static_cast<long long>(i), "field '" << where << "rank' is " << k.rank
-                                                              << " but ranks are in order: want "
-                                                              << i);
-  k.step_ms = mr_number(r, "step_ms", true, where);
-  k.compute_ms = mr_number(r, "compute_ms", true, where);
-  k.tp_exposed_ms = mr_number(r, "tp_exposed_ms", true, where);
-  k.dp_exposed_ms = mr_number(r, "dp_exposed_ms", true, where);
-  k.mem_current_bytes = mr_number(r, "mem_current_bytes", true, where);
-  k.mem_peak_bytes = mr_number(r, "mem_peak_bytes", true, where);
-  k.skew_ms = mr_number(r, "skew_ms", true, where);
-  if (const auto d = r.find("device"); d != r.end()) {
-    MESHRT_CHECK(d->is_string(),
-                 "field '" << where << "device' is " << d->dump() << ", not a string");
-    k.device = d->get<std::string>();
-  }
+  k.rank = static_cast<int>(f.integer("rank", 0, std::numeric_limits<int>::max()));
+  const std::string want = std::to_string(i) + " (ranks are listed in rank order)";
+  if (k.rank != static_cast<int>(i)) f.fail("rank", r.at("rank"), want);
+  k.step_ms = mr_number(f, "step_ms", true);
+  k.compute_ms = mr_number(f, "compute_ms", true);
+  k.tp_exposed_ms = mr_number(f, "tp_exposed_ms", true);
+  k.dp_exposed_ms = mr_number(f, "dp_exposed_ms", true);
+  k.mem_current_bytes = mr_number(f, "mem_current_bytes", true);
+  k.mem_peak_bytes = mr_number(f, "mem_peak_bytes", true);
+  k.skew_ms = mr_number(f, "skew_ms", true);
+  k.device = f.string_or("device", "");
   return k;
 }
 
 }  // namespace
 
 MetricsRecord parse_metrics_record(std::string_view line) {
-  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  MESHRT_CHECK(!j.is_discarded(), "not valid JSON");
+  const json j = parse_json_text(std::string(line), "");
   MESHRT_CHECK(j.is_object(), "not a JSON object");
   const auto schema = j.find("schema");
   MESHRT_CHECK(schema != j.end() && schema->is_string() && *schema == "meshrt.train.metrics",
                "field 'schema' is " << (schema == j.end() ? "missing" : schema->dump())
                                     << ": not a meshrt train --metrics record");
+  // No location: read_metrics_file puts "FILE:LINE" in front.
+  const MetricsFields f(j, "");
   MetricsRecord m;
-  const long long v = mr_integer(j, "version");
+  const long long v = f.integer("version", 0, std::numeric_limits<int>::max());
   MESHRT_CHECK(v >= 1 && v <= kMetricsVersion,
                "version " << v << " is not one this meshrt reads (1.." << kMetricsVersion
                           << "): use the meshrt that wrote the file");
   m.version = static_cast<int>(v);
-  m.step = mr_integer(j, "step");
-  MESHRT_CHECK(m.step >= 1, "field 'step' is " << m.step << ", not >= 1");
-  m.loss = mr_number(j, "loss", true);
-  m.val_loss = mr_number(j, "val_loss", false);
-  m.lr = mr_number(j, "lr", true);
-  m.grad_norm = mr_number(j, "grad_norm", false);
-  m.step_ms = mr_number(j, "step_ms", true);
-  m.tokens_per_s = mr_number(j, "tokens_per_s", true);
-  m.mfu = mr_number(j, "mfu", false);
-  const auto sk = j.find("skipped");
-  MESHRT_CHECK(sk != j.end() && sk->is_boolean(),
-               "field 'skipped' is " << (sk == j.end() ? "missing" : sk->dump() + ", not a bool"));
-  m.skipped = sk->get<bool>();
-  m.skipped_steps = mr_integer(j, "skipped_steps");
-  if (j.contains("straggler_rank"))
-    m.straggler_rank = static_cast<int>(mr_integer(j, "straggler_rank"));
-  const auto ranks = j.find("ranks");
-  MESHRT_CHECK(ranks != j.end() && ranks->is_array() && !ranks->empty(),
-               "field 'ranks' is " << (ranks == j.end() ? "missing" : "not a non-empty array"));
-  for (size_t i = 0; i < ranks->size(); ++i) m.ranks.push_back(mr_rank((*ranks)[i], i));
-  MESHRT_CHECK(m.straggler_rank >= -1 && m.straggler_rank < static_cast<int>(m.ranks.size()),
-               "field 'straggler_rank' is " << m.straggler_rank << ", not a rank of the "
-                                            << m.ranks.size() << " in 'ranks'");
+  m.step = f.integer("step", 1, std::numeric_limits<int64_t>::max());
+  m.loss = mr_number(f, "loss", true, /*nullable=*/true);
+  m.val_loss = mr_number(f, "val_loss", false, /*nullable=*/true);
+  m.lr = mr_number(f, "lr", true);
+  m.grad_norm = mr_number(f, "grad_norm", false, /*nullable=*/true);
+  m.step_ms = mr_number(f, "step_ms", true);
+  m.tokens_per_s = mr_number(f, "tokens_per_s", true);
+  m.mfu = mr_number(f, "mfu", false);
+  m.skipped = f.boolean("skipped");
+  m.skipped_steps = f.integer("skipped_steps", 0, m.step);
+  const json& ranks = f.array("ranks");
+  MESHRT_CHECK(!ranks.empty(), "field 'ranks' is [], not a list of one object per rank");
+  for (size_t i = 0; i < ranks.size(); ++i) m.ranks.push_back(mr_rank(ranks[i], i));
+  if (f.has("straggler_rank"))
+    m.straggler_rank =
+        static_cast<int>(f.integer("straggler_rank", 0, static_cast<int64_t>(m.ranks.size()) - 1));
   return m;
 }
 

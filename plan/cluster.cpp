@@ -6,6 +6,7 @@
 #include "plan/cost_model.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
+#include "runtime/json_field.h"
 
 namespace meshrt::plan {
 
@@ -86,19 +87,33 @@ ClusterSpec cpu_cluster() {
   return c;
 }
 
-double num(const json& j, const char* key, const std::string& origin) {
-  MESHRT_CHECK(j.contains(key) && j.at(key).is_number(),
-               "cluster " << origin << ": \"" << key << "\" must be a number");
-  return j.at(key).get<double>();
+using ClusterFields = JsonFields<json>;
+
+LinkSpec link(const ClusterFields& f) {
+  return {f.number("busbw_gbps", json_positive()), f.number("latency_us", json_at_least(0))};
 }
 
-LinkSpec link(const json& j, const std::string& origin, const std::string& where) {
-  MESHRT_CHECK(j.is_object(), "cluster " << origin << ": " << where << " must be an object");
-  LinkSpec l{num(j, "busbw_gbps", origin + " " + where),
-             num(j, "latency_us", origin + " " + where)};
-  MESHRT_CHECK(l.busbw_gbps > 0 && l.latency_us >= 0,
-               "cluster " << origin << ": " << where << " needs busbw_gbps > 0, latency_us >= 0");
-  return l;
+// [[GEMM FLOPs, fraction of peak], ...], FLOPs rising.
+std::vector<std::pair<double, double>> gemm_points(const ClusterFields& f) {
+  const json& pts = f.array("gemm_efficiency");
+  MESHRT_CHECK(!pts.empty(), f.where() << ": field 'gemm_efficiency' is [], not a list of "
+                                       << "[GEMM FLOPs > 0, fraction of peak in (0, 1]]");
+  std::vector<std::pair<double, double>> out;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    const json& pt = pts[i];
+    const JsonRange frac{0, 1, true, false};
+    const bool ok = pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number() &&
+                    json_positive().holds(pt[0].get<double>()) && frac.holds(pt[1].get<double>());
+    if (!ok)
+      json_field_fail(f.where(), "gemm_efficiency[" + std::to_string(i) + "]",
+                      json_value_text(pt.dump()), "[GEMM FLOPs > 0, fraction of peak in (0, 1]]");
+    if (!out.empty() && pt[0].get<double>() <= out.back().first)
+      json_field_fail(f.where(), "gemm_efficiency[" + std::to_string(i) + "]",
+                      json_value_text(pt.dump()),
+                      "above the FLOPs of the entry before (sort the entries by FLOPs)");
+    out.push_back({pt[0].get<double>(), pt[1].get<double>()});
+  }
+  return out;
 }
 
 }  // namespace
@@ -142,61 +157,30 @@ ClusterSpec cluster_preset(const std::string& spec) {
 }
 
 ClusterSpec cluster_from_json(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    MESHRT_FAIL("cluster " << origin << ": not valid JSON (" << e.what() << ")");
-  }
-  MESHRT_CHECK(j.is_object(), "cluster " << origin << ": the top level must be an object");
+  const std::string where = "cluster " + origin;
+  const json j = parse_json_text(text, where);
+  const ClusterFields f(j, where);
   ClusterSpec c;
-  c.name = j.value("name", origin);
-  c.device = j.value("device", std::string());
-  c.devices_per_node = static_cast<int>(num(j, "devices_per_node", origin));
-  c.nodes = j.contains("nodes") ? static_cast<int>(num(j, "nodes", origin)) : 1;
-  MESHRT_CHECK(c.devices_per_node >= 1 && c.nodes >= 1,
-               "cluster " << origin << ": devices_per_node and nodes must be >= 1");
-  MESHRT_CHECK(j.contains("peak_tflops") && j["peak_tflops"].is_object(),
-               "cluster " << origin << ": \"peak_tflops\" must be an object {dtype: TFLOP/s}");
-  for (const auto& [k, v] : j["peak_tflops"].items()) {
-    MESHRT_CHECK(v.is_number() && v.get<double>() > 0,
-                 "cluster " << origin << ": peak_tflops." << k << " must be a positive number");
-    c.peaks[k] = v.get<double>();
-  }
-  c.memory_gib = num(j, "memory_gib", origin);
-  c.mem_bw_gbps = num(j, "mem_bw_gbps", origin);
-  c.attention_eff = num(j, "attention_efficiency", origin);
-  c.attention_bwd_efficiency =
-      j.contains("attention_bwd_efficiency") ? num(j, "attention_bwd_efficiency", origin) : 0;
-  c.overlap_eff = j.contains("overlap_efficiency") ? num(j, "overlap_efficiency", origin) : 1.0;
-  MESHRT_CHECK(c.mem_bw_gbps > 0 && c.attention_eff > 0 && c.overlap_eff >= 0 && c.overlap_eff <= 1,
-               "cluster " << origin << ": mem_bw_gbps and attention_efficiency must be positive, "
-                          << "overlap_efficiency in [0, 1]");
-  MESHRT_CHECK(j.contains("gemm_efficiency") && j["gemm_efficiency"].is_array() &&
-                   !j["gemm_efficiency"].empty(),
-               "cluster " << origin << ": \"gemm_efficiency\" must be a list of [flops, fraction]");
-  for (const json& pt : j["gemm_efficiency"]) {
-    MESHRT_CHECK(pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number() &&
-                     pt[0].get<double>() > 0 && pt[1].get<double>() > 0,
-                 "cluster " << origin << ": gemm_efficiency entry " << pt.dump()
-                            << " must be [flops > 0, fraction > 0]");
-    MESHRT_CHECK(c.gemm_eff.empty() || pt[0].get<double>() > c.gemm_eff.back().first,
-                 "cluster " << origin << ": gemm_efficiency must be sorted by flops");
-    c.gemm_eff.push_back({pt[0].get<double>(), pt[1].get<double>()});
-  }
-  MESHRT_CHECK(j.contains("collectives") && j["collectives"].is_object(),
-               "cluster " << origin << ": \"collectives\" must be an object with intra and inter");
-  const json& col = j["collectives"];
+  c.name = f.string_or("name", origin);
+  c.device = f.string_or("device", "");
+  c.devices_per_node = static_cast<int>(f.integer("devices_per_node", 1, 1 << 20));
+  c.nodes = f.has("nodes") ? static_cast<int>(f.integer("nodes", 1, 1000000)) : 1;
+  const ClusterFields peaks = f.object("peak_tflops");
+  for (const auto& [k, v] : j["peak_tflops"].items())
+    c.peaks[k] = peaks.number(k.c_str(), json_positive());
+  c.memory_gib = f.number("memory_gib", json_at_least(0));
+  c.mem_bw_gbps = f.number("mem_bw_gbps", json_positive());
+  const JsonRange fraction{0, 1, true, false};
+  c.attention_eff = f.number("attention_efficiency", fraction);
+  c.attention_bwd_efficiency = f.number_or("attention_bwd_efficiency", json_between(0, 1), 0);
+  c.overlap_eff = f.number_or("overlap_efficiency", json_between(0, 1), 1.0);
+  c.gemm_eff = gemm_points(f);
+  const ClusterFields col = f.object("collectives");
   for (int i = 0; i < 3; ++i) {
-    for (const char* where : {"intra", "inter"}) {
-      MESHRT_CHECK(
-          col.contains(where) && col[where].contains(kOps[i]),
-          "cluster " << origin << ": collectives." << where << "." << kOps[i] << " is missing");
-      (std::string(where) == "intra" ? c.intra : c.inter)[i] =
-          link(col[where][kOps[i]], origin, std::string("collectives.") + where + "." + kOps[i]);
-    }
+    c.intra[i] = link(col.object("intra").object(kOps[i]));
+    c.inter[i] = link(col.object("inter").object(kOps[i]));
   }
-  c.sources = j.value("sources", std::string());
+  c.sources = f.string_or("sources", "");
   return c;
 }
 

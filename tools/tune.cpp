@@ -2,14 +2,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "bench/common/cli_checks.h"
 #include "bench/common/stats.h"
@@ -17,6 +23,7 @@
 #include "mesh/metrics_record.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
+#include "runtime/json_field.h"
 #include "runtime/logging.h"
 #include "runtime/output_file.h"
 #include "tools/report.h"
@@ -30,6 +37,7 @@ using nlohmann::json;
 constexpr double kTnNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr int kTuneStop = 100;  // tune's own stop request (not a signal number)
 constexpr const char* kStateName = "tune-state.json";
+constexpr const char* kLockName = "tune.lock";
 
 struct TuneTrial {
   int index = 0;  // in the full grid (lr slowest, then batch, micro-batches, mesh)
@@ -125,9 +133,6 @@ std::string tn_fingerprint(const TuneCliOptions& o) {
 }
 
 json tn_num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
-double tn_get(const json& j, const char* k) {
-  return j.contains(k) && j[k].is_number() ? j[k].get<double>() : kTnNaN;
-}
 
 json tn_result_json(const TuneResult& r, const TuneTrial& t) {
   return {{"index", r.index},
@@ -145,32 +150,75 @@ json tn_result_json(const TuneResult& r, const TuneTrial& t) {
           {"losses", r.losses}};
 }
 
-// The finished trials of a state file in `dir` ({} when there is none); refused when it holds
-// another search.
-std::vector<TuneResult> tn_read_state(const TuneCliOptions& o) {
-  const std::string path = (std::filesystem::path(o.out) / kStateName).string();
-  if (!std::filesystem::exists(path)) return {};
-  const json j = json::parse(read_input_file(path, "--out state", 64u << 20), nullptr, false);
-  MESHRT_CHECK(j.is_object() && j.value("schema", "") == "meshrt.tune.state" &&
-                   j.contains("trials") && j["trials"].is_array(),
-               path << ": not a meshrt tune state file; use another --out folder");
-  MESHRT_CHECK(j.value("search", "") == tn_fingerprint(o),
-               path << " is the state of another search (" << j.value("search", "?")
-                    << "); use the same flags to resume it, or another --out folder");
-  std::vector<TuneResult> out;
-  for (const json& t : j["trials"]) {
-    TuneResult r;
-    r.window = tune_loss_window(o.base.steps);
-    r.index = t.value("index", -1);
-    r.status = t.value("status", "?");
-    r.steps = t.value("steps", 0);
-    r.last_loss = tn_get(t, "last_loss");
-    r.val_loss = tn_get(t, "val_loss");
-    r.tokens_per_s = tn_get(t, "tokens_per_s");
-    for (const json& l : t.value("losses", json::array()))
-      r.losses.push_back(l.is_number() ? l.get<double>() : kTnNaN);
-    out.push_back(std::move(r));
+using TnFields = JsonFields<json>;
+
+// A loss as the state file holds it: a number >= 0, or null for one that was not finite.
+double tn_loss_field(const TnFields& t, const char* key) {
+  if (t.at(key, "a loss >= 0 (or null)").is_null()) return kTnNaN;
+  return t.number(key, json_at_least(0));
+}
+
+// Trial `i` of a state file, checked against the grid (`seen`: the indexes read so far).
+TuneResult tn_read_trial(const TnFields& t, const TuneCliOptions& o,
+                         const std::vector<TuneTrial>& grid, std::vector<int>& seen) {
+  TuneResult r;
+  r.window = tune_loss_window(o.base.steps);
+  r.index = static_cast<int>(t.integer("index", 0, std::numeric_limits<int>::max()));
+  if (std::none_of(grid.begin(), grid.end(), [&](auto& g) { return g.index == r.index; }) ||
+      std::count(seen.begin(), seen.end(), r.index) > 0)
+    t.fail("index", t.raw().at("index"),
+           "the index of a trial of this search's grid listed once (the file was edited?)");
+  seen.push_back(r.index);
+  r.status = t.string("status");
+  if (r.status != "ok" && r.status != "diverged" && r.status != "trailing")
+    t.fail("status", t.raw().at("status"), "\"ok\", \"diverged\" or \"trailing\"");
+  r.steps = static_cast<int>(t.integer("steps", 0, std::max(o.base.steps, 0)));
+  r.last_loss = tn_loss_field(t, "last_loss");
+  r.val_loss = tn_loss_field(t, "val_loss");
+  r.tokens_per_s = t.number("tokens_per_s", json_at_least(0));
+  const json& losses = t.array("losses");
+  MESHRT_CHECK(losses.size() <= static_cast<size_t>(r.steps),
+               t.where() << ": field '" << t.name("losses") << "' has " << losses.size()
+                         << " losses but field '" << t.name("steps") << "' is " << r.steps
+                         << " (one loss per step; the file was edited?)");
+  for (size_t k = 0; k < losses.size(); ++k) {
+    if (!losses[k].is_null() &&
+        !(losses[k].is_number() && json_at_least(0).holds(losses[k].get<double>())))
+      json_field_fail(t.where(), t.name("losses") + "[" + std::to_string(k) + "]",
+                      json_value_text(losses[k].dump()), "a loss >= 0 (or null)");
+    r.losses.push_back(losses[k].is_null() ? kTnNaN : losses[k].get<double>());
   }
+  return r;
+}
+
+// The finished trials of the state file in --out ({} when there is none); refused when it holds
+// another search or a field is not what tn_write_state writes.
+std::vector<TuneResult> tn_read_state(const TuneCliOptions& o, const std::vector<TuneTrial>& grid) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(o.out) / kStateName).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    MESHRT_CHECK(!ec, "tune: cannot look for " << path << ": " << ec.message());
+    return {};
+  }
+  const json j = parse_json_text(read_input_file(path, "--out state", 64u << 20), path);
+  const TnFields f(j, path);
+  const std::string want =
+      "\"meshrt.tune.state\" (not a meshrt tune state file; use another --out "
+      "folder)";
+  if (!f.has("schema")) json_field_fail(path, "schema", "", want);
+  if (f.raw().at("schema") != "meshrt.tune.state") f.fail("schema", f.raw().at("schema"), want);
+  f.integer("version", 1, 1);
+  const std::string search = f.string("search");
+  MESHRT_CHECK(search == tn_fingerprint(o),
+               path << " is the state of another search (" << search
+                    << "); use the same flags to resume it, or another --out folder");
+  const json& trials = f.array("trials");
+  std::vector<TuneResult> out;
+  std::vector<int> seen;
+  for (size_t i = 0; i < trials.size(); ++i)
+    out.push_back(tn_read_trial(TnFields(trials[i], path, "trials[" + std::to_string(i) + "]."), o,
+                                grid, seen));
   return out;
 }
 
@@ -337,7 +385,7 @@ void tn_write_outputs(const TuneCliOptions& o, const std::vector<TuneResult>& so
   std::vector<ReportRun> runs;
   for (const TuneResult& r : sorted) {
     const std::string p = tn_metrics_path(o, r.index);
-    if (std::filesystem::exists(p))
+    if (std::error_code ec; std::filesystem::exists(p, ec))
       runs.push_back({"#" + std::to_string(r.index) + " " + tn_trial(grid, r.index).label(),
                       read_metrics_file(p)});
   }
@@ -345,6 +393,43 @@ void tn_write_outputs(const TuneCliOptions& o, const std::vector<TuneResult>& so
   plot_report_runs(o.plot, runs);
   os << "wrote " << o.plot << "\n";
 }
+
+// Holds --out/tune.lock (flock, exclusive, non-blocking) while the search runs: a second tune
+// on the same folder fails at once, naming the holder. The file stays when the search ends (were
+// it removed, a third tune could lock a new file while a second still holds the old one); the
+// lock itself dies with its process.
+class TnLock {
+ public:
+  explicit TnLock(const std::string& out) {
+    const std::string path = (std::filesystem::path(out) / kLockName).string();
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    MESHRT_CHECK(fd_ >= 0, "tune: --out " << out << ": cannot open the lock file " << path << ": "
+                                          << std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      char buf[64] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+      ::close(fd_);
+      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      MESHRT_CHECK(e != EWOULDBLOCK,
+                   "tune: another meshrt tune is using --out "
+                       << out << " (" << (holder.empty() ? "another process" : holder) << " holds "
+                       << path << "); wait for it to end or give another --out "
+                       << "folder");
+      MESHRT_FAIL("tune: --out " << out << ": cannot lock " << path << ": " << std::strerror(e));
+    }
+    const std::string me = "pid " + std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0)
+      MESHRT_LOG_DEBUG("tune: cannot record the holder in " << path);
+  }
+  ~TnLock() { ::close(fd_); }
+  TnLock(const TnLock&) = delete;
+  TnLock& operator=(const TnLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 void tn_check(const TuneCliOptions& o) {
   MESHRT_CHECK(o.base.metrics.empty() && o.base.save.empty() && o.base.resume.empty(),
@@ -354,17 +439,33 @@ void tn_check(const TuneCliOptions& o) {
       std::isfinite(o.margin) && o.margin >= 0,
       "tune: --margin " << o.margin << " must be >= 0 (0: no early stop of trailing trials)");
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  MESHRT_CHECK(fs::is_directory(o.out), "tune: --out " << o.out << " is not a folder and cannot be "
-                                                       << "made one"
-                                                       << (ec ? ": " + ec.message() : ""));
+  std::error_code made, st;
+  fs::create_directories(o.out, made);
+  const bool dir = fs::is_directory(o.out, st);
+  MESHRT_CHECK(dir, "tune: --out " << o.out << " is not a folder and cannot be made one"
+                                   << (st     ? ": " + st.message()
+                                       : made ? ": " + made.message()
+                                              : "")
+                                   << "; give a new or empty folder, or one a tune search made");
   // A folder a search made holds its state file from the start (run_tune writes it before the
-  // first trial); files without one are someone else's, which trial-N.jsonl would replace.
-  MESHRT_CHECK(fs::exists(fs::path(o.out) / kStateName, ec) || fs::is_empty(o.out, ec),
-               "tune: --out " << o.out << " holds files but no " << kStateName
-                              << ": not a folder a tune search made (its trial-N.jsonl files "
-                                 "would replace files there); give a new or empty folder");
+  // first trial); files without one are someone else's, which trial-N.jsonl would replace. The
+  // lock file and the state's temporary (".tune-state.json.tmp-...", write_output_file's) are
+  // tune's own: a search that holds the lock and is writing its first state.
+  std::error_code ec;
+  bool foreign = false;
+  if (!fs::exists(fs::path(o.out) / kStateName, ec)) {
+    const std::string tmp = std::string(".") + kStateName + ".tmp-";
+    for (auto it = fs::directory_iterator(o.out, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      foreign = foreign || (n != kLockName && n.rfind(tmp, 0) != 0);
+    }
+  }
+  MESHRT_CHECK(!ec, "tune: --out " << o.out << ": cannot list the folder: " << ec.message());
+  MESHRT_CHECK(!foreign, "tune: --out "
+                             << o.out << " holds files but no " << kStateName
+                             << ": not a folder a tune search made (its trial-N.jsonl files "
+                                "would replace files there); give a new or empty folder");
   check_output_path(o.json, "--json");
   check_output_path(o.plot, "--plot");
   check_distinct_outputs({{"--json", o.json}, {"--plot", o.plot}});
@@ -433,9 +534,10 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
 
 int run_tune(const TuneCliOptions& o, std::ostream& os) {
   tn_check(o);
+  const TnLock lock(o.out);  // the folder is this process's until it returns
   StopSignals signals(bench::launcher_rank() == 0);
   const std::vector<TuneTrial> grid = tn_grid(o);
-  std::vector<TuneResult> done = tn_read_state(o);
+  std::vector<TuneResult> done = tn_read_state(o, grid);
   if (done.empty()) tn_write_state(o, done, grid);  // the folder is this search's from now on
   if (!done.empty())
     print_line(os, "tune: resuming from " + o.out + ": " + std::to_string(done.size()) + " of " +

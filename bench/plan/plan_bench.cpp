@@ -5,12 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <sstream>
 
 #include "bench/common/stats.h"
 #include "runtime/error.h"
+#include "runtime/input_file.h"
+#include "runtime/json_field.h"
 #include "runtime/output_file.h"
 
 namespace meshrt {
@@ -186,56 +187,110 @@ void check_plan_options(const PlanOptions& o) {
 
 namespace {
 
-json read_sweep(const std::string& flag, const std::string& path) {
-  std::ifstream f(path);
-  MESHRT_CHECK(f, flag << " " << path << ": cannot read the file (a `meshrt sweep --json` file)");
-  json j;
-  try {
-    f >> j;
-  } catch (const json::exception& e) {
-    MESHRT_FAIL(flag << " " << path << ": not valid JSON (" << e.what() << ")");
-  }
-  MESHRT_CHECK(j.contains("results") && j["results"].is_array() && !j["results"].empty(),
-               flag << " " << path << ": no \"results\" list; give a `meshrt sweep --json` file");
-  return j;
+// Far above any sweep's file (a few KiB per run), far below what would hurt to read.
+constexpr uint64_t kMaxSweepFileBytes = 256ull << 20;
+
+// One run of a sweep as --compare reads it, every field type and range checked.
+struct SweepRun {
+  std::string label;  // as the table labels it: "dp=1,tp=2 sp=on b=2"
+  ModelSpec m;
+  PlanConfig pc;
+  bool fwd_only = false, cuda = false, launch_blocking = false, host_stream_reuse = false;
+  double global_batch = 0, step_ms = 0, tp_exposed_ms = 0, dp_exposed_ms = 0, peak_bytes = 0;
+  double tp_bytes = 0, tp_count = 0, dp_bytes = 0, dp_count = 0;
+};
+
+using SweepFields = JsonFields<json>;
+
+// The model and layout of a run (its "config" object).
+void read_sweep_config(const SweepFields& c, SweepRun& s) {
+  // What a parser of a name refuses, named as the field it came from.
+  auto named = [&](const char* key, const auto& parse) {
+    const std::string v = c.string(key);
+    try {
+      return parse(v);
+    } catch (const Error& e) {
+      MESHRT_FAIL(c.where() << ": field '" << c.name(key) << "': " << e.message());
+    }
+  };
+  constexpr int64_t kBig = int64_t{1} << 40;
+  s.m.hidden = c.integer("hidden", 1, kBig);
+  s.m.heads = c.integer("heads", 1, kBig);
+  if (s.m.hidden % s.m.heads != 0)
+    c.fail("heads", c.raw().at("heads"),
+           "a divisor of " + c.name("hidden") + " " + std::to_string(s.m.hidden));
+  s.m.ffn = c.integer("ffn", 1, kBig);
+  s.m.layers = static_cast<int>(c.integer("layers", 1, 100000));
+  s.m.seq = c.integer("seq", 1, kBig);
+  s.m.dtype = named("dtype", [](const std::string& v) {
+    plan::dtype_bytes(v);  // refuses a name the planner has no size for
+    return v;
+  });
+  s.m.kind = named("kind", [](const std::string& v) { return parse_layer_kind(v); });
+  s.pc.dp = static_cast<int>(c.integer("dp", 1, 1 << 20));
+  s.pc.tp = static_cast<int>(c.integer("tp", 1, 1 << 20));
+  s.pc.sp = c.boolean("sp");
+  s.pc.micro_batch = c.integer("batch_per_replica", 1, kBig);
+  s.global_batch = static_cast<double>(c.integer("global_batch", 1, kBig));
+  s.pc.bucket_mb = c.number("bucket_mb", json_positive());
+  s.pc.overlap = named("overlap", [](const std::string& v) { return parse_overlap(v); });
+  s.pc.optimizer = false;  // the block benchmark runs no optimizer step
+  s.fwd_only = c.boolean_or("fwd_only", false);
+  s.cuda = c.string_or("device_type", "") == "cuda";
+  s.label = c.string("mesh") + " sp=" + (s.pc.tp > 1 ? (s.pc.sp ? "on" : "off") : "-") +
+            " b=" + std::to_string(s.pc.micro_batch);
 }
 
-// A sweep result's configuration, as the table labels it.
-std::string run_label(const json& c) {
-  const int tp = c.at("tp").get<int>();
-  return c.at("mesh").get<std::string>() +
-         " sp=" + (tp > 1 ? (c.at("sp").get<bool>() ? "on" : "off") : "-") +
-         " b=" + std::to_string(c.at("batch_per_replica").get<int64_t>());
+SweepRun read_sweep_run(const json& r, const std::string& where) {
+  const SweepFields f(r, where);
+  SweepRun s;
+  read_sweep_config(f.object("config"), s);
+  s.step_ms = f.object("step_ms").number("median", json_positive());
+  const SweepFields comm = f.object("comm");
+  const SweepFields tp = comm.object("tp"), dp = comm.object("dp");
+  s.tp_exposed_ms = tp.number("exposed_ms_median", json_at_least(0));
+  s.dp_exposed_ms = dp.number("exposed_ms_median", json_at_least(0));
+  s.tp_bytes = tp.number("bytes_per_step_per_rank", json_at_least(0));
+  s.dp_bytes = dp.number("bytes_per_step_per_rank", json_at_least(0));
+  s.tp_count = tp.number("collectives_per_step_per_rank", json_at_least(0));
+  s.dp_count = dp.number("collectives_per_step_per_rank", json_at_least(0));
+  const SweepFields mem = f.object("memory");
+  s.peak_bytes = mem.number("peak_allocated_bytes_max", json_positive());
+  s.launch_blocking = mem.boolean_or("launch_blocking", false);
+  s.host_stream_reuse = mem.boolean_or("host_stream_reuse", false);
+  return s;
 }
 
-bool launch_blocking_run(const json& r) {
-  return r.contains("memory") && r["memory"].value("launch_blocking", false);
+// Every run of the `meshrt sweep --json` file `path`, given as `flag`.
+std::vector<SweepRun> read_sweep(const std::string& flag, const std::string& path) {
+  const std::string where = flag + " " + path;
+  const json j = parse_json_text(read_input_file(path, flag, kMaxSweepFileBytes), where);
+  const SweepFields f(j, where);
+  const json& results = f.array("results");
+  MESHRT_CHECK(!results.empty(), where << ": field 'results' is [], not a list of runs; give a "
+                                       << "`meshrt sweep --json` file of a sweep that ran");
+  std::vector<SweepRun> runs;
+  for (size_t i = 0; i < results.size(); ++i)
+    runs.push_back(read_sweep_run(results[i], where + ": results[" + std::to_string(i) + "]"));
+  return runs;
 }
 
 // A host run whose queued tasks held their tensors until they ran (MESHRT_HOST_STREAM_REUSE=0,
 // or a sweep written before the host pool reused blocks stream-ordered): its peak exceeds the
 // program-order one that the model predicts.
-bool queued_peak_run(const json& r) {
-  if (launch_blocking_run(r)) return false;
-  if (r.at("config").value("device_type", std::string()) == "cuda") return false;
-  return !(r.contains("memory") && r["memory"].value("host_stream_reuse", false));
+bool queued_peak_run(const SweepRun& r) {
+  return !r.launch_blocking && !r.cuda && !r.host_stream_reuse;
 }
-
-}  // namespace
-
-namespace {
 
 // Program-order peaks by configuration, from a launch-blocking sweep (--compare-memory).
 std::map<std::string, double> program_order_peaks(const std::string& memory_path) {
   std::map<std::string, double> po_peak;
-  const json mj = read_sweep("--compare-memory", memory_path);
-  for (const json& r : mj["results"]) {
-    MESHRT_CHECK(launch_blocking_run(r),
-                 "--compare-memory " << memory_path << ": " << run_label(r.at("config"))
-                                     << " ran with queueing host streams; run that sweep with "
-                                        "MESHRT_LAUNCH_BLOCKING=1");
-    po_peak[run_label(r.at("config"))] =
-        r.at("memory").at("peak_allocated_bytes_max").get<double>();
+  for (const SweepRun& r : read_sweep("--compare-memory", memory_path)) {
+    MESHRT_CHECK(r.launch_blocking, "--compare-memory "
+                                        << memory_path << ": " << r.label
+                                        << " ran with queueing host streams; run that sweep with "
+                                           "MESHRT_LAUNCH_BLOCKING=1");
+    po_peak[r.label] = r.peak_bytes;
   }
   return po_peak;
 }
@@ -244,68 +299,55 @@ std::map<std::string, double> program_order_peaks(const std::string& memory_path
 struct CompareRow {
   std::string label;
   double meas_ms, pred_ms, meas_tp, pred_tp, meas_dp, pred_dp, meas_mem, pred_mem;
+  double global_batch;
   bool bytes_equal;
 };
 
-// The planner's prediction for the configuration of sweep result `r` on `cluster`, next to what
-// the sweep measured (the peak memory is filled in by the caller).
-CompareRow compare_row(const json& r, const std::string& path, const std::string& cluster) {
-  const json& c = r.at("config");
-  ModelSpec m;
-  m.hidden = c.at("hidden").get<int64_t>();
-  m.heads = c.at("heads").get<int64_t>();
-  m.ffn = c.at("ffn").get<int64_t>();
-  m.layers = c.at("layers").get<int>();
-  m.seq = c.at("seq").get<int64_t>();
-  m.dtype = c.at("dtype").get<std::string>();
-  m.kind = parse_layer_kind(c.at("kind").get<std::string>());
-  MESHRT_CHECK(!c.value("fwd_only", false),
-               "--compare " << path << ": forward-only sweeps are not modelled");
-  PlanConfig pc;
-  pc.dp = c.at("dp").get<int>();
-  pc.tp = c.at("tp").get<int>();
-  pc.sp = c.at("sp").get<bool>();
-  pc.micro_batch = c.at("batch_per_replica").get<int64_t>();
-  pc.bucket_mb = c.at("bucket_mb").get<double>();
-  pc.overlap = parse_overlap(c.at("overlap").get<std::string>());
-  pc.optimizer = false;  // the block benchmark runs no optimizer step
-  const ClusterSpec cl = plan::load_cluster(cluster, m.dtype);
-  MESHRT_CHECK(pc.dp * pc.tp <= cl.world(), "--compare: the sweep ran "
-                                                << pc.dp * pc.tp << " ranks, cluster " << cl.name
-                                                << " has " << cl.world());
-  const Prediction p = plan::predict(m, cl, pc);
-  const json& tpj = r.at("comm").at("tp");
-  const json& dpj = r.at("comm").at("dp");
+// The planner's prediction for sweep run `r` (run `i` of `path`) on `cluster`, next to what the
+// sweep measured (the peak memory is filled in by the caller).
+CompareRow compare_row(const SweepRun& r, size_t i, const std::string& path,
+                       const std::string& cluster) {
+  MESHRT_CHECK(!r.fwd_only, "--compare " << path << ": forward-only sweeps are not modelled");
+  const ClusterSpec cl = plan::load_cluster(cluster, r.m.dtype);
+  MESHRT_CHECK(r.pc.dp * r.pc.tp <= cl.world(), "--compare: the sweep ran "
+                                                    << r.pc.dp * r.pc.tp << " ranks, cluster "
+                                                    << cl.name << " has " << cl.world());
+  Prediction p;
+  try {
+    p = plan::predict(r.m, cl, r.pc);
+  } catch (const Error& e) {
+    MESHRT_FAIL("--compare " << path << ": results[" << i << "] (" << r.label
+                             << "): " << e.message());
+  }
   CompareRow row;
-  row.label = run_label(c);
-  row.meas_ms = r.at("step_ms").at("median").get<double>();
+  row.label = r.label;
+  row.meas_ms = r.step_ms;
   row.pred_ms = p.step_s * 1e3;
-  row.meas_tp = tpj.at("exposed_ms_median").get<double>();
+  row.meas_tp = r.tp_exposed_ms;
   row.pred_tp = p.tp_exposed_s * 1e3;
-  row.meas_dp = dpj.at("exposed_ms_median").get<double>();
+  row.meas_dp = r.dp_exposed_ms;
   row.pred_dp = p.dp_exposed_s * 1e3;
-  row.meas_mem = r.at("memory").at("peak_allocated_bytes_max").get<double>();
+  row.meas_mem = r.peak_bytes;
   row.pred_mem = p.mem.total();
-  row.bytes_equal =
-      std::llround(tpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.tp_bytes) &&
-      std::llround(tpj.at("collectives_per_step_per_rank").get<double>()) == p.tp_count &&
-      std::llround(dpj.at("bytes_per_step_per_rank").get<double>()) == std::llround(p.dp_bytes) &&
-      std::llround(dpj.at("collectives_per_step_per_rank").get<double>()) == p.dp_count;
+  row.global_batch = r.global_batch;
+  row.bytes_equal = std::llround(r.tp_bytes) == std::llround(p.tp_bytes) &&
+                    std::llround(r.tp_count) == p.tp_count &&
+                    std::llround(r.dp_bytes) == std::llround(p.dp_bytes) &&
+                    std::llround(r.dp_count) == p.dp_count;
   return row;
 }
 
 // The markdown table; returns each row's |error| of the step time and sets the measured and the
 // predicted best (by time per sequence: the sweep's ranking by tokens/s, batches differ).
-std::vector<double> print_compare_table(const std::vector<CompareRow>& rows, const json& j,
-                                        std::ostream& out, size_t* mbest, size_t* pbest) {
+std::vector<double> print_compare_table(const std::vector<CompareRow>& rows, std::ostream& out,
+                                        size_t* mbest, size_t* pbest) {
   out << "| configuration | measured step ms | predicted step ms | error | measured tp exposed ms "
          "| predicted | measured dp exposed ms | predicted | measured peak MiB | predicted MiB "
          "| collectives & bytes |\n";
   out << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   std::vector<double> errs;
   auto per = [&](size_t k, bool pred) {
-    const double seqs = j["results"][k]["config"].at("global_batch").get<double>();
-    return (pred ? rows[k].pred_ms : rows[k].meas_ms) / seqs;
+    return (pred ? rows[k].pred_ms : rows[k].meas_ms) / rows[k].global_batch;
   };
   *mbest = *pbest = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -329,29 +371,27 @@ std::vector<double> print_compare_table(const std::vector<CompareRow>& rows, con
 
 std::string compare_with_sweep(const std::string& path, const std::string& cluster,
                                std::ostream& out, const std::string& memory_path) {
-  const json j = read_sweep("--compare", path);
+  const std::vector<SweepRun> runs = read_sweep("--compare", path);
   std::map<std::string, double> po_peak;
   if (!memory_path.empty()) po_peak = program_order_peaks(memory_path);
   bool queued_peaks = false;
   std::vector<CompareRow> rows;
-  for (const json& r : j["results"]) {
-    CompareRow row = compare_row(r, path, cluster);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    CompareRow row = compare_row(runs[i], i, path, cluster);
     if (!memory_path.empty()) {
       auto it = po_peak.find(row.label);
       MESHRT_CHECK(it != po_peak.end(), "--compare-memory " << memory_path << ": no run of "
                                                             << row.label << ", which " << path
                                                             << " has; sweep the same layouts");
       row.meas_mem = it->second;
-    } else if (queued_peak_run(r)) {
+    } else if (queued_peak_run(runs[i])) {
       queued_peaks = true;
     }
     rows.push_back(row);
   }
   size_t mbest = 0, pbest = 0;
-  const std::vector<double> errs = print_compare_table(rows, j, out, &mbest, &pbest);
-  auto per_seq = [&](size_t k) {
-    return rows[k].meas_ms / j["results"][k]["config"].at("global_batch").get<double>();
-  };
+  const std::vector<double> errs = print_compare_table(rows, out, &mbest, &pbest);
+  auto per_seq = [&](size_t k) { return rows[k].meas_ms / rows[k].global_batch; };
   const double loss = per_seq(pbest) / per_seq(mbest) - 1;
   const double med = bench::median(errs);
   double mem_err = 0;

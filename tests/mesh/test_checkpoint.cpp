@@ -732,32 +732,83 @@ TEST_CASE("temporaries of killed saves are removed, only under meshrt's names",
   fs::remove_all(root);
 }
 
-TEST_CASE("index numbers out of range are refused naming the file and the field", "[checkpoint]") {
+TEST_CASE("index fields of a wrong type or out of range are refused naming the file and the field",
+          "[checkpoint]") {
   const std::string root = scratch("numbers");
   save_on({1, "dp=1", false}, root, 1);
   const std::string ip = root + "/step-00000001/index.json";
   const auto good = nlohmann::json::parse(slurp(ip));
+  // The message of reading the index with field `ptr` set to `v` (null: removed); the index is
+  // read before any rank file is opened.
   auto with = [&](const std::string& ptr, const nlohmann::json& v) {
     auto j = good;
-    j[nlohmann::json::json_pointer(ptr)] = v;
+    const nlohmann::json::json_pointer p(ptr);
+    if (v.is_null())
+      j[p.parent_pointer()].erase(p.back());
+    else
+      j[p] = v;
     spit(ip, j.dump());
+    try {
+      read_checkpoint_meta(root, meta_at(0));
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string();
   };
-  with("/step", 1e20);
-  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
-                    Catch::Contains("checkpoint: " + ip +
-                                    ": field 'step' is 1e+20, not an "
-                                    "integer in [0, 2147483647]"));
-  with("/step", -3);
-  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
-                    Catch::Contains(ip + ": field 'step' is -3"));
-  with("/data/seed", "9");
-  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
-                    Catch::Contains(ip + ": data: field 'seed' is \"9\""));
-  with("/optimizer/step", 2.5);
-  CHECK_THROWS_WITH(read_checkpoint_meta(root, meta_at(0)),
-                    Catch::Contains(ip + ": optimizer: field 'step' is 2.5"));
+  const std::string at = "checkpoint: " + ip + ": ";
+  CHECK(with("/step", 1e20) == at + "field 'step' is 1e+20, not an integer in [0, 2147483647]");
+  CHECK(with("/step", -3) == at + "field 'step' is -3, not an integer in [0, 2147483647]");
+  CHECK(with("/step", nullptr) ==
+        at + "field 'step' is missing; give an integer in [0, 2147483647]");
+  CHECK(with("/data/seed", "9") ==
+        at + "field 'data.seed' is \"9\", not an integer in [0, 18446744073709551615]");
+  CHECK(with("/data", 9) == at + "field 'data' is 9, not an object");
+  CHECK(with("/optimizer/step", 2.5) ==
+        at + "field 'optimizer.step' is 2.5, not an integer in [0, 9223372036854775807]");
+  CHECK(with("/world_size", 0) == at + "field 'world_size' is 0, not an integer in [1, 1048576]");
+  CHECK(with("/world_size", -2) == at + "field 'world_size' is -2, not an integer in [1, 1048576]");
+  CHECK(with("/world_size", "1") ==
+        at + "field 'world_size' is \"1\", not an integer in [1, 1048576]");
+  CHECK(with("/world_size", 2) == at + "field 'files' lists 1 files but field 'world_size' is 2 "
+                                       "(one file per rank): the index is not meshrt's or was "
+                                       "edited");
+  CHECK(with("/checksum", "md5") == at + "field 'checksum' is \"md5\", not \"crc32c\" (the only "
+                                         "checksum this meshrt verifies; written by another "
+                                         "tool?)");
+  CHECK(with("/checksum", nullptr) == at + "field 'checksum' is missing; give a string");
+  CHECK(with("/mesh", 1) == at + "field 'mesh' is 1, not a string");
+  CHECK(with("/run", false) == at + "field 'run' is false, not a string");
+  CHECK(with("/skipped_steps", -1) ==
+        at + "field 'skipped_steps' is -1, not an integer in [0, 2147483647]");
+  CHECK(with("/config/seq", 8) == at + "field 'config.seq' is 8, not a string");
+  CHECK(with("/files/rank-00000.safetensors/bytes", "big") ==
+        at + "file 'rank-00000.safetensors': field 'bytes' is \"big\", not an integer in [0, "
+             "18446744073709551615]");
+  CHECK(with("/files/rank-00000.safetensors/crc32c", 7) ==
+        at + "file 'rank-00000.safetensors': field 'crc32c' is 7, not a string");
+  CHECK(with("/tensors/embed.weight/dtype", nullptr) ==
+        at + "tensor 'embed.weight': field 'dtype' is missing; give a string");
+  CHECK(with("/tensors/embed.weight/shape", "130x32") ==
+        at + "tensor 'embed.weight' shape: not an array of at most 8 extents");
+  CHECK(with("/tensors/embed.weight/shards/0/file", 0) ==
+        at + "tensor 'embed.weight': shard 0: field 'file' is 0, not a string");
+  CHECK(with("/tensors/embed.weight/shards", 1) ==
+        at + "tensor 'embed.weight': field 'shards' is 1, not an array");
+  CHECK(with("/tensors", nlohmann::json::array()) == at + "field 'tensors' is [], not an object");
   spit(ip, good.dump());
   CHECK(read_checkpoint_meta(root, meta_at(0)).step == 1);
+  // A --resume of the run stops at the index, before it loads anything or writes a step.
+  spit(ip, [&] {
+    auto j = good;
+    j["world_size"] = 0;
+    return j.dump();
+  }());
+  TrainConfig c = base_cfg();
+  c.steps = 2;
+  c.checkpoint.resume = root;
+  c.checkpoint.save = root;
+  CHECK_THROWS_WITH(run_train(1, c), Catch::Contains(at + "field 'world_size' is 0"));
+  CHECK_FALSE(fs::exists(root + "/step-00000002"));
   fs::remove_all(root);
 }
 

@@ -670,6 +670,161 @@ TEST_CASE("plan: --compare-memory takes a launch-blocking sweep of the same layo
   std::remove(mem.c_str());
 }
 
+namespace {
+
+// The message of the meshrt::Error `fn` throws (without its source location), or "" when none.
+template <class F>
+std::string plan_error(F fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("plan: a cluster file is checked field by field, naming the file and the field",
+          "[unit]") {
+  const json good = json::parse(cluster_to_json(load_cluster("h100-sxm:8", "bf16")));
+  // Cluster `good` with field `ptr` set to `v` (null: removed), read as file c.json.
+  auto with = [&](const std::string& ptr, const json& v) {
+    json j = good;
+    const json::json_pointer p(ptr);
+    if (v.is_null())
+      j[p.parent_pointer()].erase(p.back());
+    else
+      j[p] = v;
+    return plan_error([&] { cluster_from_json(j.dump(), "c.json"); });
+  };
+  CHECK(with("/name", "x").empty());
+  CHECK(with("/memory_gib", -1) == "cluster c.json: field 'memory_gib' is -1, not a number >= 0");
+  CHECK(with("/memory_gib", "80") ==
+        "cluster c.json: field 'memory_gib' is \"80\", not a number >= 0");
+  CHECK(with("/memory_gib", nullptr) ==
+        "cluster c.json: field 'memory_gib' is missing; give a number >= 0");
+  CHECK(with("/mem_bw_gbps", 0) == "cluster c.json: field 'mem_bw_gbps' is 0, not a number > 0");
+  CHECK(with("/devices_per_node", 0) ==
+        "cluster c.json: field 'devices_per_node' is 0, not an integer in [1, 1048576]");
+  CHECK(with("/devices_per_node", 2.5) ==
+        "cluster c.json: field 'devices_per_node' is 2.5, not an integer in [1, 1048576]");
+  CHECK(with("/nodes", -2) ==
+        "cluster c.json: field 'nodes' is -2, not an integer in [1, 1000000]");
+  CHECK(with("/peak_tflops/bf16", -5) ==
+        "cluster c.json: field 'peak_tflops.bf16' is -5, not a number > 0");
+  CHECK(with("/peak_tflops", 989) == "cluster c.json: field 'peak_tflops' is 989, not an object");
+  CHECK(with("/attention_efficiency", 1.5) ==
+        "cluster c.json: field 'attention_efficiency' is 1.5, not a number in (0, 1]");
+  CHECK(with("/overlap_efficiency", -0.1) ==
+        "cluster c.json: field 'overlap_efficiency' is -0.1, not a number in [0, 1]");
+  CHECK(with("/gemm_efficiency/1", json::array({1e9, 0})) ==
+        "cluster c.json: field 'gemm_efficiency[1]' is [1000000000.0,0], not [GEMM FLOPs > 0, "
+        "fraction of peak in (0, 1]]");
+  CHECK(with("/gemm_efficiency/1", json::array({1, 0.5})) ==
+        "cluster c.json: field 'gemm_efficiency[1]' is [1,0.5], not above the FLOPs of the entry "
+        "before (sort the entries by FLOPs)");
+  CHECK(with("/gemm_efficiency", json::array()) ==
+        "cluster c.json: field 'gemm_efficiency' is [], not a list of [GEMM FLOPs > 0, fraction "
+        "of peak in (0, 1]]");
+  CHECK(with("/collectives/inter/all_reduce/busbw_gbps", -1) ==
+        "cluster c.json: field 'collectives.inter.all_reduce.busbw_gbps' is -1, not a number > 0");
+  CHECK(with("/collectives/intra/all_gather", nullptr) ==
+        "cluster c.json: field 'collectives.intra.all_gather' is missing; give an object");
+  CHECK(with("/collectives/intra/reduce_scatter/latency_us", true) ==
+        "cluster c.json: field 'collectives.intra.reduce_scatter.latency_us' is true, not a "
+        "number >= 0");
+  CHECK(with("/sources", 3) == "cluster c.json: field 'sources' is 3, not a string");
+  CHECK(plan_error([] { cluster_from_json("[1, 2]", "c.json"); }) ==
+        "cluster c.json is [1,2], not an object");
+  // NaN and Infinity are not JSON; a number too large for a double is refused as well.
+  CHECK(plan_error([] { cluster_from_json("{\"memory_gib\": NaN}", "c.json"); }) ==
+        "cluster c.json: not valid JSON: parse error at line 1, column 16: syntax error while "
+        "parsing value - invalid literal; last read: '\"memory_gib\": N' (numbers must be finite: "
+        "JSON has no NaN or Infinity)");
+  CHECK(plan_error([] { cluster_from_json("{\"memory_gib\": 1e999}", "c.json"); }) ==
+        "cluster c.json: not valid JSON: number overflow parsing '1e999' (numbers must be finite: "
+        "JSON has no NaN or Infinity)");
+}
+
+TEST_CASE("plan: --compare checks every field of the sweep it reads", "[unit]") {
+  const std::string path = "plan-test-fields.json";
+  json comm = {{"exposed_ms_median", 0.0},
+               {"bytes_per_step_per_rank", 0.0},
+               {"collectives_per_step_per_rank", 0.0}};
+  const json run = {{"config",
+                     {{"hidden", 256},
+                      {"heads", 4},
+                      {"ffn", 1024},
+                      {"layers", 2},
+                      {"seq", 128},
+                      {"dtype", "f32"},
+                      {"kind", "block"},
+                      {"dp", 1},
+                      {"tp", 2},
+                      {"sp", true},
+                      {"mesh", "dp=1,tp=2"},
+                      {"batch_per_replica", 2},
+                      {"global_batch", 2},
+                      {"bucket_mb", 25.0},
+                      {"overlap", "async"},
+                      {"device_type", "cpu"}}},
+                    {"comm", {{"tp", comm}, {"dp", comm}}},
+                    {"step_ms", {{"median", 10.0}}},
+                    {"memory", {{"peak_allocated_bytes_max", 1e7}, {"launch_blocking", true}}}};
+  // --compare of a sweep whose one run has field `ptr` set to `v` (null: removed).
+  auto with = [&](const std::string& ptr, const json& v) {
+    json r = run;
+    const json::json_pointer p(ptr);
+    if (v.is_null())
+      r[p.parent_pointer()].erase(p.back());
+    else
+      r[p] = v;
+    std::ofstream(path) << json{{"results", json::array({r})}}.dump();
+    std::ostringstream out;
+    return plan_error([&] { compare_with_sweep(path, "h100-sxm:8", out); });
+  };
+  const std::string at = "--compare " + path + ": results[0]: ";
+  CHECK(with("/config/mesh", "dp=1,tp=2").empty());
+  CHECK(with("/config/hidden", 0) ==
+        at + "field 'config.hidden' is 0, not an integer in [1, 1099511627776]");
+  CHECK(with("/config/hidden", "256") ==
+        at + "field 'config.hidden' is \"256\", not an integer in [1, 1099511627776]");
+  CHECK(with("/config/heads", 3) ==
+        at + "field 'config.heads' is 3, not a divisor of config.hidden 256");
+  CHECK(with("/config/layers", -1) ==
+        at + "field 'config.layers' is -1, not an integer in [1, 100000]");
+  CHECK(with("/config/dp", nullptr) ==
+        at + "field 'config.dp' is missing; give an integer in [1, 1048576]");
+  CHECK(with("/config/sp", 1) == at + "field 'config.sp' is 1, not true or false");
+  CHECK(with("/config/bucket_mb", -25) == at + "field 'config.bucket_mb' is -25, not a number > 0");
+  CHECK(with("/config/dtype", "f8") ==
+        at + "field 'config.dtype': dtype 'f8': use f32, bf16 or f16");
+  CHECK(with("/config/overlap", "fast") ==
+        at + "field 'config.overlap': unknown overlap mode 'fast': use none, async or chunked");
+  CHECK(with("/step_ms/median", 0) == at + "field 'step_ms.median' is 0, not a number > 0");
+  CHECK(with("/comm/tp/exposed_ms_median", -1) ==
+        at + "field 'comm.tp.exposed_ms_median' is -1, not a number >= 0");
+  CHECK(with("/comm/dp", "none") == at + "field 'comm.dp' is \"none\", not an object");
+  CHECK(with("/memory/peak_allocated_bytes_max", -1) ==
+        at + "field 'memory.peak_allocated_bytes_max' is -1, not a number > 0");
+  CHECK(with("/memory", nullptr) == at + "field 'memory' is missing; give an object");
+  CHECK(with("/config/tp", 3) ==
+        "--compare " + path +
+            ": results[0] (dp=1,tp=2 sp=on b=2): plan: hidden 256 does not "
+            "divide by tp=3");
+  std::ofstream(path) << R"({"results": []})";
+  std::ostringstream out;
+  CHECK(plan_error([&] { compare_with_sweep(path, "h100-sxm:8", out); }) ==
+        "--compare " + path +
+            ": field 'results' is [], not a list of runs; give a `meshrt sweep "
+            "--json` file of a sweep that ran");
+  std::ofstream(path) << R"({"runs": []})";
+  CHECK(plan_error([&] { compare_with_sweep(path, "h100-sxm:8", out); }) ==
+        "--compare " + path + ": field 'results' is missing; give an array");
+  std::remove(path.c_str());
+}
+
 TEST_CASE("plan: the command checks its options and prints the table and the JSON", "[unit]") {
   PlanOptions o;
   CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("--model is required"));
@@ -685,7 +840,7 @@ TEST_CASE("plan: the command checks its options and prints the table and the JSO
   CHECK_THROWS_WITH(check_plan_options(o), Catch::Contains("give one of them"));
   o.calibrate_path.clear();
   std::ostringstream cmp;
-  CHECK_THROWS_WITH(run_plan(o, cmp), Catch::Contains("cannot read the file"));
+  CHECK_THROWS_WITH(run_plan(o, cmp), Catch::Contains("--compare y.json: cannot open"));
   o.compare_path.clear();
   std::ostringstream out;
   CHECK(run_plan(o, out) == 0);

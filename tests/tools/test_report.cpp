@@ -141,6 +141,63 @@ TEST_CASE("report refuses malformed records naming the file and line", "[report]
   CHECK(std::isnan(recs[0].val_loss));
 }
 
+TEST_CASE("report refuses negative numbers, and nulls where the schema has none",
+          "[report][unit]") {
+  const std::string good = report_synthetic();
+  const nlohmann::json first = nlohmann::json::parse(good.substr(0, good.find('\n')));
+  // The message of reading a file whose one record has field `ptr` set to `v` (or removed).
+  auto refused = [&](const std::string& ptr, const nlohmann::json& v, bool remove = false) {
+    nlohmann::json j = first;
+    const nlohmann::json::json_pointer p(ptr);
+    if (remove)
+      j[p.parent_pointer()].erase(p.back());
+    else
+      j[p] = v;
+    const fs::path file = report_write("fields.jsonl", j.dump() + "\n");
+    try {
+      meshrt::read_metrics_file(file.string());
+    } catch (const meshrt::Error& e) {
+      return e.message();
+    }
+    return std::string();
+  };
+  const std::string at = (report_scratch() / "fields.jsonl").string() + ":1: ";
+  CHECK(refused("/step_ms", -5) == at + "field 'step_ms' is -5, not a number >= 0");
+  CHECK(refused("/loss", -1.5) == at + "field 'loss' is -1.5, not a number >= 0");
+  CHECK(refused("/lr", nullptr) == at + "field 'lr' is null, not a number >= 0");
+  CHECK(refused("/loss", nullptr, /*remove=*/true) ==
+        at + "field 'loss' is missing; give a number >= 0 (or null)");
+  CHECK(refused("/tokens_per_s", "many") ==
+        at + "field 'tokens_per_s' is \"many\", not a number >= 0");
+  CHECK(refused("/mfu", -0.5) == at + "field 'mfu' is -0.5, not a number >= 0");
+  CHECK(refused("/grad_norm", -1) == at + "field 'grad_norm' is -1, not a number >= 0");
+  CHECK(refused("/skipped_steps", 3) ==
+        at + "field 'skipped_steps' is 3, not an integer in [0, 1]");
+  CHECK(refused("/skipped", "no") == at + "field 'skipped' is \"no\", not true or false");
+  CHECK(refused("/step", 0) == at + "field 'step' is 0, not an integer >= 1");
+  CHECK(refused("/straggler_rank", 2) ==
+        at + "field 'straggler_rank' is 2, not an integer in [0, 1]");
+  CHECK(refused("/ranks/1/mem_peak_bytes", -1) ==
+        at + "field 'ranks[1].mem_peak_bytes' is -1, not a number >= 0");
+  CHECK(refused("/ranks/0/skew_ms", nullptr) ==
+        at + "field 'ranks[0].skew_ms' is null, not a number >= 0");
+  CHECK(refused("/ranks/1/rank", 0) ==
+        at + "field 'ranks[1].rank' is 0, not 1 (ranks are listed in rank order)");
+  CHECK(refused("/ranks/1", 7) == at + "field 'ranks[1]' is 7, not an object");
+  CHECK(refused("/ranks", nlohmann::json::array()) ==
+        at + "field 'ranks' is [], not a list of one object per rank");
+  // A loss or gradient norm that was not finite is written as null, and read as NaN.
+  CHECK(refused("/loss", nullptr).empty());
+  CHECK(refused("/grad_norm", nullptr).empty());
+  // JSON has no NaN or Infinity: such a record is not JSON.
+  const fs::path inf = report_write("inf.jsonl", "{\"loss\": 1e999}\n");
+  const auto r = report_cli("report " + inf.string());
+  CHECK(r.rc != 0);
+  CHECK(r.err == "meshrt: error: " + inf.string() +
+                     ":1: not valid JSON: number overflow parsing '1e999' (numbers must be finite: "
+                     "JSON has no NaN or Infinity)\n");
+}
+
 TEST_CASE("report --plot draws one picture of several runs", "[report][unit]") {
   if (std::system("gnuplot --version >/dev/null 2>&1") != 0) {
     WARN("gnuplot is not installed: the plot is not tested");

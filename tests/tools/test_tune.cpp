@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -296,6 +297,108 @@ TEST_CASE("tune --samples draws the same trials for the same --search-seed", "[t
   const std::set<int> a = drawn(1, "s1"), again = drawn(1, "s1b"), b = drawn(2, "s2");
   CHECK(a == again);
   CHECK(a != b);
+}
+
+TEST_CASE("tune refuses a malformed state file, an --out it cannot use and a second tune there",
+          "[tune][unit]") {
+  const fs::path data = tune_tokens("state.u16", false), out = tune_scratch() / "state";
+  fs::remove_all(out);
+  const std::string args =
+      "tune --devices cpu:1 --hidden 16 --heads 2 --seq 8 --batch 2 --vocab 256 --layers 1 "
+      "--steps 2 --data " +
+      data.string() + " --grid-lr 1e-4,2e-4 --out ";
+  const auto first = tune_cli(args + out.string());
+  INFO(first.out << first.err);
+  REQUIRE(first.rc == 0);
+  const fs::path state = out / "tune-state.json";
+  const nlohmann::json good = tune_json(state);
+  REQUIRE(good["trials"].size() == 2);
+  // The error of resuming from the state with field `ptr` set to `v` (or removed).
+  auto resume_with = [&](const std::string& ptr, const nlohmann::json& v, bool remove = false) {
+    nlohmann::json j = good;
+    const nlohmann::json::json_pointer p(ptr);
+    if (remove)
+      j[p.parent_pointer()].erase(p.back());
+    else
+      j[p] = v;
+    std::ofstream(state) << j.dump();
+    const auto r = tune_cli(args + out.string());
+    return r.rc != 0 ? r.err : "(accepted)";
+  };
+  const std::string at = "meshrt: error: " + state.string() + ": ";
+  CHECK(resume_with("/trials/0/steps", -1) ==
+        at + "field 'trials[0].steps' is -1, not an integer in [0, 2]\n");
+  CHECK(resume_with("/trials/0/steps", "2") ==
+        at + "field 'trials[0].steps' is \"2\", not an integer in [0, 2]\n");
+  CHECK(resume_with("/trials/0/index", 7) ==
+        at + "field 'trials[0].index' is 7, not the index of a trial of this search's grid "
+             "listed once (the file was edited?)\n");
+  CHECK(resume_with("/trials/1/index", good["trials"][0]["index"]) ==
+        at + "field 'trials[1].index' is " + good["trials"][0]["index"].dump() +
+            ", not the index of a trial of this search's grid listed once (the file was "
+            "edited?)\n");
+  CHECK(resume_with("/trials/0/status", "great") ==
+        at + "field 'trials[0].status' is \"great\", not \"ok\", \"diverged\" or \"trailing\"\n");
+  CHECK(resume_with("/trials/0/tokens_per_s", -3) ==
+        at + "field 'trials[0].tokens_per_s' is -3, not a number >= 0\n");
+  CHECK(resume_with("/trials/0/last_loss", -1) ==
+        at + "field 'trials[0].last_loss' is -1, not a number >= 0\n");
+  CHECK(resume_with("/trials/0/val_loss", nullptr, /*remove=*/true) ==
+        at + "field 'trials[0].val_loss' is missing; give a loss >= 0 (or null)\n");
+  CHECK(resume_with("/trials/0/losses/1", -2) ==
+        at + "field 'trials[0].losses[1]' is -2, not a loss >= 0 (or null)\n");
+  CHECK(resume_with("/trials/0/losses", {1, 1, 1}) ==
+        at + "field 'trials[0].losses' has 3 losses but field 'trials[0].steps' is 2 (one loss "
+             "per step; the file was edited?)\n");
+  CHECK(resume_with("/trials", "none") == at + "field 'trials' is \"none\", not an array\n");
+  CHECK(resume_with("/version", 2) == at + "field 'version' is 2, not an integer in [1, 1]\n");
+  CHECK(resume_with("/schema", "x") ==
+        at + "field 'schema' is \"x\", not \"meshrt.tune.state\" (not a meshrt tune state file; "
+             "use another --out folder)\n");
+  std::ofstream(state) << "{\"trials\": [";
+  CHECK_THAT(tune_cli(args + out.string()).err,
+             Catch::StartsWith(at + "not valid JSON: parse error at line 1, column 13"));
+  std::ofstream(state) << good.dump();
+
+  // A second tune on the folder fails at once, naming the holder of the lock, and writes nothing.
+  const fs::path lock = out / "tune.lock";
+  REQUIRE(fs::exists(lock));  // the first search's, left in place
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  REQUIRE(::ftruncate(fd, 0) == 0);
+  REQUIRE(::pwrite(fd, "pid 4242\n", 9, 0) == 9);
+  const std::string before = meshrt::test::slurp(state);
+  const auto held = tune_cli(args + out.string());
+  CHECK(held.rc != 0);
+  CHECK(held.err == "meshrt: error: tune: another meshrt tune is using --out " + out.string() +
+                        " (pid 4242 holds " + lock.string() +
+                        "); wait for it to end or give another --out folder\n");
+  CHECK(meshrt::test::slurp(state) == before);
+  ::close(fd);
+  const auto resumed = tune_cli(args + out.string());
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.rc == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("2 of 2 trials done"));
+
+  // An --out that cannot be a folder: a symlink loop, a file.
+  const fs::path loop = tune_scratch() / "loop", file = tune_scratch() / "file";
+  fs::remove(loop);
+  fs::create_symlink("loop", loop);
+  std::ofstream(file) << "x";
+  CHECK(tune_cli(args + loop.string()).err ==
+        "meshrt: error: tune: --out " + loop.string() +
+            " is not a folder and cannot be made one: Too many levels of symbolic links; give a "
+            "new or empty folder, or one a tune search made\n");
+  CHECK(tune_cli(args + (loop / "sub").string()).err ==
+        "meshrt: error: tune: --out " + (loop / "sub").string() +
+            " is not a folder and cannot be made one: Too many levels of symbolic links; give a "
+            "new or empty folder, or one a tune search made\n");
+  CHECK(tune_cli(args + file.string()).err ==
+        "meshrt: error: tune: --out " + file.string() +
+            " is not a folder and cannot be made one: Not a directory; give a new or empty "
+            "folder, or one a tune search made\n");
+  CHECK(meshrt::test::slurp(file) == "x");
 }
 
 namespace {

@@ -9,10 +9,10 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <type_traits>
 
 #include "collectives/comm_detail.h"
 #include "runtime/error.h"
+#include "runtime/json_field.h"
 
 namespace meshrt::detail {
 
@@ -53,110 +53,70 @@ struct Record {
   std::vector<Entry> entries;
 };
 
-// JSON's name for what `v` holds, for messages.
-const char* json_kind(const json& v) {
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  return v.type_name();
-}
+constexpr int64_t kMaxRanks = int64_t{1} << 24;
+constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 
-// An integer field within T's range (nlohmann's get<int> would wrap 3567587328 to -727379968).
-template <class T>
-T int_value(const json& v, const std::string& what, const std::string& path) {
-  MESHRT_CHECK(v.is_number_integer(), path << ": " << what << " is " << v.dump() << " ("
-                                           << json_kind(v) << "); it must be an integer");
-  const bool neg = v.is_number_unsigned() ? false : v.get<int64_t>() < 0;
-  const bool fits = neg ? v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min())
-                        : v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
-  MESHRT_CHECK(fits, path << ": " << what << " is " << v.dump() << ", outside "
-                          << std::numeric_limits<T>::min() << ".." << std::numeric_limits<T>::max()
-                          << "; was the record edited?");
-  return neg ? static_cast<T>(v.get<int64_t>()) : static_cast<T>(v.get<uint64_t>());
-}
-
-template <class T>
-T field(const json& j, const char* key, const std::string& path) {
-  MESHRT_CHECK(j.contains(key), path << ": not a meshrt flight record (no '" << key << "')");
-  const json& v = j.at(key);
-  const std::string what = std::string("field '") + key + "'";
-  if constexpr (std::is_same_v<T, std::string>) {
-    MESHRT_CHECK(v.is_string(), path << ": " << what << " is " << v.dump() << " (" << json_kind(v)
-                                     << "); it must be a string");
-    return v.get<std::string>();
-  } else if constexpr (std::is_integral_v<T>) {
-    return int_value<T>(v, what, path);
-  } else {  // a list of integers
-    MESHRT_CHECK(v.is_array(), path << ": " << what << " is " << v.dump() << " (" << json_kind(v)
-                                    << "); it must be a list of integers");
-    T out;
-    for (const json& x : v) out.push_back(int_value<typename T::value_type>(x, what, path));
-    return out;
+// One entry of a record's 'entries' list.
+Entry parse_entry(const JsonFields<json>& e) {
+  Entry x;
+  x.group = e.string("group");
+  x.gid = e.string("gid");
+  x.op = e.string("op");
+  x.dtype = e.string("dtype");
+  x.redop = e.string("redop");
+  x.stream = e.string("stream");
+  x.state = e.string("state");
+  x.note = e.string("note");
+  x.group_size = static_cast<int>(e.integer("group_size", 1, kMaxRanks));
+  x.group_rank = static_cast<int>(e.integer("group_rank", 0, x.group_size - 1));
+  x.root = static_cast<int>(e.integer("root", -1, kMaxRanks));
+  x.peer = static_cast<int>(e.integer("peer", -1, kMaxRanks));
+  // 0 to 2^62: the checks visit only numbers some rank holds, whatever the gaps.
+  x.seq = static_cast<uint64_t>(e.integer("seq", 0, int64_t{1} << 62));
+  x.count = e.integer("count", 0, kMaxInt64);
+  x.bytes = e.integer("bytes", 0, kMaxInt64);
+  x.enqueue_ns = e.integer("enqueue_ns", 0, kMaxInt64);
+  x.start_ns = e.integer("start_ns", 0, kMaxInt64);
+  x.end_ns = e.integer("end_ns", 0, kMaxInt64);
+  if (e.has("data_bad")) {  // the group ranks the data check named
+    const json& bad = e.array("data_bad");
+    for (size_t i = 0; i < bad.size(); ++i) {
+      const json& g = bad[i];
+      const bool ok = g.is_number_unsigned() || (g.is_number_integer() && g.get<int64_t>() >= 0);
+      if (!ok || g.get<uint64_t>() >= static_cast<uint64_t>(x.group_size))
+        json_field_fail(e.where(), e.name("data_bad[" + std::to_string(i) + "]"),
+                        json_value_text(g.dump()), json_integer_text(0, x.group_size - 1));
+      x.data_bad.push_back(static_cast<int>(g.get<int64_t>()));
+    }
   }
+  return x;
 }
 
 Record parse(const FlightFile& f) {
-  json j;
-  try {
-    j = json::parse(f.text);
-  } catch (const json::exception& e) {
-    MESHRT_FAIL(f.path << ": not JSON (" << e.what() << "); pass meshrt-flight-<rank>.json files");
-  }
+  const json j = parse_json_text(f.text, f.path);
   MESHRT_CHECK(j.is_object() && j.contains("meshrt_flight"),
-               f.path << ": not a meshrt flight record (no 'meshrt_flight' field)");
+               f.path << ": not a meshrt flight record (no 'meshrt_flight' field); pass "
+                         "meshrt-flight-<rank>.json files");
   const json& v = j.at("meshrt_flight");
   MESHRT_CHECK(v.is_number_integer() && v.get<int64_t>() == kFlightVersion,
                f.path << ": flight record format version " << v.dump()
                       << "; this meshrt reads version " << kFlightVersion
                       << " (written by another meshrt?)");
+  const JsonFields<json> top(j, f.path);
   Record r;
   r.path = f.path;
-  r.rank = field<int>(j, "rank", f.path);
-  r.world_size = field<int>(j, "world_size", f.path);
-  r.backend = field<std::string>(j, "backend", f.path);
-  r.fault = field<std::string>(j, "fault", f.path);
-  r.reason = field<std::string>(j, "reason", f.path);
-  r.dumped_ns = field<int64_t>(j, "dumped_ns", f.path);
-  if (j.contains("job")) r.job = field<std::string>(j, "job", f.path);
-  MESHRT_CHECK(
-      r.rank >= 0 && r.world_size >= 1 && r.rank < r.world_size && r.world_size <= (1 << 24),
-      f.path << ": rank " << r.rank << " outside world size " << r.world_size);
-  const json& es = j.contains("entries") ? j.at("entries") : json::array();
-  MESHRT_CHECK(es.is_array(), f.path << ": 'entries' is not a list");
-  for (const json& e : es) {
-    MESHRT_CHECK(e.is_object(), f.path << ": an entry is not an object");
-    Entry x;
-    x.group = field<std::string>(e, "group", f.path);
-    x.gid = field<std::string>(e, "gid", f.path);
-    x.op = field<std::string>(e, "op", f.path);
-    x.dtype = field<std::string>(e, "dtype", f.path);
-    x.redop = field<std::string>(e, "redop", f.path);
-    x.stream = field<std::string>(e, "stream", f.path);
-    x.state = field<std::string>(e, "state", f.path);
-    x.note = field<std::string>(e, "note", f.path);
-    x.group_rank = field<int>(e, "group_rank", f.path);
-    x.group_size = field<int>(e, "group_size", f.path);
-    x.root = field<int>(e, "root", f.path);
-    x.peer = field<int>(e, "peer", f.path);
-    const int64_t seq = field<int64_t>(e, "seq", f.path);
-    MESHRT_CHECK(seq >= 0 && seq <= (int64_t{1} << 62),
-                 f.path << ": entry seq " << seq
-                        << " is not a sequence number (0 to 2^62); was the record edited?");
-    x.seq = static_cast<uint64_t>(seq);
-    x.count = field<int64_t>(e, "count", f.path);
-    x.bytes = field<int64_t>(e, "bytes", f.path);
-    x.enqueue_ns = field<int64_t>(e, "enqueue_ns", f.path);
-    x.start_ns = field<int64_t>(e, "start_ns", f.path);
-    x.end_ns = field<int64_t>(e, "end_ns", f.path);
-    if (e.contains("data_bad")) {
-      x.data_bad = field<std::vector<int>>(e, "data_bad", f.path);
-      for (int gr : x.data_bad) {
-        MESHRT_CHECK(gr >= 0 && gr < x.group_size, f.path << ": data_bad names group rank " << gr
-                                                          << " outside the group of "
-                                                          << x.group_size);
-      }
-    }
-    r.entries.push_back(std::move(x));
-  }
+  r.world_size = static_cast<int>(top.integer("world_size", 1, kMaxRanks));
+  r.rank = static_cast<int>(top.integer("rank", 0, r.world_size - 1));
+  r.backend = top.string("backend");
+  r.fault = top.string("fault");
+  r.reason = top.string("reason");
+  r.dumped_ns = top.integer("dumped_ns", 0, kMaxInt64);
+  r.job = top.string_or("job", "");
+  if (!top.has("entries")) return r;
+  const json& es = top.array("entries");
+  for (size_t i = 0; i < es.size(); ++i)
+    r.entries.push_back(
+        parse_entry(JsonFields<json>(es[i], f.path, "entries[" + std::to_string(i) + "].")));
   return r;
 }
 

@@ -221,7 +221,7 @@ void validate_train(const TrainConfig& cfg, int world_size) {
   validate_lr_schedule(train_lr_schedule(cfg), cfg.optim.lr);
   MESHRT_CHECK(cfg.micro_batches >= 1,
                "train: --micro-batches " << cfg.micro_batches << " must be >= 1");
-  MESHRT_CHECK(cfg.batch >= 1 && cfg.batch % (dp * cfg.micro_batches) == 0,
+  MESHRT_CHECK(cfg.batch >= 1 && cfg.batch % (int64_t{dp} * cfg.micro_batches) == 0,
                "train: global --batch " << cfg.batch << " must divide by dp (" << dp
                                         << ") x --micro-batches (" << cfg.micro_batches << ")");
   MESHRT_CHECK(cfg.seq >= 1, "train: --seq " << cfg.seq << " must be >= 1");

@@ -108,6 +108,11 @@ std::vector<TuneTrial> tn_grid(const TuneCliOptions& o) {
                                        : parse_int_list(o.grid_batch, "--grid-batch");
   const auto mbs = o.grid_micro.empty() ? std::vector<int64_t>{o.base.micro_batches}
                                         : parse_int_list(o.grid_micro, "--grid-micro-batches");
+  for (int64_t mb : mbs)  // each becomes a trial's --micro-batches, an int
+    MESHRT_CHECK(mb <= std::numeric_limits<int>::max(),
+                 "--grid-micro-batches: " << mb << " is more than "
+                                          << std::numeric_limits<int>::max()
+                                          << " micro-batches; give counts that divide --batch");
   for (double lr : lrs)
     for (int64_t b : bs)
       for (int64_t mb : mbs)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -365,6 +366,23 @@ class RankBench {
     return wrong;
   }
 
+  // `n` iterations back to back, at most kQueueDepth ahead of the stream, as a CUDA launch queue
+  // bounds them: a host stream would otherwise hold every queued iteration (about 3 KB each, so
+  // -n 10^8 took 20 GB).
+  void issue_many(int n, bool in_place, const Tensor& send, const Tensor& recv, const Layout& l) {
+    constexpr int kMark = 256, kQueueDepth = 4 * kMark;
+    std::deque<Event> marks;
+    for (int it = 0; it < n; ++it) {
+      issue(in_place, send, recv, l);
+      if ((it + 1) % kMark != 0) continue;
+      marks.push_back(stream_->record());
+      if (static_cast<int>(marks.size()) * kMark > kQueueDepth) {
+        marks.front().synchronize();
+        marks.pop_front();
+      }
+    }
+  }
+
   Row run_size(int64_t bytes, int size_index) {
     Row row;
     const int64_t count = bytes / static_cast<int64_t>(es_);
@@ -377,11 +395,11 @@ class RankBench {
     fill(recv, o_.seed, r_);
     for (int ip = 0; ip < 2; ++ip) {
       const bool in_place = ip == 1;
-      for (int w = 0; w < o_.warmup; ++w) issue(in_place, send, recv, l);
+      issue_many(o_.warmup, in_place, send, recv, l);
       stream_->synchronize();
       barrier();
       auto t0 = Clock::now();
-      for (int it = 0; it < o_.iters; ++it) issue(in_place, send, recv, l);
+      issue_many(o_.iters, in_place, send, recv, l);
       stream_->synchronize();
       const int64_t ns =
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count() /

@@ -251,6 +251,14 @@ void prepare_checkpoint_root(const std::string& root) {
   check_checkpoint_root_entries(root);
 }
 
+bool checkpoint_entry_name(const std::string& name) {
+  if (parse_step_name(name) >= 0 || name == kLatest || name == detail::kCheckpointLockFile)
+    return true;
+  for (const char* prefix : {".tmp-", ".old-", ".latest-"})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 void check_checkpoint_root_entries(const std::string& root) {
   // What a save replaces must be meshrt's: the `latest` pointer (a file naming a step folder) and
   // step-N folders. Anything else under those names is the user's: refused before the run, not
@@ -269,10 +277,26 @@ void check_checkpoint_root_entries(const std::string& root) {
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
     if (parse_step_name(n) < 0) continue;
-    MESHRT_CHECK(e.is_directory(ec) && !e.is_symlink(ec),
-                 "--save " << root << ": " << e.path().string()
-                           << " is not a checkpoint folder (a file or a link where meshrt keeps "
-                              "step-N folders); move it away or give another --save folder");
+    MESHRT_CHECK(
+        e.is_directory(ec) && !e.is_symlink(ec),
+        "--save "
+            << root << ": " << e.path().string()
+            << " is not a checkpoint folder (a file or a link where meshrt keeps "
+               "step-N folders); move it away or give another --save folder");  // A save publishes
+                                                                                // a step folder by
+                                                                                // renaming it into
+                                                                                // place with its
+                                                                                // index.json: one
+                                                                                // without
+    // is not meshrt's, and replacing or pruning it would remove the user's files.
+    struct stat ib {};
+    const std::string index = e.path().string() + "/" + kIndex;
+    MESHRT_CHECK(::lstat(index.c_str(), &ib) == 0 && S_ISREG(ib.st_mode),
+                 "--save " << root << ": " << e.path().string() << " has no " << kIndex
+                           << ": not a checkpoint meshrt wrote (a save publishes each step folder "
+                              "whole, with its index); a save of that step or --keep would "
+                              "replace or remove its files: move it away or give another --save "
+                              "folder");
   }
 }
 

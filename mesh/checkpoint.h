@@ -50,6 +50,10 @@ MESHRT_API void prepare_checkpoint_root(const std::string& root);
 // Refuses a `latest` that is not a step pointer and step-N entries that are not folders: what a
 // save would replace that meshrt did not write (prepare_checkpoint_root calls it).
 MESHRT_API void check_checkpoint_root_entries(const std::string& root);
+// Whether `name`, an entry of a --save folder, is one meshrt writes or replaces there: step-N
+// folders, `latest`, the lock and a save's temporaries (.tmp-*, .old-*, .latest-*). Other files
+// in the folder (a run's metrics beside its checkpoints) are the user's.
+MESHRT_API bool checkpoint_entry_name(const std::string& name);
 
 // A job's hold on a --save folder: an exclusive flock(2) on root/.meshrt-lock (the file stays;
 // the lock dies with the process, so a killed job never leaves a lock that blocks). The file

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
 
@@ -225,6 +226,16 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
   }
 }
 
+namespace {
+
+// Whether `p` lies below `dir` (both canonical), not at it.
+bool strictly_inside(const fs::path& p, const fs::path& dir) {
+  const std::string rel = p.lexically_relative(dir).string();
+  return !(rel.empty() || rel == "." || rel.rfind("..", 0) == 0);
+}
+
+}  // namespace
+
 void check_outputs_spare_inputs(const std::vector<std::pair<std::string, std::string>>& outputs,
                                 const std::vector<std::pair<std::string, std::string>>& inputs) {
   for (const auto& [owhat, opath] : outputs) {
@@ -245,13 +256,33 @@ void check_outputs_spare_inputs(const std::vector<std::pair<std::string, std::st
       MESHRT_CHECK(!same, owhat << " " << opath << " is the input " << iwhat << " " << ipath
                                 << ": writing it would replace that input; give " << owhat
                                 << " another file");
-      if (!S_ISDIR(is.st_mode)) continue;
-      const std::string rel = out.lexically_relative(in).string();
-      MESHRT_CHECK(rel.empty() || rel == "." || rel.rfind("..", 0) == 0,
+      MESHRT_CHECK(!S_ISDIR(is.st_mode) || !strictly_inside(out, in),
                    owhat << " " << opath << " lies inside the input " << iwhat << " " << ipath
                          << ": writing it would change that input; give " << owhat
                          << " a file outside it");
     }
+  }
+}
+
+void check_outputs_outside(const std::vector<std::pair<std::string, std::string>>& outputs,
+                           const std::string& what, const std::string& folder,
+                           const std::string& holds,
+                           const std::function<bool(const std::string&)>& managed) {
+  if (folder.empty()) return;
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(folder, ec);
+  if (ec) return;
+  for (const auto& [owhat, opath] : outputs) {
+    if (opath.empty()) continue;
+    const fs::path out = fs::weakly_canonical(resolve_output_path(opath, owhat), ec);
+    if (ec || (out != dir && !strictly_inside(out, dir))) continue;
+    const fs::path rel = out.lexically_relative(dir);
+    if (managed && out != dir && !managed(rel.begin()->string())) continue;
+    MESHRT_FAIL(owhat << " " << opath << (out == dir ? " is " : " lies inside ") << what << " "
+                      << folder << " (" << holds
+                      << ", whose files meshrt manages: a later save, prune or resume would "
+                         "replace or read it); give "
+                      << owhat << " a path outside it");
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -112,5 +113,14 @@ MESHRT_API void check_distinct_outputs(
 MESHRT_API void check_outputs_spare_inputs(
     const std::vector<std::pair<std::string, std::string>>& outputs,
     const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// Refuses an output at or inside `folder`, a folder meshrt manages (`what` names it: "--save",
+// "--out"; `holds` says what it holds: "checkpoints"): a later save, prune or resume would replace
+// the output, or read it as its own. With `managed`, only outputs under the entries of `folder` it
+// accepts (given the entry's name, e.g. "step-00000004") are refused. Empty paths are skipped.
+MESHRT_API void check_outputs_outside(
+    const std::vector<std::pair<std::string, std::string>>& outputs, const std::string& what,
+    const std::string& folder, const std::string& holds,
+    const std::function<bool(const std::string&)>& managed = {});
 
 }  // namespace meshrt

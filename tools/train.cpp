@@ -6,6 +6,7 @@
 #include <charconv>
 #include <csignal>
 #include <exception>
+#include <functional>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
@@ -405,6 +406,27 @@ Summary summarize(const std::vector<StepStats>& st) {
   return s;
 }
 
+// Outputs that would land among checkpoints: --metrics in a step folder or on `latest` of the
+// --save or --resume folder, or anywhere in the step folder being resumed (beside the checkpoints
+// is fine); --save inside the folder being resumed, or the step folder itself (a later --resume of
+// the folder would find the new checkpoints nested in the old). --save may be the folder --resume
+// continues.
+void check_outputs_spare_checkpoints(const std::string& metrics, const std::string& save,
+                                     const std::string& resume) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool step = !resume.empty() && fs::exists(fs::path(resume) / "index.json", ec);
+  const auto entries = step ? std::function<bool(const std::string&)>{}
+                            : std::function<bool(const std::string&)>(checkpoint_entry_name);
+  const char* holds = step ? "the checkpoint being resumed" : "the checkpoints being resumed";
+  check_outputs_outside({{"--metrics", metrics}}, "--save", save, "checkpoints",
+                        checkpoint_entry_name);
+  check_outputs_outside({{"--metrics", metrics}}, "--resume", resume, holds, entries);
+  if (save.empty() || resume.empty()) return;
+  if (!step && fs::weakly_canonical(save, ec) == fs::weakly_canonical(resume, ec)) return;
+  check_outputs_outside({{"--save", save}}, "--resume", resume, holds);
+}
+
 }  // namespace
 
 RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
@@ -416,11 +438,12 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
   try {
     validate_train(cfg, launch->world_size());
     check_host_memory(cfg, *launch, o.mem_limit_mb);
-    check_output_path(cfg.metrics, "--metrics");
-    check_outputs_spare_inputs(
-        {{"--metrics", cfg.metrics}},
-        {{"--data", o.data}, {"--val-data", o.val_data}, {"--resume", cfg.checkpoint.resume}});
+    check_outputs_spare_inputs({{"--metrics", cfg.metrics}},
+                               {{"--data", o.data}, {"--val-data", o.val_data}});
+    check_outputs_spare_checkpoints(cfg.metrics, cfg.checkpoint.save, cfg.checkpoint.resume);
+    // The --save folder first: --metrics may go into the folder it makes.
     if (!cfg.checkpoint.save.empty()) prepare_checkpoint_root(cfg.checkpoint.save);
+    check_output_path(cfg.metrics, "--metrics");
     if (!cfg.checkpoint.resume.empty())
       read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));
   } catch (const Error& e) {

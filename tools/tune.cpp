@@ -474,6 +474,14 @@ void tn_check(const TuneCliOptions& o) {
   check_output_path(o.json, "--json");
   check_output_path(o.plot, "--plot");
   check_distinct_outputs({{"--json", o.json}, {"--plot", o.plot}});
+  check_outputs_spare_inputs({{"--json", o.json}, {"--plot", o.plot}},
+                             {{"--data", o.base.data}, {"--val-data", o.base.val_data}});
+  check_outputs_outside({{"--json", o.json}, {"--plot", o.plot}}, "--out", o.out,
+                        "the search's state and trial metrics", [](const std::string& n) {
+                          return n == kStateName || n == kLockName ||
+                                 n.rfind(std::string(".") + kStateName, 0) == 0 ||
+                                 (n.rfind("trial-", 0) == 0 && n.size() > 6);
+                        });
 }
 
 }  // namespace

@@ -320,6 +320,63 @@ TEST_CASE("train refuses a --save folder of another run without --overwrite", "[
   fs::remove_all(dir);
 }
 
+TEST_CASE("outputs never land among checkpoints, and a user's step folder is never replaced",
+          "[multirank]") {
+  const fs::path dir = train_scratch() / "among";
+  fs::remove_all(dir);
+  const std::string d = dir.string();
+  const std::string base = "train --devices cpu:2 " + kSmall;
+  Run r = train_cli(base + " --steps 2 --save " + d + " --metrics " + d + "/m.jsonl");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);  // metrics beside the checkpoints: fine
+  const std::string shard = (dir / "step-00000002" / "rank-00000.safetensors").string();
+  const std::string before = slurp(shard);
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {" --steps 4 --save " + d + " --overwrite --metrics " + shard,
+       "--metrics " + shard + " lies inside --save " + d +
+           " (checkpoints, whose files meshrt "
+           "manages"},
+      {" --steps 4 --resume " + d + " --metrics " + d + "/latest",
+       "--metrics " + d + "/latest lies inside --resume " + d},
+      {" --steps 4 --resume " + d + "/step-00000002 --metrics " + d + "/step-00000002/m.jsonl",
+       "lies inside --resume " + d + "/step-00000002 (the checkpoint being resumed"},
+      {" --steps 4 --resume " + d + "/step-00000002 --save " + d + "/step-00000002",
+       "--save " + d + "/step-00000002 is --resume " + d + "/step-00000002"},
+      {" --steps 4 --resume " + d + " --save " + d + "/nested",
+       "--save " + d + "/nested lies inside --resume " + d},
+  };
+  for (const Case& c : cases) {
+    r = train_cli(base + c.args);
+    INFO(c.args << "\n" << r.err);
+    CHECK(r.rc == 1);
+    CHECK_THAT(r.err, Catch::Contains(c.expect) && Catch::Contains("give --"));
+    CHECK(r.out.find("step ") == std::string::npos);  // before any step
+  }
+  CHECK(slurp(shard) == before);
+  CHECK(!fs::exists(dir / "nested"));
+  // The folder --resume continues is also where --save may go on.
+  r = train_cli(base + " --steps 3 --resume " + d + " --save " + d + " --metrics " + d +
+                "/m.jsonl");
+  INFO(r.err);
+  CHECK(r.rc == 0);
+  CHECK(slurp(dir / "latest") == "step-00000003\n");
+  // A step folder without an index is not meshrt's: neither replaced nor pruned.
+  const fs::path user = train_scratch() / "user-steps";
+  fs::remove_all(user);
+  fs::create_directories(user / "step-00000002");
+  std::ofstream(user / "step-00000002" / "rank-00000.safetensors") << "mine";
+  r = train_cli(base + " --steps 2 --save-every 1 --keep 1 --save " + user.string());
+  CHECK(r.rc == 1);
+  CHECK_THAT(r.err, Catch::Contains((user / "step-00000002").string() +
+                                    " has no index.json: not a checkpoint meshrt wrote"));
+  CHECK(slurp(user / "step-00000002" / "rank-00000.safetensors") == "mine");
+  fs::remove_all(user);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a signal during a long validation stops after it with the step's checkpoint",
           "[train][multirank]") {
   const auto tr = text_tokens("val-stop-train.bin", 20000),

@@ -149,6 +149,24 @@ TEST_CASE("tune refuses flags that are its own and bad grids", "[tune][unit]") {
   CHECK(r.rc != 0);
   CHECK_THAT(r.err, Catch::Contains("holds files but no tune-state.json"));
   CHECK(meshrt::test::slurp(foreign / "trial-0.jsonl") == "notes\n");
+  // --json and --plot never replace the token files or the search's own files.
+  const fs::path tok = tune_scratch() / "tok.u16";
+  std::ofstream(tok, std::ios::binary) << std::string(512, '\1');
+  const std::string out = (tune_scratch() / "outs").string();
+  const std::string run = "tune --devices cpu:1 --steps 2 --data " + tok.string() + " --out " + out;
+  for (auto [flags, why] : std::vector<std::pair<std::string, std::string>>{
+           {" --json " + tok.string(), "--json " + tok.string() + " is the input --data"},
+           {" --plot " + tok.string(), "--plot " + tok.string() + " is the input --data"},
+           {" --json " + out + "/tune-state.json", "--json " + out +
+                                                       "/tune-state.json lies inside --out " + out +
+                                                       " (the search's state and trial metrics"},
+           {" --plot " + out + "/trial-0.jsonl", "lies inside --out"}}) {
+    const auto bad = tune_cli(run + flags);
+    INFO(flags << "\n" << bad.err);
+    CHECK(bad.rc == 1);
+    CHECK_THAT(bad.err, Catch::Contains(why));
+  }
+  CHECK(meshrt::test::slurp(tok) == std::string(512, '\1'));
 }
 
 namespace {

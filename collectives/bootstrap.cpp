@@ -51,6 +51,14 @@ class BackendLaunch final : public Launch {
   int world_size() const override { return plan_.world_size; }
   const std::vector<RankPlacement>& local() const override { return plan_.local; }
 
+  void agree_checks(const std::string& err) override {
+    if (transport_ == nullptr) return Launch::agree_checks(err);
+    const std::vector<std::string> all = transport_->all_gather("checks", err);
+    MESHRT_CHECK(err.empty(), err);
+    for (size_t r = 0; r < all.size(); ++r)
+      MESHRT_CHECK(all[r].empty(), "rank " << r << ": " << all[r]);
+  }
+
   std::unique_ptr<Communicator> world(int i) override {
     const int n = static_cast<int>(plan_.local.size());
     MESHRT_CHECK(i >= 0 && i < n, "Launch::world(" << i << "): this process runs " << n
@@ -273,6 +281,8 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   launch->prepare(b);
   return launch;
 }
+
+void Launch::agree_checks(const std::string& err) { MESHRT_CHECK(err.empty(), err); }
 
 void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>& fn) {
   const int n = static_cast<int>(local().size());

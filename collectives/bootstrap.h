@@ -45,6 +45,12 @@ class MESHRT_API Launch {
   // its placement and world communicator, and sets the log rank. When a rank throws, the world
   // is aborted so the others fail fast instead of waiting; the first error is rethrown.
   void run(const std::function<void(const RankPlacement&, Communicator&)>& fn);
+  // The outcome of this process's checks before run() (`err`: their error, "" when they passed),
+  // agreed among the processes of a process launch: a process that gave up would otherwise leave
+  // the others waiting at run()'s rendezvous until the timeout. Throws Error on every process
+  // when any failed: its own `err`, else "rank N: " and the lowest failing rank's. Threads (one
+  // process checks for all) and a lone process: throws `err` unless it is empty.
+  virtual void agree_checks(const std::string& err);
   // "4 ranks as threads of this process, host backend"
   std::string describe() const;
 };

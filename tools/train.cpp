@@ -434,7 +434,9 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
   lo.devices = o.devices;
   lo.devices_defaulted = !o.devices_given;
   auto launch = bootstrap(lo);
-  // Before any rank starts; every process fails alike, so mpirun prints it once.
+  // Before any rank starts. Every process fails alike (the options agree), or, where its own
+  // files or folders differ, with the first failing rank's error: mpirun prints it once.
+  std::string err;
   try {
     validate_train(cfg, launch->world_size());
     check_host_memory(cfg, *launch, o.mem_limit_mb);
@@ -446,6 +448,11 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
     check_output_path(cfg.metrics, "--metrics");
     if (!cfg.checkpoint.resume.empty())
       read_checkpoint_meta(cfg.checkpoint.resume, train_checkpoint_meta(cfg, 0));
+  } catch (const Error& e) {
+    err = e.message();
+  }
+  try {
+    launch->agree_checks(err);
   } catch (const Error& e) {
     throw bench::UniformError(e);
   }

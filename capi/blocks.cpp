@@ -2,7 +2,9 @@
 // MLP and attention blocks (one BlockObj) whose parameters are the engine's tensors (zero copy) or
 // copies of them in meshrt's layout (OUT_IN transposes, [Q|K|V] permutations), run on the mesh's
 // compute stream ordered after the caller's stream.
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -131,15 +133,57 @@ std::string dim_name(const char* dim) {
   return dim;
 }
 
-DType block_dtype(DLDataType t) {
+DType block_dtype(DLDataType t, const std::string& field) {
   if (t.lanes == 1 && t.code == kDLFloat && t.bits == 32) return DType::f32;
   if (t.lanes == 1 && t.code == kDLBfloat && t.bits == 16) return DType::bf16;
   if (t.lanes == 1 && t.code == kDLFloat && t.bits == 16) return DType::f16;
   fail(MESHRT_ERROR_INVALID_ARGUMENT,
-       "config dtype (code " + std::to_string(t.code) + ", bits " + std::to_string(t.bits) +
+       field + " (code " + std::to_string(t.code) + ", bits " + std::to_string(t.bits) +
            ", lanes " + std::to_string(t.lanes) +
-           ") is not a block dtype: use float32, bfloat16 or float16");
+           ") is not a block dtype: use float32 {kDLFloat, 32, 1}, bfloat16 {kDLBfloat, 16, 1} "
+           "or float16 {kDLFloat, 16, 1}");
 }
+
+// The checks of a block config struct's fields, naming each as the C caller writes it
+// ("meshrt_mlp_config.eps").
+struct ConfigFields {
+  std::string config;  // "meshrt_mlp_config"
+
+  std::string name(const char* field) const { return config + "." + field; }
+  // A flag: 0 or 1 (`meaning` says what each does).
+  bool flag(const char* field, int v, const char* meaning) const {
+    CAPI_CHECK(v == 0 || v == 1, MESHRT_ERROR_INVALID_ARGUMENT,
+               name(field) << " is " << v << ": it is a flag, pass " << meaning);
+    return v == 1;
+  }
+  // An enum of `count` values 0 .. count - 1, named by `choices`.
+  int choice(const char* field, int v, int count, const char* type, const char* choices) const {
+    CAPI_CHECK(v >= 0 && v < count, MESHRT_ERROR_INVALID_ARGUMENT,
+               name(field) << " is " << v << ", not a " << type << ": use " << choices);
+    return v;
+  }
+  int64_t positive(const char* field, int64_t v, const char* what) const {
+    CAPI_CHECK(v >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
+               name(field) << " is " << v << ": " << what << " must be at least 1");
+    return v;
+  }
+  float eps(float v) const {
+    CAPI_CHECK(std::isfinite(v) && v > 0 && v <= 1, MESHRT_ERROR_INVALID_ARGUMENT,
+               name("eps") << " is " << v
+                           << ": the norm epsilon must be a finite number in (0, 1], e.g. 1e-5");
+    return v;
+  }
+  // rows x cols elements of `bytes` each (the largest weight, `what`) must be countable in int64.
+  void fits(const char* rows, int64_t r, const char* cols, int64_t c, int64_t bytes,
+            const char* what) const {
+    int64_t n = 0;
+    CAPI_CHECK(!__builtin_mul_overflow(r, c, &n) && !__builtin_mul_overflow(n, bytes, &n),
+               MESHRT_ERROR_INVALID_ARGUMENT,
+               name(rows) << " " << r << " x " << name(cols) << " " << c << " x " << bytes
+                          << " bytes (the " << what
+                          << ") overflows a 64-bit byte count: pass the model's real sizes");
+  }
+};
 
 // The tensor `h` names, checked: dtype, device, shape, writable when `write`.
 Tensor block_tensor(const BlockObj& m, meshrt_tensor_t h, const char* what, const Shape& shape,
@@ -213,41 +257,37 @@ void copy_weights(BlockObj& m, Stream& cs) {
 
 // What the MLP and attention configs share (same field names), checked into m.
 template <class C>
-void read_common(BlockObj& m, const C& c) {
+void read_common(BlockObj& m, const C& c, const ConfigFields& f) {
   BlockConfig& b = m.cfg;
-  b.hidden = c.hidden;
-  b.dtype = block_dtype(c.dtype);
-  CAPI_CHECK(c.norm == MESHRT_NORM_LAYERNORM || c.norm == MESHRT_NORM_RMSNORM,
-             MESHRT_ERROR_INVALID_ARGUMENT,
-             "config norm " << c.norm
-                            << " is not a meshrt_norm_kind_t: use MESHRT_NORM_LAYERNORM (0) or "
-                               "MESHRT_NORM_RMSNORM (1)");
+  b.hidden = f.positive("hidden", c.hidden, "the model width");
+  b.dtype = block_dtype(c.dtype, f.name("dtype"));
+  f.choice("norm", c.norm, 2, "meshrt_norm_kind_t",
+           "MESHRT_NORM_LAYERNORM (0) or MESHRT_NORM_RMSNORM (1)");
   b.norm = c.norm == MESHRT_NORM_RMSNORM ? NormKind::RMSNorm : NormKind::LayerNorm;
-  CAPI_CHECK(c.eps > 0, MESHRT_ERROR_INVALID_ARGUMENT,
-             "config eps " << c.eps << " must be positive (e.g. 1e-5)");
-  b.eps = c.eps;
-  b.bias = c.bias != 0;
-  CAPI_CHECK(c.weight_layout == MESHRT_WEIGHT_LAYOUT_IN_OUT ||
-                 c.weight_layout == MESHRT_WEIGHT_LAYOUT_OUT_IN,
-             MESHRT_ERROR_INVALID_ARGUMENT,
-             "config weight_layout " << c.weight_layout
-                                     << " is not a meshrt_weight_layout_t: use "
-                                        "MESHRT_WEIGHT_LAYOUT_IN_OUT (0) or "
-                                        "MESHRT_WEIGHT_LAYOUT_OUT_IN (1)");
-  m.opt.sequence_parallel = c.sequence_parallel != 0;
+  b.eps = f.eps(c.eps);
+  f.choice("weight_layout", c.weight_layout, 2, "meshrt_weight_layout_t",
+           "MESHRT_WEIGHT_LAYOUT_IN_OUT (0) or MESHRT_WEIGHT_LAYOUT_OUT_IN (1)");
+  m.opt.sequence_parallel = f.flag("sequence_parallel", c.sequence_parallel,
+                                   "1 (activations are sequence shards over tp) or 0 (whole)");
   m.opt.overlap = Overlap::Async;
 }
 
-// The config struct of a create call, size-checked, with defaults after an older caller's fields.
-template <class C>
-C read_config(const C* config, const C& defaults, const char* api, const char* initializer) {
+// Where a field of C ends: the sizes an older caller's config may have.
+#define CAPI_FIELD_END(C, f) (offsetof(C, f) + sizeof(C::f))
+
+// The config struct of a create call, size-checked, with defaults after an older caller's fields
+// (`ends`: where each field ends; a size inside a field would leave it half read).
+template <class C, size_t N>
+C read_config(const C* config, const C& defaults, const char* api, const char* initializer,
+              const std::array<size_t, N>& ends) {
   CAPI_CHECK(config != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
              "config is NULL: pass a meshrt_" << api << "_config_t (" << initializer << ")");
-  CAPI_CHECK(config->size >= offsetof(C, hidden) + sizeof(int64_t) && config->size <= sizeof(C),
-             MESHRT_ERROR_INVALID_ARGUMENT,
-             "config->size is " << config->size << ", expected sizeof(meshrt_" << api
-                                << "_config_t) = " << sizeof(C) << ": initialise it with "
-                                << initializer);
+  bool at_end = config->size == sizeof(C);
+  for (size_t e : ends) at_end = at_end || config->size == e;
+  CAPI_CHECK(at_end && config->size >= CAPI_FIELD_END(C, hidden), MESHRT_ERROR_INVALID_ARGUMENT,
+             "meshrt_" << api << "_config.size is " << config->size << ", expected sizeof(meshrt_"
+                       << api << "_config_t) = " << sizeof(C) << ": initialise it with "
+                       << initializer);
   C c = defaults;
   std::memcpy(&c, config, config->size);
   return c;
@@ -375,6 +415,101 @@ void block_backward(BlockObj& m, meshrt_tensor_t dy, meshrt_tensor_t dx, const H
   m.forwarded = false;
 }
 
+// ---- agreement on meshrt_mesh_create's arguments ----
+
+constexpr int64_t kMaxSpecBytes = 4096;
+
+// Every rank's copy of `mine` (host memory of the communicator's context), in rank order: one
+// all-gather on the communicator's default stream, waited for.
+Tensor gather_to_host(const CommObj& c, const Tensor& mine) {
+  Context& ctx = *c.ctx;
+  Stream& cs = ctx.compute_stream();
+  const int64_t total = mine.numel() * c.comm->size();
+  const bool cpu = ctx.device().is_cpu();
+  const Tensor in = cpu ? mine : mine.to(ctx.allocator_ptr(), cs);
+  const Tensor all = cpu ? Tensor::empty({total}, mine.dtype(), ctx.host_allocator())
+                         : ctx.empty({total}, mine.dtype());
+  c.comm->all_gather(in, all, cs).synchronize();
+  Tensor out = cpu ? all : all.to(ctx.host_allocator(), cs);
+  cs.synchronize();
+  return out;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+// "ranks 0, 2 passed 'dp=2,tp=2'; rank 1 passed 'tp=4'" (specs in order of first appearance).
+std::string specs_by_rank(const std::vector<std::string>& specs) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (size_t r = 0; r < specs.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == specs[r]; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {specs[r], {}});
+    it->second.push_back(static_cast<int>(r));
+  }
+  std::ostringstream os;
+  for (size_t i = 0; i < groups.size(); ++i)
+    os << (i ? "; " : "") << rank_list(groups[i].second) << " passed '" << groups[i].first << "'";
+  return os.str();
+}
+
+// The collective part of meshrt_mesh_create's checks: ranks passing different specs would split
+// the communicator differently and wait for each other until the timeout, so every rank first
+// gathers what the others passed (two all-gathers of the same shape on every rank: the lengths,
+// then the texts padded to the longest) and all fail at once, with the same message, unless they
+// agree. A rank's own NULL argument is its own message; its peers name it.
+void agree_on_spec(const CommObj& c, const meshrt_mesh_t* mesh, const char* spec) {
+  const int n = c.comm->size();
+  const std::string name = c.comm->name();
+  Tensor mine = Tensor::empty({2}, DType::i64, c.ctx->host_allocator());
+  mine.data<int64_t>()[0] = spec ? static_cast<int64_t>(std::strlen(spec)) : -1;
+  mine.data<int64_t>()[1] = mesh == nullptr ? 1 : 0;
+  const Tensor lens = gather_to_host(c, mine);
+  int64_t longest = 1;
+  for (int r = 0; r < n; ++r) {
+    const int64_t len = lens.data<int64_t>()[2 * r];
+    const bool mesh_null = lens.data<int64_t>()[2 * r + 1] != 0;
+    if (r == c.comm->rank()) continue;  // its own NULLs: the usual message below
+    CAPI_CHECK(len >= 0 && !mesh_null, MESHRT_ERROR_INVALID_ARGUMENT,
+               "rank " << r << " of communicator '" << name << "' passed "
+                       << (mesh_null ? "mesh" : "spec")
+                       << " NULL to meshrt_mesh_create, so no rank creates the mesh: fix rank " << r
+                       << "'s call");
+    longest = std::max(longest, len);
+  }
+  check_out(mesh, "mesh");
+  CAPI_CHECK(spec != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
+             "spec is NULL: pass the mesh's dims, e.g. \"dp=2,tp=2\"");
+  longest = std::max(longest, static_cast<int64_t>(std::strlen(spec)));
+  for (int r = 0; r < n; ++r) {
+    const int64_t len = lens.data<int64_t>()[2 * r];
+    CAPI_CHECK(len <= kMaxSpecBytes, MESHRT_ERROR_INVALID_ARGUMENT,
+               (r == c.comm->rank() ? "spec" : "rank " + std::to_string(r) + "'s spec")
+                   << " has " << len << " bytes: a mesh spec is at most " << kMaxSpecBytes
+                   << " bytes (\"name=size\" pairs such as \"dp=2,tp=2\")");
+  }
+  Tensor text = Tensor::empty({longest}, DType::u8, c.ctx->host_allocator());
+  std::memset(text.data<uint8_t>(), 0, static_cast<size_t>(longest));
+  std::memcpy(text.data<uint8_t>(), spec, std::strlen(spec));
+  const Tensor all = gather_to_host(c, text);
+  std::vector<std::string> specs;
+  for (int r = 0; r < n; ++r) {
+    const char* p = reinterpret_cast<const char*>(all.data<uint8_t>() + r * longest);
+    specs.emplace_back(p, static_cast<size_t>(lens.data<int64_t>()[2 * r]));
+  }
+  const bool same =
+      std::all_of(specs.begin(), specs.end(), [&](const std::string& v) { return v == specs[0]; });
+  CAPI_CHECK(same, MESHRT_ERROR_INVALID_ARGUMENT,
+             "the ranks of communicator '" << name << "' passed different mesh specs ("
+                                           << specs_by_rank(specs)
+                                           << "), so no rank creates the mesh: pass the same "
+                                              "spec on every rank");
+}
+
 // Checks `which` of a shard_info call.
 int param_index(int which, const char* api, const char* first, const char* last) {
   CAPI_CHECK(which >= 0 && which < kParams, MESHRT_ERROR_INVALID_ARGUMENT,
@@ -396,13 +531,17 @@ extern "C" {
 
 meshrt_status_t meshrt_mesh_create(meshrt_mesh_t* mesh, meshrt_comm_t comm, const char* spec) {
   return guarded(__func__, [&] {
-    check_out(mesh, "mesh");
-    *mesh = nullptr;
+    if (mesh) *mesh = nullptr;
     auto c = find_comm(comm);
-    CAPI_CHECK(spec != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
-               "spec is NULL: pass the mesh's dims, e.g. \"dp=2,tp=2\"");
+    if (c->comm->size() > 1) {
+      agree_on_spec(*c, mesh, spec);
+    } else {
+      check_out(mesh, "mesh");
+      CAPI_CHECK(spec != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
+                 "spec is NULL: pass the mesh's dims, e.g. \"dp=2,tp=2\"");
+    }
     std::vector<MeshDim> dims;
-    try {  // every rank refuses a bad spec before the collective part starts
+    try {  // the ranks agree on the spec: all refuse a bad one before the splits start
       dims = parse_mesh_spec(spec, c->comm->size());
     } catch (const Error& e) {
       fail(MESHRT_ERROR_INVALID_ARGUMENT, e.message());
@@ -486,25 +625,33 @@ meshrt_status_t meshrt_mlp_create(meshrt_mlp_t* mlp, meshrt_mesh_t mesh,
     check_out(mlp, "mlp");
     *mlp = nullptr;
     auto m = find_mesh(mesh);
-    const meshrt_mlp_config_t c =
-        read_config(config, meshrt_mlp_config_t MESHRT_MLP_CONFIG_INITIALIZER, "mlp",
-                    "MESHRT_MLP_CONFIG_INITIALIZER");
+    using C = meshrt_mlp_config_t;
+    const std::array<size_t, 9> ends{
+        CAPI_FIELD_END(C, hidden),       CAPI_FIELD_END(C, ffn),
+        CAPI_FIELD_END(C, dtype),        CAPI_FIELD_END(C, norm),
+        CAPI_FIELD_END(C, eps),          CAPI_FIELD_END(C, gelu),
+        CAPI_FIELD_END(C, bias),         CAPI_FIELD_END(C, sequence_parallel),
+        CAPI_FIELD_END(C, weight_layout)};
+    const C c = read_config(config, C MESHRT_MLP_CONFIG_INITIALIZER, "mlp",
+                            "MESHRT_MLP_CONFIG_INITIALIZER", ends);
+    const ConfigFields f{"meshrt_mlp_config"};
     auto obj = std::make_shared<BlockObj>();
     obj->mesh = m;
     obj->kind = Kind::Mlp;
     obj->api = "mlp";
     obj->names = {"norm_weight", "norm_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"};
-    read_common(*obj, c);
+    read_common(*obj, c, f);
     BlockConfig& b = obj->cfg;
-    b.ffn = c.ffn;
-    CAPI_CHECK(c.gelu == MESHRT_GELU_TANH || c.gelu == MESHRT_GELU_ERF,
-               MESHRT_ERROR_INVALID_ARGUMENT,
-               "config gelu " << c.gelu
-                              << " is not a meshrt_gelu_kind_t: use MESHRT_GELU_TANH (0) or "
-                                 "MESHRT_GELU_ERF (1)");
+    b.ffn = f.positive("ffn", c.ffn, "the inner width");
+    f.fits("hidden", b.hidden, "ffn", b.ffn, static_cast<int64_t>(dtype_size(b.dtype)),
+           "fc1 weight");
+    f.choice("gelu", c.gelu, 2, "meshrt_gelu_kind_t",
+             "MESHRT_GELU_TANH (0) or MESHRT_GELU_ERF (1)");
     b.gelu = c.gelu == MESHRT_GELU_ERF ? ops::GeluKind::Erf : ops::GeluKind::Tanh;
+    b.bias = f.flag("bias", c.bias, "1 (fc1 and fc2 have biases) or 0 (none)");
     try {
-      validate_block(b, m->mesh->size(kTpDim), obj->opt, 0, /*attention=*/false);
+      validate_block(b, m->mesh->size(kTpDim), obj->opt, 0, /*attention=*/false,
+                     BlockFieldNames::for_config_struct(f.config));
     } catch (const Error& e) {
       fail(MESHRT_ERROR_INVALID_ARGUMENT, e.message());
     }
@@ -578,33 +725,35 @@ meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh_t mesh,
     check_out(attn, "attn");
     *attn = nullptr;
     auto m = find_mesh(mesh);
-    const meshrt_attn_config_t c =
-        read_config(config, meshrt_attn_config_t MESHRT_ATTN_CONFIG_INITIALIZER, "attn",
-                    "MESHRT_ATTN_CONFIG_INITIALIZER");
+    using C = meshrt_attn_config_t;
+    const std::array<size_t, 10> ends{
+        CAPI_FIELD_END(C, hidden),        CAPI_FIELD_END(C, heads),
+        CAPI_FIELD_END(C, dtype),         CAPI_FIELD_END(C, norm),
+        CAPI_FIELD_END(C, eps),           CAPI_FIELD_END(C, bias),
+        CAPI_FIELD_END(C, causal),        CAPI_FIELD_END(C, sequence_parallel),
+        CAPI_FIELD_END(C, weight_layout), CAPI_FIELD_END(C, qkv_layout)};
+    const C c = read_config(config, C MESHRT_ATTN_CONFIG_INITIALIZER, "attn",
+                            "MESHRT_ATTN_CONFIG_INITIALIZER", ends);
+    const ConfigFields f{"meshrt_attn_config"};
     auto obj = std::make_shared<BlockObj>();
     obj->mesh = m;
     obj->kind = Kind::Attn;
     obj->api = "attn";
     obj->names = {"norm_weight", "norm_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias"};
-    read_common(*obj, c);
+    read_common(*obj, c, f);
     BlockConfig& b = obj->cfg;
-    b.heads = c.heads;
+    b.heads = f.positive("heads", c.heads, "the number of attention heads");
     b.ffn = c.hidden;  // unused by attention; keeps validate_block's ffn rule quiet
-    CAPI_CHECK(c.causal == 0 || c.causal == 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "config causal " << c.causal << " must be 1 (causal) or 0 (every position)");
-    b.causal = c.causal == 1;
-    CAPI_CHECK(
-        c.qkv_layout == MESHRT_QKV_LAYOUT_PER_HEAD || c.qkv_layout == MESHRT_QKV_LAYOUT_BLOCKED,
-        MESHRT_ERROR_INVALID_ARGUMENT,
-        "config qkv_layout " << c.qkv_layout
-                             << " is not a meshrt_qkv_layout_t: use "
-                                "MESHRT_QKV_LAYOUT_PER_HEAD (0) or "
-                                "MESHRT_QKV_LAYOUT_BLOCKED (1)");
-    CAPI_CHECK(c.heads >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "config heads " << c.heads << " must be at least 1");
+    f.fits("hidden", b.hidden, "hidden", b.hidden, 3 * static_cast<int64_t>(dtype_size(b.dtype)),
+           "qkv weight, 3 x hidden x hidden");
+    b.bias = f.flag("bias", c.bias, "1 (qkv and proj have biases) or 0 (none)");
+    b.causal = f.flag("causal", c.causal, "1 (causal) or 0 (every position)");
+    f.choice("qkv_layout", c.qkv_layout, 2, "meshrt_qkv_layout_t",
+             "MESHRT_QKV_LAYOUT_PER_HEAD (0) or MESHRT_QKV_LAYOUT_BLOCKED (1)");
     const int tp = m->mesh->size(kTpDim);
     try {
-      validate_block(b, tp, obj->opt, 0, /*attention=*/true);
+      validate_block(b, tp, obj->opt, 0, /*attention=*/true,
+                     BlockFieldNames::for_config_struct(f.config));
     } catch (const Error& e) {
       fail(MESHRT_ERROR_INVALID_ARGUMENT, e.message());
     }

@@ -23,6 +23,7 @@
 #include "collectives/nccl_comm.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_plugin.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 
 namespace meshrt::capi {
@@ -38,32 +39,61 @@ struct Resolved {
   std::string backend = "auto";
 };
 
+constexpr double kMaxTimeoutS = 1e9;  // about 31 years: "never" is 0
+
+// A timeout field: a number (< 0: the default; 0: no limit) of at most kMaxTimeoutS seconds.
+void check_timeout(const char* field, double v) {
+  CAPI_CHECK(!std::isnan(v) && v <= kMaxTimeoutS, MESHRT_ERROR_INVALID_ARGUMENT,
+             "meshrt_comm_config." << field << " is " << v
+                                   << ": pass seconds up to 1e9, 0 for no limit or -1 for the "
+                                      "default");
+}
+
+// The fields of a caller's config (NULL: all defaults), checked; its header fields first.
+meshrt_comm_config_t read_comm_config(const meshrt_comm_config_t* c) {
+  meshrt_comm_config_t v = MESHRT_COMM_CONFIG_INITIALIZER;
+  if (!c) return v;
+  CAPI_CHECK(c->magic == MESHRT_COMM_CONFIG_MAGIC, MESHRT_ERROR_INVALID_ARGUMENT,
+             "meshrt_comm_config.magic is 0x"
+                 << std::hex << c->magic << " instead of 0x" << MESHRT_COMM_CONFIG_MAGIC << std::dec
+                 << ": initialise the config with MESHRT_COMM_CONFIG_INITIALIZER (or pass NULL)");
+  CAPI_CHECK(c->size >= sizeof(meshrt_comm_config_t), MESHRT_ERROR_INVALID_ARGUMENT,
+             "meshrt_comm_config.size is "
+                 << c->size << " but API version " << MESHRT_API_VERSION << "'s config has "
+                 << sizeof(meshrt_comm_config_t)
+                 << " bytes: initialise it with MESHRT_COMM_CONFIG_INITIALIZER");
+  CAPI_CHECK(c->version == MESHRT_API_VERSION, MESHRT_ERROR_INVALID_USAGE,
+             "meshrt_comm_config.version is "
+                 << c->version << " but this library implements C API version "
+                 << MESHRT_API_VERSION << ": rebuild against this library's meshrt.h");
+  // Fields a later header appends past v1's size would be read here, only when c->size says
+  // they are there.
+  std::memcpy(&v, c, sizeof(v));
+  check_timeout("timeout_s", v.timeout_s);
+  check_timeout("init_timeout_s", v.init_timeout_s);
+  CAPI_CHECK(v.debug <= 1, MESHRT_ERROR_INVALID_ARGUMENT,
+             "meshrt_comm_config.debug is "
+                 << v.debug
+                 << ": pass 1 (ranks compare each call first), 0 (no) or -1 (MESHRT_COMM_DEBUG)");
+  CAPI_CHECK(v.device_type == MESHRT_DEVICE_CPU || v.device_type == MESHRT_DEVICE_CUDA,
+             MESHRT_ERROR_INVALID_ARGUMENT,
+             "meshrt_comm_config.device_type is "
+                 << v.device_type << ": use MESHRT_DEVICE_CPU (0) or MESHRT_DEVICE_CUDA (1)");
+  return v;
+}
+
+// A CUDA device index a caller passed (`what`): below this process's device count.
+void check_cuda_index(const std::string& what, int index) {
+  const int count = cuda_device_count();
+  CAPI_CHECK(index < count, MESHRT_ERROR_INVALID_ARGUMENT,
+             what << " is " << index << " but this process sees " << count
+                  << " CUDA device(s): pass 0 .. " << count - 1);
+}
+
 Resolved resolve_config(const meshrt_comm_config_t* c) {
   Resolved r;
   r.cfg = CommConfig::from_env();
-  meshrt_comm_config_t v = MESHRT_COMM_CONFIG_INITIALIZER;
-  if (c) {
-    CAPI_CHECK(c->magic == MESHRT_COMM_CONFIG_MAGIC, MESHRT_ERROR_INVALID_ARGUMENT,
-               "config->magic is 0x" << std::hex << c->magic << " instead of 0x"
-                                     << MESHRT_COMM_CONFIG_MAGIC << std::dec
-                                     << ": initialise the config with "
-                                        "MESHRT_COMM_CONFIG_INITIALIZER (or pass NULL)");
-    CAPI_CHECK(c->size >= sizeof(meshrt_comm_config_t), MESHRT_ERROR_INVALID_ARGUMENT,
-               "config->size is " << c->size << " but API version " << MESHRT_API_VERSION
-                                  << "'s config has " << sizeof(meshrt_comm_config_t)
-                                  << " bytes: initialise it with MESHRT_COMM_CONFIG_INITIALIZER");
-    CAPI_CHECK(c->version == MESHRT_API_VERSION, MESHRT_ERROR_INVALID_USAGE,
-               "config->version is " << c->version << " but this library implements C API version "
-                                     << MESHRT_API_VERSION
-                                     << ": rebuild against this library's meshrt.h");
-    // Fields a later header appends past v1's size would be read here, only when c->size says
-    // they are there.
-    std::memcpy(&v, c, sizeof(v));
-  }
-  CAPI_CHECK(!std::isnan(v.timeout_s) && !std::isnan(v.init_timeout_s),
-             MESHRT_ERROR_INVALID_ARGUMENT,
-             "config->timeout_s (" << v.timeout_s << ") and init_timeout_s (" << v.init_timeout_s
-                                   << ") must be numbers (seconds; < 0 for the default)");
+  const meshrt_comm_config_t v = read_comm_config(c);
   if (v.timeout_s >= 0) r.cfg.timeout_s = v.timeout_s;
   if (v.debug >= 0) r.cfg.debug = v.debug != 0;
   if (v.init_timeout_s >= 0) {
@@ -71,17 +101,14 @@ Resolved resolve_config(const meshrt_comm_config_t* c) {
   } else {
     r.init_timeout_s = r.cfg.timeout_s > 0 ? r.cfg.timeout_s : 300;
   }
-  CAPI_CHECK(v.device_type == MESHRT_DEVICE_CPU || v.device_type == MESHRT_DEVICE_CUDA,
-             MESHRT_ERROR_INVALID_ARGUMENT,
-             "config->device_type is " << v.device_type
-                                       << ": use MESHRT_DEVICE_CPU (0) or MESHRT_DEVICE_CUDA (1)");
   r.type = v.device_type == MESHRT_DEVICE_CUDA ? DeviceType::CUDA : DeviceType::CPU;
   if (r.type == DeviceType::CUDA) {
     // Loads libmeshrt-cuda.so when it is a plugin: its load error is the one line said here.
     std::string why;
     CAPI_CHECK(detail::cuda_plugin(&why) != nullptr, MESHRT_ERROR_UNSUPPORTED,
-               "config->device_type is MESHRT_DEVICE_CUDA but "
+               "meshrt_comm_config.device_type is MESHRT_DEVICE_CUDA but "
                    << why << ": use MESHRT_DEVICE_CPU or install meshrt's CUDA backend");
+    check_cuda_index("meshrt_comm_config.device_index", v.device_index);
   }
   r.device_index = v.device_index;
   if (v.backend && v.backend[0]) r.backend = v.backend;
@@ -175,6 +202,7 @@ WorldPlan thread_plan(const Resolved& conf, const std::vector<int>& devices) {
   plan.device_type = conf.type;
   plan.world_size = static_cast<int>(devices.size());
   plan.config = conf.cfg;
+  plan.names = LaunchNames::c_api();
   for (int r = 0; r < plan.world_size; ++r) {
     RankPlacement p;
     p.rank = r;
@@ -211,7 +239,7 @@ std::unique_ptr<Communicator> join_world(const std::string& key, int nranks, int
              "rank " << rank << " asked for " << device_type_name(conf.type)
                      << " devices but the first rank to join this id asked for "
                      << device_type_name(rv->conf.type)
-                     << ": pass the same config->device_type on every rank");
+                     << ": pass the same meshrt_comm_config.device_type on every rank");
   CAPI_CHECK(rv->device_of[static_cast<size_t>(rank)] == -2, MESHRT_ERROR_INVALID_USAGE,
              "rank " << rank << " already joined this world: each of ranks 0.." << nranks - 1
                      << " calls meshrt_comm_init_rank once");
@@ -236,7 +264,8 @@ std::unique_ptr<Communicator> join_world(const std::string& key, int nranks, int
         std::ostringstream os;
         os << "world of " << nranks << " ranks: " << missing_ranks(*rv) << " never arrived within "
            << conf.init_timeout_s
-           << " s (config->init_timeout_s): every rank must call meshrt_comm_init_rank with the "
+           << " s (meshrt_comm_config.init_timeout_s): every rank must call meshrt_comm_init_rank "
+              "with the "
               "same id; this world is abandoned, start a new one with a new id";
         rv->status = MESHRT_ERROR_TIMEOUT;
         rv->error = os.str();
@@ -270,10 +299,11 @@ meshrt_comm_t init_process_world(std::shared_ptr<BootstrapTransport> tr, LaunchK
   const std::string mine = std::string(device_type_name(conf.type)) + " backend " + conf.backend;
   const std::vector<std::string> all = tr->all_gather("capi.config", mine);
   for (int r = 0; r < p.world_size; ++r) {
-    CAPI_CHECK(all[static_cast<size_t>(r)] == mine, MESHRT_ERROR_INVALID_ARGUMENT,
-               "rank " << p.rank << " asked for " << mine << " but rank " << r << " for "
-                       << all[static_cast<size_t>(r)]
-                       << ": pass the same config->device_type and backend on every rank");
+    CAPI_CHECK(
+        all[static_cast<size_t>(r)] == mine, MESHRT_ERROR_INVALID_ARGUMENT,
+        "rank " << p.rank << " asked for " << mine << " but rank " << r << " for "
+                << all[static_cast<size_t>(r)]
+                << ": pass the same meshrt_comm_config.device_type and backend on every rank");
   }
   p.device = conf.type == DeviceType::CPU
                  ? Device::cpu(0)
@@ -284,6 +314,7 @@ meshrt_comm_t init_process_world(std::shared_ptr<BootstrapTransport> tr, LaunchK
   plan.world_size = p.world_size;
   plan.local.push_back(p);
   plan.config = conf.cfg;
+  plan.names = LaunchNames::c_api();
   plan.transport = tr.get();
   WorldFactory factory = prepare_world(plan, conf.backend);
   return register_comm(factory(0), p.local_size, std::move(tr));
@@ -374,6 +405,10 @@ meshrt_status_t meshrt_comm_init_rank(meshrt_comm_t* comm, int nranks, meshrt_un
     CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
                "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
     const Resolved conf = resolve_config(config);
+    if (conf.type == DeviceType::CUDA)
+      check_cuda_index("rank " + std::to_string(rank) + "'s GPU (meshrt_comm_config.device_index " +
+                           std::to_string(conf.device_index) + ")",
+                       rank_device(conf, rank));
     const std::string key = id_key(id);
     std::unique_ptr<Communicator> c = join_world(key, nranks, rank, conf);
     *comm = register_comm(std::move(c), nranks);
@@ -390,7 +425,18 @@ meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* dev
     require_init();
     const Resolved conf = resolve_config(config);
     std::vector<int> devs(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) devs[static_cast<size_t>(i)] = devices ? devices[i] : i;
+    CAPI_CHECK(devices == nullptr || conf.type == DeviceType::CUDA, MESHRT_ERROR_INVALID_ARGUMENT,
+               "devices is set but meshrt_comm_config.device_type is MESHRT_DEVICE_CPU: pass "
+               "NULL for CPU ranks, or MESHRT_DEVICE_CUDA for GPUs");
+    for (int i = 0; i < n; ++i) {
+      devs[static_cast<size_t>(i)] = devices ? devices[i] : i;
+      if (conf.type != DeviceType::CUDA) continue;
+      CAPI_CHECK(devs[static_cast<size_t>(i)] >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
+                 "devices[" << i << "] is " << devices[i] << ": pass rank " << i << "'s GPU index");
+      check_cuda_index(devices ? "devices[" + std::to_string(i) + "]"
+                               : "rank " + std::to_string(i) + "'s GPU (devices NULL)",
+                       devs[static_cast<size_t>(i)]);
+    }
     WorldFactory factory = prepare_world(thread_plan(conf, devs), conf.backend);
     // One thread per rank: initialisation may be collective (NCCL).
     std::vector<std::unique_ptr<Communicator>> made(static_cast<size_t>(n));
@@ -457,7 +503,7 @@ meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int 
     CAPI_CHECK(std::filesystem::is_directory(dir, ec), MESHRT_ERROR_INVALID_ARGUMENT,
                "dir '" << dir << "' is not a directory: create it (on storage every rank sees)");
     *comm = init_rendezvous_world(nranks, rank, config, [&](double wait_s) {
-      return make_file_transport(dir, rank, nranks, wait_s);
+      return make_file_transport(dir, rank, nranks, wait_s, "", LaunchNames::c_api());
     });
   });
 }
@@ -473,7 +519,7 @@ meshrt_status_t meshrt_comm_init_tcp(meshrt_comm_t* comm, const char* host, int 
     CAPI_CHECK(port >= 1 && port <= 65535, MESHRT_ERROR_INVALID_ARGUMENT,
                "port is " << port << ": pass a TCP port in 1..65535 that rank 0 can listen on");
     *comm = init_rendezvous_world(nranks, rank, config, [&](double wait_s) {
-      return make_tcp_transport(host, port, rank, nranks, wait_s);
+      return make_tcp_transport(host, port, rank, nranks, wait_s, LaunchNames::c_api());
     });
   });
 }
@@ -494,6 +540,7 @@ meshrt_status_t meshrt_comm_adopt_nccl(meshrt_comm_t* comm, void* nccl_comm, int
                "no NCCL backend: " << why
                                    << ": adopting an NCCL communicator needs meshrt's CUDA "
                                       "backend");
+    check_cuda_index("device", device);
     *comm = register_comm(adopt_nccl_communicator(nccl_comm, device, "world", conf.cfg), 1);
   });
 }

@@ -5,6 +5,7 @@
 
 #include "capi/capi_internal.h"
 #include "capi/dlpack_versioned.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/tensor_desc.h"
 
@@ -66,6 +67,33 @@ std::string dims_str(const int64_t* p, int n) {
   return os.str();
 }
 
+// The device of a DLTensor: kDLCPU (DLPack has one CPU device: device_id 0) or kDLCUDA (an id
+// below this process's CUDA device count; without a usable CUDA backend the id is checked where
+// the tensor is used, against the communicator's device).
+Device device_from_dl(DLDevice d) {
+  if (d.device_type == kDLCPU) {
+    CAPI_CHECK(d.device_id == 0, MESHRT_ERROR_INVALID_ARGUMENT,
+               "DLTensor device is kDLCPU with device_id "
+                   << d.device_id << ": DLPack has one CPU device, whose device_id is 0; pass 0");
+    return Device::cpu(0);
+  }
+  if (d.device_type == kDLCUDA) {
+    CAPI_CHECK(d.device_id >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
+               "DLTensor device is kDLCUDA with device_id "
+                   << d.device_id << ": pass the index of the GPU holding the memory (>= 0)");
+    const int count = cuda_available() ? cuda_device_count() : -1;
+    CAPI_CHECK(count < 0 || d.device_id < count, MESHRT_ERROR_INVALID_ARGUMENT,
+               "DLTensor device is kDLCUDA with device_id "
+                   << d.device_id << " but this process sees " << count
+                   << " CUDA device(s): pass the index of the GPU holding the memory, 0 .. "
+                   << count - 1);
+    return Device::cuda(d.device_id);
+  }
+  fail(MESHRT_ERROR_UNSUPPORTED,
+       "DLTensor device_type " + std::to_string(static_cast<int>(d.device_type)) +
+           " is not supported: meshrt takes kDLCPU (1) and kDLCUDA (2) tensors");
+}
+
 // The meshrt tensor viewing `t`'s memory; `deleter` (may be empty) runs when the last view dies.
 // Every check runs before the storage is made, so on failure nothing owns the caller's memory.
 Tensor tensor_from_dl(const DLTensor& t, std::function<void(void*)> deleter) {
@@ -74,18 +102,7 @@ Tensor tensor_from_dl(const DLTensor& t, std::function<void(void*)> deleter) {
   CAPI_CHECK(t.ndim == 0 || t.shape != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
              "DLTensor shape is NULL for ndim " << t.ndim << ": pass its extents");
   const DType dt = dtype_from_dl(t.dtype);
-  Device dev;
-  if (t.device.device_type == kDLCPU) {
-    dev = Device::cpu(0);
-  } else if (t.device.device_type == kDLCUDA) {
-    CAPI_CHECK(t.device.device_id >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
-               "DLTensor device kDLCUDA has device_id " << t.device.device_id);
-    dev = Device::cuda(t.device.device_id);
-  } else {
-    fail(MESHRT_ERROR_UNSUPPORTED,
-         "DLTensor device_type " + std::to_string(static_cast<int>(t.device.device_type)) +
-             " is not supported: meshrt takes kDLCPU (1) and kDLCUDA (2) tensors");
-  }
+  const Device dev = device_from_dl(t.device);
   std::vector<int64_t> dims(t.shape, t.shape + t.ndim);
   int64_t numel = 1;
   for (int i = 0; i < t.ndim; ++i) {

@@ -74,8 +74,8 @@ const CollectiveBackend& choose_collective_backend(const std::string& requested,
   if (!requested.empty() && requested != "auto") {
     const CollectiveBackend& b = find_collective_backend(requested);
     const std::string why = b.refuses(plan);
-    MESHRT_CHECK(why.empty(),
-                 "--backend " << requested << " cannot run " << plan.str() << ": " << why);
+    MESHRT_CHECK(why.empty(), plan.names.backend << " " << requested << " cannot run " << plan.str()
+                                                 << ": " << why);
     return b;
   }
   const CollectiveBackend* best = nullptr;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/launch_names.h"
 #include "meshrt/export.h"
 #include "runtime/device.h"
 
@@ -42,6 +43,8 @@ struct MESHRT_API WorldPlan {
   // initialisation (it lives as long as the launch). nullptr for threads and for a lone
   // torchrun-style process.
   BootstrapTransport* transport = nullptr;
+  // How refusals name the launch's settings (the C API: its own words).
+  LaunchNames names;
   // "2 ranks as threads on cpu", "rank 1 of 4 as mpi-processes on cuda".
   std::string str() const;
 };

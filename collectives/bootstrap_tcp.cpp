@@ -50,14 +50,15 @@ class Fd {
   int fd_;
 };
 
-sockaddr_in resolve(const std::string& host, int port) {
+sockaddr_in resolve(const std::string& host, int port, const LaunchNames& names) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  MESHRT_CHECK(rc == 0 && res != nullptr, "rendezvous: cannot resolve MASTER_ADDR '"
-                                              << host << "': " << gai_strerror(rc)
+  MESHRT_CHECK(rc == 0 && res != nullptr, "rendezvous: cannot resolve "
+                                              << names.master_addr << " '" << host
+                                              << "': " << gai_strerror(rc)
                                               << " (use an IPv4 address or a host name of rank 0)");
   sockaddr_in a = *reinterpret_cast<const sockaddr_in*>(res->ai_addr);
   freeaddrinfo(res);
@@ -132,13 +133,19 @@ std::string rank_name(int r) { return "rank " + std::to_string(r); }
 
 class TcpTransport final : public BootstrapTransport {
  public:
-  TcpTransport(const std::string& host, int port, int rank, int size, double timeout_s)
-      : rank_(rank), size_(size), timeout_s_(timeout_s), where_(host + ":" + std::to_string(port)) {
+  TcpTransport(const std::string& host, int port, int rank, int size, double timeout_s,
+               LaunchNames names)
+      : rank_(rank),
+        size_(size),
+        timeout_s_(timeout_s),
+        where_(host + ":" + std::to_string(port)),
+        names_(std::move(names)) {
     MESHRT_CHECK(size >= 1 && rank >= 0 && rank < size,
                  "rendezvous: rank " << rank << " outside [0, " << size << ")");
-    MESHRT_CHECK(port > 0 && port < 65536,
-                 "rendezvous: port " << port << " is not a TCP port (MASTER_PORT: 1..65535)");
-    const sockaddr_in addr = resolve(host, port);
+    MESHRT_CHECK(port > 0 && port < 65536, "rendezvous: port " << port << " is not a TCP port ("
+                                                               << names_.master_port
+                                                               << ": 1..65535)");
+    const sockaddr_in addr = resolve(host, port, names_);
     const detail::Deadline dl = detail::Deadline::after(timeout_s);
     if (rank == 0) {
       serve(addr, dl);
@@ -184,8 +191,8 @@ class TcpTransport final : public BootstrapTransport {
     setsockopt(ls.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     MESHRT_CHECK(::bind(ls.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
                  "rendezvous: rank 0 cannot listen on " << where_ << ": " << std::strerror(errno)
-                                                        << " (another job on MASTER_PORT? pick a "
-                                                           "free port)");
+                                                        << " (another job on " << names_.master_port
+                                                        << "? pick a free port)");
     MESHRT_CHECK(::listen(ls.get(), size_) == 0,
                  "rendezvous: listen on " << where_ << " failed: " << std::strerror(errno));
     peers_.resize(static_cast<size_t>(size_));
@@ -197,8 +204,8 @@ class TcpTransport final : public BootstrapTransport {
         }
         throw CommError("rendezvous at " + where_ + ": " + detail::format_ranks(missing) +
                         " never connected within " + std::to_string(timeout_s_) +
-                        " s (is every rank started with the same MASTER_ADDR, MASTER_PORT and "
-                        "WORLD_SIZE?)");
+                        " s (is every rank started with the same " + names_.master_addr + ", " +
+                        names_.master_port + " and " + names_.world_size + "?)");
       }
       Fd c(::accept4(ls.get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (c.get() < 0) continue;
@@ -213,12 +220,12 @@ class TcpTransport final : public BootstrapTransport {
       int r = -1, world = -1;
       if (std::sscanf(hello.c_str(), "meshrt-tcp-rendezvous-v1 rank=%d world=%d", &r, &world) != 2)
         continue;
-      MESHRT_CHECK(world == size_, "rendezvous at " << where_ << ": rank " << r
-                                                    << " has WORLD_SIZE=" << world
+      MESHRT_CHECK(world == size_, "rendezvous at " << where_ << ": rank " << r << " has "
+                                                    << names_.world_size << "=" << world
                                                     << " but rank 0 has " << size_);
       MESHRT_CHECK(r >= 1 && r < size_ && peers_[static_cast<size_t>(r)].get() < 0,
                    "rendezvous at " << where_ << ": a second process says it is rank " << r
-                                    << " (every rank needs its own RANK)");
+                                    << " (every rank needs its own " << names_.rank << ")");
       peers_[static_cast<size_t>(r)] = std::move(c);
       ++got;
     }
@@ -244,8 +251,8 @@ class TcpTransport final : public BootstrapTransport {
         throw CommError("rendezvous: rank " + std::to_string(rank_) +
                         " could not reach rank 0 at " + where_ + " within " +
                         std::to_string(timeout_s_) + " s (" + std::strerror(errno) +
-                        "; is rank 0 started, with this MASTER_ADDR and "
-                        "MASTER_PORT?)");
+                        "; is rank 0 started, with this " + names_.master_addr + " and " +
+                        names_.master_port + "?)");
       }
       std::this_thread::sleep_for(sleep);
       sleep = std::min(sleep * 2, std::chrono::milliseconds(200));
@@ -255,6 +262,7 @@ class TcpTransport final : public BootstrapTransport {
   int rank_, size_;
   double timeout_s_;
   std::string where_;
+  LaunchNames names_;
   Fd leader_;              // ranks > 0: the connection to rank 0
   std::vector<Fd> peers_;  // rank 0: the connection of each other rank
 };
@@ -262,8 +270,9 @@ class TcpTransport final : public BootstrapTransport {
 }  // namespace
 
 std::unique_ptr<BootstrapTransport> make_tcp_transport(const std::string& host, int port, int rank,
-                                                       int size, double timeout_s) {
-  return std::make_unique<TcpTransport>(host, port, rank, size, timeout_s);
+                                                       int size, double timeout_s,
+                                                       const LaunchNames& names) {
+  return std::make_unique<TcpTransport>(host, port, rank, size, timeout_s, names);
 }
 
 }  // namespace meshrt

@@ -91,14 +91,14 @@ std::vector<int> poll_files(int world, const std::function<fs::path(int)>& path_
 
 std::vector<std::string> file_allgather(const std::string& dir, const std::string& key, int rank,
                                         int world, const std::string& mine, double timeout_s,
-                                        const std::string& run_in) {
+                                        const std::string& run_in, const LaunchNames& names) {
   MESHRT_CHECK(world >= 1 && rank >= 0 && rank < world,
                "rendezvous: rank " << rank << " outside [0, " << world << ")");
   std::error_code ec;
   MESHRT_CHECK(fs::is_directory(dir, ec), "rendezvous directory '"
-                                              << dir
-                                              << "' does not exist (MESHRT_RENDEZVOUS): create "
-                                                 "it on a file system every rank can see");
+                                              << dir << "' does not exist (" << names.rendezvous_dir
+                                              << "): create it on a file system every rank can "
+                                                 "see");
   const std::string run = run_in.empty() ? default_run_id() : run_in;
   const fs::path d(dir);
   const std::string stem = "meshrt." + run + "." + key + ".";
@@ -126,12 +126,13 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
   if (!missing.empty()) {
     throw CommError("rendezvous '" + key + "' in " + dir + ": " + detail::format_ranks(missing) +
                     " never wrote " + stem + "<rank> within " + std::to_string(timeout_s) +
-                    " s (is every rank started with the same WORLD_SIZE and MESHRT_RENDEZVOUS?)");
+                    " s (is every rank started with the same " + names.world_size + " and " +
+                    names.rendezvous_dir + "?)");
   }
   std::vector<std::string> out(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r)
-    out[static_cast<size_t>(r)] =
-        detail::rendezvous_payload(got[static_cast<size_t>(r)], world, data_path(r).string());
+    out[static_cast<size_t>(r)] = detail::rendezvous_payload(
+        got[static_cast<size_t>(r)], world, data_path(r).string(), names.world_size);
   // Three phases so that no file outlives the exchange: acknowledge having read every data
   // file; once every rank acknowledged, remove our data file; once every data file is gone
   // (so every rank has seen every acknowledgement), the Cleanup removes our acknowledgement.
@@ -153,19 +154,21 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
 
 class FileTransport final : public BootstrapTransport {
  public:
-  FileTransport(std::string dir, int rank, int size, double timeout_s, std::string run)
+  FileTransport(std::string dir, int rank, int size, double timeout_s, std::string run,
+                LaunchNames names)
       : dir_(std::move(dir)),
         rank_(rank),
         size_(size),
         timeout_s_(timeout_s),
-        run_(std::move(run)) {
+        run_(std::move(run)),
+        names_(std::move(names)) {
     MESHRT_CHECK(size >= 1 && rank >= 0 && rank < size,
                  "rendezvous: rank " << rank << " outside [0, " << size << ")");
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::vector<std::string> all_gather(const std::string& key, const std::string& mine) override {
-    return file_allgather(dir_, key, rank_, size_, mine, timeout_s_, run_);
+    return file_allgather(dir_, key, rank_, size_, mine, timeout_s_, run_, names_);
   }
 
  private:
@@ -173,6 +176,7 @@ class FileTransport final : public BootstrapTransport {
   int rank_, size_;
   double timeout_s_;
   std::string run_;
+  LaunchNames names_;
 };
 
 }  // namespace
@@ -183,20 +187,22 @@ std::string rendezvous_file(int world, const std::string& payload) {
   return "meshrt-rendezvous world=" + std::to_string(world) + "\n" + payload;
 }
 
-std::string rendezvous_payload(const std::string& contents, int world, const std::string& path) {
+std::string rendezvous_payload(const std::string& contents, int world, const std::string& path,
+                               const std::string& world_size) {
   const std::string header = rendezvous_file(world, "");
   MESHRT_CHECK(contents.compare(0, header.size(), header) == 0,
                "rendezvous: " << path << " was written for another world size "
                               << "(expected '" << header.substr(0, header.size() - 1)
-                              << "'): stale file or mismatched WORLD_SIZE");
+                              << "'): stale file or mismatched " << world_size);
   return contents.substr(header.size());
 }
 
 }  // namespace detail
 
 std::unique_ptr<BootstrapTransport> make_file_transport(const std::string& dir, int rank, int size,
-                                                        double timeout_s, const std::string& run) {
-  return std::make_unique<FileTransport>(dir, rank, size, timeout_s, run);
+                                                        double timeout_s, const std::string& run,
+                                                        const LaunchNames& names) {
+  return std::make_unique<FileTransport>(dir, rank, size, timeout_s, run, names);
 }
 
 }  // namespace meshrt

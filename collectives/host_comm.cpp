@@ -663,9 +663,8 @@ std::string host_refuses(const WorldPlan& plan) {
   }
   if (plan.kind != LaunchKind::Threads && plan.world_size > 1) {
     return "it runs ranks as threads of one process, but this process is " + plan.str() +
-           ": launch them with mpirun / srun (mpi backend), or run them as threads with "
-           "--devices cpu:" +
-           std::to_string(plan.world_size);
+           ": launch them with mpirun / srun (mpi backend), or run them as threads with " +
+           plan.names.threads(plan.world_size);
   }
   return "";
 }

@@ -27,7 +27,7 @@ const detail::NcclBackend& nccl(const char* what) {
 
 std::string nccl_refuses(const WorldPlan& plan) {
   if (plan.device_type != DeviceType::CUDA)
-    return "it needs CUDA devices (e.g. --devices cuda:0-7)";
+    return "it needs CUDA devices (" + plan.names.cuda_devices + ")";
   std::string why;
   return nccl_if_available(&why) ? "" : why;
 }

@@ -6,27 +6,41 @@
 
 namespace meshrt {
 
+BlockFieldNames BlockFieldNames::for_config_struct(const std::string& config) {
+  BlockFieldNames n;
+  n.hidden = {config + ".hidden", "it"};
+  n.ffn = {config + ".ffn", "it"};
+  n.heads = {config + ".heads", "it"};
+  n.seq = {"the sequence", "it"};
+  n.drop_sp = "set " + config + ".sequence_parallel = 0";
+  return n;
+}
+
 void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq,
-                    bool attention) {
+                    bool attention, const BlockFieldNames& n) {
   MESHRT_CHECK(cfg.hidden > 0 && cfg.ffn > 0 && (!attention || cfg.heads > 0),
-               "block: hidden=" << cfg.hidden << ", ffn=" << cfg.ffn << ", heads=" << cfg.heads
-                                << " must all be positive");
+               "block: " << n.hidden.name << "=" << cfg.hidden << ", " << n.ffn.name << "="
+                         << cfg.ffn << ", " << n.heads.name << "=" << cfg.heads
+                         << " must all be positive");
   if (attention)
-    MESHRT_CHECK(cfg.hidden % cfg.heads == 0, "block: hidden "
-                                                  << cfg.hidden << " does not divide by heads "
-                                                  << cfg.heads << "; pick heads that divide it");
-  MESHRT_CHECK(cfg.hidden % tp == 0, "block: hidden " << cfg.hidden << " does not divide by tp="
-                                                      << tp << "; change --hidden or the mesh");
-  MESHRT_CHECK(cfg.ffn >= tp, "block: ffn " << cfg.ffn << " is smaller than tp=" << tp
-                                            << ": every rank needs at least one column; change "
-                                               "--ffn or the mesh");
+    MESHRT_CHECK(cfg.hidden % cfg.heads == 0, "block: " << n.hidden.name << " " << cfg.hidden
+                                                        << " does not divide by " << n.heads.name
+                                                        << " " << cfg.heads << "; pick "
+                                                        << n.heads.name << " that divide it");
+  MESHRT_CHECK(cfg.hidden % tp == 0, "block: " << n.hidden.name << " " << cfg.hidden
+                                               << " does not divide by tp=" << tp << "; change "
+                                               << n.hidden.change << " or the mesh");
+  MESHRT_CHECK(cfg.ffn >= tp, "block: " << n.ffn.name << " " << cfg.ffn << " is smaller than tp="
+                                        << tp << ": every rank needs at least one column; change "
+                                        << n.ffn.change << " or the mesh");
   if (attention)
-    MESHRT_CHECK(cfg.heads % tp == 0, "block: heads " << cfg.heads << " do not divide by tp=" << tp
-                                                      << "; change --heads or the mesh");
+    MESHRT_CHECK(cfg.heads % tp == 0, "block: " << n.heads.name << " " << cfg.heads
+                                                << " do not divide by tp=" << tp << "; change "
+                                                << n.heads.change << " or the mesh");
   if (seq > 0 && opt.sequence_parallel && tp > 1) {
-    MESHRT_CHECK(seq % tp == 0, "block: sequence " << seq << " does not divide by tp=" << tp
-                                                   << " under sequence parallel; change --seq "
-                                                      "or drop --sp");
+    MESHRT_CHECK(seq % tp == 0, "block: " << n.seq.name << " " << seq << " does not divide by tp="
+                                          << tp << " under sequence parallel; change "
+                                          << n.seq.change << " or " << n.drop_sp);
     if (opt.overlap == Overlap::Chunked)
       MESHRT_CHECK(
           seq % (static_cast<int64_t>(tp) * tp) == 0,

@@ -4,6 +4,8 @@
 // contiguous sequence shard [seq / tp, batch, hidden].
 #pragma once
 
+#include <string>
+
 #include "kernels/ops.h"
 #include "mesh/block_desc.h"
 #include "mesh/linear.h"
@@ -31,12 +33,30 @@ struct MESHRT_API BlockConfig {
   bool causal = true;
 };
 
+// How validate_block's messages name the settings it checks, per caller: the command line's
+// flags by default; the C API passes its config struct's field names (for_config_struct), as its
+// callers have no flags.
+struct MESHRT_API BlockFieldNames {
+  struct Field {
+    std::string name;    // the value's name in the message: "hidden"
+    std::string change;  // what the user changes: "--hidden"
+  };
+  Field hidden{"hidden", "--hidden"};
+  Field ffn{"ffn", "--ffn"};
+  Field heads{"heads", "--heads"};
+  Field seq{"sequence", "--seq"};
+  std::string drop_sp = "drop --sp";  // the other way out of a sequence that tp does not divide
+  // "meshrt_mlp_config": names "meshrt_mlp_config.hidden", ...; the change is "it".
+  static BlockFieldNames for_config_struct(const std::string& config);
+};
+
 // Rejects shapes that cannot be sharded, before any collective runs: hidden % tp, ffn >= tp (an
 // ffn that tp does not divide is sharded unevenly), and (seq > 0) seq % tp under sequence parallel
 // (seq % tp^2 for chunked overlap); with attention also heads % tp and hidden % heads. Messages
-// name the values and what to change.
+// name the values and what to change, in the words of `names`.
 MESHRT_API void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt,
-                               int64_t seq = 0, bool attention = true);
+                               int64_t seq = 0, bool attention = true,
+                               const BlockFieldNames& names = {});
 
 // LayerNorm / RMSNorm over hidden in the sequence-parallel style: weights replicated over tp;
 // under sequence parallel it runs on the sequence shard and its weight gradients are summed over

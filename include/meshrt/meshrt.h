@@ -110,10 +110,12 @@ typedef struct meshrt_comm_config {
   unsigned int magic;    /* MESHRT_COMM_CONFIG_MAGIC */
   unsigned int version;  /* MESHRT_API_VERSION */
   double timeout_s;      /* a collective not done after this long fails (MESHRT_ERROR_TIMEOUT);
-                            0 disables; < 0: MESHRT_COMM_TIMEOUT or 300 */
+                            0 disables; < 0: MESHRT_COMM_TIMEOUT or 300; at most 1e9 (NaN,
+                            +inf and larger values are refused) */
   double init_timeout_s; /* how long init waits for the other ranks (MESHRT_ERROR_TIMEOUT);
-                            0: no limit; < 0: as timeout_s */
-  int debug;             /* 1: ranks compare each call first; 0: no; < 0: MESHRT_COMM_DEBUG */
+                            0: no limit; < 0: as timeout_s; at most 1e9 */
+  int debug;             /* 1: ranks compare each call first; 0: no; < 0: MESHRT_COMM_DEBUG;
+                            > 1 is refused */
   int device_type;       /* meshrt_device_type_t of the ranks (all ranks alike) */
   int device_index;      /* CUDA: this rank's GPU, < 0: the rank; CPU: ignored */
   const char* backend;   /* NULL or "auto": the best registered backend; or "host", "mpi", ... */
@@ -141,7 +143,8 @@ MESHRT_C_API meshrt_status_t meshrt_comm_init_rank(meshrt_comm_t* comm, int nran
                                                    meshrt_unique_id_t id, int rank,
                                                    const meshrt_comm_config_t* config);
 /* All `n` ranks of a new world at once, from one thread (comms[i] is rank i). `devices` NULL:
- * CPU ranks (or, with a CUDA config, GPUs 0..n-1); else devices[i] is rank i's GPU. */
+ * CPU ranks (or, with a CUDA config, GPUs 0..n-1); else devices[i] is rank i's GPU (CUDA configs
+ * only: a CPU config refuses a devices array; a GPU index past the device count is refused). */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* devices,
                                                   const meshrt_comm_config_t* config);
 /* This process's rank of an MPI job (mpirun / srun; one rank per process). mpi_comm: a pointer
@@ -226,7 +229,8 @@ MESHRT_C_API meshrt_status_t meshrt_event_query(meshrt_event_t event, int* done)
 MESHRT_C_API meshrt_status_t meshrt_event_destroy(meshrt_event_t event);
 
 /* ---- tensors (DLPack) --------------------------------------------------------------------
- * Accepted: device kDLCPU or kDLCUDA (the communicator's device when used), dtypes float32,
+ * Accepted: device kDLCPU (device_id 0: DLPack's one CPU device) or kDLCUDA (device_id below the
+ * process's CUDA device count; the communicator's device when used), dtypes float32,
  * bfloat16, float16, int32, int64 (lanes 1; uint8 for data movement only), compact row-major
  * (C-contiguous) layout: strides NULL or equal to the row-major strides (extents of 1 may have
  * any stride); anything else is MESHRT_ERROR_INVALID_ARGUMENT naming the strides (copy to a
@@ -319,9 +323,11 @@ typedef struct meshrt_mesh_s* meshrt_mesh_t;
 
 /* Collective over `comm` (every rank, same spec, same order relative to other collectives):
  * splits one sub-communicator per dim. Spec: "name=size,..." with names [a-z_][a-z0-9_]*, sizes
- * >= 1, no repeats, and the product equal to comm's size; otherwise
- * MESHRT_ERROR_INVALID_ARGUMENT with both numbers. The mesh keeps `comm` alive (it may be
- * destroyed first) and runs on comm's default stream. */
+ * >= 1, no repeats, at most 4096 bytes, and the product equal to comm's size; otherwise
+ * MESHRT_ERROR_INVALID_ARGUMENT with both numbers. The ranks first all-gather their specs (on
+ * comm's default stream): when they differ, or a rank passed NULL, every rank returns
+ * MESHRT_ERROR_INVALID_ARGUMENT at once, naming each spec and the ranks that passed it. The mesh
+ * keeps `comm` alive (it may be destroyed first) and runs on comm's default stream. */
 MESHRT_C_API meshrt_status_t meshrt_mesh_create(meshrt_mesh_t* mesh, meshrt_comm_t comm,
                                                 const char* spec);
 /* Frees the mesh and the dim communicators meshrt_mesh_comm handed out (NULL is a no-op). Blocks
@@ -378,14 +384,17 @@ typedef enum meshrt_weight_layout {
 } meshrt_weight_layout_t;
 
 /* Initialise with MESHRT_MLP_CONFIG_INITIALIZER, then set fields; `size` lets later versions
- * append fields (an older caller's smaller size gets defaults for the rest). */
+ * append fields (an older caller's smaller size, ending at one of its fields, gets defaults for
+ * the rest). meshrt_mlp_create checks every field: flags 0 or 1, enums in range, sizes >= 1 whose
+ * largest weight's bytes fit in int64, eps finite in (0, 1]; a refusal names the field as
+ * "meshrt_mlp_config.<field>". */
 typedef struct meshrt_mlp_config {
   size_t size;           /* sizeof(meshrt_mlp_config_t) */
   int64_t hidden;        /* model width; tp must divide it */
   int64_t ffn;           /* inner width; >= tp (uneven shards allowed) */
   DLDataType dtype;      /* of weights and activations: float32, bfloat16 or float16 */
   int norm;              /* meshrt_norm_kind_t */
-  float eps;             /* norm epsilon */
+  float eps;             /* norm epsilon: finite, in (0, 1] */
   int gelu;              /* meshrt_gelu_kind_t */
   int bias;              /* 1: fc1 and fc2 have biases; 0: none */
   int sequence_parallel; /* 1: activations are sequence shards over tp (Megatron SP) */
@@ -507,7 +516,7 @@ typedef struct meshrt_attn_config {
   int64_t heads;         /* attention heads; tp must divide it, it must divide hidden */
   DLDataType dtype;      /* of weights and activations: float32, bfloat16 or float16 */
   int norm;              /* meshrt_norm_kind_t */
-  float eps;             /* norm epsilon */
+  float eps;             /* norm epsilon: finite, in (0, 1] */
   int bias;              /* 1: qkv and proj have biases; 0: none */
   int causal;            /* 1: position i attends to positions <= i; 0: to all */
   int sequence_parallel; /* 1: activations are sequence shards over tp (Megatron SP) */
@@ -545,7 +554,8 @@ typedef enum meshrt_attn_param {
   MESHRT_ATTN_PROJ_BIAS = 5
 } meshrt_attn_param_t;
 
-/* As meshrt_mlp_create (checks heads % tp, hidden % heads, the enums). */
+/* As meshrt_mlp_create (checks every field as it does, and heads % tp, hidden % heads; a refusal
+ * names the field as "meshrt_attn_config.<field>"). */
 MESHRT_C_API meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh_t mesh,
                                                 const meshrt_attn_config_t* config);
 MESHRT_C_API meshrt_status_t meshrt_attn_destroy(meshrt_attn_t attn);

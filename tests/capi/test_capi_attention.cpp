@@ -396,14 +396,15 @@ TEST_CASE("capi: bad attention configs and shards case by case", "[capi]") {
     c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
     c.qkv_layout = 5;
     expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
-           {"qkv_layout 5", "MESHRT_QKV_LAYOUT_BLOCKED"});
+           {"meshrt_attn_config.qkv_layout is 5", "MESHRT_QKV_LAYOUT_BLOCKED"});
     c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
     c.causal = 2;
-    expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT, {"causal 2"});
+    expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
+           {"meshrt_attn_config.causal is 2"});
     c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
     c.size = 1;
     expect(meshrt_attn_create(&attn, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
-           {"config->size is 1", "MESHRT_ATTN_CONFIG_INITIALIZER"});
+           {"meshrt_attn_config.size is 1", "MESHRT_ATTN_CONFIG_INITIALIZER"});
     RANK_EXPECT(attn == nullptr, "no handle after a refused create");
     c = attn_config(d, AttnVariant{}, false,
                     Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_BLOCKED}, f32);

@@ -459,21 +459,23 @@ TEST_CASE("capi: bad MLP configs and shards and tensors case by case", "[capi]")
     meshrt_mlp_config_t c = cfg;
     c.weight_layout = 7;
     require_status(meshrt_mlp_create(&mlp, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
-                   {"weight_layout 7", "MESHRT_WEIGHT_LAYOUT_OUT_IN"});
+                   {"meshrt_mlp_config.weight_layout is 7", "MESHRT_WEIGHT_LAYOUT_OUT_IN"});
     c = cfg;
     c.norm = -1;
-    require_status(meshrt_mlp_create(&mlp, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT, {"norm -1"});
+    require_status(meshrt_mlp_create(&mlp, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
+                   {"meshrt_mlp_config.norm is -1"});
     c = cfg;
     c.dtype = dl_dtype(kDLInt, 32);
     require_status(meshrt_mlp_create(&mlp, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
-                   {"bits 32", "float32, bfloat16 or float16"});
+                   {"meshrt_mlp_config.dtype", "bits 32", "float32 {kDLFloat, 32, 1}"});
     c = cfg;
     c.size = 3;
     require_status(meshrt_mlp_create(&mlp, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
-                   {"config->size is 3", "MESHRT_MLP_CONFIG_INITIALIZER"});
+                   {"meshrt_mlp_config.size is 3", "MESHRT_MLP_CONFIG_INITIALIZER"});
     c = cfg;
     c.hidden = 0;
-    require_status(meshrt_mlp_create(&mlp, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT, {"hidden=0"});
+    require_status(meshrt_mlp_create(&mlp, mesh, &c), MESHRT_ERROR_INVALID_ARGUMENT,
+                   {"meshrt_mlp_config.hidden is 0"});
     CHECK(mlp == nullptr);
   }
   SECTION("shards and tensors") {

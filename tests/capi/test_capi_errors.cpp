@@ -40,15 +40,15 @@ TEST_CASE("capi: bad configs are refused naming the field", "[capi]") {
   meshrt_comm_config_t cfg = MESHRT_COMM_CONFIG_INITIALIZER;
   cfg.magic = 0;
   require_status(meshrt_comm_init_all(comms, 2, nullptr, &cfg), MESHRT_ERROR_INVALID_ARGUMENT,
-                 {"config->magic", "MESHRT_COMM_CONFIG_INITIALIZER"});
+                 {"meshrt_comm_config.magic", "MESHRT_COMM_CONFIG_INITIALIZER"});
   cfg = MESHRT_COMM_CONFIG_INITIALIZER;
   cfg.size = 8;
   require_status(meshrt_comm_init_all(comms, 2, nullptr, &cfg), MESHRT_ERROR_INVALID_ARGUMENT,
-                 {"config->size is 8"});
+                 {"meshrt_comm_config.size is 8"});
   cfg = MESHRT_COMM_CONFIG_INITIALIZER;
   cfg.version = 77;
   require_status(meshrt_comm_init_all(comms, 2, nullptr, &cfg), MESHRT_ERROR_INVALID_USAGE,
-                 {"config->version is 77"});
+                 {"meshrt_comm_config.version is 77"});
   cfg = MESHRT_COMM_CONFIG_INITIALIZER;
   cfg.device_type = 5;
   require_status(meshrt_comm_init_all(comms, 2, nullptr, &cfg), MESHRT_ERROR_INVALID_ARGUMENT,

@@ -137,12 +137,42 @@ TEST_CASE("capi: TCP rendezvous of 2 CPU processes on 127.0.0.1 runs collectives
   cfg.init_timeout_s = 0.5;
   meshrt_comm_t comm = nullptr;
   require_status(meshrt_comm_init_tcp(&comm, "127.0.0.1", unused_port(), 2, 0, &cfg),
-                 MESHRT_ERROR_TIMEOUT, {"rank 1 never connected"});
+                 MESHRT_ERROR_TIMEOUT,
+                 {"rank 1 never connected",
+                  " s (is every rank started with the same host, port and nranks?)"});
+  CHECK(std::string(meshrt_last_error()).find("MASTER_") == std::string::npos);
   CHECK(comm == nullptr);
   require_status(meshrt_comm_init_tcp(&comm, "127.0.0.1", 0, 2, 0, &cfg),
                  MESHRT_ERROR_INVALID_ARGUMENT, {"port is 0"});
   require_status(meshrt_comm_init_tcp(&comm, nullptr, 29500, 2, 0, &cfg),
                  MESHRT_ERROR_INVALID_ARGUMENT, {"host is NULL"});
+}
+
+TEST_CASE("capi: a backend refusing a file world names the C API's calls, not flags",
+          "[capi][file]") {
+  const std::string dir = fresh_dir("host");
+  const auto [rc0, rc1] = run_two_ranks([&](int rank) {
+    init_api();
+    meshrt_comm_config_t cfg = test_config(30);
+    cfg.init_timeout_s = 20;
+    cfg.backend = "host";
+    meshrt_comm_t comm = nullptr;
+    const meshrt_status_t st = meshrt_comm_init_file(&comm, dir.c_str(), 2, rank, &cfg);
+    const std::string r = std::to_string(rank);
+    const std::string want =
+        "meshrt_comm_init_file: meshrt_comm_config.backend host cannot run rank " + r +
+        " of 2 as env-processes on cpu: it runs ranks as threads of one process, but this "
+        "process is rank " +
+        r +
+        " of 2 as env-processes on cpu: launch them with mpirun / srun "
+        "(mpi backend), or run them as threads with meshrt_comm_init_all or "
+        "meshrt_comm_init_rank (2 ranks as threads)";
+    std::printf("rank %d: %s: %s\n", rank, meshrt_status_string(st), meshrt_last_error());
+    return st == MESHRT_ERROR_UNSUPPORTED && want == meshrt_last_error() && comm == nullptr ? 0 : 1;
+  });
+  CHECK(rc0 == 0);
+  CHECK(rc1 == 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("capi: file rendezvous where a process never arrives times out naming it",
@@ -152,8 +182,10 @@ TEST_CASE("capi: file rendezvous where a process never arrives times out naming 
   meshrt_comm_config_t cfg = test_config(30);
   cfg.init_timeout_s = 0.5;
   meshrt_comm_t comm = nullptr;
-  require_status(meshrt_comm_init_file(&comm, dir.c_str(), 2, 0, &cfg), MESHRT_ERROR_TIMEOUT,
-                 {"rank 1", "never wrote"});
+  require_status(
+      meshrt_comm_init_file(&comm, dir.c_str(), 2, 0, &cfg), MESHRT_ERROR_TIMEOUT,
+      {"rank 1", "never wrote", " s (is every rank started with the same nranks and dir?)"});
+  CHECK(std::string(meshrt_last_error()).find("WORLD_SIZE") == std::string::npos);
   CHECK(comm == nullptr);
   require_status(meshrt_comm_init_file(&comm, (dir + "/missing").c_str(), 2, 0, &cfg),
                  MESHRT_ERROR_INVALID_ARGUMENT, {"is not a directory"});

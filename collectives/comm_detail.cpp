@@ -60,9 +60,24 @@ bool CallSig::matches(const CallSig& o) const {
 }
 
 std::string format_ranks(const std::vector<int>& ranks) {
+  // Runs of three or more consecutive ranks as "a-b", and at most kMaxPieces pieces: a world of
+  // a million ranks with no record is one line, not megabytes.
+  constexpr size_t kMaxPieces = 32;
   std::ostringstream os;
   os << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  size_t pieces = 0, i = 0;
+  for (; i < ranks.size() && pieces < kMaxPieces; ++pieces) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    os << (pieces ? ", " : "") << ranks[i];
+    if (j >= i + 2) {
+      os << "-" << ranks[j];
+      i = j + 1;
+    } else {
+      ++i;
+    }
+  }
+  if (i < ranks.size()) os << " and " << ranks.size() - i << " more";
   return os.str();
 }
 

@@ -48,7 +48,8 @@ MESHRT_PLUGIN_API std::string mismatch_message(const std::string& group,
                                                const std::vector<CallSig>& sigs,
                                                const std::vector<int>& globals = {});
 
-// "rank 3" / "ranks 1, 2, 5".
+// "rank 3" / "ranks 1, 2, 5" / "ranks 0-7, 9" (runs of three or more as a range; at most 32
+// pieces, then "and N more").
 MESHRT_PLUGIN_API std::string format_ranks(const std::vector<int>& ranks);
 
 // How messages name a member of a group: "rank 6 [group rank 1]" (its global rank, then its rank

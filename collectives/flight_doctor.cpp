@@ -66,6 +66,10 @@ Entry parse_entry(const JsonFields<json>& e) {
   x.redop = e.string("redop");
   x.stream = e.string("stream");
   x.state = e.string("state");
+  if (x.state != "issued" && x.state != "started" && x.state != "completed" &&
+      x.state != "failed" && x.state != "skipped")
+    json_field_fail(e.where(), e.name("state"), json_value_text("\"" + x.state + "\""),
+                    "one of issued, started, completed, failed, skipped");
   x.note = e.string("note");
   x.group_size = static_cast<int>(e.integer("group_size", 1, kMaxRanks));
   x.group_rank = static_cast<int>(e.integer("group_rank", 0, x.group_size - 1));

@@ -277,26 +277,19 @@ void check_checkpoint_root_entries(const std::string& root) {
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
     if (parse_step_name(n) < 0) continue;
-    MESHRT_CHECK(
-        e.is_directory(ec) && !e.is_symlink(ec),
-        "--save "
-            << root << ": " << e.path().string()
-            << " is not a checkpoint folder (a file or a link where meshrt keeps "
-               "step-N folders); move it away or give another --save folder");  // A save publishes
-                                                                                // a step folder by
-                                                                                // renaming it into
-                                                                                // place with its
-                                                                                // index.json: one
-                                                                                // without
-    // is not meshrt's, and replacing or pruning it would remove the user's files.
-    struct stat ib {};
-    const std::string index = e.path().string() + "/" + kIndex;
-    MESHRT_CHECK(::lstat(index.c_str(), &ib) == 0 && S_ISREG(ib.st_mode),
-                 "--save " << root << ": " << e.path().string() << " has no " << kIndex
-                           << ": not a checkpoint meshrt wrote (a save publishes each step folder "
-                              "whole, with its index); a save of that step or --keep would "
-                              "replace or remove its files: move it away or give another --save "
-                              "folder");
+    MESHRT_CHECK(e.is_directory(ec) && !e.is_symlink(ec),
+                 "--save " << root << ": " << e.path().string()
+                           << " is not a checkpoint folder (a file or a link where meshrt keeps "
+                              "step-N folders); move it away or give another --save folder");
+    // The user's files in a step folder are kept through a save of that step and a prune, but
+    // not those named as meshrt names its own.
+    const std::string theirs = detail::unindexed_checkpoint_file(e.path().string());
+    MESHRT_CHECK(theirs.empty(),
+                 "--save " << root << ": " << e.path().string() << " holds " << theirs << " but no "
+                           << kIndex
+                           << ": not a checkpoint meshrt wrote, and a save of that step would "
+                              "replace the file (--keep remove it); move it away or give another "
+                              "--save folder");
   }
 }
 

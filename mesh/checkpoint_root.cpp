@@ -202,6 +202,16 @@ void prune_checkpoints(const std::string& root, const std::string& run, int keep
     remove_checkpoint_files(root + "/" + mine[i], /*temporaries=*/false);
 }
 
+std::string unindexed_checkpoint_file(const std::string& step_dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(step_dir) / kCheckpointIndex, ec)) return "";
+  for (const auto& e : fs::directory_iterator(step_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (is_rank_file(n) || is_rank_temporary(n)) return n;
+  }
+  return "";
+}
+
 }  // namespace detail
 
 // --- the lock ---

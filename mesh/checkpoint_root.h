@@ -52,4 +52,9 @@ int remove_stale_checkpoint_temporaries(const std::string& root);
 void prune_checkpoints(const std::string& root, const std::string& run, int keep,
                        const std::string& newest);
 
+// In a step folder without an index.json: the first file named as meshrt names its own (a rank
+// file or its temporary), "" when none. A save of that step would take such a file over and
+// --keep remove it, though meshrt did not write it; the user's other files are kept.
+std::string unindexed_checkpoint_file(const std::string& step_dir);
+
 }  // namespace meshrt::detail

@@ -210,8 +210,11 @@ std::string cluster_to_json(const ClusterSpec& c) {
 
 ClusterSpec load_cluster(const std::string& spec, const std::string& dtype) {
   ClusterSpec c;
+  std::error_code exists_ec;
+  // A path, a .json name, or any existing file (not a preset name: those hold no '.').
   const bool file = spec.find('/') != std::string::npos ||
-                    (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
+                    (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json") ||
+                    (spec.find('.') != std::string::npos && fs::exists(spec, exists_ec));
   if (file) {
     std::error_code ec;
     MESHRT_CHECK(fs::exists(spec, ec), "--cluster " << spec
@@ -223,7 +226,7 @@ ClusterSpec load_cluster(const std::string& spec, const std::string& dtype) {
   } else {
     c = cluster_preset(spec);
   }
-  c.select_dtype(dtype);
+  if (!dtype.empty()) c.select_dtype(dtype);
   return c;
 }
 

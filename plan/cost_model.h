@@ -87,7 +87,7 @@ struct ClusterSpec {
 // listing the presets.
 ClusterSpec cluster_preset(const std::string& spec);
 // A preset name, else a cluster JSON file (as --calibrate writes and docs/plan.md describes), with
-// peak_tflops selected for `dtype`.
+// peak_tflops selected for `dtype` ("": none selected, the file or preset only checked).
 ClusterSpec load_cluster(const std::string& spec, const std::string& dtype);
 ClusterSpec cluster_from_json(const std::string& text, const std::string& origin);
 std::string cluster_to_json(const ClusterSpec& c);

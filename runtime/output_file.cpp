@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -105,7 +106,10 @@ OutputFile::OutputFile(const std::string& path, std::string what, bool durable)
     char suffix[64];
     std::snprintf(suffix, sizeof(suffix), ".tmp-%ld-%llu-%08x", static_cast<long>(::getpid()),
                   static_cast<unsigned long long>(counter++), rd());
-    tmp_ = (fs::path(dir) / ("." + base + suffix)).string();
+    // A target name near NAME_MAX (255 bytes) would make the temporary's too long: its front is
+    // enough, the suffix makes it unique.
+    const size_t room = 255 - 1 - std::strlen(suffix);
+    tmp_ = (fs::path(dir) / ("." + base.substr(0, std::min(base.size(), room)) + suffix)).string();
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd_ < 0 && errno != EEXIST) {
       const int e = errno;

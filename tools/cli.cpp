@@ -60,6 +60,9 @@ std::string command_name(const CLI::App& top) {
 
 MeshrtCli::MeshrtCli() : app_("meshrt: a runtime for mixed data + tensor parallelism") {
   app_.require_subcommand(1);
+  // A flag given twice takes its last value in every command (as the benchmarks' own programs
+  // do), rather than CLI11's "At Most 1 required but received 2".
+  app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app_.set_version_flag("--version", "meshrt " MESHRT_VERSION_STRING);
   info_ = app_.add_subcommand("info",
                               "Devices found, why CUDA is unavailable if it is, "

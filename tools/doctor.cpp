@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bench/common/cli_checks.h"
 #include "collectives/flight_doctor.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
@@ -38,7 +39,8 @@ CLI::App* add_doctor_command(CLI::App& app, DoctorCliOptions& o) {
       "timeout, an abort, a fatal signal or SIGUSR1) and say where the ranks diverged and "
       "which rank is to blame");
   c->add_option("files", o.files, "The records, one per rank")->required();
-  c->add_option("--trace", o.trace, "Also write the records as a Perfetto / Chrome JSON trace");
+  c->add_option("--trace", o.trace, "Also write the records as a Perfetto / Chrome JSON trace")
+      ->check(kNonEmpty);
   return c;
 }
 

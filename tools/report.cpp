@@ -7,6 +7,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "bench/common/cli_checks.h"
 #include "bench/common/gnuplot.h"
 #include "bench/common/stats.h"
 #include "runtime/error.h"
@@ -223,7 +224,8 @@ CLI::App* add_report_command(CLI::App& app, ReportCliOptions& o) {
       ->required();
   c->add_option("--plot", o.plot,
                 "Draw loss, lr, tokens/s and MFU, per-rank compute and exposed communication, "
-                "memory and skew against steps into this PNG (gnuplot)");
+                "memory and skew against steps into this PNG (gnuplot)")
+      ->check(kNonEmpty);
   c->add_option("--worst", o.worst, "How many of the slowest steps the summary lists")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));

@@ -40,12 +40,13 @@ void add_watch_flags(CLI::App* c, TrainCliOptions& o) {
                 "allocated (default: 80% of physical memory)")
       ->check(kPositive);
   c->add_option(
-      "--metrics", o.metrics,
-      "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
-      "docs/training.md); continued by --resume");
+       "--metrics", o.metrics,
+       "Write one JSON Lines record per step to FILE (loss, lr, per-rank times and memory; "
+       "docs/training.md); continued by --resume")
+      ->check(kNonEmpty);
   c->add_option("--peak-tflops", o.peak_tflops,
                 "Dense peak of one device in TFLOP/s: adds MFU (model FLOPs / peak) to --metrics")
-      ->check(non_negative());
+      ->check(cli::peak_tflops(true));
   c->add_option("--straggler-threshold", o.straggler_threshold,
                 "Warn once when a rank's compute exceeds this x the median rank's for "
                 "--straggler-steps steps in a row (a ratio > 1; default 1.2; watched with "

@@ -540,8 +540,9 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
       ->capture_default_str();
   c->add_option("--out", o.out, "Folder for the trials' metrics and the state a rerun resumes from")
       ->required();
-  c->add_option("--json", o.json, "Write the table as JSON");
-  c->add_option("--plot", o.plot, "Plot the trials' metrics (as meshrt report --plot)");
+  c->add_option("--json", o.json, "Write the table as JSON")->check(kNonEmpty);
+  c->add_option("--plot", o.plot, "Plot the trials' metrics (as meshrt report --plot)")
+      ->check(kNonEmpty);
   return c;
 }
 

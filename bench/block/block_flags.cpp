@@ -62,20 +62,23 @@ class BlockCommand : public Command {
     c.add_option("--seed", o_.seed, "Seed of weights and inputs")
         ->capture_default_str()
         ->check(cli::int_at_least(0, o_.seed));
-    c.add_option("--json", o_.json_path, "Write every figure, the config and versions as JSON");
+    c.add_option("--json", o_.json_path, "Write every figure, the config and versions as JSON")
+        ->check(cli::kNonEmpty);
     c.add_option("--plan-cluster", o_.plan_cluster,
                  "Cluster of the planner's prediction written into --json (preset or `meshrt "
                  "plan --calibrate` file; default: the GPU's preset, else this run's calibration)");
     c.add_option("--trace", o_.trace_path,
                  "Write a Chrome / Perfetto trace of the timed steps (one track per rank and "
-                 "stream)");
+                 "stream)")
+        ->check(cli::kNonEmpty);
     c.add_option("--dump", o_.dump_path,
                  "Write inputs, gathered weights, outputs and gradients of the last step to a "
-                 "safetensors file");
+                 "safetensors file")
+        ->check(cli::kNonEmpty);
     c.add_option("--peak-tflops", o_.peak_tflops,
                  "Per-device peak for MFU, TFLOP/s (default: GPU datasheet table, else a "
                  "calibration GEMM)")
-        ->check(kPositive);
+        ->check(cli::peak_tflops(false));
     c.add_flag("--no-calibrate", no_calibrate_, "Skip the calibration GEMM (no MFU on CPU)");
   }
 

@@ -13,6 +13,7 @@
 #include "bench/common/stats.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "plan/cost_model.h"
 #include "runtime/output_file.h"
 
 namespace meshrt {
@@ -73,6 +74,9 @@ void check_options(const BlockBenchOptions& o) {
   check_outputs_spare_inputs(
       {{"--json", o.json_path}, {"--trace", o.trace_path}, {"--dump", o.dump_path}},
       {{"--plan-cluster", o.plan_cluster}});
+  // The cluster too: read now (a preset name or a file, as plan --cluster takes), not found
+  // missing only after the run.
+  if (!o.plan_cluster.empty()) (void)plan::load_cluster(o.plan_cluster, "");
 }
 
 void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {

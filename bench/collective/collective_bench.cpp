@@ -707,7 +707,10 @@ void write_coll_json(const CollBenchOptions& o, const Settings& s, const Launch&
 
 }  // namespace
 
-void check_collective_options(const CollBenchOptions& o) { settings_for(o); }
+void check_collective_options(const CollBenchOptions& o) {
+  settings_for(o);
+  check_output_path(o.json_path, "--json");  // up front: not a directory found after the run
+}
 
 int run_collective_bench(const CollBenchOptions& o, std::ostream& out) {
   const Settings s = settings_for(o);

@@ -50,7 +50,8 @@ class CollectiveCommand : public Command {
     c.add_flag("--latency", o_.latency,
                "also time each of the -n iterations alone (issue, wait): median and p99 latency "
                "of the slowest rank");
-    c.add_option("--json", o_.json_path, "write the figures to this JSON file");
+    c.add_option("--json", o_.json_path, "write the figures to this JSON file")
+        ->check(cli::kNonEmpty);
   }
 
   void validate() override {

@@ -71,6 +71,21 @@ CLI::Validator non_negative() {
       "NUMBER>=0");
 }
 
+CLI::Validator peak_tflops(bool zero_allowed) {
+  const std::string what =
+      std::string("a peak in TFLOP/s from 0.001 to 1000000") + (zero_allowed ? " (or 0)" : "");
+  return CLI::Validator(
+      [zero_allowed, what](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        const bool num = decimal(in) && end && *end == '\0' && std::isfinite(v);
+        if (!num || !((v >= 1e-3 && v <= 1e6) || (zero_allowed && v == 0)))
+          return "'" + in + "' is not " + what;
+        return std::string();
+      },
+      zero_allowed ? "TFLOPS|0" : "TFLOPS");
+}
+
 CLI::Validator non_empty() {
   return CLI::Validator(
       [](std::string& in) -> std::string {

@@ -36,6 +36,9 @@ inline const CLI::Validator kBenchSteps = int_in(1, 1000000);
 inline const CLI::Validator kBenchWarmup = int_in(0, 1000000);
 // A finite number >= 0, not necessarily an integer (learning rates, clipping norms).
 CLI::Validator non_negative();
+// A peak in TFLOP/s per device for MFU: 0.001 (one GFLOP/s) to 10^6, and 0 where the flag gives
+// 0 a meaning (no MFU). Outside that an MFU would print as a 60-digit figure.
+CLI::Validator peak_tflops(bool zero_allowed);
 // Any value but "" (a mesh, a directory): an empty one would silently mean the default.
 CLI::Validator non_empty();
 inline const CLI::Validator kNonEmpty = non_empty();

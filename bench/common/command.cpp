@@ -91,23 +91,28 @@ std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
 // at the first non-zero exit, which could kill rank 0 before it prints. Rank 0's status is the
 // job's.
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
-  if (e.get_exit_code() != 0) {
-    // A rank whose options do not parse still takes part in the start-up check (see
-    // report_error), as "a command that refused its options".
+  std::ostringstream out, err;
+  int rc = 0;
+  if (e.get_exit_code() == 0) {  // --help, --version
+    rc = app.exit(e, out, err);
+  } else {
     const std::string program = app.get_name().empty()
                                     ? "meshrt"
                                     : std::filesystem::path(app.get_name()).filename().string();
+    // A rank whose options do not parse still takes part in the start-up check (see
+    // report_error), as "a command that refused its options".
     detail::set_process_config({}, program + " (refusing its options: " + e.what() + ")");
     try {
       check_config_before_failing();
     } catch (const detail::ConfigMismatchError& m) {
       return report_error(program, m, false);
     }
+    // Like every other error: "<program>: error: ..." and status 1 (CLI11's own codes, 105 for
+    // a failed check and so on, tell a script nothing more).
+    err << program << ": error: " << parse_error_text(app, e)
+        << "\nRun with --help for more information.\n";
+    rc = 1;
   }
-  std::ostringstream out, err;
-  const std::string text = parse_error_text(app, e);
-  const int rc =
-      text == e.what() ? app.exit(e, out, err) : app.exit(CLI::ConversionError(text), out, err);
   if (launcher_rank() != 0) return 0;
   // Whole, in one write each: mpirun's merging of the ranks' output never splits a line.
   if (!out.str().empty()) print_line(std::cout, out.str());

@@ -435,6 +435,26 @@ void check_gemm_options(const GemmBenchOptions& o) {
   MESHRT_CHECK(!(o.m || o.n || o.k) || (o.m > 0 && o.n > 0 && o.k > 0),
                "gemm bench: -m, -n and -k must all be > 0 (got " << o.m << ", " << o.n << ", "
                                                                  << o.k << ")");
+  check_output_path(o.json_path, "--json");  // up front: not a directory found after the run
+  // The largest GEMM's A, B and C on every rank, in the dtype and as the f32 copies the BLAS
+  // comparison multiplies: refused before any output when the host cannot hold them.
+  if (cuda) return;
+  const double t = static_cast<double>(o.tokens ? o.tokens : 2048),
+               h = static_cast<double>(o.hidden ? o.hidden : 768);
+  double elems = t * h + h * 4 * h + t * 4 * h;  // fc1, the largest block shape
+  if (o.m > 0) {
+    const double m = static_cast<double>(o.m), n = static_cast<double>(o.n),
+                 k = static_cast<double>(o.k);
+    elems = std::max(elems, m * k + k * n + m * n);
+  }
+  const double need = elems * (dtype_size(parse_dtype(o.dtype)) + 4.0) * devs.size();
+  const int64_t have = bench::physical_memory_bytes();
+  MESHRT_CHECK(have == 0 || need < 0.8 * static_cast<double>(have),
+               "gemm bench: the largest GEMM's operands need "
+                   << bench::human_bytes(need) << " on " << devs.size()
+                   << " rank(s) and this machine has "
+                   << bench::human_bytes(static_cast<double>(have))
+                   << " of memory; lower -m / -n / -k (or --tokens / --hidden)");
 }
 
 int run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {

@@ -44,7 +44,8 @@ class GemmCommand : public Command {
     c.add_option("--attn-head-dim", o_.attn_head_dim, "attention head dim")
         ->capture_default_str()
         ->check(dim);
-    c.add_option("--json", o_.json_path, "also write the figures to this JSON file");
+    c.add_option("--json", o_.json_path, "also write the figures to this JSON file")
+        ->check(cli::kNonEmpty);
   }
 
   void validate() override {

@@ -38,7 +38,8 @@ class PlanCommand : public Command {
         ->check(CLI::Range(0, 3));
     c.add_flag("--recompute", o_.recompute,
                "Model full activation recomputation (as Megatron runs; meshrt does not)");
-    c.add_option("--json", o_.json_path, "Write every configuration's prediction as JSON");
+    c.add_option("--json", o_.json_path, "Write every configuration's prediction as JSON")
+        ->check(cli::kNonEmpty);
     c.add_option("--calibrate", o_.calibrate_path,
                  "Measure this machine (GEMMs on the model's shapes, attention, elementwise, "
                  "collectives, overlap) and write a cluster JSON file");

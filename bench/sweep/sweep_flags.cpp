@@ -49,14 +49,16 @@ class SweepCommand : public Command {
         ->capture_default_str()
         ->check(kPositive);
     c.add_option("--peak-tflops", o.peak_tflops, "Per-device peak for MFU, TFLOP/s")
-        ->check(kPositive);
+        ->check(cli::peak_tflops(false));
     c.add_option("--repeats", s_.repeats,
                  "Runs per configuration, round-robin over the configurations; the run with the "
                  "median step time is reported")
         ->capture_default_str()
         ->check(cli::int_at_least(1, s_.repeats));
-    c.add_option("--json", s_.json_path, "Write every run's figures as JSON");
-    c.add_option("--plot", s_.plot_path, "Write a PNG bar chart of tokens/s (gnuplot)");
+    c.add_option("--json", s_.json_path, "Write every run's figures as JSON")
+        ->check(cli::kNonEmpty);
+    c.add_option("--plot", s_.plot_path, "Write a PNG bar chart of tokens/s (gnuplot)")
+        ->check(cli::kNonEmpty);
     c.add_flag("--no-progress", no_progress_, "No progress line on stderr");
   }
 

@@ -201,6 +201,20 @@ TEST_CASE("doctor: skew survives another rank's occasional stall, and needs a la
   CHECK(few.culprits.empty());
 }
 
+TEST_CASE("rank lists: runs as ranges, at most 32 pieces", "[unit]") {
+  CHECK(format_ranks({3}) == "rank 3");
+  CHECK(format_ranks({0, 1, 3}) == "ranks 0, 1, 3");
+  CHECK(format_ranks({0, 1, 2, 3, 7, 9, 10, 11}) == "ranks 0-3, 7, 9-11");
+  std::vector<int> many(1000000);
+  for (int i = 0; i < 1000000; ++i) many[static_cast<size_t>(i)] = i;
+  CHECK(format_ranks(many) == "ranks 0-999999");
+  std::vector<int> odd;
+  for (int i = 1; i < 200; i += 2) odd.push_back(i);
+  const std::string s = format_ranks(odd);
+  CHECK(s.rfind("ranks 1, 3, 5, ", 0) == 0);
+  CHECK(s.find(", 63 and 68 more") != std::string::npos);
+}
+
 TEST_CASE("doctor: files that are not flight records are refused naming the file", "[unit]") {
   CHECK_THROWS_WITH(flight_diagnose({}), Catch::Contains("no flight records given"));
   CHECK_THROWS_WITH(flight_diagnose({{"a.json", "{"}}),
@@ -252,6 +266,10 @@ TEST_CASE("doctor: sparse or negative sequence numbers neither hang nor pass", "
   CHECK_THROWS_WITH(flight_diagnose({huge}),
                     Catch::Contains("field 'entries[0].count' is "
                                     "18446744073709551615, not an integer"));
+  FlightFile state = record(0, 2, 1, false);
+  state.text = with_field(state.text, "state", "\"stuck\"");
+  CHECK_THROWS_WITH(flight_diagnose({state}),
+                    Catch::Contains("field 'entries[0].state' is \"stuck\", not one of issued"));
   FlightFile real = record(0, 2, 1, false);
   real.text = with_field(real.text, "group_size", "2.5");
   CHECK_THROWS_WITH(flight_diagnose({real}),

@@ -393,7 +393,7 @@ $bad"
         { cat "$scratch/cuda-check.build.log" >&2; fail "building tests/install/cuda_check.c failed"; }
       env -u MESHRT_BACKEND_PATH "$scratch/cuda-check" >"$scratch/cuda-missing.log" 2>&1 &&
         fail "a CUDA world was made without libmeshrt-cuda.so"
-      want="FAILED unsupported: meshrt_comm_init_all: config->device_type is MESHRT_DEVICE_CUDA but cannot load the cuda backend (libmeshrt-cuda.so): libmeshrt-cuda.so: cannot open shared object file: No such file or directory (searched $lib; set MESHRT_BACKEND_PATH to its folder): use MESHRT_DEVICE_CPU or install meshrt's CUDA backend"
+      want="FAILED unsupported: meshrt_comm_init_all: meshrt_comm_config.device_type is MESHRT_DEVICE_CUDA but cannot load the cuda backend (libmeshrt-cuda.so): libmeshrt-cuda.so: cannot open shared object file: No such file or directory (searched $lib; set MESHRT_BACKEND_PATH to its folder): use MESHRT_DEVICE_CPU or install meshrt's CUDA backend"
       [ "$(cat "$scratch/cuda-missing.log")" = "$want" ] ||
         { cat "$scratch/cuda-missing.log" >&2; fail "the missing-plugin error is not the one line: $want"; }
       echo "missing plugin: $(cat "$scratch/cuda-missing.log")"

@@ -48,6 +48,11 @@ TEST_CASE("output files replace the target whole and leave no temporary", "[unit
   write_output_file(p, "second\n", "--json");
   REQUIRE(read(p) == "second\n");
   REQUIRE(entries(d) == 1);
+  // A name of 255 bytes (NAME_MAX): the temporary beside it shortens its copy of the name.
+  const std::string longest = (d / (std::string(250, 'x') + ".json")).string();
+  write_output_file(longest, "long\n", "--json");
+  REQUIRE(read(longest) == "long\n");
+  REQUIRE(entries(d) == 2);
   fs::remove_all(d);
 }
 

@@ -363,7 +363,8 @@ TEST_CASE("outputs never land among checkpoints, and a user's step folder is nev
   INFO(r.err);
   CHECK(r.rc == 0);
   CHECK(slurp(dir / "latest") == "step-00000003\n");
-  // A step folder without an index is not meshrt's: neither replaced nor pruned.
+  // A file named as meshrt's own in a step folder without an index is not meshrt's: neither
+  // replaced nor pruned (the user's other files there are kept through a save, as before).
   const fs::path user = train_scratch() / "user-steps";
   fs::remove_all(user);
   fs::create_directories(user / "step-00000002");
@@ -371,7 +372,8 @@ TEST_CASE("outputs never land among checkpoints, and a user's step folder is nev
   r = train_cli(base + " --steps 2 --save-every 1 --keep 1 --save " + user.string());
   CHECK(r.rc == 1);
   CHECK_THAT(r.err, Catch::Contains((user / "step-00000002").string() +
-                                    " has no index.json: not a checkpoint meshrt wrote"));
+                                    " holds rank-00000.safetensors but no index.json: not a "
+                                    "checkpoint meshrt wrote"));
   CHECK(slurp(user / "step-00000002" / "rank-00000.safetensors") == "mine");
   fs::remove_all(user);
   fs::remove_all(dir);

@@ -591,7 +591,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
       lock = lock_checkpoint_root(root);
       tmp0 = make_save_dir(root, name);
     } catch (const std::exception& e) {
-      err = e.what();
+      err = error_message(e);
     }
   }
   agree_error(mesh, err, "could not prepare " + root);
@@ -612,7 +612,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
       mine = write_rank_file(tmp, meta, mesh, owned_tensors(saved_tensors(params, opt), mesh), opt,
                              {});
   } catch (const std::exception& e) {
-    err = e.what();
+    err = error_message(e);
   }
   std::vector<int64_t> info(3 * static_cast<size_t>(world), 0);
   info[3 * static_cast<size_t>(rank)] = err.empty() ? 1 : 0;
@@ -633,7 +633,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
       if (zero) idx["zero"] = detail::zero_layout_json(zero_layout(mesh, params, *opt, layout));
       publish(root, tmp, name, idx.dump(1) + "\n", meta.run, keep);
     } catch (const std::exception& e) {
-      err = e.what();
+      err = error_message(e);
     }
   }
   agree_error(mesh, err, "could not publish " + root + "/" + name);
@@ -653,7 +653,7 @@ std::shared_ptr<CheckpointLock> open_checkpoint_root(const std::string& root,
       check_checkpoint_root_owner(root, run, overwrite, resumed_dir);
       detail::remove_stale_checkpoint_temporaries(root);
     } catch (const std::exception& e) {
-      err = e.what();
+      err = error_message(e);
       lock.reset();
     }
   }
@@ -813,21 +813,26 @@ void read_whole_format(std::map<std::string, std::unique_ptr<SafetensorsReader>>
   std::memcpy(dst, whole.data() + static_cast<size_t>(a) * es, static_cast<size_t>(e - a) * es);
 }
 
+// Version 1: file i's checksum, then its header, verified on rank i % world (each file read whole
+// once). Agreed before any rank parses a file it reads (stage_loads), so a changed byte is named
+// by its checksum, not by the header error another rank would meet first.
+void verify_whole_format_files(const detail::CheckpointIndex& idx, const std::string& dir,
+                               const DeviceMesh& mesh) {
+  if (idx.version != 1) return;
+  const int rank = mesh.rank(), world = mesh.world_size();
+  int i = 0;
+  for (auto& [f, n] : idx.file_bytes) {
+    if (i++ % world != rank) continue;
+    detail::verify_checkpoint_file(dir + "/" + f, n, idx.file_crc.at(f));
+    SafetensorsReader r(dir + "/" + f);
+  }
+}
+
 // Reads every destination's elements into host buffers (nothing of the model is modified).
-// Version 1: file i's checksum is verified on rank i % world (each file read whole once);
-// version 2: each rank verifies the files it reads, when it first opens them.
+// Version 2: each rank verifies the files it reads, when it first opens them.
 std::vector<Tensor> stage_loads(const detail::CheckpointIndex& idx, const std::string& dir,
                                 const std::string& index_path, DeviceMesh& mesh,
                                 const std::vector<Want>& want, const std::vector<Dest>& dests) {
-  const int rank = mesh.rank(), world = mesh.world_size();
-  if (idx.version == 1) {
-    int i = 0;
-    for (auto& [f, n] : idx.file_bytes) {
-      if (i++ % world != rank) continue;
-      SafetensorsReader r(dir + "/" + f);  // also validates the header
-      detail::verify_checkpoint_file(dir + "/" + f, n, idx.file_crc.at(f));
-    }
-  }
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
   detail::CheckpointFiles files(dir, idx);
   detail::ZeroShardSource zero(idx, files, static_cast<size_t>(mesh.coord(kTpDim)));
@@ -865,9 +870,15 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
   std::vector<Tensor> staged;
   try {
     dests = load_destinations(want, opt);
+    verify_whole_format_files(idx, dir, mesh);
+  } catch (const std::exception& e) {
+    err = error_message(e);
+  }
+  agree_error(mesh, err, "rejected the checkpoint " + dir);
+  try {
     staged = stage_loads(idx, dir, index_path, mesh, want, dests);
   } catch (const std::exception& e) {
-    err = e.what();
+    err = error_message(e);
   }
   agree_error(mesh, err, "rejected the checkpoint " + dir);
   for (size_t i = 0; i < dests.size(); ++i) dests[i].dst.copy_(staged[i], cs);

@@ -517,6 +517,15 @@ TEST_CASE("corrupt or foreign checkpoints are rejected naming the file, nothing 
   expect_rejected(root + "/good", "rank-00001.safetensors");
   CHECK_THROWS_WITH(load_on({1, "dp=1", false}, dir), Catch::Contains("fails its checksum"));
   spit(r1, f1);
+  // A byte of the header changed: named by the checksum too, on every mesh (not as the header
+  // error a rank that reads the file without verifying it would meet first).
+  std::string header = f0;
+  header[header.find("__metadata__") + 11] = 'X';
+  spit(r0, header);
+  CHECK_THROWS_WITH(load_on({2, "dp=2", false}, dir),
+                    Catch::Contains("rank-00000.safetensors fails its checksum"));
+  CHECK_THROWS_WITH(load_on({1, "dp=1", false}, dir), Catch::Contains("fails its checksum"));
+  spit(r0, f0);
 
   fs::remove(r1);
   expect_rejected(dir, "rank-00001.safetensors (listed in");

@@ -48,8 +48,8 @@ ModelSpec parse_model_spec(const std::string& s) {
                             << "' is not key=value; give hidden=..,heads=..,ffn=..,layers=..,"
                                "seq=..,vocab=..");
     const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    MESHRT_CHECK(seen.insert(k).second, "--model " << s << ": '" << k
-                                                   << "' is given twice; give each key once");
+    MESHRT_CHECK(seen.insert(k).second,
+                 "--model " << s << ": '" << k << "' is given twice; give each key once");
     if (k == "kind") {
       MESHRT_CHECK(v == "block" || v == "mlp" || v == "attn",
                    "--model " << s << ": kind=" << v << " must be block, mlp or attn");

@@ -11,9 +11,9 @@
 
 #include "bench/common/command.h"
 #include "bench/common/stats.h"
+#include "plan/cost_model.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
-#include "plan/cost_model.h"
 #include "runtime/output_file.h"
 
 namespace meshrt {

@@ -95,10 +95,13 @@ std::vector<std::string> file_allgather(const std::string& dir, const std::strin
   MESHRT_CHECK(world >= 1 && rank >= 0 && rank < world,
                "rendezvous: rank " << rank << " outside [0, " << world << ")");
   std::error_code ec;
-  MESHRT_CHECK(fs::is_directory(dir, ec), "rendezvous directory '"
-                                              << dir << "' does not exist (" << names.rendezvous_dir
-                                              << "): create it on a file system every rank can "
-                                                 "see");
+  const bool exists = fs::exists(dir, ec);
+  MESHRT_CHECK(fs::is_directory(dir, ec),
+               "rendezvous directory '"
+                   << dir << (exists ? "' is not a directory (" : "' does not exist (")
+                   << names.rendezvous_dir
+                   << "): give a directory on a file system every "
+                      "rank can see");
   const std::string run = run_in.empty() ? default_run_id() : run_in;
   const fs::path d(dir);
   const std::string stem = "meshrt." + run + "." + key + ".";

@@ -91,6 +91,8 @@ std::vector<MetricsRecord> read_metrics_file(const std::string& path) {
     if (nl == std::string::npos) break;  // a record being written
     const std::string_view l(text.data() + pos, nl - pos);
     pos = nl + 1;
+    // A blank line (an editor's, or between two files joined by hand) holds no record.
+    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     try {
       MetricsRecord r = parse_metrics_record(l);
       MESHRT_CHECK(out.empty() || r.step > out.back().step,

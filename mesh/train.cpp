@@ -90,10 +90,11 @@ double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, Devic
 // Rank 0's line per step: "step N loss X  time T ms  dp comm C ms (exposed E ms)  tp comm ...".
 void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, std::ostream& log) {
   std::ostringstream line;
-  line << "step " << st.step << " loss " << std::fixed << std::setprecision(6) << st.loss
-       << std::setprecision(1) << "  time " << st.step_ms << " ms  dp comm " << st.dp_comm_ms
-       << " ms (exposed " << st.dp_exposed_ms << " ms)  tp comm " << st.tp_comm_ms
-       << " ms (exposed " << st.tp_exposed_ms << " ms)"
+  // A NaN prints as "nan" whatever its sign bit (iostreams print "-nan" for some).
+  line << "step " << st.step << " loss " << std::fixed << std::setprecision(6)
+       << (std::isnan(st.loss) ? std::fabs(st.loss) : st.loss) << std::setprecision(1) << "  time "
+       << st.step_ms << " ms  dp comm " << st.dp_comm_ms << " ms (exposed " << st.dp_exposed_ms
+       << " ms)  tp comm " << st.tp_comm_ms << " ms (exposed " << st.tp_exposed_ms << " ms)"
        << (st.skipped ? "  skipped: non-finite" : "");
   if (cfg.dp.zero > 0) {
     auto mib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
@@ -125,7 +126,7 @@ void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, De
   if (log && world.rank() == 0) {
     std::ostringstream line;
     line << "val step " << st->step << " loss " << std::fixed << std::setprecision(6)
-         << st->val_loss << "\n";
+         << (std::isnan(st->val_loss) ? std::fabs(st->val_loss) : st->val_loss) << "\n";
     print_line(*log, line.str());
   }
 }

@@ -84,6 +84,21 @@ void write_file(const std::string& path, const std::string& text, const std::str
   out << "wrote " << path << "\n";
 }
 
+// 6.864B, 350.1M, 58.3K, 42: the model size as people write it, at any scale.
+std::string params_text(int64_t n) {
+  const double v = static_cast<double>(n);
+  char b[32];
+  if (v >= 1e9)
+    std::snprintf(b, sizeof b, "%.4gB", v / 1e9);
+  else if (v >= 1e6)
+    std::snprintf(b, sizeof b, "%.4gM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(b, sizeof b, "%.4gK", v / 1e3);
+  else
+    std::snprintf(b, sizeof b, "%lld", static_cast<long long>(n));
+  return b;
+}
+
 int run_table(const PlanOptions& o, std::ostream& out) {
   ModelSpec m = plan::parse_model_spec(o.model);
   m.dtype = o.dtype;
@@ -106,10 +121,10 @@ int run_table(const PlanOptions& o, std::ostream& out) {
                                              << o.global_batch
                                              << " with this model: the batch must divide by "
                                              << "dp (try a multiple of " << cl.world() << ")");
-  out << "meshrt plan: " << m.params() / 1e9 << "B parameters (hidden " << m.hidden << ", heads "
-      << m.heads << ", ffn " << m.ffn << ", layers " << m.layers << ", seq " << m.seq << ", vocab "
-      << m.vocab << ", " << m.dtype << ") on " << cl.name << " (" << cl.world() << " x "
-      << cl.device << ", " << cl.peak_tflops << " TFLOP/s, " << cl.memory_gib
+  out << "meshrt plan: " << params_text(m.params()) << " parameters (hidden " << m.hidden
+      << ", heads " << m.heads << ", ffn " << m.ffn << ", layers " << m.layers << ", seq " << m.seq
+      << ", vocab " << m.vocab << ", " << m.dtype << ") on " << cl.name << " (" << cl.world()
+      << " x " << cl.device << ", " << cl.peak_tflops << " TFLOP/s, " << cl.memory_gib
       << " GiB), global batch " << o.global_batch << " sequences\n";
   out << "per step and device; mb = micro-batch per dp replica x accumulation steps; "
          "sorted by tokens/s, layouts that do not fit last\n\n";

@@ -116,6 +116,11 @@ void check_sweep_options(const SweepOptions& o) {
   MESHRT_CHECK(o.base.mesh.empty(),
                "sweep: --mesh is swept; leave it out (every dp x tp "
                "factorisation of the devices runs)");
+  // chunked splits the sequence collectives: without them no tp layout would run.
+  MESHRT_CHECK(!(o.base.overlap == "chunked" && o.sp == "off"),
+               "sweep: --overlap chunked runs only with sequence parallelism, which --sp-modes "
+               "off leaves out (every tp > 1 layout would be skipped): use --sp-modes on or "
+               "both, or --overlap async");
   check_output_path(o.json_path, "--json");
   check_output_path(o.plot_path, "--plot");
   check_distinct_outputs({{"--json", o.json_path}, {"--plot", o.plot_path}});

@@ -275,6 +275,9 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
   CHECK(fs::is_empty(d));
   CHECK_THROWS_WITH(make_file_transport((d / "nope").string(), 0, 1, 1)->all_gather("k", "x"),
                     Catch::Contains("does not exist"));
+  std::ofstream(d / "file") << "x";
+  CHECK_THROWS_WITH(make_file_transport((d / "file").string(), 0, 1, 1)->all_gather("k", "x"),
+                    Catch::Contains("' is not a directory"));
   fs::remove_all(d);
 }
 

@@ -148,6 +148,8 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"bench gemm --json /", "--json / is a directory"},
       {"train --metrics ''", "--metrics: an empty value is not accepted"},
       {"sweep --plot ''", "--plot: an empty value is not accepted"},
+      {"sweep --overlap chunked --sp-modes off",
+       "--overlap chunked runs only with sequence parallelism, which --sp-modes off leaves out"},
       {"train --devices cpu:2 --mesh tp=2 --overlap chunked",
        "--overlap chunked .* needs sequence parallelism: add --sp or use --overlap async"},
   };

@@ -139,6 +139,11 @@ TEST_CASE("report refuses malformed records naming the file and line", "[report]
   CHECK(recs.size() == 5);
   CHECK(recs[4].val_loss == Approx(3.4));
   CHECK(std::isnan(recs[0].val_loss));
+  // Blank lines hold no record; the line numbers of errors still count them.
+  CHECK(
+      meshrt::read_metrics_file(report_write("blank.jsonl", "\n" + good + " \n").string()).size() ==
+      5);
+  refused("blank2.jsonl", "\n\n{oops\n", "blank2.jsonl:3: not valid JSON");
 }
 
 TEST_CASE("report refuses negative numbers, and nulls where the schema has none",

@@ -327,14 +327,23 @@ AppendOutputFile::~AppendOutputFile() {
 void AppendOutputFile::append_line(std::string_view line) {
   buf_.assign(line);
   buf_ += '\n';
-  const ssize_t n = ::write(fd_, buf_.data(), buf_.size());
-  if (n < 0) {
-    const int err = errno;
-    MESHRT_FAIL(what_ << " " << path_ << ": write failed: " << error_text(err));
+  // Whole lines only: a write stopped part-way (a full disk, the file size limit) is cut back to
+  // the last whole line, and its errno is reported by the write that fails after it.
+  struct stat sb {};
+  const off_t before = ::fstat(fd_, &sb) == 0 ? sb.st_size : -1;
+  size_t done = 0;
+  while (done < buf_.size()) {
+    const ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      if (done > 0 && before >= 0) (void)::ftruncate(fd_, before);
+      MESHRT_FAIL(what_ << " " << path_ << ": write failed after " << done << " of " << buf_.size()
+                        << " bytes of a record: " << error_text(err)
+                        << "; the file keeps its whole lines");
+    }
+    done += static_cast<size_t>(n);
   }
-  MESHRT_CHECK(static_cast<size_t>(n) == buf_.size(),
-               what_ << " " << path_ << ": short write (" << n << " of " << buf_.size()
-                     << " bytes): the disk is probably full");
 }
 
 }  // namespace meshrt

@@ -608,6 +608,24 @@ TEST_CASE("a file size limit fails every output like a full disk, leaving the ol
     for (auto& e : fs::directory_iterator(dir)) n += e.path() != out;
     CHECK(n == 0);  // no temporary left
   }
+  // train --metrics appends a record per step: the limit stops it mid-record, which is cut back
+  // to the last whole line, and the error names the limit.
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path m = dir / "m.jsonl";
+  Run r = cli_file_limit(
+      "train --hidden 32 --heads 2 --layers 1 --seq 16 --batch 4 --vocab 64 "
+      "--steps 40 --metrics " +
+      m.string());
+  INFO(r.err);
+  CHECK_FALSE(r.signaled);
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("--metrics " + m.string() + ": write failed after ") != std::string::npos);
+  CHECK(r.err.find("File too large (the file size limit, ulimit -f, is 1024 bytes") !=
+        std::string::npos);
+  const std::string kept = slurp(m);
+  CHECK(!kept.empty());
+  CHECK(kept.back() == '\n');
   fs::remove_all(dir);
 }
 

@@ -49,11 +49,36 @@ const std::string kTiny = "--seq 64 --hidden 128 --heads 4 --steps 3 --warmup 1"
 
 }  // namespace
 
+namespace {
+
+struct RefusedCase {
+  std::string args, expect;
+};
+
+// Each `meshrt <args>` exits 1 before any output with a message matching `expect`: no crash, no
+// internal error, no source location, no dump.
+void expect_refused(const std::vector<RefusedCase>& cases) {
+  for (const RefusedCase& c : cases) {
+    INFO("meshrt " << c.args);
+    Run r = cli(c.args);
+    INFO("stderr: " << r.err);
+    CHECK_FALSE(r.signaled);
+    CHECK(r.rc == 1);
+    CHECK(std::regex_search(r.err, std::regex(c.expect)));
+    CHECK(r.err.find("terminate called") == std::string::npos);
+    CHECK(r.err.find("internal error") == std::string::npos);
+    CHECK(r.err.size() < 2000);  // a message, not a dump
+    // Errors are for users: no source location unless MESHRT_LOG_LEVEL=debug asks for it.
+    CHECK_FALSE(std::regex_search(r.err, std::regex("\\[[a-z_]+\\.(cpp|h):[0-9]+\\]")));
+    // Nothing was printed before the error (flags are checked before any output).
+    CHECK(r.out.empty());
+  }
+}
+
+}  // namespace
+
 TEST_CASE("bad flags and impossible configurations exit non-zero saying what to change", "[unit]") {
-  struct Case {
-    std::string args, expect;
-  };
-  std::vector<Case> cases = {
+  std::vector<RefusedCase> cases = {
       {"bench block --devices cpu:2 --mesh tp=3", "has 3 ranks but the world has 2"},
       {"bench block --mesh ''",
        "--mesh: an empty value is not accepted: give one, or leave the option out"},
@@ -120,6 +145,15 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"train --resume ''", "--resume: an empty value is not accepted"},
       {"bench block --devices ''", "--devices: an empty value is not accepted"},
       {"train --bucket-mb 0", "--bucket-mb: '0' is not a number > 0"},
+  };
+  if (!meshrt::cuda_available())
+    cases.push_back({"bench block --devices cuda:0", "CUDA is unavailable"});
+  expect_refused(cases);
+}
+
+TEST_CASE("numbers past their type, empty outputs and parse errors are refused up front",
+          "[unit]") {
+  expect_refused({
       // Past the variable's type (int), in digits only, decimal only.
       {"train --steps 99999999999",
        "--steps: '99999999999' is not an integer >= 1 of at most 2147483647"},
@@ -152,24 +186,7 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
        "--overlap chunked runs only with sequence parallelism, which --sp-modes off leaves out"},
       {"train --devices cpu:2 --mesh tp=2 --overlap chunked",
        "--overlap chunked .* needs sequence parallelism: add --sp or use --overlap async"},
-  };
-  if (!meshrt::cuda_available())
-    cases.push_back({"bench block --devices cuda:0", "CUDA is unavailable"});
-  for (const Case& c : cases) {
-    INFO("meshrt " << c.args);
-    Run r = cli(c.args);
-    INFO("stderr: " << r.err);
-    CHECK_FALSE(r.signaled);
-    CHECK(r.rc == 1);
-    CHECK(std::regex_search(r.err, std::regex(c.expect)));
-    CHECK(r.err.find("terminate called") == std::string::npos);
-    CHECK(r.err.find("internal error") == std::string::npos);
-    CHECK(r.err.size() < 2000);  // a message, not a dump
-    // Errors are for users: no source location unless MESHRT_LOG_LEVEL=debug asks for it.
-    CHECK_FALSE(std::regex_search(r.err, std::regex("\\[[a-z_]+\\.(cpp|h):[0-9]+\\]")));
-    // Nothing was printed before the error (flags are checked before any output).
-    CHECK(r.out.empty());
-  }
+  });
 }
 
 TEST_CASE("environment switches with unknown values are refused before anything runs", "[unit]") {

@@ -11,6 +11,8 @@
 #   pkg-config        lib/pkgconfig/meshrt.pc
 #   libmeshrt.a       with -DMESHRT_INSTALL_STATIC=ON: every layer in one archive
 #                     (target meshrt::meshrt_static)
+#   bin/meshrt        the command line (train, bench, plan, tune, report, doctor, info); it links
+#                     the layers statically, so it needs none of the libraries above
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -168,6 +170,12 @@ if(MESHRT_INSTALL_STATIC)
 else()
   message(STATUS "meshrt: libmeshrt.a not installed (-DMESHRT_INSTALL_STATIC=ON adds it)")
 endif()
+
+# ---- the command line ------------------------------------------------------------------------
+# bin/meshrt keeps the run path of the libraries it links outside the prefix (Open MPI's, CUDA's),
+# as it has in the build tree; its own layers are linked in.
+set_target_properties(meshrt PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+install(TARGETS meshrt RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # ---- CMake package ----------------------------------------------------------------------------
 # What the config file needs to know about this build.

@@ -73,6 +73,11 @@ case "$mode" in
       include/meshrt/export.h "lib/libmeshrt.so.$version" "lib/libmeshrt.so.$sover"; do
       [ -e "$prefix/$f" ] || fail "the install has no $f"
     done
+    # The installed command line runs from the prefix alone (no build tree on its run path).
+    [ "$("$prefix/bin/meshrt" --version)" = "meshrt $version" ] ||
+      fail "the installed bin/meshrt says '$("$prefix/bin/meshrt" --version 2>&1)', want 'meshrt $version'"
+    ! readelf -d "$prefix/bin/meshrt" | grep -E 'R(UN)?PATH' | grep -F "$build" >/dev/null ||
+      fail "the installed bin/meshrt has the build tree $build on its run path"
 
     # 1. CMake: find_package(meshrt 0.2 REQUIRED) + meshrt::meshrt.
     variants=(shared)

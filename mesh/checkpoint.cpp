@@ -254,9 +254,7 @@ void prepare_checkpoint_root(const std::string& root) {
 bool checkpoint_entry_name(const std::string& name) {
   if (parse_step_name(name) >= 0 || name == kLatest || name == detail::kCheckpointLockFile)
     return true;
-  for (const char* prefix : {".tmp-", ".old-", ".latest-"})
-    if (name.rfind(prefix, 0) == 0) return true;
-  return false;
+  return detail::checkpoint_temporary_prefix(name);
 }
 
 void check_checkpoint_root_entries(const std::string& root) {
@@ -319,14 +317,16 @@ void agree_error(DeviceMesh& mesh, const std::string& err, const std::string& wh
   MESHRT_FAIL("checkpoint: rank " << failed << " " << what << ": " << msg);
 }
 
-constexpr int kSuffix = 6;  // mkdtemp's XXXXXX
+using detail::CheckpointTemporary;
+constexpr size_t kSuffix = detail::kCheckpointTemporaryIdLength;  // mkdtemp's XXXXXX
 
 // Rank 0: with the folder locked, removes what killed jobs left and makes this save's temporary
 // directory (a unique name from mkdtemp).
 std::string make_save_dir(const std::string& root, const std::string& name) {
   prepare_checkpoint_root(root);
   detail::remove_stale_checkpoint_temporaries(root);
-  std::string templ = root + "/.tmp-" + name + "-XXXXXX";
+  std::string templ =
+      root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Save, name, "XXXXXX");
   MESHRT_CHECK(::mkdtemp(templ.data()), "checkpoint: cannot create a temporary directory in "
                                             << root << ": " << std::strerror(errno));
   // mkdtemp makes it private; the checkpoint is as readable as the root.
@@ -340,12 +340,11 @@ std::string share_save_dir(DeviceMesh& mesh, const std::string& root, const std:
                            const std::string& tmp0) {
   std::vector<int64_t> suffix(kSuffix, 0);
   if (mesh.rank() == 0)
-    for (int i = 0; i < kSuffix; ++i)
-      suffix[static_cast<size_t>(i)] = tmp0[tmp0.size() - kSuffix + static_cast<size_t>(i)];
+    for (size_t i = 0; i < kSuffix; ++i) suffix[i] = tmp0[tmp0.size() - kSuffix + i];
   suffix = agree(mesh, suffix, ReduceOp::Sum);
-  std::string tmp = root + "/.tmp-" + name + "-";
-  for (int64_t c : suffix) tmp.push_back(static_cast<char>(c));
-  return tmp;
+  std::string id;
+  for (int64_t c : suffix) id.push_back(static_cast<char>(c));
+  return root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Save, name, id);
 }
 
 struct RankFileInfo {
@@ -550,7 +549,7 @@ void publish(const std::string& root, const std::string& tmp, const std::string&
                                                       << " exists and is not a directory; move "
                                                          "it away to save step "
                                                       << name);
-    old = root + "/.old-" + name + "-" + id;
+    old = root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Replaced, name, id);
     MESHRT_CHECK(std::rename(final_dir.c_str(), old.c_str()) == 0,
                  "checkpoint: cannot move " << final_dir << " aside: " << std::strerror(errno));
   }
@@ -558,7 +557,8 @@ void publish(const std::string& root, const std::string& tmp, const std::string&
       std::rename(tmp.c_str(), final_dir.c_str()) == 0,
       "checkpoint: rename " << tmp << " -> " << final_dir << " failed: " << std::strerror(errno));
   fsync_dir(root);
-  const std::string ptr = root + "/.latest-" + id;
+  const std::string ptr =
+      root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Latest, "", id);
   write_new_file(ptr, name + "\n");
   MESHRT_CHECK(
       std::rename(ptr.c_str(), (root + "/" + kLatest).c_str()) == 0,

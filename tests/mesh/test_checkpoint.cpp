@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "mesh/checkpoint.h"
+#include "mesh/checkpoint_root.h"
 #include "mesh/crc32c.h"
 #include "mesh/token_data.h"
 #include "mesh/train.h"
@@ -739,6 +740,46 @@ TEST_CASE("temporaries of killed saves are removed, only under meshrt's names",
   CHECK(fs::exists(root + "/step-00000001/index.json"));  // moved back
   require_bit_identical(load_on({1, "dp=1", false}, root), ref);
   fs::remove_all(root);
+}
+
+TEST_CASE("a save's temporary names are described once: what a save names them is read back",
+          "[checkpoint]") {
+  using detail::CheckpointTemporary;
+  struct Case {
+    CheckpointTemporary kind;
+    std::string step, name;
+  };
+  const std::vector<Case> cases = {
+      {CheckpointTemporary::Save, "step-00000012", ".tmp-step-00000012-AbC123"},
+      {CheckpointTemporary::Replaced, "step-00000012", ".old-step-00000012-AbC123"},
+      {CheckpointTemporary::Latest, "", ".latest-AbC123"}};
+  for (const Case& c : cases) {
+    INFO(c.name);
+    CHECK(detail::checkpoint_temporary_name(c.kind, c.step, "AbC123") == c.name);
+    CheckpointTemporary kind{};
+    std::string step = "unchanged";
+    REQUIRE(detail::parse_checkpoint_temporary(c.name, &kind, &step));
+    CHECK(kind == c.kind);
+    CHECK(step == c.step);
+    // The folder check counts every one of them as meshrt's.
+    CHECK(checkpoint_entry_name(c.name));
+  }
+  // Names that only start like one: kept for meshrt in the folder, but not its temporaries (the
+  // clean-up of killed jobs' leftovers never removes them).
+  for (const std::string n : {".tmp-notes", ".old-step-x-AbC123", ".latest-AbC12",
+                              ".tmp-step-00000012AbC123", ".old-step-00000012-"}) {
+    INFO(n);
+    CheckpointTemporary kind{};
+    std::string step;
+    CHECK_FALSE(detail::parse_checkpoint_temporary(n, &kind, &step));
+    CHECK(checkpoint_entry_name(n));
+  }
+  for (const std::string n : {"tmp-step-00000012-AbC123", "notes.txt", ".latest"}) {
+    INFO(n);
+    CHECK_FALSE(checkpoint_entry_name(n));
+  }
+  CHECK_THROWS_WITH(detail::checkpoint_temporary_name(CheckpointTemporary::Save, "step-1", "ab"),
+                    Catch::Contains("'ab' is not 6 characters"));
 }
 
 TEST_CASE("index fields of a wrong type or out of range are refused naming the file and the field",

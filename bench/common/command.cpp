@@ -37,6 +37,16 @@ void bind_flags(CLI::App& app, Command& cmd) {
   add_fault_flag(app);
 }
 
+void validate_command(Command& cmd, const CLI::App& app) {
+  cmd.validate();
+  const CLI::Option* fault = app.get_option_no_throw("--fault");
+  if (fault == nullptr || fault->count() == 0) return;
+  const std::string why = cmd.fault_ignored();
+  MESHRT_CHECK(why.empty(), "--fault " << fault->as<std::string>() << ": " << why
+                                       << "; drop --fault (docs/faults.md lists where faults "
+                                          "act)");
+}
+
 int launcher_rank() {
   // Open MPI, MPICH / Intel MPI (PMI), PMIx launchers, MVAPICH, and srun job steps.
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"}) {
@@ -175,7 +185,7 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
   set_process_config(app, std::string(program));
   try {
     check_process_environment();
-    cmd->validate();
+    validate_command(*cmd, app);
   } catch (const std::exception& e) {
     return report_error(program, e, false);
   }

@@ -36,6 +36,10 @@ class Command {
   virtual void validate() {}
   // Runs with the validated options; returns the exit status.
   virtual int run(const RunInfo& info, std::ostream& out) = 0;
+  // After validate(): why `--fault` (bind_flags adds it to every command) would be ignored by this
+  // run, "" when it acts (the run issues collectives, where faults are injected). A --fault given
+  // where it would be ignored is refused with this reason (validate_command).
+  virtual std::string fault_ignored() const { return ""; }
 };
 
 struct Entry {
@@ -57,6 +61,12 @@ void add_fault_flag(CLI::App& app);
 // Adds `cmd`'s flags to `app`, where repeating a flag keeps the last value (as most command lines
 // do) instead of an error. The CLI and the standalone programs both add flags through this.
 void bind_flags(CLI::App& app, Command& cmd);
+
+// The checks of a parsed command (`app`: the command's own CLI::App, whose flags bind_flags added):
+// cmd.validate(), then a --fault the run would ignore is refused (Command::fault_ignored). Throws
+// meshrt::Error saying what to change. The CLI and the standalone programs both validate through
+// this.
+void validate_command(Command& cmd, const CLI::App& app);
 
 // The rank of this process in an MPI / srun launch, from the launcher's environment (readable
 // before MPI starts); 0 when not launched that way.

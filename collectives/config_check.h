@@ -14,10 +14,10 @@ namespace meshrt::detail {
 using ConfigFields = std::vector<std::pair<std::string, std::string>>;
 
 // Ranks started with different configurations: every rank raises the same message (so a command
-// line prints it once).
-class ConfigMismatchError : public Error {
+// line prints it once; an AgreedError: no rank waits for another).
+class ConfigMismatchError : public AgreedError {
  public:
-  using Error::Error;
+  using AgreedError::AgreedError;
 };
 
 // Collective over `t` (any device: it runs before one is chosen): every rank passes the

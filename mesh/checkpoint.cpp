@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mesh/agree.h"
 #include "mesh/checkpoint_index.h"
 #include "mesh/checkpoint_root.h"
 #include "mesh/checkpoint_zero.h"
@@ -64,18 +65,7 @@ const std::shared_ptr<Allocator>& host_plain() {
 
 // Collective over the world: elementwise `op` of v over ranks (small host vectors).
 std::vector<int64_t> agree(DeviceMesh& mesh, const std::vector<int64_t>& v, ReduceOp op) {
-  Context& ctx = mesh.ctx();
-  Stream& cs = ctx.compute_stream();
-  const auto n = static_cast<int64_t>(v.size());
-  Tensor h = Tensor::empty({n}, DType::i64, host_plain());
-  std::copy(v.begin(), v.end(), h.data<int64_t>());
-  Tensor d = ctx.zeros({n}, DType::i64);
-  d.copy_(h, cs);
-  cs.synchronize();  // h is freed on return
-  cs.wait(mesh.world().all_reduce(d, op, cs));
-  Tensor r = d.to(ctx.host_allocator(), cs);
-  cs.synchronize();
-  return {r.data<int64_t>(), r.data<int64_t>() + n};
+  return agree_values(mesh.ctx(), mesh.world(), v, op);
 }
 
 void fsync_dir(const std::string& dir) {
@@ -293,28 +283,10 @@ void check_checkpoint_root_entries(const std::string& root) {
 
 namespace {
 
-// Collective: when some rank's `err` is set, throws on every rank. The failing rank throws its
-// own error; the others `what` (naming the lowest failing rank) followed by that rank's error
-// text, so a thread or process that did not fail still says why.
+// Collective (mesh/agree.h): when some rank's `err` is set, throws AgreedError on every rank, the
+// others' message "checkpoint: rank N <what>: " and the failing rank's.
 void agree_error(DeviceMesh& mesh, const std::string& err, const std::string& what) {
-  const int rank = mesh.rank(), world = mesh.world_size();
-  const auto f = agree(mesh, {err.empty() ? 0 : world - rank}, ReduceOp::Max);
-  if (f[0] == 0) return;
-  const int failed = world - static_cast<int>(f[0]);
-  constexpr size_t kMaxText = 2048;
-  std::vector<int64_t> text(kMaxText, 0);
-  if (rank == failed)
-    for (size_t i = 0; i < err.size() && i < kMaxText; ++i)
-      text[i] = static_cast<unsigned char>(err[i]);
-  text = agree(mesh, text, ReduceOp::Sum);
-  MESHRT_CHECK(err.empty(), err);
-  std::string msg;
-  for (int64_t c : text) {
-    if (c == 0) break;
-    msg.push_back(static_cast<char>(c));
-  }
-  if (msg.rfind("checkpoint: ", 0) == 0) msg.erase(0, 12);
-  MESHRT_FAIL("checkpoint: rank " << failed << " " << what << ": " << msg);
+  meshrt::agree_error(mesh.ctx(), mesh.world(), err, "checkpoint", what);
 }
 
 using detail::CheckpointTemporary;
@@ -858,17 +830,20 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
                                DeviceMesh& mesh, const std::vector<Param*>& params,
                                Optimizer* opt) {
   Stream& cs = mesh.ctx().compute_stream();
-  const std::string dir = resolve_checkpoint(path);
-  const std::string index_path = dir + "/" + kIndex;
-  const detail::CheckpointIndex idx = read_index(dir, expect);
-  const auto want = wanted_tensors(params, opt);
-  check_against_index(idx, want, dir, index_path);
-  // Per rank work, agreed on before anything is modified: checksums and this rank's elements
-  // into host buffers.
-  std::string err;
+  // Every rank's reading, agreed on before anything is modified: the index and the files it lists
+  // (each rank sees them itself: on several nodes they may differ), the checksums, then this
+  // rank's elements into host buffers.
+  std::string err, dir = path, index_path;
+  detail::CheckpointIndex idx;
+  std::vector<Want> want;
   std::vector<Dest> dests;
   std::vector<Tensor> staged;
   try {
+    dir = resolve_checkpoint(path);
+    index_path = dir + "/" + kIndex;
+    idx = read_index(dir, expect);
+    want = wanted_tensors(params, opt);
+    check_against_index(idx, want, dir, index_path);
     dests = load_destinations(want, opt);
     verify_whole_format_files(idx, dir, mesh);
   } catch (const std::exception& e) {

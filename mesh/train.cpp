@@ -287,7 +287,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
   const LrSchedule schedule = train_lr_schedule(cfg);
   CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
-  TrainMetrics metrics(cfg, world, first_step, train_step_flops(cfg));
+  TrainMetrics metrics(cfg, ctx, world, first_step, train_step_flops(cfg));
   std::vector<StepStats> out;
   for (int step = first_step; step < cfg.steps; ++step) {
     ctx.synchronize();

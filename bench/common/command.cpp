@@ -131,9 +131,7 @@ int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
 }
 
 int report_error(std::string_view program, const std::exception& e, bool every_rank) {
-  if (dynamic_cast<const UniformError*>(&e) != nullptr ||
-      dynamic_cast<const detail::ConfigMismatchError*>(&e) != nullptr)
-    every_rank = false;
+  if (dynamic_cast<const AgreedError*>(&e) != nullptr) every_rank = false;
   if (!every_rank) {
     try {
       check_config_before_failing();

@@ -78,16 +78,17 @@ int launcher_rank();
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e);
 
 // An error that every rank of a launch raises alike, such as options that do not fit the world
-// size: report_error prints it once (launcher rank 0) even when raised during run().
-class UniformError : public Error {
+// size: report_error prints it once (launcher rank 0) even when raised during run(), as it does
+// every AgreedError (runtime/error.h), which this is.
+class UniformError : public AgreedError {
  public:
-  explicit UniformError(const Error& e) : Error(e.message(), e.where()) {}
+  explicit UniformError(const Error& e) : AgreedError(e) {}
 };
 
 // How a failure ends: "<program>: error: <message>" and status 1 for meshrt::Error, "<program>:
 // internal error: ..." and status 2 otherwise. `every_rank` false: printed by launcher rank 0
 // only (the others exit 0, as above), for errors that every rank raises alike (wrong options;
-// always so for a UniformError).
+// always so for an AgreedError, a UniformError among them).
 int report_error(std::string_view program, const std::exception& e, bool every_rank);
 
 // "<program> <args...>", as recorded in JSON.

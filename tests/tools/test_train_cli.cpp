@@ -325,6 +325,83 @@ TEST_CASE("SIGHUP stops like SIGTERM with a summary and a checkpoint, but not un
   CHECK_THAT(nout, Catch::Contains("stopped by SIGTERM") && !Catch::Contains("SIGHUP"));
 }
 
+namespace {
+
+// `meshrt <args>` run in the empty folder `work` with MESHRT_FLIGHT_DIR unset and TMPDIR=`tmp`
+// (where flight records would then go), `env` added to its environment.
+Run train_in(const fs::path& work, const fs::path& tmp, const std::string& args,
+             const std::string& env = "") {
+  using meshrt::test::sh_quote;
+  return meshrt::test::run_shell("env -u MESHRT_FLIGHT_DIR TMPDIR=" + sh_quote(tmp.string()) + " " +
+                                     env + " sh -c 'cd \"$0\" && exec \"$@\"' " +
+                                     sh_quote(work.string()) + " " + sh_quote(MESHRT_CLI_BIN) +
+                                     " " + args,
+                                 train_scratch());
+}
+
+// The entries of `dir` whose names start with meshrt-flight.
+std::vector<std::string> flight_entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("meshrt-flight", 0) == 0)
+      out.push_back(e.path().filename().string());
+  return out;
+}
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a user's error every rank agrees on writes no flight record, a fault still does",
+          "[train][multirank][checkpoint]") {
+  const fs::path work = train_scratch() / "agreed", tmp = train_scratch() / "agreed-tmp";
+  fs::remove_all(work);
+  fs::remove_all(tmp);
+  fs::create_directories(work);
+  fs::create_directories(tmp);
+  const std::string run = "train --devices cpu:2 " + kSmall;
+  REQUIRE(train_in(work, tmp, run + " --steps 2 --save ck").rc == 0);
+  fs::remove(work / "ck/step-00000002/rank-00001.safetensors");
+  struct Case {
+    std::string args, expect;
+  };
+  for (const Case& c : {
+           // Agreed among the ranks as each reads the checkpoint.
+           Case{"--steps 4 --resume ck", "rank-00001.safetensors (listed in"},
+           // Agreed as the --save folder is opened.
+           Case{"--steps 2 --save ck", "--save ck holds checkpoints of another run"},
+           // Rank 0 alone opens the file; the others agree on its outcome.
+           Case{"--steps 2 --metrics /proc/meshrt-metrics.jsonl",
+                "--metrics /proc/meshrt-metrics.jsonl"},
+       }) {
+    INFO(c.args);
+    Run r = train_in(work, tmp, run + " " + c.args);
+    INFO(r.out << r.err);
+    CHECK(r.rc == 1);
+    CHECK(count(r.err, "meshrt: error: ") == 1);
+    CHECK_THAT(r.err, Catch::Contains(c.expect));
+    CHECK_THAT(r.err, !Catch::Contains("flight recorder"));
+    CHECK(flight_entries(tmp).empty());
+    CHECK(flight_entries(work).empty());
+  }
+  // A rank that stops answering is a fault: its peer's timeout writes the records, into the
+  // per-job folder under TMPDIR (MESHRT_FLIGHT_DIR unset), never the working directory.
+  Run f =
+      train_in(work, tmp, run + " --steps 4 --fault hang@rank=1,step=3", "MESHRT_COMM_TIMEOUT=2");
+  INFO(f.out << f.err);
+  CHECK(f.rc == 1);
+  const std::vector<std::string> dirs = flight_entries(tmp);
+  REQUIRE(dirs.size() == 1);
+  CHECK(fs::exists(tmp / dirs[0] / "meshrt-flight-0.json"));
+  CHECK(flight_entries(work).empty());
+  fs::remove_all(work);
+  fs::remove_all(tmp);
+}
+
 TEST_CASE("a second signal exits at once", "[train][multirank]") {
   // Steps of about a second: the second signal lands inside the step the first one let finish.
   Background b("train --devices cpu:2 --hidden 512 --heads 8 --seq 256 --batch 8 --steps 100000");

@@ -61,8 +61,10 @@ namespace {
 
 // Before a process launch's ranks report an error that every rank raises alike, they compare the
 // options they were started with (when the error came before the bootstrap did): a rank that
-// failed because its options differ must not leave the others waiting for it.
-void check_config_before_failing() {
+// failed because its options differ must not leave the others waiting for it. `error` (this
+// rank's, "" for none) joins the comparison: the others then name it when their options agree.
+void check_config_before_failing(const std::string& error = "") {
+  if (!error.empty()) detail::set_process_failure(error);
   try {
     detail::check_process_config_early(CommConfig::from_env().timeout_s);
   } catch (const detail::ConfigMismatchError&) {
@@ -134,7 +136,7 @@ int report_error(std::string_view program, const std::exception& e, bool every_r
   if (dynamic_cast<const AgreedError*>(&e) != nullptr) every_rank = false;
   if (!every_rank) {
     try {
-      check_config_before_failing();
+      check_config_before_failing(error_message(e));
     } catch (const detail::ConfigMismatchError& m) {
       return report_error(program, m, false);
     }

@@ -656,14 +656,16 @@ using ShardRef = detail::CheckpointShardRef;
 using IndexTensor = detail::CheckpointIndexTensor;
 
 // Copies the part of saved shard `s` (tensor `e` of file `r`) that overlaps this rank's block
-// [off, off + local) into `dst` (the block, contiguous). Returns the elements copied.
+// [off, off + local) into `dst` (the block, contiguous), refusing non-finite values. Returns the
+// elements copied.
 int64_t copy_overlap(const SafetensorsReader& r, const SafetensorsReader::Entry& e,
                      const ShardRef& s, const Shape& off, const Shape& local, char* dst) {
   const size_t es = dtype_size(e.dtype);
   return detail::for_each_overlap_run(
       s.offsets, s.shape, off, local, [&](int64_t from, int64_t to, int64_t run) {
-        r.read(e, static_cast<uint64_t>(from) * es, static_cast<uint64_t>(run) * es,
-               dst + static_cast<size_t>(to) * es);
+        char* at = dst + static_cast<size_t>(to) * es;
+        r.read(e, static_cast<uint64_t>(from) * es, static_cast<uint64_t>(run) * es, at);
+        detail::check_finite_elements(at, run, e.dtype, r.path(), e.name);
       });
 }
 

@@ -54,9 +54,9 @@ class BackendLaunch final : public Launch {
   void agree_checks(const std::string& err) override {
     if (transport_ == nullptr) return Launch::agree_checks(err);
     const std::vector<std::string> all = transport_->all_gather("checks", err);
-    MESHRT_CHECK(err.empty(), err);
+    if (!err.empty()) throw AgreedError(err);
     for (size_t r = 0; r < all.size(); ++r)
-      MESHRT_CHECK(all[r].empty(), "rank " << r << ": " << all[r]);
+      if (!all[r].empty()) throw AgreedError("rank " + std::to_string(r) + ": " + all[r]);
   }
 
   std::unique_ptr<Communicator> world(int i) override {
@@ -282,7 +282,9 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   return launch;
 }
 
-void Launch::agree_checks(const std::string& err) { MESHRT_CHECK(err.empty(), err); }
+void Launch::agree_checks(const std::string& err) {
+  if (!err.empty()) throw AgreedError(err);
+}
 
 void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>& fn) {
   const int n = static_cast<int>(local().size());
@@ -314,6 +316,9 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
         first_msg = msg;
       }
       MESHRT_LOG_DEBUG("rank " << p.rank << " failed: " << msg);
+      // An error every rank raises at the same point leaves no rank waiting: not a fault, so no
+      // abort (which would write flight records and, under mpirun, abort the job).
+      if (dynamic_cast<const AgreedError*>(&e) != nullptr) return;
       if (comms[static_cast<size_t>(i)]) {
         comms[static_cast<size_t>(i)]->abort("rank " + std::to_string(p.rank) + " failed: " + msg);
       }

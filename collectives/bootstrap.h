@@ -43,13 +43,15 @@ class MESHRT_API Launch {
   virtual std::unique_ptr<Communicator> world(int i) = 0;
   // Runs fn once per local rank (threads: one thread each; processes: the calling thread) with
   // its placement and world communicator, and sets the log rank. When a rank throws, the world
-  // is aborted so the others fail fast instead of waiting; the first error is rethrown.
+  // is aborted so the others fail fast instead of waiting (the abort writes the flight records);
+  // the first error is rethrown. An AgreedError (runtime/error.h: every rank raises it at the same
+  // point) aborts nothing: no rank is waiting, and a user's error is no fault to record.
   void run(const std::function<void(const RankPlacement&, Communicator&)>& fn);
   // The outcome of this process's checks before run() (`err`: their error, "" when they passed),
   // agreed among the processes of a process launch: a process that gave up would otherwise leave
-  // the others waiting at run()'s rendezvous until the timeout. Throws Error on every process
-  // when any failed: its own `err`, else "rank N: " and the lowest failing rank's. Threads (one
-  // process checks for all) and a lone process: throws `err` unless it is empty.
+  // the others waiting at run()'s rendezvous until the timeout. Throws AgreedError on every
+  // process when any failed: its own `err`, else "rank N: " and the lowest failing rank's.
+  // Threads (one process checks for all) and a lone process: throws `err` unless it is empty.
   virtual void agree_checks(const std::string& err);
   // "4 ranks as threads of this process, host backend"
   std::string describe() const;

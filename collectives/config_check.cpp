@@ -5,6 +5,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "runtime/env.h"
+
 namespace meshrt::detail {
 
 namespace {
@@ -34,11 +36,17 @@ ConfigFields decode(const std::string& s) {
 
 }  // namespace
 
-std::string config_mismatch(const std::vector<ConfigFields>& by_rank, const std::string& what) {
+namespace {
+
+// "field: rank 0 has a, rank 1 has b; ..." for the fields whose values differ ("" when none). A
+// rank in `failed` that never set a field (its value "(unset)") does not count for that field.
+std::string differing_fields(const std::vector<ConfigFields>& by_rank,
+                             const std::vector<std::string>& failed) {
   std::map<std::string, std::vector<std::string>> values;  // field -> value per rank
   std::vector<std::string> order;
   for (size_t r = 0; r < by_rank.size(); ++r) {
     for (auto& [k, v] : by_rank[r]) {
+      if (k == kConfigFailure) continue;
       auto [it, fresh] = values.emplace(k, std::vector<std::string>(by_rank.size(), "(unset)"));
       if (fresh) order.push_back(k);
       it->second[r] = v;
@@ -53,17 +61,42 @@ std::string config_mismatch(const std::vector<ConfigFields>& by_rank, const std:
   bool any = false;
   for (const std::string& k : order) {
     const auto& vs = values[k];
+    const std::string* first = nullptr;
     bool same = true;
-    for (const auto& v : vs) same = same && v == vs[0];
+    for (size_t r = 0; r < vs.size(); ++r) {
+      if (!failed[r].empty() && vs[r] == "(unset)") continue;  // not reached by a failed rank
+      if (first == nullptr) first = &vs[r];
+      same = same && vs[r] == *first;
+    }
     if (same) continue;
     os << (any ? "; " : "") << k << ":";
     for (size_t r = 0; r < vs.size(); ++r)
       os << (r ? "," : "") << " rank " << r << " has " << vs[r];
     any = true;
   }
-  if (!any) return "";
-  return "the ranks of this " + what + " were started with different configurations (" + os.str() +
-         "): start every rank with the same options";
+  return os.str();
+}
+
+}  // namespace
+
+std::string config_mismatch(const std::vector<ConfigFields>& by_rank, const std::string& what) {
+  std::vector<std::string> failed(by_rank.size());
+  for (size_t r = 0; r < by_rank.size(); ++r)
+    for (auto& [k, v] : by_rank[r])
+      if (k == kConfigFailure) failed[r] = v;
+  const std::string fields = differing_fields(by_rank, failed);
+  if (!fields.empty())
+    return "the ranks of this " + what + " were started with different configurations (" + fields +
+           "): start every rank with the same options and environment";
+  // The same configuration, but some rank failed before the check (its environment, its files):
+  // its error, not the fields it never set.
+  std::string why;
+  for (size_t r = 0; r < by_rank.size(); ++r)
+    if (!failed[r].empty())
+      why += (why.empty() ? "rank " : "; rank ") + std::to_string(r) + " failed: " + failed[r];
+  if (why.empty()) return "";
+  return "the ranks of this " + what + " did not all start (" + why +
+         "): fix what that rank was started with (its environment, files or options)";
 }
 
 void check_same_config(BootstrapTransport& t, const ConfigFields& fields, const std::string& what) {
@@ -71,6 +104,7 @@ void check_same_config(BootstrapTransport& t, const ConfigFields& fields, const 
   // The command first: ranks running different commands differ there, not in every option.
   ConfigFields mine{{"command", what}};
   mine.insert(mine.end(), fields.begin(), fields.end());
+  for (auto& f : env_rank_shared_settings()) mine.push_back(std::move(f));
   const std::vector<std::string> all = t.all_gather("config", encode(mine));
   std::vector<ConfigFields> by_rank;
   bool same = true;
@@ -89,7 +123,7 @@ struct ProcessConfig {
   bool set = false;
   bool checked = false;
   ConfigFields fields;
-  std::string what;
+  std::string what, failure;
 };
 ProcessConfig& process_config() {
   static ProcessConfig c;
@@ -105,6 +139,13 @@ void set_process_config(ConfigFields fields, std::string what) {
   c.checked = false;
   c.fields = std::move(fields);
   c.what = std::move(what);
+  c.failure.clear();
+}
+
+void set_process_failure(const std::string& error) {
+  ProcessConfig& c = process_config();
+  std::lock_guard<std::mutex> lk(c.mu);
+  c.failure = error.empty() ? std::string("(no message)") : error;
 }
 
 void check_process_config(BootstrapTransport& t) {
@@ -117,6 +158,7 @@ void check_process_config(BootstrapTransport& t) {
     c.checked = true;
     fields = c.fields;
     what = c.what;
+    if (!c.failure.empty()) fields.emplace_back(kConfigFailure, c.failure);
   }
   check_same_config(t, fields, what);
 }

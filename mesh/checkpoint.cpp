@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mesh/agree.h"
 #include "mesh/checkpoint_index.h"
 #include "mesh/checkpoint_root.h"
 #include "mesh/checkpoint_zero.h"
@@ -64,18 +65,7 @@ const std::shared_ptr<Allocator>& host_plain() {
 
 // Collective over the world: elementwise `op` of v over ranks (small host vectors).
 std::vector<int64_t> agree(DeviceMesh& mesh, const std::vector<int64_t>& v, ReduceOp op) {
-  Context& ctx = mesh.ctx();
-  Stream& cs = ctx.compute_stream();
-  const auto n = static_cast<int64_t>(v.size());
-  Tensor h = Tensor::empty({n}, DType::i64, host_plain());
-  std::copy(v.begin(), v.end(), h.data<int64_t>());
-  Tensor d = ctx.zeros({n}, DType::i64);
-  d.copy_(h, cs);
-  cs.synchronize();  // h is freed on return
-  cs.wait(mesh.world().all_reduce(d, op, cs));
-  Tensor r = d.to(ctx.host_allocator(), cs);
-  cs.synchronize();
-  return {r.data<int64_t>(), r.data<int64_t>() + n};
+  return agree_values(mesh.ctx(), mesh.world(), v, op);
 }
 
 void fsync_dir(const std::string& dir) {
@@ -254,9 +244,7 @@ void prepare_checkpoint_root(const std::string& root) {
 bool checkpoint_entry_name(const std::string& name) {
   if (parse_step_name(name) >= 0 || name == kLatest || name == detail::kCheckpointLockFile)
     return true;
-  for (const char* prefix : {".tmp-", ".old-", ".latest-"})
-    if (name.rfind(prefix, 0) == 0) return true;
-  return false;
+  return detail::checkpoint_temporary_prefix(name);
 }
 
 void check_checkpoint_root_entries(const std::string& root) {
@@ -295,38 +283,22 @@ void check_checkpoint_root_entries(const std::string& root) {
 
 namespace {
 
-// Collective: when some rank's `err` is set, throws on every rank. The failing rank throws its
-// own error; the others `what` (naming the lowest failing rank) followed by that rank's error
-// text, so a thread or process that did not fail still says why.
+// Collective (mesh/agree.h): when some rank's `err` is set, throws AgreedError on every rank, the
+// others' message "checkpoint: rank N <what>: " and the failing rank's.
 void agree_error(DeviceMesh& mesh, const std::string& err, const std::string& what) {
-  const int rank = mesh.rank(), world = mesh.world_size();
-  const auto f = agree(mesh, {err.empty() ? 0 : world - rank}, ReduceOp::Max);
-  if (f[0] == 0) return;
-  const int failed = world - static_cast<int>(f[0]);
-  constexpr size_t kMaxText = 2048;
-  std::vector<int64_t> text(kMaxText, 0);
-  if (rank == failed)
-    for (size_t i = 0; i < err.size() && i < kMaxText; ++i)
-      text[i] = static_cast<unsigned char>(err[i]);
-  text = agree(mesh, text, ReduceOp::Sum);
-  MESHRT_CHECK(err.empty(), err);
-  std::string msg;
-  for (int64_t c : text) {
-    if (c == 0) break;
-    msg.push_back(static_cast<char>(c));
-  }
-  if (msg.rfind("checkpoint: ", 0) == 0) msg.erase(0, 12);
-  MESHRT_FAIL("checkpoint: rank " << failed << " " << what << ": " << msg);
+  meshrt::agree_error(mesh.ctx(), mesh.world(), err, "checkpoint", what);
 }
 
-constexpr int kSuffix = 6;  // mkdtemp's XXXXXX
+using detail::CheckpointTemporary;
+constexpr size_t kSuffix = detail::kCheckpointTemporaryIdLength;  // mkdtemp's XXXXXX
 
 // Rank 0: with the folder locked, removes what killed jobs left and makes this save's temporary
 // directory (a unique name from mkdtemp).
 std::string make_save_dir(const std::string& root, const std::string& name) {
   prepare_checkpoint_root(root);
   detail::remove_stale_checkpoint_temporaries(root);
-  std::string templ = root + "/.tmp-" + name + "-XXXXXX";
+  std::string templ =
+      root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Save, name, "XXXXXX");
   MESHRT_CHECK(::mkdtemp(templ.data()), "checkpoint: cannot create a temporary directory in "
                                             << root << ": " << std::strerror(errno));
   // mkdtemp makes it private; the checkpoint is as readable as the root.
@@ -340,12 +312,11 @@ std::string share_save_dir(DeviceMesh& mesh, const std::string& root, const std:
                            const std::string& tmp0) {
   std::vector<int64_t> suffix(kSuffix, 0);
   if (mesh.rank() == 0)
-    for (int i = 0; i < kSuffix; ++i)
-      suffix[static_cast<size_t>(i)] = tmp0[tmp0.size() - kSuffix + static_cast<size_t>(i)];
+    for (size_t i = 0; i < kSuffix; ++i) suffix[i] = tmp0[tmp0.size() - kSuffix + i];
   suffix = agree(mesh, suffix, ReduceOp::Sum);
-  std::string tmp = root + "/.tmp-" + name + "-";
-  for (int64_t c : suffix) tmp.push_back(static_cast<char>(c));
-  return tmp;
+  std::string id;
+  for (int64_t c : suffix) id.push_back(static_cast<char>(c));
+  return root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Save, name, id);
 }
 
 struct RankFileInfo {
@@ -550,7 +521,7 @@ void publish(const std::string& root, const std::string& tmp, const std::string&
                                                       << " exists and is not a directory; move "
                                                          "it away to save step "
                                                       << name);
-    old = root + "/.old-" + name + "-" + id;
+    old = root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Replaced, name, id);
     MESHRT_CHECK(std::rename(final_dir.c_str(), old.c_str()) == 0,
                  "checkpoint: cannot move " << final_dir << " aside: " << std::strerror(errno));
   }
@@ -558,7 +529,8 @@ void publish(const std::string& root, const std::string& tmp, const std::string&
       std::rename(tmp.c_str(), final_dir.c_str()) == 0,
       "checkpoint: rename " << tmp << " -> " << final_dir << " failed: " << std::strerror(errno));
   fsync_dir(root);
-  const std::string ptr = root + "/.latest-" + id;
+  const std::string ptr =
+      root + "/" + detail::checkpoint_temporary_name(CheckpointTemporary::Latest, "", id);
   write_new_file(ptr, name + "\n");
   MESHRT_CHECK(
       std::rename(ptr.c_str(), (root + "/" + kLatest).c_str()) == 0,
@@ -684,14 +656,16 @@ using ShardRef = detail::CheckpointShardRef;
 using IndexTensor = detail::CheckpointIndexTensor;
 
 // Copies the part of saved shard `s` (tensor `e` of file `r`) that overlaps this rank's block
-// [off, off + local) into `dst` (the block, contiguous). Returns the elements copied.
+// [off, off + local) into `dst` (the block, contiguous), refusing non-finite values. Returns the
+// elements copied.
 int64_t copy_overlap(const SafetensorsReader& r, const SafetensorsReader::Entry& e,
                      const ShardRef& s, const Shape& off, const Shape& local, char* dst) {
   const size_t es = dtype_size(e.dtype);
   return detail::for_each_overlap_run(
       s.offsets, s.shape, off, local, [&](int64_t from, int64_t to, int64_t run) {
-        r.read(e, static_cast<uint64_t>(from) * es, static_cast<uint64_t>(run) * es,
-               dst + static_cast<size_t>(to) * es);
+        char* at = dst + static_cast<size_t>(to) * es;
+        r.read(e, static_cast<uint64_t>(from) * es, static_cast<uint64_t>(run) * es, at);
+        detail::check_finite_elements(at, run, e.dtype, r.path(), e.name);
       });
 }
 
@@ -858,17 +832,20 @@ CheckpointMeta load_checkpoint(const std::string& path, const CheckpointMeta& ex
                                DeviceMesh& mesh, const std::vector<Param*>& params,
                                Optimizer* opt) {
   Stream& cs = mesh.ctx().compute_stream();
-  const std::string dir = resolve_checkpoint(path);
-  const std::string index_path = dir + "/" + kIndex;
-  const detail::CheckpointIndex idx = read_index(dir, expect);
-  const auto want = wanted_tensors(params, opt);
-  check_against_index(idx, want, dir, index_path);
-  // Per rank work, agreed on before anything is modified: checksums and this rank's elements
-  // into host buffers.
-  std::string err;
+  // Every rank's reading, agreed on before anything is modified: the index and the files it lists
+  // (each rank sees them itself: on several nodes they may differ), the checksums, then this
+  // rank's elements into host buffers.
+  std::string err, dir = path, index_path;
+  detail::CheckpointIndex idx;
+  std::vector<Want> want;
   std::vector<Dest> dests;
   std::vector<Tensor> staged;
   try {
+    dir = resolve_checkpoint(path);
+    index_path = dir + "/" + kIndex;
+    idx = read_index(dir, expect);
+    want = wanted_tensors(params, opt);
+    check_against_index(idx, want, dir, index_path);
     dests = load_destinations(want, opt);
     verify_whole_format_files(idx, dir, mesh);
   } catch (const std::exception& e) {

@@ -51,7 +51,8 @@ MESHRT_API void prepare_checkpoint_root(const std::string& root);
 // save would replace that meshrt did not write (prepare_checkpoint_root calls it).
 MESHRT_API void check_checkpoint_root_entries(const std::string& root);
 // Whether `name`, an entry of a --save folder, is one meshrt writes or replaces there: step-N
-// folders, `latest`, the lock and a save's temporaries (.tmp-*, .old-*, .latest-*). Other files
+// folders, `latest`, the lock and a save's temporaries (.tmp-*, .old-*, .latest-*: described in
+// mesh/checkpoint_root.h, with the names checkpoint_temporary_name gives them). Other files
 // in the folder (a run's metrics beside its checkpoints) are the user's.
 MESHRT_API bool checkpoint_entry_name(const std::string& name);
 

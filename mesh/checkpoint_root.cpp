@@ -63,16 +63,61 @@ bool is_rank_temporary(const std::string& n) {
   return n.size() > 1 && n[0] == '.' && t != std::string::npos && is_rank_file(n.substr(1, t + 11));
 }
 
-// The step-N part of ".tmp-step-N-XXXXXX" / ".old-step-N-XXXXXX" (after `prefix`); "" otherwise.
-std::string step_of_temporary(const std::string& n, const char* prefix) {
-  const size_t pl = std::strlen(prefix);
-  if (!starts_with(n, prefix) || n.size() < pl + 7) return "";
-  const std::string step = n.substr(pl, n.size() - pl - 7);
-  if (n[n.size() - 7] != '-' || parse_checkpoint_step_name(step) < 0) return "";
-  return step;
+// The prefix of each kind of temporary (the one place that spells them).
+const char* temporary_prefix(CheckpointTemporary kind) {
+  switch (kind) {
+    case CheckpointTemporary::Save:
+      return ".tmp-";
+    case CheckpointTemporary::Replaced:
+      return ".old-";
+    case CheckpointTemporary::Latest:
+      return ".latest-";
+  }
+  return "";
 }
 
+constexpr CheckpointTemporary kTemporaries[] = {
+    CheckpointTemporary::Save, CheckpointTemporary::Replaced, CheckpointTemporary::Latest};
+
 }  // namespace
+
+std::string checkpoint_temporary_name(CheckpointTemporary kind, const std::string& step,
+                                      const std::string& id) {
+  MESHRT_CHECK(id.size() == kCheckpointTemporaryIdLength,
+               "internal: checkpoint temporary id '"
+                   << id << "' is not " << kCheckpointTemporaryIdLength << " characters");
+  if (kind == CheckpointTemporary::Latest) return temporary_prefix(kind) + id;
+  return temporary_prefix(kind) + step + "-" + id;
+}
+
+bool parse_checkpoint_temporary(const std::string& n, CheckpointTemporary* kind,
+                                std::string* step) {
+  constexpr size_t id = kCheckpointTemporaryIdLength;
+  for (CheckpointTemporary k : kTemporaries) {
+    const size_t pl = std::strlen(temporary_prefix(k));
+    if (!starts_with(n, temporary_prefix(k))) continue;
+    if (k == CheckpointTemporary::Latest) {
+      if (n.size() != pl + id) return false;
+      *kind = k;
+      step->clear();
+      return true;
+    }
+    // <prefix>step-N-<id>
+    if (n.size() < pl + id + 1 || n[n.size() - id - 1] != '-') return false;
+    const std::string s = n.substr(pl, n.size() - pl - id - 1);
+    if (parse_checkpoint_step_name(s) < 0) return false;
+    *kind = k;
+    *step = s;
+    return true;
+  }
+  return false;
+}
+
+bool checkpoint_temporary_prefix(const std::string& n) {
+  for (CheckpointTemporary k : kTemporaries)
+    if (starts_with(n, temporary_prefix(k))) return true;
+  return false;
+}
 
 std::string checkpoint_step_name(int64_t step) {
   std::ostringstream s;
@@ -171,14 +216,16 @@ int remove_stale_checkpoint_temporaries(const std::string& root) {
   std::vector<fs::path> entries;
   for (const auto& e : fs::directory_iterator(root, ec)) entries.push_back(e.path());
   for (const fs::path& p : entries) {
-    const std::string n = p.filename().string();
-    if (!step_of_temporary(n, ".tmp-").empty() && is_dir(p)) {
+    CheckpointTemporary kind{};
+    std::string step;
+    if (!parse_checkpoint_temporary(p.filename().string(), &kind, &step)) continue;
+    if (kind == CheckpointTemporary::Save && is_dir(p)) {
       remove_checkpoint_files(p.string(), /*temporaries=*/true);
       ++cleaned;
-    } else if (const std::string step = step_of_temporary(n, ".old-"); !step.empty() && is_dir(p)) {
+    } else if (kind == CheckpointTemporary::Replaced && is_dir(p)) {
       retire_replaced_checkpoint(p.string(), root + "/" + step);
       ++cleaned;
-    } else if (starts_with(n, ".latest-") && n.size() == 14 && is_file(p)) {
+    } else if (kind == CheckpointTemporary::Latest && is_file(p)) {
       fs::remove(p, ec);
       ++cleaned;
     }

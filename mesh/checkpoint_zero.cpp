@@ -197,8 +197,32 @@ ZeroShardSource::ZeroShardSource(const CheckpointIndex& idx, CheckpointFiles& fi
       for (const auto& p : tps[t].buckets[b].params) locs_[p.name].push_back({t, b, &p});
 }
 
+void check_finite_elements(const void* p, int64_t n, DType dtype, const std::string& file,
+                           const std::string& tensor) {
+  // An all-ones exponent is an infinity or a NaN, in every float format.
+  auto first_bad = [&](auto word, uint64_t exponent) -> int64_t {
+    using W = decltype(word);
+    const auto* w = static_cast<const unsigned char*>(p);
+    for (int64_t i = 0; i < n; ++i) {
+      W v;
+      std::memcpy(&v, w + static_cast<size_t>(i) * sizeof(W), sizeof(W));
+      if ((static_cast<uint64_t>(v) & exponent) == exponent) return i;
+    }
+    return -1;
+  };
+  int64_t bad = -1;
+  if (dtype == DType::f32) bad = first_bad(uint32_t{}, 0x7f800000u);
+  if (dtype == DType::bf16) bad = first_bad(uint16_t{}, 0x7f80u);
+  if (dtype == DType::f16) bad = first_bad(uint16_t{}, 0x7c00u);
+  MESHRT_CHECK(bad < 0, "checkpoint: " << file << " holds non-finite values (NaN or infinity) in "
+                                       << "tensor '" << tensor
+                                       << "': it was saved from a run whose weights had diverged, "
+                                          "or changed since; resume an earlier checkpoint, or "
+                                          "start without --resume");
+}
+
 void ZeroShardSource::read_flat(size_t t, size_t b, const std::string& kind, size_t es, int64_t x,
-                                int64_t y, char* dst) {
+                                int64_t y, char* dst, const std::string& tensor) {
   const CheckpointZeroTpRank& tr = idx_.zero.tp_ranks[t];
   const CheckpointZeroBucket& bk = tr.buckets[b];
   const std::string name = zero_tensor_name(b, kind);
@@ -211,8 +235,9 @@ void ZeroShardSource::read_flat(size_t t, size_t b, const std::string& kind, siz
                  "checkpoint: " << r.path() << " has no tensor '" << name << "' of " << s
                                 << " elements of " << es << " bytes as its index says");
     const int64_t lo = std::max(x, d * s), hi = std::min(y, (d + 1) * s);
-    r.read(*e, static_cast<uint64_t>(lo - d * s) * es, static_cast<uint64_t>(hi - lo) * es,
-           dst + static_cast<size_t>(lo - x) * es);
+    char* to = dst + static_cast<size_t>(lo - x) * es;
+    r.read(*e, static_cast<uint64_t>(lo - d * s) * es, static_cast<uint64_t>(hi - lo) * es, to);
+    check_finite_elements(to, hi - lo, e->dtype, r.path(), tensor);
   }
 }
 
@@ -235,8 +260,10 @@ void ZeroShardSource::read(const std::string& name, const std::string& kind, siz
   const Loc* same = nullptr;
   for (const Loc& l : it->second)
     if (l.p->offsets == off && l.p->shape == local && (!same || l.tp == tp_rank_)) same = &l;
+  const std::string tensor = kind == "param" ? name : name + "." + kind;
   if (same) {
-    read_flat(same->tp, same->bucket, kind, es, same->p->offset + a, same->p->offset + e, dst);
+    read_flat(same->tp, same->bucket, kind, es, same->p->offset + a, same->p->offset + e, dst,
+              tensor);
     return;
   }
   // Another tp layout: assemble the block from the saved blocks overlapping it, each read over
@@ -267,7 +294,8 @@ void ZeroShardSource::read(const std::string& name, const std::string& kind, siz
     }
     const int64_t first = flat_index(f, ss), last = flat_index(g, ss);
     std::vector<char> buf(static_cast<size_t>(last - first + 1) * es);
-    read_flat(l.tp, l.bucket, kind, es, l.p->offset + first, l.p->offset + last + 1, buf.data());
+    read_flat(l.tp, l.bucket, kind, es, l.p->offset + first, l.p->offset + last + 1, buf.data(),
+              tensor);
     covered += for_each_overlap_run(so, ss, off, local, [&](int64_t from, int64_t to, int64_t run) {
       std::memcpy(whole.data() + static_cast<size_t>(to) * es,
                   buf.data() + static_cast<size_t>(from - first) * es,

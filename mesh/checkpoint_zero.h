@@ -57,6 +57,13 @@ class CheckpointFiles {
 // Throws naming the file when `path`'s size or crc32c differ from the index's.
 void verify_checkpoint_file(const std::string& path, uint64_t bytes, uint32_t crc);
 
+// Checks `n` elements of `dtype` at `p`, read from checkpoint file `file`, for a NaN or an
+// infinity (integer dtypes pass): a checkpoint of a run whose weights had diverged is refused at
+// load, naming the file and `tensor` (the model's name: "embed.weight", "embed.weight.exp_avg"),
+// instead of failing the first step after the resume as if --lr were too large.
+void check_finite_elements(const void* p, int64_t n, DType dtype, const std::string& file,
+                           const std::string& tensor);
+
 // Reads parameter elements out of a ZeRO-sharded checkpoint onto any layout.
 class ZeroShardSource {
  public:
@@ -74,9 +81,10 @@ class ZeroShardSource {
     size_t tp = 0, bucket = 0;
     const CheckpointZeroParam* p = nullptr;
   };
-  // Elements [x, y) of tp rank t's bucket b's flat buffer `kind`, from the dp shards holding them.
+  // Elements [x, y) of tp rank t's bucket b's flat buffer `kind`, from the dp shards holding them,
+  // all of model tensor `tensor` (checked finite under that name).
   void read_flat(size_t t, size_t b, const std::string& kind, size_t es, int64_t x, int64_t y,
-                 char* dst);
+                 char* dst, const std::string& tensor);
 
   const CheckpointIndex& idx_;
   CheckpointFiles& files_;

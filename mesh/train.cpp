@@ -152,8 +152,9 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
 }
 
 // Every rank raises the same message: the verdict and the culprit search are collective.
+// `resumed`: `step` is the first after --resume (whose weights loaded finite).
 [[noreturn]] void throw_nonfinite(const TrainConfig& cfg, int step, const StepVerdict& v,
-                                  const std::string& culprit) {
+                                  const std::string& culprit, bool resumed) {
   std::ostringstream os;
   os << "step " << step << ": ";
   if (!v.loss_finite) os << "the loss is not finite";
@@ -167,8 +168,14 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
     else
       os << "the gradient of " << culprit << " is not finite (the first such parameter)";
   }
-  os << "; lower --lr (" << cfg.optim.lr << "), set --clip, or pass --skip-nonfinite to skip "
-     << "such steps";
+  if (resumed)
+    os << "; it is the first step after --resume " << cfg.checkpoint.resume
+       << ", whose weights loaded finite: they or its optimizer state may already overflow (a run "
+          "close to diverging when it was saved); resume an earlier checkpoint, or lower --lr ("
+       << cfg.optim.lr << ") or set --clip";
+  else
+    os << "; lower --lr (" << cfg.optim.lr << "), set --clip, or pass --skip-nonfinite to skip "
+       << "such steps";
   throw NonFiniteError(os.str());
 }
 
@@ -287,7 +294,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
   const LrSchedule schedule = train_lr_schedule(cfg);
   CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
-  TrainMetrics metrics(cfg, world, first_step, train_step_flops(cfg));
+  TrainMetrics metrics(cfg, ctx, world, first_step, train_step_flops(cfg));
   std::vector<StepStats> out;
   for (int step = first_step; step < cfg.steps; ++step) {
     ctx.synchronize();
@@ -337,7 +344,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     if (!verdict.finite() && dp_synced) sync.wait_all(apply);
     if (!verdict.finite() && !cfg.skip_nonfinite)
       throw_nonfinite(cfg, step + 1, verdict,
-                      verdict.grads_finite ? "" : first_nonfinite_grad(ctx, world, model.params()));
+                      verdict.grads_finite ? "" : first_nonfinite_grad(ctx, world, model.params()),
+                      first_step > 0 && step == first_step);
     if (verdict.finite()) apply_update(cfg, step, updates, set, apply, opt, sync);
     if (cfg.grad_sync == GradSyncMode::Async) sync.bind(set);
     // The reported loss is the global batch mean (equal micro-batch and dp shard sizes).

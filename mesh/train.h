@@ -74,10 +74,11 @@ struct TrainConfig {
   std::function<void(const StepStats&)> on_step;
 };
 
-// A non-finite loss or gradient stopped the run; every rank raises it alike.
-class NonFiniteError : public Error {
+// A non-finite loss or gradient stopped the run; every rank raises it alike, after the same
+// collective (the step's verdict).
+class NonFiniteError : public AgreedError {
  public:
-  using Error::Error;
+  using AgreedError::AgreedError;
 };
 
 struct StepStats {

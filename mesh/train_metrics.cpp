@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "mesh/agree.h"
 #include "mesh/block_desc.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
@@ -71,21 +72,27 @@ int StragglerWatch::observe(const std::vector<double>& compute_ms, double* ratio
   return flagged;
 }
 
-TrainMetrics::TrainMetrics(const TrainConfig& cfg, Communicator& world, int first_step,
-                           double model_flops)
+TrainMetrics::TrainMetrics(const TrainConfig& cfg, Context& ctx, Communicator& world,
+                           int first_step, double model_flops)
     : cfg_(cfg),
       world_(world),
       enabled_(!cfg.metrics.empty() || cfg.watch_stragglers),
       model_flops_(model_flops),
       stragglers_(cfg.straggler_threshold, cfg.straggler_steps) {
-  if (cfg.metrics.empty() || world.rank() != 0) return;
-  if (first_step > 0)
-    file_ = std::make_unique<AppendOutputFile>(cfg.metrics, "--metrics",
-                                               AppendOutputFile::Start::Append, &keep_before,
-                                               static_cast<long long>(first_step));
-  else
-    file_ = std::make_unique<AppendOutputFile>(cfg.metrics, "--metrics",
-                                               AppendOutputFile::Start::Fresh);
+  if (cfg.metrics.empty()) return;
+  std::string err;
+  try {
+    if (world.rank() == 0 && first_step > 0)
+      file_ = std::make_unique<AppendOutputFile>(cfg.metrics, "--metrics",
+                                                 AppendOutputFile::Start::Append, &keep_before,
+                                                 static_cast<long long>(first_step));
+    else if (world.rank() == 0)
+      file_ = std::make_unique<AppendOutputFile>(cfg.metrics, "--metrics",
+                                                 AppendOutputFile::Start::Fresh);
+  } catch (const std::exception& e) {
+    err = error_message(e);
+  }
+  agree_error(ctx, world, err, "", "could not open the --metrics file");
 }
 
 TrainMetrics::~TrainMetrics() = default;

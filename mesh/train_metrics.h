@@ -40,9 +40,11 @@ class TrainMetrics {
  public:
   // Collective over `world`. Rank 0 opens cfg.metrics: a fresh run (first_step 0) starts it
   // empty; a resumed one keeps its records of steps <= first_step and drops later ones (a run
-  // resumed from an older checkpoint replays them), so steps stay unique and in order.
+  // resumed from an older checkpoint replays them), so steps stay unique and in order. A file
+  // rank 0 cannot open fails every rank alike (mesh/agree.h's AgreedError: no fault).
   // `model_flops`: the model FLOPs of one step over every rank (for tokens/s -> TFLOP/s, MFU).
-  TrainMetrics(const TrainConfig& cfg, Communicator& world, int first_step, double model_flops);
+  TrainMetrics(const TrainConfig& cfg, Context& ctx, Communicator& world, int first_step,
+               double model_flops);
   ~TrainMetrics();
   bool enabled() const { return enabled_; }
   // Collective: gathers every rank's times; on rank 0 checks for stragglers (a warning on `log`,

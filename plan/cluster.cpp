@@ -118,13 +118,13 @@ std::vector<std::pair<double, double>> gemm_points(const ClusterFields& f) {
 
 }  // namespace
 
-ClusterSpec cluster_preset(const std::string& spec) {
+ClusterSpec cluster_preset(const std::string& spec, const std::string& flag) {
   const size_t colon = spec.find(':');
   const std::string name = spec.substr(0, colon);
   if (name == "cpu") {
-    MESHRT_CHECK(colon == std::string::npos, "--cluster " << spec
-                                                          << ": the cpu preset takes no "
-                                                             "size (it is this machine)");
+    MESHRT_CHECK(colon == std::string::npos, flag << " " << spec
+                                                  << ": the cpu preset takes no "
+                                                     "size (it is this machine)");
     ClusterSpec c = cpu_cluster();
     c.name = spec;
     return c;
@@ -143,15 +143,14 @@ ClusterSpec cluster_preset(const std::string& spec) {
         n = 1;
       }
       MESHRT_CHECK(n > 0 && per >= 1 && per <= 8 && nodes >= 1 && nodes <= 100000,
-                   "--cluster " << spec << ": give <gpu>:G (1-8 GPUs per node) or <gpu>:GxN (N "
-                                << "nodes), e.g. " << g.name << ":8x4");
+                   flag << " " << spec << ": give <gpu>:G (1-8 GPUs per node) or <gpu>:GxN (N "
+                        << "nodes), e.g. " << g.name << ":8x4");
     }
     ClusterSpec c = gpu_cluster(g, per, nodes);
     c.name = spec;
     return c;
   }
-  MESHRT_FAIL(
-      "--cluster " << spec << ": unknown preset '" << name
+  MESHRT_FAIL(flag << " " << spec << ": unknown preset '" << name
                    << "'; use h100-sxm:8, h200-sxm:8, a100-sxm:8 (':8xN' for N nodes), cpu, "
                       "or a cluster JSON file (meshrt plan --calibrate writes one)");
 }
@@ -208,7 +207,8 @@ std::string cluster_to_json(const ClusterSpec& c) {
   return j.dump(2) + "\n";
 }
 
-ClusterSpec load_cluster(const std::string& spec, const std::string& dtype) {
+ClusterSpec load_cluster(const std::string& spec, const std::string& dtype,
+                         const std::string& flag) {
   ClusterSpec c;
   std::error_code exists_ec;
   // A path, a .json name, or any existing file (not a preset name: those hold no '.').
@@ -217,14 +217,14 @@ ClusterSpec load_cluster(const std::string& spec, const std::string& dtype) {
                     (spec.find('.') != std::string::npos && fs::exists(spec, exists_ec));
   if (file) {
     std::error_code ec;
-    MESHRT_CHECK(fs::exists(spec, ec), "--cluster " << spec
-                                                    << ": cannot read the file: it does not exist "
-                                                       "(a preset is h100-sxm:8, h200-sxm:8, "
-                                                       "a100-sxm:8, cpu)");
+    MESHRT_CHECK(fs::exists(spec, ec), flag << " " << spec
+                                            << ": cannot read the file: it does not exist "
+                                               "(a preset is h100-sxm:8, h200-sxm:8, "
+                                               "a100-sxm:8, cpu)");
     // A cluster file is a few KiB: the cap stops a wrong path (a device, a huge log) early.
-    c = cluster_from_json(read_input_file(spec, "--cluster", kMaxClusterFileBytes), spec);
+    c = cluster_from_json(read_input_file(spec, flag, kMaxClusterFileBytes), spec);
   } else {
-    c = cluster_preset(spec);
+    c = cluster_preset(spec, flag);
   }
   if (!dtype.empty()) c.select_dtype(dtype);
   return c;

@@ -84,11 +84,13 @@ struct ClusterSpec {
 
 // Presets: h100-sxm, h200-sxm, a100-sxm with ":G" devices per node or ":GxN" for N nodes, and
 // "cpu" (this machine's order of magnitude; measure it with `meshrt plan --calibrate`). Throws
-// listing the presets.
-ClusterSpec cluster_preset(const std::string& spec);
+// listing the presets; `flag` is the option the user gave `spec` with, named in the messages.
+ClusterSpec cluster_preset(const std::string& spec, const std::string& flag = "--cluster");
 // A preset name, else a cluster JSON file (as --calibrate writes and docs/plan.md describes), with
-// peak_tflops selected for `dtype` ("": none selected, the file or preset only checked).
-ClusterSpec load_cluster(const std::string& spec, const std::string& dtype);
+// peak_tflops selected for `dtype` ("": none selected, the file or preset only checked). `flag`
+// as for cluster_preset (`meshrt bench block` passes "--plan-cluster").
+ClusterSpec load_cluster(const std::string& spec, const std::string& dtype,
+                         const std::string& flag = "--cluster");
 ClusterSpec cluster_from_json(const std::string& text, const std::string& origin);
 std::string cluster_to_json(const ClusterSpec& c);
 

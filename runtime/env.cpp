@@ -24,7 +24,15 @@ struct Variable {
   std::vector<std::string> choices;  // Choice: the accepted values, the first is the default
   int64_t lo = 0, hi = 0;            // Int: the bounds
   bool on = false;                   // Switch: its default
+  // Every rank of a launch must have the same value: it changes which collectives run or the
+  // numbers the ranks compute (env_rank_shared_settings).
+  bool shared = false;
 };
+
+Variable shared(Variable v) {
+  v.shared = true;
+  return v;
+}
 
 Variable on_off(const char* name, bool on = false) { return {name, Kind::Switch, {}, 0, 0, on}; }
 Variable one_of(const char* name, std::vector<std::string> choices) {
@@ -40,16 +48,16 @@ const std::vector<Variable>& table() {
       on_off("MESHRT_STREAM_JITTER"),
       on_off("MESHRT_LAUNCH_BLOCKING"),
       on_off("MESHRT_HOST_STREAM_REUSE", true),
-      on_off("MESHRT_COMM_DEBUG"),
+      shared(on_off("MESHRT_COMM_DEBUG")),
       on_off("MESHRT_FLIGHT_ON_EXIT"),
       on_off("MESHRT_BLAS_REEXEC", true),
-      on_off("MESHRT_CUBLAS_TF32"),
+      shared(on_off("MESHRT_CUBLAS_TF32")),
       // shm ranks take large host blocks from shared memory, collectives run on them in place.
       on_off("MESHRT_SHM_ZERO_COPY", true),
-      one_of("MESHRT_HOST_BF16_GEMM", {"auto", "f32"}),
-      one_of("MESHRT_HOST_F32_GEMM", {"auto", "openblas", "onednn"}),
-      one_of("MESHRT_ATTENTION", {"flash", "reference"}),
-      one_of("MESHRT_NCCL_HALF_REDUCE", {"f32", "native"}),
+      shared(one_of("MESHRT_HOST_BF16_GEMM", {"auto", "f32"})),
+      shared(one_of("MESHRT_HOST_F32_GEMM", {"auto", "openblas", "onednn"})),
+      shared(one_of("MESHRT_ATTENTION", {"flash", "reference"})),
+      shared(one_of("MESHRT_NCCL_HALF_REDUCE", {"f32", "native"})),
       one_of("MESHRT_HOST_BIND", {"auto", "none"}),
       whole("MESHRT_HOST_SPIN", 0, 1000000000),
       whole("MESHRT_HOST_YIELD_US", 0, 1000000000),
@@ -107,6 +115,27 @@ int64_t env_int(const char* name, int64_t fallback) {
                name << "='" << v << "' is not a whole number in [" << var.lo << ", " << var.hi
                     << "]: use one, or unset it");
   return n;
+}
+
+std::vector<std::pair<std::string, std::string>> env_rank_shared_settings() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Variable& var : table()) {
+    if (!var.shared) continue;
+    const char* raw = std::getenv(var.name);
+    std::string v;
+    try {
+      if (var.kind == Kind::Switch)
+        v = env_switch(var.name) ? "on" : "off";
+      else if (var.kind == Kind::Choice)
+        v = env_choice(var.name);
+      else
+        v = std::to_string(env_int(var.name, 0));
+    } catch (const Error&) {
+      v = "'" + std::string(raw ? raw : "") + "' (not accepted)";
+    }
+    out.emplace_back(var.name, v);
+  }
+  return out;
 }
 
 void check_environment() {

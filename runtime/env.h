@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "meshrt/export.h"
 
@@ -31,6 +33,14 @@ MESHRT_API std::string env_choice(const char* name);
 // A whole number of the table, within its bounds: its value, or `fallback` when unset or "".
 // Anything else throws.
 MESHRT_API int64_t env_int(const char* name, int64_t fallback);
+
+// The variables of the table that every rank of a launch must set alike, because they change
+// which collectives run (MESHRT_COMM_DEBUG's data checks) or the numbers the ranks compute (the
+// GEMM and attention choices, MESHRT_CUBLAS_TF32, MESHRT_NCCL_HALF_REDUCE): (name, value as read:
+// "on" / "off" for a switch, the choice (the default when unset), so that equal settings written
+// differently agree; a value the table does not accept as given, quoted). Never throws.
+// collectives/config_check.h compares them across the ranks of a process launch.
+MESHRT_API std::vector<std::pair<std::string, std::string>> env_rank_shared_settings();
 
 // Checks every variable of the table at once (and MESHRT_LOG_LEVEL), so a command refuses a
 // typo before it starts instead of when (or if) the variable is first read.

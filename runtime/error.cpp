@@ -22,6 +22,7 @@ Error::Error(const std::string& message, const std::string& where)
 Error::~Error() = default;
 CommError::~CommError() = default;
 OutOfMemoryError::~OutOfMemoryError() = default;
+AgreedError::~AgreedError() = default;
 
 std::string error_message(const std::exception& e) {
   const auto* me = dynamic_cast<const Error*>(&e);

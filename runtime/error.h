@@ -48,6 +48,21 @@ class MESHRT_API OutOfMemoryError : public Error {
   ~OutOfMemoryError() override;
 };
 
+// A user's error that every rank of a launch raises at the same point, having agreed on it (one
+// verdict exchanged among the ranks, or options every rank checks alike): a checkpoint that cannot
+// be read, a --save folder of another run, options that do not fit the world. No rank is left
+// waiting for another, so it is not a fault: Launch::run (collectives/bootstrap.h) does not abort
+// the world for it, so no flight record is written and no MPI job is aborted, and the command line
+// prints it once and exits 1. Raise it only where every rank raises it.
+class MESHRT_API AgreedError : public Error {
+ public:
+  using Error::Error;
+  explicit AgreedError(const Error& e) : Error(e.message(), e.where()) {}
+  AgreedError(const AgreedError&) = default;
+  AgreedError& operator=(const AgreedError&) = default;
+  ~AgreedError() override;
+};
+
 [[noreturn]] MESHRT_API void throw_error(const char* file, int line, const std::string& msg);
 [[noreturn]] MESHRT_API void throw_out_of_memory(const char* file, int line,
                                                  const std::string& msg);

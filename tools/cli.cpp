@@ -87,7 +87,7 @@ void MeshrtCli::validate() {
   bench::Command* cmd = parsed_bench_command(bench_);
   if (cmd) bench::set_process_config(*parsed_leaf(app_), command_name(app_));
   bench::check_process_environment();
-  if (cmd) cmd->validate();
+  if (cmd) bench::validate_command(*cmd, *parsed_leaf(app_));
 }
 
 int MeshrtCli::run(int argc, char** argv, std::ostream& os) {

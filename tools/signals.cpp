@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 
@@ -16,7 +17,16 @@ namespace {
 
 std::atomic<bool> g_announce{false};
 struct sigaction g_old_int {
-}, g_old_term{}, g_old_usr2{};
+}, g_old_term{}, g_old_usr2{}, g_old_hup{};
+
+// SIGHUP (the terminal closed, the ssh session dropped) is handled as SIGTERM is, unless it is
+// ignored (`nohup`, a launcher that detached the job): then it stays ignored, as asked. Installs
+// `sa` for it (saving the previous action in *old) when it is not ignored.
+bool install_hangup(const struct sigaction& sa, struct sigaction* old) {
+  if (sigaction(SIGHUP, nullptr, old) != 0) return false;
+  if (old->sa_handler == SIG_IGN && !(old->sa_flags & SA_SIGINFO)) return true;
+  return sigaction(SIGHUP, &sa, nullptr) == 0;
+}
 
 // Only async-signal-safe calls here: atomics, write, _exit.
 void say(const char* s, size_t n) {
@@ -41,7 +51,7 @@ char g_exit_prefix[256];
 size_t g_exit_prefix_len = 0;
 timespec g_exit_start{};
 struct sigaction g_exit_old_int {
-}, g_exit_old_term{};
+}, g_exit_old_term{}, g_exit_old_hup{};
 
 // Appends `v` in decimal to buf at *n (async-signal-safe).
 void put_uint(char* buf, size_t cap, size_t* n, unsigned long long v) {
@@ -65,6 +75,7 @@ extern "C" void on_exit_signal(int sig) {
   put_str(line, sizeof line, &n,
           sig == SIGINT    ? "SIGINT"
           : sig == SIGTERM ? "SIGTERM"
+          : sig == SIGHUP  ? "SIGHUP"
                            : "a signal");
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -92,13 +103,15 @@ ExitOnSignal::ExitOnSignal(const std::string& command, bool announce) {
   sa.sa_handler = on_exit_signal;
   sigemptyset(&sa.sa_mask);
   MESHRT_CHECK(sigaction(SIGINT, &sa, &g_exit_old_int) == 0 &&
-                   sigaction(SIGTERM, &sa, &g_exit_old_term) == 0,
-               "cannot install the SIGINT / SIGTERM handlers");
+                   sigaction(SIGTERM, &sa, &g_exit_old_term) == 0 &&
+                   install_hangup(sa, &g_exit_old_hup),
+               "cannot install the SIGINT / SIGTERM / SIGHUP handlers: " << std::strerror(errno));
 }
 
 ExitOnSignal::~ExitOnSignal() {
   sigaction(SIGINT, &g_exit_old_int, nullptr);
   sigaction(SIGTERM, &g_exit_old_term, nullptr);
+  sigaction(SIGHUP, &g_exit_old_hup, nullptr);
 }
 
 StopSignals::StopSignals(bool announce) {
@@ -110,10 +123,10 @@ StopSignals::StopSignals(bool announce) {
   sigemptyset(&sa.sa_mask);
   // Blocking calls (collectives, file I/O) resume rather than fail with EINTR.
   sa.sa_flags = SA_RESTART;
-  MESHRT_CHECK(sigaction(SIGINT, &sa, &g_old_int) == 0 &&
-                   sigaction(SIGTERM, &sa, &g_old_term) == 0 &&
-                   sigaction(SIGUSR2, &sa, &g_old_usr2) == 0,
-               "cannot install the SIGINT / SIGTERM / SIGUSR2 handlers");
+  MESHRT_CHECK(
+      sigaction(SIGINT, &sa, &g_old_int) == 0 && sigaction(SIGTERM, &sa, &g_old_term) == 0 &&
+          sigaction(SIGUSR2, &sa, &g_old_usr2) == 0 && install_hangup(sa, &g_old_hup),
+      "cannot install the SIGINT / SIGTERM / SIGUSR2 / SIGHUP handlers: " << std::strerror(errno));
 }
 
 StopSignals::~StopSignals() {
@@ -121,6 +134,7 @@ StopSignals::~StopSignals() {
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGUSR2, &g_old_usr2, nullptr);
+  sigaction(SIGHUP, &g_old_hup, nullptr);
 }
 
 int StopSignals::received() { return stop_request(); }
@@ -133,6 +147,8 @@ const char* StopSignals::name(int sig) {
       return "SIGTERM";
     case SIGUSR2:
       return "SIGUSR2";
+    case SIGHUP:
+      return "SIGHUP";
     default:
       return "a signal";
   }

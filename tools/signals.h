@@ -2,7 +2,9 @@
 // (`meshrt train`: after the current step; runtime/stop.h, which also ends a file-rendezvous wait
 // at once), a second exits at once. SIGUSR2 does the same: Open MPI's mpirun forwards it to every
 // rank at once, where it turns SIGINT / SIGTERM into SIGTERM only after
-// odls_base_sigkill_timeout seconds (and SIGKILL as long after that).
+// odls_base_sigkill_timeout seconds (and SIGKILL as long after that). SIGHUP (the terminal
+// closed, the ssh session dropped) is handled as SIGTERM, as torchrun's elastic agent does,
+// unless the process was started with it ignored (`nohup`): then it stays ignored.
 #pragma once
 
 #include <string>
@@ -19,12 +21,13 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // The first signal received (SIGINT, SIGTERM or SIGUSR2), 0 when none.
+  // The first signal received (SIGINT, SIGTERM, SIGUSR2 or SIGHUP), 0 when none.
   static int received();
-  static const char* name(int sig);  // "SIGINT", "SIGTERM", "SIGUSR2"
+  static const char* name(int sig);  // "SIGINT", "SIGTERM", "SIGUSR2", "SIGHUP"
 };
 
-// SIGINT / SIGTERM for commands with no safe point to stop at (benchmarks): the signal ends the
+// SIGINT / SIGTERM / SIGHUP (unless ignored, as above) for commands with no safe point to stop at
+// (benchmarks): the signal ends the
 // process at once with one summary line on stderr, "meshrt bench collective: interrupted by SIGINT
 // after 12.3 s; its --json / --trace / --dump files were not written", and exit status 128 + the
 // signal's number. `announce` as for StopSignals. One at a time; not with StopSignals.

@@ -65,8 +65,10 @@ class BlockCommand : public Command {
     c.add_option("--json", o_.json_path, "Write every figure, the config and versions as JSON")
         ->check(cli::kNonEmpty);
     c.add_option("--plan-cluster", o_.plan_cluster,
-                 "Cluster of the planner's prediction written into --json (preset or `meshrt "
-                 "plan --calibrate` file; default: the GPU's preset, else this run's calibration)");
+                 "Cluster of the planner's prediction (the planner row and --json; preset or "
+                 "`meshrt plan --calibrate` file; default: the GPU's preset, else this run's "
+                 "calibration)")
+        ->check(cli::kNonEmpty);
     c.add_option("--trace", o_.trace_path,
                  "Write a Chrome / Perfetto trace of the timed steps (one track per rank and "
                  "stream)")

@@ -56,6 +56,9 @@ void check_options(const BlockBenchOptions& o) {
                "--zero " << o.zero
                          << ": the block benchmark runs ZeRO stage 0, 2 or 3 (stage 1 shards only "
                             "the optimizer state, and it runs no optimizer)");
+  MESHRT_CHECK(o.zero != 2 || !o.fwd_only,
+               "--zero 2 would be ignored: it shards the gradients and --fwd-only computes none; "
+               "use --zero 3 (parameter shards, gathered in the forward) or drop --fwd-only");
   MESHRT_CHECK(o.zero == 0 || o.dump_path.empty() || o.fwd_only,
                "--dump with --zero " << o.zero
                                      << ": the gradients are kept as dp shards only; dump with "
@@ -75,8 +78,14 @@ void check_options(const BlockBenchOptions& o) {
       {{"--json", o.json_path}, {"--trace", o.trace_path}, {"--dump", o.dump_path}},
       {{"--plan-cluster", o.plan_cluster}});
   // The cluster too: read now (a preset name or a file, as plan --cluster takes), not found
-  // missing only after the run.
-  if (!o.plan_cluster.empty()) (void)plan::load_cluster(o.plan_cluster, "");
+  // missing only after the run (its peak for the run's dtype once that is known:
+  // resolve_and_check).
+  MESHRT_CHECK(o.plan_cluster.empty() || !o.fwd_only,
+               "--plan-cluster " << o.plan_cluster
+                                 << " with --fwd-only: the planner models forward + backward steps "
+                                    "only, so a forward-only run gets no prediction; drop "
+                                    "--plan-cluster or --fwd-only");
+  if (!o.plan_cluster.empty()) (void)plan::load_cluster(o.plan_cluster, "", "--plan-cluster");
 }
 
 void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
@@ -88,6 +97,9 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
   // Sizes: what was asked, else a default that runs in seconds on this device.
   const bool c = p.cuda;
   p.cfg.dtype = !o.dtype.empty() ? parse_dtype(o.dtype) : (c ? DType::bf16 : DType::f32);
+  // The cluster's peak for this dtype: a file without it is refused now, not after the run.
+  if (!o.plan_cluster.empty())
+    (void)plan::load_cluster(o.plan_cluster, dtype_name(p.cfg.dtype), "--plan-cluster");
   p.cfg.hidden = o.hidden > 0 ? o.hidden : (c ? 4096 : 1024);
   p.cfg.heads = o.heads > 0 ? o.heads : (c ? 32 : 16);
   // The default ffn is 4 x hidden: a hidden that large would overflow it (and be blamed on
@@ -118,6 +130,10 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
                            << " and " << kTpDim << " (e.g. " << kDpDim << "=2," << kTpDim << "=4)");
   }
   for (const MeshDim& d : dims) (d.name == kDpDim ? p.dp : p.tp) = d.size;
+  MESHRT_CHECK(o.zero == 0 || p.dp > 1,
+               "--zero " << o.zero << " would be ignored: ZeRO shards over dp and --mesh " << p.mesh
+                         << " has dp=1; give a mesh with dp > 1 (e.g. " << kDpDim
+                         << "=2) or drop --zero");
   p.sp_requested = o.sp == 1 || (o.sp == -1 && p.tp > 1);
   p.sp = p.sp_requested && p.tp > 1;
   MESHRT_CHECK(!(p.overlap == Overlap::Chunked && p.tp > 1 && !p.sp),

@@ -72,7 +72,7 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
   std::string source;
   try {
     if (!o.plan_cluster.empty()) {
-      cl = plan::load_cluster(o.plan_cluster, m.dtype);
+      cl = plan::load_cluster(o.plan_cluster, m.dtype, "--plan-cluster");
       source = o.plan_cluster;
     } else if (p.cuda) {
       std::string preset;

@@ -24,12 +24,15 @@ class CollectiveCommand : public Command {
     c.add_option("-b,--minbytes", min_, "smallest size, bytes with optional K/M/G")
         ->capture_default_str();
     c.add_option("-e,--maxbytes", max_, "largest size")->capture_default_str();
-    c.add_option("-f,--stepfactor", o_.step_factor, "multiply the size by this")
-        ->capture_default_str();
+    factor_ = c.add_option("-f,--stepfactor", o_.step_factor, "multiply the size by this")
+                  ->capture_default_str();
     c.add_option("-i,--stepbytes", step_, "add this many bytes instead of multiplying");
     c.add_option("-d,--datatype", o_.dtype, "f32 | bf16 | f16 | i32 | i64")->capture_default_str();
-    c.add_option("-o,--redop", o_.redop, "sum | avg | max | min")->capture_default_str();
-    c.add_option("-r,--root", o_.root, "broadcast root")->capture_default_str();
+    redop_ = c.add_option("-o,--redop", o_.redop,
+                          "sum | avg | max | min (all_reduce, "
+                          "reduce_scatter)")
+                 ->capture_default_str();
+    root_ = c.add_option("-r,--root", o_.root, "broadcast root")->capture_default_str();
     c.add_option("-w,--warmup_iters", o_.warmup, "untimed iterations per size")
         ->capture_default_str()
         ->check(cli::int_at_least(0, o_.warmup));
@@ -67,13 +70,30 @@ class CollectiveCommand : public Command {
     }
     o_.check = check_ != 0;
     check_collective_options(o_);
+    check_ignored_flags();
   }
 
   int run(const RunInfo&, std::ostream& out) override { return run_collective_bench(o_, out); }
 
  private:
+  // Flags this run would ignore (nccl-tests takes them silently): refused, saying why.
+  void check_ignored_flags() const {
+    const CommOp op = parse_comm_op(o_.op);
+    MESHRT_CHECK(root_->count() == 0 || op == CommOp::Broadcast,
+                 "-r " << o_.root << " would be ignored: only broadcast has a root, and --op is "
+                       << o_.op << "; drop -r or use --op broadcast");
+    MESHRT_CHECK(redop_->count() == 0 || op == CommOp::AllReduce || op == CommOp::ReduceScatter,
+                 "-o " << o_.redop << " would be ignored: " << o_.op
+                       << " reduces nothing (all_reduce and reduce_scatter do); drop -o");
+    MESHRT_CHECK(factor_->count() == 0 || step_.empty(),
+                 "-f " << o_.step_factor << " would be ignored: -i " << step_
+                       << " adds a fixed step to the size instead of multiplying it; give -f or "
+                          "-i, not both");
+  }
+
   CollBenchOptions o_;
   CLI::Option* devices_ = nullptr;
+  CLI::Option *factor_ = nullptr, *redop_ = nullptr, *root_ = nullptr;
   std::string min_ = "32M", max_ = "32M", step_;  // sizes as typed ("64M")
   int check_ = 1;
 };

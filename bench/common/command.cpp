@@ -37,6 +37,16 @@ void bind_flags(CLI::App& app, Command& cmd) {
   add_fault_flag(app);
 }
 
+void validate_command(Command& cmd, const CLI::App& app) {
+  cmd.validate();
+  const CLI::Option* fault = app.get_option_no_throw("--fault");
+  if (fault == nullptr || fault->count() == 0) return;
+  const std::string why = cmd.fault_ignored();
+  MESHRT_CHECK(why.empty(), "--fault " << fault->as<std::string>() << ": " << why
+                                       << "; drop --fault (docs/faults.md lists where faults "
+                                          "act)");
+}
+
 int launcher_rank() {
   // Open MPI, MPICH / Intel MPI (PMI), PMIx launchers, MVAPICH, and srun job steps.
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"}) {
@@ -51,8 +61,10 @@ namespace {
 
 // Before a process launch's ranks report an error that every rank raises alike, they compare the
 // options they were started with (when the error came before the bootstrap did): a rank that
-// failed because its options differ must not leave the others waiting for it.
-void check_config_before_failing() {
+// failed because its options differ must not leave the others waiting for it. `error` (this
+// rank's, "" for none) joins the comparison: the others then name it when their options agree.
+void check_config_before_failing(const std::string& error = "") {
+  if (!error.empty()) detail::set_process_failure(error);
   try {
     detail::check_process_config_early(CommConfig::from_env().timeout_s);
   } catch (const detail::ConfigMismatchError&) {
@@ -121,12 +133,10 @@ int exit_parse_error(CLI::App& app, const CLI::ParseError& e) {
 }
 
 int report_error(std::string_view program, const std::exception& e, bool every_rank) {
-  if (dynamic_cast<const UniformError*>(&e) != nullptr ||
-      dynamic_cast<const detail::ConfigMismatchError*>(&e) != nullptr)
-    every_rank = false;
+  if (dynamic_cast<const AgreedError*>(&e) != nullptr) every_rank = false;
   if (!every_rank) {
     try {
-      check_config_before_failing();
+      check_config_before_failing(error_message(e));
     } catch (const detail::ConfigMismatchError& m) {
       return report_error(program, m, false);
     }
@@ -175,7 +185,7 @@ int program_main(const Entry& entry, std::string_view program, int argc, char** 
   set_process_config(app, std::string(program));
   try {
     check_process_environment();
-    cmd->validate();
+    validate_command(*cmd, app);
   } catch (const std::exception& e) {
     return report_error(program, e, false);
   }

@@ -36,6 +36,10 @@ class Command {
   virtual void validate() {}
   // Runs with the validated options; returns the exit status.
   virtual int run(const RunInfo& info, std::ostream& out) = 0;
+  // After validate(): why `--fault` (bind_flags adds it to every command) would be ignored by this
+  // run, "" when it acts (the run issues collectives, where faults are injected). A --fault given
+  // where it would be ignored is refused with this reason (validate_command).
+  virtual std::string fault_ignored() const { return ""; }
 };
 
 struct Entry {
@@ -58,6 +62,12 @@ void add_fault_flag(CLI::App& app);
 // do) instead of an error. The CLI and the standalone programs both add flags through this.
 void bind_flags(CLI::App& app, Command& cmd);
 
+// The checks of a parsed command (`app`: the command's own CLI::App, whose flags bind_flags added):
+// cmd.validate(), then a --fault the run would ignore is refused (Command::fault_ignored). Throws
+// meshrt::Error saying what to change. The CLI and the standalone programs both validate through
+// this.
+void validate_command(Command& cmd, const CLI::App& app);
+
 // The rank of this process in an MPI / srun launch, from the launcher's environment (readable
 // before MPI starts); 0 when not launched that way.
 int launcher_rank();
@@ -68,16 +78,17 @@ int launcher_rank();
 int exit_parse_error(CLI::App& app, const CLI::ParseError& e);
 
 // An error that every rank of a launch raises alike, such as options that do not fit the world
-// size: report_error prints it once (launcher rank 0) even when raised during run().
-class UniformError : public Error {
+// size: report_error prints it once (launcher rank 0) even when raised during run(), as it does
+// every AgreedError (runtime/error.h), which this is.
+class UniformError : public AgreedError {
  public:
-  explicit UniformError(const Error& e) : Error(e.message(), e.where()) {}
+  explicit UniformError(const Error& e) : AgreedError(e) {}
 };
 
 // How a failure ends: "<program>: error: <message>" and status 1 for meshrt::Error, "<program>:
 // internal error: ..." and status 2 otherwise. `every_rank` false: printed by launcher rank 0
 // only (the others exit 0, as above), for errors that every rank raises alike (wrong options;
-// always so for a UniformError).
+// always so for an AgreedError, a UniformError among them).
 int report_error(std::string_view program, const std::exception& e, bool every_rank);
 
 // "<program> <args...>", as recorded in JSON.

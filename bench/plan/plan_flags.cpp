@@ -3,6 +3,7 @@
 #include "bench/common/command.h"
 #include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
+#include "runtime/error.h"
 
 namespace meshrt::bench {
 
@@ -43,7 +44,8 @@ class PlanCommand : public Command {
     c.add_option("--calibrate", o_.calibrate_path,
                  "Measure this machine (GEMMs on the model's shapes, attention, elementwise, "
                  "collectives, overlap) and write a cluster JSON file");
-    c.add_option("--devices", o_.devices, "Ranks --calibrate measures (default as bench block)");
+    devices_ = c.add_option("--devices", o_.devices,
+                            "Ranks --calibrate measures (default as bench block)");
     c.add_option("--compare", o_.compare_path,
                  "Predicted vs measured for every run of a `meshrt sweep --json` file, on "
                  "--cluster");
@@ -57,7 +59,19 @@ class PlanCommand : public Command {
     o_.buckets.clear();
     for (int64_t b : parse_int_list(buckets_, "--bucket-mb"))
       o_.buckets.push_back(static_cast<double>(b));
+    // Only --calibrate runs anything on devices: elsewhere the flag would be ignored.
+    MESHRT_CHECK(devices_->count() == 0 || !o_.calibrate_path.empty(),
+                 "--devices " << o_.devices
+                              << " chooses the ranks --calibrate measures, and this run only "
+                                 "models (--cluster names the hardware): add --calibrate FILE or "
+                                 "drop --devices");
     check_plan_options(o_);
+  }
+
+  std::string fault_ignored() const override {
+    if (!o_.calibrate_path.empty()) return "";
+    return "meshrt plan issues collectives only with --calibrate (which measures them), and this "
+           "run only models";
   }
 
   int run(const RunInfo& info, std::ostream& out) override {
@@ -68,6 +82,7 @@ class PlanCommand : public Command {
  private:
   PlanOptions o_;
   std::string buckets_ = "25";
+  CLI::Option* devices_ = nullptr;
   bool no_opt_ = false;
 };
 

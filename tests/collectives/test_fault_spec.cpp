@@ -11,6 +11,7 @@
 #include "collectives/fault.h"
 #include "collectives/flight.h"
 #include "collectives/flight_doctor.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 using namespace meshrt;
@@ -310,5 +311,63 @@ TEST_CASE("config check: differing fields are named with every rank's value", "[
   CHECK(m ==
         "the ranks of this meshrt train were started with different configurations (hidden: "
         "rank 0 has 64, rank 1 has 128, rank 2 has 64; layers: rank 0 has 2, rank 1 has 2, rank "
-        "2 has (unset)): start every rank with the same options");
+        "2 has (unset)): start every rank with the same options and environment");
+}
+
+TEST_CASE("config check: a rank that failed first is named by its error, not its unset fields",
+          "[unit]") {
+  using F = std::vector<std::pair<std::string, std::string>>;
+  const std::string failed = kConfigFailure;
+  // Rank 1 failed its environment check before it set train's "--data contents": its error is
+  // the cause, the field it never reached is not a difference.
+  CHECK(config_mismatch(
+            {F{{"--hidden", "64"}, {"--data contents", "(none)"}},
+             F{{"--hidden", "64"}, {failed, "MESHRT_LOG_LEVEL='loud' is not a log level"}}},
+            "meshrt train") ==
+        "the ranks of this meshrt train did not all start (rank 1 failed: MESHRT_LOG_LEVEL='loud' "
+        "is not a log level): fix what that rank was started with (its environment, files or "
+        "options)");
+  // An option that differs is still what is named, failed rank or not.
+  CHECK(config_mismatch({F{{"--micro-batches", "1"}, {"--data contents", "(none)"}},
+                         F{{"--micro-batches", "3"}, {failed, "--batch 4 must divide by 3"}}},
+                        "meshrt train") ==
+        "the ranks of this meshrt train were started with different configurations "
+        "(--micro-batches: rank 0 has 1, rank 1 has 3): start every rank with the same options "
+        "and environment");
+  // Every rank failed alike: nothing differs, each reports its own error.
+  CHECK(
+      config_mismatch({F{{"--hidden", "64"}, {failed, "x"}}, F{{"--hidden", "64"}, {failed, "x"}}},
+                      "meshrt train")
+          .find("rank 0 failed: x; rank 1 failed: x") != std::string::npos);
+}
+
+TEST_CASE("config check: environment settings every rank must share are compared as read",
+          "[unit]") {
+  const char* name = "MESHRT_COMM_DEBUG";
+  auto value = [&] {
+    for (auto& [k, v] : env_rank_shared_settings())
+      if (k == name) return v;
+    return std::string("(missing)");
+  };
+  const char* old = std::getenv(name);
+  const std::string saved = old ? old : "";
+  unsetenv(name);
+  CHECK(value() == "off");
+  setenv(name, "no", 1);
+  CHECK(value() == "off");  // the default written out agrees with the default
+  setenv(name, "yes", 1);
+  CHECK(value() == "on");
+  setenv(name, "2", 1);
+  CHECK(value() == "'2' (not accepted)");  // never throws: the rank's own check names it
+  if (old)
+    setenv(name, saved.c_str(), 1);
+  else
+    unsetenv(name);
+  // Settings that may differ per rank (logging, binding, node ids) are not compared.
+  for (auto& [k, v] : env_rank_shared_settings()) {
+    INFO(k);
+    CHECK(k != "MESHRT_LOG_LEVEL");
+    CHECK(k != "MESHRT_HOST_BIND");
+    CHECK(k != "MESHRT_NODE_ID");
+  }
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "mesh/checkpoint.h"
+#include "mesh/checkpoint_root.h"
 #include "mesh/crc32c.h"
 #include "mesh/token_data.h"
 #include "mesh/train.h"
@@ -739,6 +741,97 @@ TEST_CASE("temporaries of killed saves are removed, only under meshrt's names",
   CHECK(fs::exists(root + "/step-00000001/index.json"));  // moved back
   require_bit_identical(load_on({1, "dp=1", false}, root), ref);
   fs::remove_all(root);
+}
+
+TEST_CASE("a checkpoint holding NaN or infinity is refused at load naming the file and tensor",
+          "[checkpoint][multirank]") {
+  const std::string root = scratch("nonfinite");
+  // A run whose weights had diverged saved them: rank 1's shard of the embedding holds a NaN and
+  // an infinity (tp=2 shards it, so rank 1's file holds them).
+  run_ranks(2, [&](int r, Communicator& w, Context& ctx) {
+    Rig rig(ctx, w, {2, "tp=2", false}, small_model());
+    rig.step();
+    ctx.synchronize();
+    for (Param* p : rig.model.params())
+      if (p->name == "embed.weight" && r == 1) {
+        p->value.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+        p->value.data<float>()[5] = std::numeric_limits<float>::infinity();
+      }
+    save_checkpoint(root, meta_at(1), rig.mesh, rig.model.params(), &rig.opt, 0);
+  });
+  const std::string dir = root + "/step-00000001";
+  const std::string want = dir +
+                           "/rank-00001.safetensors holds non-finite values (NaN or infinity) in "
+                           "tensor 'embed.weight': it was saved from a run whose weights had "
+                           "diverged";
+  // Read whole by one rank, by the rank holding the shard, and resharded across ranks.
+  for (const Layout& l :
+       {Layout{1, "dp=1", false}, Layout{2, "tp=2", false}, Layout{4, "tp=4", false}}) {
+    INFO(l.str());
+    CHECK_THROWS_WITH(load_on(l, dir), Catch::Contains(want));
+  }
+  fs::remove_all(root);
+
+  // Finite but huge weights load; the first step after the resume overflows, and the error says
+  // so instead of blaming --lr alone.
+  run_ranks(2, [&](int, Communicator& w, Context& ctx) {
+    Rig rig(ctx, w, {2, "tp=2", false}, small_model());
+    ctx.synchronize();
+    for (Param* p : rig.model.params())
+      if (p->name == "embed.weight")
+        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] = 3e38f;
+    save_checkpoint(root, meta_at(1), rig.mesh, rig.model.params(), &rig.opt, 0);
+  });
+  TrainConfig cfg = base_cfg();
+  cfg.mesh = "tp=2";
+  cfg.steps = 3;
+  cfg.checkpoint.resume = root;
+  CHECK_THROWS_WITH(meshrt::test::train_losses(2, cfg),
+                    Catch::Contains("step 2: the loss is not finite") &&
+                        Catch::Contains("it is the first step after --resume " + root +
+                                        ", whose weights loaded finite") &&
+                        !Catch::Contains("pass --skip-nonfinite"));
+  fs::remove_all(root);
+}
+
+TEST_CASE("a save's temporary names are described once: what a save names them is read back",
+          "[checkpoint]") {
+  using detail::CheckpointTemporary;
+  struct Case {
+    CheckpointTemporary kind;
+    std::string step, name;
+  };
+  const std::vector<Case> cases = {
+      {CheckpointTemporary::Save, "step-00000012", ".tmp-step-00000012-AbC123"},
+      {CheckpointTemporary::Replaced, "step-00000012", ".old-step-00000012-AbC123"},
+      {CheckpointTemporary::Latest, "", ".latest-AbC123"}};
+  for (const Case& c : cases) {
+    INFO(c.name);
+    CHECK(detail::checkpoint_temporary_name(c.kind, c.step, "AbC123") == c.name);
+    CheckpointTemporary kind{};
+    std::string step = "unchanged";
+    REQUIRE(detail::parse_checkpoint_temporary(c.name, &kind, &step));
+    CHECK(kind == c.kind);
+    CHECK(step == c.step);
+    // The folder check counts every one of them as meshrt's.
+    CHECK(checkpoint_entry_name(c.name));
+  }
+  // Names that only start like one: kept for meshrt in the folder, but not its temporaries (the
+  // clean-up of killed jobs' leftovers never removes them).
+  for (const std::string n : {".tmp-notes", ".old-step-x-AbC123", ".latest-AbC12",
+                              ".tmp-step-00000012AbC123", ".old-step-00000012-"}) {
+    INFO(n);
+    CheckpointTemporary kind{};
+    std::string step;
+    CHECK_FALSE(detail::parse_checkpoint_temporary(n, &kind, &step));
+    CHECK(checkpoint_entry_name(n));
+  }
+  for (const std::string n : {"tmp-step-00000012-AbC123", "notes.txt", ".latest"}) {
+    INFO(n);
+    CHECK_FALSE(checkpoint_entry_name(n));
+  }
+  CHECK_THROWS_WITH(detail::checkpoint_temporary_name(CheckpointTemporary::Save, "step-1", "ab"),
+                    Catch::Contains("'ab' is not 6 characters"));
 }
 
 TEST_CASE("index fields of a wrong type or out of range are refused naming the file and the field",

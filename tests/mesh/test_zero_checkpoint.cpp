@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "mesh/checkpoint.h"
@@ -86,6 +87,36 @@ std::vector<double> zc_resume(const std::string& mesh, int zero, const std::stri
 }
 
 }  // namespace
+
+TEST_CASE("a ZeRO checkpoint holding NaN in a state shard is refused at load naming the file",
+          "[zero][checkpoint][multirank]") {
+  const std::string root = zc_scratch("nonfinite");
+  run_ranks(2, [&](int r, Communicator& w, Context& ctx) {
+    DeviceMesh mesh(ctx, w, "dp=2");
+    CommScheduler tp(mesh, kTpDim, Overlap::None);
+    const TrainConfig cfg = zc_cfg("dp=2", 1);
+    DecoderModel model(mesh, tp, {}, cfg.model);
+    GradSync sync(mesh, model.params(), cfg.dp, 1);
+    sync.broadcast_params();
+    Optimizer opt(mesh, model.params(), cfg.optim, &sync);
+    ctx.synchronize();
+    // Rank 1's shard of bucket 0's first moment: a diverged run's optimizer state.
+    if (r == 1) opt.shard_state(0, 0).data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    CheckpointMeta meta = train_checkpoint_meta(cfg, 1);
+    meta.run = "nonfinite";
+    save_checkpoint(root, meta, mesh, model.params(), &opt, 0);
+  });
+  REQUIRE(zc_index(root + "/step-00000001")["version"] == 2);
+  // Onto the same layout, and resharded onto one rank without ZeRO.
+  for (const auto& [mesh, zero] : {std::pair<std::string, int>{"dp=2", 1}, {"dp=1", 0}}) {
+    INFO(mesh << " zero " << zero);
+    CHECK_THROWS_WITH(zc_resume(mesh, zero, root),
+                      Catch::Contains("rank-00001.safetensors holds non-finite values (NaN or "
+                                      "infinity) in tensor '") &&
+                          Catch::Contains(".exp_avg'"));
+  }
+  fs::remove_all(root);
+}
 
 TEST_CASE("a ZeRO save gathers nothing over dp", "[zero][checkpoint][multirank]") {
   for (int zero : {1, 3}) {

@@ -65,18 +65,22 @@ struct Background {
   pid_t pid = -1;
   fs::path out;
 
-  // `env`: "NAME=value ..." for the command's environment.
-  explicit Background(const std::string& args, const std::string& env = "") {
+  // `env`: "NAME=value ..." for the command's environment; `shell`: shell commands run before it
+  // (e.g. "trap '' HUP;" to start it with SIGHUP ignored, as nohup does).
+  explicit Background(const std::string& args, const std::string& env = "",
+                      const std::string& shell = "") {
     static int n = 0;
     out = train_scratch() / ("bg" + std::to_string(n++) + ".txt");
     pid = fork();
     if (pid == 0) {
+      // Signals at their defaults whatever the test inherited (a CI job under nohup ignores
+      // SIGHUP, and a shell cannot undo that); `shell` may ignore one again.
+      signal(SIGHUP, SIG_DFL);
       const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
       execl("/bin/sh", "sh", "-c",
-            (std::string("exec env ") + env + " " + meshrt::test::sh_quote(MESHRT_CLI_BIN) + " " +
-             args)
+            (shell + " exec env " + env + " " + meshrt::test::sh_quote(MESHRT_CLI_BIN) + " " + args)
                 .c_str(),
             static_cast<char*>(nullptr));
       _exit(127);
@@ -277,6 +281,125 @@ TEST_CASE("SIGINT with --save writes a checkpoint of the last step and --resume 
                                         std::to_string(n + 2) + " steps, finished"));
   CHECK_THAT(r.out, !Catch::Contains("\nstep 1 loss"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("SIGHUP stops like SIGTERM with a summary and a checkpoint, but not under nohup",
+          "[train][multirank][checkpoint]") {
+  // The terminal closed or the ssh session dropped: stop after the step, save it, say so.
+  const fs::path dir = train_scratch() / "sighup-ckpt";
+  fs::remove_all(dir);
+  Background b("train --devices cpu:2 " + kSmall + " --steps 100000 --save-every 1000 --save " +
+               dir.string());
+  REQUIRE(b.wait_for("\nstep 3 ", 60));
+  kill(b.pid, SIGHUP);
+  const int rc = b.wait(60);
+  const std::string out = slurp(b.out);
+  INFO(out);
+  CHECK(rc == 128 + SIGHUP);
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m,
+                            std::regex("\ntrain: (\\d+) of 100000 steps, stopped by SIGHUP; last "
+                                       "loss [0-9.]+; 0 skipped \\(non-finite\\)\n")));
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08d", std::stoi(m[1].str()));
+  CHECK(slurp(dir / "latest") == std::string(name) + "\n");
+  CHECK(fs::exists(dir / name / "index.json"));
+  CHECK_THAT(out, Catch::Contains("stopping after the current step"));
+  fs::remove_all(dir);
+
+  // Started with SIGHUP ignored (nohup): it stays ignored. The run goes on past the signal (two
+  // more steps printed), and the SIGTERM after them is what stops it.
+  Background n("train --devices cpu:2 " + kSmall + " --steps 100000", "", "trap '' HUP;");
+  REQUIRE(n.wait_for("\nstep 3 ", 60));
+  kill(n.pid, SIGHUP);
+  const std::string before = slurp(n.out);
+  const std::regex step_line("\nstep (\\d+) ");
+  int seen = 0;
+  for (std::sregex_iterator i(before.begin(), before.end(), step_line), e; i != e; ++i)
+    seen = std::stoi((*i)[1].str());
+  REQUIRE(n.wait_for("\nstep " + std::to_string(seen + 2) + " ", 60));
+  kill(n.pid, SIGTERM);
+  CHECK(n.wait(60) == 128 + SIGTERM);
+  const std::string nout = slurp(n.out);
+  INFO(nout);
+  CHECK_THAT(nout, Catch::Contains("stopped by SIGTERM") && !Catch::Contains("SIGHUP"));
+}
+
+namespace {
+
+// `meshrt <args>` run in the empty folder `work` with MESHRT_FLIGHT_DIR unset and TMPDIR=`tmp`
+// (where flight records would then go), `env` added to its environment.
+Run train_in(const fs::path& work, const fs::path& tmp, const std::string& args,
+             const std::string& env = "") {
+  using meshrt::test::sh_quote;
+  return meshrt::test::run_shell("env -u MESHRT_FLIGHT_DIR TMPDIR=" + sh_quote(tmp.string()) + " " +
+                                     env + " sh -c 'cd \"$0\" && exec \"$@\"' " +
+                                     sh_quote(work.string()) + " " + sh_quote(MESHRT_CLI_BIN) +
+                                     " " + args,
+                                 train_scratch());
+}
+
+// The entries of `dir` whose names start with meshrt-flight.
+std::vector<std::string> flight_entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("meshrt-flight", 0) == 0)
+      out.push_back(e.path().filename().string());
+  return out;
+}
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a user's error every rank agrees on writes no flight record, a fault still does",
+          "[train][multirank][checkpoint]") {
+  const fs::path work = train_scratch() / "agreed", tmp = train_scratch() / "agreed-tmp";
+  fs::remove_all(work);
+  fs::remove_all(tmp);
+  fs::create_directories(work);
+  fs::create_directories(tmp);
+  const std::string run = "train --devices cpu:2 " + kSmall;
+  REQUIRE(train_in(work, tmp, run + " --steps 2 --save ck").rc == 0);
+  fs::remove(work / "ck/step-00000002/rank-00001.safetensors");
+  struct Case {
+    std::string args, expect;
+  };
+  for (const Case& c : {
+           // Agreed among the ranks as each reads the checkpoint.
+           Case{"--steps 4 --resume ck", "rank-00001.safetensors (listed in"},
+           // Agreed as the --save folder is opened.
+           Case{"--steps 2 --save ck", "--save ck holds checkpoints of another run"},
+           // Rank 0 alone opens the file; the others agree on its outcome.
+           Case{"--steps 2 --metrics /proc/meshrt-metrics.jsonl",
+                "--metrics /proc/meshrt-metrics.jsonl"},
+       }) {
+    INFO(c.args);
+    Run r = train_in(work, tmp, run + " " + c.args);
+    INFO(r.out << r.err);
+    CHECK(r.rc == 1);
+    CHECK(count(r.err, "meshrt: error: ") == 1);
+    CHECK_THAT(r.err, Catch::Contains(c.expect));
+    CHECK_THAT(r.err, !Catch::Contains("flight recorder"));
+    CHECK(flight_entries(tmp).empty());
+    CHECK(flight_entries(work).empty());
+  }
+  // A rank that stops answering is a fault: its peer's timeout writes the records, into the
+  // per-job folder under TMPDIR (MESHRT_FLIGHT_DIR unset), never the working directory.
+  Run f =
+      train_in(work, tmp, run + " --steps 4 --fault hang@rank=1,step=3", "MESHRT_COMM_TIMEOUT=2");
+  INFO(f.out << f.err);
+  CHECK(f.rc == 1);
+  const std::vector<std::string> dirs = flight_entries(tmp);
+  REQUIRE(dirs.size() == 1);
+  CHECK(fs::exists(tmp / dirs[0] / "meshrt-flight-0.json"));
+  CHECK(flight_entries(work).empty());
+  fs::remove_all(work);
+  fs::remove_all(tmp);
 }
 
 TEST_CASE("a second signal exits at once", "[train][multirank]") {

@@ -2,8 +2,9 @@
 # `meshrt train` under mpirun stops cleanly on a signal, as docs/troubleshooting.md says:
 # - SIGUSR2 to mpirun (which Open MPI forwards to every rank at once) stops every rank within
 #   about a step, with the checkpoint of that step, and 128 + SIGUSR2;
-# - SIGTERM to every rank (as a batch scheduler does) gives 128 + SIGTERM, SIGINT to one rank
-#   128 + SIGINT (every rank agrees on the signal);
+# - SIGTERM to every rank (as a batch scheduler does) gives 128 + SIGTERM, SIGHUP to every rank
+#   (the terminal closed) 128 + SIGHUP, SIGINT to one rank 128 + SIGINT (every rank agrees on the
+#   signal);
 # - SIGINT / SIGTERM to mpirun reach the ranks as SIGTERM only after odls_base_sigkill_timeout
 #   seconds (Open MPI's kill sequence): they still stop cleanly within that time, with the
 #   checkpoint of the step they stopped at. mpirun reads no output of its ranks from the signal
@@ -71,7 +72,7 @@ left_behind() {
   done
 }
 
-for how in mpirun-USR2 ranks-TERM rank-INT mpirun-INT mpirun-TERM; do
+for how in mpirun-USR2 ranks-TERM ranks-HUP rank-INT mpirun-INT mpirun-TERM; do
   echo "== $how"
   ckpt="$tmp/ckpt-$how"
   extra=
@@ -80,7 +81,7 @@ for how in mpirun-USR2 ranks-TERM rank-INT mpirun-INT mpirun-TERM; do
   seen=$(last_step)
   case $how in
     mpirun-*) kill -"${how#mpirun-}" "$pid" ;;
-    ranks-TERM) for r in $(ranks); do kill -TERM "$r"; done ;;
+    ranks-TERM | ranks-HUP) for r in $(ranks); do kill -"${how#ranks-}" "$r"; done ;;
     rank-INT) kill -INT "$(ranks | tail -n 1)" ;;
   esac
   wait "$pid"
@@ -89,6 +90,7 @@ for how in mpirun-USR2 ranks-TERM rank-INT mpirun-INT mpirun-TERM; do
   case $how in
     mpirun-USR2) sig=SIGUSR2 want=140 ;;
     ranks-TERM) sig=SIGTERM want=143 ;;
+    ranks-HUP) sig=SIGHUP want=129 ;;
     rank-INT) sig=SIGINT want=130 ;;
     *) sig=SIGTERM want=any ;;  # mpirun's own status after its kill sequence
   esac

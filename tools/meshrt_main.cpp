@@ -21,9 +21,17 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return meshrt::bench::report_error("meshrt", e, false);
   }
+  int rc = 0;
   try {
-    return cli.run(argc, argv, std::cout);
+    rc = cli.run(argc, argv, std::cout);
   } catch (const std::exception& e) {
     return meshrt::bench::report_error("meshrt", e, true);
   }
+  // A report nobody received is a failure: standard output on a full disk or /dev/full.
+  if (!std::cout.flush()) {
+    std::cerr << "meshrt: error: writing standard output failed (disk full, or the reader closed "
+                 "it); the command's report is lost: write it somewhere with room\n";
+    return rc != 0 ? rc : 1;
+  }
+  return rc;
 }

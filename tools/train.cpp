@@ -132,9 +132,11 @@ void add_optimizer_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--grad-sync", o.grad_sync,
                 "sync | async (staleness-aware delayed gradients) | local (local SGD)")
       ->capture_default_str();
-  c->add_option("--staleness", o.staleness, "async: apply gradients K steps late, lr / K")
+  // Each step of staleness holds one more full gradient set: 1024 is far past any useful delay.
+  c->add_option("--staleness", o.staleness,
+                "async: apply gradients K steps late, lr / K (0..1024; K + 1 gradient sets held)")
       ->capture_default_str()
-      ->check(cli::int_at_least(0, o.staleness));
+      ->check(cli::int_in(0, 1024));
   c->add_option("--sync-every", o.sync_every, "local: average parameters every H steps")
       ->capture_default_str()
       ->check(cli::int_at_least(1, o.sync_every));

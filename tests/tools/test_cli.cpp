@@ -159,6 +159,8 @@ TEST_CASE("numbers past their type, empty outputs and parse errors are refused u
        "--steps: '99999999999' is not an integer >= 1 of at most 2147483647"},
       {"train --layers 3000000000", "--layers: '3000000000' is not an integer >= 1 of at most"},
       {"train --steps 1e2", "--steps: '1e2' is not an integer >= 1 written in digits"},
+      {"train --grad-sync async --staleness 2147483647",
+       "--staleness: '2147483647' is not an integer from 0 to 1024"},
       {"train --lr 0x10", "--lr: '0x10' is not a number >= 0"},
       {"bench block --bucket-mb 0x10", "--bucket-mb: '0x10' is not a number > 0"},
       {"bench collective -c 5", "--check: '5' is not an integer from 0 to 1"},

@@ -530,9 +530,10 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
                 "Meshes to try, separated by ';', e.g. 'dp=2;tp=2' (default --mesh)");
   c->add_option("--samples", o.samples,
                 "Random search: this many grid points drawn with --search-seed (default: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::int_at_least(0, o.samples));
   c->add_option("--search-seed", o.search_seed, "Seed of the --samples draw")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::int_at_least(0, o.search_seed));
   c->add_option("--margin", o.margin,
                 "Stop a trial whose loss in its second half, averaged over its last steps/10 "
                 "steps (1..50), is over (1 + margin) x the best trial's over the same steps "

@@ -132,7 +132,9 @@ TEST_CASE("tune refuses flags that are its own and bad grids", "[tune][unit]") {
            {" --grid-lr 1e-3,x", "--grid-lr 1e-3,x: 'x' is not a number >= 0"},
            {" --grid-batch 0", "--grid-batch"},
            {" --grid-mesh 'dp=1;'", "an empty mesh"},
-           {" --margin -1", "--margin -1 must be >= 0"}}) {
+           {" --margin -1", "--margin -1 must be >= 0"},
+           {" --samples -1", "--samples: '-1' is not an integer >= 0"},
+           {" --search-seed -1", "--search-seed: '-1' is not an integer >= 0"}}) {
     const auto r = tune_cli(base + flags);
     INFO(flags << "\n" << r.err);
     CHECK(r.rc != 0);

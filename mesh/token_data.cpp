@@ -284,9 +284,15 @@ void TokenFile::check(int64_t vocab, int64_t seq) const {
     MESHRT_CHECK(i >= 0, flag_ << " " << path_ << ": its largest token was " << max_token_
                                << " when the run opened it, and none is >= --vocab " << vocab
                                << " now: the file was rewritten since; keep it unchanged");
+    // A raw file of 16-bit tokens read as u32 pairs two tokens into one past 65535.
+    const bool maybe_u16 = format_ == "raw u32" && max_token_ > 65535;
     MESHRT_FAIL(flag_ << " " << path_ << ": token " << t << " at position " << i
                       << " is >= --vocab " << vocab << "; raise --vocab to at least "
-                      << max_token_ + 1 << " (the file's largest token is " << max_token_ << ")");
+                      << max_token_ + 1 << " (the file's largest token is " << max_token_ << ")"
+                      << (maybe_u16 ? ", or, if the file holds 16-bit tokens, read it with "
+                                      "--data-dtype u16 (read as u32, two 16-bit tokens make one "
+                                      "past 65535)"
+                                    : ""));
   }
   MESHRT_CHECK(count_ >= seq + 1, flag_ << " " << path_ << " holds " << count_
                                         << " tokens and one sample needs --seq + 1 = " << seq + 1

@@ -164,6 +164,13 @@ TEST_CASE("bad token files fail naming the file and what to change", "[data][uni
              Catch::Contains("big.bin: token 300 at position 2 is >= --vocab 256") &&
                  Catch::Contains("raise --vocab to at least 1000"));
   CHECK_NOTHROW(f->check(1000, 5));
+  // The same 16-bit tokens read as u32: pairs past 65535, and the error says which flag to fix.
+  auto f32 = TokenFile::open(write_file("big16.bin", raw_bytes(big)), TokenDType::U32);
+  CHECK(f32->max_token() == 5 * 65536 + 999);
+  CHECK_THAT(error_of([&] { f32->check(1000, 2); }),
+             Catch::Contains("token 131073 at position 0") &&
+                 Catch::Contains("read it with --data-dtype u16"));
+  CHECK_THAT(error_of([&] { f->check(256, 2); }), !Catch::Contains("--data-dtype"));
   CHECK_THAT(error_of([&] { f->check(1000, 6); }),
              Catch::Contains("big.bin holds 6 tokens and one sample needs --seq + 1 = 7"));
   TrainConfig c;

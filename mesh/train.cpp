@@ -173,6 +173,12 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
        << ", whose weights loaded finite: they or its optimizer state may already overflow (a run "
           "close to diverging when it was saved); resume an earlier checkpoint, or lower --lr ("
        << cfg.optim.lr << ") or set --clip";
+  else if (const double shrink = double(cfg.optim.lr) * cfg.optim.weight_decay; shrink >= 1)
+    // Decoupled decay multiplies the matrices by 1 - lr x wd each step: at or past 1 it flips
+    // or zeroes them, whatever the gradients are.
+    os << "; --weight-decay " << cfg.optim.weight_decay << " at --lr " << cfg.optim.lr
+       << " multiplies the weights by 1 - lr x wd = " << 1 - shrink
+       << " each step: lower --weight-decay so that lr x wd is well below 1";
   else
     os << "; lower --lr (" << cfg.optim.lr << "), set --clip, or pass --skip-nonfinite to skip "
        << "such steps";

@@ -205,6 +205,9 @@ TEST_CASE("bad data, oversized and diverging runs exit non-zero saying what to c
        "of host memory for 2 rank(s)"},
       {"train --devices cpu:2 --lr 1e30 " + kSmall + " --steps 4",
        "step 2: the loss is not finite and the gradient of "},
+      // Decay past 1 per step diverges whatever --lr is: the message names --weight-decay.
+      {"train --devices cpu:1 --weight-decay 1e10 " + kSmall + " --steps 12",
+       "lower --weight-decay so that lr x wd is well below 1"},
   };
   for (auto& c : cases) {
     INFO(c.args);

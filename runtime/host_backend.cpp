@@ -154,11 +154,18 @@ void host_fill(const TensorDesc& dst, double value) {
   dispatch_any(dst.dtype, [&](auto de) {
     using D = decltype(de);
     const D v = convert_elem<D>(value);
+    const bool zero = value == 0.0 && !std::signbit(value);
     D* dp = static_cast<D*>(dst.ptr);
     for_each_row(dst, dst.strides, [&](int64_t doff, int64_t, int64_t n, int64_t ds, int64_t) {
       D* o = dp + doff;
       if (ds == 1) {
-        std::fill_n(o, n, v);  // vectorized (a memset for zeros)
+        // +0 is all-zero bytes in every dtype: memset, whose large-size path streams the stores
+        // (no read for ownership), fills a zero_grad's buckets in half the time of fill_n's
+        // vector stores, which the compiler cannot turn into a memset for a runtime value.
+        if (zero)
+          std::memset(o, 0, static_cast<size_t>(n) * sizeof(D));
+        else
+          std::fill_n(o, n, v);
         return;
       }
       for (int64_t i = 0; i < n; ++i) o[i * ds] = v;

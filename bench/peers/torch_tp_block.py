@@ -273,7 +273,16 @@ def run_torch(a):
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "torch.json")
-        mp.spawn(torch_worker, args=(a, a.port or free_port(), out), nprocs=a.ranks, join=True)
+        try:
+            mp.spawn(torch_worker, args=(a, a.port or free_port(), out), nprocs=a.ranks,
+                     join=True)
+        except mp.ProcessExitedException as e:
+            # PyTorch 2.15's gloo teardown sometimes aborts a rank ("terminate called without
+            # an active exception") after the timings were all-reduced and written: keep them.
+            if not os.path.exists(out):
+                raise
+            print(f"  (a PyTorch rank exited abnormally after its timings were written: {e})",
+                  file=sys.stderr)
         with open(out) as f:
             return json.load(f)
 

@@ -93,6 +93,28 @@ TEST_CASE("contiguous, reshape, to(dtype), fill and copy move data correctly", "
   REQUIRE(dst.to_vector() == c.to_vector());
 }
 
+TEST_CASE("fill with +0, -0 and values writes those bits in every dtype", "[tensor]") {
+  Context ctx(Device::cpu());
+  Stream& s = ctx.compute_stream();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    Tensor t = ctx.empty({3, 70}, dt);
+    t.fill_(7, s);
+    t.narrow(1, 3, 60).fill_(0.0, s);  // rows of a strided view: +0 is all-zero bytes (memset)
+    s.synchronize();
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 70; ++j)
+        REQUIRE(t.item(i * 70 + j) == (j >= 3 && j < 63 ? 0.0 : 7.0));
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    const size_t es = dtype_size(dt);
+    for (size_t b = 3 * es; b < 63 * es; ++b) REQUIRE(bytes[b] == 0);
+  }
+  // -0 keeps its sign bit (not a memset).
+  Tensor n = ctx.empty({5}, DType::f32);
+  n.fill_(-0.0, s);
+  s.synchronize();
+  for (int64_t i = 0; i < 5; ++i) REQUIRE(std::signbit(n.data<float>()[i]));
+}
+
 TEST_CASE("bad views and copies raise errors naming the values", "[tensor]") {
   Context ctx(Device::cpu());
   Stream& s = ctx.compute_stream();

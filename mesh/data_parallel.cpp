@@ -309,14 +309,30 @@ void GradSync::set_active(int grad_set) {
   }
 }
 
-void GradSync::zero_grad() {
+void GradSync::zero_grad(bool first_write_requested) {
   const size_t s = static_cast<size_t>(active_);
   in_flight_.clear();
   Stream& cs = mesh_.ctx().compute_stream();
+  // First-write gradients (Param::grad_overwritable) with one gradient set and no ZeRO padding or
+  // sharded gradients: the bucket's other parameters are zeroed, the overwritable ones marked.
+  const bool first_write = first_write_requested && sets_ == 1 && opts_.zero == 0;
   for (auto& b : buckets_) {
+    if (first_write) {
+      for (Param* p : b.params) {
+        p->grad_unwritten = p->grad_overwritable;
+        if (!p->grad_unwritten) p->grad.zero_(cs);
+      }
+      continue;
+    }
     if (b.flat[s].defined()) b.flat[s].zero_(cs);
     if (opts_.zero >= 2) b.grad_shard[s].zero_(cs);
   }
+}
+
+void GradSync::zero_unwritten(const std::vector<Param*>& ps) {
+  Stream& cs = mesh_.ctx().compute_stream();
+  for (Param* p : ps)
+    if (take_grad_overwrite(*p)) p->grad.zero_(cs);
 }
 
 void GradSync::prepare_grads(const std::vector<Param*>& ps) {
@@ -383,6 +399,7 @@ void GradSync::launch_reduce_scatter(Bucket& b, size_t s) {
 }
 
 void GradSync::mark_ready(const std::vector<Param*>& ps, CommScheduler* writes_on) {
+  zero_unwritten(ps);          // their backward is done: what it did not write is zero
   if (!sync_enabled_) return;  // accumulation micro-batch: nothing to launch, nothing to count
   // What launch() reads the bucket for: the probe, the reduce-scatter, the all-reduce.
   const bool reads = probe_.defined() || opts_.zero >= 2 || dp_.size() > 1;
@@ -396,6 +413,7 @@ void GradSync::mark_ready(const std::vector<Param*>& ps, CommScheduler* writes_o
 }
 
 void GradSync::finish() {
+  for (auto& b : buckets_) zero_unwritten(b.params);
   if (!sync_enabled_) return;
   for (auto& b : buckets_) launch(b);
 }

@@ -69,8 +69,12 @@ class MESHRT_API GradSync {
   // Selects which gradient buffer set the parameters' grads point to.
   void set_active(int grad_set);
   int active() const { return active_; }
-  // Zeroes the active set's gradients (on the compute stream).
-  void zero_grad();
+  // Zeroes the active set's gradients (on the compute stream). With `first_write`, one gradient
+  // set and ZeRO stage 0, the gradients of overwritable parameters (Param::grad_overwritable) are
+  // only marked unwritten: their first backward write overwrites them, and mark_ready / finish
+  // zero-fill those no backward wrote. For a caller that runs the model's backward (which calls
+  // them) before reading any gradient: it saves a pass over every weight gradient.
+  void zero_grad(bool first_write = false);
   // ZeRO stage 2: allocates (zeroed) the full buckets holding the gradients of `ps` when they are
   // not allocated; the model calls it before the backward that writes them. No-op otherwise.
   void prepare_grads(const std::vector<Param*>& ps);
@@ -160,6 +164,9 @@ class MESHRT_API GradSync {
     Tensor param_shard;  // stage 3: this rank's shard of the parameters (values: when gathered)
   };
   void launch(Bucket& b);
+  // Zero-fills the gradients of `ps` still marked unwritten by a first-write zero_grad (on the
+  // compute stream) and clears the marks.
+  void zero_unwritten(const std::vector<Param*>& ps);
   // Stage 2: allocates grad set s's full bucket buffers (zeroed).
   void allocate_full(Bucket& b, size_t s);
   void launch_reduce_scatter(Bucket& b, size_t s);

@@ -44,6 +44,7 @@ Linear::Linear(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const 
   PhiloxInit init{s.seed, 0, PhiloxInit::Dist::Normal, 0.f, s.init_std};
   weight = make_param(mesh, s.name + ".weight", s.id, {s.in, s.out},
                       placements_on(mesh, kTpDim, style_.weight), s.dtype, init);
+  weight.grad_overwritable = true;  // backward's weight-gradient GEMM is its only writer
   if (!s.bias) return;
   const auto bpl = placements_on(mesh, kTpDim, style_.bias);
   if (s.bias_std == 0.f)
@@ -268,7 +269,8 @@ InputGrad Linear::backward(const Tensor& dy) {
   }
   g.ready = redistribute(tp_, dx_local, g.dx, gin, "linear.bwd.in");
   tp_.wait(gathered);
-  ops::gemm(ctx, cs, rows2d(x_full), true, rows2d(dyc), false, weight.grad, 1.f, 1.f);
+  const float wbeta = take_grad_overwrite(weight) ? 0.f : 1.f;
+  ops::gemm(ctx, cs, rows2d(x_full), true, rows2d(dyc), false, weight.grad, 1.f, wbeta);
   // dyc is complete on every rank where the output was reduced, so the bias gradient needs no
   // tp reduction.
   if (spec_.bias && !spec_.bias_in_epilogue) accumulate_row_sum(ctx, cs, dyc, bias.grad);

@@ -31,9 +31,25 @@ struct MESHRT_API Param {
   Shape full_shape;
   Shape offsets;                      // of the shard in the full tensor
   std::vector<Placement> placements;  // one per mesh dim; the layout of value and grad
+  // First-write gradients (GradSync::zero_grad): a parameter whose only gradient writer can
+  // overwrite instead of accumulate (a Linear's weight: its GEMM with beta 0) is
+  // `grad_overwritable`. zero_grad then marks its gradient `grad_unwritten` instead of filling it
+  // with zeros: its stale contents read as zero, the first writer of the step overwrites them
+  // (take_grad_overwrite) and GradSync zero-fills whatever is still unwritten before anything
+  // reads the gradients (mark_ready, finish).
+  bool grad_overwritable = false;
+  bool grad_unwritten = false;
   // Whether the parameter is sharded over mesh dim `dim` (false when the mesh has no such dim).
   bool sharded_on(const DeviceMesh& mesh, std::string_view dim) const;
 };
+
+// For the gradient's writer: true when it must overwrite the gradient (its first write since a
+// first-write zero_grad), which also clears the mark; false when it must accumulate.
+inline bool take_grad_overwrite(Param& p) {
+  const bool o = p.grad_unwritten;
+  p.grad_unwritten = false;
+  return o;
+}
 
 // One placement per mesh dim: `p` on `dim` (when the mesh has it), Replicate elsewhere.
 MESHRT_API std::vector<Placement> placements_on(const DeviceMesh& mesh, std::string_view dim,

@@ -309,7 +309,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     auto t0 = std::chrono::steady_clock::now();
     const int set = sets > 1 ? step % sets : 0;
     sync.set_active(set);
-    sync.zero_grad();
+    sync.zero_grad(/*first_write=*/true);  // model.backward (each micro-batch) runs before reads
     Tensor loss_sum = ctx.zeros({1}, DType::f32);
     // Sum of squares of the gradients this step applies, for the guard. Synchronous DP adds each
     // bucket's local gradients as it launches (overlapping backward; any non-finite local

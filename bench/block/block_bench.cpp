@@ -293,7 +293,7 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
       // finish() from the second step on), gradients zeroed.
       sync.set_active(0);
       const int h = rec.begin(cs, "zero_grad");
-      sync.zero_grad();
+      sync.zero_grad(/*first_write=*/true);  // the stack's backward and finish() run before reads
       rec.end(h);
     }
     out = stack.forward(x, hooks);

@@ -68,6 +68,40 @@ Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb, bool b
   return res;
 }
 
+// The gradients of the second of two steps (different batches), each zeroed by zero_grad
+// (first-write or filled) and run as `micro` micro-batches over a dp-only mesh of `dp` ranks.
+Grads second_step_grads(int dp, int micro, bool first_write) {
+  Grads res;
+  std::mutex mu;
+  run_ranks(dp, [&](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "dp=" + std::to_string(dp));
+    CommScheduler tp(mesh, kTpDim, Overlap::Async);
+    DecoderModel model(mesh, tp, {}, tiny_model());
+    GradSync sync(mesh, model.params(), DpOptions{});
+    const int64_t mb = 2, seq = 8;
+    for (int step = 0; step < 2; ++step) {
+      sync.set_active(0);
+      sync.zero_grad(first_write);
+      for (Param* p : model.params())
+        REQUIRE(p->grad_unwritten == (first_write && p->grad_overwritable));
+      for (int m = 0; m < micro; ++m) {
+        sync.enable_sync(m == micro - 1);
+        Tensor ids, tg;
+        make_synthetic_batch(ctx, 3 + step, (r * micro + m) * mb, mb, seq, 64, &ids, &tg);
+        model.forward(ids, tg);
+        model.backward(1.f / static_cast<float>(micro), &sync);
+      }
+      for (Param* p : model.params()) REQUIRE_FALSE(p->grad_unwritten);
+      sync.wait_all();
+      ctx.synchronize();
+    }
+    if (r != 0) return;
+    std::lock_guard<std::mutex> lk(mu);
+    for (Param* p : model.params()) res[p->name] = p->grad.to_vector();
+  });
+  return res;
+}
+
 void compare_grads(const Grads& got, const Grads& ref, double tol) {
   REQUIRE(got.size() == ref.size());
   for (auto& [n, v] : ref) {
@@ -510,5 +544,16 @@ TEST_CASE("stream-ordered host reuse gives the launch-blocking loss curve bit fo
     set_host_launch_blocking(-1);
     REQUIRE(queued.size() == 5);
     for (size_t i = 0; i < queued.size(); ++i) CHECK(queued[i] == blocking[i]);
+  }
+}
+
+TEST_CASE("first-write gradients equal zero-filled ones over steps and micro-batches",
+          "[dp][multirank]") {
+  // Accumulating into the first step's gradients instead of overwriting them would double them.
+  for (auto [dp, micro] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}}) {
+    INFO("dp=" << dp << " micro-batches=" << micro);
+    const Grads filled = second_step_grads(dp, micro, false);
+    const Grads first = second_step_grads(dp, micro, true);
+    compare_grads(first, filled, 1e-5);
   }
 }

@@ -25,6 +25,7 @@
 #include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/thread.h"
 
 namespace meshrt::capi {
 
@@ -441,16 +442,16 @@ meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* dev
     // One thread per rank: initialisation may be collective (NCCL).
     std::vector<std::unique_ptr<Communicator>> made(static_cast<size_t>(n));
     std::vector<std::exception_ptr> errs(static_cast<size_t>(n));
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        try {
-          made[static_cast<size_t>(i)] = factory(i);
-        } catch (...) {
-          errs[static_cast<size_t>(i)] = std::current_exception();
-        }
-      });
-    }
+    std::vector<std::thread> threads = start_threads(
+        n,
+        [&](int i) {
+          try {
+            made[static_cast<size_t>(i)] = factory(i);
+          } catch (...) {
+            errs[static_cast<size_t>(i)] = std::current_exception();
+          }
+        },
+        "the ranks of meshrt_comm_init_all", "lower n or raise ulimit -u / ulimit -v");
     for (auto& t : threads) t.join();
     for (auto& e : errs) {
       if (e) std::rethrow_exception(e);

@@ -50,6 +50,8 @@ meshrt_status_t status_from_current_exception(const char* fn) {
                      e.message());
   } catch (const OutOfMemoryError& e) {
     return set_error(MESHRT_ERROR_OUT_OF_MEMORY, fn, e.message());
+  } catch (const SystemError& e) {
+    return set_error(MESHRT_ERROR_SYSTEM, fn, e.message());
   } catch (const Error& e) {
     // meshrt's own checks refused the call (a shape, a count, an order): the message says why.
     return set_error(MESHRT_ERROR_INVALID_USAGE, fn, e.message());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "capi_test_util.h"
+#include "runtime/thread.h"
 
 using namespace capi_test;
 
@@ -343,6 +344,24 @@ TEST_CASE("capi validate: meshrt_comm_config_t's numbers and flags, init_all's d
                 "MESHRT_DEVICE_CPU: pass NULL for CPU ranks, or MESHRT_DEVICE_CUDA for GPUs");
   CHECK(comms[0] == nullptr);
   CHECK(comms[1] == nullptr);
+}
+
+// A rank thread the system refuses (ulimit -u, ulimit -v) is MESHRT_ERROR_SYSTEM with the
+// reason, not std::terminate; the threads already started are joined and no handle is left.
+TEST_CASE("capi validate: init_all whose rank thread cannot start fails with a status", "[capi]") {
+  init_api();
+  meshrt_comm_t comms[4] = {nullptr, nullptr, nullptr, nullptr};
+  meshrt::detail::fail_thread_start("meshrt_comm_init_all", 2);
+  const meshrt_status_t st = meshrt_comm_init_all(comms, 4, nullptr, nullptr);
+  meshrt::detail::fail_thread_start("", -1);
+  REQUIRE_EXACT(st, MESHRT_ERROR_SYSTEM,
+                "meshrt_comm_init_all: could not start thread 3 of 4 for the ranks of "
+                "meshrt_comm_init_all: Resource temporarily unavailable; lower n or raise "
+                "ulimit -u / ulimit -v");
+  for (meshrt_comm_t c : comms) CHECK(c == nullptr);
+  // The next call starts its threads.
+  CAPI_REQUIRE_OK(meshrt_comm_init_all(comms, 4, nullptr, nullptr));
+  for (meshrt_comm_t c : comms) CAPI_REQUIRE_OK(meshrt_comm_destroy(c));
 }
 
 TEST_CASE("capi validate: backend refusals name meshrt_comm_config's fields", "[capi]") {

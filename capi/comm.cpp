@@ -401,8 +401,9 @@ meshrt_status_t meshrt_comm_init_rank(meshrt_comm_t* comm, int nranks, meshrt_un
     check_out(comm, "comm");
     *comm = nullptr;
     require_init();
-    CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "nranks is " << nranks << ": a world has at least 1 rank");
+    CAPI_CHECK(nranks >= 1 && nranks <= kMaxRanksPerProcess, MESHRT_ERROR_INVALID_ARGUMENT,
+               "nranks is " << nranks << ": pass 1.." << kMaxRanksPerProcess
+                            << " (the ranks of one process, each a thread)");
     CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
                "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
     const Resolved conf = resolve_config(config);
@@ -420,8 +421,10 @@ meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* dev
                                      const meshrt_comm_config_t* config) {
   return guarded(__func__, [&] {
     check_out(comms, "comms");
-    CAPI_CHECK(n >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "n is " << n << ": a world has at least 1 rank");
+    // n is checked before comms[0..n) is written: a garbage n must not write past the array.
+    CAPI_CHECK(n >= 1 && n <= kMaxRanksPerProcess, MESHRT_ERROR_INVALID_ARGUMENT,
+               "n is " << n << ": pass 1.." << kMaxRanksPerProcess
+                       << " (the ranks of one process, each a thread)");
     for (int i = 0; i < n; ++i) comms[i] = nullptr;
     require_init();
     const Resolved conf = resolve_config(config);

@@ -136,15 +136,18 @@ typedef struct meshrt_unique_id {
 
 MESHRT_C_API meshrt_status_t meshrt_get_unique_id(meshrt_unique_id_t* id);
 
-/* Rank `rank` of the `nranks`-rank world named by `id`, called once per rank, each from its own
- * thread (collective: returns once every rank arrived, or MESHRT_ERROR_TIMEOUT naming the missing
- * ranks after the config's init timeout; the world is then unusable for every rank). */
+/* Rank `rank` of the `nranks`-rank world named by `id` (nranks 1..1024), called once per rank,
+ * each from its own thread (collective: returns once every rank arrived, or MESHRT_ERROR_TIMEOUT
+ * naming the missing ranks after the config's init timeout; the world is then unusable for every
+ * rank). */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_rank(meshrt_comm_t* comm, int nranks,
                                                    meshrt_unique_id_t id, int rank,
                                                    const meshrt_comm_config_t* config);
-/* All `n` ranks of a new world at once, from one thread (comms[i] is rank i). `devices` NULL:
- * CPU ranks (or, with a CUDA config, GPUs 0..n-1); else devices[i] is rank i's GPU (CUDA configs
- * only: a CPU config refuses a devices array; a GPU index past the device count is refused). */
+/* All `n` ranks of a new world at once, from one thread (comms[i] is rank i; n is 1..1024, the
+ * ranks one process runs as threads, checked before comms[0..n) is written; a rank thread the
+ * system refuses gives MESHRT_ERROR_SYSTEM and no handle). `devices` NULL: CPU ranks (or, with a
+ * CUDA config, GPUs 0..n-1); else devices[i] is rank i's GPU (CUDA configs only: a CPU config
+ * refuses a devices array; a GPU index past the device count is refused). */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* devices,
                                                   const meshrt_comm_config_t* config);
 /* This process's rank of an MPI job (mpirun / srun; one rank per process). mpi_comm: a pointer

@@ -346,6 +346,29 @@ TEST_CASE("capi validate: meshrt_comm_config_t's numbers and flags, init_all's d
   CHECK(comms[1] == nullptr);
 }
 
+// n and nranks are bounded (1..1024, as --devices cpu:N) and n is checked before comms[0..n) is
+// written: a garbage n used to write NULLs far past the engine's array before any check.
+TEST_CASE("capi validate: init_all's n and init_rank's nranks are bounded before use", "[capi]") {
+  init_api();
+  meshrt_comm_t sentinel = reinterpret_cast<meshrt_comm_t>(&sentinel);
+  meshrt_comm_t comms[2] = {sentinel, sentinel};
+  for (int n : {1025, std::numeric_limits<int>::max(), -1}) {
+    REQUIRE_EXACT(meshrt_comm_init_all(comms, n, nullptr, nullptr), MESHRT_ERROR_INVALID_ARGUMENT,
+                  "meshrt_comm_init_all: n is " + std::to_string(n) +
+                      ": pass 1..1024 (the ranks of one process, each a thread)");
+    CHECK(comms[0] == sentinel);
+    CHECK(comms[1] == sentinel);
+  }
+  meshrt_unique_id_t id;
+  CAPI_REQUIRE_OK(meshrt_get_unique_id(&id));
+  meshrt_comm_t c = nullptr;
+  REQUIRE_EXACT(meshrt_comm_init_rank(&c, std::numeric_limits<int>::max(), id, 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_rank: nranks is 2147483647: pass 1..1024 (the ranks of one "
+                "process, each a thread)");
+  CHECK(c == nullptr);
+}
+
 // A rank thread the system refuses (ulimit -u, ulimit -v) is MESHRT_ERROR_SYSTEM with the
 // reason, not std::terminate; the threads already started are joined and no handle is left.
 TEST_CASE("capi validate: init_all whose rank thread cannot start fails with a status", "[capi]") {

@@ -6,6 +6,7 @@
 
 #include "capi/capi_internal.h"
 #include "meshrt/version.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -177,6 +178,7 @@ meshrt_status_t meshrt_init(int api_version) {
                       "library of version "
                    << api_version << ")");
     initialized().store(true);
+    warn_unknown_environment();  // a misspelt MESHRT_ variable, once per process
   });
 }
 

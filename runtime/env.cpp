@@ -81,7 +81,8 @@ const std::vector<Variable>& table() {
       whole("MESHRT_NODE_ID", 0, 1000000),
       // Free-form: each reader checks its own (MESHRT_LOG_LEVEL also check_environment).
       text("MESHRT_LOG_LEVEL", "warn"),
-      text("MESHRT_HOST_ISA", "auto"),
+      // The host loop variant: FMA or not changes the numbers the ranks compute.
+      shared(text("MESHRT_HOST_ISA", "auto")),
       text("MESHRT_BACKEND_PATH"),
       text("MESHRT_COMM_TIMEOUT"),
       text("MESHRT_RENDEZVOUS"),
@@ -160,6 +161,8 @@ std::vector<std::pair<std::string, std::string>> env_rank_shared_settings() {
         v = env_switch(var.name) ? "on" : "off";
       else if (var.kind == Kind::Choice)
         v = env_choice(var.name);
+      else if (var.kind == Kind::Text)
+        v = env_or(var.name, var.choices.front());  // its reader checks the value
       else
         v = std::to_string(env_int(var.name, 0));
     } catch (const Error&) {

@@ -37,9 +37,10 @@ MESHRT_API int64_t env_int(const char* name, int64_t fallback);
 
 // The variables of the table that every rank of a launch must set alike, because they change
 // which collectives run (MESHRT_COMM_DEBUG's data checks) or the numbers the ranks compute (the
-// GEMM and attention choices, MESHRT_CUBLAS_TF32, MESHRT_NCCL_HALF_REDUCE): (name, value as read:
-// "on" / "off" for a switch, the choice (the default when unset), so that equal settings written
-// differently agree; a value the table does not accept as given, quoted). Never throws.
+// GEMM and attention choices, MESHRT_HOST_ISA, MESHRT_CUBLAS_TF32, MESHRT_NCCL_HALF_REDUCE):
+// (name, value as read: "on" / "off" for a switch, the choice (the default when unset), so that
+// equal settings written differently agree; a value the table does not accept as given, quoted;
+// a free-form value as given, its default when unset). Never throws.
 // collectives/config_check.h compares them across the ranks of a process launch.
 MESHRT_API std::vector<std::pair<std::string, std::string>> env_rank_shared_settings();
 

@@ -31,6 +31,9 @@ namespace meshrt::capi {
 
 namespace {
 
+// The most processes a world of meshrt_comm_init_file / _tcp may have (2^20).
+constexpr int kMaxProcessRanks = 1 << 20;
+
 // A config after validation and defaults.
 struct Resolved {
   CommConfig cfg;
@@ -327,8 +330,10 @@ meshrt_comm_t init_process_world(std::shared_ptr<BootstrapTransport> tr, LaunchK
 meshrt_comm_t init_rendezvous_world(
     int nranks, int rank, const meshrt_comm_config_t* config,
     const std::function<std::shared_ptr<BootstrapTransport>(double wait_s)>& make) {
-  CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-             "nranks is " << nranks << ": a world has at least 1 rank");
+  // Bounded before the transport sizes its tables by nranks (INT_MAX ran out of memory).
+  CAPI_CHECK(nranks >= 1 && nranks <= kMaxProcessRanks, MESHRT_ERROR_INVALID_ARGUMENT,
+             "nranks is " << nranks << ": pass 1.." << kMaxProcessRanks
+                          << " (the processes of the world)");
   CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
              "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
   const Resolved conf = resolve_config(config);

@@ -4,6 +4,7 @@
 // and arguments instead of the command line's flags or a launch's variables.
 #include <cmath>
 #include <cstddef>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -367,6 +368,70 @@ TEST_CASE("capi validate: init_all's n and init_rank's nranks are bounded before
                 "meshrt_comm_init_rank: nranks is 2147483647: pass 1..1024 (the ranks of one "
                 "process, each a thread)");
   CHECK(c == nullptr);
+}
+
+// A process world's nranks is bounded before its transport sizes tables by it: INT_MAX used to
+// end in MESHRT_ERROR_OUT_OF_MEMORY (std::bad_alloc) instead of naming the argument.
+TEST_CASE("capi validate: init_file and init_tcp refuse nranks past 2^20 before allocating",
+          "[capi]") {
+  init_api();
+  meshrt_comm_t c = nullptr;
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  REQUIRE_EXACT(meshrt_comm_init_file(&c, dir.c_str(), std::numeric_limits<int>::max(), 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_file: nranks is 2147483647: pass 1..1048576 (the processes of "
+                "the world)");
+  REQUIRE_EXACT(meshrt_comm_init_tcp(&c, "127.0.0.1", 1, (1 << 20) + 1, 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_tcp: nranks is 1048577: pass 1..1048576 (the processes of the "
+                "world)");
+  REQUIRE_EXACT(meshrt_comm_init_file(&c, dir.c_str(), 0, 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_file: nranks is 0: pass 1..1048576 (the processes of the world)");
+  CHECK(c == nullptr);
+}
+
+// Found by probing every call with bad input: each handle kind destroyed twice, and handles
+// used after the communicator that made them was destroyed, get a status, never a crash.
+TEST_CASE("capi validate: double destroys and use after the communicator's destroy", "[capi]") {
+  init_api();
+  meshrt_comm_t comm = nullptr;
+  CAPI_REQUIRE_OK(meshrt_comm_init_all(&comm, 1, nullptr, nullptr));
+  meshrt_stream_t s = nullptr, ds = nullptr;
+  CAPI_REQUIRE_OK(meshrt_stream_create(comm, &s));
+  CAPI_REQUIRE_OK(meshrt_comm_default_stream(comm, &ds));
+  const int64_t shape[1] = {4};
+  meshrt_tensor_t t = nullptr;
+  DLDataType f32;
+  f32.code = kDLFloat;
+  f32.bits = 32;
+  f32.lanes = 1;
+  CAPI_REQUIRE_OK(meshrt_tensor_empty(comm, 1, shape, f32, &t));
+  meshrt_event_t ev = nullptr;
+  CAPI_REQUIRE_OK(meshrt_all_reduce(comm, t, t, MESHRT_SUM, s, &ev));
+  meshrt_mesh_t mesh = nullptr;
+  CAPI_REQUIRE_OK(meshrt_mesh_create(&mesh, comm, "dp=1"));
+  meshrt_comm_t dp = nullptr;
+  CAPI_REQUIRE_OK(meshrt_mesh_comm(mesh, "dp", &dp));
+  CHECK(meshrt_stream_destroy(ds) == MESHRT_ERROR_INVALID_USAGE);
+  CHECK(meshrt_comm_destroy(dp) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_comm_destroy(comm));
+  CHECK(meshrt_comm_destroy(comm) == MESHRT_ERROR_INVALID_USAGE);
+  // What the engine created from the communicator lives on until it destroys it.
+  CAPI_REQUIRE_OK(meshrt_stream_synchronize(s));
+  CAPI_REQUIRE_OK(meshrt_event_synchronize(ev));
+  CAPI_REQUIRE_OK(meshrt_barrier(dp, nullptr, nullptr));
+  // The default stream went with the communicator.
+  CHECK(meshrt_stream_synchronize(ds) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_event_destroy(ev));
+  CHECK(meshrt_event_destroy(ev) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_stream_destroy(s));
+  CHECK(meshrt_stream_destroy(s) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_mesh_destroy(mesh));
+  CHECK(meshrt_mesh_destroy(mesh) == MESHRT_ERROR_INVALID_USAGE);
+  CHECK(meshrt_barrier(dp, nullptr, nullptr) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_tensor_destroy(t));
+  CHECK(meshrt_tensor_destroy(t) == MESHRT_ERROR_INVALID_USAGE);
 }
 
 // A rank thread the system refuses (ulimit -u, ulimit -v) is MESHRT_ERROR_SYSTEM with the

@@ -25,10 +25,14 @@
 #include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/thread.h"
 
 namespace meshrt::capi {
 
 namespace {
+
+// The most processes a world of meshrt_comm_init_file / _tcp may have (2^20).
+constexpr int kMaxProcessRanks = 1 << 20;
 
 // A config after validation and defaults.
 struct Resolved {
@@ -326,8 +330,10 @@ meshrt_comm_t init_process_world(std::shared_ptr<BootstrapTransport> tr, LaunchK
 meshrt_comm_t init_rendezvous_world(
     int nranks, int rank, const meshrt_comm_config_t* config,
     const std::function<std::shared_ptr<BootstrapTransport>(double wait_s)>& make) {
-  CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-             "nranks is " << nranks << ": a world has at least 1 rank");
+  // Bounded before the transport sizes its tables by nranks (INT_MAX ran out of memory).
+  CAPI_CHECK(nranks >= 1 && nranks <= kMaxProcessRanks, MESHRT_ERROR_INVALID_ARGUMENT,
+             "nranks is " << nranks << ": pass 1.." << kMaxProcessRanks
+                          << " (the processes of the world)");
   CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
              "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
   const Resolved conf = resolve_config(config);
@@ -400,8 +406,9 @@ meshrt_status_t meshrt_comm_init_rank(meshrt_comm_t* comm, int nranks, meshrt_un
     check_out(comm, "comm");
     *comm = nullptr;
     require_init();
-    CAPI_CHECK(nranks >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "nranks is " << nranks << ": a world has at least 1 rank");
+    CAPI_CHECK(nranks >= 1 && nranks <= kMaxRanksPerProcess, MESHRT_ERROR_INVALID_ARGUMENT,
+               "nranks is " << nranks << ": pass 1.." << kMaxRanksPerProcess
+                            << " (the ranks of one process, each a thread)");
     CAPI_CHECK(rank >= 0 && rank < nranks, MESHRT_ERROR_INVALID_ARGUMENT,
                "rank " << rank << " is outside [0, " << nranks << "): pass 0 .. nranks-1");
     const Resolved conf = resolve_config(config);
@@ -419,8 +426,10 @@ meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* dev
                                      const meshrt_comm_config_t* config) {
   return guarded(__func__, [&] {
     check_out(comms, "comms");
-    CAPI_CHECK(n >= 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "n is " << n << ": a world has at least 1 rank");
+    // n is checked before comms[0..n) is written: a garbage n must not write past the array.
+    CAPI_CHECK(n >= 1 && n <= kMaxRanksPerProcess, MESHRT_ERROR_INVALID_ARGUMENT,
+               "n is " << n << ": pass 1.." << kMaxRanksPerProcess
+                       << " (the ranks of one process, each a thread)");
     for (int i = 0; i < n; ++i) comms[i] = nullptr;
     require_init();
     const Resolved conf = resolve_config(config);
@@ -441,16 +450,16 @@ meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* dev
     // One thread per rank: initialisation may be collective (NCCL).
     std::vector<std::unique_ptr<Communicator>> made(static_cast<size_t>(n));
     std::vector<std::exception_ptr> errs(static_cast<size_t>(n));
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        try {
-          made[static_cast<size_t>(i)] = factory(i);
-        } catch (...) {
-          errs[static_cast<size_t>(i)] = std::current_exception();
-        }
-      });
-    }
+    std::vector<std::thread> threads = start_threads(
+        n,
+        [&](int i) {
+          try {
+            made[static_cast<size_t>(i)] = factory(i);
+          } catch (...) {
+            errs[static_cast<size_t>(i)] = std::current_exception();
+          }
+        },
+        "the ranks of meshrt_comm_init_all", "lower n or raise ulimit -u / ulimit -v");
     for (auto& t : threads) t.join();
     for (auto& e : errs) {
       if (e) std::rethrow_exception(e);

@@ -6,6 +6,7 @@
 
 #include "capi/capi_internal.h"
 #include "meshrt/version.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -50,6 +51,8 @@ meshrt_status_t status_from_current_exception(const char* fn) {
                      e.message());
   } catch (const OutOfMemoryError& e) {
     return set_error(MESHRT_ERROR_OUT_OF_MEMORY, fn, e.message());
+  } catch (const SystemError& e) {
+    return set_error(MESHRT_ERROR_SYSTEM, fn, e.message());
   } catch (const Error& e) {
     // meshrt's own checks refused the call (a shape, a count, an order): the message says why.
     return set_error(MESHRT_ERROR_INVALID_USAGE, fn, e.message());
@@ -175,6 +178,7 @@ meshrt_status_t meshrt_init(int api_version) {
                       "library of version "
                    << api_version << ")");
     initialized().store(true);
+    warn_unknown_environment();  // a misspelt MESHRT_ variable, once per process
   });
 }
 

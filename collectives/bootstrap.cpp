@@ -20,6 +20,7 @@
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/thread.h"
 
 namespace meshrt {
 
@@ -334,18 +335,20 @@ void Launch::run(const std::function<void(const RankPlacement&, Communicator&)>&
     constexpr double kAbortGraceS = 3.0;
     std::atomic<int> running{n};
     std::vector<std::atomic<bool>> done(static_cast<size_t>(n));
-    std::vector<std::thread> threads;
-    // Each rank thread on its own cores (MESHRT_HOST_BIND); what it starts inherits them.
+    // Each rank thread on its own cores (MESHRT_HOST_BIND); what it starts inherits them. No rank
+    // runs before every rank thread exists: one the system refuses ends the launch with that
+    // error, the others never started their work.
     const std::vector<cpu_set_t> cores = rank_core_sets(n);
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        if (!cores.empty())
-          bind_this_thread(cores[static_cast<size_t>(i)], local()[static_cast<size_t>(i)].rank);
-        body(i);
-        done[static_cast<size_t>(i)].store(true);
-        running.fetch_sub(1);
-      });
-    }
+    std::vector<std::thread> threads = start_threads(
+        n,
+        [&](int i) {
+          if (!cores.empty())
+            bind_this_thread(cores[static_cast<size_t>(i)], local()[static_cast<size_t>(i)].rank);
+          body(i);
+          done[static_cast<size_t>(i)].store(true);
+          running.fetch_sub(1);
+        },
+        "the ranks", "lower --devices or raise ulimit -u / ulimit -v");
     std::optional<std::chrono::steady_clock::time_point> failed_at;
     while (running.load() > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -19,6 +19,7 @@
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/stop.h"
+#include "runtime/thread.h"
 
 namespace meshrt::detail {
 
@@ -295,22 +296,34 @@ void install_signals() {
   std::call_once(once, [] {
     if (sem_init(&g_sem, 0, 0) != 0) return;
     const int lr = log_rank(), lw = log_world();
-    std::thread([lr, lw] {
-      set_log_rank(lr, lw);
-      for (;;) {
-        if (sem_wait(&g_sem) != 0) continue;
-        const int sig = g_pending_sig;
-        if (sig == kStuckSigterm) {
-          if (stuck()) flight_dump_all("SIGTERM while stuck (a collective open for 1 s or more)");
-          continue;
-        }
-        const std::string why =
-            sig == SIGUSR1 ? std::string("SIGUSR1")
-                           : "fatal signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
-        flight_dump_all(why);
-        g_dumps_done.fetch_add(1);
-      }
-    }).detach();
+    // The dumps run on this thread (a signal handler only posts the semaphore). The flag is not
+    // set when it cannot start: the next communicator tries again.
+    std::thread dumper;
+    try {
+      dumper = start_thread(
+          [lr, lw] {
+            set_log_rank(lr, lw);
+            for (;;) {
+              if (sem_wait(&g_sem) != 0) continue;
+              const int sig = g_pending_sig;
+              if (sig == kStuckSigterm) {
+                if (stuck())
+                  flight_dump_all("SIGTERM while stuck (a collective open for 1 s or more)");
+                continue;
+              }
+              const std::string why = sig == SIGUSR1 ? std::string("SIGUSR1")
+                                                     : "fatal signal " + std::to_string(sig) +
+                                                           " (" + strsignal(sig) + ")";
+              flight_dump_all(why);
+              g_dumps_done.fetch_add(1);
+            }
+          },
+          "the flight recorder's signal thread", "raise ulimit -u / ulimit -v");
+    } catch (...) {
+      (void)sem_destroy(&g_sem);
+      throw;
+    }
+    dumper.detach();
     struct sigaction sa {};
     sa.sa_handler = on_usr1;
     sa.sa_flags = SA_RESTART;

@@ -20,6 +20,7 @@
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/stop.h"
+#include "runtime/thread.h"
 
 namespace meshrt {
 
@@ -202,34 +203,37 @@ namespace {
 class InitWatch {
  public:
   explicit InitWatch(double timeout_s)
-      : thread_([this, timeout_s] {
-          const auto start = std::chrono::steady_clock::now();
-          std::unique_lock<std::mutex> lk(mu_);
-          while (!done_) {
-            cv_.wait_for(lk, std::chrono::milliseconds(50));
-            if (done_) return;
-            const double waited =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            if (const int sig = stop_request()) {
-              std::fprintf(stderr,
-                           "meshrt: stopped by signal %d while MPI_Init waited for the "
-                           "job's other processes\n",
-                           sig);
-              std::fflush(stderr);
-              _exit(128 + sig);
-            }
-            if (timeout_s > 0 && waited > timeout_s) {
-              std::fprintf(stderr,
-                           "meshrt: MPI_Init did not complete within %.0f s (MESHRT_COMM_TIMEOUT): "
-                           "it waits for every process of the job; did each one start meshrt "
-                           "with a command that runs ranks (not --help, info or another "
-                           "program)?\n",
-                           timeout_s);
-              std::fflush(stderr);
-              _exit(1);
-            }
-          }
-        }) {}
+      : thread_(start_thread(
+            [this, timeout_s] {
+              const auto start = std::chrono::steady_clock::now();
+              std::unique_lock<std::mutex> lk(mu_);
+              while (!done_) {
+                cv_.wait_for(lk, std::chrono::milliseconds(50));
+                if (done_) return;
+                const double waited =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                if (const int sig = stop_request()) {
+                  std::fprintf(stderr,
+                               "meshrt: stopped by signal %d while MPI_Init waited for the "
+                               "job's other processes\n",
+                               sig);
+                  std::fflush(stderr);
+                  _exit(128 + sig);
+                }
+                if (timeout_s > 0 && waited > timeout_s) {
+                  std::fprintf(
+                      stderr,
+                      "meshrt: MPI_Init did not complete within %.0f s (MESHRT_COMM_TIMEOUT): "
+                      "it waits for every process of the job; did each one start meshrt "
+                      "with a command that runs ranks (not --help, info or another "
+                      "program)?\n",
+                      timeout_s);
+                  std::fflush(stderr);
+                  _exit(1);
+                }
+              }
+            },
+            "the thread watching MPI_Init", "raise ulimit -u / ulimit -v")) {}
   ~InitWatch() {
     {
       std::lock_guard<std::mutex> lk(mu_);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "collectives/comm_detail.h"
+#include "runtime/thread.h"
 
 namespace meshrt::detail {
 
@@ -43,7 +44,9 @@ class PollThread {
   bool start() {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopped_) return false;
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    if (!thread_.joinable())
+      thread_ = start_thread([this] { loop(); }, "a communicator's poll thread",
+                             "raise ulimit -u / ulimit -v");
     return true;
   }
   void stop() {

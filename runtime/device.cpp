@@ -22,8 +22,6 @@ int parse_int(std::string_view s, std::string_view spec) {
   return v;
 }
 
-constexpr int kMaxRanksPerProcess = 1024;
-
 }  // namespace
 
 std::vector<Device> parse_devices(std::string_view spec) {

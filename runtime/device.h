@@ -24,6 +24,10 @@ struct MESHRT_API Device {
   std::string str() const;  // "cpu:0", "cuda:3"
 };
 
+// The most ranks one process runs as threads (a device spec's devices, meshrt_comm_init_all's n,
+// meshrt_comm_init_rank's nranks).
+constexpr int kMaxRanksPerProcess = 1024;
+
 // Parses a rank list: "cpu" (1 rank), "cpu:4" (4 host ranks), "cuda:0", "cuda:0-7", "cuda:0,2,5",
 // "cuda:all" (every visible GPU; needs a working CUDA runtime). Each entry is one rank's device.
 // Throws meshrt::Error saying what is accepted.

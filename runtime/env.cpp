@@ -1,9 +1,12 @@
 #include "runtime/env.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,15 +18,21 @@ namespace meshrt {
 
 namespace {
 
-enum class Kind { Switch, Choice, Int };
+// Text: a free-form value (a path, an id, a spec) that its reader parses and checks; Tool: a
+// variable of meshrt's own scripts and tests (tools/gpu-check.sh, tests/), never read by the
+// library. Both are listed so that every MESHRT_ name meshrt knows is in this one table: a name
+// that is not gets a warning (warn_unknown_environment).
+enum class Kind { Switch, Choice, Int, Text, Tool };
 
-// One environment variable with a fixed set of values.
+// One MESHRT_ environment variable: its kind, and its values where they are a fixed set.
 struct Variable {
   const char* name;
   Kind kind;
-  std::vector<std::string> choices;  // Choice: the accepted values, the first is the default
-  int64_t lo = 0, hi = 0;            // Int: the bounds
-  bool on = false;                   // Switch: its default
+  // Choice: the accepted values, the first is the default; Text: the default (compared across
+  // ranks for an unset variable), when it has one
+  std::vector<std::string> choices;
+  int64_t lo = 0, hi = 0;  // Int: the bounds
+  bool on = false;         // Switch: its default
   // Every rank of a launch must have the same value: it changes which collectives run or the
   // numbers the ranks compute (env_rank_shared_settings).
   bool shared = false;
@@ -41,8 +50,12 @@ Variable one_of(const char* name, std::vector<std::string> choices) {
 Variable whole(const char* name, int64_t lo, int64_t hi) {
   return {name, Kind::Int, {}, lo, hi, false};
 }
+Variable text(const char* name, const char* fallback = "") {
+  return {name, Kind::Text, {fallback}, 0, 0, false};
+}
+Variable tool(const char* name) { return {name, Kind::Tool, {}, 0, 0, false}; }
 
-// Every such variable meshrt reads (docs/environment.md).
+// Every MESHRT_ variable meshrt reads (docs/environment.md), and its scripts'.
 const std::vector<Variable>& table() {
   static const std::vector<Variable> t = {
       on_off("MESHRT_STREAM_JITTER"),
@@ -66,6 +79,26 @@ const std::vector<Variable>& table() {
       whole("MESHRT_FLIGHT", 0, 1000000),
       // Simulated nodes: ranks with the same value share a node (default: the host name).
       whole("MESHRT_NODE_ID", 0, 1000000),
+      // Free-form: each reader checks its own (MESHRT_LOG_LEVEL also check_environment).
+      text("MESHRT_LOG_LEVEL", "warn"),
+      // The host loop variant: FMA or not changes the numbers the ranks compute.
+      shared(text("MESHRT_HOST_ISA", "auto")),
+      text("MESHRT_BACKEND_PATH"),
+      text("MESHRT_COMM_TIMEOUT"),
+      text("MESHRT_RENDEZVOUS"),
+      text("MESHRT_RUN_ID"),
+      text("MESHRT_FAULT"),
+      text("MESHRT_FLIGHT_DIR"),
+      // A test hook of mesh/checkpoint.cpp: a rank fails while it writes a checkpoint.
+      text("MESHRT_CHECKPOINT_FAULT"),
+      // meshrt's scripts and tests: tools/gpu-check.sh, examples/python/torchrun.sh,
+      // tests/install, tests/common/files.h (keep the tests' scratch folders).
+      tool("MESHRT_GPU_BUILD"),
+      tool("MESHRT_GPU_CHECK_STOP"),
+      tool("MESHRT_GPU_DEADLINE"),
+      tool("MESHRT_TORCH_PYTHON"),
+      tool("MESHRT_CONSUMER_FLAGS"),
+      tool("MESHRT_TEST_KEEP_FILES"),
   };
   return t;
 }
@@ -128,6 +161,8 @@ std::vector<std::pair<std::string, std::string>> env_rank_shared_settings() {
         v = env_switch(var.name) ? "on" : "off";
       else if (var.kind == Kind::Choice)
         v = env_choice(var.name);
+      else if (var.kind == Kind::Text)
+        v = env_or(var.name, var.choices.front());  // its reader checks the value
       else
         v = std::to_string(env_int(var.name, 0));
     } catch (const Error&) {
@@ -159,8 +194,75 @@ void check_environment() {
       case Kind::Int:
         env_int(var.name, 0);
         break;
+      case Kind::Text:
+      case Kind::Tool:
+        break;  // checked by their readers
     }
   }
+  warn_unknown_environment();
+}
+
+namespace {
+
+// Levenshtein distance between a and b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> env_known_names(bool scripts) {
+  std::vector<std::string> out;
+  for (const Variable& v : table())
+    if (scripts || v.kind != Kind::Tool) out.emplace_back(v.name);
+  return out;
+}
+
+std::vector<std::string> unknown_environment_warnings() {
+  std::vector<std::string> names;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry(*e);
+    if (entry.rfind("MESHRT_", 0) != 0) continue;
+    names.push_back(entry.substr(0, entry.find('=')));
+  }
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    const Variable* best = nullptr;
+    size_t best_d = 0;
+    for (const Variable& v : table()) {
+      const size_t d = edit_distance(name, v.name);
+      if (best == nullptr || d < best_d) {
+        best = &v;
+        best_d = d;
+      }
+    }
+    if (best_d == 0) continue;
+    std::string msg = name + " is not a meshrt setting and is ignored";
+    // A close name is a likely typo; past a third of the name it is a guess not worth showing.
+    if (best_d <= std::max<size_t>(2, (name.size() - 7) / 3))
+      msg += ": did you mean " + std::string(best->name) + "?";
+    out.push_back(msg + " (docs/environment.md lists every setting)");
+  }
+  return out;
+}
+
+void warn_unknown_environment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const std::string& w : unknown_environment_warnings()) MESHRT_LOG_WARN(w);
+  });
 }
 
 }  // namespace meshrt

@@ -2,7 +2,8 @@
 // naming the variable, the value and what is accepted, never silently taken as a default. Every
 // variable with a fixed set of values (a switch, a choice, a bounded whole number) is described
 // once, in env.cpp's table; the readers below look its description up by name, and
-// check_environment checks them all before a command starts.
+// check_environment checks them all before a command starts. The table also lists the free-form
+// variables and those of meshrt's scripts: it is the one list of MESHRT_ names meshrt knows.
 #pragma once
 
 #include <cstdint>
@@ -36,14 +37,29 @@ MESHRT_API int64_t env_int(const char* name, int64_t fallback);
 
 // The variables of the table that every rank of a launch must set alike, because they change
 // which collectives run (MESHRT_COMM_DEBUG's data checks) or the numbers the ranks compute (the
-// GEMM and attention choices, MESHRT_CUBLAS_TF32, MESHRT_NCCL_HALF_REDUCE): (name, value as read:
-// "on" / "off" for a switch, the choice (the default when unset), so that equal settings written
-// differently agree; a value the table does not accept as given, quoted). Never throws.
+// GEMM and attention choices, MESHRT_HOST_ISA, MESHRT_CUBLAS_TF32, MESHRT_NCCL_HALF_REDUCE):
+// (name, value as read: "on" / "off" for a switch, the choice (the default when unset), so that
+// equal settings written differently agree; a value the table does not accept as given, quoted;
+// a free-form value as given, its default when unset). Never throws.
 // collectives/config_check.h compares them across the ranks of a process launch.
 MESHRT_API std::vector<std::pair<std::string, std::string>> env_rank_shared_settings();
 
 // Checks every variable of the table at once (and MESHRT_LOG_LEVEL), so a command refuses a
-// typo before it starts instead of when (or if) the variable is first read.
+// typo before it starts instead of when (or if) the variable is first read; then
+// warn_unknown_environment().
 MESHRT_API void check_environment();
+
+// Every MESHRT_ name the table knows: the library's settings (docs/environment.md), free-form ones
+// included, and with `scripts` the variables of meshrt's own scripts and tests.
+MESHRT_API std::vector<std::string> env_known_names(bool scripts = true);
+
+// One line per MESHRT_-prefixed variable of the environment that the table does not know (a
+// misspelt name would otherwise be ignored silently), sorted by name, each suggesting the closest
+// known name when one is close: "MESHRT_LAUNCH_BLOCKNG is not a meshrt setting and is ignored:
+// did you mean MESHRT_LAUNCH_BLOCKING? (docs/environment.md lists every setting)".
+MESHRT_API std::vector<std::string> unknown_environment_warnings();
+
+// Logs unknown_environment_warnings() as warnings, once per process (later calls do nothing).
+MESHRT_API void warn_unknown_environment();
 
 }  // namespace meshrt

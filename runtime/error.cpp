@@ -22,6 +22,7 @@ Error::Error(const std::string& message, const std::string& where)
 Error::~Error() = default;
 CommError::~CommError() = default;
 OutOfMemoryError::~OutOfMemoryError() = default;
+SystemError::~SystemError() = default;
 AgreedError::~AgreedError() = default;
 
 std::string error_message(const std::exception& e) {
@@ -47,6 +48,10 @@ std::string where_of(const char* file, int line) {
 
 [[noreturn]] void throw_out_of_memory(const char* file, int line, const std::string& msg) {
   throw OutOfMemoryError(msg, where_of(file, line));
+}
+
+[[noreturn]] void throw_system_error(const char* file, int line, const std::string& msg) {
+  throw SystemError(msg, where_of(file, line));
 }
 
 }  // namespace meshrt

@@ -9,10 +9,10 @@
 
 namespace meshrt {
 
-// Error, CommError and OutOfMemoryError have their destructor out of line (error.cpp): that key
-// function makes their vtable and typeinfo exist once, in libmeshrt.so, which exports them to its
-// plugins (cmake/libmeshrt.map), so an error thrown in a plugin is caught by type in the core
-// and the other way round, whatever the C++ runtime's rule for comparing typeinfo.
+// Error, CommError, OutOfMemoryError and SystemError have their destructor out of line (error.cpp):
+// that key function makes their vtable and typeinfo exist once, in libmeshrt.so, which exports them
+// to its plugins (cmake/libmeshrt.map), so an error thrown in a plugin is caught by type in the
+// core and the other way round, whatever the C++ runtime's rule for comparing typeinfo.
 class MESHRT_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what), message_(what) {}
@@ -48,6 +48,16 @@ class MESHRT_API OutOfMemoryError : public Error {
   ~OutOfMemoryError() override;
 };
 
+// Raised when the operating system refuses a resource meshrt needs that is not memory (a thread
+// it cannot start: runtime/thread.h): the C API returns MESHRT_ERROR_SYSTEM for it.
+class MESHRT_API SystemError : public Error {
+ public:
+  using Error::Error;
+  SystemError(const SystemError&) = default;
+  SystemError& operator=(const SystemError&) = default;
+  ~SystemError() override;
+};
+
 // A user's error that every rank of a launch raises at the same point, having agreed on it (one
 // verdict exchanged among the ranks, or options every rank checks alike): a checkpoint that cannot
 // be read, a --save folder of another run, options that do not fit the world. No rank is left
@@ -66,6 +76,7 @@ class MESHRT_API AgreedError : public Error {
 [[noreturn]] MESHRT_API void throw_error(const char* file, int line, const std::string& msg);
 [[noreturn]] MESHRT_API void throw_out_of_memory(const char* file, int line,
                                                  const std::string& msg);
+[[noreturn]] MESHRT_API void throw_system_error(const char* file, int line, const std::string& msg);
 
 // What to show a user for `e`: a meshrt::Error's message without its source location, or with
 // it (what()) when MESHRT_LOG_LEVEL is debug or trace; any other exception's what().
@@ -91,6 +102,14 @@ MESHRT_API std::string error_message(const std::exception& e);
       meshrt_os_ << msg;                                                   \
       ::meshrt::throw_out_of_memory(__FILE__, __LINE__, meshrt_os_.str()); \
     }                                                                      \
+  } while (0)
+
+// MESHRT_FAIL for a resource the operating system refused: raises SystemError.
+#define MESHRT_FAIL_SYSTEM(msg)                                         \
+  do {                                                                  \
+    std::ostringstream meshrt_os_;                                      \
+    meshrt_os_ << msg;                                                  \
+    ::meshrt::throw_system_error(__FILE__, __LINE__, meshrt_os_.str()); \
   } while (0)
 
 #define MESHRT_FAIL(msg)                                         \

@@ -13,6 +13,7 @@
 #include "runtime/event_impl.h"
 #include "runtime/logging.h"
 #include "runtime/stream.h"
+#include "runtime/thread.h"
 
 namespace meshrt {
 
@@ -95,11 +96,14 @@ class HostStream final : public Stream {
   HostStream(std::string name, int device_index, bool jitter, bool blocking)
       : name_(std::move(name)), device_index_(device_index), jitter_(jitter), blocking_(blocking) {
     int rank = log_rank(), world = log_world();
-    worker_ = std::thread([this, rank, world] {
-      tl_stream_worker = true;
-      set_log_rank(rank, world);
-      run();
-    });
+    worker_ = start_thread(
+        [this, rank, world] {
+          tl_stream_worker = true;
+          set_log_rank(rank, world);
+          run();
+        },
+        "the worker thread of stream '" + name_ + "'",
+        "run fewer ranks or raise ulimit -u / ulimit -v");
   }
 
   ~HostStream() override {

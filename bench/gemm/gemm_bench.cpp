@@ -22,6 +22,7 @@
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
+#include "runtime/thread.h"
 
 #if defined(MESHRT_WITH_CUDA)
 #include "bench/gemm/cuda_baseline.h"
@@ -48,8 +49,8 @@ double time_ranks_once(int ranks, const std::function<void(int)>& fn) {
   if (ranks == 1) {
     fn(0);
   } else {
-    std::vector<std::thread> th;
-    for (int r = 0; r < ranks; ++r) th.emplace_back(fn, r);
+    std::vector<std::thread> th = start_threads(ranks, fn, "the ranks of the benchmark",
+                                                "lower --devices or raise ulimit -u / ulimit -v");
     for (auto& t : th) t.join();
   }
   return bench::ms_since(t0, Clock::now());

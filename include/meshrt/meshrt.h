@@ -136,15 +136,18 @@ typedef struct meshrt_unique_id {
 
 MESHRT_C_API meshrt_status_t meshrt_get_unique_id(meshrt_unique_id_t* id);
 
-/* Rank `rank` of the `nranks`-rank world named by `id`, called once per rank, each from its own
- * thread (collective: returns once every rank arrived, or MESHRT_ERROR_TIMEOUT naming the missing
- * ranks after the config's init timeout; the world is then unusable for every rank). */
+/* Rank `rank` of the `nranks`-rank world named by `id` (nranks 1..1024), called once per rank,
+ * each from its own thread (collective: returns once every rank arrived, or MESHRT_ERROR_TIMEOUT
+ * naming the missing ranks after the config's init timeout; the world is then unusable for every
+ * rank). */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_rank(meshrt_comm_t* comm, int nranks,
                                                    meshrt_unique_id_t id, int rank,
                                                    const meshrt_comm_config_t* config);
-/* All `n` ranks of a new world at once, from one thread (comms[i] is rank i). `devices` NULL:
- * CPU ranks (or, with a CUDA config, GPUs 0..n-1); else devices[i] is rank i's GPU (CUDA configs
- * only: a CPU config refuses a devices array; a GPU index past the device count is refused). */
+/* All `n` ranks of a new world at once, from one thread (comms[i] is rank i; n is 1..1024, the
+ * ranks one process runs as threads, checked before comms[0..n) is written; a rank thread the
+ * system refuses gives MESHRT_ERROR_SYSTEM and no handle). `devices` NULL: CPU ranks (or, with a
+ * CUDA config, GPUs 0..n-1); else devices[i] is rank i's GPU (CUDA configs only: a CPU config
+ * refuses a devices array; a GPU index past the device count is refused). */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, const int* devices,
                                                   const meshrt_comm_config_t* config);
 /* This process's rank of an MPI job (mpirun / srun; one rank per process). mpi_comm: a pointer
@@ -163,15 +166,15 @@ MESHRT_C_API meshrt_status_t meshrt_comm_init_all(meshrt_comm_t* comms, int n, c
  * call this need no MPI library at all. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi_comm,
                                                   const meshrt_comm_config_t* config);
-/* Rank `rank` of `nranks` processes meeting through files in `dir` (a directory every rank can
- * read and write; MESHRT_RUN_ID keeps separate jobs apart). Collective; MESHRT_ERROR_TIMEOUT
- * names the ranks that never arrived. CPU processes of one node get the shm backend (shared
- * memory), CUDA ones NCCL. */
+/* Rank `rank` of `nranks` processes (1..1048576) meeting through files in `dir` (a directory
+ * every rank can read and write; MESHRT_RUN_ID keeps separate jobs apart). Collective;
+ * MESHRT_ERROR_TIMEOUT names the ranks that never arrived. CPU processes of one node get the shm
+ * backend (shared memory), CUDA ones NCCL. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int nranks,
                                                    int rank, const meshrt_comm_config_t* config);
-/* Rank `rank` of `nranks` processes meeting over TCP at rank 0's `host`:`port` (rank 0 listens
- * there; an IPv4 address or host name every rank reaches, e.g. "127.0.0.1" on one node).
- * Collective; MESHRT_ERROR_TIMEOUT names the ranks that never connected within the init
+/* Rank `rank` of `nranks` processes (1..1048576) meeting over TCP at rank 0's `host`:`port`
+ * (rank 0 listens there; an IPv4 address or host name every rank reaches, e.g. "127.0.0.1" on one
+ * node). Collective; MESHRT_ERROR_TIMEOUT names the ranks that never connected within the init
  * timeout. As meshrt_comm_init_file: CPU processes of one node get the shm backend, CUDA ones
  * NCCL. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_tcp(meshrt_comm_t* comm, const char* host, int port,

@@ -12,6 +12,7 @@
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/thread.h"
 
 namespace meshrt::kernels::host {
 
@@ -50,13 +51,13 @@ ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
   int helpers = threads_ - 1;
   int world = log_world();
   int rank = log_rank();
-  workers_.reserve(static_cast<size_t>(helpers));
-  for (int i = 0; i < helpers; ++i) {
-    workers_.emplace_back([this, rank, world] {
-      set_log_rank(rank, world);
-      worker_loop();
-    });
-  }
+  workers_ = start_threads(
+      helpers,
+      [this, rank, world](int) {
+        set_log_rank(rank, world);
+        worker_loop();
+      },
+      "the host thread pool", "lower MESHRT_HOST_THREADS or raise ulimit -u / ulimit -v");
 }
 
 ThreadPool::~ThreadPool() {

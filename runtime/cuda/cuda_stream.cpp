@@ -19,6 +19,7 @@
 #include "runtime/error.h"
 #include "runtime/event_impl.h"
 #include "runtime/event_pool.h"
+#include "runtime/thread.h"
 
 namespace meshrt::cuda_detail {
 
@@ -238,7 +239,13 @@ class HostGate {
       MESHRT_CUDA_CHECK(err);
     }
     dev_ = static_cast<const volatile uint64_t*>(d);
-    thread_ = std::thread([this] { run(); });
+    try {
+      thread_ = start_thread([this] { run(); }, "the host-event thread of a CUDA stream",
+                             "raise ulimit -u / ulimit -v");
+    } catch (...) {
+      (void)cudaFreeHost(p);
+      throw;
+    }
   }
   ~HostGate() {
     {

@@ -4,11 +4,13 @@
 // and arguments instead of the command line's flags or a launch's variables.
 #include <cmath>
 #include <cstddef>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "capi_test_util.h"
+#include "runtime/thread.h"
 
 using namespace capi_test;
 
@@ -343,6 +345,111 @@ TEST_CASE("capi validate: meshrt_comm_config_t's numbers and flags, init_all's d
                 "MESHRT_DEVICE_CPU: pass NULL for CPU ranks, or MESHRT_DEVICE_CUDA for GPUs");
   CHECK(comms[0] == nullptr);
   CHECK(comms[1] == nullptr);
+}
+
+// n and nranks are bounded (1..1024, as --devices cpu:N) and n is checked before comms[0..n) is
+// written: a garbage n used to write NULLs far past the engine's array before any check.
+TEST_CASE("capi validate: init_all's n and init_rank's nranks are bounded before use", "[capi]") {
+  init_api();
+  meshrt_comm_t sentinel = reinterpret_cast<meshrt_comm_t>(&sentinel);
+  meshrt_comm_t comms[2] = {sentinel, sentinel};
+  for (int n : {1025, std::numeric_limits<int>::max(), -1}) {
+    REQUIRE_EXACT(meshrt_comm_init_all(comms, n, nullptr, nullptr), MESHRT_ERROR_INVALID_ARGUMENT,
+                  "meshrt_comm_init_all: n is " + std::to_string(n) +
+                      ": pass 1..1024 (the ranks of one process, each a thread)");
+    CHECK(comms[0] == sentinel);
+    CHECK(comms[1] == sentinel);
+  }
+  meshrt_unique_id_t id;
+  CAPI_REQUIRE_OK(meshrt_get_unique_id(&id));
+  meshrt_comm_t c = nullptr;
+  REQUIRE_EXACT(meshrt_comm_init_rank(&c, std::numeric_limits<int>::max(), id, 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_rank: nranks is 2147483647: pass 1..1024 (the ranks of one "
+                "process, each a thread)");
+  CHECK(c == nullptr);
+}
+
+// A process world's nranks is bounded before its transport sizes tables by it: INT_MAX used to
+// end in MESHRT_ERROR_OUT_OF_MEMORY (std::bad_alloc) instead of naming the argument.
+TEST_CASE("capi validate: init_file and init_tcp refuse nranks past 2^20 before allocating",
+          "[capi]") {
+  init_api();
+  meshrt_comm_t c = nullptr;
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  REQUIRE_EXACT(meshrt_comm_init_file(&c, dir.c_str(), std::numeric_limits<int>::max(), 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_file: nranks is 2147483647: pass 1..1048576 (the processes of "
+                "the world)");
+  REQUIRE_EXACT(meshrt_comm_init_tcp(&c, "127.0.0.1", 1, (1 << 20) + 1, 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_tcp: nranks is 1048577: pass 1..1048576 (the processes of the "
+                "world)");
+  REQUIRE_EXACT(meshrt_comm_init_file(&c, dir.c_str(), 0, 0, nullptr),
+                MESHRT_ERROR_INVALID_ARGUMENT,
+                "meshrt_comm_init_file: nranks is 0: pass 1..1048576 (the processes of the world)");
+  CHECK(c == nullptr);
+}
+
+// Found by probing every call with bad input: each handle kind destroyed twice, and handles
+// used after the communicator that made them was destroyed, get a status, never a crash.
+TEST_CASE("capi validate: double destroys and use after the communicator's destroy", "[capi]") {
+  init_api();
+  meshrt_comm_t comm = nullptr;
+  CAPI_REQUIRE_OK(meshrt_comm_init_all(&comm, 1, nullptr, nullptr));
+  meshrt_stream_t s = nullptr, ds = nullptr;
+  CAPI_REQUIRE_OK(meshrt_stream_create(comm, &s));
+  CAPI_REQUIRE_OK(meshrt_comm_default_stream(comm, &ds));
+  const int64_t shape[1] = {4};
+  meshrt_tensor_t t = nullptr;
+  DLDataType f32;
+  f32.code = kDLFloat;
+  f32.bits = 32;
+  f32.lanes = 1;
+  CAPI_REQUIRE_OK(meshrt_tensor_empty(comm, 1, shape, f32, &t));
+  meshrt_event_t ev = nullptr;
+  CAPI_REQUIRE_OK(meshrt_all_reduce(comm, t, t, MESHRT_SUM, s, &ev));
+  meshrt_mesh_t mesh = nullptr;
+  CAPI_REQUIRE_OK(meshrt_mesh_create(&mesh, comm, "dp=1"));
+  meshrt_comm_t dp = nullptr;
+  CAPI_REQUIRE_OK(meshrt_mesh_comm(mesh, "dp", &dp));
+  CHECK(meshrt_stream_destroy(ds) == MESHRT_ERROR_INVALID_USAGE);
+  CHECK(meshrt_comm_destroy(dp) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_comm_destroy(comm));
+  CHECK(meshrt_comm_destroy(comm) == MESHRT_ERROR_INVALID_USAGE);
+  // What the engine created from the communicator lives on until it destroys it.
+  CAPI_REQUIRE_OK(meshrt_stream_synchronize(s));
+  CAPI_REQUIRE_OK(meshrt_event_synchronize(ev));
+  CAPI_REQUIRE_OK(meshrt_barrier(dp, nullptr, nullptr));
+  // The default stream went with the communicator.
+  CHECK(meshrt_stream_synchronize(ds) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_event_destroy(ev));
+  CHECK(meshrt_event_destroy(ev) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_stream_destroy(s));
+  CHECK(meshrt_stream_destroy(s) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_mesh_destroy(mesh));
+  CHECK(meshrt_mesh_destroy(mesh) == MESHRT_ERROR_INVALID_USAGE);
+  CHECK(meshrt_barrier(dp, nullptr, nullptr) == MESHRT_ERROR_INVALID_USAGE);
+  CAPI_REQUIRE_OK(meshrt_tensor_destroy(t));
+  CHECK(meshrt_tensor_destroy(t) == MESHRT_ERROR_INVALID_USAGE);
+}
+
+// A rank thread the system refuses (ulimit -u, ulimit -v) is MESHRT_ERROR_SYSTEM with the
+// reason, not std::terminate; the threads already started are joined and no handle is left.
+TEST_CASE("capi validate: init_all whose rank thread cannot start fails with a status", "[capi]") {
+  init_api();
+  meshrt_comm_t comms[4] = {nullptr, nullptr, nullptr, nullptr};
+  meshrt::detail::fail_thread_start("meshrt_comm_init_all", 2);
+  const meshrt_status_t st = meshrt_comm_init_all(comms, 4, nullptr, nullptr);
+  meshrt::detail::fail_thread_start("", -1);
+  REQUIRE_EXACT(st, MESHRT_ERROR_SYSTEM,
+                "meshrt_comm_init_all: could not start thread 3 of 4 for the ranks of "
+                "meshrt_comm_init_all: Resource temporarily unavailable; lower n or raise "
+                "ulimit -u / ulimit -v");
+  for (meshrt_comm_t c : comms) CHECK(c == nullptr);
+  // The next call starts its threads.
+  CAPI_REQUIRE_OK(meshrt_comm_init_all(comms, 4, nullptr, nullptr));
+  for (meshrt_comm_t c : comms) CAPI_REQUIRE_OK(meshrt_comm_destroy(c));
 }
 
 TEST_CASE("capi validate: backend refusals name meshrt_comm_config's fields", "[capi]") {

@@ -21,6 +21,7 @@
 #include "runtime/backend.h"
 #include "runtime/logging.h"
 #include "runtime/stream.h"
+#include "runtime/thread.h"
 
 using namespace meshrt;
 using namespace meshrt::test;
@@ -107,6 +108,43 @@ TEST_CASE("bootstrap: a failing rank aborts the others and its error is rethrown
   }),
                     Catch::Contains("rank one broke"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
+// A rank thread the system refuses (--devices cpu:64 under a low ulimit -u) ends the launch with
+// that error; no rank ran, and the threads started are joined (no std::terminate, no hang). A
+// stream worker a rank cannot start fails that rank like any error: the others are aborted.
+TEST_CASE("bootstrap: a rank or stream thread that cannot start is a clear error", "[multirank]") {
+  LaunchOptions lo;
+  lo.devices = "cpu:4";
+  lo.config.timeout_s = 300;
+  auto launch = bootstrap(lo);
+  std::atomic<int> ran{0};
+  detail::fail_thread_start("the ranks", 2);
+  try {
+    launch->run([&](const RankPlacement&, Communicator&) { ++ran; });
+    FAIL("no error");
+  } catch (const SystemError& e) {
+    CHECK(e.message() ==
+          "could not start thread 3 of 4 for the ranks: Resource temporarily unavailable; lower "
+          "--devices or raise ulimit -u / ulimit -v");
+  }
+  detail::fail_thread_start("", -1);
+  CHECK(ran == 0);
+  auto again = bootstrap(lo);
+  detail::fail_thread_start("stream 'rank2'", 0);
+  try {
+    again->run([&](const RankPlacement& p, Communicator& c) {
+      auto s = make_host_stream("rank" + std::to_string(p.rank));
+      Tensor t = host_tensor(4, DType::f32);
+      c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    });
+    FAIL("no error");
+  } catch (const SystemError& e) {
+    CHECK(e.message() ==
+          "could not start the worker thread of stream 'rank2': Resource temporarily "
+          "unavailable; run fewer ranks or raise ulimit -u / ulimit -v");
+  }
+  detail::fail_thread_start("", -1);
 }
 
 TEST_CASE("bootstrap: backends that cannot work are refused with what to change", "[multirank]") {

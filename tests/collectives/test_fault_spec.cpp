@@ -363,6 +363,23 @@ TEST_CASE("config check: environment settings every rank must share are compared
     setenv(name, saved.c_str(), 1);
   else
     unsetenv(name);
+  // MESHRT_HOST_ISA (the host loop variant, FMA or not) is compared as given, unset as auto;
+  // its own reader (the kernels) refuses a value that is no variant.
+  name = "MESHRT_HOST_ISA";
+  const char* old_isa = std::getenv(name);
+  const std::string saved_isa = old_isa ? old_isa : "";
+  unsetenv(name);
+  CHECK(value() == "auto");
+  setenv(name, "", 1);
+  CHECK(value() == "auto");
+  setenv(name, "avx2", 1);
+  CHECK(value() == "avx2");
+  setenv(name, "baseline", 1);
+  CHECK(value() == "baseline");
+  if (old_isa)
+    setenv(name, saved_isa.c_str(), 1);
+  else
+    unsetenv(name);
   // Settings that may differ per rank (logging, binding, node ids) are not compared.
   for (auto& [k, v] : env_rank_shared_settings()) {
     INFO(k);

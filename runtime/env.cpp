@@ -92,13 +92,14 @@ const std::vector<Variable>& table() {
       // A test hook of mesh/checkpoint.cpp: a rank fails while it writes a checkpoint.
       text("MESHRT_CHECKPOINT_FAULT"),
       // meshrt's scripts and tests: tools/gpu-check.sh, examples/python/torchrun.sh,
-      // tests/install, tests/common/files.h (keep the tests' scratch folders).
+      // tests/install, tests/common/files.h (keep the tests' scratch folders), .ci/run.
       tool("MESHRT_GPU_BUILD"),
       tool("MESHRT_GPU_CHECK_STOP"),
       tool("MESHRT_GPU_DEADLINE"),
       tool("MESHRT_TORCH_PYTHON"),
       tool("MESHRT_CONSUMER_FLAGS"),
       tool("MESHRT_TEST_KEEP_FILES"),
+      tool("MESHRT_CI_SANITIZERS"),
   };
   return t;
 }

@@ -873,3 +873,26 @@ TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind"
     CHECK_THAT(r.err, Catch::Contains(msg));
   }
 }
+
+TEST_CASE("a dangling --save link and a --data file of unknown size are named with what to do",
+          "[train][unit]") {
+  const fs::path link = train_scratch() / "dangling-save", target = train_scratch() / "no-such";
+  fs::remove(link);
+  fs::remove_all(target);
+  fs::create_symlink(target, link);
+  Run s = train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --save " + link.string());
+  INFO(s.out << s.err);
+  CHECK(s.rc == 1);
+  CHECK(s.err == "meshrt: error: --save " + link.string() + ": a symbolic link to " +
+                     target.string() +
+                     ", which does not exist; create that folder, point the link at an existing "
+                     "folder, or give another --save path\n");
+  CHECK_FALSE(fs::exists(target));
+  Run d = train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --data /proc/self/maps");
+  INFO(d.out << d.err);
+  CHECK(d.rc == 1);
+  CHECK(d.err ==
+        "meshrt: error: --data /proc/self/maps: its size is unknown (the file system says 0 "
+        "bytes, yet it reads: a /proc or /sys pseudo-file?); copy it to a regular file first, "
+        "e.g. cp /proc/self/maps tokens.bin\n");
+}

@@ -17,6 +17,7 @@
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
 #include "collectives/config_check.h"
+#include "mesh/device_mesh.h"
 #include "mesh/token_data.h"
 #include "mesh/train.h"
 #include "mesh/train_checkpoint.h"
@@ -391,6 +392,16 @@ void check_host_memory(const TrainConfig& cfg, const Launch& launch, double mem_
                       "--micro-batches)");
 }
 
+// As bench block: --zero on a mesh with dp=1 would be ignored (the library runs it as zero 0).
+void check_zero_over_dp(const TrainConfig& cfg, int world) {
+  const std::string mesh =
+      cfg.mesh.empty() ? std::string(kDpDim) + "=" + std::to_string(world) : cfg.mesh;
+  int dp = 1;
+  for (const MeshDim& d : parse_mesh_spec(mesh, world))
+    if (d.name == kDpDim) dp = d.size;
+  check_zero_has_dp(cfg.dp.zero, dp, mesh);
+}
+
 struct Summary {
   double median_ms = 0, dp_comm = 0, dp_exposed = 0, final_loss = 0;
 };
@@ -433,6 +444,11 @@ void check_outputs_spare_checkpoints(const std::string& metrics, const std::stri
 
 }  // namespace
 
+void check_train_config(const TrainConfig& cfg, int world) {
+  validate_train(cfg, world);
+  check_zero_over_dp(cfg, world);
+}
+
 RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
   LaunchOptions lo;
   lo.devices = o.devices;
@@ -442,7 +458,7 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
   // files or folders differ, with the first failing rank's error: mpirun prints it once.
   std::string err;
   try {
-    validate_train(cfg, launch->world_size());
+    check_train_config(cfg, launch->world_size());
     check_host_memory(cfg, *launch, o.mem_limit_mb);
     check_outputs_spare_inputs({{"--metrics", cfg.metrics}},
                                {{"--data", o.data}, {"--val-data", o.val_data}});

@@ -62,6 +62,9 @@ std::vector<std::string> train_local_options();
 CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o);
 // The run's configuration from the flags (token files opened; stop_requested: the signals).
 TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode);
+// Every check of a run's configuration that needs the world size (mesh/train.h's validate_train,
+// and --zero refused on a mesh with dp=1).
+void check_train_config(const TrainConfig& cfg, int world);
 // A run stopped by the finiteness guard (NonFiniteError), raised alike on every rank.
 class TrainDivergedError : public bench::UniformError {
  public:

@@ -9,6 +9,7 @@
 #include <limits>
 #include <thread>
 
+#include "bench/common/cli_checks.h"
 #include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "plan/cost_model.h"
@@ -130,10 +131,7 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
                            << " and " << kTpDim << " (e.g. " << kDpDim << "=2," << kTpDim << "=4)");
   }
   for (const MeshDim& d : dims) (d.name == kDpDim ? p.dp : p.tp) = d.size;
-  MESHRT_CHECK(o.zero == 0 || p.dp > 1,
-               "--zero " << o.zero << " would be ignored: ZeRO shards over dp and --mesh " << p.mesh
-                         << " has dp=1; give a mesh with dp > 1 (e.g. " << kDpDim
-                         << "=2) or drop --zero");
+  cli::check_zero_has_dp(o.zero, p.dp, p.mesh);
   p.sp_requested = o.sp == 1 || (o.sp == -1 && p.tp > 1);
   p.sp = p.sp_requested && p.tp > 1;
   MESHRT_CHECK(!(p.overlap == Overlap::Chunked && p.tp > 1 && !p.sp),

@@ -874,6 +874,26 @@ TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind"
   }
 }
 
+TEST_CASE("train and tune refuse --zero on a mesh with dp=1, as bench block does",
+          "[train][unit][zero]") {
+  const std::string msg =
+      "meshrt: error: --zero 3 would be ignored: ZeRO shards over dp and --mesh tp=2 has dp=1; "
+      "give a mesh with dp > 1 (e.g. dp=2) or drop --zero\n";
+  Run t = train_cli("train --devices cpu:2 " + kSmall + " --steps 2 --mesh tp=2 --zero 3");
+  INFO(t.out << t.err);
+  CHECK(t.rc == 1);
+  CHECK(t.err == msg);
+  CHECK(t.out.find("step 1") == std::string::npos);
+  Run b = train_cli("bench block --devices cpu:2 --mesh tp=2 --zero 3 --no-calibrate");
+  CHECK(b.rc == 1);
+  CHECK(b.err.find(msg) != std::string::npos);
+  // The default mesh of one rank is dp=1 too.
+  Run one = train_cli("train --devices cpu:1 " + kSmall + " --steps 2 --zero 1");
+  CHECK(one.rc == 1);
+  CHECK_THAT(one.err, Catch::Contains("--zero 1 would be ignored: ZeRO shards over dp and --mesh "
+                                      "dp=1 has dp=1"));
+}
+
 TEST_CASE("a dangling --save link and a --data file of unknown size are named with what to do",
           "[train][unit]") {
   const fs::path link = train_scratch() / "dangling-save", target = train_scratch() / "no-such";

@@ -449,7 +449,8 @@ void check_train_config(const TrainConfig& cfg, int world) {
   check_zero_over_dp(cfg, world);
 }
 
-RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
+RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os,
+                         const std::function<void(int world)>& precheck) {
   LaunchOptions lo;
   lo.devices = o.devices;
   lo.devices_defaulted = !o.devices_given;
@@ -459,6 +460,7 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
   std::string err;
   try {
     check_train_config(cfg, launch->world_size());
+    if (precheck) precheck(launch->world_size());
     check_host_memory(cfg, *launch, o.mem_limit_mb);
     check_outputs_spare_inputs({{"--metrics", cfg.metrics}},
                                {{"--data", o.data}, {"--val-data", o.val_data}});

@@ -158,8 +158,8 @@ void ClusterSpec::select_dtype(const std::string& dtype) {
     std::string have;
     for (const auto& [k, v] : peaks)
       if (v > 0) have += (have.empty() ? "" : ", ") + k;
-    MESHRT_FAIL("cluster " << name << " has no peak FLOP/s for --dtype " << dtype << " (it has: "
-                           << (have.empty() ? "none" : have)
+    MESHRT_FAIL("cluster " << name << " has no peak FLOP/s for --dtype " << dtype
+                           << " (it has: " << (have.empty() ? "none" : have)
                            << "); choose one of those for --dtype, or add " << dtype
                            << " to the cluster file's \"peak_tflops\"");
   }

@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <iomanip>
+#include <iostream>
 #include <mutex>
 #include <sstream>
 #include <type_traits>
@@ -589,7 +590,8 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
              << std::setprecision(2) << s.straggler_ratio
              << "x the median rank's compute from step " << s.step;
     line << "\n";
-    print_line(os, line.str());
+    // Standard output closed by its reader: the summary goes to stderr.
+    print_line(stopped && sig == SIGPIPE ? std::cerr : os, line.str());
   }
   // Stopped by a signal (here or, under mpirun, at another rank): no comparison run.
   if (stopped) return 128 + (sig != 0 ? sig : SIGTERM);

@@ -5,9 +5,11 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -645,9 +647,12 @@ int run_tune(const TuneCliOptions& o, std::ostream& os) {
     checked = true;
     if (r.status == "interrupted") {
       const int sig = StopSignals::received();
-      say(std::string("tune: stopped by ") + StopSignals::name(sig) + " during trial " +
-          std::to_string(t.index) + "; " + std::to_string(done.size()) + " of " +
-          std::to_string(grid.size()) + " trials done: rerun the same command to resume\n");
+      if (owner)  // standard output closed by its reader: the line goes to stderr
+        print_line(sig == SIGPIPE ? std::cerr : os,
+                   std::string("tune: stopped by ") + StopSignals::name(sig) + " during trial " +
+                       std::to_string(t.index) + "; " + std::to_string(done.size()) + " of " +
+                       std::to_string(grid.size()) +
+                       " trials done: rerun the same command to resume\n");
       return 128 + sig;
     }
     char line[160];

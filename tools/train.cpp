@@ -312,7 +312,7 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   TrainConfig c;
   c.model.block.hidden = o.hidden;
   c.model.block.heads = o.heads;
-  c.model.block.ffn = o.ffn > 0 ? o.ffn : 4 * o.hidden;
+  c.model.block.ffn = ffn_or_default(o.hidden, o.ffn);  // refuses a --hidden it would overflow
   c.model.block.dtype = parse_dtype(o.dtype);
   c.model.block.seed = o.seed;
   c.model.layers = o.layers;

@@ -105,10 +105,7 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
   p.cfg.heads = o.heads > 0 ? o.heads : (c ? 32 : 16);
   // The default ffn is 4 x hidden: a hidden that large would overflow it (and be blamed on
   // --ffn, which the user never gave).
-  MESHRT_CHECK(o.ffn > 0 || p.cfg.hidden <= std::numeric_limits<int64_t>::max() / 4,
-               "--hidden " << p.cfg.hidden << " is too large: the default --ffn (4 x hidden) "
-                           << "overflows a 64-bit integer; reduce --hidden or give --ffn");
-  p.cfg.ffn = o.ffn > 0 ? o.ffn : 4 * p.cfg.hidden;
+  p.cfg.ffn = cli::ffn_or_default(p.cfg.hidden, o.ffn);
   p.cfg.seed = o.seed;
   p.batch = o.batch > 0 ? o.batch : (c ? 4 : 1);
   p.seq = o.seq > 0 ? o.seq : (c ? 2048 : 512);

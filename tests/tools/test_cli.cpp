@@ -166,6 +166,10 @@ TEST_CASE("numbers past their type, empty outputs and parse errors are refused u
       {"bench collective -c 5", "--check: '5' is not an integer from 0 to 1"},
       {"bench collective -n 0", "--iters: '0' is not an integer >= 1"},
       {"bench collective -w 3000000000", "--warmup_iters: '3000000000' is not an integer >= 0"},
+      // A --hidden whose default --ffn (4 x hidden) would overflow, in train as in bench block.
+      {"train --hidden 9223372036854775807",
+       "^meshrt: error: --hidden 9223372036854775807 is too large: the default --ffn \\(4 x "
+       "hidden\\) overflows a 64-bit integer; reduce --hidden or give --ffn\n$"},
       // A step factor that is not a finite number > 1 (1e400 reads as inf).
       {"bench collective -b 0 -e 8 -f inf", "--stepfactor: 'inf' is not a number > 1"},
       {"bench collective -b 0 -e 8 -f nan", "--stepfactor: 'nan' is not a number > 1"},

@@ -233,6 +233,11 @@ void prepare_checkpoint_root(const std::string& root) {
                            << "); give a directory to hold the checkpoints");
   } else {
     std::error_code ec;
+    // A link whose target is missing: create_directories would fail with a bare "File exists".
+    MESHRT_CHECK(!fs::is_symlink(fs::symlink_status(root, ec)),
+                 "--save " << root << ": a symbolic link to " << fs::read_symlink(root, ec).string()
+                           << ", which does not exist; create that folder, point the link at "
+                              "an existing folder, or give another --save path");
     fs::create_directories(root, ec);
     MESHRT_CHECK(!ec, "--save " << root << ": cannot create the directory: " << ec.message());
   }

@@ -157,7 +157,17 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
   // Refuses a FIFO (whose open would wait for a writer), a device or a directory up front.
   f->in_ = std::make_unique<InputFile>(path, flag);
   const uint64_t bytes = f->in_->size();
-  MESHRT_CHECK(bytes > 0, flag << " " << path << " is empty; give a file of tokens");
+  if (bytes == 0) {
+    // A pseudo-file (/proc, /sys) says 0 bytes and still reads: its size is unknown, and tokens
+    // are read by offset within it.
+    unsigned char one = 0;
+    MESHRT_CHECK(f->in_->read_at(0, &one, 1) == 0,
+                 flag << " " << path
+                      << ": its size is unknown (the file system says 0 bytes, yet it reads: a "
+                         "/proc or /sys pseudo-file?); copy it to a regular file first, e.g. cp "
+                      << path << " tokens.bin");
+    MESHRT_FAIL(flag << " " << path << " is empty; give a file of tokens");
+  }
   std::vector<unsigned char> head(static_cast<size_t>(std::min<uint64_t>(bytes, kHeadBytes)));
   head.resize(f->in_->read_at(0, head.data(), head.size()));
   const unsigned char* p = head.data();

@@ -121,6 +121,10 @@ std::vector<std::pair<double, double>> gemm_points(const ClusterFields& f) {
 ClusterSpec cluster_preset(const std::string& spec, const std::string& flag) {
   const size_t colon = spec.find(':');
   const std::string name = spec.substr(0, colon);
+  MESHRT_CHECK(!name.empty(), flag << " " << spec
+                                   << ": no device before ':'; give a preset such as "
+                                      "h100-sxm:8, h200-sxm:8, a100-sxm:8 (':8xN' for N nodes) or "
+                                      "cpu, or a cluster JSON file");
   if (name == "cpu") {
     MESHRT_CHECK(colon == std::string::npos, flag << " " << spec
                                                   << ": the cpu preset takes no "
@@ -144,7 +148,8 @@ ClusterSpec cluster_preset(const std::string& spec, const std::string& flag) {
       }
       MESHRT_CHECK(n > 0 && per >= 1 && per <= 8 && nodes >= 1 && nodes <= 100000,
                    flag << " " << spec << ": give <gpu>:G (1-8 GPUs per node) or <gpu>:GxN (N "
-                        << "nodes), e.g. " << g.name << ":8x4");
+                        << "= 1 to 100000 nodes), e.g. " << g.name << ":8x4 (got '" << sz
+                        << "' after ':')");
     }
     ClusterSpec c = gpu_cluster(g, per, nodes);
     c.name = spec;
@@ -162,6 +167,11 @@ ClusterSpec cluster_from_json(const std::string& text, const std::string& origin
   ClusterSpec c;
   c.name = f.string_or("name", origin);
   c.device = f.string_or("device", "");
+  if (f.has("device") && c.device.empty())
+    f.fail("device", j["device"],
+           "a name of the device (e.g. \"NVIDIA H100 SXM5 80GB\"); drop "
+           "the field if unknown");
+  if (c.device.empty()) c.device = "device";
   c.devices_per_node = static_cast<int>(f.integer("devices_per_node", 1, 1 << 20));
   c.nodes = f.has("nodes") ? static_cast<int>(f.integer("nodes", 1, 1000000)) : 1;
   const ClusterFields peaks = f.object("peak_tflops");

@@ -63,8 +63,10 @@ ModelSpec parse_model_spec(const std::string& s) {
     } catch (...) {
       used = 0;
     }
-    MESHRT_CHECK(used == v.size() && x > 0 && x < (int64_t{1} << 40),
-                 "--model " << s << ": " << k << "=" << v << " must be a positive integer");
+    constexpr int64_t kMaxValue = (int64_t{1} << 40) - 1;
+    MESHRT_CHECK(used == v.size() && x > 0 && x <= kMaxValue,
+                 "--model " << s << ": " << k << "=" << v << " must be a positive integer (1 to "
+                            << kMaxValue << ")");
     if (k == "hidden") {
       m.hidden = x;
       have_hidden = true;
@@ -75,7 +77,8 @@ ModelSpec parse_model_spec(const std::string& s) {
       m.ffn = x;
       ffn_given = true;
     } else if (k == "layers") {
-      MESHRT_CHECK(x <= 100000, "--model " << s << ": layers=" << x << " is too many");
+      MESHRT_CHECK(x <= 100000, "--model " << s << ": layers=" << x
+                                           << " is more than 100000; give 1 to 100000 layers");
       m.layers = static_cast<int>(x);
     } else if (k == "seq") {
       m.seq = x;
@@ -92,6 +95,17 @@ ModelSpec parse_model_spec(const std::string& s) {
   if (!ffn_given) m.ffn = 4 * m.hidden;
   MESHRT_CHECK(m.hidden % m.heads == 0, "--model " << s << ": hidden " << m.hidden
                                                    << " does not divide by heads " << m.heads);
+  // The counts are int64 products (hidden x ffn, layers x per-layer): a bound on their sum (every
+  // layer kind's, in long double) keeps each of them exact, far from overflow.
+  const long double h = static_cast<long double>(m.hidden), f = static_cast<long double>(m.ffn);
+  const long double count = m.layers * (4 * h * h + 2 * h * f + 9 * h + f) +
+                            2 * static_cast<long double>(m.vocab) * h + 2 * h;
+  constexpr long double kMaxParams = 9007199254740992.0L;  // 2^53
+  MESHRT_CHECK(count <= kMaxParams,
+               "--model " << s << ": about " << static_cast<double>(count)
+                          << " parameters, more than the planner counts (at most 2^53 = "
+                          << static_cast<int64_t>(kMaxParams)
+                          << "); lower hidden, ffn, layers or vocab");
   return m;
 }
 
@@ -140,9 +154,15 @@ double ClusterSpec::collective_seconds(const Collective& c, bool inter_node, int
 
 void ClusterSpec::select_dtype(const std::string& dtype) {
   auto it = peaks.find(dtype);
-  MESHRT_CHECK(it != peaks.end() && it->second > 0,
-               "cluster " << name << " has no peak FLOP/s for " << dtype
-                          << "; add it to the file's \"peak_tflops\" or choose another --dtype");
+  if (it == peaks.end() || !(it->second > 0)) {
+    std::string have;
+    for (const auto& [k, v] : peaks)
+      if (v > 0) have += (have.empty() ? "" : ", ") + k;
+    MESHRT_FAIL("cluster " << name << " has no peak FLOP/s for --dtype " << dtype
+                           << " (it has: " << (have.empty() ? "none" : have)
+                           << "); choose one of those for --dtype, or add " << dtype
+                           << " to the cluster file's \"peak_tflops\"");
+  }
   peak_tflops = it->second;
 }
 

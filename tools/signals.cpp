@@ -1,5 +1,6 @@
 #include "tools/signals.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,8 +17,16 @@ namespace meshrt::cli {
 namespace {
 
 std::atomic<bool> g_announce{false};
+std::atomic<bool> g_watch_stdout{false};
 struct sigaction g_old_int {
-}, g_old_term{}, g_old_usr2{}, g_old_hup{};
+}, g_old_term{}, g_old_usr2{}, g_old_hup{}, g_old_pipe{};
+
+// The reader of standard output is gone: a pipe whose read end was closed (`| head -1` after its
+// line), where the next write fails with EPIPE.
+bool stdout_reader_gone() {
+  pollfd p{STDOUT_FILENO, POLLOUT, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLERR) != 0;
+}
 
 // SIGHUP (the terminal closed, the ssh session dropped) is handled as SIGTERM is, unless it is
 // ignored (`nohup`, a launcher that detached the job): then it stays ignored, as asked. Installs
@@ -123,21 +132,34 @@ StopSignals::StopSignals(bool announce) {
   sigemptyset(&sa.sa_mask);
   // Blocking calls (collectives, file I/O) resume rather than fail with EINTR.
   sa.sa_flags = SA_RESTART;
-  MESHRT_CHECK(
-      sigaction(SIGINT, &sa, &g_old_int) == 0 && sigaction(SIGTERM, &sa, &g_old_term) == 0 &&
-          sigaction(SIGUSR2, &sa, &g_old_usr2) == 0 && install_hangup(sa, &g_old_hup),
-      "cannot install the SIGINT / SIGTERM / SIGUSR2 / SIGHUP handlers: " << std::strerror(errno));
+  // SIGPIPE ignored: a write to a closed pipe fails with EPIPE instead of killing the process,
+  // and received() turns the closed pipe into a stop request (SIGPIPE) at the next safe point.
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  MESHRT_CHECK(sigaction(SIGINT, &sa, &g_old_int) == 0 &&
+                   sigaction(SIGTERM, &sa, &g_old_term) == 0 &&
+                   sigaction(SIGUSR2, &sa, &g_old_usr2) == 0 && install_hangup(sa, &g_old_hup) &&
+                   sigaction(SIGPIPE, &ign, &g_old_pipe) == 0,
+               "cannot install the SIGINT / SIGTERM / SIGUSR2 / SIGHUP / SIGPIPE handlers: "
+                   << std::strerror(errno));
+  g_watch_stdout.store(true);
 }
 
 StopSignals::~StopSignals() {
+  g_watch_stdout.store(false);
   set_graceful_stop(false);
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGUSR2, &g_old_usr2, nullptr);
   sigaction(SIGHUP, &g_old_hup, nullptr);
+  sigaction(SIGPIPE, &g_old_pipe, nullptr);
 }
 
-int StopSignals::received() { return stop_request(); }
+int StopSignals::received() {
+  if (stop_request() == 0 && g_watch_stdout.load() && stdout_reader_gone()) request_stop(SIGPIPE);
+  return stop_request();
+}
 
 const char* StopSignals::name(int sig) {
   switch (sig) {
@@ -149,6 +171,8 @@ const char* StopSignals::name(int sig) {
       return "SIGUSR2";
     case SIGHUP:
       return "SIGHUP";
+    case SIGPIPE:
+      return "SIGPIPE (standard output was closed by its reader)";
     default:
       return "a signal";
   }

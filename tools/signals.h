@@ -21,9 +21,13 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // The first signal received (SIGINT, SIGTERM, SIGUSR2 or SIGHUP), 0 when none.
+  // The first signal received (SIGINT, SIGTERM, SIGUSR2 or SIGHUP), 0 when none. While a
+  // StopSignals lives SIGPIPE is ignored, and standard output found closed by its reader (a pipe
+  // to `head` that exited) counts as SIGPIPE received: the command stops as for SIGTERM, and
+  // says so on stderr (its standard output is gone).
   static int received();
-  static const char* name(int sig);  // "SIGINT", "SIGTERM", "SIGUSR2", "SIGHUP"
+  // "SIGINT", "SIGTERM", "SIGUSR2", "SIGHUP", "SIGPIPE (standard output was closed by its reader)"
+  static const char* name(int sig);
 };
 
 // SIGINT / SIGTERM / SIGHUP (unless ignored, as above) for commands with no safe point to stop at

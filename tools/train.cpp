@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <iomanip>
+#include <iostream>
 #include <mutex>
 #include <sstream>
 #include <type_traits>
@@ -17,6 +18,7 @@
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
 #include "collectives/config_check.h"
+#include "mesh/device_mesh.h"
 #include "mesh/token_data.h"
 #include "mesh/train.h"
 #include "mesh/train_checkpoint.h"
@@ -310,7 +312,7 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   TrainConfig c;
   c.model.block.hidden = o.hidden;
   c.model.block.heads = o.heads;
-  c.model.block.ffn = o.ffn > 0 ? o.ffn : 4 * o.hidden;
+  c.model.block.ffn = ffn_or_default(o.hidden, o.ffn);  // refuses a --hidden it would overflow
   c.model.block.dtype = parse_dtype(o.dtype);
   c.model.block.seed = o.seed;
   c.model.layers = o.layers;
@@ -391,6 +393,16 @@ void check_host_memory(const TrainConfig& cfg, const Launch& launch, double mem_
                       "--micro-batches)");
 }
 
+// As bench block: --zero on a mesh with dp=1 would be ignored (the library runs it as zero 0).
+void check_zero_over_dp(const TrainConfig& cfg, int world) {
+  const std::string mesh =
+      cfg.mesh.empty() ? std::string(kDpDim) + "=" + std::to_string(world) : cfg.mesh;
+  int dp = 1;
+  for (const MeshDim& d : parse_mesh_spec(mesh, world))
+    if (d.name == kDpDim) dp = d.size;
+  check_zero_has_dp(cfg.dp.zero, dp, mesh);
+}
+
 struct Summary {
   double median_ms = 0, dp_comm = 0, dp_exposed = 0, final_loss = 0;
 };
@@ -433,7 +445,13 @@ void check_outputs_spare_checkpoints(const std::string& metrics, const std::stri
 
 }  // namespace
 
-RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os) {
+void check_train_config(const TrainConfig& cfg, int world) {
+  validate_train(cfg, world);
+  check_zero_over_dp(cfg, world);
+}
+
+RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os,
+                         const std::function<void(int world)>& precheck) {
   LaunchOptions lo;
   lo.devices = o.devices;
   lo.devices_defaulted = !o.devices_given;
@@ -442,7 +460,8 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
   // files or folders differ, with the first failing rank's error: mpirun prints it once.
   std::string err;
   try {
-    validate_train(cfg, launch->world_size());
+    check_train_config(cfg, launch->world_size());
+    if (precheck) precheck(launch->world_size());
     check_host_memory(cfg, *launch, o.mem_limit_mb);
     check_outputs_spare_inputs({{"--metrics", cfg.metrics}},
                                {{"--data", o.data}, {"--val-data", o.val_data}});
@@ -571,7 +590,8 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
              << std::setprecision(2) << s.straggler_ratio
              << "x the median rank's compute from step " << s.step;
     line << "\n";
-    print_line(os, line.str());
+    // Standard output closed by its reader: the summary goes to stderr.
+    print_line(stopped && sig == SIGPIPE ? std::cerr : os, line.str());
   }
   // Stopped by a signal (here or, under mpirun, at another rank): no comparison run.
   if (stopped) return 128 + (sig != 0 ? sig : SIGTERM);

@@ -6,6 +6,7 @@
 #include "bench/common/command.h"
 #include "mesh/train.h"
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -62,6 +63,9 @@ std::vector<std::string> train_local_options();
 CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o);
 // The run's configuration from the flags (token files opened; stop_requested: the signals).
 TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode);
+// Every check of a run's configuration that needs the world size (mesh/train.h's validate_train,
+// and --zero refused on a mesh with dp=1).
+void check_train_config(const TrainConfig& cfg, int world);
 // A run stopped by the finiteness guard (NonFiniteError), raised alike on every rank.
 class TrainDivergedError : public bench::UniformError {
  public:
@@ -73,8 +77,10 @@ struct RunResult {
 };
 // One run in this process: the launch from the environment (threads from --devices, or this
 // mpirun rank), every check before it, and train() on each local rank. A non-finite stop is
-// raised as one TrainDivergedError.
-RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os);
+// raised as one TrainDivergedError. `precheck` (when set) runs with the checks, given the world
+// size: what it raises fails the run before any step, as they do (tune: every trial of its grid).
+RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::ostream* os,
+                         const std::function<void(int world)>& precheck = {});
 // Runs it (launch from the environment: threads from --devices, or mpirun processes). SIGINT /
 // SIGTERM stop every rank after the same step: a one-line summary, and 128 + the signal's number
 // as the exit status (a second signal exits at once).

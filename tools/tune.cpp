@@ -5,12 +5,15 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include <fcntl.h>
@@ -20,6 +23,7 @@
 #include "bench/common/cli_checks.h"
 #include "bench/common/stats.h"
 #include "bench/sweep/sweep.h"
+#include "collectives/config_check.h"
 #include "mesh/metrics_record.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
@@ -126,15 +130,49 @@ std::vector<TuneTrial> tn_grid(const TuneCliOptions& o) {
   return g;
 }
 
-// What a state file must match to be resumed: every shared train option and the search.
+// What a state file must match to be resumed: every shared train option and the search, in the
+// order tn_fingerprint writes them.
+std::vector<std::pair<std::string, std::string>> tn_fingerprint_fields(const TuneCliOptions& o) {
+  std::vector<std::pair<std::string, std::string>> f = train_shared_options(o.base);
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", o.margin);
+  f.insert(f.end(), {{"grid-lr", o.grid_lr},
+                     {"grid-batch", o.grid_batch},
+                     {"grid-micro-batches", o.grid_micro},
+                     {"grid-mesh", o.grid_mesh},
+                     {"samples", std::to_string(o.samples)},
+                     {"search-seed", std::to_string(o.search_seed)},
+                     {"margin", b}});
+  return f;
+}
+
 std::string tn_fingerprint(const TuneCliOptions& o) {
-  std::string f;
-  for (const auto& [k, v] : train_shared_options(o.base)) f += k + "=" + v + " ";
-  char b[96];
-  std::snprintf(b, sizeof b, "samples=%d search-seed=%llu margin=%g", o.samples,
-                static_cast<unsigned long long>(o.search_seed), o.margin);
-  return f + "grid-lr=" + o.grid_lr + " grid-batch=" + o.grid_batch +
-         " grid-micro-batches=" + o.grid_micro + " grid-mesh=" + o.grid_mesh + " " + b;
+  std::string s;
+  for (const auto& [k, v] : tn_fingerprint_fields(o)) s += (s.empty() ? "" : " ") + k + "=" + v;
+  return s;
+}
+
+// The flags whose values differ between a state's fingerprint and this run's ("--lr (the state:
+// 0.001, this run: 0.003)"), or "" when the state's keys are not this version's.
+std::string tn_fingerprint_diff(const std::string& search, const TuneCliOptions& o) {
+  const auto want = tn_fingerprint_fields(o);
+  std::string diff;
+  size_t pos = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string head = want[i].first + "=";
+    if (search.compare(pos, head.size(), head) != 0) return "";
+    pos += head.size();
+    const size_t end =
+        i + 1 < want.size() ? search.find(" " + want[i + 1].first + "=", pos) : search.size();
+    if (end == std::string::npos) return "";
+    const std::string had = search.substr(pos, end - pos), name = want[i].first;
+    auto shown = [](const std::string& v) { return v.empty() ? std::string("(not given)") : v; };
+    if (had != want[i].second)
+      diff += std::string(diff.empty() ? "" : ", ") + (name.rfind("--", 0) == 0 ? "" : "--") +
+              name + " (the state: " + shown(had) + ", this run: " + shown(want[i].second) + ")";
+    pos = end + 1;
+  }
+  return diff;
 }
 
 json tn_num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
@@ -215,9 +253,15 @@ std::vector<TuneResult> tn_read_state(const TuneCliOptions& o, const std::vector
   if (f.raw().at("schema") != "meshrt.tune.state") f.fail("schema", f.raw().at("schema"), want);
   f.integer("version", 1, 1);
   const std::string search = f.string("search");
-  MESHRT_CHECK(search == tn_fingerprint(o),
-               path << " is the state of another search (" << search
-                    << "); use the same flags to resume it, or another --out folder");
+  // A search that stopped before finishing a trial (e.g. its grid was refused) holds nothing to
+  // resume: a rerun with other flags takes the folder over.
+  if (search != tn_fingerprint(o) && f.array("trials").empty()) return {};
+  if (search != tn_fingerprint(o)) {
+    const std::string diff = tn_fingerprint_diff(search, o);
+    MESHRT_FAIL(path << " is the state of another search ("
+                     << (diff.empty() ? search : "different " + diff)
+                     << "); use the same flags to resume it, or another --out folder");
+  }
   const json& trials = f.array("trials");
   std::vector<TuneResult> out;
   std::vector<int> seen;
@@ -264,7 +308,27 @@ double tn_tokens_per_s(const std::vector<StepStats>& st, int64_t tokens) {
 
 // One short training in this process. A trial that trails the best one (tune_trails) asks to
 // stop (it stops after the next step).
-TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneResult* best) {
+// Every trial of `grid` on `world` ranks, checked as its run would check it: a value of a grid
+// that cannot run fails the search before its first trial, not when its turn comes.
+void tn_check_grid(const TrainConfig& cfg, const std::vector<TuneTrial>& grid, int world) {
+  for (const TuneTrial& t : grid) {
+    TrainConfig c = cfg;
+    c.optim.lr = static_cast<float>(t.lr);
+    c.batch = t.batch;
+    c.micro_batches = t.micro;
+    c.mesh = t.mesh;
+    try {
+      check_train_config(c, world);
+    } catch (const Error& e) {
+      MESHRT_FAIL("tune: trial " << t.index << " of the grid (" << t.label()
+                                 << ") cannot run: " << e.message()
+                                 << "; change the grid flags (--grid-*) so that every trial can");
+    }
+  }
+}
+
+TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneResult* best,
+                        const std::vector<TuneTrial>* check_grid) {
   TrainCliOptions to = o.base;
   to.lr = static_cast<float>(t.lr);
   to.batch = t.batch;
@@ -272,6 +336,11 @@ TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneR
   to.mesh = t.mesh;
   to.metrics = tn_metrics_path(o, t.index);
   TrainConfig cfg = train_config(to, parse_grad_sync(to.grad_sync));
+  // Under mpirun the trial's bootstrap refuses ranks that are not in the same search or trial
+  // (e.g. a rank that found no state to resume in an --out it does not share).
+  detail::ConfigFields same = tn_fingerprint_fields(o);
+  same.emplace_back("tune trial", "#" + std::to_string(t.index) + " " + t.label());
+  detail::set_process_config(std::move(same), "meshrt tune");
   const std::vector<double> curve = best ? best->losses : std::vector<double>();
   std::atomic<bool> trailing{false};
   // Every rank reports each step (threads: at once); all report the same loss.
@@ -295,7 +364,9 @@ TuneResult tn_run_trial(const TuneCliOptions& o, const TuneTrial& t, const TuneR
   r.index = t.index;
   std::vector<StepStats> st;
   try {
-    st = run_train_once(cfg, to, nullptr).stats;
+    st = run_train_once(cfg, to, nullptr, [&](int world) {
+           if (check_grid) tn_check_grid(cfg, *check_grid, world);
+         }).stats;
   } catch (const TrainDivergedError&) {
     r.status = "diverged";
     try {
@@ -436,13 +507,17 @@ class TnLock {
   int fd_ = -1;
 };
 
-void tn_check(const TuneCliOptions& o) {
+// `owner`: this process owns --out (see run_tune); the others check the flags only.
+void tn_check(const TuneCliOptions& o, bool owner) {
   MESHRT_CHECK(o.base.metrics.empty() && o.base.save.empty() && o.base.resume.empty(),
                "tune: --metrics, --save and --resume are tune's own (each trial's metrics go to "
                "--out/trial-N.jsonl); drop them");
   MESHRT_CHECK(
       std::isfinite(o.margin) && o.margin >= 0,
       "tune: --margin " << o.margin << " must be >= 0 (0: no early stop of trailing trials)");
+  check_output_path(o.json, "--json");
+  check_output_path(o.plot, "--plot");
+  if (!owner) return;
   namespace fs = std::filesystem;
   std::error_code made, st;
   fs::create_directories(o.out, made);
@@ -471,8 +546,6 @@ void tn_check(const TuneCliOptions& o) {
                              << o.out << " holds files but no " << kStateName
                              << ": not a folder a tune search made (its trial-N.jsonl files "
                                 "would replace files there); give a new or empty folder");
-  check_output_path(o.json, "--json");
-  check_output_path(o.plot, "--plot");
   check_distinct_outputs({{"--json", o.json}, {"--plot", o.plot}});
   check_outputs_spare_inputs({{"--json", o.json}, {"--plot", o.plot}},
                              {{"--data", o.base.data}, {"--val-data", o.base.val_data}});
@@ -548,35 +621,49 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
 }
 
 int run_tune(const TuneCliOptions& o, std::ostream& os) {
-  tn_check(o);
-  const TnLock lock(o.out);  // the folder is this process's until it returns
-  StopSignals signals(bench::launcher_rank() == 0);
+  // Under a process launch (mpirun: one rank per process) the ranks of a trial are one job: rank
+  // 0's process owns --out (the checks, the lock, the state, the table); the others read the
+  // state to run the same trials, and each trial's start compares them (tn_run_trial).
+  const bool owner = bench::launcher_rank() == 0;
+  tn_check(o, owner);
+  std::optional<TnLock> lock;
+  if (owner) lock.emplace(o.out);  // the folder is this process's until it returns
+  StopSignals signals(owner);
+  auto say = [&](const std::string& line) {
+    if (owner) print_line(os, line);
+  };
   const std::vector<TuneTrial> grid = tn_grid(o);
   std::vector<TuneResult> done = tn_read_state(o, grid);
-  if (done.empty()) tn_write_state(o, done, grid);  // the folder is this search's from now on
+  if (done.empty() && owner) tn_write_state(o, done, grid);  // the folder is this search's now
   if (!done.empty())
-    print_line(os, "tune: resuming from " + o.out + ": " + std::to_string(done.size()) + " of " +
-                       std::to_string(grid.size()) + " trials done\n");
+    say("tune: resuming from " + o.out + ": " + std::to_string(done.size()) + " of " +
+        std::to_string(grid.size()) + " trials done\n");
+  bool checked = false;
   for (const TuneTrial& t : grid) {
     if (std::any_of(done.begin(), done.end(), [&](auto& r) { return r.index == t.index; }))
       continue;
-    TuneResult r = tn_run_trial(o, t, tn_best(done));
+    // The first trial this run starts checks the whole grid first.
+    TuneResult r = tn_run_trial(o, t, tn_best(done), checked ? nullptr : &grid);
+    checked = true;
     if (r.status == "interrupted") {
       const int sig = StopSignals::received();
-      print_line(os, std::string("tune: stopped by ") + StopSignals::name(sig) + " during trial " +
-                         std::to_string(t.index) + "; " + std::to_string(done.size()) + " of " +
-                         std::to_string(grid.size()) +
-                         " trials done: rerun the same command to resume\n");
+      if (owner)  // standard output closed by its reader: the line goes to stderr
+        print_line(sig == SIGPIPE ? std::cerr : os,
+                   std::string("tune: stopped by ") + StopSignals::name(sig) + " during trial " +
+                       std::to_string(t.index) + "; " + std::to_string(done.size()) + " of " +
+                       std::to_string(grid.size()) +
+                       " trials done: rerun the same command to resume\n");
       return 128 + sig;
     }
     char line[160];
     std::snprintf(line, sizeof line, "trial %d (%s): %s, %d steps, loss %s, val loss %s\n", t.index,
                   t.label().c_str(), r.status.c_str(), r.steps, tn_loss(r.last_loss).c_str(),
                   tn_loss(r.val_loss).c_str());
-    print_line(os, line);
+    say(line);
     done.push_back(std::move(r));
-    tn_write_state(o, done, grid);
+    if (owner) tn_write_state(o, done, grid);
   }
+  if (!owner) return 0;
   const std::vector<TuneResult> sorted = tn_sorted(done);
   tn_print_table(o, sorted, grid, os);
   tn_write_outputs(o, sorted, grid, os);

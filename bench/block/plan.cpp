@@ -9,6 +9,7 @@
 #include <limits>
 #include <thread>
 
+#include "bench/common/cli_checks.h"
 #include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "plan/cost_model.h"
@@ -104,10 +105,7 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
   p.cfg.heads = o.heads > 0 ? o.heads : (c ? 32 : 16);
   // The default ffn is 4 x hidden: a hidden that large would overflow it (and be blamed on
   // --ffn, which the user never gave).
-  MESHRT_CHECK(o.ffn > 0 || p.cfg.hidden <= std::numeric_limits<int64_t>::max() / 4,
-               "--hidden " << p.cfg.hidden << " is too large: the default --ffn (4 x hidden) "
-                           << "overflows a 64-bit integer; reduce --hidden or give --ffn");
-  p.cfg.ffn = o.ffn > 0 ? o.ffn : 4 * p.cfg.hidden;
+  p.cfg.ffn = cli::ffn_or_default(p.cfg.hidden, o.ffn);
   p.cfg.seed = o.seed;
   p.batch = o.batch > 0 ? o.batch : (c ? 4 : 1);
   p.seq = o.seq > 0 ? o.seq : (c ? 2048 : 512);
@@ -130,10 +128,7 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
                            << " and " << kTpDim << " (e.g. " << kDpDim << "=2," << kTpDim << "=4)");
   }
   for (const MeshDim& d : dims) (d.name == kDpDim ? p.dp : p.tp) = d.size;
-  MESHRT_CHECK(o.zero == 0 || p.dp > 1,
-               "--zero " << o.zero << " would be ignored: ZeRO shards over dp and --mesh " << p.mesh
-                         << " has dp=1; give a mesh with dp > 1 (e.g. " << kDpDim
-                         << "=2) or drop --zero");
+  cli::check_zero_has_dp(o.zero, p.dp, p.mesh);
   p.sp_requested = o.sp == 1 || (o.sp == -1 && p.tp > 1);
   p.sp = p.sp_requested && p.tp > 1;
   MESHRT_CHECK(!(p.overlap == Overlap::Chunked && p.tp > 1 && !p.sp),

@@ -24,8 +24,10 @@ class CollectiveCommand : public Command {
     c.add_option("-b,--minbytes", min_, "smallest size, bytes with optional K/M/G")
         ->capture_default_str();
     c.add_option("-e,--maxbytes", max_, "largest size")->capture_default_str();
+    // A finite factor > 1: "inf" (or 1e400, read as inf) made 0 x inf a NaN size.
     factor_ = c.add_option("-f,--stepfactor", o_.step_factor, "multiply the size by this")
-                  ->capture_default_str();
+                  ->capture_default_str()
+                  ->check(cli::at_least(1, false));
     c.add_option("-i,--stepbytes", step_, "add this many bytes instead of multiplying");
     c.add_option("-d,--datatype", o_.dtype, "f32 | bf16 | f16 | i32 | i64")->capture_default_str();
     redop_ = c.add_option("-o,--redop", o_.redop,

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <string>
 
+#include "runtime/error.h"
+
 namespace meshrt::cli {
 
 namespace {
@@ -93,6 +95,21 @@ CLI::Validator non_empty() {
                           : std::string();
       },
       "");
+}
+
+void check_zero_has_dp(int zero, int dp, const std::string& mesh) {
+  MESHRT_CHECK(zero == 0 || dp > 1,
+               "--zero " << zero << " would be ignored: ZeRO shards over dp and --mesh " << mesh
+                         << " has dp=1; give a mesh with dp > 1 "
+                         << "(e.g. dp=2) or drop --zero");
+}
+
+int64_t ffn_or_default(int64_t hidden, int64_t ffn) {
+  if (ffn > 0) return ffn;
+  MESHRT_CHECK(hidden <= std::numeric_limits<int64_t>::max() / 4,
+               "--hidden " << hidden << " is too large: the default --ffn (4 x hidden) "
+                           << "overflows a 64-bit integer; reduce --hidden or give --ffn");
+  return 4 * hidden;
 }
 
 }  // namespace meshrt::cli

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 namespace meshrt::cli {
@@ -42,5 +43,12 @@ CLI::Validator peak_tflops(bool zero_allowed);
 // Any value but "" (a mesh, a directory): an empty one would silently mean the default.
 CLI::Validator non_empty();
 inline const CLI::Validator kNonEmpty = non_empty();
+
+// ZeRO shards over dp: --zero 1|2|3 on a mesh with dp=1 would be ignored. Refused alike by
+// `bench block` and `train` / `tune` ("--zero 3 would be ignored: ... has dp=1; ...").
+void check_zero_has_dp(int zero, int dp, const std::string& mesh);
+// --ffn, or its default 4 x hidden when not given (ffn <= 0); a --hidden whose default would
+// overflow int64 is refused, blamed on --hidden (bench block, train, tune).
+int64_t ffn_or_default(int64_t hidden, int64_t ffn);
 
 }  // namespace meshrt::cli

@@ -250,6 +250,8 @@ void read_sweep_config(const SweepFields& c, SweepRun& s) {
   s.pc.bucket_mb = c.number("bucket_mb", json_positive());
   s.pc.overlap = named("overlap", [](const std::string& v) { return parse_overlap(v); });
   s.pc.optimizer = false;  // the block benchmark runs no optimizer step
+  // The ZeRO stage the run sharded over dp (bench block --zero; absent in older sweeps: 0).
+  s.pc.zero = c.has("zero") ? static_cast<int>(c.integer("zero", 0, 3)) : 0;
   s.fwd_only = c.boolean_or("fwd_only", false);
   s.cuda = c.string_or("device_type", "") == "cuda";
   s.label = c.string("mesh") + " sp=" + (s.pc.tp > 1 ? (s.pc.sp ? "on" : "off") : "-") +

@@ -166,6 +166,15 @@ TEST_CASE("numbers past their type, empty outputs and parse errors are refused u
       {"bench collective -c 5", "--check: '5' is not an integer from 0 to 1"},
       {"bench collective -n 0", "--iters: '0' is not an integer >= 1"},
       {"bench collective -w 3000000000", "--warmup_iters: '3000000000' is not an integer >= 0"},
+      // A --hidden whose default --ffn (4 x hidden) would overflow, in train as in bench block.
+      {"train --hidden 9223372036854775807",
+       "^meshrt: error: --hidden 9223372036854775807 is too large: the default --ffn \\(4 x "
+       "hidden\\) overflows a 64-bit integer; reduce --hidden or give --ffn\n$"},
+      // A step factor that is not a finite number > 1 (1e400 reads as inf).
+      {"bench collective -b 0 -e 8 -f inf", "--stepfactor: 'inf' is not a number > 1"},
+      {"bench collective -b 0 -e 8 -f nan", "--stepfactor: 'nan' is not a number > 1"},
+      {"bench collective -b 0 -e 8 -f 1e400", "--stepfactor: '1e400' is not a number > 1"},
+      {"bench collective -f 1", "--stepfactor: '1' is not a number > 1"},
       // CLI11's own conversion, where no validator checks the range first.
       {"bench gemm -m 99999999999999999999 -n 4 -k 4",
        "-m: '99999999999999999999' is not an integer from 1 to 2147483648"},
@@ -868,7 +877,7 @@ TEST_CASE("standalone programs and the CLI have the same flags, checks and messa
       {"collective", "-b 1K -e 512", "-b 1024 must be >= 0 and <= -e 512"},
       {"collective", "-n 0", "--iters: '0' is not an integer >= 1"},
       {"collective", "-a 7", "-a 7: use 0 \\(rank 0\\)"},
-      {"collective", "-f 1", "use -f with a factor > 1"},
+      {"collective", "-f 1", "--stepfactor: '1' is not a number > 1"},
       {"collective", "--frobnicate", "not expected: --frobnicate"},
       {"gemm", "-m -1 -n 4 -k 4", "-m: '-1' is not an integer from 1 to 2147483648"},
       {"gemm", "--dtype i32", "--dtype i32 must be f32, bf16 or f16"},

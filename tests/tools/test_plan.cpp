@@ -413,14 +413,45 @@ TEST_CASE("plan: cluster presets and files, model specs, and their errors", "[un
                     Catch::Contains("peak_tflops"));
   CHECK_THROWS_WITH(cluster_from_json("[1", "x.json"), Catch::Contains("not valid JSON"));
   ClusterSpec cpu = cluster_preset("cpu");
-  CHECK_THROWS_WITH(cpu.select_dtype("f8"), Catch::Contains("no peak FLOP/s for f8"));
+  CHECK_THROWS_WITH(cpu.select_dtype("f8"),
+                    Catch::StartsWith("cluster cpu has no peak FLOP/s for --dtype f8 (it has: "
+                                      "bf16, f16, f32); choose one of those for --dtype, or add "
+                                      "f8 to the cluster file's \"peak_tflops\""));
   CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=3,seq=8"),
                     Catch::Contains("does not divide by heads"));
   CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=4"), Catch::Contains("seq are required"));
   CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=4,seq=8,depth=2"),
                     Catch::Contains("unknown key 'depth'"));
   CHECK_THROWS_WITH(parse_model_spec("hidden=x,heads=4,seq=8"),
-                    Catch::Contains("hidden=x must be a positive integer"));
+                    Catch::Contains("hidden=x must be a positive integer (1 to 1099511627775)"));
+  // Past int64, past the per-key bound, and a model whose counts would overflow int64.
+  CHECK_THROWS_WITH(parse_model_spec("hidden=9223372036854775807,heads=4,seq=8"),
+                    Catch::StartsWith("--model hidden=9223372036854775807,heads=4,seq=8: "
+                                      "hidden=9223372036854775807 must be a positive integer (1 "
+                                      "to 1099511627775)"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=99999999999999999999,heads=4,seq=8"),
+                    Catch::Contains("hidden=99999999999999999999 must be a positive integer (1 "
+                                    "to 1099511627775)"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=1099511627775,heads=5,seq=8"),
+                    Catch::StartsWith("--model hidden=1099511627775,heads=5,seq=8: about "
+                                      "1.45071e+25 parameters, more than the planner counts (at "
+                                      "most 2^53 = 9007199254740992); lower hidden, ffn, layers "
+                                      "or vocab"));
+  CHECK_NOTHROW(parse_model_spec("hidden=16384,heads=128,seq=8,layers=1000,vocab=262144"));
+  CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=4,seq=8,layers=100001"),
+                    Catch::Contains("layers=100001 is more than 100000; give 1 to 100000 layers"));
+  CHECK_THROWS_WITH(load_cluster(":8", "bf16"),
+                    Catch::StartsWith("--cluster :8: no device before ':'; give a preset such as "
+                                      "h100-sxm:8, h200-sxm:8, a100-sxm:8 (':8xN' for N nodes) or "
+                                      "cpu, or a cluster JSON file"));
+  CHECK_THROWS_WITH(load_cluster("h100-sxm:", "bf16"),
+                    Catch::Contains("e.g. h100-sxm:8x4 (got '' after ':')"));
+  {
+    nlohmann::json j = nlohmann::json::parse(cluster_to_json(a));
+    j["device"] = "";
+    CHECK_THROWS_WITH(cluster_from_json(j.dump(), "x.json"),
+                      Catch::Contains("field 'device' is \"\", not a name of the device"));
+  }
   CHECK_THROWS_WITH(parse_model_spec("hidden=64,heads=4,seq=8,hidden=128"),
                     Catch::Contains("'hidden' is given twice; give each key once"));
   const ModelSpec m = small();
@@ -797,6 +828,8 @@ TEST_CASE("plan: --compare checks every field of the sweep it reads", "[unit]") 
   CHECK(with("/config/dp", nullptr) ==
         at + "field 'config.dp' is missing; give an integer in [1, 1048576]");
   CHECK(with("/config/sp", 1) == at + "field 'config.sp' is 1, not true or false");
+  CHECK(with("/config/zero", 7) == at + "field 'config.zero' is 7, not an integer in [0, 3]");
+  CHECK(with("/config/zero", 0).empty());
   CHECK(with("/config/bucket_mb", -25) == at + "field 'config.bucket_mb' is -25, not a number > 0");
   CHECK(with("/config/dtype", "f8") ==
         at + "field 'config.dtype': dtype 'f8': use f32, bf16 or f16");

@@ -873,3 +873,46 @@ TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind"
     CHECK_THAT(r.err, Catch::Contains(msg));
   }
 }
+
+TEST_CASE("train and tune refuse --zero on a mesh with dp=1, as bench block does",
+          "[train][unit][zero]") {
+  const std::string msg =
+      "meshrt: error: --zero 3 would be ignored: ZeRO shards over dp and --mesh tp=2 has dp=1; "
+      "give a mesh with dp > 1 (e.g. dp=2) or drop --zero\n";
+  Run t = train_cli("train --devices cpu:2 " + kSmall + " --steps 2 --mesh tp=2 --zero 3");
+  INFO(t.out << t.err);
+  CHECK(t.rc == 1);
+  CHECK(t.err == msg);
+  CHECK(t.out.find("step 1") == std::string::npos);
+  Run b = train_cli("bench block --devices cpu:2 --mesh tp=2 --zero 3 --no-calibrate");
+  CHECK(b.rc == 1);
+  CHECK(b.err.find(msg) != std::string::npos);
+  // The default mesh of one rank is dp=1 too.
+  Run one = train_cli("train --devices cpu:1 " + kSmall + " --steps 2 --zero 1");
+  CHECK(one.rc == 1);
+  CHECK_THAT(one.err, Catch::Contains("--zero 1 would be ignored: ZeRO shards over dp and --mesh "
+                                      "dp=1 has dp=1"));
+}
+
+TEST_CASE("a dangling --save link and a --data file of unknown size are named with what to do",
+          "[train][unit]") {
+  const fs::path link = train_scratch() / "dangling-save", target = train_scratch() / "no-such";
+  fs::remove(link);
+  fs::remove_all(target);
+  fs::create_symlink(target, link);
+  Run s = train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --save " + link.string());
+  INFO(s.out << s.err);
+  CHECK(s.rc == 1);
+  CHECK(s.err == "meshrt: error: --save " + link.string() + ": a symbolic link to " +
+                     target.string() +
+                     ", which does not exist; create that folder, point the link at an existing "
+                     "folder, or give another --save path\n");
+  CHECK_FALSE(fs::exists(target));
+  Run d = train_cli("train --devices cpu:1 " + kSmall + " --steps 1 --data /proc/self/maps");
+  INFO(d.out << d.err);
+  CHECK(d.rc == 1);
+  CHECK(d.err ==
+        "meshrt: error: --data /proc/self/maps: its size is unknown (the file system says 0 "
+        "bytes, yet it reads: a /proc or /sys pseudo-file?); copy it to a regular file first, "
+        "e.g. cp /proc/self/maps tokens.bin\n");
+}

@@ -122,7 +122,9 @@ TEST_CASE("tune runs a grid, sorts it by validation loss and resumes an interrup
   CHECK_THAT(done.out, Catch::Contains("6 of 6 trials done") && !Catch::Contains("trial 0 ("));
   const auto other = tune_cli(args + " --grid-micro-batches 1,2");
   CHECK(other.rc != 0);
-  CHECK_THAT(other.err, Catch::Contains("is the state of another search"));
+  CHECK_THAT(other.err, Catch::Contains("is the state of another search (different "
+                                        "--grid-micro-batches (the state: (not given), this run: "
+                                        "1,2))"));
 }
 
 TEST_CASE("tune refuses flags that are its own and bad grids", "[tune][unit]") {
@@ -186,6 +188,29 @@ std::vector<double> tune_curve(int steps, double floor, double wobble, double sp
 }
 
 }  // namespace
+
+TEST_CASE("tune checks every trial of its grid before the first one runs", "[tune][unit]") {
+  const fs::path out = tune_scratch() / "grid-check";
+  fs::remove_all(out);
+  const std::string args =
+      "tune --devices cpu:2 --hidden 16 --heads 2 --seq 8 --vocab 256 --layers 1 --steps 1 "
+      "--grid-lr 1e-3 --out " +
+      out.string();
+  const auto r = tune_cli(args + " --grid-batch 2,3");
+  INFO(r.out << r.err);
+  CHECK(r.rc == 1);
+  CHECK(r.err ==
+        "meshrt: error: tune: trial 1 of the grid (lr=0.001 b=3 mb=1) cannot run: train: global "
+        "--batch 3 must divide by dp (2) x --micro-batches (1); change the grid flags (--grid-*) "
+        "so that every trial can\n");
+  CHECK(r.out.find("trial 0 (") == std::string::npos);
+  CHECK_FALSE(fs::exists(out / "trial-0.jsonl"));
+  // Nothing was finished: the same folder takes the corrected search.
+  const auto fixed = tune_cli(args + " --grid-batch 2,4");
+  INFO(fixed.out << fixed.err);
+  CHECK(fixed.rc == 0);
+  CHECK_THAT(fixed.out, Catch::Contains("tune: 2 trials, 1 steps each"));
+}
 
 TEST_CASE("tune's trailing rule compares windowed means, not one noisy step", "[tune][unit]") {
   using meshrt::cli::tune_rank_loss;
@@ -379,6 +404,16 @@ TEST_CASE("tune refuses a malformed state file, an --out it cannot use and a sec
   CHECK_THAT(tune_cli(args + out.string()).err,
              Catch::StartsWith(at + "not valid JSON: parse error at line 1, column 13"));
   std::ofstream(state) << good.dump();
+  // A rerun with other flags names each flag that differs, with both values.
+  std::string changed = args;
+  changed.replace(changed.find("--steps 2"), 9, "--steps 3");
+  changed.replace(changed.find("1e-4,2e-4"), 9, "1e-4,3e-4");
+  CHECK(tune_cli(changed + out.string()).err ==
+        "meshrt: error: " + state.string() +
+            " is the state of another search (different --steps (the state: 2, this run: 3), "
+            "--grid-lr (the state: 1e-4,2e-4, this run: 1e-4,3e-4)); use the same flags to resume "
+            "it, or another --out folder\n");
+  CHECK(meshrt::test::slurp(state) == good.dump());
 
   // A second tune on the folder fails at once, naming the holder of the lock, and writes nothing.
   const fs::path lock = out / "tune.lock";

@@ -36,9 +36,11 @@ ModelConfig tiny_model() {
 
 using Grads = std::map<std::string, std::vector<double>>;
 
-// One forward/backward of `global_batch` samples over a dp-only mesh of `dp` ranks with
-// `micro` micro-batches; returns the synchronised gradients of rank 0.
-Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb, bool bf16 = false) {
+// `steps` forward/backward passes of `global_batch` samples each (step t draws from stream
+// 3 + t) over a dp-only mesh of `dp` ranks with `micro` micro-batches, each step zeroed by
+// zero_grad(first_write); returns the synchronised gradients of rank 0 after the last step.
+Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb, bool bf16 = false,
+               int steps = 1, bool first_write = false) {
   Grads res;
   std::mutex mu;
   run_ranks(dp, [&](int r, Communicator& world, Context& ctx) {
@@ -49,37 +51,8 @@ Grads dp_grads(int dp, int64_t global_batch, int micro, double bucket_mb, bool b
     o.bucket_mb = bucket_mb;
     o.bf16_comm = bf16;
     GradSync sync(mesh, model.params(), o);
-    sync.set_active(0);
-    sync.zero_grad();
     const int64_t local = global_batch / dp, mb = local / micro, seq = 8;
-    for (int m = 0; m < micro; ++m) {
-      sync.enable_sync(m == micro - 1);
-      Tensor ids, tg;
-      make_synthetic_batch(ctx, 3, r * local + m * mb, mb, seq, 64, &ids, &tg);
-      model.forward(ids, tg);
-      model.backward(1.f / static_cast<float>(micro), &sync);
-    }
-    sync.wait_all();
-    ctx.synchronize();
-    if (r != 0) return;
-    std::lock_guard<std::mutex> lk(mu);
-    for (Param* p : model.params()) res[p->name] = p->grad.to_vector();
-  });
-  return res;
-}
-
-// The gradients of the second of two steps (different batches), each zeroed by zero_grad
-// (first-write or filled) and run as `micro` micro-batches over a dp-only mesh of `dp` ranks.
-Grads second_step_grads(int dp, int micro, bool first_write) {
-  Grads res;
-  std::mutex mu;
-  run_ranks(dp, [&](int r, Communicator& world, Context& ctx) {
-    DeviceMesh mesh(ctx, world, "dp=" + std::to_string(dp));
-    CommScheduler tp(mesh, kTpDim, Overlap::Async);
-    DecoderModel model(mesh, tp, {}, tiny_model());
-    GradSync sync(mesh, model.params(), DpOptions{});
-    const int64_t mb = 2, seq = 8;
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < steps; ++step) {
       sync.set_active(0);
       sync.zero_grad(first_write);
       for (Param* p : model.params())
@@ -87,7 +60,7 @@ Grads second_step_grads(int dp, int micro, bool first_write) {
       for (int m = 0; m < micro; ++m) {
         sync.enable_sync(m == micro - 1);
         Tensor ids, tg;
-        make_synthetic_batch(ctx, 3 + step, (r * micro + m) * mb, mb, seq, 64, &ids, &tg);
+        make_synthetic_batch(ctx, 3 + step, r * local + m * mb, mb, seq, 64, &ids, &tg);
         model.forward(ids, tg);
         model.backward(1.f / static_cast<float>(micro), &sync);
       }
@@ -552,8 +525,9 @@ TEST_CASE("first-write gradients equal zero-filled ones over steps and micro-bat
   // Accumulating into the first step's gradients instead of overwriting them would double them.
   for (auto [dp, micro] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}}) {
     INFO("dp=" << dp << " micro-batches=" << micro);
-    const Grads filled = second_step_grads(dp, micro, false);
-    const Grads first = second_step_grads(dp, micro, true);
+    const int64_t batch = 2 * dp * micro;
+    const Grads filled = dp_grads(dp, batch, micro, 25.0, false, 2, false);
+    const Grads first = dp_grads(dp, batch, micro, 25.0, false, 2, true);
     compare_grads(first, filled, 1e-5);
   }
 }

@@ -39,43 +39,46 @@ MESHRT_HD uint16_t f32_to_bf16_bits(float f) {
 
 MESHRT_HD float bf16_bits_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
 
-// f32 -> IEEE binary16 bits, round to nearest even, overflow to Inf, subnormals kept.
-MESHRT_HD uint16_t f32_to_f16_bits(float f) {
-  uint32_t x = f32_bits(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: Inf
-  if (ax < 0x38800000u) {                                               // below 2^-14: subnormal
-    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);           // below 2^-25: zero
-    uint32_t e = ax >> 23;                                              // 102..112
-    uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-    uint32_t drop = 126u - e;  // value = m * 2^(e-150); the half subnormal unit is 2^-24
-    uint32_t q = m >> drop;
-    uint32_t rem = m & ((1u << drop) - 1u);
-    uint32_t halfway = 1u << (drop - 1u);
-    if (rem > halfway || (rem == halfway && (q & 1u))) q++;
-    return static_cast<uint16_t>(sign | q);
-  }
-  uint32_t r = ax - 0x38000000u;  // rebias exponent 127 -> 15
-  uint32_t q = r >> 13;
-  uint32_t rem = r & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
-  return static_cast<uint16_t>(sign | q);
+// c ? a : b on bit patterns, written as masks: compilers keep it branch-free, so loops vectorize.
+MESHRT_HD uint32_t select_bits(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return (a & m) | (b & ~m);
 }
 
+// f32 -> IEEE binary16 bits, round to nearest even, overflow to Inf, subnormals kept, NaN quiet
+// with its sign and top payload bits. Branch-free (each case computed, one selected) so that the
+// host loops converting f16 tensors vectorize.
+MESHRT_HD uint16_t f32_to_f16_bits(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  // Normal results: rebias the exponent (127 -> 15), then round the 13 dropped bits to nearest
+  // even (adding 0xfff plus the kept lowest bit carries exactly when rounding up).
+  const uint32_t r = ax - 0x38000000u;
+  const uint32_t normal = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+  // Subnormal results (2^-25 <= |f| < 2^-14): the 24-bit significand m is worth m * 2^(e - 150)
+  // and the half subnormal unit is 2^-24, so drop 126 - e bits, rounding the same way. The shift
+  // is clamped to 14..31, where the selected cases need 14..24.
+  const uint32_t e = ax >> 23;
+  const uint32_t drop = e >= 112u ? 14u : (e <= 95u ? 31u : 126u - e);
+  const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+  const uint32_t sub = (m + ((1u << (drop - 1u)) - 1u) + ((m >> drop) & 1u)) >> drop;
+  uint32_t out = select_bits(ax < 0x38800000u, select_bits(ax < 0x33000000u, 0u, sub), normal);
+  out = select_bits(ax >= 0x477ff000u, 0x7c00u, out);  // rounds to 65520 or more: Inf
+  out = select_bits(ax > 0x7f800000u, 0x7e00u | ((ax >> 13) & 0x3ffu), out);
+  return static_cast<uint16_t>(sign | out);
+}
+
+// IEEE binary16 bits -> f32, exact (subnormals included). Branch-free, as above.
 MESHRT_HD float f16_bits_to_f32(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t e = (h >> 10) & 0x1fu;
-  uint32_t m = h & 0x3ffu;
-  if (e == 0) {
-    if (m == 0) return bits_f32(sign);
-    // subnormal: m * 2^-24
-    float v = static_cast<float>(m) * 5.9604644775390625e-08f;
-    return sign ? -v : v;
-  }
-  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
-  return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  const uint32_t m = h & 0x3ffu;
+  // A subnormal is m * 2^-24: exact in f32 as a normal number.
+  const float sub = static_cast<float>(static_cast<int32_t>(m)) * 5.9604644775390625e-08f;
+  uint32_t bits = select_bits(e == 31u, 0x7f800000u | (m << 13), ((e + 112u) << 23) | (m << 13));
+  bits = select_bits(e == 0u, f32_bits(sub), bits);
+  return bits_f32(sign | bits);
 }
 
 // Storage types: 16-bit payloads with explicit conversion (no implicit arithmetic on purpose).

@@ -87,6 +87,24 @@ TEST_CASE("f32 -> bf16 / f16 round to nearest even", "[dtype]") {
     REQUIRE(f32_to_f16_bits(f) == hb);
 #endif
   }
+#if defined(__FLT16_MAX__)
+  // A sweep over the f32 bit patterns (every 4099th: each exponent, both signs, NaN payloads)
+  // against the compiler's conversion; NaN keeps its sign and top payload bits, quiet.
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) {
+    const float f = bits_f32(static_cast<uint32_t>(u));
+    const uint16_t got = f32_to_f16_bits(f);
+    if (std::isnan(f)) {
+      const uint32_t ax = static_cast<uint32_t>(u) & 0x7fffffffu;
+      REQUIRE(got == (((u >> 16) & 0x8000u) | 0x7e00u | ((ax >> 13) & 0x3ffu)));
+      continue;
+    }
+    _Float16 h = static_cast<_Float16>(f);
+    uint16_t hb;
+    std::memcpy(&hb, &h, 2);
+    INFO("bits=" << u);
+    REQUIRE(got == hb);
+  }
+#endif
   // Ties: 1 + 2^-8 lies halfway between bf16 1 and 1+2^-7; ties go to the even mantissa (1).
   REQUIRE(f32_to_bf16_bits(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);
   REQUIRE(f32_to_bf16_bits(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);

@@ -4,6 +4,10 @@
 # Also makes (or reuses) the Python venv .venv-ci at the repository root with safetensors and
 # numpy, which the checkpoint test reads files with, and lizard, which lint.function_length
 # measures function lengths with (Debian's python is externally managed).
+# Also installs (root only, when missing) oneDNN 3.2, Intel's CPU build with GNU OpenMP, from
+# PyPI (onednn-cpu-gomp / onednn-devel-cpu-gomp 2023.2.0) into /opt/meshrt-deps/onednn-3.2, which
+# CMake's MESHRT_DNNL_ROOT searches first: Debian 12's libdnnl-dev is oneDNN 2.6, which has no f16
+# matmul on CPUs and slower AMX bf16 kernels. Without it (pip offline) the build uses Debian's.
 # --python-venv: only the venv (no root needed); exits non-zero when pip cannot install.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -14,6 +18,27 @@ python_venv() {
   echo "install-deps: pip installing safetensors numpy lizard into $venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check safetensors numpy lizard ||
     return 1
+}
+onednn3() {
+  local dest=/opt/meshrt-deps/onednn-3.2 tmp
+  [ -f "$dest/lib/libdnnl.so.3" ] && [ -f "$dest/include/oneapi/dnnl/dnnl.hpp" ] && return 0
+  [ "$(id -u)" -eq 0 ] || return 1
+  [ -x "$root/.venv-ci/bin/pip" ] || return 1
+  echo "install-deps: pip installing oneDNN 3.2 (CPU, GNU OpenMP) into $dest"
+  mkdir -p /opt/meshrt-deps
+  tmp=$(mktemp -d /opt/meshrt-deps/.onednn.XXXXXX)
+  chmod 755 "$tmp"
+  if ! "$root/.venv-ci/bin/pip" install -q --disable-pip-version-check --no-deps --no-compile \
+      --prefix "$tmp" onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0 ||
+     [ ! -f "$tmp/lib/libdnnl.so.3.2" ]; then
+    rm -rf "$tmp"
+    return 1
+  fi
+  # The wheel holds three copies of the 54 MB library: keep one, link the other names to it.
+  ln -sf libdnnl.so.3.2 "$tmp/lib/libdnnl.so.3"
+  ln -sf libdnnl.so.3 "$tmp/lib/libdnnl.so"
+  rm -rf "$tmp/lib/python3"* "$dest"
+  mv "$tmp" "$dest"
 }
 if [ "${1:-}" = "--python-venv" ]; then
   python_venv
@@ -40,6 +65,7 @@ for p in "${optional[@]}"; do
   fi
 done
 python_venv || echo "install-deps: warning: no .venv-ci with safetensors and lizard (pip offline?); the checkpoint python test and lint.function_length will skip"
+onednn3 || echo "install-deps: warning: no oneDNN 3.2 in /opt/meshrt-deps (not root, or pip offline); the build uses Debian's oneDNN 2.6 (no f16 matmul)"
 [ ${#missing[@]} -eq 0 ] && [ ${#optional_missing[@]} -eq 0 ] && exit 0
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -1,8 +1,8 @@
 // Host GEMM: panels split over the rank's pool. f32 panels run OpenBLAS sgemm or oneDNN's f32
-// matmul, chosen per panel shape (gemm_f32_path.h). bf16 inputs go to oneDNN's
-// bf16 matmul (AVX512-BF16 / AMX dot products, f32 accumulation) when the CPU has it
-// (gemm_dnnl.h); otherwise, and for f16, 16-bit inputs are converted to f32 in cache-sized blocks
-// (never whole-tensor copies) for sgemm and accumulated in f32.
+// matmul, chosen per panel shape (gemm_f32_path.h). bf16 and f16 inputs go to oneDNN's matmul
+// (AVX512-BF16 / AVX512-FP16 / AMX, f32 accumulation) when the build's oneDNN and the CPU have it
+// (gemm_dnnl.h); otherwise 16-bit inputs are converted to f32 in cache-sized blocks (never
+// whole-tensor copies) for sgemm and accumulated in f32.
 #include <cblas.h>
 
 #include <algorithm>
@@ -161,19 +161,20 @@ void tile_16(const GemmProblem& p, const Tile& t) {
   }
 }
 
-// bf16 inputs through oneDNN: the tile straight into C with the bias and beta fused; alpha != 1
-// with a bias (oneDNN would scale the bias) computes A B into an f32 block and runs the epilogue.
-template <class CT>
-void tile_bf16_dnnl(const GemmProblem& p, const Tile& t) {
-  const bf16* a = p.a.data<bf16>() + t.b * p.stride_a;
-  const bf16* b = p.b.data<bf16>() + t.b * p.stride_b;
+// bf16 / f16 inputs (T) through oneDNN: the tile straight into C with the bias and beta fused;
+// alpha != 1 with a bias (oneDNN 2 would scale the bias) computes A B into an f32 block and runs
+// the epilogue.
+template <class T, class CT>
+void tile_16_dnnl(const GemmProblem& p, const Tile& t) {
+  const T* a = p.a.data<T>() + t.b * p.stride_a;
+  const T* b = p.b.data<T>() + t.b * p.stride_b;
   CT* c = p.c.data<CT>() + t.b * p.stride_c;
   const CT* bias = p.bias.defined() ? p.bias.data<CT>() : nullptr;
   if (p.k == 0) {
     scale_tile(p, t, c, bias);
     return;
   }
-  constexpr bool c16 = std::is_same_v<CT, bf16>;
+  constexpr bool c16 = std::is_same_v<CT, T>;
   DnnlTile d{t.i1 - t.i0,
              t.j1 - t.j0,
              p.k,
@@ -188,9 +189,11 @@ void tile_bf16_dnnl(const GemmProblem& p, const Tile& t) {
              c16,
              bias ? bias + t.j0 : nullptr,
              p.alpha,
-             p.beta};
+             p.beta,
+             false,
+             std::is_same_v<T, f16>};
   if (p.alpha == 1.f || !bias) {
-    dnnl_tile(d);
+    if (!dnnl_tile(d)) tile_16<T, CT>(p, t);
     return;
   }
   for (int64_t i0 = t.i0; i0 < t.i1; i0 += kMB) {
@@ -201,11 +204,14 @@ void tile_bf16_dnnl(const GemmProblem& p, const Tile& t) {
     u.a = a + a_off(p, i0, 0);
     u.c = acc;
     u.ldc = t.j1 - t.j0;
-    u.c_bf16 = false;
+    u.c16 = false;
     u.bias = nullptr;
     u.alpha = 1.f;
     u.beta = 0.f;
-    dnnl_tile(u);
+    if (!dnnl_tile(u)) {
+      tile_16<T, CT>(p, Tile{t.b, i0, t.i1, t.j0, t.j1});  // the rows not done yet
+      return;
+    }
     for (int64_t i = 0; i < mb; ++i) {
       CT* cr = c + (i0 + i) * p.ldc;
       const float* ar = acc + i * u.ldc;
@@ -220,8 +226,10 @@ void tile_bf16_dnnl(const GemmProblem& p, const Tile& t) {
 }
 
 // Splits the problem into tiles: whole batch entries when there are enough of them, else
-// panels of rows (or columns, whichever is longer) so every pool thread gets work.
-std::vector<Tile> plan_tiles(const GemmProblem& p, int threads) {
+// panels of rows (or columns, whichever is longer) so every pool thread gets work. rows_first:
+// row panels whenever each is at least 16 rows (oneDNN's fast matmul kernels want B and C
+// dense: a column panel's row stride above n sends bf16 to a slower GEMM and f16 to none).
+std::vector<Tile> plan_tiles(const GemmProblem& p, int threads, bool rows_first) {
   std::vector<Tile> tiles;
   const int64_t fma = p.m * p.n * std::max<int64_t>(p.k, 1);
   int64_t per_batch = 1;
@@ -230,7 +238,7 @@ std::vector<Tile> plan_tiles(const GemmProblem& p, int threads) {
     int64_t by_work = std::max<int64_t>(1, fma / kMinTaskFma);
     per_batch = std::min(want, by_work);
   }
-  const bool split_rows = p.m >= p.n;
+  const bool split_rows = p.m >= p.n || (rows_first && p.m >= 16 * per_batch);
   const int64_t len = split_rows ? p.m : p.n;
   per_batch = std::min(per_batch, std::max<int64_t>(1, len / 16));
   // Panel edges on multiples of 16 keep the sgemm micro-kernels on full register tiles.
@@ -263,22 +271,21 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
   for (Tensor* t : {&held.a, &held.b, &held.c, &held.bias}) *t = t->stream_ref(s);
   s.enqueue([tp, p = std::move(held)] {
     ensure_blas_single_threaded();
-    std::vector<Tile> tiles = plan_tiles(p, tp->size());
     std::function<void(const Tile&)> body;
+    bool rows_first = false;
     const DType at = p.a.dtype(), ct = p.c.dtype();
     if (at == DType::f32) {
       body = [&p](const Tile& t) { tile_f32(p, t); };
-    } else if (at == DType::bf16 && dnnl_bf16_gemm_enabled()) {
-      if (ct == DType::f32) {
-        body = [&p](const Tile& t) { tile_bf16_dnnl<float>(p, t); };
-      } else {
-        body = [&p](const Tile& t) { tile_bf16_dnnl<bf16>(p, t); };
-      }
     } else {
       dispatch_float(at, [&](auto tag) {
         using T = decltype(tag);
         if constexpr (sizeof(T) == 2) {
-          if (ct == DType::f32) {
+          rows_first = std::is_same_v<T, f16> ? dnnl_f16_gemm_enabled() : dnnl_bf16_gemm_enabled();
+          if (rows_first && ct == DType::f32) {
+            body = [&p](const Tile& t) { tile_16_dnnl<T, float>(p, t); };
+          } else if (rows_first) {
+            body = [&p](const Tile& t) { tile_16_dnnl<T, T>(p, t); };
+          } else if (ct == DType::f32) {
             body = [&p](const Tile& t) { tile_16<T, float>(p, t); };
           } else {
             body = [&p](const Tile& t) { tile_16<T, T>(p, t); };
@@ -286,6 +293,7 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
         }
       });
     }
+    const std::vector<Tile> tiles = plan_tiles(p, tp->size(), rows_first);
     tp->run(static_cast<int64_t>(tiles.size()),
             [&](int64_t i) { body(tiles[static_cast<size_t>(i)]); });
   });

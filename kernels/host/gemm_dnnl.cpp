@@ -3,6 +3,7 @@
 // call).
 #include "kernels/host/gemm_dnnl.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -23,9 +24,13 @@ namespace meshrt::kernels::host {
 
 namespace {
 
-// MESHRT_HOST_BF16_GEMM: "auto" (default: oneDNN when the CPU has bf16 dot products) or "f32"
-// (always the convert-to-f32 sgemm path, e.g. to compare the two).
-bool forced_f32() { return env_choice("MESHRT_HOST_BF16_GEMM") == "f32"; }
+std::atomic<int64_t> reference_skips{0};
+
+// MESHRT_HOST_BF16_GEMM / MESHRT_HOST_F16_GEMM: "auto" (default: oneDNN when the CPU has the
+// dot products) or "f32" (always the convert-to-f32 sgemm path, e.g. to compare the two).
+bool forced_f32(bool f16) {
+  return env_choice(f16 ? "MESHRT_HOST_F16_GEMM" : "MESHRT_HOST_BF16_GEMM") == "f32";
+}
 
 }  // namespace
 
@@ -33,23 +38,33 @@ bool forced_f32() { return env_choice("MESHRT_HOST_BF16_GEMM") == "f32"; }
 
 namespace {
 
-// The ISA oneDNN runs at, by name (ONEDNN_MAX_CPU_ISA caps it).
-std::string dnnl_isa_name() {
+using dnnl_dt = dnnl::memory::data_type;
+
+bool isa_has(dnnl_cpu_isa_t want) {
   const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  auto has = [isa](dnnl_cpu_isa_t want) {
-    return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
-  };
-  if (has(dnnl_cpu_isa_avx512_core_amx)) return "avx512_core_amx";
-  if (has(dnnl_cpu_isa_avx512_core_bf16)) return "avx512_core_bf16";
-  if (has(dnnl_cpu_isa_avx512_core)) return "avx512_core";
-  if (has(dnnl_cpu_isa_avx2)) return "avx2";
-  return "below avx2";
+  return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
 }
 
-bool cpu_has_bf16() {
-  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const auto want = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-  return (isa & want) == want;
+// True when oneDNN has f16 matmul kernels for this CPU: oneDNN 3's AVX512-FP16 ones.
+bool cpu_has_f16() {
+#if DNNL_VERSION_MAJOR >= 3
+  return isa_has(dnnl_cpu_isa_avx512_core_fp16);
+#else
+  return false;
+#endif
+}
+
+// The ISA oneDNN runs at, by name (ONEDNN_MAX_CPU_ISA caps it).
+std::string dnnl_isa_name() {
+#if DNNL_VERSION_MAJOR >= 3
+  if (isa_has(dnnl_cpu_isa_avx512_core_amx_fp16)) return "avx512_core_amx_fp16";
+#endif
+  if (isa_has(dnnl_cpu_isa_avx512_core_amx)) return "avx512_core_amx";
+  if (cpu_has_f16()) return "avx512_core_fp16";
+  if (isa_has(dnnl_cpu_isa_avx512_core_bf16)) return "avx512_core_bf16";
+  if (isa_has(dnnl_cpu_isa_avx512_core)) return "avx512_core";
+  if (isa_has(dnnl_cpu_isa_avx2)) return "avx2";
+  return "below avx2";
 }
 
 struct Decision {
@@ -57,28 +72,34 @@ struct Decision {
   std::string why;
 };
 
-const Decision& decision() {
-  static const Decision d = [] {
-    Decision r;
-    const bool hw = cpu_has_bf16();
-    const std::string lib = dnnl_description();
-    if (forced_f32()) {
-      r.why = "f32 sgemm on converted panels (MESHRT_HOST_BF16_GEMM=f32); " + lib;
-    } else if (!hw) {
-      r.why = "f32 sgemm on converted panels: " + lib + " reports no bf16 dot products";
-    } else {
-      r.enabled = true;
-      r.why = "bf16 matmul of " + lib + ", f32 accumulation";
-    }
-    return r;
-  }();
-  return d;
+Decision decide(bool f16) {
+  Decision r;
+  const char* name = f16 ? "f16" : "bf16";
+  const std::string lib = dnnl_description();
+  const bool hw = f16 ? cpu_has_f16() : isa_has(dnnl_cpu_isa_avx512_core_bf16);
+  if (forced_f32(f16)) {
+    r.why = std::string("f32 sgemm on converted panels (") +
+            (f16 ? "MESHRT_HOST_F16_GEMM" : "MESHRT_HOST_BF16_GEMM") + "=f32); " + lib;
+  } else if (!hw) {
+    r.why = "f32 sgemm on converted panels: " + lib + " has no " + name + " matmul kernels here" +
+            (f16 && DNNL_VERSION_MAJOR < 3 ? " (oneDNN 3 has them for AVX512-FP16 CPUs)" : "");
+  } else {
+    r.enabled = true;
+    r.why = std::string(name) + " matmul of " + lib + ", f32 accumulation";
+  }
+  return r;
+}
+
+const Decision& decision(bool f16) {
+  static const Decision bf = decide(false);
+  static const Decision hf = decide(true);
+  return f16 ? hf : bf;
 }
 
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alpha_bits, beta_bits;
-  bool ta, tb, c_bf16, bias, ab_f32;
+  bool ta, tb, c16, bias, ab_f32, f16;
   bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
 struct KeyHash {
@@ -93,6 +114,8 @@ struct KeyHash {
 struct Prim {
   dnnl::matmul mm;
   dnnl::memory::desc a, b, c, bias;
+  float alpha = 1.f;  // oneDNN 3: the weights' scale, passed at execution (kept at a fixed address)
+  bool reference = false;  // oneDNN picked its reference implementation: never run it
 };
 
 struct ThreadState {
@@ -100,8 +123,8 @@ struct ThreadState {
   dnnl::stream st{eng};
   std::unordered_map<Key, Prim, KeyHash> prims;
   ThreadState() {
-    // oneDNN (Debian's build) threads with OpenMP; each caller is its own OpenMP initial thread,
-    // so this keeps this thread's oneDNN calls on it alone.
+    // oneDNN (Debian's and the PyPI build) threads with OpenMP; each caller is its own OpenMP
+    // initial thread, so this keeps this thread's oneDNN calls on it alone.
     omp_set_num_threads(1);
   }
 };
@@ -124,40 +147,57 @@ Key key_of(const DnnlTile& t) {
   std::memcpy(&k.beta_bits, &t.beta, 4);
   k.ta = t.trans_a;
   k.tb = t.trans_b;
-  k.c_bf16 = t.c_bf16;
+  k.c16 = t.c16;
   k.bias = t.bias != nullptr;
   k.ab_f32 = t.ab_f32;
+  k.f16 = t.f16;
   return k;
 }
 
-Prim make_prim(ThreadState& s, const DnnlTile& t) {
-  using dt = dnnl::memory::data_type;
+dnnl_dt in_type(const DnnlTile& t) {
+  if (t.ab_f32) return dnnl_dt::f32;
+  return t.f16 ? dnnl_dt::f16 : dnnl_dt::bf16;
+}
+dnnl_dt out_type(const DnnlTile& t) { return t.c16 && !t.ab_f32 ? in_type(t) : dnnl_dt::f32; }
+const char* type_name(dnnl_dt d) {
+  return d == dnnl_dt::f32 ? "f32" : d == dnnl_dt::f16 ? "f16" : "bf16";
+}
+
+// dst = alpha * (A B) [+ bias] + beta * dst; the caller never combines alpha != 1 with a bias
+// (oneDNN 2's output scale would scale the bias too). oneDNN 3 takes alpha as the weights' scale.
+void make_prim(ThreadState& s, const DnnlTile& t, Prim& p) {
   using dims = dnnl::memory::dims;
-  const dt cdt = t.c_bf16 && !t.ab_f32 ? dt::bf16 : dt::f32;
-  const dt in = t.ab_f32 ? dt::f32 : dt::bf16;
-  Prim p;
+  const dnnl_dt in = in_type(t), cdt = out_type(t);
   p.a = dnnl::memory::desc(dims{t.m, t.k}, in, t.trans_a ? dims{1, t.lda} : dims{t.lda, 1});
   p.b = dnnl::memory::desc(dims{t.k, t.n}, in, t.trans_b ? dims{1, t.ldb} : dims{t.ldb, 1});
   p.c = dnnl::memory::desc(dims{t.m, t.n}, cdt, dims{t.ldc, 1});
   if (t.bias) p.bias = dnnl::memory::desc(dims{1, t.n}, cdt, dims{t.n, 1});
+  p.alpha = t.alpha;
   dnnl::primitive_attr attr;
-  // dst = alpha * (A B) [+ bias] + beta * dst; the caller never combines alpha != 1 with a bias
-  // (oneDNN would scale the bias too).
-  if (t.alpha != 1.f) attr.set_output_scales(0, {t.alpha});
   if (t.beta != 0.f) {
     dnnl::post_ops po;
     po.append_sum(t.beta);
     attr.set_post_ops(po);
   }
+#if DNNL_VERSION_MAJOR >= 3
+  if (t.alpha != 1.f) attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+  const auto pd = t.bias ? dnnl::matmul::primitive_desc(s.eng, p.a, p.b, p.bias, p.c, attr)
+                         : dnnl::matmul::primitive_desc(s.eng, p.a, p.b, p.c, attr);
+#else
+  if (t.alpha != 1.f) attr.set_output_scales(0, {t.alpha});
   const dnnl::matmul::desc d =
       t.bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
-  p.mm = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, s.eng));
-  return p;
+  const dnnl::matmul::primitive_desc pd(d, attr, s.eng);
+#endif
+  p.mm = dnnl::matmul(pd);
+  p.reference = std::strncmp(pd.impl_info_str(), "ref", 3) == 0;
 }
 
 }  // namespace
 
 bool dnnl_built() { return true; }
+
+int64_t dnnl_reference_skips() { return reference_skips.load(std::memory_order_relaxed); }
 
 std::string dnnl_description() {
   const dnnl_version_t* v = dnnl_version();
@@ -167,9 +207,10 @@ std::string dnnl_description() {
   return os.str();
 }
 
-bool dnnl_bf16_gemm_enabled() { return decision().enabled; }
+bool dnnl_bf16_gemm_enabled() { return decision(false).enabled; }
+bool dnnl_f16_gemm_enabled() { return decision(true).enabled; }
 
-void dnnl_tile(const DnnlTile& t) {
+bool dnnl_tile(const DnnlTile& t) {
   MESHRT_CHECK(t.alpha == 1.f || t.bias == nullptr,
                "internal: oneDNN tile with alpha=" << t.alpha << " and a bias");
   try {
@@ -178,49 +219,72 @@ void dnnl_tile(const DnnlTile& t) {
     auto it = s.prims.find(k);
     if (it == s.prims.end()) {
       if (s.prims.size() >= 512) s.prims.clear();  // bound the cache on shape-churning callers
-      it = s.prims.emplace(k, make_prim(s, t)).first;
+      it = s.prims.try_emplace(k).first;
+      try {
+        make_prim(s, t, it->second);
+      } catch (...) {
+        s.prims.erase(it);
+        throw;
+      }
     }
     const Prim& p = it->second;
+    if (p.reference) {
+      reference_skips.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     dnnl::memory am(p.a, s.eng, const_cast<void*>(t.a));
     dnnl::memory bm(p.b, s.eng, const_cast<void*>(t.b));
     dnnl::memory cm(p.c, s.eng, t.c);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     if (t.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, s.eng, const_cast<void*>(t.bias)));
+#if DNNL_VERSION_MAJOR >= 3
+    if (t.alpha != 1.f) {
+      const dnnl::memory::desc sd(dnnl::memory::dims{1}, dnnl_dt::f32, dnnl::memory::dims{1});
+      args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
+                   dnnl::memory(sd, s.eng, const_cast<float*>(&p.alpha)));
+    }
+#endif
     p.mm.execute(s.st, args);
     s.st.wait();
+    return true;
   } catch (const dnnl::error& e) {
-    MESHRT_CHECK(false,
-                 "op gemm: oneDNN "
-                     << (t.ab_f32 ? "f32" : "bf16") << " matmul failed (status "
-                     << static_cast<int>(e.status) << ": " << e.what() << ") on m=" << t.m
-                     << " n=" << t.n << " k=" << t.k << " lda=" << t.lda << " ldb=" << t.ldb
-                     << " ldc=" << t.ldc << " trans_a=" << t.trans_a << " trans_b=" << t.trans_b
-                     << " out=" << (t.c_bf16 && !t.ab_f32 ? "bf16" : "f32") << "; "
-                     << (t.ab_f32 ? "MESHRT_HOST_F32_GEMM=openblas" : "MESHRT_HOST_BF16_GEMM=f32")
-                     << " uses OpenBLAS instead");
+    MESHRT_CHECK(false, "op gemm: oneDNN "
+                            << type_name(in_type(t)) << " matmul failed (status "
+                            << static_cast<int>(e.status) << ": " << e.what() << ") on m=" << t.m
+                            << " n=" << t.n << " k=" << t.k << " lda=" << t.lda << " ldb=" << t.ldb
+                            << " ldc=" << t.ldc << " trans_a=" << t.trans_a
+                            << " trans_b=" << t.trans_b << " out=" << type_name(out_type(t)) << "; "
+                            << (t.ab_f32 ? "MESHRT_HOST_F32_GEMM=openblas"
+                                : t.f16  ? "MESHRT_HOST_F16_GEMM=f32"
+                                         : "MESHRT_HOST_BF16_GEMM=f32")
+                            << " uses OpenBLAS instead");
   }
+  return false;
 }
 
 std::string host_gemm_16bit_info() {
-  // oneDNN 2.x has no f16 matmul on CPUs (its f16 CPU kernels need avx512_core_fp16, from 3.x).
-  return "bf16: " + decision().why + "; f16: f32 sgemm on converted panels (no f16 kernels here)";
+  return "bf16: " + decision(false).why + "; f16: " + decision(true).why;
 }
 
 #else  // no oneDNN in this build
 
 bool dnnl_built() { return false; }
 
+int64_t dnnl_reference_skips() { return reference_skips.load(std::memory_order_relaxed); }
+
 std::string dnnl_description() { return "no oneDNN (built without it: install libdnnl-dev)"; }
 
 bool dnnl_bf16_gemm_enabled() { return false; }
+bool dnnl_f16_gemm_enabled() { return false; }
 
-void dnnl_tile(const DnnlTile&) {
+bool dnnl_tile(const DnnlTile&) {
   MESHRT_CHECK(false, "internal: oneDNN tile called in a build without oneDNN");
+  return false;
 }
 
 std::string host_gemm_16bit_info() {
-  (void)forced_f32();
+  (void)forced_f32(false);
   return "bf16 and f16: f32 sgemm on converted panels (built without oneDNN: install libdnnl-dev "
          "and reconfigure)";
 }

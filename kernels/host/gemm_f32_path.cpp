@@ -132,10 +132,7 @@ void f32_tile_on(const DnnlTile& t, F32Path p) {
   MESHRT_CHECK(t.ab_f32 && t.bias == nullptr && t.k > 0,
                "internal: f32 tile with ab_f32=" << t.ab_f32 << " bias=" << (t.bias != nullptr)
                                                  << " k=" << t.k);
-  if (p == F32Path::onednn) {
-    dnnl_tile(t);
-    return;
-  }
+  if (p == F32Path::onednn && dnnl_tile(t)) return;
   cblas_sgemm(
       CblasRowMajor, t.trans_a ? CblasTrans : CblasNoTrans, t.trans_b ? CblasTrans : CblasNoTrans,
       static_cast<blasint>(t.m), static_cast<blasint>(t.n), static_cast<blasint>(t.k), t.alpha,

@@ -22,6 +22,7 @@
 #include "runtime/logging.h"
 #include "runtime/stream.h"
 #include "runtime/thread.h"
+#include "tests/common/env.h"
 
 using namespace meshrt;
 using namespace meshrt::test;
@@ -29,33 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Sets environment variables for one scope and restores them after.
-class ScopedEnv {
- public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (auto& [k, v] : vars) {
-      const char* old = std::getenv(k);
-      saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
-      if (v) {
-        setenv(k, v, 1);
-      } else {
-        unsetenv(k);
-      }
-    }
-  }
-  ~ScopedEnv() {
-    for (auto& [k, v] : saved_) {
-      if (v) {
-        setenv(k.c_str(), v->c_str(), 1);
-      } else {
-        unsetenv(k.c_str());
-      }
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using meshrt::test::ScopedEnv;
 
 fs::path fresh_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() /

@@ -4,6 +4,7 @@
 #include "helpers.h"
 #include "kernels/host/gemm_dnnl.h"
 #include "kernels/host/gemm_f32_path.h"
+#include "tests/common/env.h"
 
 using namespace kt;
 namespace ops = meshrt::ops;
@@ -53,26 +54,8 @@ void run_case(Host& h, DType dt, DType ct, Dims d, bool ta, bool tb, float alpha
   check_close(read(h, c), ref, tol_for(ct, 1e-4), what.str());
 }
 
-// Sets one environment variable for one scope, then puts back what ctest's environment had.
-struct EnvScope {
-  std::string name, old;
-  bool had;
-  EnvScope(const char* n, const char* v) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    setenv(n, v, 1);
-  }
-  ~EnvScope() {
-    if (had) {
-      setenv(name.c_str(), old.c_str(), 1);
-    } else {
-      unsetenv(name.c_str());
-    }
-  }
-};
-struct F32ModeScope : EnvScope {
-  explicit F32ModeScope(const char* v) : EnvScope("MESHRT_HOST_F32_GEMM", v) {}
+struct F32ModeScope : meshrt::test::ScopedEnv {
+  explicit F32ModeScope(const char* v) : ScopedEnv("MESHRT_HOST_F32_GEMM", v) {}
 };
 
 // The choices recorded for one shape (m, n, k, no transposes).
@@ -228,7 +211,7 @@ TEST_CASE("gemm 16-bit column panels: oneDNN's reference kernels are never run",
   // stride above the panel's n), for which oneDNN 3.2 has f16 matmul only as its reference
   // implementation (~1000x slower); those tiles take the converted-panel path instead
   // (gemm_dnnl.h), and every tile must still be right.
-  EnvScope threads("MESHRT_HOST_THREADS", "2");
+  meshrt::test::ScopedEnv threads("MESHRT_HOST_THREADS", "2");
   Host h;
   REQUIRE(ops::host_threads(h.ctx) == 2);
   auto dt = GENERATE(DType::bf16, DType::f16);

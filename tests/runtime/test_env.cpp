@@ -11,26 +11,12 @@
 #include <vector>
 
 #include "runtime/env.h"
+#include "tests/common/env.h"
 
 using namespace meshrt;
+using meshrt::test::ScopedEnv;
 
 namespace {
-
-// Sets a variable for one scope, then puts back what the environment had.
-struct ScopedEnv {
-  std::string name, old;
-  bool had;
-  ScopedEnv(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
-    if (had) old = std::getenv(n);
-    setenv(n, v, 1);
-  }
-  ~ScopedEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
 
 // The warnings about the names given, in order (ctest's own environment may hold others).
 std::vector<std::string> warnings_about(const std::vector<std::string>& names) {

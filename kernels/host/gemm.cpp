@@ -272,7 +272,7 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
   s.enqueue([tp, p = std::move(held)] {
     ensure_blas_single_threaded();
     std::function<void(const Tile&)> body;
-    bool rows_first = false;
+    bool on_dnnl = false;  // oneDNN's 16-bit matmul: row panels (plan_tiles' rows_first)
     const DType at = p.a.dtype(), ct = p.c.dtype();
     if (at == DType::f32) {
       body = [&p](const Tile& t) { tile_f32(p, t); };
@@ -280,10 +280,10 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
       dispatch_float(at, [&](auto tag) {
         using T = decltype(tag);
         if constexpr (sizeof(T) == 2) {
-          rows_first = std::is_same_v<T, f16> ? dnnl_f16_gemm_enabled() : dnnl_bf16_gemm_enabled();
-          if (rows_first && ct == DType::f32) {
+          on_dnnl = std::is_same_v<T, f16> ? dnnl_f16_gemm_enabled() : dnnl_bf16_gemm_enabled();
+          if (on_dnnl && ct == DType::f32) {
             body = [&p](const Tile& t) { tile_16_dnnl<T, float>(p, t); };
-          } else if (rows_first) {
+          } else if (on_dnnl) {
             body = [&p](const Tile& t) { tile_16_dnnl<T, T>(p, t); };
           } else if (ct == DType::f32) {
             body = [&p](const Tile& t) { tile_16<T, float>(p, t); };
@@ -293,7 +293,7 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
         }
       });
     }
-    const std::vector<Tile> tiles = plan_tiles(p, tp->size(), rows_first);
+    const std::vector<Tile> tiles = plan_tiles(p, tp->size(), on_dnnl);
     tp->run(static_cast<int64_t>(tiles.size()),
             [&](int64_t i) { body(tiles[static_cast<size_t>(i)]); });
   });

@@ -1,5 +1,8 @@
 // GEMM (plain, bias epilogue, flattened, transposed views, batched) against a double reference.
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
 
 #include "helpers.h"
 #include "kernels/host/gemm_dnnl.h"
@@ -227,6 +230,32 @@ TEST_CASE("gemm 16-bit column panels: oneDNN's reference kernels are never run",
       meshrt::kernels::host::dnnl_description().rfind("oneDNN 3.2.", 0) == 0) {
     CHECK(skipped > 0);
   }
+}
+
+TEST_CASE("the build links the oneDNN of MESHRT_DNNL_ROOT when that prefix has one", "[gemm]") {
+  // CMake prefers MESHRT_DNNL_ROOT (tools/install-deps.sh puts oneDNN 3.2 there) over the system's
+  // oneDNN 2.6.3, whose matmul has no f16: a build that silently took the system's would lose the
+  // f16 kernels with every other test still passing.
+  const std::filesystem::path root = MESHRT_TEST_DNNL_ROOT;
+  const std::filesystem::path header = root / "include/oneapi/dnnl/dnnl_version.h";
+  if (root.empty() || !std::filesystem::exists(header) ||
+      !std::filesystem::exists(root / "lib/libdnnl.so")) {
+    SUCCEED("no oneDNN under MESHRT_DNNL_ROOT='" << root.string() << "'");
+    return;
+  }
+  std::ifstream in(header);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string version;
+  for (const char* part : {"MAJOR", "MINOR", "PATCH"}) {
+    std::smatch m;
+    const std::regex re(std::string("#define DNNL_VERSION_") + part + " ([0-9]+)");
+    REQUIRE(std::regex_search(text, m, re));
+    version += (version.empty() ? "" : ".") + m[1].str();
+  }
+  REQUIRE(meshrt::kernels::host::dnnl_built());
+  INFO("linked: " << meshrt::kernels::host::dnnl_description() << "; " << header.string()
+                  << " says " << version);
+  CHECK(meshrt::kernels::host::dnnl_description().rfind("oneDNN " + version + " ", 0) == 0);
 }
 
 TEST_CASE("gemm with k = 0 scales c and adds the bias", "[gemm]") {

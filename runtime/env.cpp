@@ -69,7 +69,7 @@ const std::vector<Variable>& table() {
       on_off("MESHRT_SHM_ZERO_COPY", true),
       shared(one_of("MESHRT_HOST_BF16_GEMM", {"auto", "f32"})),
       shared(one_of("MESHRT_HOST_F16_GEMM", {"auto", "f32"})),
-      shared(one_of("MESHRT_HOST_F32_GEMM", {"auto", "openblas", "onednn"})),
+      shared(one_of("MESHRT_HOST_F32_GEMM", {"auto", "openblas", "onednn", "bf16"})),
       shared(one_of("MESHRT_ATTENTION", {"flash", "reference"})),
       shared(one_of("MESHRT_NCCL_HALF_REDUCE", {"f32", "native"})),
       one_of("MESHRT_HOST_BIND", {"auto", "none"}),

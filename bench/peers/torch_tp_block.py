@@ -53,6 +53,11 @@ def parse_args():
     p.add_argument("--ffn", type=int, default=0, help="default 4 x hidden")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"])
+    p.add_argument("--f32-matmul-precision", default="highest", choices=["highest", "medium"],
+                   help="f32 GEMM arithmetic of both: highest (f32, the default of both) or medium "
+                        "(bf16 products where the CPU has them: PyTorch's "
+                        "torch.set_float32_matmul_precision('medium'), meshrt's "
+                        "MESHRT_HOST_F32_GEMM=bf16)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--fwd-only", action="store_true")
@@ -235,6 +240,7 @@ def torch_worker(rank, a, port, out_path):
 
     threads = a.threads or max(1, (os.cpu_count() or 1) // a.ranks)
     torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(a.f32_matmul_precision)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
@@ -309,11 +315,15 @@ def run_meshrt(a, binary):
                "--layers", str(a.layers), "--dtype", a.dtype, "--steps", str(a.steps),
                "--warmup", str(a.warmup), "--json", js] + (["--fwd-only"] if a.fwd_only else [])
         cmd += a.meshrt_args.split()
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ)
+        if a.f32_matmul_precision == "medium":
+            env["MESHRT_HOST_F32_GEMM"] = "bf16"
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             sys.exit(f"meshrt failed ({' '.join(cmd)}):\n{r.stderr}")
         with open(js) as f:
-            return json.load(f), " ".join(["meshrt"] + cmd[1:-2])
+            prefix = ["MESHRT_HOST_F32_GEMM=bf16"] if a.f32_matmul_precision == "medium" else []
+            return json.load(f), " ".join(prefix + ["meshrt"] + cmd[1:-2])
 
 
 def compare(a, binary, verbose=True):
@@ -360,6 +370,7 @@ def compare(a, binary, verbose=True):
 def describe(a):
     return (f"{a.kind} x{a.layers}, hidden {a.hidden}, heads {a.heads}, ffn {a.ffn}, seq {a.seq}, "
             f"{a.dtype}, warmup {a.warmup}, steps {a.steps}, "
+            f"f32 matmul precision {a.f32_matmul_precision}, "
             f"{'forward only' if a.fwd_only else 'forward + backward'}; {a.repeats} back-to-back "
             f"pair(s) of meshrt and PyTorch per configuration, order alternating")
 
@@ -453,6 +464,8 @@ def main():
     binary = None if a.no_meshrt else find_meshrt(a)
     if not a.sweep:
         why = check_shapes(a)
+        if not why and a.f32_matmul_precision != "highest" and a.dtype != "f32":
+            why = f"--f32-matmul-precision {a.f32_matmul_precision} is for --dtype f32"
         if why:
             sys.exit(f"torch_tp_block.py: {why}")
     result = main_sweep(a, binary) if a.sweep else main_single(a, binary)

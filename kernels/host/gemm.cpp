@@ -272,9 +272,12 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
   s.enqueue([tp, p = std::move(held)] {
     ensure_blas_single_threaded();
     std::function<void(const Tile&)> body;
-    bool on_dnnl = false;  // oneDNN's 16-bit matmul: row panels (plan_tiles' rows_first)
+    // oneDNN's 16-bit matmul, or its f32 one with bf16 products: row panels (plan_tiles'
+    // rows_first).
+    bool on_dnnl = false;
     const DType at = p.a.dtype(), ct = p.c.dtype();
     if (at == DType::f32) {
+      on_dnnl = f32_bf16_math();
       body = [&p](const Tile& t) { tile_f32(p, t); };
     } else {
       dispatch_float(at, [&](auto tag) {

@@ -99,7 +99,7 @@ const Decision& decision(bool f16) {
 struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alpha_bits, beta_bits;
-  bool ta, tb, c16, bias, ab_f32, f16;
+  bool ta, tb, c16, bias, ab_f32, f16, bf16_math;
   bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
 struct KeyHash {
@@ -151,6 +151,7 @@ Key key_of(const DnnlTile& t) {
   k.bias = t.bias != nullptr;
   k.ab_f32 = t.ab_f32;
   k.f16 = t.f16;
+  k.bf16_math = t.ab_f32 && t.bf16_math;
   return k;
 }
 
@@ -174,6 +175,7 @@ void make_prim(ThreadState& s, const DnnlTile& t, Prim& p) {
   if (t.bias) p.bias = dnnl::memory::desc(dims{1, t.n}, cdt, dims{t.n, 1});
   p.alpha = t.alpha;
   dnnl::primitive_attr attr;
+  if (t.ab_f32 && t.bf16_math) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
   if (t.beta != 0.f) {
     dnnl::post_ops po;
     po.append_sum(t.beta);
@@ -207,6 +209,33 @@ std::string dnnl_description() {
   return os.str();
 }
 
+std::string dnnl_f32_bf16_impl() {
+  static const std::string impl = [] {
+    using dims = dnnl::memory::dims;
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const dnnl::memory::desc md(dims{256, 256}, dnnl_dt::f32, dims{256, 1});
+    auto impl_of = [&](bool bf16) {
+      dnnl::primitive_attr attr;
+      if (bf16) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
+#if DNNL_VERSION_MAJOR >= 3
+      const dnnl::matmul::primitive_desc pd(eng, md, md, md, attr);
+#else
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), attr, eng);
+#endif
+      return std::string(pd.impl_info_str());
+    };
+    try {
+      const std::string with = impl_of(true);
+      return with == impl_of(false) ? std::string() : with;
+    } catch (const dnnl::error& e) {
+      MESHRT_CHECK(false, "oneDNN could not describe a 256^3 f32 matmul (status "
+                              << static_cast<int>(e.status) << ": " << e.what()
+                              << "); MESHRT_HOST_F32_GEMM=openblas avoids oneDNN");
+    }
+    return std::string();
+  }();
+  return impl;
+}
 bool dnnl_bf16_gemm_enabled() { return decision(false).enabled; }
 bool dnnl_f16_gemm_enabled() { return decision(true).enabled; }
 
@@ -255,9 +284,10 @@ bool dnnl_tile(const DnnlTile& t) {
                             << " n=" << t.n << " k=" << t.k << " lda=" << t.lda << " ldb=" << t.ldb
                             << " ldc=" << t.ldc << " trans_a=" << t.trans_a
                             << " trans_b=" << t.trans_b << " out=" << type_name(out_type(t)) << "; "
-                            << (t.ab_f32 ? "MESHRT_HOST_F32_GEMM=openblas"
-                                : t.f16  ? "MESHRT_HOST_F16_GEMM=f32"
-                                         : "MESHRT_HOST_BF16_GEMM=f32")
+                            << (t.ab_f32 && t.bf16_math ? "MESHRT_HOST_F32_GEMM=onednn"
+                                : t.ab_f32              ? "MESHRT_HOST_F32_GEMM=openblas"
+                                : t.f16                 ? "MESHRT_HOST_F16_GEMM=f32"
+                                                        : "MESHRT_HOST_BF16_GEMM=f32")
                             << " uses OpenBLAS instead");
   }
   return false;
@@ -275,6 +305,7 @@ int64_t dnnl_reference_skips() { return reference_skips.load(std::memory_order_r
 
 std::string dnnl_description() { return "no oneDNN (built without it: install libdnnl-dev)"; }
 
+std::string dnnl_f32_bf16_impl() { return ""; }
 bool dnnl_bf16_gemm_enabled() { return false; }
 bool dnnl_f16_gemm_enabled() { return false; }
 

@@ -30,11 +30,19 @@ struct DnnlTile {
   float alpha, beta;
   bool ab_f32 = false;
   bool f16 = false;
+  // ab_f32 only: oneDNN may round A and B to bf16 for the products (fpmath_mode::bf16, f32
+  // accumulation; where it has such a kernel: dnnl_f32_bf16_impl()).
+  bool bf16_math = false;
 };
 
 // True when this build links oneDNN.
 bool dnnl_built();
 
+// The implementation oneDNN picks for a dense 256^3 f32 matmul allowed bf16 products
+// (DnnlTile::bf16_math) when it differs from the one it picks without ("brg:avx512_core_amx" on an
+// AMX CPU), else "": oneDNN then keeps f32 arithmetic on this CPU (3.2 does so without AMX, even
+// with AVX512-BF16). ONEDNN_MAX_CPU_ISA is honoured. Decided once per process; "" without oneDNN.
+std::string dnnl_f32_bf16_impl();
 // True when bf16 GEMMs go through oneDNN: built with it, the CPU (as oneDNN sees it, so
 // ONEDNN_MAX_CPU_ISA is honoured) has bf16 dot products, and MESHRT_HOST_BF16_GEMM is not "f32".
 // Decided once per process.

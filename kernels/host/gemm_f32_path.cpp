@@ -27,16 +27,17 @@ constexpr int64_t kMinTimedFma = int64_t{1} << 22;
 // first rows.
 constexpr int64_t kMaxScratch = int64_t{1} << 24;
 
-enum class Mode { automatic, openblas, onednn };
+enum class Mode { automatic, openblas, onednn, bf16 };
 
 Mode f32_mode() {
   const std::string v = env_choice("MESHRT_HOST_F32_GEMM");
   if (v == "openblas") return Mode::openblas;
-  if (v == "onednn") {
-    MESHRT_CHECK(dnnl_built(),
-                 "MESHRT_HOST_F32_GEMM=onednn, but this build has no oneDNN: "
-                 "install libdnnl-dev and reconfigure, or use auto or openblas");
-    return Mode::onednn;
+  if (v == "onednn" || v == "bf16") {
+    MESHRT_CHECK(dnnl_built(), "MESHRT_HOST_F32_GEMM="
+                                   << v
+                                   << ", but this build has no oneDNN: run tools/install-deps.sh "
+                                      "and reconfigure, or use auto or openblas");
+    return v == "bf16" ? Mode::bf16 : Mode::onednn;
   }
   return Mode::automatic;
 }
@@ -112,7 +113,9 @@ F32Path f32_path_for(const DnnlTile& t) {
     c = f32_measure(t);
   } else {
     c.forced = true;
-    c.path = mode == Mode::onednn ? F32Path::onednn : F32Path::openblas;
+    c.path = mode == Mode::onednn ? F32Path::onednn
+             : mode == Mode::bf16 ? F32Path::onednn_bf16
+                                  : F32Path::openblas;
   }
   c.m = t.m;
   c.n = t.n;
@@ -126,13 +129,28 @@ F32Path f32_path_for(const DnnlTile& t) {
 
 }  // namespace
 
-const char* f32_path_name(F32Path p) { return p == F32Path::onednn ? "onednn" : "openblas"; }
+const char* f32_path_name(F32Path p) {
+  switch (p) {
+    case F32Path::onednn:
+      return "onednn";
+    case F32Path::onednn_bf16:
+      return "onednn-bf16";
+    case F32Path::openblas:
+      break;
+  }
+  return "openblas";
+}
 
 void f32_tile_on(const DnnlTile& t, F32Path p) {
   MESHRT_CHECK(t.ab_f32 && t.bias == nullptr && t.k > 0,
                "internal: f32 tile with ab_f32=" << t.ab_f32 << " bias=" << (t.bias != nullptr)
                                                  << " k=" << t.k);
   if (p == F32Path::onednn && dnnl_tile(t)) return;
+  if (p == F32Path::onednn_bf16) {
+    DnnlTile u = t;
+    u.bf16_math = true;
+    if (dnnl_tile(u)) return;
+  }
   cblas_sgemm(
       CblasRowMajor, t.trans_a ? CblasTrans : CblasNoTrans, t.trans_b ? CblasTrans : CblasNoTrans,
       static_cast<blasint>(t.m), static_cast<blasint>(t.n), static_cast<blasint>(t.k), t.alpha,
@@ -141,6 +159,8 @@ void f32_tile_on(const DnnlTile& t, F32Path p) {
 }
 
 void f32_tile(const DnnlTile& t) { f32_tile_on(t, f32_path_for(t)); }
+
+bool f32_bf16_math() { return f32_mode() == Mode::bf16; }
 
 std::vector<F32Choice> f32_choices() {
   F32Cache& cache = f32_cache();
@@ -159,6 +179,13 @@ std::string host_gemm_f32_info() {
     case Mode::onednn:
       return "f32 matmul of " + dnnl_description() +
              " for every shape (MESHRT_HOST_F32_GEMM=onednn)";
+    case Mode::bf16:
+      return "f32 matmul of " + dnnl_description() + " for every shape, " +
+             (dnnl_f32_bf16_impl().empty()
+                  ? "products in f32: oneDNN has no bf16-product f32 matmul for this CPU"
+                  : "products in bf16 where oneDNN's " + dnnl_f32_bf16_impl() +
+                        " takes the tile (f32 in, out and sums)") +
+             " (MESHRT_HOST_F32_GEMM=bf16)";
     case Mode::automatic:
       break;
   }

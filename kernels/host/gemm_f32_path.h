@@ -7,7 +7,14 @@
 //            multiply-adds stay on OpenBLAS untimed. The timing can choose differently in two
 //            processes, whose f32 results may then differ in the last bits: force a path for
 //            runs that must match bit for bit across processes;
-//   openblas / onednn: that path for every shape (onednn is refused in a build without oneDNN).
+//   openblas / onednn: that path for every shape (onednn is refused in a build without oneDNN);
+//   bf16     oneDNN's f32 matmul for every shape, allowed to round A and B to bf16 for the
+//            products (fpmath_mode::bf16: its AMX kernels, f32 accumulation and f32 in
+//            and out): PyTorch's set_float32_matmul_precision("medium") on CPUs, the host's
+//            counterpart of MESHRT_CUBLAS_TF32. Products carry bf16's 8-bit mantissa, so results
+//            differ from f32 arithmetic around 1e-3 relative; opt-in only. Where oneDNN has no
+//            such kernel (3.2: CPUs without AMX) it keeps f32 arithmetic (dnnl_f32_bf16_impl()).
+//            Refused in a build without oneDNN.
 // Used by host/gemm.cpp's f32 tiles; the choices are reported by `meshrt info` and the JSON of
 // `bench gemm` / `bench block`.
 #pragma once
@@ -20,7 +27,7 @@
 
 namespace meshrt::kernels::host {
 
-enum class F32Path { openblas, onednn };
+enum class F32Path { openblas, onednn, onednn_bf16 };
 const char* f32_path_name(F32Path p);
 
 // One shape's choice: the tile shape, the path, and (auto) the median microseconds of each path
@@ -39,6 +46,10 @@ struct F32Choice {
 void f32_tile(const DnnlTile& t);
 // The same tile through the given path (tests compare the two).
 void f32_tile_on(const DnnlTile& t, F32Path p);
+// True under MESHRT_HOST_F32_GEMM=bf16: oneDNN takes bf16 products only for dense B and C rows
+// (a column panel's row stride above n falls back to f32 arithmetic), so host/gemm.cpp splits
+// these GEMMs into row panels.
+bool f32_bf16_math();
 // Every shape decided so far in this process, in first-use order (auto's untimed small tiles are
 // not recorded).
 std::vector<F32Choice> f32_choices();

@@ -171,9 +171,108 @@ TEST_CASE("MESHRT_HOST_F32_GEMM forces one path, auto times both once per shape"
       FAIL("MESHRT_HOST_F32_GEMM=mkl was accepted");
     } catch (const std::exception& e) {
       CHECK(std::string(e.what()).find("MESHRT_HOST_F32_GEMM='mkl' is not accepted: use auto, "
-                                       "openblas or onednn") != std::string::npos);
+                                       "openblas, onednn or bf16") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("MESHRT_HOST_F32_GEMM=bf16: f32 GEMMs with products of bf16-rounded inputs", "[gemm]") {
+  // Where oneDNN has a bf16-product f32 matmul (AMX in 3.2), a tile it runs on it gives the f32 sum
+  // of products of A and B rounded to bf16: within f32 accumulation error of a double reference on
+  // the rounded inputs, and far from the exact one. oneDNN does so for dense B and C rows of
+  // matmul-sized tiles (64 rows and up here); a B or C with a row stride above n, or a tiny tile,
+  // keeps f32 arithmetic. Without such a matmul every tile keeps f32 arithmetic.
+  namespace hk = meshrt::kernels::host;
+  if (!hk::dnnl_built()) {
+    F32ModeScope mode("bf16");
+    CHECK_THROWS_WITH(hk::host_gemm_f32_info(), Catch::Contains("this build has no oneDNN"));
+    return;
+  }
+  std::mt19937 rng(93);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  // What `meshrt info` reports: whether oneDNN takes bf16 products for f32 on this CPU.
+  const bool bf16_hw = !hk::dnnl_f32_bf16_impl().empty();
+  struct Case {
+    Dims d;
+    int64_t pad;   // added to B's row stride
+    bool rounded;  // expected on bf16 products (with bf16 hardware)
+  };
+  for (const Case& cs : {Case{{64, 96, 128}, 0, true}, Case{{130, 67, 257}, 0, true},
+                         Case{{64, 96, 128}, 3, false}}) {
+    for (const bool tb : {false, true}) {
+      const Dims d = cs.d;
+      // A column panel's stride applies to B stored [k, n]; stored [n, k] it is dense either way.
+      const int64_t pad = tb ? 0 : cs.pad;
+      const int64_t lda = d.k, ldb = (tb ? d.k : d.n) + pad, ldc = d.n;
+      std::vector<float> a(static_cast<size_t>(d.m * lda)),
+          b(static_cast<size_t>((tb ? d.n : d.k) * ldb)), c(static_cast<size_t>(d.m * ldc));
+      for (auto* v : {&a, &b})
+        for (float& x : *v) x = dist(rng);
+      hk::DnnlTile t{d.m, d.n,      d.k, a.data(), lda,     false, b.data(), ldb,
+                     tb,  c.data(), ldc, false,    nullptr, 1.f,   0.f,      true};
+      hk::f32_tile_on(t, hk::F32Path::onednn_bf16);
+      double worst_rounded = 0, worst_exact = 0;
+      for (int64_t i = 0; i < d.m; ++i) {
+        for (int64_t j = 0; j < d.n; ++j) {
+          double rounded = 0, exact = 0;
+          for (int64_t p = 0; p < d.k; ++p) {
+            const float x = a[i * lda + p], y = tb ? b[j * ldb + p] : b[p * ldb + j];
+            exact += double(x) * double(y);
+            rounded += round_to(x, DType::bf16) * round_to(y, DType::bf16);
+          }
+          const double got = c[i * ldc + j];
+          worst_rounded =
+              std::max(worst_rounded, std::abs(got - rounded) / (1 + std::abs(rounded)));
+          worst_exact = std::max(worst_exact, std::abs(got - exact) / (1 + std::abs(exact)));
+        }
+      }
+      INFO("m=" << d.m << " n=" << d.n << " k=" << d.k << " tb=" << tb << " ldb=" << ldb
+                << "; bf16-product matmul: '" << hk::dnnl_f32_bf16_impl() << "'"
+                << "; relative error against the "
+                << "bf16-rounded reference " << worst_rounded << ", against the exact one "
+                << worst_exact);
+      if (bf16_hw && (cs.rounded || tb)) {
+        CHECK(worst_rounded < 1e-5);
+        CHECK(worst_exact > 1e-4);
+      } else {
+        CHECK(worst_exact < 1e-5);
+      }
+    }
+  }
+  // Through ops::gemm on a 2-thread pool: row panels (dense B and C), so bf16 products whenever
+  // oneDNN has them here; every panel shape forced to the path and reported as such.
+  meshrt::test::ScopedEnv threads("MESHRT_HOST_THREADS", "2");
+  F32ModeScope mode("bf16");
+  CHECK(hk::host_gemm_f32_info().find("MESHRT_HOST_F32_GEMM=bf16") != std::string::npos);
+  Host h;
+  REQUIRE(ops::host_threads(h.ctx) == 2);
+  const int64_t m = 256, n = 192, k = 160;
+  Tensor a = rand_tensor(h, {m, k}, DType::f32, 94), b = rand_tensor(h, {k, n}, DType::f32, 95);
+  Tensor c = rand_tensor(h, {m, n}, DType::f32, 96);
+  const Vec av = read(h, a), bv = read(h, b);
+  ops::gemm(h.ctx, h.s(), a, false, b, false, c, 1.f, 0.f, nullptr);
+  const Vec got = read(h, c);
+  double worst = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (int64_t p = 0; p < k; ++p)
+        want += round_to(av[i * k + p], DType::bf16) * round_to(bv[p * n + j], DType::bf16);
+      worst = std::max(worst, std::abs(got[i * n + j] - want) / (1 + std::abs(want)));
+    }
+  }
+  INFO("ops::gemm under MESHRT_HOST_F32_GEMM=bf16: relative error " << worst
+                                                                    << " against bf16 products");
+  CHECK(worst < (bf16_hw ? 1e-5 : 1e-1));
+  int panels = 0;
+  for (const auto& ch : hk::f32_choices()) {
+    if (ch.n != n || ch.k != k || ch.trans_a || ch.trans_b || ch.path != hk::F32Path::onednn_bf16)
+      continue;
+    CHECK(ch.forced);
+    CHECK(ch.m < m);  // row panels, not column panels
+    ++panels;
+  }
+  CHECK(panels >= 1);
 }
 
 TEST_CASE("gemm f32 matches a double reference over odd and round shapes", "[gemm]") {

@@ -272,8 +272,8 @@ TEST_CASE("environment switches with unknown values are refused before anything 
         Case{"MESHRT_HOST_BIND=cores",
              "MESHRT_HOST_BIND='cores' is not accepted: use auto or none, or unset it (auto)"},
         Case{"MESHRT_HOST_F32_GEMM=mkl",
-             "MESHRT_HOST_F32_GEMM='mkl' is not accepted: use auto, openblas or onednn, or unset "
-             "it (auto)"},
+             "MESHRT_HOST_F32_GEMM='mkl' is not accepted: use auto, openblas, onednn or bf16, or "
+             "unset it (auto)"},
         Case{"MESHRT_FLIGHT_DIR=/nonexistent-dir",
              "MESHRT_FLIGHT_DIR=/nonexistent-dir: No such file or directory; give an existing "
              "directory"},

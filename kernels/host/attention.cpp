@@ -1,11 +1,10 @@
 // Host scaled-dot-product attention: blocked with online softmax (flash-attention's algorithm on
 // BLAS tiles). Memory per task is O(block * head_dim); no seq x seq matrix is formed.
-#include <cblas.h>
-
 #include <algorithm>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/gemm_f32_path.h"
 #include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
 #include "kernels/host/reduce.h"
@@ -26,7 +25,17 @@ constexpr int64_t kBk = 64;  // key rows per block (backward)
 // tile (its query blocks start at the key block) and measured slower.
 constexpr int64_t kBkFwd = 256;
 
-blasint bi(int64_t v) { return static_cast<blasint>(v); }
+// c[m, n] (row stride ldc) = alpha op(a) op(b) + beta c in f32: OpenBLAS sgemm, or under
+// MESHRT_HOST_F32_GEMM=bf16 oneDNN's matmul with bf16 products (gemm_f32_path.h).
+struct TileGemm {
+  F32Path path;
+  void operator()(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc) const {
+    const DnnlTile t{m, n, k, a, lda, ta, b, ldb, tb, c, ldc, false, nullptr, alpha, beta, true};
+    f32_tile_on(t, path);
+  }
+};
 
 // Rows [r0, r0 + n) of a [*, d] head as f32: the rows themselves for f32 storage, else
 // converted into buf.
@@ -57,8 +66,9 @@ void mask_tile(float* s, int64_t bq, int64_t bk, int64_t i0, int64_t k0) {
 }
 
 template <class T>
-void attention_fwd_block(const AttnDims& D, const T* q, const T* k, const T* v, T* out, float* lse,
-                         float scale, bool causal, int64_t head, int64_t i0) {
+void attention_fwd_block(const TileGemm& gemm, const AttnDims& D, const T* q, const T* k,
+                         const T* v, T* out, float* lse, float scale, bool causal, int64_t head,
+                         int64_t i0) {
   const int64_t d = D.d;
   const int64_t bq = std::min(kBq, D.sq - i0);
   const T* qh = q + head * D.sq * d;
@@ -85,8 +95,7 @@ void attention_fwd_block(const AttnDims& D, const T* q, const T* k, const T* v, 
     const int64_t bk = std::min(kBkFwd, k_end - k0);
     const float* kb = rows_f32(kh, k0, bk, d, kbuf);
     const float* vb = rows_f32(vh, k0, bk, d, vbuf);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(bq), bi(bk), bi(d), 1.0f, qs, bi(d), kb,
-                bi(d), 0.0f, s, bi(bk));
+    gemm(false, true, bq, bk, d, 1.0f, qs, d, kb, d, 0.0f, s, bk);
     if (causal && k0 + bk - 1 > i0) mask_tile(s, bq, bk, i0, k0);
     for (int64_t r = 0; r < bq; ++r) {
       float* sr = s + r * bk;
@@ -101,8 +110,7 @@ void attention_fwd_block(const AttnDims& D, const T* q, const T* k, const T* v, 
         for (int64_t j = 0; j < d; ++j) orow[j] *= alpha;
       }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(bq), bi(d), bi(bk), 1.0f, s, bi(bk),
-                vb, bi(d), 1.0f, o, bi(d));
+    gemm(false, false, bq, d, bk, 1.0f, s, bk, vb, d, 1.0f, o, d);
   }
   T* oh = out + head * D.sq * d;
   float* lh = lse + head * D.sq;
@@ -127,9 +135,9 @@ const float* head_f32(const T* p, int64_t rows, int64_t d, std::vector<float>& b
 }
 
 template <class T>
-void attention_bwd_head(const AttnDims& D, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const float* lse, T* dq, T* dk, T* dv, float scale,
-                        bool causal, int64_t head) {
+void attention_bwd_head(const TileGemm& gemm, const AttnDims& D, const T* q, const T* k, const T* v,
+                        const T* out, const T* dout, const float* lse, T* dq, T* dk, T* dv,
+                        float scale, bool causal, int64_t head) {
   const int64_t d = D.d, sq = D.sq, sk = D.sk;
   std::vector<float> qb, kb, vb, ob, gb;
   const float* Q = head_f32(q + head * sq * d, sq, d, qb);
@@ -158,8 +166,7 @@ void attention_bwd_head(const AttnDims& D, const T* q, const T* k, const T* v, c
       const float* dOi = dO + i0 * d;
       float* p = P.data();
       float* dp = dP.data();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(bq), bi(bk), bi(d), scale, Qi, bi(d),
-                  Kj, bi(d), 0.0f, p, bi(bk));
+      gemm(false, true, bq, bk, d, scale, Qi, d, Kj, d, 0.0f, p, bk);
       if (causal && k0 + bk - 1 > i0) mask_tile(p, bq, bk, i0, k0);
       for (int64_t r = 0; r < bq; ++r) {
         float lr = L[i0 + r];
@@ -167,11 +174,9 @@ void attention_bwd_head(const AttnDims& D, const T* q, const T* k, const T* v, c
         for (int64_t c = 0; c < bk; ++c) pr[c] = kmath::exp_diff(pr[c], lr);
       }
       // dV_j += P^T dO_i
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(bk), bi(d), bi(bq), 1.0f, p, bi(bk),
-                  dOi, bi(d), 1.0f, dV.data(), bi(d));
+      gemm(true, false, bk, d, bq, 1.0f, p, bk, dOi, d, 1.0f, dV.data(), d);
       // dP = dO_i V_j^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(bq), bi(bk), bi(d), 1.0f, dOi, bi(d),
-                  Vj, bi(d), 0.0f, dp, bi(bk));
+      gemm(false, true, bq, bk, d, 1.0f, dOi, d, Vj, d, 0.0f, dp, bk);
       // dS = P * (dP - D_i), stored in dp
       for (int64_t r = 0; r < bq; ++r) {
         float di = Di[static_cast<size_t>(i0 + r)];
@@ -180,10 +185,8 @@ void attention_bwd_head(const AttnDims& D, const T* q, const T* k, const T* v, c
         for (int64_t c = 0; c < bk; ++c) dpr[c] = pr[c] * (dpr[c] - di);
       }
       // dK_j += scale dS^T Q_i ; dQ_i += scale dS K_j
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(bk), bi(d), bi(bq), scale, dp, bi(bk),
-                  Qi, bi(d), 1.0f, dK.data(), bi(d));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(bq), bi(d), bi(bk), scale, dp,
-                  bi(bk), Kj, bi(d), 1.0f, dQ.data() + i0 * d, bi(d));
+      gemm(true, false, bk, d, bq, scale, dp, bk, Qi, d, 1.0f, dK.data(), d);
+      gemm(false, false, bq, d, bk, scale, dp, bk, Kj, d, 1.0f, dQ.data() + i0 * d, d);
     }
     store_row(dk + head * sk * d + k0 * d, dK.data(), bk * d);
     store_row(dv + head * sk * d + k0 * d, dV.data(), bk * d);
@@ -199,6 +202,9 @@ void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
   s.enqueue([tp, q = q.stream_ref(s), k = k.stream_ref(s), v = v.stream_ref(s),
              out = out.stream_ref(s), lse = lse.stream_ref(s), scale, causal] {
     ensure_blas_single_threaded();
+    // bf16 products under MESHRT_HOST_F32_GEMM=bf16: the forward's 64 x 256 tiles take oneDNN's
+    // AMX kernels (1.7x the forward on an AMX Xeon).
+    const TileGemm gemm{f32_bf16_math() ? F32Path::onednn_bf16 : F32Path::openblas};
     const AttnDims D = dims_of(q, k);
     const int64_t qblocks = (D.sq + kBq - 1) / kBq;
     dispatch_float(q.dtype(), [&](auto tag) {
@@ -211,7 +217,7 @@ void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
       tp->run(D.bh * qblocks, [&](int64_t t) {
         int64_t head = t / qblocks;
         int64_t i0 = (t % qblocks) * kBq;
-        attention_fwd_block<T>(D, pq, pk, pv, po, pl, scale, causal, head, i0);
+        attention_fwd_block<T>(gemm, D, pq, pk, pv, po, pl, scale, causal, head, i0);
       });
     });
   });
@@ -225,11 +231,14 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
              out = out.stream_ref(s), dout = dout.stream_ref(s), lse = lse.stream_ref(s),
              dq = dq.stream_ref(s), dk = dk.stream_ref(s), dv = dv.stream_ref(s), scale, causal] {
     ensure_blas_single_threaded();
+    // OpenBLAS in every mode: the backward's 64 x 64 tiles measured 5% slower on oneDNN with bf16
+    // products.
+    const TileGemm gemm{F32Path::openblas};
     const AttnDims D = dims_of(q, k);
     dispatch_float(q.dtype(), [&](auto tag) {
       using T = decltype(tag);
       tp->run(D.bh, [&](int64_t head) {
-        attention_bwd_head<T>(D, q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
+        attention_bwd_head<T>(gemm, D, q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
                               dout.data<T>(), lse.data<float>(), dq.data<T>(), dk.data<T>(),
                               dv.data<T>(), scale, causal, head);
       });

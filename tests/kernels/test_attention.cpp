@@ -3,6 +3,8 @@
 
 #include "attention_twin.h"
 #include "helpers.h"
+#include "kernels/host/gemm_dnnl.h"
+#include "tests/common/env.h"
 
 using namespace kt;
 namespace ops = meshrt::ops;
@@ -140,4 +142,60 @@ TEST_CASE("attention backward matches finite differences", "[attention][fd]") {
         return fwd();
       },
       vv, dvv, "attention dv");
+}
+
+TEST_CASE("attention forward under MESHRT_HOST_F32_GEMM=bf16 takes bf16 products", "[attention]") {
+  // f32 attention's forward tiles go to oneDNN with bf16 products in this mode (where oneDNN has
+  // them: dnnl_f32_bf16_impl()): within bf16 tolerance of the double reference, and not the
+  // strict f32 result. The backward stays on f32 sgemm.
+  if (!meshrt::kernels::host::dnnl_built()) return;  // the mode is refused without oneDNN
+  Host h;
+  auto sh = GENERATE(AttnShape{1, 2, 130, 130, 64}, AttnShape{1, 2, 531, 531, 16});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sh.d));
+  Shape qs{sh.b, sh.h, sh.sq, sh.d}, ks{sh.b, sh.h, sh.sk, sh.d};
+  Tensor q = rand_tensor(h, qs, DType::f32, 11, -2, 2),
+         k = rand_tensor(h, ks, DType::f32, 12, -2, 2);
+  Tensor v = rand_tensor(h, ks, DType::f32, 13);
+  auto forward = [&](const char* mode) {
+    meshrt::test::ScopedEnv env("MESHRT_HOST_F32_GEMM", mode);
+    Tensor out = h.ctx.empty(qs, DType::f32), lse = h.ctx.empty({sh.b, sh.h, sh.sq}, DType::f32);
+    ops::attention_fwd(h.ctx, h.s(), q, k, v, out, lse, scale, true);
+    return std::make_pair(read(h, out), read(h, lse));
+  };
+  const auto strict = forward("openblas");
+  const auto bf16 = forward("bf16");
+  const AttnProblem p{sh.b * sh.h, sh.sq, sh.sk, sh.d, scale, true};
+  const Vec qv = read(h, q), kv = read(h, k), vv = read(h, v);
+  const AttnFwd rf = attn_model_fwd(p, AttnNumerics::Float64, DType::f32, qv, kv, vv);
+  // The bf16-product references: q, k and v rounded to bf16, the rest in double.
+  auto rounded = [](Vec x) {
+    for (double& e : x) e = round_to(e, DType::bf16);
+    return x;
+  };
+  const AttnFwd rr =
+      attn_model_fwd(p, AttnNumerics::Float64, DType::f32, rounded(qv), rounded(kv), rounded(vv));
+  std::ostringstream tag;
+  tag << "sq=" << sh.sq << " d=" << sh.d << " bf16-product matmul '"
+      << meshrt::kernels::host::dnnl_f32_bf16_impl() << "'";
+  check_close(strict.first, rf.out, 1e-4, "strict out " + tag.str());
+  // oneDNN takes bf16 products per tile as its kernels allow (with head_dim 16 the Q K^T tiles
+  // stay f32 here), so scores are exact products of either the rounded or the given q and k (f32
+  // sums): lse matches one of the two references to f32 error. The output's one further
+  // rounding is P's (in [0, 1]) to bf16 for P V: off by at most 2^-9 sum_j P_j |v_j| <= 2^-9
+  // max |v| from it, and as much again from normalising by the unrounded row sum; |v| <= 1 here.
+  double worst_out = 0, worst_lse = 0;
+  for (size_t i = 0; i < rr.out.size(); ++i)
+    worst_out = std::max(worst_out, std::min(std::abs(bf16.first[i] - rr.out[i]),
+                                             std::abs(bf16.first[i] - rf.out[i])));
+  for (size_t i = 0; i < rr.lse.size(); ++i)
+    worst_lse = std::max(worst_lse, std::min(std::abs(bf16.second[i] - rr.lse[i]),
+                                             std::abs(bf16.second[i] - rf.lse[i])) /
+                                        (1 + std::abs(rr.lse[i])));
+  INFO(tag.str() << ": worst |out - nearer reference| " << worst_out << ", lse relative "
+                 << worst_lse);
+  CHECK(worst_out <= 2.0 / 512 + 1e-5);
+  CHECK(worst_lse < 1e-5);
+  if (!meshrt::kernels::host::dnnl_f32_bf16_impl().empty()) {
+    CHECK(bf16.first != strict.first);
+  }
 }

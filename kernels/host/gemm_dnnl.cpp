@@ -236,6 +236,7 @@ std::string dnnl_f32_bf16_impl() {
   }();
   return impl;
 }
+
 bool dnnl_bf16_gemm_enabled() { return decision(false).enabled; }
 bool dnnl_f16_gemm_enabled() { return decision(true).enabled; }
 
@@ -284,10 +285,9 @@ bool dnnl_tile(const DnnlTile& t) {
                             << " n=" << t.n << " k=" << t.k << " lda=" << t.lda << " ldb=" << t.ldb
                             << " ldc=" << t.ldc << " trans_a=" << t.trans_a
                             << " trans_b=" << t.trans_b << " out=" << type_name(out_type(t)) << "; "
-                            << (t.ab_f32 && t.bf16_math ? "MESHRT_HOST_F32_GEMM=onednn"
-                                : t.ab_f32              ? "MESHRT_HOST_F32_GEMM=openblas"
-                                : t.f16                 ? "MESHRT_HOST_F16_GEMM=f32"
-                                                        : "MESHRT_HOST_BF16_GEMM=f32")
+                            << (t.ab_f32 ? "MESHRT_HOST_F32_GEMM=openblas"
+                                : t.f16  ? "MESHRT_HOST_F16_GEMM=f32"
+                                         : "MESHRT_HOST_BF16_GEMM=f32")
                             << " uses OpenBLAS instead");
   }
   return false;

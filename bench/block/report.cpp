@@ -239,7 +239,7 @@ void br_peak(const BlockPlan& p, const BlockBenchOptions& o,
         const int n = p.cuda ? 8192 : 1024;
         // MESHRT_HOST_F32_GEMM=bf16: the calibration GEMM runs in that mode too.
         const bool bf16_products =
-            !p.cuda && p.cfg.dtype == DType::f32 && env_choice("MESHRT_HOST_F32_GEMM") == "bf16";
+            !p.cuda && p.cfg.dtype == DType::f32 && bench::host_f32_gemm_bf16_products();
         res.peak_label = std::string("calibration GEMM (") + dtype_name(p.cfg.dtype) +
                          (bf16_products ? " with bf16 products (MESHRT_HOST_F32_GEMM=bf16)" : "") +
                          ", best of " + std::to_string(n) + "^3 and the block's fc1 shape " +

@@ -22,6 +22,8 @@ nlohmann::json host_f32_gemm_json() {
   return {{"mode", kernels::host::host_gemm_f32_info()}, {"choices", rows}};
 }
 
+bool host_f32_gemm_bf16_products() { return kernels::host::f32_bf16_math(); }
+
 void print_host_f32_gemm(std::ostream& os) {
   const std::vector<kernels::host::F32Choice> cs = kernels::host::f32_choices();
   if (cs.empty()) return;

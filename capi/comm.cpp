@@ -31,9 +31,6 @@ namespace meshrt::capi {
 
 namespace {
 
-// The most processes a world of meshrt_comm_init_file / _tcp may have (2^20).
-constexpr int kMaxProcessRanks = 1 << 20;
-
 // A config after validation and defaults.
 struct Resolved {
   CommConfig cfg;

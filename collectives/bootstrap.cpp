@@ -208,7 +208,7 @@ void check_process_config_early(double timeout_s) {
     const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
     std::string host;
     int port = 0;
-    if (size > 1 && rank >= 0 && rank < size &&
+    if (size > 1 && size <= kMaxProcessRanks && rank >= 0 && rank < size &&
         (!rendezvous_dir_from_env().empty() || rendezvous_tcp_from_env(&host, &port)))
       t = env_transport(rank, size, timeout_s);
   }
@@ -244,8 +244,13 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
     RankPlacement p;
     p.rank = env_int("RANK", 0);
     p.world_size = env_int("WORLD_SIZE", 1);
-    MESHRT_CHECK(p.world_size >= 1 && p.rank < p.world_size,
-                 "RANK=" << p.rank << " is outside WORLD_SIZE=" << p.world_size);
+    // Bounded before the rendezvous sizes its tables by the world (2^30 ran out of memory).
+    MESHRT_CHECK(p.world_size >= 1 && p.world_size <= kMaxProcessRanks,
+                 "WORLD_SIZE=" << p.world_size << " is outside 1.." << kMaxProcessRanks
+                               << ": set it to the number of processes of the world");
+    MESHRT_CHECK(p.rank < p.world_size, "RANK=" << p.rank
+                                                << " is outside WORLD_SIZE=" << p.world_size
+                                                << ": set RANK to 0 .. WORLD_SIZE-1");
     if (p.world_size > 1) transport = env_transport(p.rank, p.world_size, opts.config.timeout_s);
     if (transport) {
       detail::check_process_config(*transport);

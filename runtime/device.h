@@ -28,6 +28,10 @@ struct MESHRT_API Device {
 // meshrt_comm_init_rank's nranks).
 constexpr int kMaxRanksPerProcess = 1024;
 
+// The most processes one world may have (RANK / WORLD_SIZE, MPI, meshrt_comm_init_file / _tcp):
+// rendezvous tables are sized by the world, so a larger one is refused before they are made.
+constexpr int kMaxProcessRanks = 1 << 20;
+
 // Parses a rank list: "cpu" (1 rank), "cpu:4" (4 host ranks), "cuda:0", "cuda:0-7", "cuda:0,2,5",
 // "cuda:all" (every visible GPU; needs a working CUDA runtime). Each entry is one rank's device.
 // Throws meshrt::Error saying what is accepted.

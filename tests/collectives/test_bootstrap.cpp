@@ -173,6 +173,25 @@ TEST_CASE("bootstrap: torchrun-style RANK / WORLD_SIZE", "[multirank]") {
                           Catch::Contains("MESHRT_RENDEZVOUS=file:///shared/dir"));
   }
   {
+    // Refused before the rendezvous sizes its tables by the world (2^30 ran out of memory).
+    fs::path d = fresh_dir("torchrun_huge");
+    std::string uri = "file://" + d.string();
+    const std::string huge = std::to_string(kMaxProcessRanks + 1);
+    ScopedEnv env(
+        {{"RANK", "0"}, {"WORLD_SIZE", huge.c_str()}, {"MESHRT_RENDEZVOUS", uri.c_str()}});
+    CHECK_THROWS_WITH(bootstrap(LaunchOptions{}),
+                      Catch::Contains("WORLD_SIZE=" + huge + " is outside 1.." +
+                                      std::to_string(kMaxProcessRanks)));
+    CHECK(fs::is_empty(d));
+    fs::remove_all(d);
+  }
+  {
+    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MESHRT_RENDEZVOUS", nullptr}});
+    CHECK_THROWS_WITH(
+        bootstrap(LaunchOptions{}),
+        Catch::Contains("RANK=2 is outside WORLD_SIZE=2") && Catch::Contains("0 .. WORLD_SIZE-1"));
+  }
+  {
     fs::path d = fresh_dir("torchrun");
     std::string uri = "file://" + d.string();
     ScopedEnv env({{"RANK", "1"},

@@ -238,10 +238,10 @@ void br_peak(const BlockPlan& p, const BlockBenchOptions& o,
         res.peak_tflops_per_rank = sum / W / 1e12;
         const int n = p.cuda ? 8192 : 1024;
         // MESHRT_HOST_F32_GEMM=bf16: the calibration GEMM runs in that mode too.
-        const bool bf16_products =
-            !p.cuda && p.cfg.dtype == DType::f32 && bench::host_f32_gemm_bf16_products();
-        res.peak_label = std::string("calibration GEMM (") + dtype_name(p.cfg.dtype) +
-                         (bf16_products ? " with bf16 products (MESHRT_HOST_F32_GEMM=bf16)" : "") +
+        const std::string mode = !p.cuda && p.cfg.dtype == DType::f32
+                                     ? bench::host_f32_gemm_calibration_note()
+                                     : std::string();
+        res.peak_label = std::string("calibration GEMM (") + dtype_name(p.cfg.dtype) + mode +
                          ", best of " + std::to_string(n) + "^3 and the block's fc1 shape " +
                          std::to_string(p.batch * p.seq) + "x" + std::to_string(p.cfg.ffn / p.tp) +
                          "x" + std::to_string(p.cfg.hidden) +

@@ -22,7 +22,13 @@ nlohmann::json host_f32_gemm_json() {
   return {{"mode", kernels::host::host_gemm_f32_info()}, {"choices", rows}};
 }
 
-bool host_f32_gemm_bf16_products() { return kernels::host::f32_bf16_math(); }
+std::string host_f32_gemm_calibration_note() {
+  if (!kernels::host::f32_bf16_math()) return "";
+  return kernels::host::f32_bf16_products()
+             ? " with bf16 products (MESHRT_HOST_F32_GEMM=bf16)"
+             : " on oneDNN in f32 arithmetic (MESHRT_HOST_F32_GEMM=bf16, but oneDNN has no "
+               "bf16-product f32 matmul for this CPU)";
+}
 
 void print_host_f32_gemm(std::ostream& os) {
   const std::vector<kernels::host::F32Choice> cs = kernels::host::f32_choices();

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <string>
 
 namespace meshrt::bench {
 
@@ -12,8 +13,8 @@ namespace meshrt::bench {
 nlohmann::json host_f32_gemm_json();
 // One line per choice ("  1024x1024x1024 NN  onednn  (openblas 10.20 ms, onednn 9.50 ms)").
 void print_host_f32_gemm(std::ostream& os);
-// True under MESHRT_HOST_F32_GEMM=bf16 (f32 GEMMs, the calibration GEMM's too, allowed bf16
-// products).
-bool host_f32_gemm_bf16_products();
+// What an f32 calibration GEMM's label adds under MESHRT_HOST_F32_GEMM=bf16 (whether this CPU's
+// oneDNN took bf16 products); empty in the other modes.
+std::string host_f32_gemm_calibration_note();
 
 }  // namespace meshrt::bench

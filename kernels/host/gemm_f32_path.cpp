@@ -162,6 +162,8 @@ void f32_tile(const DnnlTile& t) { f32_tile_on(t, f32_path_for(t)); }
 
 bool f32_bf16_math() { return f32_mode() == Mode::bf16; }
 
+bool f32_bf16_products() { return f32_bf16_math() && !dnnl_f32_bf16_impl().empty(); }
+
 std::vector<F32Choice> f32_choices() {
   F32Cache& cache = f32_cache();
   std::lock_guard<std::mutex> lock(cache.mu);

@@ -50,6 +50,9 @@ void f32_tile_on(const DnnlTile& t, F32Path p);
 // (a column panel's row stride above n falls back to f32 arithmetic), so host/gemm.cpp splits
 // these GEMMs into row panels.
 bool f32_bf16_math();
+// True when f32_bf16_math() and oneDNN has a bf16-product f32 matmul for this CPU (3.2: AMX);
+// without one the mode's GEMMs run on oneDNN in f32 arithmetic.
+bool f32_bf16_products();
 // Every shape decided so far in this process, in first-use order (auto's untimed small tiles are
 // not recorded).
 std::vector<F32Choice> f32_choices();

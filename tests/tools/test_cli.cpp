@@ -20,6 +20,7 @@
 #include "runtime/allocator.h"
 #include "runtime/backend.h"
 #include "runtime/safetensors.h"
+#include "tests/common/env.h"
 #include "tests/common/files.h"
 
 using json = nlohmann::json;
@@ -420,6 +421,31 @@ TEST_CASE("bench gemm reports attention against the fastest GEMM of the same run
   REQUIRE(n.rc == 0);
   CHECK(n.out.find("vs best GEMM") == std::string::npos);
   CHECK(json::parse(slurp(js))["attention"]["best_gemm_rate_per_rank"].is_null());
+}
+
+TEST_CASE("bench block's MFU label says whether f32 GEMMs took bf16 products", "[multirank]") {
+  // MESHRT_HOST_F32_GEMM=bf16 takes bf16 products only where oneDNN has the kernel (3.2: AMX);
+  // capped at AVX2 no CPU has it, so the label must say the products stayed f32.
+  for (const char* isa : {"AVX2", static_cast<const char*>(nullptr)}) {
+    test::ScopedEnv env({{"MESHRT_HOST_F32_GEMM", "bf16"}, {"ONEDNN_MAX_CPU_ISA", isa}});
+    Run info = cli("info");
+    if (info.rc != 0) {  // a build without oneDNN refuses the mode
+      CHECK(info.err.find("this build has no oneDNN") != std::string::npos);
+      return;
+    }
+    const bool products = info.out.find("products in bf16 where") != std::string::npos;
+    INFO("ONEDNN_MAX_CPU_ISA=" << (isa ? isa : "(unset)") << "\n" << info.out);
+    if (isa) CHECK_FALSE(products);
+    const fs::path js = scratch() / "bf16_label.json";
+    Run r = cli("bench block --devices cpu:2 " + kTiny + " --json " + js.string());
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    const std::string label = json::parse(slurp(js))["peak"]["label"];
+    CHECK(label.find(products ? "f32 with bf16 products (MESHRT_HOST_F32_GEMM=bf16)"
+                              : "f32 on oneDNN in f32 arithmetic (MESHRT_HOST_F32_GEMM=bf16, "
+                                "but oneDNN has no bf16-product f32 matmul for this CPU)") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("a tiny block bench writes JSON with every figure and a valid trace", "[multirank]") {

@@ -3,8 +3,9 @@
 // large blocks from here, so the shm backend can run a collective between the ranks' own
 // buffers (zero copy, as the threads backend does) instead of copying through its segment.
 // A peer maps a block by opening /proc/<pid>/fd/<fd> (same user; no ptrace restriction).
-// Each shared block holds a file descriptor while it lives; at most 256 are shared, the rest
-// private. MESHRT_SHM_ZERO_COPY=0 keeps every host block private.
+// Blocks under 256 KiB are carved from 2 MiB slabs (one memfd each; a peer maps the whole slab),
+// larger ones own a memfd; at most 256 memfds live at once, beyond that blocks are private.
+// MESHRT_SHM_ZERO_COPY=0 keeps every host block private.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +13,9 @@
 
 namespace meshrt {
 
-// Where a range of shared host memory lies: the block's memfd in its owner's process, the
-// block's id (unique in the process, never reused), its size and the range's offset in it.
+// Where a range of shared host memory lies: the memfd in its owner's process of the block or
+// slab holding it, that mapping's id (unique in the process, never reused), its size and the
+// range's offset in it.
 struct SharedHostRange {
   int fd = -1;
   uint64_t id = 0;

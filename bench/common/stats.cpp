@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
 
 namespace meshrt::bench {
 
@@ -17,6 +20,28 @@ double thread_cpu_ms() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+bool wait_for_idle_threads(int max_ms) {
+  const std::string self = std::to_string(static_cast<long>(gettid()));
+  for (int waited_ms = 0;; ++waited_ms) {
+    bool busy = false;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+      if (e.path().filename() == self) continue;
+      // The state is the field after the name, which ends at the last ')'.
+      std::ifstream f(e.path() / "stat");
+      const std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const size_t close = stat.rfind(')');
+      if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'R') {
+        busy = true;
+        break;
+      }
+    }
+    if (ec || !busy) return true;
+    if (waited_ms >= max_ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 double percentile(std::vector<double> v, double q) {

@@ -14,6 +14,10 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0, Clock::time_point t1);
 // CPU time this thread has used, in milliseconds.
 double thread_cpu_ms();
+// Waits until no other thread of this process is running or runnable (a peer library's workers
+// spinning after its call, as OpenBLAS's do), at most max_ms; false when they still were.
+// Linux (/proc/self/task); elsewhere it returns true at once.
+bool wait_for_idle_threads(int max_ms);
 
 // Linear-interpolated percentile (q in [0, 1]) of unsorted values; 0 for none.
 double percentile(std::vector<double> v, double q);

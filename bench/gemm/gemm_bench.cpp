@@ -165,13 +165,18 @@ void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
                     static_cast<blasint>(o.trans_b ? sh.k : sh.n), 0.f, cc.data(),
                     static_cast<blasint>(sh.n));
       };
-      // Alternate the two, one run each per round, so both see the same machine load.
+      // Alternate the two, one run each per round, so both see the same machine load; each
+      // starts once the other's threads are idle (OpenBLAS's spin for about 2^28 cycles after a
+      // multi-threaded call: they took a core from meshrt's next run, and a random shape per run
+      // measured at 0.5x).
       std::vector<double> tm, tb;
       for (int i = 0; i < o.warmup + o.repeats; ++i) {
         double t1 = time_ranks_once(ranks, run_meshrt);
         openblas_set_num_threads(cores);
+        bench::wait_for_idle_threads(1000);
         double t2 = time_ranks_once(1, run_blas);
         openblas_set_num_threads(1);  // meshrt's policy (kernels/host/parallel.h)
+        bench::wait_for_idle_threads(1000);
         if (i >= o.warmup) {
           tm.push_back(t1);
           tb.push_back(t2);

@@ -1,6 +1,7 @@
 #include "bench/gemm/gemm_bench.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -44,6 +45,18 @@ struct GemmShape {
 
 // Milliseconds of one fn() run on every rank at once (each rank on its own thread for several
 // ranks); fn(rank) enqueues and synchronises.
+// Ends OpenBLAS's worker threads, which would spin for about 2^28 cycles after the peer's call
+// (bench::wait_for_idle_threads would then wait that long). blas_thread_shutdown_ is exported by
+// OpenBLAS's pthread builds (its fork handler calls it); its next multi-threaded call, or
+// openblas_set_num_threads, starts them again, so it comes after the switch to one thread. Builds
+// without it (OpenMP) keep their threads, and the wait covers them.
+void stop_openblas_threads() {
+  using Shutdown = int (*)();
+  static const auto shutdown =
+      reinterpret_cast<Shutdown>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+  if (shutdown) shutdown();
+}
+
 double time_ranks_once(int ranks, const std::function<void(int)>& fn) {
   const auto t0 = Clock::now();
   if (ranks == 1) {
@@ -170,12 +183,15 @@ void Bench::gemm_section(std::vector<std::unique_ptr<Context>>& ctxs) {
       // multi-threaded call: they took a core from meshrt's next run, and a random shape per run
       // measured at 0.5x).
       std::vector<double> tm, tb;
+      stop_openblas_threads();  // those OpenBLAS started when it loaded
+      bench::wait_for_idle_threads(1000);
       for (int i = 0; i < o.warmup + o.repeats; ++i) {
         double t1 = time_ranks_once(ranks, run_meshrt);
-        openblas_set_num_threads(cores);
         bench::wait_for_idle_threads(1000);
+        openblas_set_num_threads(cores);
         double t2 = time_ranks_once(1, run_blas);
         openblas_set_num_threads(1);  // meshrt's policy (kernels/host/parallel.h)
+        stop_openblas_threads();
         bench::wait_for_idle_threads(1000);
         if (i >= o.warmup) {
           tm.push_back(t1);

@@ -43,8 +43,6 @@ struct GemmShape {
   int64_t m, n, k;
 };
 
-// Milliseconds of one fn() run on every rank at once (each rank on its own thread for several
-// ranks); fn(rank) enqueues and synchronises.
 // Ends OpenBLAS's worker threads, which would spin for about 2^28 cycles after the peer's call
 // (bench::wait_for_idle_threads would then wait that long). blas_thread_shutdown_ is exported by
 // OpenBLAS's pthread builds (its fork handler calls it); its next multi-threaded call, or
@@ -57,6 +55,8 @@ void stop_openblas_threads() {
   if (shutdown) shutdown();
 }
 
+// Milliseconds of one fn() run on every rank at once (each rank on its own thread for several
+// ranks); fn(rank) enqueues and synchronises.
 double time_ranks_once(int ranks, const std::function<void(int)>& fn) {
   const auto t0 = Clock::now();
   if (ranks == 1) {

@@ -83,10 +83,8 @@ void attention_fwd_block(const TileGemm& gemm, const AttnDims& D, const T* q, co
   float* m = ml;
   float* l = ml + kBq;
   // Scale folded into Q: scores come out of sgemm already scaled.
-  for (int64_t r = 0; r < bq; ++r) {
-    const T* src = qh + (i0 + r) * d;
-    for (int64_t j = 0; j < d; ++j) qs[r * d + j] = scale * load_f32(src, j);
-  }
+  const auto* qv = row_in(qh + i0 * d, qs, bq * d);  // the block's rows are contiguous
+  for (int64_t i = 0; i < bq * d; ++i) qs[i] = scale * load_f32(qv, i);
   std::fill(o, o + bq * d, 0.f);
   std::fill(m, m + bq, -kmath::kInf);
   std::fill(l, l + bq, 0.f);
@@ -114,12 +112,13 @@ void attention_fwd_block(const TileGemm& gemm, const AttnDims& D, const T* q, co
   }
   T* oh = out + head * D.sq * d;
   float* lh = lse + head * D.sq;
+  auto* ov = row_out(oh + i0 * d, o);  // o itself where the view is a buffer
   for (int64_t r = 0; r < bq; ++r) {
     float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
-    T* dst = oh + (i0 + r) * d;
-    for (int64_t j = 0; j < d; ++j) store_f32(dst, j, o[r * d + j] * inv);
+    for (int64_t j = 0; j < d; ++j) store_f32(ov, r * d + j, o[r * d + j] * inv);
     lh[i0 + r] = kmath::softmax_lse(kmath::SoftmaxState{m[r], l[r]});
   }
+  row_commit(oh + i0 * d, ov, bq * d);
 }
 
 // Whole head [rows, d] as f32 (a view for f32 storage, else converted into buf).
@@ -129,7 +128,7 @@ const float* head_f32(const T* p, int64_t rows, int64_t d, std::vector<float>& b
     return p;
   } else {
     buf.resize(static_cast<size_t>(rows * d));
-    for (int64_t i = 0; i < rows * d; ++i) buf[static_cast<size_t>(i)] = load_f32(p, i);
+    load_row(p, buf.data(), rows * d);
     return buf.data();
   }
 }

@@ -16,6 +16,7 @@ MESHRT_HOST_ISA_BEGIN
 
 namespace {
 constexpr int64_t kGrain = 1 << 15;  // elements per parallel chunk
+constexpr int64_t kTile = 1024;      // elements per row view of a chunk (reduce.h)
 
 // Rows per chunk so that a chunk holds about kGrain elements.
 int64_t row_grain(int64_t row_len) {
@@ -33,13 +34,23 @@ void add(Context& ctx, Stream& s, const Tensor& a, const Tensor& b, const Tensor
       const T* pb = b.data<T>();
       T* po = out.data<T>();
       tp->parallel_for(out.numel(), kGrain, [=](int64_t lo, int64_t hi) {
-        if (beta == 0.f) {
-          for (int64_t i = lo; i < hi; ++i) store_f32(po, i, alpha * load_f32(pa, i));
-        } else if (alpha == 1.f && beta == 1.f) {
-          for (int64_t i = lo; i < hi; ++i) store_f32(po, i, load_f32(pa, i) + load_f32(pb, i));
-        } else {
-          for (int64_t i = lo; i < hi; ++i)
-            store_f32(po, i, alpha * load_f32(pa, i) + beta * load_f32(pb, i));
+        alignas(64) float ta[kTile], tb[kTile], to[kTile];
+        for (int64_t t0 = lo; t0 < hi; t0 += kTile) {
+          const int64_t len = std::min(kTile, hi - t0);
+          const auto* x = row_in(pa + t0, ta, len);
+          auto* y = row_out(po + t0, to);
+          if (beta == 0.f) {
+            for (int64_t i = 0; i < len; ++i) store_f32(y, i, alpha * load_f32(x, i));
+          } else {
+            const auto* z = row_in(pb + t0, tb, len);
+            if (alpha == 1.f && beta == 1.f) {
+              for (int64_t i = 0; i < len; ++i) store_f32(y, i, load_f32(x, i) + load_f32(z, i));
+            } else {
+              for (int64_t i = 0; i < len; ++i)
+                store_f32(y, i, alpha * load_f32(x, i) + beta * load_f32(z, i));
+            }
+          }
+          row_commit(po + t0, y, len);
         }
       });
     });
@@ -161,10 +172,12 @@ void bias_gelu_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& bias,
           } else {
             std::fill(bf, bf + n, 0.f);
           }
+          float* rowbuf = scratch_f32(1, static_cast<size_t>(n));
           for (int64_t r = r0; r < r1; ++r) {
-            const T* xr = px + r * n;
-            T* yr = py + r * n;
+            const auto* xr = row_in(px + r * n, rowbuf, n);
+            auto* yr = row_out(py + r * n, rowbuf);
             for (int64_t j = 0; j < n; ++j) store_f32(yr, j, gelu<K>(load_f32(xr, j) + bf[j]));
+            row_commit(py + r * n, yr, n);
           }
         });
       });
@@ -206,10 +219,12 @@ void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, c
           }
           float* acc = want_db ? part + c * n : nullptr;
           int64_t r1 = std::min(rows, (c + 1) * rpc);
+          float* xbuf = scratch_f32(1, static_cast<size_t>(n));
+          float* gbuf = scratch_f32(2, static_cast<size_t>(n));
           for (int64_t r = c * rpc; r < r1; ++r) {
-            const T* xr = px + r * n;
-            const T* dyr = pdy + r * n;
-            T* dxr = pdx + r * n;
+            const auto* xr = row_in(px + r * n, xbuf, n);
+            const auto* dyr = row_in(pdy + r * n, gbuf, n);
+            auto* dxr = row_out(pdx + r * n, gbuf);
             if (acc) {
               for (int64_t j = 0; j < n; ++j) {
                 float g = load_f32(dyr, j) * gelu_grad<K>(load_f32(xr, j) + bf[j]);
@@ -220,6 +235,7 @@ void bias_gelu_bwd(Context& ctx, Stream& s, const Tensor& dy, const Tensor& x, c
               for (int64_t j = 0; j < n; ++j)
                 store_f32(dxr, j, load_f32(dyr, j) * gelu_grad<K>(load_f32(xr, j) + bf[j]));
             }
+            row_commit(pdx + r * n, dxr, n);
           }
         });
         if (want_db) {
@@ -306,15 +322,17 @@ void dropout_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y, floa
           }
         }
         alignas(64) uint32_t words[4 * kDraws];
+        alignas(64) float xbuf[4 * kDraws];
         for (; i + 4 * kDraws <= hi; i += 4 * kDraws, gi += 4 * kDraws) {
           philox_draws(seed, offset, gi >> 2, words);
-          const T* xi = px + i;
-          T* yi = py + i;
+          const auto* xi = row_in(px + i, xbuf, 4 * kDraws);
+          auto* yi = row_out(py + i, xbuf);
           for (int e = 0; e < 4 * kDraws; ++e) {
             // Load unconditionally, then select: a branch-free loop that vectorizes.
             const float v = load_f32(xi, e) * inv;
             store_f32(yi, e, kmath::dropout_keep_word(words[e], p) ? v : 0.f);
           }
+          row_commit(py + i, yi, 4 * kDraws);
         }
         while (i < hi) {
           Philox4 r = philox_draw(seed, offset, gi >> 2);

@@ -18,6 +18,9 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
+#include <vector>
+
+#include "runtime/half.h"
 #endif
 
 namespace meshrt::kernels::host {
@@ -116,12 +119,14 @@ struct Prim {
   dnnl::memory::desc a, b, c, bias;
   float alpha = 1.f;  // oneDNN 3: the weights' scale, passed at execution (kept at a fixed address)
   bool reference = false;  // oneDNN picked its reference implementation: never run it
+  bool bias_f32 = false;   // the 16-bit bias is passed converted to f32 (see make_prim)
 };
 
 struct ThreadState {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream st{eng};
   std::unordered_map<Key, Prim, KeyHash> prims;
+  std::vector<float> bias;  // Prim::bias_f32: the tile's bias converted
   ThreadState() {
     // oneDNN (Debian's and the PyPI build) threads with OpenMP; each caller is its own OpenMP
     // initial thread, so this keeps this thread's oneDNN calls on it alone.
@@ -164,6 +169,23 @@ const char* type_name(dnnl_dt d) {
   return d == dnnl_dt::f32 ? "f32" : d == dnnl_dt::f16 ? "f16" : "bf16";
 }
 
+// The tile's attributes: bf16 products, beta as a sum post-op, alpha as the weights' scale.
+dnnl::primitive_attr make_attr(const DnnlTile& t) {
+  dnnl::primitive_attr attr;
+  if (t.ab_f32 && t.bf16_math) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
+  if (t.beta != 0.f) {
+    dnnl::post_ops po;
+    po.append_sum(t.beta);
+    attr.set_post_ops(po);
+  }
+#if DNNL_VERSION_MAJOR >= 3
+  if (t.alpha != 1.f) attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+#else
+  if (t.alpha != 1.f) attr.set_output_scales(0, {t.alpha});
+#endif
+  return attr;
+}
+
 // dst = alpha * (A B) [+ bias] + beta * dst; the caller never combines alpha != 1 with a bias
 // (oneDNN 2's output scale would scale the bias too). oneDNN 3 takes alpha as the weights' scale.
 void make_prim(ThreadState& s, const DnnlTile& t, Prim& p) {
@@ -174,19 +196,27 @@ void make_prim(ThreadState& s, const DnnlTile& t, Prim& p) {
   p.c = dnnl::memory::desc(dims{t.m, t.n}, cdt, dims{t.ldc, 1});
   if (t.bias) p.bias = dnnl::memory::desc(dims{1, t.n}, cdt, dims{t.n, 1});
   p.alpha = t.alpha;
-  dnnl::primitive_attr attr;
-  if (t.ab_f32 && t.bf16_math) attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
-  if (t.beta != 0.f) {
-    dnnl::post_ops po;
-    po.append_sum(t.beta);
-    attr.set_post_ops(po);
-  }
+  const dnnl::primitive_attr attr = make_attr(t);
 #if DNNL_VERSION_MAJOR >= 3
-  if (t.alpha != 1.f) attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
-  const auto pd = t.bias ? dnnl::matmul::primitive_desc(s.eng, p.a, p.b, p.bias, p.c, attr)
-                         : dnnl::matmul::primitive_desc(s.eng, p.a, p.b, p.c, attr);
+  auto describe = [&] {
+    return t.bias ? dnnl::matmul::primitive_desc(s.eng, p.a, p.b, p.bias, p.c, attr)
+                  : dnnl::matmul::primitive_desc(s.eng, p.a, p.b, p.c, attr);
+  };
+  dnnl::matmul::primitive_desc pd = describe();
+  // oneDNN 3.2's AVX512-FP16 matmul takes an f16 bias only in its reference kernel, and an f32
+  // one in its brgemm kernel: the same sums, as the bias is added to the f32 accumulator.
+  if (t.bias && cdt != dnnl_dt::f32 && std::strncmp(pd.impl_info_str(), "ref", 3) == 0) {
+    const dnnl::memory::desc own = p.bias;
+    p.bias = dnnl::memory::desc(dims{1, t.n}, dnnl_dt::f32, dims{t.n, 1});
+    dnnl::matmul::primitive_desc with_f32 = describe();
+    p.bias_f32 = std::strncmp(with_f32.impl_info_str(), "ref", 3) != 0;
+    if (p.bias_f32) {
+      pd = with_f32;
+    } else {
+      p.bias = own;
+    }
+  }
 #else
-  if (t.alpha != 1.f) attr.set_output_scales(0, {t.alpha});
   const dnnl::matmul::desc d =
       t.bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
   const dnnl::matmul::primitive_desc pd(d, attr, s.eng);
@@ -267,7 +297,18 @@ bool dnnl_tile(const DnnlTile& t) {
     dnnl::memory cm(p.c, s.eng, t.c);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-    if (t.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, s.eng, const_cast<void*>(t.bias)));
+    if (t.bias) {
+      const void* bias = t.bias;
+      if (p.bias_f32) {
+        s.bias.resize(static_cast<size_t>(t.n));
+        const auto* h = static_cast<const uint16_t*>(t.bias);
+        for (int64_t j = 0; j < t.n; ++j) {
+          s.bias[static_cast<size_t>(j)] = t.f16 ? f16_bits_to_f32(h[j]) : bf16_bits_to_f32(h[j]);
+        }
+        bias = s.bias.data();
+      }
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, s.eng, const_cast<void*>(bias)));
+    }
 #if DNNL_VERSION_MAJOR >= 3
     if (t.alpha != 1.f) {
       const dnnl::memory::desc sd(dnnl::memory::dims{1}, dnnl_dt::f32, dnnl::memory::dims{1});

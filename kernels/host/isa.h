@@ -5,9 +5,9 @@
 // MESHRT_HOST_ISA_BEGIN and MESHRT_HOST_ISA_END, which put it in the variant's namespace
 // (isa_baseline, isa_avx2, isa_avx512) and give every function defined there (lambdas included)
 // the variant's target attribute. The headers the file includes before BEGIN (math.h, half.h,
-// reduce.h, the standard library) stay baseline code: GCC and clang inline them into the variant's
-// loops and compile them there for its ISA, and a copy left out of line is baseline code that any
-// CPU runs. So the variants share no symbol compiled for a wider ISA, and one binary runs on any
+// the standard library) stay baseline code: GCC and clang inline them into the variant's loops and
+// compile them there for its ISA, and a copy left out of line is baseline code that any CPU runs.
+// reduce.h differs per variant (F16C row conversions in avx2 / avx512) and so has internal linkage. So the variants share no symbol compiled for a wider ISA, and one binary runs on any
 // x86-64 CPU. host/backend.cpp picks the widest variant the CPU runs (MESHRT_HOST_ISA caps it).
 // Included by the loop files only.
 #pragma once

@@ -6,6 +6,7 @@
 #include "kernels/backend.h"
 #include "kernels/host/isa.h"
 #include "kernels/host/parallel.h"
+#include "kernels/host/reduce.h"
 #include "kernels/math.h"
 #include "runtime/dtype_dispatch.h"
 
@@ -14,6 +15,21 @@ MESHRT_HOST_ISA_BEGIN
 
 namespace {
 constexpr int64_t kChunk = 1 << 15;
+constexpr int64_t kTile = 1024;  // elements per row view of a piece (reduce.h)
+
+// Runs step(p_in, p_out, g, j0, len) on row views (reduce.h) of [begin, end) of p and g, kTile
+// elements at a time, and writes p back.
+template <class PT, class GT, class F>
+void for_tiles(PT* p, const GT* g, int64_t begin, int64_t end, F&& step) {
+  alignas(64) float pb[kTile], gb[kTile];
+  for (int64_t t0 = begin; t0 < end; t0 += kTile) {
+    const int64_t len = std::min(kTile, end - t0);
+    const auto* pin = row_in(p + t0, pb, len);
+    auto* pout = row_out(p + t0, pb);
+    step(pin, pout, row_in(g + t0, gb, len), t0, len);
+    row_commit(p + t0, pout, len);
+  }
+}
 
 struct Piece {
   size_t tensor;
@@ -73,10 +89,15 @@ void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,
         const GT* g = G[i].data<GT>();
         float* m = M[i].data<float>();
         float* v = V[i].data<float>();
-        for (int64_t j = pc.begin; j < pc.end; ++j) {
-          float nv = kmath::adamw_step(load_f32(p, j), load_f32(g, j), m[j], v[j], c);
-          store_f32(p, j, nv);
-        }
+        for_tiles(
+            p, g, pc.begin, pc.end, [&](auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
+              float* mj = m + j0;
+              float* vj = v + j0;
+              for (int64_t j = 0; j < n; ++j) {
+                store_f32(pout, j,
+                          kmath::adamw_step(load_f32(pin, j), load_f32(gin, j), mj[j], vj[j], c));
+              }
+            });
       });
     });
   });
@@ -101,9 +122,12 @@ void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params
         PT* p = P[i].data<PT>();
         const GT* g = G[i].data<GT>();
         float* b = B[i].data<float>();
-        for (int64_t j = pc.begin; j < pc.end; ++j) {
-          store_f32(p, j, kmath::sgd_step(load_f32(p, j), load_f32(g, j), b[j], c));
-        }
+        for_tiles(
+            p, g, pc.begin, pc.end, [&](auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
+              float* bj = b + j0;
+              for (int64_t j = 0; j < n; ++j)
+                store_f32(pout, j, kmath::sgd_step(load_f32(pin, j), load_f32(gin, j), bj[j], c));
+            });
       });
     });
   });

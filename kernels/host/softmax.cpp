@@ -28,13 +28,14 @@ void softmax_rows_fwd(Context& ctx, Stream& s, const Tensor& x, const Tensor& y,
       tp->parallel_for(rows, rows_grain(n), [=](int64_t r0, int64_t r1) {
         float* z = scratch_f32(0, static_cast<size_t>(n));
         for (int64_t r = r0; r < r1; ++r) {
-          const T* xr = px + r * n;
+          const auto* xr = row_in(px + r * n, z, n);
           for (int64_t j = 0; j < n; ++j) z[j] = scale * load_f32(xr, j);
           float m = max_f32(z, n);
           for (int64_t j = 0; j < n; ++j) z[j] = kmath::exp_diff(z[j], m);
           float inv = 1.0f / sum_f32(z, n);
-          T* yr = py + r * n;
+          auto* yr = row_out(py + r * n, z);
           for (int64_t j = 0; j < n; ++j) store_f32(yr, j, z[j] * inv);
+          row_commit(py + r * n, yr, n);
         }
       });
     });
@@ -99,7 +100,7 @@ void xent_row_sumexp(Context& ctx, Stream& s, const Tensor& logits, const Tensor
       tp->parallel_for(rows, rows_grain(n), [=](int64_t r0, int64_t r1) {
         float* z = scratch_f32(0, static_cast<size_t>(n));
         for (int64_t r = r0; r < r1; ++r) {
-          const T* lr = pl + r * n;
+          const auto* lr = row_in(pl + r * n, z, n);
           float m = pm[r];
           for (int64_t j = 0; j < n; ++j) z[j] = kmath::exp_diff(load_f32(lr, j), m);
           ps[r] = sum_f32(z, n);
@@ -179,7 +180,7 @@ void xent_grad(Context& ctx, Stream& s, const Tensor& logits, const Tensor& row_
                   for (int64_t j = 0; j < n; ++j) store_f32(dr, j, 0.f);
                   continue;
                 }
-                const T* lr = pl + r * n;
+                const auto* lr = row_in(pl + r * n, z, n);
                 float m = pm[r];
                 float c = grad_scale / ps[r];
                 for (int64_t j = 0; j < n; ++j) z[j] = c * kmath::exp_diff(load_f32(lr, j), m);

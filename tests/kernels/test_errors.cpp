@@ -7,6 +7,7 @@
 #include "helpers.h"
 #include "kernels/backend.h"
 #include "runtime/error.h"
+#include "runtime/half.h"
 
 using namespace kt;
 using Catch::Matchers::Contains;
@@ -235,7 +236,7 @@ TEST_CASE("every host ISA variant this CPU runs is complete, distinct and agrees
     CHECK(be.layernorm_fwd != base.layernorm_fwd);
     // Same ops through both tables: GeLU (exp polynomial), LayerNorm (row reductions), softmax.
     Host h;
-    for (DType dt : {DType::f32, DType::bf16}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       const int64_t rows = 37, cols = 389;  // odd: vector bodies and scalar tails
       Tensor x = rand_tensor(h, {rows, cols}, dt, 5, -4.0, 4.0);
       Tensor bias = rand_tensor(h, {cols}, dt, 6);
@@ -257,6 +258,41 @@ TEST_CASE("every host ISA variant this CPU runs is complete, distinct and agrees
     }
   }
   if (compared == 0) SUCCEED("this CPU runs only the baseline variant");
+}
+
+TEST_CASE("f16 rows convert exactly in every host ISA variant (F16C and portable)", "[errors]") {
+  // The avx2 / avx512 loops convert f16 with vcvtph2ps / vcvtps2ph, the baseline ones in software
+  // (runtime/half.h): scaling every f16 bit pattern must give the software's bits in each variant:
+  // subnormals, ties (x 0.5 of odd subnormals), overflow to Inf (x 2, x 3), NaN payloads.
+  using k::host::HostIsa;
+  const int64_t n = 65536 + 13;  // every pattern, then a tail shorter than a vector
+  int variants = 0;
+  for (HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512}) {
+    if (!k::host::host_isa_built(isa) || !k::host::host_isa_runs_here(isa)) continue;
+    INFO(k::host::host_isa_name(isa));
+    const k::Backend& be = k::host::backend(isa);
+    Host h;
+    Tensor x = h.ctx.empty({n}, DType::f16), y = h.ctx.empty({n}, DType::f16);
+    h.sync();
+    auto* xb = static_cast<uint16_t*>(x.data_ptr());
+    for (int64_t i = 0; i < n; ++i) xb[i] = static_cast<uint16_t>(i * 40503);  // a permutation
+    for (float alpha : {1.f, 0.5f, 0.25f, 1.f / 3.f, 2.f, 3.f, -1.f / 1024.f}) {
+      INFO("alpha " << alpha);
+      be.add(h.ctx, h.s(), x, x, y, alpha, 0.f);
+      h.sync();
+      const auto* yb = static_cast<const uint16_t*>(y.data_ptr());
+      int64_t bad = 0, first = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t want = meshrt::f32_to_f16_bits(alpha * meshrt::f16_bits_to_f32(xb[i]));
+        if (yb[i] != want && bad++ == 0) first = i;
+      }
+      INFO("first mismatch at " << first << ": x bits " << (first >= 0 ? xb[first] : 0) << ", got "
+                                << (first >= 0 ? yb[first] : 0));
+      CHECK(bad == 0);
+    }
+    ++variants;
+  }
+  CHECK(variants >= 1);
 }
 
 TEST_CASE("an op a backend lacks or a dtype it does not take fails naming op, dtype and backend",

@@ -331,6 +331,27 @@ TEST_CASE("gemm 16-bit column panels: oneDNN's reference kernels are never run",
   }
 }
 
+TEST_CASE("gemm 16-bit with a bias stays on oneDNN's fast kernels", "[gemm]") {
+  // oneDNN 3.2's AVX512-FP16 matmul takes an f16 bias only in its reference implementation; the
+  // tile passes the bias as f32 instead (gemm_dnnl.cpp), so the Linear layers' forward GEMMs do not
+  // fall back to the converted-panel path. Row panels of 32 rows on 2 threads: dense B and C.
+  meshrt::test::ScopedEnv threads("MESHRT_HOST_THREADS", "2");
+  Host h;
+  auto dt = GENERATE(DType::bf16, DType::f16);
+  auto ct = GENERATE(DType::f32, DType::bf16, DType::f16);
+  if (ct != DType::f32 && ct != dt) return;
+  const int64_t before = meshrt::kernels::host::dnnl_reference_skips();
+  run_case(h, dt, ct, Dims{64, 96, 80}, false, false, 1.f, 0.f, true, 41);
+  run_case(h, dt, ct, Dims{64, 96, 80}, false, true, 1.f, 1.f, true, 42);
+  const int64_t skipped = meshrt::kernels::host::dnnl_reference_skips() - before;
+  INFO(meshrt::ops::host_gemm_16bit_info() << "; tiles left to the converted path: " << skipped);
+  const bool on_dnnl = dt == DType::f16 ? meshrt::kernels::host::dnnl_f16_gemm_enabled()
+                                        : meshrt::kernels::host::dnnl_bf16_gemm_enabled();
+  if (on_dnnl && meshrt::kernels::host::dnnl_description().rfind("oneDNN 3.2.", 0) == 0) {
+    CHECK(skipped == 0);
+  }
+}
+
 TEST_CASE("the build links the oneDNN of MESHRT_DNNL_ROOT when that prefix has one", "[gemm]") {
   // CMake prefers MESHRT_DNNL_ROOT (tools/install-deps.sh puts oneDNN 3.2 there) over the system's
   // oneDNN 2.6.3, whose matmul has no f16: a build that silently took the system's would lose the

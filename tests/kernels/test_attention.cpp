@@ -66,8 +66,9 @@ struct AttnShape {
 }  // namespace
 
 TEST_CASE("attention forward and backward match a naive double reference", "[attention]") {
+  // f16 too: its rows convert with F16C in the avx2 / avx512 loop variants (reduce.h).
   Host h;
-  auto dt = GENERATE(DType::f32, DType::bf16);
+  auto dt = GENERATE(DType::f32, DType::bf16, DType::f16);
   auto causal = GENERATE(true, false);
   auto sh =
       GENERATE(AttnShape{1, 1, 1, 1, 1}, AttnShape{1, 2, 17, 17, 8}, AttnShape{2, 3, 70, 70, 13},

@@ -7,7 +7,8 @@
 // the variant's target attribute. The headers the file includes before BEGIN (math.h, half.h,
 // the standard library) stay baseline code: GCC and clang inline them into the variant's loops and
 // compile them there for its ISA, and a copy left out of line is baseline code that any CPU runs.
-// reduce.h differs per variant (F16C row conversions in avx2 / avx512) and so has internal linkage. So the variants share no symbol compiled for a wider ISA, and one binary runs on any
+// reduce.h differs per variant (F16C row conversions in avx2 / avx512) and so has internal
+// linkage. So the variants share no symbol compiled for a wider ISA, and one binary runs on any
 // x86-64 CPU. host/backend.cpp picks the widest variant the CPU runs (MESHRT_HOST_ISA caps it).
 // Included by the loop files only.
 #pragma once

@@ -298,13 +298,19 @@ void TokenFile::check(int64_t vocab, int64_t seq) const {
                                << " now: the file was rewritten since; keep it unchanged");
     // A raw file of 16-bit tokens read as u32 pairs two tokens into one past 65535.
     const bool maybe_u16 = format_ == "raw u32" && max_token_ > 65535;
-    // The largest token may be INT64_MAX (an int64 .npy): no vocabulary holds it.
-    const std::string need = max_token_ < std::numeric_limits<int64_t>::max()
-                                 ? "at least " + std::to_string(max_token_ + 1)
-                                 : "above " + std::to_string(max_token_);
+    // Past 2^31 - 1 (the widest token id tokenizers write, and an embedding of that many rows
+    // needs terabytes) raising --vocab is no advice: the bytes are not token ids as read.
+    constexpr int64_t kLargestVocab = std::numeric_limits<int32_t>::max();
+    MESHRT_CHECK(max_token_ < kLargestVocab,
+                 flag_ << " " << path_ << ": token " << t << " at position " << i
+                       << " is >= --vocab " << vocab << ", and the file's largest token is "
+                       << max_token_ << ", past any vocabulary (at most " << kLargestVocab
+                       << " ids): the file does not hold token ids as read (" << format_
+                       << "); check that it is a token file and, for a raw file, its "
+                          "--data-dtype (u16 or u32)");
     MESHRT_FAIL(flag_ << " " << path_ << ": token " << t << " at position " << i
-                      << " is >= --vocab " << vocab << "; raise --vocab to " << need
-                      << " (the file's largest token is " << max_token_ << ")"
+                      << " is >= --vocab " << vocab << "; raise --vocab to at least "
+                      << max_token_ + 1 << " (the file's largest token is " << max_token_ << ")"
                       << (maybe_u16 ? ", or, if the file holds 16-bit tokens, read it with "
                                       "--data-dtype u16 (read as u32, two 16-bit tokens make one "
                                       "past 65535)"

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -173,6 +174,26 @@ TEST_CASE("bad token files fail naming the file and what to change", "[data][uni
   CHECK_THAT(error_of([&] { f->check(256, 2); }), !Catch::Contains("--data-dtype"));
   CHECK_THAT(error_of([&] { f->check(1000, 6); }),
              Catch::Contains("big.bin holds 6 tokens and one sample needs --seq + 1 = 7"));
+  // Ids past any vocabulary (2^31 - 1 and up): the error says the file is not token ids as
+  // read, not to raise --vocab past what a model can hold.
+  const int64_t i32max = std::numeric_limits<int32_t>::max();
+  std::vector<int64_t> huge = {3, std::numeric_limits<int64_t>::max(), i32max};
+  auto fi = TokenFile::open(write_file("huge.npy", npy("<i8", "False", "(3,)", raw_bytes(huge))),
+                            TokenDType::U16);
+  const std::string e64 = error_of([&] { fi->check(50257, 2); });
+  CHECK_THAT(e64, Catch::Contains("token 9223372036854775807 at position 1 is >= --vocab 50257") &&
+                      Catch::Contains("past any vocabulary (at most 2147483647 ids)") &&
+                      Catch::Contains("does not hold token ids as read (.npy <i8)") &&
+                      !Catch::Contains("raise --vocab"));
+  std::vector<uint32_t> at_edge = {7, static_cast<uint32_t>(i32max)};
+  auto fe = TokenFile::open(write_file("edge.bin", raw_bytes(at_edge)), TokenDType::U32);
+  CHECK_THAT(
+      error_of([&] { fe->check(100, 1); }),
+      Catch::Contains("past any vocabulary") && Catch::Contains("--data-dtype (u16 or u32)"));
+  std::vector<uint32_t> below = {7, static_cast<uint32_t>(i32max - 1)};
+  auto fb = TokenFile::open(write_file("below.bin", raw_bytes(below)), TokenDType::U32);
+  CHECK_THAT(error_of([&] { fb->check(100, 1); }),
+             Catch::Contains("raise --vocab to at least 2147483647"));
   TrainConfig c;
   c.model = byte_model();
   c.data = f;

@@ -58,6 +58,26 @@ void dispatch_pg(DType p, DType g, F&& f) {
     }
   });
 }
+
+// Runs step(i, p_in, p_out, g, j0, len) over every tile of every tensor i of P and G (for_tiles'
+// row views), the pieces spread over the pool: the loop every multi-tensor update shares.
+template <class F>
+void for_param_tiles(ThreadPool* tp, const std::vector<Tensor>& P, const std::vector<Tensor>& G,
+                     F&& step) {
+  std::vector<Piece> pieces = pieces_of(P);
+  tp->run(static_cast<int64_t>(pieces.size()), [&](int64_t t) {
+    const Piece& pc = pieces[static_cast<size_t>(t)];
+    const size_t i = pc.tensor;
+    dispatch_pg(P[i].dtype(), G[i].dtype(), [&](auto ptag, auto gtag) {
+      using PT = decltype(ptag);
+      using GT = decltype(gtag);
+      for_tiles(P[i].data<PT>(), G[i].data<GT>(), pc.begin, pc.end,
+                [&](auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
+                  step(i, pin, pout, gin, j0, n);
+                });
+    });
+  });
+}
 }  // namespace
 
 void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,
@@ -78,27 +98,11 @@ void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,
   std::vector<Tensor> P(params.begin(), params.end()), G(grads.begin(), grads.end()),
       M(exp_avg.begin(), exp_avg.end()), V(exp_avg_sq.begin(), exp_avg_sq.end());
   s.enqueue([tp, P, G, M, V, c] {
-    std::vector<Piece> pieces = pieces_of(P);
-    tp->run(static_cast<int64_t>(pieces.size()), [&](int64_t t) {
-      const Piece& pc = pieces[static_cast<size_t>(t)];
-      const size_t i = pc.tensor;
-      dispatch_pg(P[i].dtype(), G[i].dtype(), [&](auto ptag, auto gtag) {
-        using PT = decltype(ptag);
-        using GT = decltype(gtag);
-        PT* p = P[i].data<PT>();
-        const GT* g = G[i].data<GT>();
-        float* m = M[i].data<float>();
-        float* v = V[i].data<float>();
-        for_tiles(
-            p, g, pc.begin, pc.end, [&](auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
-              float* mj = m + j0;
-              float* vj = v + j0;
-              for (int64_t j = 0; j < n; ++j) {
-                store_f32(pout, j,
-                          kmath::adamw_step(load_f32(pin, j), load_f32(gin, j), mj[j], vj[j], c));
-              }
-            });
-      });
+    for_param_tiles(tp, P, G, [&](size_t i, auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
+      float* m = M[i].data<float>() + j0;
+      float* v = V[i].data<float>() + j0;
+      for (int64_t j = 0; j < n; ++j)
+        store_f32(pout, j, kmath::adamw_step(load_f32(pin, j), load_f32(gin, j), m[j], v[j], c));
     });
   });
 }
@@ -112,23 +116,10 @@ void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params
   std::vector<Tensor> P(params.begin(), params.end()), G(grads.begin(), grads.end()),
       B(bufs.begin(), bufs.end());
   s.enqueue([tp, P, G, B, c] {
-    std::vector<Piece> pieces = pieces_of(P);
-    tp->run(static_cast<int64_t>(pieces.size()), [&](int64_t t) {
-      const Piece& pc = pieces[static_cast<size_t>(t)];
-      const size_t i = pc.tensor;
-      dispatch_pg(P[i].dtype(), G[i].dtype(), [&](auto ptag, auto gtag) {
-        using PT = decltype(ptag);
-        using GT = decltype(gtag);
-        PT* p = P[i].data<PT>();
-        const GT* g = G[i].data<GT>();
-        float* b = B[i].data<float>();
-        for_tiles(
-            p, g, pc.begin, pc.end, [&](auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
-              float* bj = b + j0;
-              for (int64_t j = 0; j < n; ++j)
-                store_f32(pout, j, kmath::sgd_step(load_f32(pin, j), load_f32(gin, j), bj[j], c));
-            });
-      });
+    for_param_tiles(tp, P, G, [&](size_t i, auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
+      float* b = B[i].data<float>() + j0;
+      for (int64_t j = 0; j < n; ++j)
+        store_f32(pout, j, kmath::sgd_step(load_f32(pin, j), load_f32(gin, j), b[j], c));
     });
   });
 }

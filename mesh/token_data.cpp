@@ -298,8 +298,8 @@ void TokenFile::check(int64_t vocab, int64_t seq) const {
                                << " now: the file was rewritten since; keep it unchanged");
     // A raw file of 16-bit tokens read as u32 pairs two tokens into one past 65535.
     const bool maybe_u16 = format_ == "raw u32" && max_token_ > 65535;
-    // Past 2^31 - 1 (the widest token id tokenizers write, and an embedding of that many rows
-    // needs terabytes) raising --vocab is no advice: the bytes are not token ids as read.
+    // From 2^31 - 1 up, raising --vocab is no advice (an embedding of 2^31 rows at hidden 768
+    // in f32 is 6 TiB): the bytes are not token ids as read.
     constexpr int64_t kLargestVocab = std::numeric_limits<int32_t>::max();
     MESHRT_CHECK(max_token_ < kLargestVocab,
                  flag_ << " " << path_ << ": token " << t << " at position " << i

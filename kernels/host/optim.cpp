@@ -59,6 +59,14 @@ void dispatch_pg(DType p, DType g, F&& f) {
   });
 }
 
+// The f32 state tensors' pointers, taken once per update rather than once per tile.
+std::vector<float*> f32_data(const std::vector<Tensor>& ts) {
+  std::vector<float*> out;
+  out.reserve(ts.size());
+  for (const Tensor& t : ts) out.push_back(t.data<float>());
+  return out;
+}
+
 // Runs step(i, p_in, p_out, g, j0, len) over every tile of every tensor i of P and G (for_tiles'
 // row views), the pieces spread over the pool: the loop every multi-tensor update shares.
 template <class F>
@@ -98,9 +106,10 @@ void adamw_update(Context& ctx, Stream& s, std::span<const Tensor> params,
   std::vector<Tensor> P(params.begin(), params.end()), G(grads.begin(), grads.end()),
       M(exp_avg.begin(), exp_avg.end()), V(exp_avg_sq.begin(), exp_avg_sq.end());
   s.enqueue([tp, P, G, M, V, c] {
+    const std::vector<float*> ms = f32_data(M), vs = f32_data(V);
     for_param_tiles(tp, P, G, [&](size_t i, auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
-      float* m = M[i].data<float>() + j0;
-      float* v = V[i].data<float>() + j0;
+      float* m = ms[i] + j0;
+      float* v = vs[i] + j0;
       for (int64_t j = 0; j < n; ++j)
         store_f32(pout, j, kmath::adamw_step(load_f32(pin, j), load_f32(gin, j), m[j], v[j], c));
     });
@@ -116,8 +125,9 @@ void sgd_momentum_update(Context& ctx, Stream& s, std::span<const Tensor> params
   std::vector<Tensor> P(params.begin(), params.end()), G(grads.begin(), grads.end()),
       B(bufs.begin(), bufs.end());
   s.enqueue([tp, P, G, B, c] {
+    const std::vector<float*> bs = f32_data(B);
     for_param_tiles(tp, P, G, [&](size_t i, auto pin, auto pout, auto gin, int64_t j0, int64_t n) {
-      float* b = B[i].data<float>() + j0;
+      float* b = bs[i] + j0;
       for (int64_t j = 0; j < n; ++j)
         store_f32(pout, j, kmath::sgd_step(load_f32(pin, j), load_f32(gin, j), b[j], c));
     });

@@ -71,8 +71,7 @@ namespace {
 // Every rank's length of a shard over `g` (an all-gather of one integer: shard lengths are not
 // derivable from the local one when the split is uneven).
 std::vector<int64_t> gather_lengths(Context& ctx, Communicator& g, int64_t len, Stream& stream) {
-  int64_t v = len;
-  Tensor h = Tensor::from_blob(&v, {1}, DType::i64, Device::cpu());
+  Tensor h = Tensor::from_host_data(&len, {1}, DType::i64);  // owned by the queued copy
   Tensor d = ctx.empty({1}, DType::i64);
   d.copy_(h, stream);
   Tensor all = ctx.empty({g.size()}, DType::i64);

@@ -88,6 +88,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const std::shared_ptr<Allo
   return t;
 }
 
+Tensor Tensor::from_host_data(const void* data, const Shape& shape, DType dtype, Device device) {
+  MESHRT_CHECK(device.is_cpu(),
+               "Tensor::from_host_data: " << device.str() << " is not a host device");
+  MESHRT_CHECK(
+      data != nullptr || shape.numel() == 0,
+      "Tensor::from_host_data: null data for a non-empty " << dtype_name(dtype) << shape.str());
+  // The plain allocator's storages are owned by the host tasks that use them (stream_ref), and
+  // its fresh memory is not in use by queued work, so the copy below is safe at once.
+  Tensor t = empty(shape, dtype, make_host_plain_allocator(device.index));
+  if (t.nbytes() > 0) std::memcpy(t.data_ptr(), data, t.nbytes());
+  return t;
+}
+
 Tensor Tensor::from_blob(void* ptr, const Shape& shape, DType dtype, Device device,
                          std::function<void(void*)> deleter, const Shape* strides) {
   MESHRT_CHECK(

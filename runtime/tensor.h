@@ -65,10 +65,19 @@ class MESHRT_API Tensor {
 
   static Tensor empty(const Shape& shape, DType dtype, const std::shared_ptr<Allocator>& alloc,
                       Stream* stream = nullptr);
-  // Wraps external memory (contiguous unless strides given); deleter runs when the last view dies.
+  // Wraps external memory (contiguous unless strides given); deleter runs when the last view dies
+  // and the work queued on it ran (host tasks hold the storage). Without a deleter the caller owns
+  // the memory: it must outlive the work queued on it, also when an exception unwinds past the
+  // buffer before the stream ran (synchronize first); to hand a buffer to queued work, use
+  // from_host_data.
   static Tensor from_blob(void* ptr, const Shape& shape, DType dtype, Device device,
                           std::function<void(void*)> deleter = nullptr,
                           const Shape* strides = nullptr);
+  // A contiguous host tensor holding a copy of `data` (shape.numel() elements of `dtype`) in
+  // memory of its own, which the work queued on it keeps alive: the caller's buffer may go at
+  // once, e.g. a local vector on an error path, while a copy from the tensor is still queued.
+  static Tensor from_host_data(const void* data, const Shape& shape, DType dtype,
+                               Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -79,8 +79,9 @@ std::vector<RankFigures> unpack(const std::vector<int64_t>& all, int world, int 
 std::vector<int64_t> gather_i64(Context& ctx, Communicator& world, const std::vector<int64_t>& v) {
   Stream& cs = ctx.compute_stream();
   const int64_t n = static_cast<int64_t>(v.size());
-  std::vector<int64_t> buf = v;
-  Tensor h = Tensor::from_blob(buf.data(), {n}, DType::i64, Device::cpu());
+  // A copy the queued copy_ owns: an all_gather that throws (a peer failed) unwinds past `v`
+  // while the copy may still be queued.
+  Tensor h = Tensor::from_host_data(v.data(), {n}, DType::i64);
   Tensor d = ctx.empty({n}, DType::i64);
   d.copy_(h, cs);
   Tensor all = ctx.empty({n * world.size()}, DType::i64);
@@ -98,7 +99,7 @@ std::vector<std::string> gather_strings(Context& ctx, Communicator& world, const
   Stream& cs = ctx.compute_stream();
   std::string buf = s;
   buf.resize(static_cast<size_t>(mx), ' ');
-  Tensor h = Tensor::from_blob(buf.data(), {mx}, DType::u8, Device::cpu());
+  Tensor h = Tensor::from_host_data(buf.data(), {mx}, DType::u8);
   Tensor d = ctx.empty({mx}, DType::u8);
   d.copy_(h, cs);
   Tensor all = ctx.empty({mx * world.size()}, DType::u8);

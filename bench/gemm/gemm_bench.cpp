@@ -245,7 +245,7 @@ void Bench::elementwise_section(Context& ctx) {
   {
     std::vector<int64_t> h(static_cast<size_t>(tokens));
     for (int64_t i = 0; i < tokens; ++i) h[static_cast<size_t>(i)] = (i * 7919) % tokens;
-    ids.copy_(Tensor::from_blob(h.data(), {tokens}, DType::i64, Device::cpu()), s);
+    ids.copy_(Tensor::from_host_data(h.data(), {tokens}, DType::i64), s);
     s.synchronize();
   }
   ctx.synchronize();

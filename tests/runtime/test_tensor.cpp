@@ -1,7 +1,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <future>
 #include <numeric>
+#include <stdexcept>
+#include <vector>
 
 #include "runtime/context.h"
 #include "runtime/error.h"
@@ -143,6 +146,34 @@ TEST_CASE("from_blob wraps external memory and calls the deleter", "[tensor]") {
     REQUIRE(v.item(1) == 4);
   }
   REQUIRE(deleted == 1);
+}
+
+// The --dump failure of `meshrt bench block` (a heap-use-after-free under ASan): a rank copied a
+// local vector through from_blob (no deleter), the all_gather after the copy threw because a peer
+// had failed, and the unwinding freed the vector while the copy was still queued. Here the
+// stream is held by a gate until the caller's buffer is gone, which is overwritten, as reused
+// memory would be, so the check needs no sanitizer: the copy must read the values handed over.
+TEST_CASE("a copy still queued when an exception unwinds past its source buffer reads its values",
+          "[tensor]") {
+  Context ctx(Device::cpu());
+  Stream& s = ctx.compute_stream();
+  std::promise<void> open;
+  std::shared_future<void> gate = open.get_future().share();
+  s.enqueue([gate] { gate.wait(); });
+  Tensor d = ctx.empty({3}, DType::i64);
+  std::vector<int64_t> buf = {7, 8, 9};
+  try {
+    Tensor h = Tensor::from_host_data(buf.data(), {3}, DType::i64);
+    d.copy_(h, s);
+    throw std::runtime_error("all_gather: a peer failed");
+  } catch (const std::runtime_error&) {
+  }
+  std::fill(buf.begin(), buf.end(), int64_t{-1});  // the buffer's memory, reused
+  open.set_value();
+  s.synchronize();
+  REQUIRE(d.to_vector() == std::vector<double>{7, 8, 9});
+  REQUIRE_THROWS_WITH(Tensor::from_host_data(nullptr, {2}, DType::f32),
+                      Catch::Contains("null data for a non-empty f32[2]"));
 }
 
 TEST_CASE("Philox init: a shard initialised alone equals the slice of the full tensor",

@@ -8,10 +8,10 @@
 
 namespace meshrt::bench {
 
-// {"mode": info line, "choices": [{m, n, k, trans_a, trans_b, path, forced, openblas_us,
-// onednn_us}, ...]}: every tile shape this process has run so far.
+// {"mode": info line, "choices": [{m, n, k, trans_a, trans_b, path, forced}, ...]}: every tile
+// shape this process has run so far.
 nlohmann::json host_f32_gemm_json();
-// One line per choice ("  1024x1024x1024 NN  onednn  (openblas 10.20 ms, onednn 9.50 ms)").
+// One line per choice ("  512x1024x1024 NN  onednn (table)", "... (forced)").
 void print_host_f32_gemm(std::ostream& os);
 // What an f32 calibration GEMM's label adds under MESHRT_HOST_F32_GEMM=bf16 (whether this CPU's
 // oneDNN took bf16 products); empty in the other modes.

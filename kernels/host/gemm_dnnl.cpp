@@ -229,6 +229,11 @@ void make_prim(ThreadState& s, const DnnlTile& t, Prim& p) {
 
 bool dnnl_built() { return true; }
 
+bool dnnl_avx512() {
+  static const bool on = isa_has(dnnl_cpu_isa_avx512_core);
+  return on;
+}
+
 int64_t dnnl_reference_skips() { return reference_skips.load(std::memory_order_relaxed); }
 
 std::string dnnl_description() {
@@ -341,6 +346,7 @@ std::string host_gemm_16bit_info() {
 #else  // no oneDNN in this build
 
 bool dnnl_built() { return false; }
+bool dnnl_avx512() { return false; }
 
 int64_t dnnl_reference_skips() { return reference_skips.load(std::memory_order_relaxed); }
 

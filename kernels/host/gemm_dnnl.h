@@ -37,6 +37,9 @@ struct DnnlTile {
 
 // True when this build links oneDNN.
 bool dnnl_built();
+// True when oneDNN runs with its AVX-512 kernels here (effective ISA avx512_core or above:
+// ONEDNN_MAX_CPU_ISA honoured). Decided once per process; false without oneDNN.
+bool dnnl_avx512();
 
 // The implementation oneDNN picks for a dense 256^3 f32 matmul allowed bf16 products
 // (DnnlTile::bf16_math) when it differs from the one it picks without ("brg:avx512_core_amx" on an

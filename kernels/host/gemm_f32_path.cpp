@@ -3,8 +3,6 @@
 
 #include <cblas.h>
 
-#include <algorithm>
-#include <chrono>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -16,16 +14,9 @@ namespace meshrt::kernels::host {
 
 namespace {
 
-// oneDNN is kept only when at least this much faster: near-ties stay on OpenBLAS, the path
-// meshrt has always run, so noise does not flip shapes between runs.
-constexpr double kOnednnMargin = 0.97;
-// auto times tiles of at least this many multiply-adds (~0.1 ms at 40 GFLOP/s); smaller ones stay
-// on OpenBLAS untimed: too short to time against the noise, too small to matter, and the same in
-// every process (small test and training runs stay bit-reproducible across processes).
-constexpr int64_t kMinTimedFma = int64_t{1} << 22;
-// Scratch C of a timed tile: at most this many floats (64 MiB); taller tiles are timed on their
-// first rows.
-constexpr int64_t kMaxScratch = int64_t{1} << 24;
+// auto's table: tiles under this many multiply-adds (~0.1 ms at 40 GFLOP/s) stay on OpenBLAS,
+// too small for the library to matter.
+constexpr int64_t kMinOnednnFma = int64_t{1} << 22;
 
 enum class Mode { automatic, openblas, onednn, bf16 };
 
@@ -54,63 +45,18 @@ F32Cache& f32_cache() {
   return c;
 }
 
-double f32_run_us(const DnnlTile& t, F32Path p) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f32_tile_on(t, p);
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double f32_median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-
-// Times both paths on t's A and B into a scratch C: one warm-up run each (oneDNN builds its
-// primitive), then pairs in alternating order so both see the same machine load; short tiles
-// repeat within a sample so each sample is ~50 us or more.
-F32Choice f32_measure(const DnnlTile& t) {
-  DnnlTile u = t;
-  u.m = std::max<int64_t>(1, std::min(t.m, kMaxScratch / std::max<int64_t>(t.n, 1)));
-  std::vector<float> scratch(static_cast<size_t>(u.m * u.n));
-  u.c = scratch.data();
-  u.ldc = u.n;
-  u.alpha = 1.f;
-  u.beta = 0.f;
-  u.bias = nullptr;
-  const double first = std::max(f32_run_us(u, F32Path::openblas), f32_run_us(u, F32Path::onednn));
-  const int pairs = first > 20000 ? 1 : first > 4000 ? 3 : 5;
-  const int reps = static_cast<int>(std::clamp(50.0 / std::max(first, 1e-3), 1.0, 64.0));
-  std::vector<double> ob, dn;
-  for (int i = 0; i < pairs; ++i) {
-    for (int j = 0; j < 2; ++j) {
-      const bool blas = (i + j) % 2 == 0;
-      double us = 0.0;
-      for (int r = 0; r < reps; ++r)
-        us += f32_run_us(u, blas ? F32Path::openblas : F32Path::onednn);
-      (blas ? ob : dn).push_back(us / reps);
-    }
-  }
-  F32Choice c;
-  c.openblas_us = f32_median(ob);
-  c.onednn_us = f32_median(dn);
-  c.path = c.onednn_us < kOnednnMargin * c.openblas_us ? F32Path::onednn : F32Path::openblas;
-  return c;
-}
-
 F32Path f32_path_for(const DnnlTile& t) {
-  Mode mode = f32_mode();
-  if (mode == Mode::automatic && !dnnl_built()) return F32Path::openblas;
-  if (mode == Mode::automatic && t.m * t.n * t.k < kMinTimedFma) return F32Path::openblas;
+  const Mode mode = f32_mode();
+  // Small tiles: OpenBLAS, unrecorded (the common case takes no lock).
+  if (mode == Mode::automatic && t.m * t.n * t.k < kMinOnednnFma) return F32Path::openblas;
   const F32Key key{t.m, t.n, t.k, t.trans_a, t.trans_b, static_cast<int>(mode)};
   F32Cache& cache = f32_cache();
-  // Held while a new shape is timed: the pool's other tiles of that shape wait for the answer
-  // (and do not disturb the timing).
   std::lock_guard<std::mutex> lock(cache.mu);
   auto it = cache.by_key.find(key);
   if (it != cache.by_key.end()) return it->second.path;
   F32Choice c;
   if (mode == Mode::automatic) {
-    c = f32_measure(t);
+    c.path = f32_auto_path(t.m, t.n, t.k, dnnl_avx512());
   } else {
     c.forced = true;
     c.path = mode == Mode::onednn ? F32Path::onednn
@@ -139,6 +85,11 @@ const char* f32_path_name(F32Path p) {
       break;
   }
   return "openblas";
+}
+
+F32Path f32_auto_path(int64_t m, int64_t n, int64_t k, bool onednn_avx512) {
+  if (!onednn_avx512 || m * n * k < kMinOnednnFma) return F32Path::openblas;
+  return F32Path::onednn;
 }
 
 void f32_tile_on(const DnnlTile& t, F32Path p) {
@@ -192,10 +143,11 @@ std::string host_gemm_f32_info() {
       break;
   }
   if (!dnnl_built()) return blas + " (auto, built without oneDNN: install libdnnl-dev)";
-  return "auto: " + blas + " or f32 matmul of " + dnnl_description() +
-         ", the faster per tile shape, timed at its first use (tiles under " +
-         std::to_string(kMinTimedFma) +
-         " multiply-adds: OpenBLAS; MESHRT_HOST_F32_GEMM=openblas|onednn forces one)";
+  return "auto: " + blas + " or f32 matmul of " + dnnl_description() + ", by a fixed table: " +
+         (dnnl_avx512() ? "oneDNN for tiles of at least " + std::to_string(kMinOnednnFma) +
+                              " multiply-adds (AVX-512), OpenBLAS for smaller ones"
+                        : "OpenBLAS for every tile (oneDNN runs without AVX-512 here)") +
+         " (MESHRT_HOST_F32_GEMM=openblas|onednn forces one)";
 }
 
 }  // namespace meshrt::kernels::host

@@ -1,12 +1,13 @@
 // The two f32 GEMM paths of the host backend, OpenBLAS sgemm and oneDNN's f32 matmul, and the
 // choice between them per tile shape. OpenBLAS's speed is whatever kernels its core detection
 // (or OPENBLAS_CORETYPE) picks; oneDNN dispatches on the ISA itself. MESHRT_HOST_F32_GEMM:
-//   auto     (default) both are timed on the first tile of each shape (m, n, k, transposes), the
-//            faster kept for that shape for the rest of the process (OpenBLAS unless oneDNN is at
-//            least 3% faster; OpenBLAS alone in a build without oneDNN). Tiles under 2^22
-//            multiply-adds stay on OpenBLAS untimed. The timing can choose differently in two
-//            processes, whose f32 results may then differ in the last bits: force a path for
-//            runs that must match bit for bit across processes;
+//   auto     (default) a fixed table, f32_auto_path(): oneDNN for tiles of at least 2^22
+//            multiply-adds where oneDNN runs its AVX-512 kernels (dnnl_avx512()), OpenBLAS for
+//            every other tile and in a build without oneDNN. Nothing is timed: the choice is a
+//            function of the tile's shape and the CPU (as oneDNN sees it), so every process on
+//            a machine makes the same one and the same command gives the same bits. (Measured
+//            in bench/results/cpu-perf.md: oneDNN at or above OpenBLAS on AVX-512 Xeons and EPYCs,
+//            up to 1.5x where OpenBLAS runs Haswell kernels there; the two level on AVX2 CPUs.)
 //   openblas / onednn: that path for every shape (onednn is refused in a build without oneDNN);
 //   bf16     oneDNN's f32 matmul for every shape, allowed to round A and B to bf16 for the
 //            products (fpmath_mode::bf16: its AMX kernels, f32 accumulation and f32 in
@@ -30,19 +31,20 @@ namespace meshrt::kernels::host {
 enum class F32Path { openblas, onednn, onednn_bf16 };
 const char* f32_path_name(F32Path p);
 
-// One shape's choice: the tile shape, the path, and (auto) the median microseconds of each path
-// on that tile, 0 when forced.
+// One shape's choice: the tile shape, the path, and whether MESHRT_HOST_F32_GEMM forced it.
 struct F32Choice {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   F32Path path = F32Path::openblas;
   bool forced = false;
-  double openblas_us = 0.0, onednn_us = 0.0;
 };
 
+// auto's table: the path of an f32 tile of m x n x k multiply-adds, given whether oneDNN runs its
+// AVX-512 kernels (dnnl_avx512(); false in a build without oneDNN). A pure function: no timing,
+// no state.
+F32Path f32_auto_path(int64_t m, int64_t n, int64_t k, bool onednn_avx512);
 // Runs one f32 tile (a DnnlTile with ab_f32, no bias, k > 0) on the calling thread through the
-// path chosen for its shape (timing both first in auto mode: on the tile's own A and B, into a
-// scratch C). Thread-safe; one shape is timed once per process.
+// path chosen for its shape. Thread-safe.
 void f32_tile(const DnnlTile& t);
 // The same tile through the given path (tests compare the two).
 void f32_tile_on(const DnnlTile& t, F32Path p);
@@ -53,8 +55,8 @@ bool f32_bf16_math();
 // True when f32_bf16_math() and oneDNN has a bf16-product f32 matmul for this CPU (3.2: AMX);
 // without one the mode's GEMMs run on oneDNN in f32 arithmetic.
 bool f32_bf16_products();
-// Every shape decided so far in this process, in first-use order (auto's untimed small tiles are
-// not recorded).
+// Every shape decided so far in this process, in first-use order (auto's small tiles, always
+// OpenBLAS, are not recorded).
 std::vector<F32Choice> f32_choices();
 // One line for `meshrt info`: the mode, the libraries and what auto does.
 std::string host_gemm_f32_info();

@@ -114,7 +114,45 @@ TEST_CASE("gemm f32 tiles: OpenBLAS and oneDNN match a double reference on strid
   }
 }
 
-TEST_CASE("MESHRT_HOST_F32_GEMM forces one path, auto times both once per shape", "[gemm]") {
+// Issue 51 item 14: auto used to time both paths at a shape's first use and keep the faster, so
+// two runs of the same command could take different paths and differ in the last bits. The
+// choice is now a function of the shape and the CPU only; the two paths do differ in bits (the
+// second half), so a choice that could change between runs would change results.
+TEST_CASE("gemm f32 auto path: a table of shape and ISA, where the two paths differ in bits",
+          "[gemm]") {
+  namespace hk = meshrt::kernels::host;
+  for (const bool avx512 : {false, true}) {
+    CHECK(hk::f32_auto_path(64, 64, 1023, avx512) == hk::F32Path::openblas);  // under 2^22
+    CHECK(hk::f32_auto_path(1, 1, 1, avx512) == hk::F32Path::openblas);
+    for (int rep = 0; rep < 3; ++rep)  // no state: the same answer every time
+      CHECK(hk::f32_auto_path(64, 64, 1024, avx512) ==
+            (avx512 ? hk::F32Path::onednn : hk::F32Path::openblas));
+  }
+  CHECK(hk::f32_auto_path(2048, 3072, 768, false) == hk::F32Path::openblas);
+  CHECK(hk::f32_auto_path(2048, 3072, 768, true) == hk::F32Path::onednn);
+  if (!hk::dnnl_built()) return;
+  // 64 x 64 x 1024 (2^22 multiply-adds, where the table starts giving oneDNN the tile).
+  const int64_t m = 64, n = 64, k = 1024;
+  std::mt19937 rng(97);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+  for (auto* v : {&a, &b})
+    for (float& x : *v) x = dist(rng);
+  std::vector<float> c_blas(static_cast<size_t>(m * n)), c_dnnl(c_blas.size());
+  auto run = [&](std::vector<float>& c, hk::F32Path p) {
+    hk::DnnlTile t{m,     n,        k, a.data(), k,       false, b.data(), n,
+                   false, c.data(), n, false,    nullptr, 1.f,   0.f,      true};
+    hk::f32_tile_on(t, p);
+  };
+  run(c_blas, hk::F32Path::openblas);
+  run(c_dnnl, hk::F32Path::onednn);
+  int differ = 0;
+  for (size_t i = 0; i < c_blas.size(); ++i) differ += c_blas[i] != c_dnnl[i];
+  INFO(differ << " of " << c_blas.size() << " outputs differ between OpenBLAS and oneDNN");
+  CHECK(differ > 0);
+}
+
+TEST_CASE("MESHRT_HOST_F32_GEMM forces one path, auto follows its table", "[gemm]") {
   namespace hk = meshrt::kernels::host;
   Host h;
   {
@@ -137,32 +175,27 @@ TEST_CASE("MESHRT_HOST_F32_GEMM forces one path, auto times both once per shape"
   }
   {
     F32ModeScope mode("auto");
-    // Small tiles stay on OpenBLAS untimed (and unrecorded).
+    // Small tiles stay on OpenBLAS (and unrecorded).
     run_case(h, DType::f32, DType::f32, Dims{75, 45, 33}, false, false, 1.f, 0.f, false, 83);
     CHECK(f32_choices_of(75, 45, 33).empty());
-    // 256^3 is split into row panels of at least 2^22 multiply-adds each: every panel shape is
-    // timed at its first use, then cached (a second and third run add no entry).
-    auto timed = [] {
+    // 256^3 is split into row panels of at least 2^22 multiply-adds each: every panel shape takes
+    // the table's path, recorded once (a second and third run add no entry).
+    auto recorded = [] {
       std::vector<hk::F32Choice> r;
       for (const auto& c : hk::f32_choices())
         if (c.n == 256 && c.k == 256 && !c.forced && !c.trans_a && !c.trans_b) r.push_back(c);
       return r;
     };
     run_case(h, DType::f32, DType::f32, Dims{256, 256, 256}, false, false, 1.f, 0.f, false, 84);
-    const auto first = timed();
+    const auto first = recorded();
     REQUIRE(!first.empty());
     for (int it = 0; it < 2; ++it)
       run_case(h, DType::f32, DType::f32, Dims{256, 256, 256}, false, false, 1.f, 0.f, false, 85);
-    CHECK(timed().size() == first.size());
-    for (const auto& c : first) {
-      CHECK(c.openblas_us > 0);
-      if (hk::dnnl_built()) {
-        CHECK(c.onednn_us > 0);
-        CHECK((c.path == hk::F32Path::onednn) == (c.onednn_us < 0.97 * c.openblas_us));
-      } else {
-        CHECK(c.path == hk::F32Path::openblas);
-      }
-    }
+    CHECK(recorded().size() == first.size());
+    for (const auto& c : first)
+      CHECK(c.path == hk::f32_auto_path(c.m, c.n, c.k, hk::dnnl_built() && hk::dnnl_avx512()));
+    if (hk::dnnl_built())
+      CHECK(hk::host_gemm_f32_info().find("by a fixed table") != std::string::npos);
   }
   {
     F32ModeScope mode("mkl");

@@ -600,7 +600,8 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
   c->add_option("--grid-micro-batches", o.grid_micro,
                 "Micro-batch counts to try, e.g. 1,2 (default --micro-batches)");
   c->add_option("--grid-mesh", o.grid_mesh,
-                "Meshes to try, separated by ';', e.g. 'dp=2;tp=2' (default --mesh)");
+                "Meshes to try, separated by ';', e.g. 'dp=2;tp=2' (default --mesh)")
+      ->check(kNonEmpty);
   c->add_option("--samples", o.samples,
                 "Random search: this many grid points drawn with --search-seed (default: all)")
       ->check(cli::int_at_least(0, o.samples));

@@ -36,10 +36,10 @@ struct GpFolder {
   }
 };
 
-// gnuplot on `script`, its output to `log`, in a process group of its own: its exit status (127
-// when it cannot be started). The wait ends early, gnuplot's group killed and the folder left to
-// GpFolder, at a stop request (SIGINT / SIGTERM: runtime/stop.h) or after MESHRT_PLOT_TIMEOUT
-// seconds (a gnuplot that never exits, e.g. one waiting for a terminal).
+// gnuplot on `script`, its output to `log`: its exit status (127 when it cannot be started). The
+// wait ends early, gnuplot killed and the folder left to GpFolder, at a stop request (SIGINT /
+// SIGTERM: runtime/stop.h) or after MESHRT_PLOT_TIMEOUT seconds (a gnuplot that never exits, e.g.
+// one waiting for a terminal).
 int gp_run(const std::string& script, const std::string& log, const std::string& flag) {
   const int64_t timeout_s = env_int("MESHRT_PLOT_TIMEOUT", 60);
   posix_spawn_file_actions_t fa;
@@ -49,16 +49,14 @@ int gp_run(const std::string& script, const std::string& log, const std::string&
   posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0600);
   posix_spawn_file_actions_adddup2(&fa, STDERR_FILENO, STDOUT_FILENO);
-  // Its own group (killed as one), with every signal at its default (this process may ignore
-  // SIGPIPE and SIGXFSZ) and none blocked.
+  // Every signal at its default (this process may ignore SIGPIPE and SIGXFSZ), none blocked. It
+  // stays in this process group, so a Ctrl-C at the terminal reaches it too.
   sigset_t all, none;
   sigfillset(&all);
   sigemptyset(&none);
-  posix_spawnattr_setpgroup(&at, 0);
   posix_spawnattr_setsigdefault(&at, &all);
   posix_spawnattr_setsigmask(&at, &none);
-  posix_spawnattr_setflags(&at,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
   std::string arg0 = "gnuplot", arg1 = script;
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
@@ -75,7 +73,7 @@ int gp_run(const std::string& script, const std::string& log, const std::string&
     if (w < 0 && errno != EINTR) return 127;
     const int sig = stop_request();
     if (sig != 0 || clock::now() >= deadline) {
-      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
       while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
       }
       MESHRT_CHECK(sig == 0, flag << ": stopped by "

@@ -71,8 +71,9 @@ TEST_CASE("an error shows at most the first 60 characters of a value", "[unit]")
   CHECK(meshrt::json_value_text(deep) == std::string(57, '[') + "...");
   // The fields' errors use it.
   nlohmann::json obj = {{"hidden", big}};
-  CHECK_THROWS_WITH(meshrt::JsonFields<nlohmann::json>(obj, "c.json").integer("hidden", 1, 9),
-                    "c.json: field 'hidden' is " + shown + ", not an integer in [1, 9]");
+  CHECK_THROWS_WITH(
+      meshrt::JsonFields<nlohmann::json>(obj, "c.json").integer("hidden", 1, 9),
+      Catch::StartsWith("c.json: field 'hidden' is " + shown + ", not an integer in [1, 9]"));
 }
 
 TEST_CASE("every reader of a JSON file refuses one nested 100k levels deep, naming it", "[unit]") {
@@ -137,7 +138,8 @@ std::vector<std::string> entries_starting(const fs::path& dir, const std::string
 
 }  // namespace
 
-TEST_CASE("--resume refuses another token stream of the same length unless told", "[train][unit]") {
+TEST_CASE("train --resume refuses another token stream of the same length unless told",
+          "[train][unit]") {
   const fs::path a = token_file("a.u16", 4096, 1), b = token_file("b.u16", 4096, 2);
   const fs::path ck = inputs_scratch() / "ck-data";
   fs::remove_all(ck);
@@ -202,7 +204,7 @@ TEST_CASE("a --metrics write error mid-run is one error about the file, not a fa
   INFO(e);
   CHECK(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 1);
-  CHECK_THAT(e, Catch::Contains("meshrt: error: train: step ") &&
+  CHECK_THAT(e, Catch::Contains("meshrt: error: ") && Catch::Contains("train: step ") &&
                     Catch::Contains("--metrics " + m.string() + ": write failed after ") &&
                     Catch::Contains("File too large"));
   size_t errors = 0;

@@ -254,6 +254,10 @@ TEST_CASE("train refuses flags and settings it would ignore, naming what to chan
       {base + "--bf16-grads", "--bf16-grads would be ignored"},
       {"tune --devices cpu:1 --grid-mesh '' --out " + (inputs_scratch() / "t").string(),
        "--grid-mesh: an empty value is not accepted"},
+      {"tune --devices cpu:1 --grid-batch '' --out " + (inputs_scratch() / "t").string(),
+       "--grid-batch: an empty value is not accepted"},
+      {"tune --devices cpu:1 --grid-micro-batches '' --out " + (inputs_scratch() / "t").string(),
+       "--grid-micro-batches: an empty value is not accepted"},
       {"train --devices cpu:1 --backend bogus " + kTiny + " --steps 1",
        "unknown collective backend 'bogus'"},
       {"bench block --devices cpu:2 --backend mpi --seq 16 --hidden 32 --heads 2 --steps 1 "

@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/json_field.h"
+#include "runtime/safetensors.h"
 #include "tests/common/files.h"
 
 namespace fs = std::filesystem;
@@ -346,4 +348,16 @@ TEST_CASE("report --plot bounds its wait on gnuplot and removes its folder howev
   CHECK_THAT(r.err, Catch::Contains("--plot: stopped by SIGTERM while gnuplot drew the plot") &&
                         Catch::Contains("exit status 143"));
   CHECK(entries_starting(dir / "tmp", "meshrt-plot-").empty());
+}
+
+TEST_CASE("a safetensors header nested 100k levels deep is refused, not rendered", "[unit]") {
+  // A tensor whose shape is 100k arrays deep: refused while the header is parsed, naming the file
+  // (rendering the shape in an error recursed once per level).
+  const std::string header =
+      "{\"t\":{\"dtype\":\"F32\",\"shape\":" + deep_json(100000) + ",\"data_offsets\":[0,0]}}";
+  std::string bytes(8, '\0');
+  for (size_t i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  const fs::path p = write_file(inputs_scratch() / "deep.safetensors", bytes + header);
+  CHECK_THROWS_WITH(meshrt::load_safetensors(p.string(), meshrt::make_host_caching_allocator()),
+                    Catch::Contains(p.string()) && Catch::Contains("more than 64 levels deep"));
 }

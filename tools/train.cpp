@@ -356,9 +356,7 @@ void check_mesh_flags(const TrainCliOptions& o, const TrainConfig& cfg, int worl
                      " has tp=1; drop --sp" + more_tp);
   refuse_ignored(o, "--overlap", o.overlap, tp == 1,
                  "it schedules the tp collectives and " + mesh +
-                     " has tp=1 (there are none); "
-                     "drop --overlap" +
-                     more_tp);
+                     " has tp=1 (there are none); drop --overlap" + more_tp);
   refuse_ignored(o, "--bucket-mb", tc_num(o.bucket_mb), dp == 1,
                  "it sizes the dp gradient buckets and " + mesh +
                      " has dp=1 (no gradient is exchanged); drop --bucket-mb" + more_dp);

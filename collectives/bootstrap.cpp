@@ -192,6 +192,13 @@ bool env_launched() {
                    << ": a process started as one rank needs both (torchrun sets "
                       "both); set the other, or unset it to run the ranks as threads "
                       "of this process (--devices cpu:N)");
+  // The rendezvous serves processes started as one rank each: without them it would be ignored.
+  MESHRT_CHECK(rank || env_or("MESHRT_RENDEZVOUS").empty(),
+               "MESHRT_RENDEZVOUS=" << env_or("MESHRT_RENDEZVOUS")
+                                    << " would be ignored: it is the rendezvous of processes "
+                                       "started as one rank each, and RANK / WORLD_SIZE are not "
+                                       "set; set both (torchrun does), or unset MESHRT_RENDEZVOUS "
+                                       "to run the ranks as threads of this process");
   return rank;
 }
 

@@ -191,30 +191,51 @@ std::vector<Want> wanted_tensors(const std::vector<Param*>& params, const Optimi
 
 json shape_json(const Shape& s) { return s.vec(); }
 
-// Test hook MESHRT_CHECKPOINT_FAULT="rank=R,mode=kill|throw": rank R fails after writing part
+// Test hook MESHRT_CHECKPOINT_FAULT="rank=R[,mode=kill|throw]": rank R fails after writing part
 // of its file (the header and its first tensor), as a crash during the write would.
 struct Fault {
   int rank = -1;
   bool kill = false;
 };
 
-Fault fault_from_env() {
+// The hook's setting, each part checked: refused naming the variable, the value and the form.
+Fault parse_checkpoint_fault(const std::string& s, int world) {
   Fault f;
-  const std::string s = env_or("MESHRT_CHECKPOINT_FAULT");
   if (s.empty()) return f;
-  auto get = [&](const std::string& k) {
-    auto p = s.find(k + "=");
-    if (p == std::string::npos) return std::string();
-    auto q = s.find(',', p);
-    return s.substr(p + k.size() + 1,
-                    q == std::string::npos ? std::string::npos : q - p - 1 - k.size());
+  const auto bad = [&](const std::string& why) {
+    MESHRT_FAIL("MESHRT_CHECKPOINT_FAULT='"
+                << s << "': " << why << "; use rank=R[,mode=kill|throw] with R in [0, " << world
+                << "), or unset it");
   };
-  if (!get("rank").empty()) f.rank = std::stoi(get("rank"));
-  f.kill = get("mode") == "kill";
+  std::istringstream in(s);
+  for (std::string part; std::getline(in, part, ',');) {
+    const size_t eq = part.find('=');
+    const std::string k = part.substr(0, eq),
+                      v = eq == std::string::npos ? "" : part.substr(eq + 1);
+    if (k == "rank") {
+      char* end = nullptr;
+      errno = 0;
+      const long r = v.empty() ? -1 : std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || errno == ERANGE || r < 0 || r >= world)
+        bad("rank '" + v + "' is not a rank of this run");
+      f.rank = static_cast<int>(r);
+    } else if (k == "mode" && (v == "kill" || v == "throw")) {
+      f.kill = v == "kill";
+    } else {
+      bad("'" + part + "' is not rank=R or mode=kill|throw");
+    }
+  }
+  if (f.rank < 0) bad("it names no rank");
   return f;
 }
 
+Fault fault_from_env(int world) {
+  return parse_checkpoint_fault(env_or("MESHRT_CHECKPOINT_FAULT"), world);
+}
+
 }  // namespace
+
+void check_checkpoint_fault_env(int world) { (void)fault_from_env(world); }
 
 bool checkpoint_due(const CheckpointOptions& o, int step, int last, bool stopping) {
   if (o.save.empty()) return false;
@@ -339,7 +360,7 @@ RankFileInfo write_rank_file(const std::string& tmp, const CheckpointMeta& meta,
   step_t.data<int64_t>()[0] = opt ? opt->steps() : meta.step;
   mine.emplace_back("optimizer.step", step_t);
   RankFileInfo out;
-  const Fault fault = fault_from_env();
+  const Fault fault = fault_from_env(mesh.world_size());
   int calls = 0;
   SafetensorsWriteOptions wo;
   wo.durable = true;
@@ -477,6 +498,7 @@ json build_index(const CheckpointMeta& meta, DeviceMesh& mesh, const std::vector
   idx["data"] = {{"seed", meta.seed},
                  {"step", meta.step},
                  {"note", "samples are a pure function of (seed, step, dp rank)"}};
+  if (!meta.data_digest.empty()) idx["data"]["tokens_digest"] = meta.data_digest;
   idx["rng"] = {{"generator", "philox4x32-10"}, {"seed", meta.seed}, {"offset", meta.step}};
   idx["optimizer"] = {{"step", opt ? opt->steps() : meta.step}};
   idx["checksum"] = "crc32c";
@@ -892,6 +914,8 @@ CheckpointMeta parse_index_meta(const IndexFields& f) {
   CheckpointMeta got;
   got.step = index_count<int>(f, "step");
   got.seed = index_count<uint64_t>(f.object("data"), "seed");
+  // Older indexes have no digest of the tokens (any stream of the recorded length resumes).
+  got.data_digest = f.object("data").string_or("tokens_digest", "");
   got.mesh = f.string("mesh");
   got.run = f.string_or("run", "");  // older indexes have none
   // Older indexes have no skipped-step count either (0).
@@ -951,20 +975,33 @@ CheckpointIndexTensor parse_index_tensor(const IndexFields& f, const CheckpointI
   return t;
 }
 
+// The token stream a resume trains on against the one the checkpoint recorded.
+void check_resumed_data(const std::string& where, const CheckpointMeta& got,
+                        const CheckpointMeta& expect) {
+  if (expect.data_digest.empty() || got.data_digest.empty() || expect.other_data_ok) return;
+  MESHRT_CHECK(got.data_digest == expect.data_digest,
+               where << " was saved training on tokens whose digest is " << got.data_digest
+                     << ", and this run's --data holds tokens whose digest is "
+                     << expect.data_digest
+                     << " (another file of the same length, or the file rewritten since); "
+                        "resume with the data it was saved with, or pass --resume-other-data to "
+                        "continue training on this data");
+}
+
 }  // namespace
 
 CheckpointIndex parse_checkpoint_index(const std::string& text, const std::string& index_path,
                                        const std::string& dir, const CheckpointMeta& expect) {
   const std::string where = "checkpoint: " + index_path;
-  json idx = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json idx = parse_ordered_json_or_discarded(text, where);
   MESHRT_CHECK(!idx.is_discarded() && idx.is_object(),
                where << " is not JSON; not a meshrt checkpoint");
   MESHRT_CHECK(idx.contains("format") && idx["format"] == kFormat,
                where << " is not a meshrt checkpoint index (format "
-                     << (idx.contains("format") ? idx["format"].dump() : "missing")
+                     << (idx.contains("format") ? json_value_text(idx["format"]) : "missing")
                      << ", expected \"" << kFormat << "\"); written by another tool?");
   MESHRT_CHECK(idx["version"] == kVersion || idx["version"] == kZeroVersion,
-               where << " has version " << idx["version"].dump() << "; this meshrt reads "
+               where << " has version " << json_value_text(idx["version"]) << "; this meshrt reads "
                      << kVersion << " and " << kZeroVersion);
   const IndexFields f(idx, where);
   CheckpointIndex out;
@@ -981,6 +1018,7 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
                                         << " but this run has " << k << "=" << v
                                         << "; use the same " << k << " to resume");
   }
+  check_resumed_data(where, got, expect);
   parse_index_files(f, dir, out);
   const IndexFields tensors = f.object("tensors");
   for (const auto& [name, t] : tensors.raw().items())

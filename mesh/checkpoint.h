@@ -20,6 +20,9 @@ struct MESHRT_API CheckpointOptions {
   int keep = 0;            // > 0: keep only the newest this many checkpoints
   std::string resume;      // a root (its `latest`) or one checkpoint directory ("": fresh start)
   bool overwrite = false;  // write into a --save folder holding another run's checkpoints
+  // Resume although the token stream differs from the one the checkpoint recorded (another file
+  // of the same length, or the file rewritten): --resume-other-data.
+  bool resume_other_data = false;
 };
 
 // What a checkpoint records besides tensors. `config` holds the fields a resumed run must agree
@@ -35,6 +38,12 @@ struct MESHRT_API CheckpointMeta {
   // Steps the run skipped as non-finite so far (--skip-nonfinite): a resumed run continues the
   // count. Informational on load (0 for checkpoints that predate it).
   int64_t skipped_steps = 0;
+  // The training tokens' identity (TokenFile::digest()): "" for synthetic tokens and in
+  // checkpoints that predate it (those resume on any data of the recorded format and length).
+  // Loading refuses an `expect` whose digest differs from the recorded one unless
+  // `other_data_ok` (of `expect`; --resume-other-data).
+  std::string data_digest;
+  bool other_data_ok = false;
 };
 
 // 16 random hex digits naming a new run lineage.
@@ -43,6 +52,11 @@ MESHRT_API std::string new_checkpoint_run_id();
 // Whether the loop writes a checkpoint after finishing step `step` (1-based) of `last`:
 // every save_every steps, at the last step, and when the loop stops early.
 MESHRT_API bool checkpoint_due(const CheckpointOptions& o, int step, int last, bool stopping);
+
+// The test hook MESHRT_CHECKPOINT_FAULT ("rank=R[,mode=kill|throw]": rank R fails while it writes
+// a checkpoint), checked before a run of `world` ranks starts: a value not of that form, or R
+// outside [0, world), is refused naming the variable and the value.
+MESHRT_API void check_checkpoint_fault_env(int world);
 
 // Refuses a --save root that exists and is not a directory (a file, a device node) or cannot be
 // created; creates it otherwise. Messages name the path and the reason.

@@ -19,6 +19,7 @@
 
 #include "mesh/checkpoint.h"
 #include "runtime/error.h"
+#include "runtime/json_field.h"
 #include "runtime/logging.h"
 
 namespace meshrt {
@@ -167,8 +168,8 @@ std::vector<std::pair<std::string, std::string>> checkpoints_in(const std::strin
     if (step < 0 || !is_dir(e.path()) || !is_file(e.path() / kCheckpointIndex)) continue;
     std::string run = "?";
     try {
-      const auto j = nlohmann::json::parse(
-          read_checkpoint_file((e.path() / kCheckpointIndex).string(), 64ull << 20));
+      const std::string index = (e.path() / kCheckpointIndex).string();
+      const auto j = parse_json_text(read_checkpoint_file(index, 64ull << 20), index);
       run = j.contains("run") && j["run"].is_string() ? j["run"].get<std::string>() : "";
     } catch (const std::exception&) {
     }

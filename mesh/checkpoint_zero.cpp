@@ -25,7 +25,7 @@ Shape index_shape(const checkpoint_json& j, const std::string& where) {
   std::vector<int64_t> v;
   for (const auto& d : j) {
     MESHRT_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0,
-                 where << ": extent " << d.dump() << " is not a non-negative integer");
+                 where << ": extent " << json_value_text(d) << " is not a non-negative integer");
     v.push_back(d.get<int64_t>());
   }
   return Shape(v);
@@ -88,8 +88,8 @@ std::vector<std::string> index_strings(const IndexFields& f, const char* key) {
   const checkpoint_json& a = f.array(key);
   for (size_t i = 0; i < a.size(); ++i) {
     if (!a[i].is_string())
-      json_field_fail(f.where(), f.name(key) + "[" + std::to_string(i) + "]",
-                      json_value_text(a[i].dump()), "a string");
+      json_field_fail(f.where(), f.name(key) + "[" + std::to_string(i) + "]", json_value_text(a[i]),
+                      "a string");
     out.push_back(a[i].get<std::string>());
   }
   return out;

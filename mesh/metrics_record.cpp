@@ -53,7 +53,7 @@ MetricsRecord parse_metrics_record(std::string_view line) {
   MESHRT_CHECK(j.is_object(), "not a JSON object");
   const auto schema = j.find("schema");
   MESHRT_CHECK(schema != j.end() && schema->is_string() && *schema == "meshrt.train.metrics",
-               "field 'schema' is " << (schema == j.end() ? "missing" : schema->dump())
+               "field 'schema' is " << (schema == j.end() ? "missing" : json_value_text(*schema))
                                     << ": not a meshrt train --metrics record");
   // No location: read_metrics_file puts "FILE:LINE" in front.
   const MetricsFields f(j, "");

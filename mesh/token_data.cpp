@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "mesh/crc32c.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 #include "runtime/philox.h"
@@ -218,9 +220,12 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
   f->file_bytes_ = bytes;
   f->data_offset_ = offset;
 
-  // One pass for the largest token, so the vocabulary check at every run is O(1).
+  // One pass for the largest token, so the vocabulary check at every run is O(1), and for the
+  // stream's digest.
   int64_t mx = 0;
+  uint32_t crc = 0;
   f->scan(0, [&](int64_t first, const int64_t* t, int64_t n) {
+    crc = crc32c(crc, t, static_cast<size_t>(n) * sizeof(int64_t));
     for (int64_t i = 0; i < n; ++i) {
       mx = std::max(mx, t[i]);
       MESHRT_CHECK(t[i] >= 0, path << ": token " << t[i] << " at position " << first + i
@@ -229,12 +234,19 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
     return true;
   });
   f->max_token_ = mx;
+  f->crc_ = crc;
   return f;
 }
 
 TokenFile::~TokenFile() = default;
 
 std::string TokenFile::format() const { return format_; }
+
+std::string TokenFile::digest() const {
+  char b[24];
+  std::snprintf(b, sizeof b, "crc32c:%08x", static_cast<unsigned>(crc_));
+  return b;
+}
 
 void TokenFile::read_raw(int64_t first, int64_t n, int64_t* out) const {
   const auto eb = static_cast<size_t>(elem_bytes_);

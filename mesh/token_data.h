@@ -37,7 +37,11 @@ class TokenFile {
   const std::string& flag() const { return flag_; }
   int64_t size() const { return count_; }  // tokens
   int64_t max_token() const { return max_token_; }
-  std::string format() const;      // "raw u16", "llm.c u32", ".npy <u2", ...
+  std::string format() const;  // "raw u16", "llm.c u32", ".npy <u2", ...
+  // The identity of the token stream read at the open: "crc32c:XXXXXXXX" of the tokens' values
+  // (as 64-bit integers: the same tokens in another format have the same digest). A checkpoint
+  // records it; --resume refuses another stream of the same length (or the file rewritten).
+  std::string digest() const;
   int64_t token(int64_t i) const;  // token i (one read: for checks, not for batches)
 
   // Tokens [first, first + n) into out. Throws, naming the file and what to do, where it no longer
@@ -66,6 +70,7 @@ class TokenFile {
   bool is_signed_ = false;
   std::string format_;
   int64_t max_token_ = 0;
+  uint32_t crc_ = 0;  // crc32c of the tokens' values, at the open
 };
 
 // Sample `i` (a global index: step x global batch + position in the batch) is the window of

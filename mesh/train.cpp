@@ -270,6 +270,7 @@ void validate_train(const TrainConfig& cfg, int world_size) {
   if (cfg.val_data) cfg.val_data->check(cfg.model.vocab, cfg.seq);
   validate_block(cfg.model.block, tp, cfg.tp, cfg.seq);
   validate_checkpointing(cfg);
+  check_checkpoint_fault_env(world_size);
 }
 
 std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator& world,
@@ -386,6 +387,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
       save_training(cfg, checkpoints, st.step, skipped_total, mesh, model.params(), opt, log);
     if (verdict.stop) break;
   }
+  metrics.finish(ctx);
   if (log && world.rank() == 0) metrics.log_cost(out, *log);
   return out;
 }

@@ -15,6 +15,9 @@ void validate_checkpointing(const TrainConfig& cfg) {
   MESHRT_CHECK(!o.overwrite || !o.save.empty(),
                "train: --overwrite goes with --save DIR (it lets a run write into a folder "
                "holding another run's checkpoints)");
+  MESHRT_CHECK(!o.resume_other_data || (!o.resume.empty() && cfg.data),
+               "train: --resume-other-data goes with --resume DIR and --data FILE (it lets a "
+               "resume train on another token stream than the checkpoint's)");
   if (o.save.empty() && o.resume.empty()) return;
   // Delayed gradients and unsynchronised replicas are state a checkpoint does not hold.
   MESHRT_CHECK(cfg.grad_sync == GradSyncMode::Sync,
@@ -62,6 +65,10 @@ CheckpointMeta train_checkpoint_meta(const TrainConfig& cfg, int64_t step) {
       {"min_lr", num(cfg.min_lr)},
       {"lr_decay_steps", cfg.lr_schedule == LrScheduleKind::Constant ? "none" : num(cfg.steps)},
       {"weight_decay", num(cfg.optim.weight_decay)}};
+  // Which tokens: the format and length above, the stream's digest here (older checkpoints
+  // have none and resume on any stream of that format and length).
+  if (cfg.data) m.data_digest = cfg.data->digest();
+  m.other_data_ok = cfg.checkpoint.resume_other_data;
   return m;
 }
 

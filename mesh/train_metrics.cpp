@@ -11,6 +11,7 @@
 #include "mesh/agree.h"
 #include "mesh/block_desc.h"
 #include "runtime/error.h"
+#include "runtime/json_field.h"
 #include "runtime/logging.h"
 #include "runtime/output_file.h"
 
@@ -18,8 +19,9 @@ namespace meshrt {
 
 namespace {
 
-// Per rank: step, compute, tp exposed, dp exposed (ms), memory now, peak (KiB), device index.
-constexpr int kRankFields = 7;
+// Per rank: step, compute, tp exposed, dp exposed (ms), memory now, peak (KiB), device index, and
+// (rank 0) whether a record could not be written.
+constexpr int kRankFields = 8;
 
 bool keep_before(std::string_view line, long long first_step) {
   const long long s = metrics_line_step(line);
@@ -33,7 +35,12 @@ double tm_ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 long long metrics_line_step(std::string_view line) {
-  const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j;
+  try {
+    j = parse_json_or_discarded(std::string(line), "");
+  } catch (const Error&) {
+    return -1;  // nested past kJsonMaxDepth: not a record of ours either
+  }
   if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return -1;
   return j["step"].get<long long>();
 }
@@ -112,7 +119,8 @@ void TrainMetrics::record(Context& ctx, StepStats* st, double grad_norm, int ski
                                  st->dp_exposed_ms,
                                  static_cast<double>(mem.allocated_bytes) / 1024.0,
                                  static_cast<double>(mem.peak_allocated_bytes) / 1024.0,
-                                 static_cast<double>(ctx.device().index)};
+                                 static_cast<double>(ctx.device().index),
+                                 write_error_.empty() ? 0.0 : 1.0};
   for (int i = 0; i < kRankFields; ++i) h.data<float>()[i] = static_cast<float>(v[i]);
   const bool cpu = ctx.device().is_cpu();
   Tensor in = cpu ? h : h.to(ctx.allocator_ptr(), cs);
@@ -123,6 +131,7 @@ void TrainMetrics::record(Context& ctx, StepStats* st, double grad_norm, int ski
   cs.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   gather_ms_ += tm_ms_since(t0);
+  if (r.item(7) != 0) fail_write(ctx);  // rank 0's last record was not written
   if (world_.rank() != 0) return;
   device_type_ = cpu ? "cpu" : "cuda";
   std::vector<double> rv(static_cast<size_t>(n * kRankFields)), compute(static_cast<size_t>(n));
@@ -146,8 +155,23 @@ void TrainMetrics::record(Context& ctx, StepStats* st, double grad_norm, int ski
     }
   }
   if (!file_) return;
-  write(*st, rv, grad_norm, skipped_total);
+  try {
+    write(*st, rv, grad_norm, skipped_total);
+  } catch (const std::exception& e) {
+    write_error_ = "train: step " + std::to_string(st->step) + ": " + error_message(e);
+  }
   cost_ms_ += tm_ms_since(t1);
+}
+
+void TrainMetrics::fail_write(Context& ctx) {
+  agree_error(ctx, world_, write_error_, "", "could not write the --metrics file");
+  // agree_error throws on every rank when rank 0's error is set, as the gather said it is.
+  MESHRT_FAIL("internal: --metrics: rank 0's write error was announced but not agreed");
+}
+
+void TrainMetrics::finish(Context& ctx) {
+  if (cfg_.metrics.empty()) return;
+  agree_error(ctx, world_, write_error_, "", "could not write the --metrics file");
 }
 
 void TrainMetrics::write(const StepStats& st, const std::vector<double>& r, double grad_norm,

@@ -49,8 +49,13 @@ class TrainMetrics {
   bool enabled() const { return enabled_; }
   // Collective: gathers every rank's times; on rank 0 checks for stragglers (a warning on `log`,
   // once per rank; st's straggler fields) and appends the step's record. grad_norm < 0: not
-  // measured (omitted). No-op without --metrics or a straggler watch.
+  // measured (omitted). No-op without --metrics or a straggler watch. A record rank 0 could not
+  // write (a full disk, the file size limit) fails every rank alike at the next step's gather,
+  // which carries the failure (an AgreedError naming the file: not a fault, no flight record).
   void record(Context& ctx, StepStats* st, double grad_norm, int skipped_total, std::ostream* log);
+  // Collective, after the last step with --metrics: fails every rank alike, as above, when the
+  // last record could not be written.
+  void finish(Context& ctx);
   // Rank 0, with --metrics: "metrics: N records -> FILE (writing C ms, P% of the step time;
   // gathering the ranks' times G ms, Q%, ...)": the cost of --metrics.
   void log_cost(const std::vector<StepStats>& steps, std::ostream& log) const;
@@ -58,6 +63,8 @@ class TrainMetrics {
  private:
   void write(const StepStats& st, const std::vector<double>& r, double grad_norm,
              int skipped_total);
+  // Every rank: raises rank 0's write error alike (mesh/agree.h).
+  void fail_write(Context& ctx);
   const TrainConfig& cfg_;
   Communicator& world_;
   bool enabled_ = false;
@@ -65,7 +72,8 @@ class TrainMetrics {
   std::string device_type_;  // "cpu" / "cuda": every rank's (one kind of device per run)
   StragglerWatch stragglers_;
   std::unique_ptr<AppendOutputFile> file_;
-  double cost_ms_ = 0;    // rank 0: formatting and writing the records
+  std::string write_error_;  // rank 0: why a record could not be written ("": none)
+  double cost_ms_ = 0;       // rank 0: formatting and writing the records
   double gather_ms_ = 0;  // the all-gather of the ranks' times (includes waiting for the slowest)
 };
 

@@ -105,11 +105,10 @@ std::vector<std::pair<double, double>> gemm_points(const ClusterFields& f) {
     const bool ok = pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number() &&
                     json_positive().holds(pt[0].get<double>()) && frac.holds(pt[1].get<double>());
     if (!ok)
-      json_field_fail(f.where(), "gemm_efficiency[" + std::to_string(i) + "]",
-                      json_value_text(pt.dump()), "[GEMM FLOPs > 0, fraction of peak in (0, 1]]");
+      json_field_fail(f.where(), "gemm_efficiency[" + std::to_string(i) + "]", json_value_text(pt),
+                      "[GEMM FLOPs > 0, fraction of peak in (0, 1]]");
     if (!out.empty() && pt[0].get<double>() <= out.back().first)
-      json_field_fail(f.where(), "gemm_efficiency[" + std::to_string(i) + "]",
-                      json_value_text(pt.dump()),
+      json_field_fail(f.where(), "gemm_efficiency[" + std::to_string(i) + "]", json_value_text(pt),
                       "above the FLOPs of the entry before (sort the entries by FLOPs)");
     out.push_back({pt[0].get<double>(), pt[1].get<double>()});
   }

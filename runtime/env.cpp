@@ -80,6 +80,8 @@ const std::vector<Variable>& table() {
       whole("MESHRT_FLIGHT", 0, 1000000),
       // Simulated nodes: ranks with the same value share a node (default: the host name).
       whole("MESHRT_NODE_ID", 0, 1000000),
+      // report / sweep / tune --plot: seconds gnuplot may take (bench/common/gnuplot.cpp).
+      whole("MESHRT_PLOT_TIMEOUT", 1, 86400),
       // Free-form: each reader checks its own (MESHRT_LOG_LEVEL also check_environment).
       text("MESHRT_LOG_LEVEL", "warn"),
       // The host loop variant: FMA or not changes the numbers the ranks compute.

@@ -24,17 +24,72 @@ std::string jf_parse_error(const std::exception& e) {
   return w;
 }
 
+[[noreturn]] void jf_too_deep(const std::string& where) {
+  MESHRT_FAIL(where << (where.empty() ? "" : ": ")
+                    << "not valid JSON here: arrays and objects nest "
+                    << "more than " << kJsonMaxDepth
+                    << " levels deep (meshrt's JSON files nest a few); is it the right file?");
+}
+
+// Parses with a callback that refuses containers past kJsonMaxDepth: nothing below that depth
+// is built (the callback discards it), and the parse is then refused. The parser itself keeps
+// its own stack on the heap; only the values it builds would recurse when copied or rendered.
 template <class J>
-J jf_parse(const std::string& text, const std::string& where) {
+J jf_parse(const std::string& text, const std::string& where, bool allow_exceptions) {
+  bool too_deep = false;
+  const typename J::parser_callback_t cb = [&too_deep](int depth, nlohmann::json::parse_event_t ev,
+                                                       J&) {
+    const bool opens = ev == nlohmann::json::parse_event_t::object_start ||
+                       ev == nlohmann::json::parse_event_t::array_start;
+    // `depth`: the containers already open around this one.
+    if (opens && depth >= kJsonMaxDepth) too_deep = true;
+    return !too_deep;
+  };
+  J j;
   try {
-    return J::parse(text);
+    j = J::parse(text, cb, allow_exceptions);
   } catch (const nlohmann::json::exception& e) {
+    if (too_deep) jf_too_deep(where);
     const std::string why = jf_parse_error(e);
     const bool literal = why.find("invalid literal") != std::string::npos ||
                          why.find("overflow") != std::string::npos;
     MESHRT_FAIL(where << (where.empty() ? "" : ": ") << "not valid JSON: " << why
                       << (literal ? " (numbers must be finite: JSON has no NaN or Infinity)" : ""));
   }
+  if (too_deep) jf_too_deep(where);
+  return j;
+}
+
+constexpr size_t kValueTextMax = 60;
+
+// The start of v's JSON text, written until it is longer than `cap` characters.
+template <class J>
+void jf_brief(const J& v, std::string& out, size_t cap) {
+  const auto quoted = [cap](const std::string& s) {
+    return J(s.substr(0, cap + 1)).dump(-1, ' ', false, J::error_handler_t::replace);
+  };
+  if (v.is_object() || v.is_array()) {
+    out += v.is_object() ? '{' : '[';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end() && out.size() <= cap; ++it) {
+      if (!first) out += ',';
+      first = false;
+      if (v.is_object()) out += quoted(it.key()) + ":";
+      jf_brief(it.value(), out, cap);
+    }
+    if (out.size() <= cap) out += v.is_object() ? '}' : ']';
+  } else if (v.is_string()) {
+    out += quoted(v.template get_ref<const std::string&>());
+  } else {
+    out += v.dump();
+  }
+}
+
+template <class J>
+std::string jf_value_text(const J& v) {
+  std::string out;
+  jf_brief(v, out, kValueTextMax);
+  return json_value_text(out);
 }
 
 }  // namespace
@@ -74,16 +129,28 @@ void json_field_fail(const std::string& where, const std::string& name, const st
 }
 
 std::string json_value_text(const std::string& dump) {
-  constexpr size_t kMax = 60;
+  constexpr size_t kMax = kValueTextMax;
   return dump.size() <= kMax ? dump : dump.substr(0, kMax - 3) + "...";
 }
 
+std::string json_value_text(const nlohmann::json& v) { return jf_value_text(v); }
+std::string json_value_text(const nlohmann::ordered_json& v) { return jf_value_text(v); }
+
 nlohmann::json parse_json_text(const std::string& text, const std::string& where) {
-  return jf_parse<nlohmann::json>(text, where);
+  return jf_parse<nlohmann::json>(text, where, true);
 }
 
 nlohmann::ordered_json parse_ordered_json_text(const std::string& text, const std::string& where) {
-  return jf_parse<nlohmann::ordered_json>(text, where);
+  return jf_parse<nlohmann::ordered_json>(text, where, true);
+}
+
+nlohmann::json parse_json_or_discarded(const std::string& text, const std::string& where) {
+  return jf_parse<nlohmann::json>(text, where, false);
+}
+
+nlohmann::ordered_json parse_ordered_json_or_discarded(const std::string& text,
+                                                       const std::string& where) {
+  return jf_parse<nlohmann::ordered_json>(text, where, false);
 }
 
 }  // namespace meshrt

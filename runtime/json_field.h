@@ -36,10 +36,27 @@ std::string json_count_text(uint64_t hi);               // "an integer in [0, hi
                                   const std::string& found, const std::string& expected);
 // A value as an error message shows it: its JSON text, at most 60 characters.
 std::string json_value_text(const std::string& dump);
+// The same of a parsed value, written only as far as those 60 characters go: an error never
+// renders a whole (possibly large) value to show its start.
+std::string json_value_text(const nlohmann::json& v);
+std::string json_value_text(const nlohmann::ordered_json& v);
+
+// The deepest nesting of arrays and objects a JSON file meshrt reads may have (its own files nest
+// a few levels). Deeper input is refused while it is parsed, before any value is built: rendering
+// or copying a value nested ~100k levels deep recurses once per level and overflows the stack.
+constexpr int kJsonMaxDepth = 64;
+
 // `text` parsed, or "WHERE: not valid JSON: parse error at line L, column C: ..." (WHERE empty:
-// without "WHERE: ").
+// without "WHERE: "); nesting past kJsonMaxDepth is refused ("WHERE: not valid JSON here: arrays
+// and objects nest more than 64 levels deep; ..."). Every JSON file meshrt reads is parsed by one
+// of these three.
 nlohmann::json parse_json_text(const std::string& text, const std::string& where);
 nlohmann::ordered_json parse_ordered_json_text(const std::string& text, const std::string& where);
+// As parse_json_text, but text that is not JSON gives a discarded value (is_discarded()) for the
+// caller to refuse in its own words; too deep a nesting still throws as above.
+nlohmann::json parse_json_or_discarded(const std::string& text, const std::string& where);
+nlohmann::ordered_json parse_ordered_json_or_discarded(const std::string& text,
+                                                       const std::string& where);
 
 // The fields of one JSON object `obj`, which sits at `prefix` ("" for the top level, else e.g.
 // "collectives.intra.") in the file `where` names. Each getter refuses a missing field, a value
@@ -52,8 +69,8 @@ class JsonFields {
   JsonFields(const J& obj, std::string where, std::string prefix = "")
       : obj_(obj), where_(std::move(where)), prefix_(std::move(prefix)) {
     if (!obj_.is_object()) {
-      if (prefix_.empty()) json_field_fail(where_, "", json_value_text(obj_.dump()), "an object");
-      json_field_fail(where_, prefix_.substr(0, prefix_.size() - 1), json_value_text(obj_.dump()),
+      if (prefix_.empty()) json_field_fail(where_, "", json_value_text(obj_), "an object");
+      json_field_fail(where_, prefix_.substr(0, prefix_.size() - 1), json_value_text(obj_),
                       "an object");
     }
   }
@@ -63,7 +80,7 @@ class JsonFields {
   const std::string& where() const { return where_; }
   std::string name(const std::string& key) const { return prefix_ + key; }
   [[noreturn]] void fail(const std::string& key, const J& v, const std::string& expected) const {
-    json_field_fail(where_, name(key), json_value_text(v.dump()), expected);
+    json_field_fail(where_, name(key), json_value_text(v), expected);
   }
 
   const J& at(const char* key, const std::string& expected) const {

@@ -93,6 +93,7 @@ bool write_within(int fd, const char* p, size_t n, int wait_ms) {
 struct OutputState {
   std::mutex mu;
   unsigned long long dropped = 0;  // lines lost since the reader last took one
+  int write_errno = 0;             // the first write error but a closed pipe (ENOSPC, EIO, ...)
 };
 OutputState& output_state(int fd) {
   static OutputState st[2];
@@ -116,7 +117,14 @@ void write_output_line(int fd, const std::string& line) {
     }
     st.dropped = 0;
   }
-  if (!write_within(fd, line.data(), line.size(), wait_ms) && bounded) ++st.dropped;
+  errno = 0;
+  if (!write_within(fd, line.data(), line.size(), wait_ms)) {
+    // A closed pipe is the reader's choice (SIGPIPE, or the commands' own stop); a full disk or
+    // an I/O error loses the output: the command's exit status says so (output_write_error).
+    if (errno != 0 && errno != EPIPE && errno != EAGAIN && st.write_errno == 0)
+      st.write_errno = errno;
+    if (bounded) ++st.dropped;
+  }
 }
 
 thread_local int tls_rank = 0;
@@ -175,6 +183,14 @@ std::shared_ptr<const LogSink>& sink_store() {
 }
 
 }  // namespace
+
+int output_write_error(std::ostream& os) {
+  const int fd = &os == &std::cout ? STDOUT_FILENO : &os == &std::cerr ? STDERR_FILENO : -1;
+  if (fd < 0) return 0;
+  OutputState& st = output_state(fd);
+  std::lock_guard<std::mutex> lk(st.mu);
+  return st.write_errno;
+}
 
 void print_line(std::ostream& os, const std::string& line) {
   os.flush();

@@ -43,6 +43,10 @@ void set_log_sink(LogSink sink);
 // rank in its next collective, past the stop.) Other commands block on a slow reader as usual.
 constexpr int kOutputStallMs = 500;
 void print_line(std::ostream& os, const std::string& line);
+// The errno of the first print_line write to `os` (std::cout or std::cerr) that failed for
+// another reason than a reader that closed it: ENOSPC (a full disk, /dev/full), EIO, EFBIG...;
+// 0 when none did. main() turns it into exit status 1, as for a stream that failed to flush.
+int output_write_error(std::ostream& os);
 
 }  // namespace meshrt
 

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "runtime/error.h"
+#include "runtime/json_field.h"
 #include "runtime/output_file.h"
 
 namespace meshrt {
@@ -125,14 +126,22 @@ using StEntry = SafetensorsReader::Entry;
 nlohmann::json st_parse_header(const std::string& path, const std::string& hs) {
   std::string duplicate;
   std::set<std::string> seen;
+  bool too_deep = false;  // nesting past kJsonMaxDepth (runtime/json_field.h): nothing built
   const nlohmann::json::parser_callback_t on_key = [&](int depth, nlohmann::json::parse_event_t ev,
                                                        nlohmann::json& parsed) {
     if (depth == 1 && ev == nlohmann::json::parse_event_t::key && parsed.is_string() &&
         !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
       duplicate = parsed.get<std::string>();
-    return true;
+    if ((ev == nlohmann::json::parse_event_t::object_start ||
+         ev == nlohmann::json::parse_event_t::array_start) &&
+        depth >= kJsonMaxDepth)
+      too_deep = true;
+    return !too_deep;
   };
   nlohmann::json header = nlohmann::json::parse(hs, on_key, /*allow_exceptions=*/false);
+  MESHRT_CHECK(!too_deep, "load_safetensors(" << path << "): the header nests arrays and objects "
+                                              << "more than " << kJsonMaxDepth
+                                              << " levels deep; not a safetensors file");
   MESHRT_CHECK(!header.is_discarded() && header.is_object(),
                "load_safetensors(" << path << "): header is not a JSON object");
   MESHRT_CHECK(duplicate.empty(),

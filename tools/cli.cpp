@@ -1,5 +1,6 @@
 #include "tools/cli.h"
 
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,21 @@ std::string command_name(const CLI::App& top) {
   return name;
 }
 
+// `report`: with --plot, SIGINT / SIGTERM end the wait on gnuplot (which is stopped, and the
+// plot's temporary folder removed) with 128 + the signal's number.
+int run_report_command(const ReportCliOptions& o, std::ostream& os) {
+  if (o.plot.empty()) return run_report(o, os);
+  StopSignals signals(false);
+  try {
+    return run_report(o, os);
+  } catch (const Error& e) {
+    const int sig = StopSignals::received();
+    if (sig == 0) throw;
+    std::cerr << "meshrt: error: " << e.message() << "\n";
+    return 128 + sig;
+  }
+}
+
 }  // namespace
 
 MeshrtCli::MeshrtCli() : app_("meshrt: a runtime for mixed data + tensor parallelism") {
@@ -87,6 +103,7 @@ void MeshrtCli::validate() {
   bench::Command* cmd = parsed_bench_command(bench_);
   if (cmd) bench::set_process_config(*parsed_leaf(app_), command_name(app_));
   bench::check_process_environment();
+  if (train_->parsed()) check_train_flags(train_opts_);
   if (cmd) bench::validate_command(*cmd, *parsed_leaf(app_));
 }
 
@@ -94,7 +111,7 @@ int MeshrtCli::run(int argc, char** argv, std::ostream& os) {
   if (info_->parsed()) return run_info(os);
   if (train_->parsed()) return run_train(train_opts_, os);
   if (doctor_->parsed()) return run_doctor(doctor_opts_, os);
-  if (report_->parsed()) return run_report(report_opts_, os);
+  if (report_->parsed()) return run_report_command(report_opts_, os);
   if (tune_->parsed()) return run_tune(tune_opts_, os);
   if (bench::Command* cmd = parsed_bench_command(bench_)) {
     const std::string name = command_name(app_);

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "bench/common/command.h"
+#include "runtime/logging.h"
 #include "tools/blas_env.h"
 #include "tools/cli.h"
 
@@ -27,8 +28,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return meshrt::bench::report_error("meshrt", e, true);
   }
-  // A report nobody received is a failure: standard output on a full disk or /dev/full.
-  if (!std::cout.flush()) {
+  // A report nobody received is a failure: standard output on a full disk or /dev/full (written
+  // through std::cout, or line by line through print_line as train and tune write).
+  if (!std::cout.flush() || meshrt::output_write_error(std::cout) != 0) {
     std::cerr << "meshrt: error: writing standard output failed (disk full, or the reader closed "
                  "it); the command's report is lost: write it somewhere with room\n";
     return rc != 0 ? rc : 1;

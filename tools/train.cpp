@@ -175,10 +175,15 @@ void add_checkpoint_flags(CLI::App* c, TrainCliOptions& o) {
               "Write into a --save folder that holds another run's checkpoints (replacing those "
               "of the same step; --keep never removes the others). Without it such a folder is "
               "refused unless --resume continues it");
-  c->add_option("--resume", o.resume,
-                "Continue from a checkpoint (a --save directory or one step-N/ in it), on any "
-                "mesh; --steps counts from the start of the original run")
-      ->check(kNonEmpty);
+  CLI::Option* resume =
+      c->add_option("--resume", o.resume,
+                    "Continue from a checkpoint (a --save directory or one step-N/ in it), on any "
+                    "mesh; --steps counts from the start of the original run")
+          ->check(kNonEmpty);
+  c->add_flag("--resume-other-data", o.resume_other_data,
+              "Resume although --data holds another token stream than the checkpoint's (another "
+              "file of the same length, or the file rewritten); without it that is refused")
+      ->needs(resume);
 }
 
 // Token files and validation.
@@ -208,10 +213,16 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
                     "Ranks: cpu:N (threads) | cuda:all | cuda:0-3 (under mpirun: cpu or cuda)")
           ->capture_default_str()
           ->check(kNonEmpty);
-  c->callback([&o, devices] { o.devices_given = devices->count() > 0; });
+  c->callback([&o, c, devices] {
+    o.devices_given = devices->count() > 0;
+    o.given.clear();
+    for (const CLI::Option* opt : c->get_options())
+      if (opt->count() > 0) o.given.insert(opt->get_name());
+  });
   c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)")
       ->check(kNonEmpty);
   bench::add_fault_flag(*c);
+  bench::add_backend_flag(*c, o.backend);
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
   add_model_flags(c, o);
   add_optimizer_flags(c, o);
@@ -247,6 +258,7 @@ struct SharedOption {
 const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("devices", devices),
     MESHRT_SHARED("mesh", mesh),
+    MESHRT_SHARED("backend", backend),
     MESHRT_SHARED("sp", sp),
     MESHRT_SHARED("batch", batch),
     MESHRT_SHARED("seq", seq),
@@ -280,6 +292,7 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("keep", keep),
     MESHRT_SHARED("overwrite", overwrite),
     MESHRT_SHARED("resume", resume),
+    MESHRT_SHARED("resume-other-data", resume_other_data),
     MESHRT_SHARED("data", data),
     MESHRT_SHARED("val-data", val_data),
     MESHRT_SHARED("data-dtype", data_dtype),
@@ -306,6 +319,77 @@ std::vector<std::pair<std::string, std::string>> train_shared_options(const Trai
 // scales what it writes.
 std::vector<std::string> train_local_options() {
   return {"fault", "mem-stats", "metrics", "peak-tflops"};
+}
+
+namespace {
+
+// Refuses flag `flag` (given on the command line) where this run would ignore it: "FLAG VALUE
+// would be ignored: WHY" (WHY ends with what to change).
+void refuse_ignored(const TrainCliOptions& o, const std::string& flag, const std::string& value,
+                    bool ignored, const std::string& why) {
+  MESHRT_CHECK(!ignored || o.given.count(flag) == 0,
+               flag << (value.empty() ? "" : " " + value) << " would be ignored: " << why);
+}
+
+std::string tc_num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// The flags that act on the mesh's dp or tp dimension, on a mesh where that dimension is 1.
+void check_mesh_flags(const TrainCliOptions& o, const TrainConfig& cfg, int world) {
+  const std::string spec =
+      cfg.mesh.empty() ? std::string(kDpDim) + "=" + std::to_string(world) : cfg.mesh;
+  int dp = 1, tp = 1;
+  for (const MeshDim& d : parse_mesh_spec(spec, world)) {
+    if (d.name == kDpDim) dp = d.size;
+    if (d.name == kTpDim) tp = d.size;
+  }
+  const std::string mesh = "--mesh " + spec + (cfg.mesh.empty() ? " (the default)" : "");
+  const std::string more_tp =
+      " or give a mesh with tp > 1 (e.g. --mesh tp=" + std::to_string(world > 1 ? world : 2) + ")";
+  const std::string more_dp =
+      " or give a mesh with dp > 1 (e.g. --mesh dp=" + std::to_string(world > 1 ? world : 2) + ")";
+  refuse_ignored(o, "--sp", "", tp == 1,
+                 "sequence parallelism splits the tp blocks' activations and " + mesh +
+                     " has tp=1; drop --sp" + more_tp);
+  refuse_ignored(o, "--overlap", o.overlap, tp == 1,
+                 "it schedules the tp collectives and " + mesh +
+                     " has tp=1 (there are none); drop --overlap" + more_tp);
+  refuse_ignored(o, "--bucket-mb", tc_num(o.bucket_mb), dp == 1,
+                 "it sizes the dp gradient buckets and " + mesh +
+                     " has dp=1 (no gradient is exchanged); drop --bucket-mb" + more_dp);
+  refuse_ignored(o, "--bf16-grads", "", dp == 1,
+                 "it halves the dp gradient exchange and " + mesh +
+                     " has dp=1 (no gradient is exchanged); drop --bf16-grads" + more_dp);
+}
+
+}  // namespace
+
+void check_train_flags(const TrainCliOptions& o) {
+  const GradSyncMode mode = parse_grad_sync(o.grad_sync);
+  refuse_ignored(o, "--data-dtype", o.data_dtype, o.data.empty(),
+                 "it is the element type of a raw --data / --val-data token file, and this run "
+                 "trains on synthetic tokens; drop --data-dtype or give --data FILE");
+  refuse_ignored(o, "--staleness", std::to_string(o.staleness), mode != GradSyncMode::Async,
+                 "it delays the gradients of --grad-sync async, and --grad-sync is " + o.grad_sync +
+                     "; drop --staleness or use --grad-sync async");
+  refuse_ignored(o, "--sync-every", std::to_string(o.sync_every), mode != GradSyncMode::Local,
+                 "it is the averaging period of --grad-sync local, and --grad-sync is " +
+                     o.grad_sync + "; drop --sync-every or use --grad-sync local");
+  refuse_ignored(o, "--eval-batches", std::to_string(o.eval_batches), o.val_data.empty(),
+                 "it sizes the validation loss on --val-data, and no --val-data is given; drop "
+                 "--eval-batches or give --val-data FILE");
+  refuse_ignored(o, "--peak-tflops", tc_num(o.peak_tflops), o.metrics.empty(),
+                 "MFU goes into the --metrics file, and no --metrics is given; drop "
+                 "--peak-tflops or give --metrics FILE");
+  // Given as --compare or --no-compare: named as typed.
+  MESHRT_CHECK(mode != GradSyncMode::Sync || o.given.count("--compare") == 0,
+               (o.compare ? "--compare" : "--no-compare")
+                   << " would be ignored: it chooses whether a --grad-sync async or local run is "
+                      "compared with a synchronous one, and this run is synchronous (--grad-sync "
+                      "sync); drop it or use --grad-sync async or local");
 }
 
 TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
@@ -343,6 +427,7 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.checkpoint.keep = o.keep;
   c.checkpoint.resume = o.resume;
   c.checkpoint.overwrite = o.overwrite;
+  c.checkpoint.resume_other_data = o.resume_other_data;
   c.eval_every = o.eval_every;
   c.eval_batches = o.eval_batches;
   c.skip_nonfinite = o.skip_nonfinite;
@@ -455,13 +540,14 @@ RunResult run_train_once(const TrainConfig& cfg, const TrainCliOptions& o, std::
   LaunchOptions lo;
   lo.devices = o.devices;
   lo.devices_defaulted = !o.devices_given;
+  lo.backend = o.backend;
   auto launch = bootstrap(lo);
   // Before any rank starts. Every process fails alike (the options agree), or, where its own
   // files or folders differ, with the first failing rank's error: mpirun prints it once.
   std::string err;
   try {
-    check_train_config(cfg, launch->world_size());
     if (precheck) precheck(launch->world_size());
+    check_train_config(cfg, launch->world_size());
     check_host_memory(cfg, *launch, o.mem_limit_mb);
     check_outputs_spare_inputs({{"--metrics", cfg.metrics}},
                                {{"--data", o.data}, {"--val-data", o.val_data}});
@@ -543,14 +629,15 @@ int run_train(const TrainCliOptions& o, std::ostream& os) {
   // options): the token files' contents too, as the paths may name different files.
   detail::ConfigFields shared = train_shared_options(o);
   auto contents = [](const std::shared_ptr<const TokenFile>& f) {
-    return f ? f->format() + ", " + std::to_string(f->size()) + " tokens" : "(none)";
+    return f ? f->format() + ", " + std::to_string(f->size()) + " tokens, " + f->digest()
+             : "(none)";
   };
   shared.emplace_back("--data contents", contents(cfg.data));
   shared.emplace_back("--val-data contents", contents(cfg.val_data));
   detail::set_process_config(std::move(shared), "meshrt train");
   RunResult run;
   try {
-    run = run_train_once(cfg, o, &os);
+    run = run_train_once(cfg, o, &os, [&](int world) { check_mesh_flags(o, cfg, world); });
   } catch (const std::exception& e) {
     // A signal before the first step (e.g. during a file-rendezvous wait): nothing to save.
     const int early = StopSignals::received();

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,8 +17,10 @@ namespace meshrt::cli {
 
 struct TrainCliOptions {
   std::string devices = "cpu:2";
-  bool devices_given = false;  // --devices was on the command line (else the default)
-  std::string mesh;            // default dp=<world>
+  bool devices_given = false;    // --devices was on the command line (else the default)
+  std::set<std::string> given;   // the long names of the flags on the command line ("sp", ...)
+  std::string backend = "auto";  // --backend: the collective backend (bench collective's flag)
+  std::string mesh;              // default dp=<world>
   bool sp = false;
   int64_t batch = 8, seq = 64, hidden = 256, heads = 8, ffn = 0, vocab = 512;
   int layers = 2, steps = 20, micro_batches = 1, staleness = 1, sync_every = 4;
@@ -31,6 +34,7 @@ struct TrainCliOptions {
   std::string save, resume;  // checkpoints (mesh/checkpoint.h)
   int save_every = 0, keep = 0;
   bool overwrite = false;  // --overwrite: write into a folder holding another run's checkpoints
+  bool resume_other_data = false;  // --resume-other-data: resume on another token stream
   // Real data and validation (mesh/token_data.h), non-finite steps.
   std::string data, val_data, data_dtype = "u16";
   int eval_every = 0, eval_batches = 4;
@@ -61,6 +65,11 @@ std::vector<std::pair<std::string, std::string>> train_shared_options(const Trai
 std::vector<std::string> train_local_options();
 // The train flags on `c` (train's own, and those `tune` shares with it); returns c.
 CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o);
+// `train`'s flags that this run would ignore, refused before anything runs (as bench block and
+// bench collective refuse theirs): "--staleness 2 would be ignored: ...; drop --staleness or ...".
+// The checks that need the mesh (--sp, --overlap, --bucket-mb, --bf16-grads) come with the world
+// size, before any step (run_train). Not for tune, whose grid gives the flags their meaning.
+void check_train_flags(const TrainCliOptions& o);
 // The run's configuration from the flags (token files opened; stop_requested: the signals).
 TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode);
 // Every check of a run's configuration that needs the world size (mesh/train.h's validate_train,

@@ -228,7 +228,7 @@ TuneResult tn_read_trial(const TnFields& t, const TuneCliOptions& o,
     if (!losses[k].is_null() &&
         !(losses[k].is_number() && json_at_least(0).holds(losses[k].get<double>())))
       json_field_fail(t.where(), t.name("losses") + "[" + std::to_string(k) + "]",
-                      json_value_text(losses[k].dump()), "a loss >= 0 (or null)");
+                      json_value_text(losses[k]), "a loss >= 0 (or null)");
     r.losses.push_back(losses[k].is_null() ? kTnNaN : losses[k].get<double>());
   }
   return r;
@@ -596,11 +596,14 @@ CLI::App* add_tune_command(CLI::App& app, TuneCliOptions& o) {
   add_train_flags(c, o.base);
   c->add_option("--grid-lr", o.grid_lr, "Learning rates to try, e.g. 1e-3,3e-3 (default --lr)")
       ->check(kNonEmpty);
-  c->add_option("--grid-batch", o.grid_batch, "Global batches to try, e.g. 4,8 (default --batch)");
+  c->add_option("--grid-batch", o.grid_batch, "Global batches to try, e.g. 4,8 (default --batch)")
+      ->check(kNonEmpty);
   c->add_option("--grid-micro-batches", o.grid_micro,
-                "Micro-batch counts to try, e.g. 1,2 (default --micro-batches)");
+                "Micro-batch counts to try, e.g. 1,2 (default --micro-batches)")
+      ->check(kNonEmpty);
   c->add_option("--grid-mesh", o.grid_mesh,
-                "Meshes to try, separated by ';', e.g. 'dp=2;tp=2' (default --mesh)");
+                "Meshes to try, separated by ';', e.g. 'dp=2;tp=2' (default --mesh)")
+      ->check(kNonEmpty);
   c->add_option("--samples", o.samples,
                 "Random search: this many grid points drawn with --search-seed (default: all)")
       ->check(cli::int_at_least(0, o.samples));

@@ -16,8 +16,9 @@ struct BlockBenchOptions {
   // Empty: what this machine has (cuda:all when CUDA works, else cpu:N host ranks); under
   // mpirun: the device kind per process ("cpu" or "cuda").
   std::string devices;
-  std::string mesh;  // "dp=2,tp=2"; empty: tp=<world size>
-  int sp = -1;       // sequence parallel: -1 auto (on when tp > 1), 0 off, 1 on
+  std::string mesh;              // "dp=2,tp=2"; empty: tp=<world size>
+  std::string backend = "auto";  // --backend: the collective backend (as bench collective's)
+  int sp = -1;                   // sequence parallel: -1 auto (on when tp > 1), 0 off, 1 on
   // Zero / empty: the default for the device (CPU: 1 x 512 tokens, hidden 1024, 16 heads, f32;
   // CUDA: 4 x 2048 tokens, hidden 4096, 32 heads, bf16). batch is per dp replica.
   int64_t batch = 0, seq = 0, hidden = 0, ffn = 0, heads = 0;

@@ -25,6 +25,7 @@ class BlockCommand : public Command {
                  "Mesh over the ranks, dims dp and tp, e.g. dp=2,tp=2 "
                  "(default tp=<world size>)")
         ->check(cli::kNonEmpty);
+    add_backend_flag(c, o_.backend);
     c.add_flag("--sp", sp_, "Sequence parallel (default: on when tp > 1)");
     c.add_flag("--no-sp", no_sp_, "No sequence parallel")->excludes("--sp");
     c.add_option("--batch", o_.batch,

@@ -27,6 +27,7 @@ std::unique_ptr<Launch> launch_for(const BlockBenchOptions& o, std::string* devi
       o.devices.rfind("cuda", 0) != 0 || have_cuda,
       "--devices " << o.devices << ": CUDA is unavailable (" << why << "); use --devices cpu:N");
   lo.devices = o.devices.empty() ? (have_cuda ? "cuda:all" : "cpu") : o.devices;
+  lo.backend = o.backend;
   std::unique_ptr<Launch> l = bootstrap(lo);
   if (o.devices.empty() && l->kind() == LaunchKind::Threads && !have_cuda) {
     // Host ranks as threads: one per core up to 8 (a power of two, so tp divides the defaults).

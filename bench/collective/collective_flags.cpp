@@ -16,11 +16,7 @@ class CollectiveCommand : public Command {
     devices_ =
         c.add_option("--devices", o_.devices, "ranks: cpu:N, cuda:0-7 (under mpirun: cpu or cuda)")
             ->capture_default_str();
-    c.add_option(
-         "--backend", o_.backend,
-         "host | mpi | shm | hier | nccl | auto (threads: host/nccl; processes of one node: "
-         "shm; across nodes: hier (shm in each node, mpi between) or mpi/nccl)")
-        ->capture_default_str();
+    add_backend_flag(c, o_.backend);
     c.add_option("-b,--minbytes", min_, "smallest size, bytes with optional K/M/G")
         ->capture_default_str();
     c.add_option("-e,--maxbytes", max_, "largest size")->capture_default_str();

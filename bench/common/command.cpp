@@ -31,6 +31,14 @@ void add_fault_flag(CLI::App& app) {
           "SPEC"));
 }
 
+CLI::Option* add_backend_flag(CLI::App& app, std::string& backend) {
+  return app
+      .add_option("--backend", backend,
+                  "host | mpi | shm | hier | nccl | auto (threads: host/nccl; processes of one "
+                  "node: shm; across nodes: hier (shm in each node, mpi between) or mpi/nccl)")
+      ->capture_default_str();
+}
+
 void bind_flags(CLI::App& app, Command& cmd) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd.add_flags(app);

@@ -58,6 +58,12 @@ const std::vector<Entry>& registry();
 // command bootstraps its ranks. bind_flags adds it to every command; `meshrt train` too.
 void add_fault_flag(CLI::App& app);
 
+// `--backend NAME` into `backend` (default auto): the collective backend of the commands that run
+// collectives (bench collective, bench block, train, tune). One flag, one help text; the name and
+// whether the backend can run the launch are checked when the ranks start (collectives/
+// bootstrap.h: "--backend host cannot run rank 0 of 2 as mpi-processes on cpu: ...").
+CLI::Option* add_backend_flag(CLI::App& app, std::string& backend);
+
 // Adds `cmd`'s flags to `app`, where repeating a flag keeps the last value (as most command lines
 // do) instead of an error. The CLI and the standalone programs both add flags through this.
 void bind_flags(CLI::App& app, Command& cmd);

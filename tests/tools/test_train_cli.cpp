@@ -823,7 +823,7 @@ TEST_CASE("train: a run the memory precheck refuses at --zero 0 trains at --zero
   // dp=4. Four ranks: about 520 MiB against 250 MiB, the limit 400 MiB between them.
   const std::string cmd =
       "train --devices cpu:4 --hidden 256 --layers 8 --heads 8 --batch 4 --seq 64 --steps 3 "
-      "--bucket-mb 1 --no-compare --mem-limit-mb 400";
+      "--bucket-mb 1 --mem-limit-mb 400";
   Run z0 = train_cli(cmd + " --zero 0");
   INFO(z0.out << z0.err);
   CHECK(z0.rc == 1);
@@ -846,7 +846,7 @@ TEST_CASE("train: a run the memory precheck refuses at --zero 0 trains at --zero
 
 TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind",
           "[train][multirank][zero]") {
-  const std::string base = "train --devices cpu:2 " + kSmall + " --steps 3 --no-compare";
+  const std::string base = "train --devices cpu:2 " + kSmall + " --steps 3";
   auto losses = [](const std::string& out) {
     std::vector<std::string> l;
     std::istringstream in(out);

@@ -8,6 +8,7 @@
 
 #include <meshrt/meshrt.h>
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
@@ -40,8 +41,14 @@ inline void check(meshrt_status_t status, const char* call) {
 }
 
 // meshrt_init(MESHRT_API_VERSION): the objects below call it before their first C call, so a
-// program never has to (calling it again is harmless).
-inline void init() { check(meshrt_init(MESHRT_API_VERSION), "meshrt_init"); }
+// program never has to (calling it again is harmless). It runs until it succeeds once (it checks
+// the MESHRT_ environment variables; every communicator init checks them again).
+inline void init() {
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire)) return;
+  check(meshrt_init(MESHRT_API_VERSION), "meshrt_init");
+  done.store(true, std::memory_order_release);
+}
 
 namespace detail {
 

@@ -293,7 +293,6 @@ TEST_CASE("capi: DLPack tensors meshrt refuses, case by case", "[capi]") {
       MESHRT_ERROR_INVALID_ARGUMENT, {"not supported for reductions"});
   // A shape whose size overflows: the same status from meshrt_tensor_empty as from a DLTensor
   // (it was INVALID_USAGE from empty, INVALID_ARGUMENT from from_dltensor).
-  const int64_t huge[2] = {int64_t{1} << 40, int64_t{1} << 40};
   meshrt_tensor_t e = nullptr;
   require_status(meshrt_tensor_empty(w.comms[0], 2, huge, dl_dtype(kDLFloat, 32), &e),
                  MESHRT_ERROR_INVALID_ARGUMENT,

@@ -163,6 +163,11 @@ TEST_CASE("cxx api: file and launcher-variable inits, a world of one", "[capi]")
     CHECK(status_of([&] { meshrt::Comm::init_env(); }, &what) == MESHRT_ERROR_INVALID_ARGUMENT);
     CHECK(what.find("MASTER_PORT: '70000' is not a TCP port") != std::string::npos);
   }
+  // init_tcp passes its arguments through (the C API checks them; two processes over TCP are
+  // test_capi_file.cpp's).
+  CHECK(status_of([&] { meshrt::Comm::init_tcp("127.0.0.1", 0, 2, 0); }, &what) ==
+        MESHRT_ERROR_INVALID_ARGUMENT);
+  CHECK(what.find("meshrt_comm_init_tcp: invalid argument: meshrt_comm_init_tcp: port is 0") == 0);
   // A CPU communicator has no native stream to wrap.
   CHECK(status_of([&] { f.wrap_stream(nullptr); }, &what) == MESHRT_ERROR_UNSUPPORTED);
   CHECK(what.find("meshrt_stream_wrap: unsupported:") == 0);

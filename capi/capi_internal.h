@@ -86,9 +86,11 @@ struct StreamObj {
   std::shared_ptr<Context> keep;  // default streams: the context owning the stream
   bool is_default = false;
   // The rank's context it was created for (the communicator's): another rank's communicator
-  // refuses it, as work of two ranks queued on one stream waits for itself.
-  const Context* owner = nullptr;
-  std::string owner_name;  // "rank 0 of communicator 'world'"
+  // refuses it, as work of two ranks queued on one stream waits for itself; so does every
+  // communicator once that one was destroyed (a new context may reuse the old one's address).
+  std::weak_ptr<const Context> owner;
+  // "rank 0 of communicator 'world' (0x...)": the handle it was created from
+  std::string owner_name;
 };
 
 struct EventObj {
@@ -140,6 +142,11 @@ inline void check_out(const void* out, const char* what) {
   CAPI_CHECK(out != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
              what << " is NULL: pass the address of a handle to fill in");
 }
+
+// Checks every MESHRT_ variable meshrt reads (mesh/environment.h, the command line's check too):
+// meshrt_init and every communicator init call it. A bad value is MESHRT_ERROR_INVALID_ARGUMENT
+// naming the variable, its value and what is accepted.
+void check_environment_variables();
 
 // Whether meshrt_init accepted the caller's API version; require_init throws when not.
 std::atomic<bool>& initialized();

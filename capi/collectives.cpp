@@ -64,17 +64,31 @@ void check_peer(const CommObj& c, int peer) {
                      << "' (rank " << c.comm->rank() << " of " << c.comm->size() << ")");
 }
 
+// "rank 0 of communicator 'world' (0x...)": the handle tells apart worlds of the same name.
+std::string owner_name(const CommObj& c) {
+  std::ostringstream os;
+  os << "rank " << c.ctx->rank() << " of communicator '" << c.comm->name() << "' ("
+     << static_cast<const void*>(&c) << ")";
+  return os.str();
+}
+
 }  // namespace
 
 Stream& resolve_stream(const CommObj& c, meshrt_stream_t h, std::shared_ptr<StreamObj>* keep) {
   if (h == nullptr) return c.ctx->compute_stream();
   *keep = find_stream(h);
   Stream& s = *(*keep)->stream;
-  CAPI_CHECK((*keep)->owner == c.ctx.get(), MESHRT_ERROR_INVALID_ARGUMENT,
+  const std::shared_ptr<const Context> owner = (*keep)->owner.lock();
+  CAPI_CHECK(owner != nullptr, MESHRT_ERROR_INVALID_USAGE,
              "stream '" << s.name() << "' was created for " << (*keep)->owner_name
-                        << " but this call is rank " << c.ctx->rank() << "'s (communicator '"
-                        << c.comm->name() << "'): pass a stream created from this rank's "
+                        << ", which was destroyed: a stream does not outlive its communicator; "
+                        << "destroy the stream and pass one created from this call's "
                         << "communicator (meshrt_stream_create, meshrt_comm_default_stream)");
+  CAPI_CHECK(owner == c.ctx, MESHRT_ERROR_INVALID_ARGUMENT,
+             "stream '" << s.name() << "' belongs to " << (*keep)->owner_name
+                        << ", not to this call's " << owner_name(c)
+                        << ": pass a stream created from this rank's communicator "
+                        << "(meshrt_stream_create, meshrt_comm_default_stream)");
   const Device d = s.device();
   const Device cd = c.comm->device();
   CAPI_CHECK(d.type == cd.type && (d.is_cpu() || d.index == cd.index),
@@ -85,9 +99,8 @@ Stream& resolve_stream(const CommObj& c, meshrt_stream_t h, std::shared_ptr<Stre
 }
 
 void set_owner(StreamObj& s, const CommObj& c) {
-  s.owner = c.ctx.get();
-  s.owner_name =
-      "rank " + std::to_string(c.ctx->rank()) + " of communicator '" + c.comm->name() + "'";
+  s.owner = c.ctx;
+  s.owner_name = owner_name(c);
 }
 
 void emit_event(const Event& e, meshrt_event_t* out) {

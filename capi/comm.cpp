@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 
 #include "capi/capi_internal.h"
 #include "collectives/backend_registry.h"
+#include "collectives/bootstrap.h"
 #include "collectives/comm_detail.h"
 #include "collectives/mpi_backend.h"
 #include "collectives/mpi_runtime.h"
@@ -24,6 +26,7 @@
 #include "runtime/backend.h"
 #include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/thread.h"
 
@@ -63,7 +66,7 @@ meshrt_comm_config_t read_comm_config(const meshrt_comm_config_t* c) {
                  << c->size << " but API version " << MESHRT_API_VERSION << "'s config has "
                  << sizeof(meshrt_comm_config_t)
                  << " bytes: initialise it with MESHRT_COMM_CONFIG_INITIALIZER");
-  CAPI_CHECK(c->version == MESHRT_API_VERSION, MESHRT_ERROR_INVALID_USAGE,
+  CAPI_CHECK(c->version == MESHRT_API_VERSION, MESHRT_ERROR_INVALID_ARGUMENT,
              "meshrt_comm_config.version is "
                  << c->version << " but this library implements C API version "
                  << MESHRT_API_VERSION << ": rebuild against this library's meshrt.h");
@@ -92,10 +95,14 @@ void check_cuda_index(const std::string& what, int index) {
 }
 
 Resolved resolve_config(const meshrt_comm_config_t* c) {
+  check_environment_variables();  // may have changed since meshrt_init
   Resolved r;
   r.cfg = CommConfig::from_env();
   const meshrt_comm_config_t v = read_comm_config(c);
-  if (v.timeout_s >= 0) r.cfg.timeout_s = v.timeout_s;
+  if (v.timeout_s >= 0) {
+    r.cfg.timeout_s = v.timeout_s;
+    r.cfg.timeout_setting = "meshrt_comm_config.timeout_s";  // what timeout messages name
+  }
   if (v.debug >= 0) r.cfg.debug = v.debug != 0;
   if (v.init_timeout_s >= 0) {
     r.init_timeout_s = v.init_timeout_s;
@@ -144,7 +151,7 @@ std::pair<meshrt_status_t, std::string> capture(F&& f) {
   } catch (const OutOfMemoryError& e) {
     return {MESHRT_ERROR_OUT_OF_MEMORY, e.message()};
   } catch (const Error& e) {
-    return {MESHRT_ERROR_INVALID_USAGE, e.message()};
+    return {MESHRT_ERROR_INVALID_ARGUMENT, e.message()};  // as status_from_current_exception
   } catch (const std::bad_alloc&) {
     return {MESHRT_ERROR_OUT_OF_MEMORY, "out of memory (std::bad_alloc)"};
   } catch (const std::exception& e) {
@@ -373,6 +380,46 @@ const detail::MpiBackend& mpi_backend_or_fail() {
     fail(MESHRT_ERROR_UNSUPPORTED, e.message());
   }
 }
+
+// The world of meshrt_comm_init_mpi (and of meshrt_comm_init_env under an MPI launcher).
+meshrt_comm_t init_mpi_world(void* mpi_comm, const meshrt_comm_config_t* config) {
+  const Resolved conf = resolve_config(config);
+  CAPI_CHECK(mpi_launched() || mpi_comm != nullptr, MESHRT_ERROR_INVALID_USAGE,
+             "this process was not started by an MPI launcher (no OMPI_ / PMI_ / PMIX_ / "
+             "SLURM_ variables): run it under mpirun / srun, or use meshrt_comm_init_rank "
+             "(threads) or meshrt_comm_init_file (processes)");
+  const detail::MpiBackend& mpi = mpi_backend_or_fail();
+  mpi.init();
+  if (mpi_comm != nullptr) {
+    std::string why;
+    const int bad = mpi.check_world(mpi_comm, &why);
+    CAPI_CHECK(bad != 1, MESHRT_ERROR_INVALID_ARGUMENT, why);
+    CAPI_CHECK(bad == 0, MESHRT_ERROR_UNSUPPORTED, why);
+  }
+  std::shared_ptr<BootstrapTransport> tr = mpi.make_transport(conf.init_timeout_s);
+  return init_process_world(std::move(tr), LaunchKind::MpiProcesses, conf);
+}
+
+// A whole-number variable a launcher sets (RANK, WORLD_SIZE), in [lo, hi]. Unset: no launcher
+// started this process as one rank (INVALID_USAGE); a bad value is INVALID_ARGUMENT.
+int launch_variable(const char* name, int lo, int hi) {
+  const std::string v = env_or(name);
+  CAPI_CHECK(!v.empty(), MESHRT_ERROR_INVALID_USAGE,
+             "no launcher started this process as one rank: "
+                 << name
+                 << " is not set (and no MPI / Slurm variables are): run it under mpirun, srun "
+                    "or torchrun (which set RANK and WORLD_SIZE), or use meshrt_comm_init_all / "
+                    "meshrt_comm_init_rank (ranks as threads) or meshrt_comm_init_file / "
+                    "meshrt_comm_init_tcp");
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  CAPI_CHECK(end != v.c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
+             MESHRT_ERROR_INVALID_ARGUMENT,
+             name << "='" << v << "' is not a whole number in [" << lo << ", " << hi
+                  << "]: the launcher sets it; check the launch");
+  return static_cast<int>(x);
+}
 }  // namespace
 
 }  // namespace meshrt::capi
@@ -479,21 +526,49 @@ meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi_comm,
     check_out(comm, "comm");
     *comm = nullptr;
     require_init();
-    const Resolved conf = resolve_config(config);
-    CAPI_CHECK(mpi_launched() || mpi_comm != nullptr, MESHRT_ERROR_INVALID_USAGE,
-               "this process was not started by an MPI launcher (no OMPI_ / PMI_ / PMIX_ / "
-               "SLURM_ variables): run it under mpirun / srun, or use meshrt_comm_init_rank "
-               "(threads) or meshrt_comm_init_file (processes)");
-    const detail::MpiBackend& mpi = mpi_backend_or_fail();
-    mpi.init();
-    if (mpi_comm != nullptr) {
-      std::string why;
-      const int bad = mpi.check_world(mpi_comm, &why);
-      CAPI_CHECK(bad != 1, MESHRT_ERROR_INVALID_ARGUMENT, why);
-      CAPI_CHECK(bad == 0, MESHRT_ERROR_UNSUPPORTED, why);
+    *comm = init_mpi_world(mpi_comm, config);
+  });
+}
+
+meshrt_status_t meshrt_comm_init_env(meshrt_comm_t* comm, const meshrt_comm_config_t* config) {
+  return guarded(__func__, [&] {
+    check_out(comm, "comm");
+    *comm = nullptr;
+    require_init();
+    check_environment_variables();  // MESHRT_RENDEZVOUS is read below
+    if (mpi_launched()) {
+      *comm = init_mpi_world(nullptr, config);
+      return;
     }
-    std::shared_ptr<BootstrapTransport> tr = mpi.make_transport(conf.init_timeout_s);
-    *comm = init_process_world(std::move(tr), LaunchKind::MpiProcesses, conf);
+    const int nranks = launch_variable("WORLD_SIZE", 1, kMaxProcessRanks);
+    const int rank = launch_variable("RANK", 0, nranks - 1);
+    LaunchNames names;  // the launcher's variables, the C API's words for the rest
+    names.backend = LaunchNames::c_api().backend;
+    names.cpu_threads = LaunchNames::c_api().cpu_threads;
+    names.cuda_devices = LaunchNames::c_api().cuda_devices;
+    const std::string dir = rendezvous_dir_from_env();
+    if (!dir.empty()) {
+      *comm = init_rendezvous_world(nranks, rank, config, [&](double wait_s) {
+        return make_file_transport(dir, rank, nranks, wait_s, "", names);
+      });
+      return;
+    }
+    std::string host;
+    int port = 0;
+    bool tcp = false;
+    try {
+      tcp = rendezvous_tcp_from_env(&host, &port);
+    } catch (const Error& e) {
+      fail(MESHRT_ERROR_INVALID_ARGUMENT, e.message());  // a MASTER_PORT that is not a port
+    }
+    CAPI_CHECK(tcp, MESHRT_ERROR_INVALID_USAGE,
+               "RANK=" << rank << " and WORLD_SIZE=" << nranks
+                       << " are set but no rendezvous address is: set MASTER_ADDR and "
+                          "MASTER_PORT (torchrun does), or MESHRT_RENDEZVOUS=file:///shared/dir "
+                          "or tcp://host:port");
+    *comm = init_rendezvous_world(nranks, rank, config, [&](double wait_s) {
+      return make_tcp_transport(host, port, rank, nranks, wait_s, names);
+    });
   });
 }
 

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "capi/capi_internal.h"
+#include "mesh/environment.h"
 #include "meshrt/version.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -54,8 +55,11 @@ meshrt_status_t status_from_current_exception(const char* fn) {
   } catch (const SystemError& e) {
     return set_error(MESHRT_ERROR_SYSTEM, fn, e.message());
   } catch (const Error& e) {
-    // meshrt's own checks refused the call (a shape, a count, an order): the message says why.
-    return set_error(MESHRT_ERROR_INVALID_USAGE, fn, e.message());
+    // A check of meshrt's core refused what the call was given (tensors that do not fit the
+    // call: sizes, dtypes, overlap, a u8 reduction; a spec): the message says why. The C API's
+    // own checks raise StatusError with the status meshrt.h's rule gives (INVALID_USAGE for
+    // calls out of order and dead handles).
+    return set_error(MESHRT_ERROR_INVALID_ARGUMENT, fn, e.message());
   } catch (const std::bad_alloc&) {
     return set_error(MESHRT_ERROR_OUT_OF_MEMORY, fn,
                      "out of memory (std::bad_alloc): free memory or use smaller tensors");
@@ -130,6 +134,14 @@ std::atomic<bool>& initialized() {
   return v;
 }
 
+void check_environment_variables() {
+  try {
+    validate_environment();
+  } catch (const Error& e) {
+    fail(MESHRT_ERROR_INVALID_ARGUMENT, e.message());
+  }
+}
+
 void require_init() {
   CAPI_CHECK(initialized().load(), MESHRT_ERROR_INVALID_USAGE,
              "meshrt_init was not called (or refused the version): call "
@@ -177,8 +189,10 @@ meshrt_status_t meshrt_init(int api_version) {
                    << ": rebuild the caller against this library's meshrt.h (or load the "
                       "library of version "
                    << api_version << ")");
+    // A bad MESHRT_ value is refused here, not where it is first read (a stream's worker
+    // thread, an exit handler), where it could not be returned; unknown names warn once.
+    check_environment_variables();
     initialized().store(true);
-    warn_unknown_environment();  // a misspelt MESHRT_ variable, once per process
   });
 }
 

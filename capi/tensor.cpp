@@ -21,7 +21,7 @@ std::string dl_dtype_str(DLDataType t) {
 }
 
 DType dtype_from_dl(DLDataType t) {
-  CAPI_CHECK(t.lanes == 1, MESHRT_ERROR_UNSUPPORTED,
+  CAPI_CHECK(t.lanes == 1, MESHRT_ERROR_INVALID_ARGUMENT,
              "DLPack dtype " << dl_dtype_str(t)
                              << " has vector lanes: meshrt takes scalar dtypes (lanes 1)");
   if (t.code == kDLFloat && t.bits == 32) return DType::f32;
@@ -30,7 +30,7 @@ DType dtype_from_dl(DLDataType t) {
   if (t.code == kDLInt && t.bits == 32) return DType::i32;
   if (t.code == kDLInt && t.bits == 64) return DType::i64;
   if (t.code == kDLUInt && t.bits == 8) return DType::u8;
-  fail(MESHRT_ERROR_UNSUPPORTED,
+  fail(MESHRT_ERROR_INVALID_ARGUMENT,
        "DLPack dtype " + dl_dtype_str(t) +
            " is not supported: use float32, bfloat16, float16, int32, int64 (or uint8 for "
            "data movement only)");
@@ -65,6 +65,19 @@ std::string dims_str(const int64_t* p, int n) {
   for (int i = 0; i < n; ++i) os << (i ? ", " : "") << p[i];
   os << "]";
   return os.str();
+}
+
+// The elements of `shape` (`what`: how the message names it): extents >= 0 whose product fits
+// in int64, else MESHRT_ERROR_INVALID_ARGUMENT. Borrowed and allocated tensors share it.
+int64_t checked_numel(const char* what, const int64_t* shape, int ndim) {
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; ++i) {
+    CAPI_CHECK(shape[i] >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
+               what << " " << dims_str(shape, ndim) << " has a negative extent");
+    CAPI_CHECK(!__builtin_mul_overflow(numel, shape[i], &numel), MESHRT_ERROR_INVALID_ARGUMENT,
+               what << " " << dims_str(shape, ndim) << " has more elements than int64");
+  }
+  return numel;
 }
 
 // The device of a DLTensor: kDLCPU (DLPack has one CPU device: device_id 0) or kDLCUDA (an id
@@ -104,14 +117,7 @@ Tensor tensor_from_dl(const DLTensor& t, std::function<void(void*)> deleter) {
   const DType dt = dtype_from_dl(t.dtype);
   const Device dev = device_from_dl(t.device);
   std::vector<int64_t> dims(t.shape, t.shape + t.ndim);
-  int64_t numel = 1;
-  for (int i = 0; i < t.ndim; ++i) {
-    CAPI_CHECK(dims[static_cast<size_t>(i)] >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
-               "DLTensor shape " << dims_str(t.shape, t.ndim) << " has a negative extent");
-    CAPI_CHECK(!__builtin_mul_overflow(numel, dims[static_cast<size_t>(i)], &numel),
-               MESHRT_ERROR_INVALID_ARGUMENT,
-               "DLTensor shape " << dims_str(t.shape, t.ndim) << " has more elements than int64");
-  }
+  const int64_t numel = checked_numel("DLTensor shape", t.shape, t.ndim);
   if (t.strides != nullptr) {
     int64_t expect = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {
@@ -241,10 +247,7 @@ meshrt_status_t meshrt_tensor_empty(meshrt_comm_t comm, int ndim, const int64_t*
                "ndim " << ndim << " is outside [0, " << kMaxDims << "]");
     CAPI_CHECK(ndim == 0 || shape != nullptr, MESHRT_ERROR_INVALID_ARGUMENT,
                "shape is NULL for ndim " << ndim);
-    for (int i = 0; i < ndim; ++i) {
-      CAPI_CHECK(shape[i] >= 0, MESHRT_ERROR_INVALID_ARGUMENT,
-                 "shape " << dims_str(shape, ndim) << " has a negative extent");
-    }
+    (void)checked_numel("shape", shape, ndim);
     const DType dt = dtype_from_dl(dtype);
     std::vector<int64_t> dims(shape, shape + ndim);
     *tensor = add_tensor(c->ctx->empty(Shape(dims), dt), false);

@@ -138,10 +138,11 @@ std::string mismatch_message(const std::string& group, const std::vector<CallSig
 }
 
 std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
-                            const std::string& rank, double timeout_s, const std::string& missing) {
+                            const std::string& rank, const CommConfig& cfg,
+                            const std::string& missing) {
   std::ostringstream os;
   os << "watchdog: " << call << " on group '" << group << "' (seq " << seq << ", " << rank
-     << ") did not complete within " << timeout_s << " s (MESHRT_COMM_TIMEOUT)";
+     << ") did not complete within " << cfg.timeout_s << " s (" << cfg.timeout_setting << ")";
   if (!missing.empty()) os << "; " << missing;
   os << "; the communicators were aborted";
   return os.str();

@@ -57,13 +57,14 @@ MESHRT_PLUGIN_API std::string format_ranks(const std::vector<int>& ranks);
 MESHRT_PLUGIN_API std::string global_rank_label(int global_rank, int group_rank, bool in_world);
 
 // The watchdog's message: "watchdog: all_reduce(f32, count=8, sum) on group 'world' (seq 7,
-// rank 0) did not complete within 1 s; rank 3 never arrived; the communicators were aborted".
+// rank 0) did not complete within 1 s (MESHRT_COMM_TIMEOUT); rank 3 never arrived; the
+// communicators were aborted", naming the setting the timeout came from (cfg.timeout_setting).
 MESHRT_PLUGIN_API std::string timeout_message(const std::string& call, const std::string& group,
                                               uint64_t seq, const std::string& rank,
-                                              double timeout_s, const std::string& missing);
+                                              const CommConfig& cfg, const std::string& missing);
 inline std::string timeout_message(const std::string& call, const std::string& group, uint64_t seq,
-                                   int rank, double timeout_s, const std::string& missing) {
-  return timeout_message(call, group, seq, "rank " + std::to_string(rank), timeout_s, missing);
+                                   int rank, const CommConfig& cfg, const std::string& missing) {
+  return timeout_message(call, group, seq, "rank " + std::to_string(rank), cfg, missing);
 }
 
 // A point in time after which a wait gives up (never, when the timeout is 0).

@@ -46,6 +46,9 @@ struct MESHRT_API CommConfig {
   // MESHRT_COMM_TIMEOUT (seconds, may be fractional; default 300; 0 disables): a collective not
   // complete this long after it started aborts the communicators and raises CommError.
   double timeout_s = 300.0;
+  // The setting timeout_s came from, as a timeout message names it: MESHRT_COMM_TIMEOUT (or its
+  // default), or the caller's own (the C API: "meshrt_comm_config.timeout_s").
+  std::string timeout_setting = "MESHRT_COMM_TIMEOUT";
   // MESHRT_COMM_DEBUG=1: ranks compare (op, dtype, count, root, sequence number) before each
   // collective and raise an error naming the differing ranks instead of hanging or corrupting.
   bool debug = false;

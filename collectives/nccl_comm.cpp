@@ -184,9 +184,8 @@ struct NcclEngine {
       if (st != ncclInProgress) detail::nccl_fail(what.c_str(), st, c, __FILE__, __LINE__);
       if (aborted.load()) throw_aborted(what);
       if (dl.passed()) {
-        std::string msg =
-            detail::timeout_message(what, name, 0, rank, cfg.timeout_s,
-                                    "NCCL did not finish the call (is every rank running?)");
+        std::string msg = detail::timeout_message(
+            what, name, 0, rank, cfg, "NCCL did not finish the call (is every rank running?)");
         abort_everything(msg);
         throw CommError(msg);
       }
@@ -287,7 +286,7 @@ class NcclRegistry {
         if (done) continue;
         if (it.dl.passed() && failure.empty()) {
           failure = detail::timeout_message(
-              it.what, e->name, it.seq, e->rank, e->cfg.timeout_s,
+              it.what, e->name, it.seq, e->rank, e->cfg,
               "NCCL does not report which ranks never arrived (MESHRT_COMM_DEBUG=1 compares "
               "every call before it runs)");
         }
@@ -345,8 +344,8 @@ ncclComm_t init_comm(const NcclUniqueId& id, int rank, int size, int device,
       (void)ncclCommAbort(comm);
       throw CommError("NCCL initialisation of group '" + name + "' (rank " + std::to_string(rank) +
                       " of " + std::to_string(size) + " on cuda:" + std::to_string(device) +
-                      ") did not complete within " + std::to_string(cfg.timeout_s) +
-                      " s (MESHRT_COMM_TIMEOUT): are all ranks started, with the same unique id?");
+                      ") did not complete within " + std::to_string(cfg.timeout_s) + " s (" +
+                      cfg.timeout_setting + "): are all ranks started, with the same unique id?");
     }
     if (st == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -494,7 +493,7 @@ class NcclImpl final : public CommImpl {
     if (r == detail::PollResult::Aborted) e.throw_aborted(is.what);
     if (r == detail::PollResult::TimedOut) {
       std::string msg = detail::timeout_message(
-          is.what, e.name, c.seq, e.rank, e.cfg.timeout_s,
+          is.what, e.name, c.seq, e.rank, e.cfg,
           "the call comparison (MESHRT_COMM_DEBUG=1) did not complete: a rank never arrived");
       NcclRegistry::get().abort_all(msg);
       throw CommError(msg);

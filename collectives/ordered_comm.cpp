@@ -44,7 +44,7 @@ void OrderedEngine::throw_aborted(const Op& op) const {
 }
 
 std::string OrderedEngine::timeout(const Op& op, const std::string& missing) const {
-  return timeout_message(op.str(), name_, op.seq(), rank_label(rank_), cfg_.timeout_s, missing);
+  return timeout_message(op.str(), name_, op.seq(), rank_label(rank_), cfg_, missing);
 }
 
 void OrderedEngine::fail_timeout(const Op& op, const std::string& missing) {

@@ -30,15 +30,19 @@ thread_local bool tl_no_block = false;
 // How long an idle stream worker, or a thread waiting on a host event, polls (yielding the core
 // between looks) before it sleeps on its condition variable: a collective or a short task that
 // ends within it costs no futex wake-up (MESHRT_HOST_POLL_US, 0 disables).
+// Read where a refusal reaches a caller: when a stream is created (each read, so that a bad value
+// is refused by every creation), and once for the threads waiting on host events.
+Clock::duration read_host_poll_window() {
+  return std::chrono::microseconds(env_int("MESHRT_HOST_POLL_US", 50));
+}
 Clock::duration host_poll_window() {
-  static const Clock::duration d = std::chrono::microseconds(env_int("MESHRT_HOST_POLL_US", 50));
+  static const Clock::duration d = read_host_poll_window();
   return d;
 }
 
-// Polls `ready` for the poll window, yielding between looks; true when it held.
+// Polls `ready` for `window`, yielding between looks; true when it held.
 template <class Ready>
-bool poll_briefly(Ready ready) {
-  const Clock::duration window = host_poll_window();
+bool poll_briefly(Clock::duration window, Ready ready) {
   if (window.count() <= 0) return ready();
   const auto until = Clock::now() + window;
   for (;;) {
@@ -62,7 +66,7 @@ class HostEventImpl final : public EventImpl {
   }
   // Waits without throwing; returns the error carried by the event, if any.
   std::exception_ptr wait() {
-    poll_briefly([&] { return done_flag_.load(std::memory_order_acquire); });
+    poll_briefly(host_poll_window(), [&] { return done_flag_.load(std::memory_order_acquire); });
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return done_; });
     return err_;
@@ -94,13 +98,31 @@ class HostEventImpl final : public EventImpl {
 class HostStream final : public Stream {
  public:
   HostStream(std::string name, int device_index, bool jitter, bool blocking)
-      : name_(std::move(name)), device_index_(device_index), jitter_(jitter), blocking_(blocking) {
+      : name_(std::move(name)),
+        device_index_(device_index),
+        jitter_(jitter),
+        blocking_(blocking),
+        // Read here, on the creating thread, where a bad MESHRT_HOST_POLL_US is an error of the
+        // call that creates the stream; the worker never reads the environment.
+        poll_window_(read_host_poll_window()) {
     int rank = log_rank(), world = log_world();
     worker_ = start_thread(
         [this, rank, world] {
           tl_stream_worker = true;
           set_log_rank(rank, world);
-          run();
+          // Nothing may leave a thread's entry (std::terminate). Tasks' exceptions are caught
+          // where they run; one from the worker's own loop (none is expected) becomes the
+          // stream's error, which its next synchronize or recorded event reports, and the worker
+          // goes on draining the queue without polling, so no waiter hangs.
+          for (;;) {
+            try {
+              run();
+              return;
+            } catch (...) {
+              set_error(std::current_exception());
+              poll_window_ = Clock::duration::zero();
+            }
+          }
         },
         "the worker thread of stream '" + name_ + "'",
         "run fewer ranks or raise ulimit -u / ulimit -v");
@@ -250,8 +272,9 @@ class HostStream final : public Stream {
       // starts without a wake-up. Tasks that a helping caller takes keep it polling: the stream
       // is busy, and a sleeping worker would cost every enqueue a futex wake-up.
       uint64_t seen = queued_.load(std::memory_order_acquire);
-      while (poll_briefly([&] { return worker_may_take() || queued_.load() != seen; }) &&
-             !worker_may_take())
+      while (
+          poll_briefly(poll_window_, [&] { return worker_may_take() || queued_.load() != seen; }) &&
+          !worker_may_take())
         seen = queued_.load(std::memory_order_acquire);
       {
         std::unique_lock<std::mutex> lk(mu_);
@@ -267,6 +290,7 @@ class HostStream final : public Stream {
   int device_index_;
   bool jitter_;
   bool blocking_;
+  Clock::duration poll_window_;  // how long the idle worker polls (worker only after start)
   std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable done_cv_;  // blocking_: a task finished

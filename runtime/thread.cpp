@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "runtime/error.h"
+#include "runtime/logging.h"
 
 namespace meshrt {
 
@@ -42,7 +43,20 @@ std::thread start_thread(std::function<void()> fn, const std::string& what,
   try {
     if (injected_failure(what))
       throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
-    return std::thread(std::move(fn));
+    // Nothing leaves a thread's entry: an exception there would end the process through
+    // std::terminate. Each thread catches what its work can throw and reports it to the call
+    // that waits (a stream's error, a rank's status); this is the last guard, for a bug.
+    return std::thread([fn = std::move(fn), what] {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        MESHRT_LOG_ERROR(
+            "internal error (please report): " << what << " ended with an exception: " << e.what());
+      } catch (...) {
+        MESHRT_LOG_ERROR("internal error (please report): "
+                         << what << " ended with an exception of unknown type");
+      }
+    });
   } catch (const std::system_error& e) {
     MESHRT_FAIL_SYSTEM("could not start " << what << ": " << e.code().message() << "; " << hint);
   }

@@ -1,7 +1,8 @@
 // Starting threads: every thread meshrt starts goes through these, so that a thread the system
 // cannot create (std::thread throws std::system_error: EAGAIN at the `ulimit -u` process limit,
 // or when its stack cannot be mapped under `ulimit -v`) is a meshrt::SystemError naming what could
-// not start, the system's reason and what to change, never std::terminate.
+// not start, the system's reason and what to change, never std::terminate; and an exception that
+// leaves the thread's function is caught and logged as an internal error, never std::terminate.
 #pragma once
 
 #include <functional>

@@ -7,7 +7,7 @@
 
 #include "collectives/config_check.h"
 #include "collectives/fault.h"
-#include "kernels/ops.h"
+#include "mesh/environment.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
@@ -176,10 +176,7 @@ void set_process_config(const CLI::App& app, const std::string& what) {
   detail::set_process_config(std::move(fields), what);
 }
 
-void check_process_environment() {
-  check_environment();
-  (void)ops::host_isa_info();  // decides the host loop variant; a bad MESHRT_HOST_ISA throws
-}
+void check_process_environment() { validate_environment(); }
 
 int program_main(const Entry& entry, std::string_view program, int argc, char** argv) {
   CLI::App app{entry.description, std::string(program)};

@@ -108,9 +108,9 @@ std::string command_line(std::string_view program, int argc, char** argv);
 // it reports an error every rank raises alike.
 void set_process_config(const CLI::App& app, const std::string& what);
 
-// The environment checks every command runs before anything else: the runtime's variables
-// (check_environment) and the kernels' (MESHRT_HOST_ISA). Throws naming the variable and the
-// accepted values.
+// The environment checks every command runs before anything else: mesh/environment.h's
+// validate_environment, the one check the C API's init runs too. Throws naming the variable and
+// the accepted values.
 void check_process_environment();
 
 // A standalone benchmark program: `entry`'s flags on a program named `program`, then validate and

@@ -1,6 +1,7 @@
 // meshrt's public C++ API: 4 ranks as threads of one process join a world, all-gather their
-// buffers and all-reduce them in place (zero copy: meshrt works on the program's vectors), each
-// result checked against a naive loop. Exit code 0 when every value matches.
+// buffers, shift them around the ring with send / recv and all-reduce them in place (zero copy:
+// meshrt works on the program's vectors), each result checked against a naive loop. Exit code 0
+// when every value matches.
 #include <meshrt/comm.hpp>
 
 #include <cstdio>
@@ -23,8 +24,19 @@ int run_rank(const meshrt_unique_id_t& id, int rank) {
   meshrt::Tensor tx = meshrt::Tensor::borrow_cpu(x.data(), {kCount});
   meshrt::Tensor tall = meshrt::Tensor::borrow_cpu(all.data(), {kCount * kRanks});
   comm.all_gather(tx, tall).synchronize();
+  // A ring shift, point to point: each rank sends its x to the next rank and receives the
+  // previous rank's. A send completes once its peer received it, so it goes on a stream of its
+  // own while the receive runs on the default stream.
+  std::vector<float> prev(kCount);
+  meshrt::Tensor tprev = meshrt::Tensor::borrow_cpu(prev.data(), {kCount});
+  meshrt::Stream sends = comm.new_stream();
+  meshrt::Event sent = comm.send(tx, (rank + 1) % kRanks, &sends);
+  comm.recv(tprev, (rank + kRanks - 1) % kRanks).synchronize();
+  sent.synchronize();
   comm.all_reduce(tx, tx, MESHRT_SUM).synchronize();  // in place
   int bad = 0;
+  for (int64_t i = 0; i < kCount; ++i)
+    if (prev[i] != value((rank + kRanks - 1) % kRanks, i)) ++bad;
   for (int64_t i = 0; i < kCount; ++i) {
     float want = 0;
     for (int r = 0; r < kRanks; ++r) {
@@ -59,8 +71,10 @@ int main() {
     if (!errors[r].empty()) std::fprintf(stderr, "rank %d: %s\n", r, errors[r].c_str());
     total += bad[r];
   }
-  std::printf("meshrt C++ API: %d ranks, all-gather + in-place all-reduce of %lld floats\n", kRanks,
-              static_cast<long long>(kCount));
+  std::printf(
+      "meshrt C++ API: %d ranks, all-gather + ring send / recv + in-place all-reduce of "
+      "%lld floats\n",
+      kRanks, static_cast<long long>(kCount));
   std::printf("%s: %d mismatches\n", total == 0 ? "OK" : "FAILED", total);
   return total == 0 ? 0 : 1;
 }

@@ -42,6 +42,13 @@ namespace detail {
 
 // One block kind's C calls; Block<Ops> is the C++ object.
 struct MlpOps {
+  // The C calls' names, which an Error's text names.
+  static constexpr const char* create_call = "meshrt_mlp_create";
+  static constexpr const char* shard_info_call = "meshrt_mlp_shard_info";
+  static constexpr const char* bind_call = "meshrt_mlp_bind_weights";
+  static constexpr const char* sync_call = "meshrt_mlp_sync_weights";
+  static constexpr const char* forward_call = "meshrt_mlp_forward";
+  static constexpr const char* backward_call = "meshrt_mlp_backward";
   using Handle = meshrt_mlp_t;
   using Config = meshrt_mlp_config_t;
   using Params = meshrt_mlp_params_t;
@@ -55,6 +62,12 @@ struct MlpOps {
   static constexpr auto backward = meshrt_mlp_backward;
 };
 struct AttnOps {
+  static constexpr const char* create_call = "meshrt_attn_create";
+  static constexpr const char* shard_info_call = "meshrt_attn_shard_info";
+  static constexpr const char* bind_call = "meshrt_attn_bind_weights";
+  static constexpr const char* sync_call = "meshrt_attn_sync_weights";
+  static constexpr const char* forward_call = "meshrt_attn_forward";
+  static constexpr const char* backward_call = "meshrt_attn_backward";
   using Handle = meshrt_attn_t;
   using Config = meshrt_attn_config_t;
   using Params = meshrt_attn_params_t;
@@ -75,28 +88,28 @@ class Block {
   // Checks `config` against the mesh and makes the block (not collective).
   Block(const Mesh& mesh, const typename Ops::Config& config) {
     typename Ops::Handle h = nullptr;
-    check(Ops::create(&h, mesh.get(), &config), "meshrt block create");
+    check(Ops::create(&h, mesh.get(), &config), Ops::create_call);
     h_ = Handle<typename Ops::Handle, Ops::destroy>(h);
   }
   Shard shard(typename Ops::Which which) const {
     Shard s;
-    check(Ops::shard_info(h_.get(), which, &s.offset, &s.size), "meshrt block shard_info");
+    check(Ops::shard_info(h_.get(), which, &s.offset, &s.size), Ops::shard_info_call);
     return s;
   }
   // Binds this rank's parameter shards (the handles may be destroyed afterwards).
   void bind_weights(const typename Ops::Params& weights) const {
-    check(Ops::bind(h_.get(), &weights), "meshrt block bind_weights");
+    check(Ops::bind(h_.get(), &weights), Ops::bind_call);
   }
   Event sync_weights(const Stream* stream = nullptr) const {
     meshrt_event_t e = nullptr;
-    check(Ops::sync(h_.get(), stream ? stream->get() : nullptr, &e), "meshrt block sync_weights");
+    check(Ops::sync(h_.get(), stream ? stream->get() : nullptr, &e), Ops::sync_call);
     return Event(e);
   }
   // y = block(x); collective over the tp group.
   Event forward(const Tensor& x, const Tensor& y, const Stream* stream = nullptr) const {
     meshrt_event_t e = nullptr;
     check(Ops::forward(h_.get(), x.get(), y.get(), stream ? stream->get() : nullptr, &e),
-          "meshrt block forward");
+          Ops::forward_call);
     return Event(e);
   }
   // dx from dy for the last forward; parameter gradients are added to `grads`.
@@ -104,10 +117,13 @@ class Block {
                  const Stream* stream = nullptr) const {
     meshrt_event_t e = nullptr;
     check(Ops::backward(h_.get(), dy.get(), dx.get(), &grads, stream ? stream->get() : nullptr, &e),
-          "meshrt block backward");
+          Ops::backward_call);
     return Event(e);
   }
   typename Ops::Handle get() const noexcept { return h_.get(); }
+  // Gives up ownership: the caller destroys the returned handle (meshrt_mlp_destroy /
+  // meshrt_attn_destroy).
+  typename Ops::Handle release() noexcept { return h_.release(); }
 
  private:
   Handle<typename Ops::Handle, Ops::destroy> h_;

@@ -31,13 +31,29 @@ class Mesh {
     check(meshrt_mesh_dim(h_.get(), dim.c_str(), nullptr, &c), "meshrt_mesh_dim");
     return c;
   }
-  // The communicator along `dim`, owned by the mesh: the returned handle must not be destroyed.
-  meshrt_comm_t comm(const std::string& dim) const {
+  // The number of dims (meshrt_mesh_shape).
+  int ndim() const {
+    int n = 0;
+    check(meshrt_mesh_shape(h_.get(), &n, nullptr), "meshrt_mesh_shape");
+    return n;
+  }
+  // The number of ranks: the product of the dims' sizes.
+  int world_size() const {
+    int w = 0;
+    check(meshrt_mesh_shape(h_.get(), nullptr, &w), "meshrt_mesh_shape");
+    return w;
+  }
+  // The communicator along `dim` (the ranks that differ from this one only there), owned by the
+  // mesh: a borrowed Comm, on which every collective runs and which never destroys it; valid
+  // until the mesh is destroyed. Its default stream is the mesh's.
+  Comm comm(const std::string& dim) const {
     meshrt_comm_t c = nullptr;
     check(meshrt_mesh_comm(h_.get(), dim.c_str(), &c), "meshrt_mesh_comm");
-    return c;
+    return Comm::borrow(c);
   }
   meshrt_mesh_t get() const noexcept { return h_.get(); }
+  // Gives up ownership: the caller destroys the returned handle (meshrt_mesh_destroy).
+  meshrt_mesh_t release() noexcept { return h_.release(); }
 
  private:
   detail::Handle<meshrt_mesh_t, meshrt_mesh_destroy> h_;

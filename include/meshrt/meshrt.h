@@ -40,11 +40,32 @@ extern "C" {
 
 /* ---- status and errors ----------------------------------------------------------------- */
 
+/* Which status a refusal gets (every call follows this rule; a call's comment names its status
+ * only where it adds to it):
+ *  - MESHRT_ERROR_INVALID_ARGUMENT: what the call was given is refused, and passing something
+ *    else fixes it: a NULL pointer; a number, enum or config field out of range (a config's
+ *    magic, size or version included); a tensor meshrt never takes (a dtype other than those of
+ *    "Tensors", vector lanes, strides, a shape whose size overflows) or that does not fit the call
+ *    (sizes or dtypes that differ, send and recv overlapping other than in an in-place form, a
+ *    uint8 reduction, a tensor or stream on another device or of another rank); a bad value of
+ *    a MESHRT_ environment variable (meshrt_init and every communicator init check them all).
+ *  - MESHRT_ERROR_INVALID_USAGE: the arguments may be right but the call is not allowed now: a
+ *    destroyed, never-created or wrong-kind handle (or a stream whose communicator was
+ *    destroyed), a handle the caller does not own (a mesh's communicator), a call out of order
+ *    (before meshrt_init, forward before bind_weights, backward without forward), an MPI init
+ *    outside an MPI launch. meshrt_init's api_version other than the library's is this status
+ *    too: the caller was built against another meshrt.h.
+ *  - MESHRT_ERROR_UNSUPPORTED: a valid request this build, installation or launch cannot serve: no
+ *    CUDA or MPI backend, a device type other than CPU and CUDA, DLPack major version other than
+ *    1, a native stream of a CPU communicator, an MPI communicator other than MPI_COMM_WORLD, a
+ *    unique id of another process.
+ *  - The others say what failed while running: the system, a peer or the communicator, time, memory
+ *    or meshrt itself. */
 typedef enum meshrt_status {
   MESHRT_SUCCESS = 0,
-  MESHRT_ERROR_INVALID_ARGUMENT = 1, /* a null pointer, a bad value, a tensor meshrt refuses */
-  MESHRT_ERROR_INVALID_USAGE = 2,    /* a call out of order, a dead handle, a refused call */
-  MESHRT_ERROR_UNSUPPORTED = 3,      /* not in this build or not for this device / dtype */
+  MESHRT_ERROR_INVALID_ARGUMENT = 1, /* a value or tensor the call refuses (the rule above) */
+  MESHRT_ERROR_INVALID_USAGE = 2,    /* a dead handle, a call out of order (the rule above) */
+  MESHRT_ERROR_UNSUPPORTED = 3,      /* not in this build / installation (the rule above) */
   MESHRT_ERROR_SYSTEM = 4,           /* the operating system or a library (files, MPI) failed */
   MESHRT_ERROR_INTERNAL = 5,         /* a bug in meshrt: please report the message */
   MESHRT_ERROR_COMM = 6,             /* a collective failed or a peer did; communicator aborted */
@@ -180,6 +201,16 @@ MESHRT_C_API meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const ch
 MESHRT_C_API meshrt_status_t meshrt_comm_init_tcp(meshrt_comm_t* comm, const char* host, int port,
                                                   int nranks, int rank,
                                                   const meshrt_comm_config_t* config);
+/* This process's rank as its launcher started it, one rank per process: under mpirun / srun (MPI
+ * or Slurm variables) as meshrt_comm_init_mpi(comm, NULL, config); with torchrun's (or hand-set)
+ * RANK and WORLD_SIZE as meshrt_comm_init_file on MESHRT_RENDEZVOUS=file:///dir, or as
+ * meshrt_comm_init_tcp on MESHRT_RENDEZVOUS=tcp://host:port or else MASTER_ADDR and
+ * MASTER_PORT + 1 (MASTER_PORT itself is torch's store). Collective. A process no launcher
+ * started, or RANK without WORLD_SIZE, or RANK / WORLD_SIZE without a rendezvous address, is
+ * MESHRT_ERROR_INVALID_USAGE naming the variables; a bad value (WORLD_SIZE=0, RANK=x,
+ * MASTER_PORT=70000) MESHRT_ERROR_INVALID_ARGUMENT naming it. */
+MESHRT_C_API meshrt_status_t meshrt_comm_init_env(meshrt_comm_t* comm,
+                                                  const meshrt_comm_config_t* config);
 /* Wraps an engine's ncclComm_t (passed as void*) on CUDA device `device`, not owned: meshrt
  * never destroys it (it does ncclCommAbort it when a collective times out or
  * meshrt_comm_abort is called). CUDA builds only: MESHRT_ERROR_UNSUPPORTED otherwise. */
@@ -229,6 +260,8 @@ MESHRT_C_API meshrt_status_t meshrt_stream_destroy(meshrt_stream_t stream);
 MESHRT_C_API meshrt_status_t meshrt_event_synchronize(meshrt_event_t event);
 /* *done = 1 when the event's work is done, else 0; never blocks. */
 MESHRT_C_API meshrt_status_t meshrt_event_query(meshrt_event_t event, int* done);
+/* Releases the handle without waiting: the work it marks runs on (synchronize first to wait for
+ * it). NULL is a no-op. */
 MESHRT_C_API meshrt_status_t meshrt_event_destroy(meshrt_event_t event);
 
 /* ---- tensors (DLPack) --------------------------------------------------------------------
@@ -243,8 +276,9 @@ MESHRT_C_API meshrt_status_t meshrt_event_destroy(meshrt_event_t event);
  * header also works with older dlpack.h). */
 struct DLManagedTensorVersioned;
 
-/* Borrows `t` (and the memory it points to): the engine keeps them alive until the tensor is
- * destroyed and the work using it has completed (its events). */
+/* Borrows the memory `t` points to: the engine keeps it alive until the tensor is destroyed and
+ * the work using it has completed (its events). The DLTensor struct itself (its shape and strides
+ * arrays included) is copied: it may be freed or reused as soon as the call returns. */
 MESHRT_C_API meshrt_status_t meshrt_tensor_from_dltensor(const DLTensor* t,
                                                          meshrt_tensor_t* tensor);
 /* Takes ownership of `t` on success: its deleter runs once the tensor is destroyed and the work

@@ -8,10 +8,12 @@
 
 #include <meshrt/meshrt.h>
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -39,23 +41,37 @@ inline void check(meshrt_status_t status, const char* call) {
 }
 
 // meshrt_init(MESHRT_API_VERSION): the objects below call it before their first C call, so a
-// program never has to (calling it again is harmless).
-inline void init() { check(meshrt_init(MESHRT_API_VERSION), "meshrt_init"); }
+// program never has to (calling it again is harmless). It runs until it succeeds once (it checks
+// the MESHRT_ environment variables; every communicator init checks them again).
+inline void init() {
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire)) return;
+  check(meshrt_init(MESHRT_API_VERSION), "meshrt_init");
+  done.store(true, std::memory_order_release);
+}
 
 namespace detail {
 
-// Owns one C handle: move-only, destroyed with `Destroy` (which waits for its work) unless
-// released.
+// One C handle: move-only. An owned handle is destroyed with `Destroy` (which waits for its work)
+// when the object dies, unless released; a borrowed one (Handle::borrow: a handle someone else
+// owns, such as a communicator's default stream or a mesh's communicator) never is.
 template <class H, meshrt_status_t (*Destroy)(H)>
 class Handle {
  public:
   Handle() = default;
   explicit Handle(H h) noexcept : h_(h) {}
-  Handle(Handle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  static Handle borrow(H h) noexcept {
+    Handle b(h);
+    b.owned_ = false;
+    return b;
+  }
+  Handle(Handle&& o) noexcept
+      : h_(std::exchange(o.h_, nullptr)), owned_(std::exchange(o.owned_, true)) {}
   Handle& operator=(Handle&& o) noexcept {
     if (this != &o) {
       reset();
       h_ = std::exchange(o.h_, nullptr);
+      owned_ = std::exchange(o.owned_, true);
     }
     return *this;
   }
@@ -63,31 +79,55 @@ class Handle {
   Handle& operator=(const Handle&) = delete;
   ~Handle() { reset(); }
   H get() const noexcept { return h_; }
-  H release() noexcept { return std::exchange(h_, nullptr); }
+  bool owned() const noexcept { return owned_; }
+  H release() noexcept {
+    owned_ = true;
+    return std::exchange(h_, nullptr);
+  }
+  // Destroys an owned handle now, throwing the destroy's error (`call` names it); a borrowed one
+  // is only let go.
+  void destroy(const char* call) {
+    const bool owned = owned_;
+    H h = release();
+    if (h && owned) check(Destroy(h), call);
+  }
   void reset() noexcept {
-    if (h_) (void)Destroy(h_);
+    if (h_ && owned_) (void)Destroy(h_);
     h_ = nullptr;
+    owned_ = true;
   }
   explicit operator bool() const noexcept { return h_ != nullptr; }
 
  private:
   H h_ = nullptr;
+  bool owned_ = true;
 };
 
+// The DLPack dtype of a C++ element type borrow_cpu takes (supported = false for the others).
 template <class T>
-DLDataType dl_dtype();
+struct DlType {
+  static constexpr bool supported = false;
+};
 template <>
-inline DLDataType dl_dtype<float>() {
-  return DLDataType{kDLFloat, 32, 1};
-}
+struct DlType<float> {
+  static constexpr bool supported = true;
+  static DLDataType get() noexcept { return DLDataType{kDLFloat, 32, 1}; }
+};
 template <>
-inline DLDataType dl_dtype<int32_t>() {
-  return DLDataType{kDLInt, 32, 1};
-}
+struct DlType<int32_t> {
+  static constexpr bool supported = true;
+  static DLDataType get() noexcept { return DLDataType{kDLInt, 32, 1}; }
+};
 template <>
-inline DLDataType dl_dtype<int64_t>() {
-  return DLDataType{kDLInt, 64, 1};
-}
+struct DlType<int64_t> {
+  static constexpr bool supported = true;
+  static DLDataType get() noexcept { return DLDataType{kDLInt, 64, 1}; }
+};
+template <>
+struct DlType<uint8_t> {
+  static constexpr bool supported = true;
+  static DLDataType get() noexcept { return DLDataType{kDLUInt, 8, 1}; }
+};
 
 }  // namespace detail
 
@@ -100,29 +140,50 @@ class Tensor {
   // Takes ownership of a C handle.
   explicit Tensor(meshrt_tensor_t h) noexcept : h_(h) {}
 
-  // Borrows a DLTensor's memory (meshrt_tensor_from_dltensor): it must outlive every use.
+  // Borrows a DLTensor's memory (meshrt_tensor_from_dltensor): the memory must outlive every
+  // use; the DLTensor itself (its shape and strides arrays) is copied, and may go at once.
   static Tensor borrow(const DLTensor& t) {
     init();
     meshrt_tensor_t h = nullptr;
     check(meshrt_tensor_from_dltensor(&t, &h), "meshrt_tensor_from_dltensor");
     return Tensor(h);
   }
-  // Borrows a contiguous CPU array of float, int32_t or int64_t with `shape`.
+  // Borrows a contiguous CPU array of float, int32_t, int64_t or uint8_t (data movement only)
+  // with `shape`. Another T does not compile, naming these; so does a pointer to const: meshrt
+  // may write a borrowed tensor (a collective's output), so it takes writable memory only.
   template <class T>
   static Tensor borrow_cpu(T* data, std::vector<int64_t> shape) {
-    DLTensor t{};
-    t.data = data;
-    t.device.device_type = kDLCPU;
-    t.ndim = static_cast<int32_t>(shape.size());
-    t.dtype = detail::dl_dtype<T>();
-    t.shape = shape.data();
-    return borrow(t);
+    static_assert(!std::is_const<T>::value,
+                  "meshrt::Tensor::borrow_cpu takes a pointer to writable memory (T*, not const "
+                  "T*): meshrt may write a borrowed tensor; copy read-only data first");
+    static_assert(detail::DlType<typename std::remove_const<T>::type>::supported,
+                  "meshrt::Tensor::borrow_cpu<T>: T must be float, int32_t, int64_t or uint8_t "
+                  "(bfloat16 / float16 data: fill a DLTensor and call Tensor::borrow)");
+    if constexpr (!std::is_const<T>::value && detail::DlType<T>::supported) {
+      DLTensor t{};
+      t.data = data;
+      t.device.device_type = kDLCPU;
+      t.ndim = static_cast<int32_t>(shape.size());
+      t.dtype = detail::DlType<T>::get();
+      t.shape = shape.data();
+      return borrow(t);
+    } else {
+      return Tensor();  // not reached: the static_asserts above stop the compile
+    }
   }
-  // Takes over a DLManagedTensor (its deleter runs once meshrt lets go).
+  // Takes over a DLManagedTensor (its deleter runs once meshrt lets go); on failure the caller
+  // still owns it.
   static Tensor adopt(DLManagedTensor* t) {
     init();
     meshrt_tensor_t h = nullptr;
     check(meshrt_tensor_from_dlpack(t, &h), "meshrt_tensor_from_dlpack");
+    return Tensor(h);
+  }
+  // The same for DLPack 1.0's DLManagedTensorVersioned (a read-only one may only be read).
+  static Tensor adopt(::DLManagedTensorVersioned* t) {
+    init();
+    meshrt_tensor_t h = nullptr;
+    check(meshrt_tensor_from_dlpack_versioned(t, &h), "meshrt_tensor_from_dlpack_versioned");
     return Tensor(h);
   }
   // A DLPack view for the engine (meshrt_tensor_to_dlpack): call its deleter when done.
@@ -131,8 +192,15 @@ class Tensor {
     check(meshrt_tensor_to_dlpack(h_.get(), &out), "meshrt_tensor_to_dlpack");
     return out;
   }
+  // The same as DLPack 1.0's versioned tensor (meshrt_tensor_to_dlpack_versioned).
+  ::DLManagedTensorVersioned* to_dlpack_versioned() const {
+    ::DLManagedTensorVersioned* out = nullptr;
+    check(meshrt_tensor_to_dlpack_versioned(h_.get(), &out), "meshrt_tensor_to_dlpack_versioned");
+    return out;
+  }
 
   meshrt_tensor_t get() const noexcept { return h_.get(); }
+  // Gives up ownership: the caller destroys the returned handle (meshrt_tensor_destroy).
   meshrt_tensor_t release() noexcept { return h_.release(); }
   explicit operator bool() const noexcept { return static_cast<bool>(h_); }
 

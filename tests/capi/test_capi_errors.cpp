@@ -4,12 +4,23 @@
 #include <cmath>
 #include <cstdint>
 #include <set>
+#include <sstream>
 
 #include "capi/dlpack_versioned.h"
 #include "capi_test_util.h"
 #include "runtime/logging.h"
+#include "tests/common/env.h"
 
 using namespace capi_test;
+
+namespace {
+// A handle as meshrt's messages print it.
+std::string ptr(const void* h) {
+  std::ostringstream os;
+  os << h;
+  return os.str();
+}
+}  // namespace
 
 TEST_CASE("capi: status strings, versions and init", "[capi]") {
   const meshrt_status_t all[] = {
@@ -34,6 +45,52 @@ TEST_CASE("capi: status strings, versions and init", "[capi]") {
   CAPI_REQUIRE_OK(meshrt_init(MESHRT_API_VERSION));
 }
 
+TEST_CASE("capi: a bad MESHRT_ variable is refused by meshrt_init and every comm init", "[capi]") {
+  // These were accepted by meshrt_init: a bad poll window then ended the process from a stream's
+  // worker thread ("terminate called ...", exit 134) and the others were ignored silently.
+  struct Bad {
+    const char* name;
+    const char* value;
+    const char* says;
+  };
+  const Bad cases[] = {
+      {"MESHRT_HOST_POLL_US", "-1", "is not a whole number in [0, 1000000]"},
+      {"MESHRT_HOST_POLL_US", "2000000", "is not a whole number in [0, 1000000]"},
+      {"MESHRT_LOG_LEVEL", "loud", "is not a log level: use trace, debug, info, warn, error"},
+      {"MESHRT_HOST_BIND", "all", "is not accepted: use auto or none, or unset it (auto)"},
+      {"MESHRT_FLIGHT_ON_EXIT", "x", "is not a switch: use 1 (or true, on, yes) or 0"},
+      {"MESHRT_HOST_ISA", "sse9", "is not an instruction set of the host kernels"},
+      {"MESHRT_RENDEZVOUS", "http://h:1", "is not supported: use file:///"},
+      {"MESHRT_COMM_TIMEOUT", "soon", "is not a number of seconds >= 0"},
+      {"MESHRT_FAULT", "crash@rank=x", "MESHRT_FAULT"},
+  };
+  CAPI_REQUIRE_OK(meshrt_init(MESHRT_API_VERSION));
+  const meshrt_comm_config_t cfg = test_config();
+  for (const Bad& b : cases) {
+    INFO(b.name << "=" << b.value);
+    meshrt::test::ScopedEnv env(b.name, b.value);
+    const std::vector<std::string> parts = {b.name, b.value, b.says};
+    require_status(meshrt_init(MESHRT_API_VERSION), MESHRT_ERROR_INVALID_ARGUMENT, parts);
+    meshrt_comm_t comms[2] = {nullptr, nullptr};
+    require_status(meshrt_comm_init_all(comms, 2, nullptr, &cfg), MESHRT_ERROR_INVALID_ARGUMENT,
+                   parts);
+    CHECK(comms[0] == nullptr);
+    meshrt_comm_t c = nullptr;
+    require_status(meshrt_comm_init_tcp(&c, "127.0.0.1", 1, 1, 0, &cfg),
+                   MESHRT_ERROR_INVALID_ARGUMENT, parts);
+    CHECK(c == nullptr);
+  }
+  // With the environment put back, the ranks run (the poll window was read by no thread).
+  CAPI_REQUIRE_OK(meshrt_init(MESHRT_API_VERSION));
+  World w(2, 60);
+  run_ranks(2, [&](int r) {
+    meshrt_event_t e = nullptr;
+    CAPI_THROW_UNLESS_OK(meshrt_barrier(w.comms[static_cast<size_t>(r)], nullptr, &e));
+    CAPI_THROW_UNLESS_OK(meshrt_event_synchronize(e));
+    CAPI_THROW_UNLESS_OK(meshrt_event_destroy(e));
+  });
+}
+
 TEST_CASE("capi: bad configs are refused naming the field", "[capi]") {
   init_api();
   meshrt_comm_t comms[2] = {nullptr, nullptr};
@@ -47,7 +104,8 @@ TEST_CASE("capi: bad configs are refused naming the field", "[capi]") {
                  {"meshrt_comm_config.size is 8"});
   cfg = MESHRT_COMM_CONFIG_INITIALIZER;
   cfg.version = 77;
-  require_status(meshrt_comm_init_all(comms, 2, nullptr, &cfg), MESHRT_ERROR_INVALID_USAGE,
+  // A config field like magic and size (meshrt.h's rule): it was INVALID_USAGE.
+  require_status(meshrt_comm_init_all(comms, 2, nullptr, &cfg), MESHRT_ERROR_INVALID_ARGUMENT,
                  {"meshrt_comm_config.version is 77"});
   cfg = MESHRT_COMM_CONFIG_INITIALIZER;
   cfg.device_type = 5;
@@ -166,11 +224,12 @@ TEST_CASE("capi: DLPack tensors meshrt refuses, case by case", "[capi]") {
   World w(1);
   meshrt_tensor_t t = nullptr;
   Buf f64(dl_dtype(kDLFloat, 64), 4);
-  require_status(meshrt_tensor_from_dltensor(f64.dl(), &t), MESHRT_ERROR_UNSUPPORTED,
+  // A tensor meshrt never takes (meshrt.h's rule): it was UNSUPPORTED.
+  require_status(meshrt_tensor_from_dltensor(f64.dl(), &t), MESHRT_ERROR_INVALID_ARGUMENT,
                  {"code 2, bits 64, lanes 1", "float32, bfloat16"});
   Buf vec(dl_dtype(kDLFloat, 32), 4);
   vec.dl()->dtype.lanes = 4;
-  require_status(meshrt_tensor_from_dltensor(vec.dl(), &t), MESHRT_ERROR_UNSUPPORTED,
+  require_status(meshrt_tensor_from_dltensor(vec.dl(), &t), MESHRT_ERROR_INVALID_ARGUMENT,
                  {"lanes 4", "lanes 1"});
   Buf gpu(dl_dtype(kDLFloat, 32), 4);
   gpu.dl()->device.device_type = kDLOpenCL;
@@ -218,19 +277,27 @@ TEST_CASE("capi: DLPack tensors meshrt refuses, case by case", "[capi]") {
   require_status(meshrt_all_reduce(w.comms[0], ct, ct, MESHRT_SUM, nullptr, nullptr),
                  MESHRT_ERROR_INVALID_ARGUMENT, {"is on cuda:0", "runs on cpu:0"});
   CAPI_REQUIRE_OK(meshrt_tensor_destroy(ct));
-  // Shapes the communicator refuses: its C++ check's message comes through.
+  // Shapes the communicator refuses: its C++ check's message comes through, with the status of
+  // meshrt.h's rule (tensors that do not fit the call; these were INVALID_USAGE).
   Buf a(dl_dtype(kDLFloat, 32), 4), b(dl_dtype(kDLFloat, 32), 5), i32(dl_dtype(kDLInt, 32), 4);
   require_status(
       meshrt_all_reduce(w.comms[0], a.handle(), b.handle(), MESHRT_SUM, nullptr, nullptr),
-      MESHRT_ERROR_INVALID_USAGE, {"input has 4 elements but output has 5"});
+      MESHRT_ERROR_INVALID_ARGUMENT, {"input has 4 elements but output has 5"});
   require_status(
       meshrt_all_reduce(w.comms[0], a.handle(), i32.handle(), MESHRT_SUM, nullptr, nullptr),
-      MESHRT_ERROR_INVALID_USAGE, {"differ in dtype"});
+      MESHRT_ERROR_INVALID_ARGUMENT, {"differ in dtype"});
   // uint8 moves but does not reduce.
   Buf u8(dl_dtype(kDLUInt, 8), 4);
   require_status(
       meshrt_all_reduce(w.comms[0], u8.handle(), u8.handle(), MESHRT_SUM, nullptr, nullptr),
-      MESHRT_ERROR_INVALID_USAGE, {"not supported for reductions"});
+      MESHRT_ERROR_INVALID_ARGUMENT, {"not supported for reductions"});
+  // A shape whose size overflows: the same status from meshrt_tensor_empty as from a DLTensor
+  // (it was INVALID_USAGE from empty, INVALID_ARGUMENT from from_dltensor).
+  meshrt_tensor_t e = nullptr;
+  require_status(meshrt_tensor_empty(w.comms[0], 2, huge, dl_dtype(kDLFloat, 32), &e),
+                 MESHRT_ERROR_INVALID_ARGUMENT,
+                 {"shape [1099511627776, 1099511627776] has more elements than int64"});
+  CHECK(e == nullptr);
 }
 
 namespace {
@@ -259,6 +326,37 @@ M* managed(void (*del)(M*)) {
 }
 }  // namespace
 
+TEST_CASE("capi: send and recv overlapping other than in place are an invalid argument", "[capi]") {
+  // meshrt.h says INVALID_ARGUMENT; they were INVALID_USAGE. Rank 0 alone calls: the check
+  // refuses the call before anything is enqueued, so rank 1 waits for nothing.
+  World w(2, 5);
+  std::vector<float> mem(8, 1.0f);
+  auto view = [&](int64_t off, int64_t n) {
+    DLTensor d{};
+    d.data = mem.data() + off;
+    d.device.device_type = kDLCPU;
+    d.ndim = 1;
+    d.dtype = dl_dtype(kDLFloat, 32);
+    int64_t shape[1] = {n};  // the tensor copies its metadata (meshrt.h)
+    d.shape = shape;
+    meshrt_tensor_t h = nullptr;
+    CAPI_REQUIRE_OK(meshrt_tensor_from_dltensor(&d, &h));
+    return h;
+  };
+  // An all-reduce shifted by one element.
+  meshrt_tensor_t a0 = view(0, 4), a1 = view(1, 4);
+  require_status(meshrt_all_reduce(w.comms[0], a0, a1, MESHRT_SUM, nullptr, nullptr),
+                 MESHRT_ERROR_INVALID_ARGUMENT, {"input and output overlap"});
+  // All-gather on rank 0 with send = rank 1's block of recv (elements [2, 4) of [0, 4)).
+  meshrt_tensor_t recv = view(0, 4), blk1 = view(2, 2);
+  require_status(meshrt_all_gather(w.comms[0], blk1, recv, nullptr, nullptr),
+                 MESHRT_ERROR_INVALID_ARGUMENT, {"overlap"});
+  // Reduce-scatter on rank 0 with recv = rank 1's block of send.
+  require_status(meshrt_reduce_scatter(w.comms[0], recv, blk1, MESHRT_SUM, nullptr, nullptr),
+                 MESHRT_ERROR_INVALID_ARGUMENT, {"overlap"});
+  for (meshrt_tensor_t h : {a0, a1, recv, blk1}) CAPI_REQUIRE_OK(meshrt_tensor_destroy(h));
+}
+
 TEST_CASE("capi: managed DLPack tensors: ownership, versions, read-only, export", "[capi]") {
   World w(1);
   meshrt_comm_t comm = w.comms[0];
@@ -280,7 +378,7 @@ TEST_CASE("capi: managed DLPack tensors: ownership, versions, read-only, export"
   // Failure leaves ownership with the caller: no deleter call.
   DLManagedTensor* bad = managed<DLManagedTensor>(count_delete);
   bad->dl_tensor.dtype = dl_dtype(kDLFloat, 64);
-  require_status(meshrt_tensor_from_dlpack(bad, &t), MESHRT_ERROR_UNSUPPORTED, {"bits 64"});
+  require_status(meshrt_tensor_from_dlpack(bad, &t), MESHRT_ERROR_INVALID_ARGUMENT, {"bits 64"});
   CHECK(g_deleted.load() == 1);
   count_delete(bad);
 
@@ -374,9 +472,28 @@ TEST_CASE("capi: a collective a peer never joins times out with a status", "[cap
   Buf a(dl_dtype(kDLFloat, 32), 4);
   meshrt_event_t e = nullptr;
   CAPI_REQUIRE_OK(meshrt_all_reduce(w.comms[0], a.handle(), a.handle(), MESHRT_SUM, nullptr, &e));
-  require_status(meshrt_event_synchronize(e), MESHRT_ERROR_TIMEOUT,
-                 {"did not complete within 0.5 s", "rank 1"});
+  // The message names the setting the caller used (it said MESHRT_COMM_TIMEOUT).
+  const meshrt_status_t st = meshrt_event_synchronize(e);
+  require_status(st, MESHRT_ERROR_TIMEOUT,
+                 {"did not complete within 0.5 s (meshrt_comm_config.timeout_s)", "rank 1"});
+  CHECK(std::string(meshrt_last_error()).find("MESHRT_COMM_TIMEOUT") == std::string::npos);
   meshrt_event_destroy(e);
+}
+
+TEST_CASE("capi: a timeout from MESHRT_COMM_TIMEOUT names the variable", "[capi]") {
+  meshrt::test::ScopedEnv env("MESHRT_COMM_TIMEOUT", "0.5");
+  init_api();
+  meshrt_comm_t comms[2] = {nullptr, nullptr};
+  meshrt_comm_config_t cfg = MESHRT_COMM_CONFIG_INITIALIZER;  // timeout_s -1: the variable
+  cfg.init_timeout_s = 60;
+  CAPI_REQUIRE_OK(meshrt_comm_init_all(comms, 2, nullptr, &cfg));
+  Buf a(dl_dtype(kDLFloat, 32), 4);
+  meshrt_event_t e = nullptr;
+  CAPI_REQUIRE_OK(meshrt_all_reduce(comms[0], a.handle(), a.handle(), MESHRT_SUM, nullptr, &e));
+  require_status(meshrt_event_synchronize(e), MESHRT_ERROR_TIMEOUT,
+                 {"did not complete within 0.5 s (MESHRT_COMM_TIMEOUT)"});
+  meshrt_event_destroy(e);
+  for (meshrt_comm_t c : comms) meshrt_comm_destroy(c);
 }
 
 namespace {
@@ -443,10 +560,51 @@ TEST_CASE("capi: a stream of another rank is refused, naming both ranks", "[capi
     meshrt_event_t e = nullptr;
     require_status(meshrt_all_reduce(w.comms[1], a.handle(), a.handle(), MESHRT_SUM, s, &e),
                    MESHRT_ERROR_INVALID_ARGUMENT,
-                   {"was created for rank 0 of communicator 'world'",
-                    "but this call is rank 1's (communicator 'world')",
+                   {"belongs to rank 0 of communicator 'world' (" + ptr(w.comms[0]) + ")",
+                    "not to this call's rank 1 of communicator 'world' (" + ptr(w.comms[1]) + ")",
                     "pass a stream created from this rank's communicator"});
     CHECK(e == nullptr);
   }
   CAPI_REQUIRE_OK(meshrt_stream_destroy(s0));
+}
+
+TEST_CASE("capi: a stream of the same rank of another world named alike is refused, by handle",
+          "[capi]") {
+  // Both worlds are 'world' and both ranks are 0: the handles tell them apart (the message said
+  // "created for rank 0 of communicator 'world' but this call is rank 0's (communicator 'world')").
+  World a(1, 5), b(1, 5);
+  meshrt_stream_t s = nullptr;
+  CAPI_REQUIRE_OK(meshrt_stream_create(a.comms[0], &s));
+  Buf x(dl_dtype(kDLFloat, 32), 4);
+  require_status(meshrt_all_reduce(b.comms[0], x.handle(), x.handle(), MESHRT_SUM, s, nullptr),
+                 MESHRT_ERROR_INVALID_ARGUMENT,
+                 {"belongs to rank 0 of communicator 'world' (" + ptr(a.comms[0]) + ")",
+                  "not to this call's rank 0 of communicator 'world' (" + ptr(b.comms[0]) + ")"});
+  CAPI_REQUIRE_OK(meshrt_stream_destroy(s));
+}
+
+TEST_CASE("capi: a stream that outlived its communicator is refused by every communicator",
+          "[capi]") {
+  // It was accepted by a later communicator (whose context could reuse the destroyed one's
+  // address) and ran work there.
+  meshrt_stream_t s = nullptr;
+  std::string old_handle;
+  {
+    World a(1, 5);
+    CAPI_REQUIRE_OK(meshrt_stream_create(a.comms[0], &s));
+    old_handle = ptr(a.comms[0]);
+  }
+  for (int i = 0; i < 3; ++i) {
+    World b(1, 5);
+    Buf x(dl_dtype(kDLFloat, 32), 4);
+    meshrt_event_t e = nullptr;
+    require_status(meshrt_all_reduce(b.comms[0], x.handle(), x.handle(), MESHRT_SUM, s, &e),
+                   MESHRT_ERROR_INVALID_USAGE,
+                   {"stream 'capi' was created for rank 0 of communicator 'world' (" + old_handle +
+                        "), which was destroyed",
+                    "destroy the stream and pass one created from this call's communicator"});
+    CHECK(e == nullptr);
+  }
+  CAPI_REQUIRE_OK(meshrt_stream_synchronize(s));  // the stream itself is still a live handle
+  CAPI_REQUIRE_OK(meshrt_stream_destroy(s));
 }

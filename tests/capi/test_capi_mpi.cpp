@@ -1,6 +1,6 @@
 // meshrt_comm_init_mpi under mpirun (no Catch2: each rank prints its verdict). Checks that
 // creating a communicator before meshrt_init is refused, then the world from NULL and from
-// &MPI_COMM_WORLD, an all-reduce and an all-gather, and a split.
+// &MPI_COMM_WORLD, an all-reduce and an all-gather, a split, and meshrt_comm_init_env.
 #include <mpi.h>
 
 #include <cstdio>
@@ -90,6 +90,13 @@ int main() {
   MPI_Comm world = MPI_COMM_WORLD;
   meshrt_comm_t again = nullptr;
   expect(meshrt_comm_init_mpi(&again, &world, &cfg) == MESHRT_SUCCESS, "init_mpi(&world)");
+  meshrt_comm_destroy(again);
+  // And a third from the launcher's variables (meshrt_comm_init_env: mpirun's are MPI's).
+  expect(meshrt_comm_init_env(&again, &cfg) == MESHRT_SUCCESS, "init_env under mpirun");
+  int env_rank = -1, env_size = 0;
+  meshrt_comm_rank(again, &env_rank);
+  meshrt_comm_size(again, &env_size);
+  expect(env_rank == mpi_rank && env_size == mpi_size, "init_env's rank and size are MPI's");
   meshrt_comm_destroy(again);
 
   meshrt_tensor_destroy(t);

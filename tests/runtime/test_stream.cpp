@@ -11,6 +11,7 @@
 #include "runtime/error.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "tests/common/env.h"
 
 using namespace meshrt;
 using namespace std::chrono_literals;
@@ -112,6 +113,23 @@ TEST_CASE("an error in a task reaches synchronize and waiting streams", "[stream
   REQUIRE(ran == 1);  // later tasks still run (they may be signals others wait on)
   REQUIRE_THROWS_WITH(a->synchronize(), Catch::Contains("boom"));
   a->synchronize();  // reported once; the stream is usable again
+}
+
+TEST_CASE("a bad MESHRT_HOST_POLL_US fails the stream's creation, not its worker thread",
+          "[stream]") {
+  // The worker read it (and threw past its entry: std::terminate, exit 134) when it was first read
+  // there; it is read on the creating thread now, whose caller gets the error.
+  for (const char* bad : {"-1", "2000000"}) {
+    meshrt::test::ScopedEnv env("MESHRT_HOST_POLL_US", bad);
+    REQUIRE_THROWS_WITH(make_host_stream("s", 0),
+                        Catch::Contains(std::string("MESHRT_HOST_POLL_US='") + bad +
+                                        "' is not a whole number in [0, 1000000]"));
+  }
+  auto s = make_host_stream("s", 0);
+  std::atomic<int> ran{0};
+  s->enqueue([&] { ran++; });
+  s->synchronize();
+  REQUIRE(ran == 1);
 }
 
 TEST_CASE("synchronize may run queued tasks on the waiting thread: order and exclusion hold",

@@ -6,15 +6,19 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/logging.h"
 #include "runtime/stream.h"
 #include "runtime/thread.h"
 
@@ -65,6 +69,27 @@ TEST_CASE("thread: a refused start is an error naming the thread and what to cha
   // One failure only: the next start succeeds.
   std::thread t = start_thread([] {}, "the test's thread", "raise ulimit -u / ulimit -v");
   t.join();
+}
+
+TEST_CASE("thread: an exception leaving a thread's function is logged, not std::terminate",
+          "[unit]") {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  set_log_sink([&](LogLevel level, int, int, const std::string& msg) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (level == LogLevel::Error) errors.push_back(msg);
+  });
+  std::thread a = start_thread([] { throw std::runtime_error("boom"); }, "the test's thread", "");
+  std::thread b = start_thread([] { throw 42; }, "the other thread", "");
+  a.join();
+  b.join();
+  set_log_sink(nullptr);
+  std::sort(errors.begin(), errors.end());
+  REQUIRE(errors == std::vector<std::string>{
+                        "internal error (please report): the other thread ended with an "
+                        "exception of unknown type",
+                        "internal error (please report): the test's thread ended with an "
+                        "exception: boom"});
 }
 
 TEST_CASE("thread: a group whose thread 3 cannot start runs none of its work", "[unit]") {

@@ -8,7 +8,7 @@
 # lands in the results folder: summary.txt, one log per step (each configure attempt its own),
 # bench JSON.
 #
-# Usage: tools/gpu-check.sh [RESULTS_DIR]     (default: $OUT, else bench/results/gpu)
+# Usage: tools/gpu-check.sh [RESULTS_DIR]     (default: $OUT, else bench/results/data/gpu)
 # Env:   MESHRT_GPU_BUILD     build folder (default build-gpu)
 #        MESHRT_GPU_DEADLINE  seconds for the whole run (default 540); each step may use its
 #                             share of it plus what the steps before it left unused
@@ -21,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-RES=${1:-${OUT:-$ROOT/bench/results/gpu}}
+RES=${1:-${OUT:-$ROOT/bench/results/data/gpu}}
 BUILD=${MESHRT_GPU_BUILD:-$ROOT/build-gpu}
 ARCH=${CUDA_ARCH:-90}
 DEADLINE=${MESHRT_GPU_DEADLINE:-540}

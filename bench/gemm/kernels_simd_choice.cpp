@@ -9,7 +9,7 @@
 //     vs libm.
 // Not part of the build (needs libsleef-dev and libhwy-dev); from the repository root:
 //   g++ -std=c++20 -O3 -march=x86-64-v3 -fno-math-errno -fno-trapping-math -I. -o /tmp/sc
-//       bench/results/kernels-simd-choice.cpp -lsleef -lhwy && /tmp/sc
+//       bench/gemm/kernels_simd_choice.cpp -lsleef -lhwy && /tmp/sc
 #include <sleef.h>
 #include <algorithm>
 #include <chrono>

@@ -195,7 +195,7 @@ std::string no_room_message(const std::string& name, int n, size_t bytes, int e)
     os << "; /dev/shm has " << free_b << " bytes (" << mib(free_b) << ") free";
   }
   os << ": free space in /dev/shm (df -h /dev/shm) or make it larger (docker run --shm-size=1g; "
-        "mount -o remount,size=1G /dev/shm), or use another backend (--backend mpi)";
+        "mount -o remount,size=1G /dev/shm)";
   return os.str();
 }
 

@@ -4,7 +4,8 @@
 // Every op x dtype x in place / out of place on 2, 3 and 4 processes with odd counts (exact
 // values, the threads backend's expectations) and bit-identical to the threads backend on random
 // floats; split groups, send / recv; a SIGKILLed peer named within the timeout; no segment left
-// in /dev/shm; stale segments of dead jobs removed.
+// in /dev/shm; stale segments of dead jobs removed; a /dev/shm without room for the segment one
+// error on every rank (a private mount namespace with a small tmpfs, where root may make one).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -234,6 +235,7 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir, pid_t
   static int runs = 0;
   const std::string run = "t" + std::to_string(getpid()) + "-" + std::to_string(runs++);
   Ranks rs;
+  const std::string ns = "/proc/" + std::to_string(ns_holder) + "/ns/mnt";
   for (int r = 0; r < world; ++r) {
     const fs::path log = dir / (run + "-rank" + std::to_string(r) + ".txt");
     const pid_t pid = fork();
@@ -242,7 +244,6 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir, pid_t
       dup2(fd, 1);
       dup2(fd, 2);
       if (ns_holder > 0) {
-        const std::string ns = "/proc/" + std::to_string(ns_holder) + "/ns/mnt";
         const int nfd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
         if (nfd < 0 || setns(nfd, CLONE_NEWNS) != 0) {
           std::printf("SHM FAIL: cannot enter %s: %s\n", ns.c_str(), std::strerror(errno));
@@ -354,11 +355,11 @@ struct SmallDevShm {
   explicit SmallDevShm(size_t size) {
     int p[2];
     REQUIRE(pipe(p) == 0);
+    const std::string opt = "size=" + std::to_string(size);  // the child only makes system calls
     const pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
       close(p[0]);
-      const std::string opt = "size=" + std::to_string(size);
       char ok = 'y';
       if (unshare(CLONE_NEWNS) != 0 ||
           mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||

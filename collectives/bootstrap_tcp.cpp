@@ -76,10 +76,10 @@ void throw_if_stopped(const std::string& waiting_for) {
 }
 
 // Waits until `fd` is readable (or writable), at most until `dl`; false when the time ran out.
-// Throws when a stop is requested meanwhile (`who`: what it waits for, for the message).
+// Throws when a stop is requested while it is not (`who`: what it waits for, for the message):
+// as in the file rendezvous, what is ready goes through.
 bool wait_fd(int fd, short events, const detail::Deadline& dl, const std::string& who) {
   for (;;) {
-    throw_if_stopped(who);
     const double left = dl.left_s();
     if (dl.passed()) return false;
     pollfd p{fd, events, 0};
@@ -87,6 +87,7 @@ bool wait_fd(int fd, short events, const detail::Deadline& dl, const std::string
     const int rc = poll(&p, 1, ms);
     if (rc > 0) return true;
     if (rc < 0 && errno != EINTR) return false;
+    throw_if_stopped(who);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
 #include "runtime/error.h"
+#include "runtime/stop.h"
 
 namespace meshrt {
 
@@ -66,8 +67,18 @@ sockaddr_in resolve(const std::string& host, int port, const LaunchNames& names)
   return a;
 }
 
+// A stop request (SIGINT / SIGTERM: runtime/stop.h) ends every wait at once, as it ends the file
+// rendezvous's: nothing has run yet that needs finishing.
+void throw_if_stopped(const std::string& waiting_for) {
+  if (const int sig = stop_request(); sig != 0)
+    throw CommError("rendezvous: stopped by signal " + std::to_string(sig) + " (" + strsignal(sig) +
+                    ") while waiting for " + waiting_for);
+}
+
 // Waits until `fd` is readable (or writable), at most until `dl`; false when the time ran out.
-bool wait_fd(int fd, short events, const detail::Deadline& dl) {
+// Throws when a stop is requested while it is not (`who`: what it waits for, for the message):
+// as in the file rendezvous, what is ready goes through.
+bool wait_fd(int fd, short events, const detail::Deadline& dl, const std::string& who) {
   for (;;) {
     const double left = dl.left_s();
     if (dl.passed()) return false;
@@ -76,6 +87,7 @@ bool wait_fd(int fd, short events, const detail::Deadline& dl) {
     const int rc = poll(&p, 1, ms);
     if (rc > 0) return true;
     if (rc < 0 && errno != EINTR) return false;
+    throw_if_stopped(who);
   }
 }
 
@@ -83,7 +95,8 @@ bool wait_fd(int fd, short events, const detail::Deadline& dl) {
 void send_all(int fd, const void* p, size_t n, const detail::Deadline& dl, const std::string& who) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
-    if (!wait_fd(fd, POLLOUT, dl)) throw CommError("rendezvous: sending to " + who + " timed out");
+    if (!wait_fd(fd, POLLOUT, dl, who))
+      throw CommError("rendezvous: sending to " + who + " timed out");
     const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
     if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (w <= 0)
@@ -97,7 +110,7 @@ void send_all(int fd, const void* p, size_t n, const detail::Deadline& dl, const
 void recv_all(int fd, void* p, size_t n, const detail::Deadline& dl, const std::string& who) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
-    if (!wait_fd(fd, POLLIN, dl))
+    if (!wait_fd(fd, POLLIN, dl, who))
       throw CommError("rendezvous: " + who + " sent nothing within the timeout");
     const ssize_t r = ::recv(fd, c, n, 0);
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -130,6 +143,28 @@ std::string recv_blob(int fd, const detail::Deadline& dl, const std::string& who
 }
 
 std::string rank_name(int r) { return "rank " + std::to_string(r); }
+
+// Connects `fd` to `addr`, waiting at most until `dl` (or a stop request, which throws): 0, or
+// why it failed (an errno value).
+int connect_fd(int fd, const sockaddr_in& addr, const detail::Deadline& dl,
+               const std::string& who) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return errno;
+  int err = 0;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      socklen_t len = sizeof(err);
+      if (!wait_fd(fd, POLLOUT, dl, who)) {
+        err = ETIMEDOUT;
+      } else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+        err = errno;
+      }
+    }
+  }
+  if (fcntl(fd, F_SETFL, flags) != 0 && err == 0) err = errno;
+  return err;
+}
 
 class TcpTransport final : public BootstrapTransport {
  public:
@@ -197,11 +232,12 @@ class TcpTransport final : public BootstrapTransport {
                  "rendezvous: listen on " << where_ << " failed: " << std::strerror(errno));
     peers_.resize(static_cast<size_t>(size_));
     for (int got = 1; got < size_;) {
-      if (!wait_fd(ls.get(), POLLIN, dl)) {
-        std::vector<int> missing;
-        for (int r = 1; r < size_; ++r) {
-          if (peers_[static_cast<size_t>(r)].get() < 0) missing.push_back(r);
-        }
+      std::vector<int> missing;
+      for (int r = 1; r < size_; ++r) {
+        if (peers_[static_cast<size_t>(r)].get() < 0) missing.push_back(r);
+      }
+      if (!wait_fd(ls.get(), POLLIN, dl,
+                   detail::format_ranks(missing) + " to connect to " + where_)) {
         throw CommError("rendezvous at " + where_ + ": " + detail::format_ranks(missing) +
                         " never connected within " + std::to_string(timeout_s_) +
                         " s (is every rank started with the same " + names_.master_addr + ", " +
@@ -215,6 +251,7 @@ class TcpTransport final : public BootstrapTransport {
       try {
         hello = recv_blob(c.get(), hello_dl, "a connection to " + where_);
       } catch (const CommError&) {
+        throw_if_stopped("a connection to " + where_ + " to say which rank it is");
         continue;  // not a meshrt rank (a port scanner, a stale client): ignored
       }
       int r = -1, world = -1;
@@ -233,27 +270,30 @@ class TcpTransport final : public BootstrapTransport {
 
   // Other ranks: connect (retrying until rank 0 listens) and say who they are.
   void join(const sockaddr_in& addr, const detail::Deadline& dl) {
+    const std::string who = "rank 0 at " + where_;
     auto sleep = std::chrono::milliseconds(5);
     for (;;) {
       Fd c(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
       MESHRT_CHECK(c.get() >= 0, "rendezvous: socket() failed: " << std::strerror(errno));
-      if (::connect(c.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const int err = connect_fd(c.get(), addr, dl, who);
+      if (err == 0) {
         const int one = 1;
         setsockopt(c.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         send_blob(c.get(),
                   std::string(kHello) + " rank=" + std::to_string(rank_) +
                       " world=" + std::to_string(size_),
-                  dl, "rank 0 at " + where_);
+                  dl, who);
         leader_ = std::move(c);
         return;
       }
       if (dl.passed()) {
         throw CommError("rendezvous: rank " + std::to_string(rank_) +
                         " could not reach rank 0 at " + where_ + " within " +
-                        std::to_string(timeout_s_) + " s (" + std::strerror(errno) +
+                        std::to_string(timeout_s_) + " s (" + std::strerror(err) +
                         "; is rank 0 started, with this " + names_.master_addr + " and " +
                         names_.master_port + "?)");
       }
+      throw_if_stopped(who);
       std::this_thread::sleep_for(sleep);
       sleep = std::min(sleep * 2, std::chrono::milliseconds(200));
     }

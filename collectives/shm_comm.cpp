@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -173,6 +174,31 @@ struct Layout {
   }
 };
 
+std::string mib(uint64_t bytes) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << static_cast<double>(bytes) / static_cast<double>(1 << 20) << " MiB";
+  return os.str();
+}
+
+// Why the segment `name` (`bytes` for `n` ranks) could not be reserved: the error `e`, and
+// /dev/shm's free space against the size needed.
+std::string no_room_message(const std::string& name, int n, size_t bytes, int e) {
+  std::ostringstream os;
+  os << "shm: cannot reserve the " << bytes << " bytes (" << mib(bytes)
+     << ") of the shared-memory segment /dev/shm" << name << " for " << n
+     << " ranks: " << std::strerror(e);
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) == 0) {
+    const uint64_t free_b = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    os << "; /dev/shm has " << free_b << " bytes (" << mib(free_b) << ") free";
+  }
+  os << ": free space in /dev/shm (df -h /dev/shm) or make it larger (docker run --shm-size=1g; "
+        "mount -o remount,size=1G /dev/shm)";
+  return os.str();
+}
+
 // One mapping of a communicator's segment.
 class Segment {
  public:
@@ -184,13 +210,11 @@ class Segment {
                               << name << ": " << std::strerror(errno)
                               << " (is /dev/shm mounted and writable?)");
     auto seg = std::shared_ptr<Segment>(new Segment(name, n, lay));
-    seg->linked_ = true;
-    if (ftruncate(fd, static_cast<off_t>(lay.bytes)) != 0) {
-      const int e = errno;
+    seg->linked_ = true;  // unlinked by seg's destructor when this throws
+    // Every page reserved now: on a full /dev/shm a write to an unreserved page is a SIGBUS.
+    if (const int e = reserve_shared_pages(fd, lay.bytes); e != 0) {
       close(fd);
-      MESHRT_FAIL("shm: cannot size /dev/shm" << name << " to " << lay.bytes
-                                              << " bytes: " << std::strerror(e)
-                                              << " (is /dev/shm full? df -h /dev/shm)");
+      MESHRT_FAIL(no_room_message(name, n, lay.bytes, e));
     }
     seg->map(fd);
     ShmHeader* h = new (seg->base_) ShmHeader{};

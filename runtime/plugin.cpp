@@ -1,6 +1,7 @@
 #include "runtime/plugin.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -45,9 +46,32 @@ std::string searched() {
   return s.empty() ? "nowhere" : s;
 }
 
+// What a file that is not a regular file is ("a FIFO (named pipe)", ...), for messages.
+const char* file_type_name(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// Refuses a plugin path (found on the search path) that is not a regular file: dlopen of a FIFO
+// blocks until something writes to it, and a device or directory is no library either.
+void check_regular_file(const std::string& name, const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;  // dlopen names a missing one
+  MESHRT_FAIL("cannot load the " << name << " backend: " << path << " is "
+                                 << file_type_name(st.st_mode)
+                                 << ", not a regular file (a shared library): remove it, or set "
+                                    "MESHRT_BACKEND_PATH to the folder of the real "
+                                 << plugin_file_name(name));
+}
+
 // Opens `path` and calls its entry point; throws naming the file and the reason.
 const void* open_plugin(const std::string& name, const std::string& path) {
   const std::string file = plugin_file_name(name);
+  if (path.find('/') != std::string::npos) check_regular_file(name, path);
   // RTLD_GLOBAL: an MPI library loaded on behalf of the plugin opens its own components, which
   // look its symbols up globally (as mpi4py loads libmpi).
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);

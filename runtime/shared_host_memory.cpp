@@ -1,5 +1,6 @@
 #include "runtime/shared_host_memory.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -69,10 +70,13 @@ uintptr_t new_mapping(Registry& r, size_t size, bool slab) {
     return 0;
   }
   void* p = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(size)) == 0)
+  int err = reserve_shared_pages(fd, size);
+  if (err == 0) {
     p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) err = errno;
+  }
   if (p == MAP_FAILED) {
-    MESHRT_LOG_DEBUG("shared host memory: " << size << " bytes refused (errno " << errno
+    MESHRT_LOG_DEBUG("shared host memory: " << size << " bytes refused (errno " << err
                                             << "); a private block");
     close(fd);
     return 0;
@@ -120,6 +124,16 @@ void* slab_alloc(Registry& r, size_t size) {
 }
 
 }  // namespace
+
+int reserve_shared_pages(int fd, size_t bytes) {
+  if (bytes == 0) return ftruncate(fd, 0) == 0 ? 0 : errno;
+  int err = 0;
+  do {
+    // Returns the error (it does not set errno); also extends the file to `bytes`.
+    err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  } while (err == EINTR);
+  return err;
+}
 
 void enable_shared_host_memory(size_t min_bytes) {
   if (!env_switch("MESHRT_SHM_ZERO_COPY")) return;

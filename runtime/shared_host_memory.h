@@ -38,4 +38,10 @@ bool shared_host_free(void* p);
 // Whether [p, p + bytes) lies inside one shared block of this process, and where.
 bool find_shared_host_range(const void* p, size_t bytes, SharedHostRange* out);
 
+// Sizes the shared-memory file `fd` (a memfd, or a segment in /dev/shm) to `bytes` and reserves
+// every page of it (posix_fallocate, retried on EINTR): 0, or the errno value why the file system
+// refused (ENOSPC: /dev/shm is full). Every shared mapping meshrt creates is made this way, so
+// that a full tmpfs is an error at creation, never a SIGBUS at the first write to a page.
+int reserve_shared_pages(int fd, size_t bytes);
+
 }  // namespace meshrt

@@ -2,7 +2,11 @@
 // file rendezvous transport.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +24,7 @@
 #include "runtime/affinity.h"
 #include "runtime/backend.h"
 #include "runtime/logging.h"
+#include "runtime/stop.h"
 #include "runtime/stream.h"
 #include "runtime/thread.h"
 #include "tests/common/env.h"
@@ -311,6 +316,64 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
   CHECK_THROWS_WITH(make_file_transport((d / "file").string(), 0, 1, 1)->all_gather("k", "x"),
                     Catch::Contains("' is not a directory"));
   fs::remove_all(d);
+}
+
+namespace {
+
+// A loopback port nothing listens on now (the kernel's pick for port 0).
+int unused_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  return ok ? ntohs(a.sin_port) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("tcp rendezvous: a stop request (SIGINT / SIGTERM) ends the accept and connect waits",
+          "[multirank]") {
+  // Before, both waits ignored it and ran until the timeout (then named the missing ranks).
+  struct Clear {
+    ~Clear() { clear_stop_request(); }
+  } clear;
+  const int port = unused_port();
+  REQUIRE(port > 0);
+  const std::string at = "127.0.0.1:" + std::to_string(port);
+  // Rank 0 of 2 listening (rank 1 never comes): the request arrives while it waits.
+  std::string err0;
+  std::thread rank0([&] {
+    try {
+      make_tcp_transport("127.0.0.1", port, 0, 2, 30);
+    } catch (const CommError& e) {
+      err0 = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  request_stop(SIGTERM);
+  rank0.join();
+  CHECK_THAT(err0, Catch::Contains("rendezvous: stopped by signal 15 (Terminated) while waiting "
+                                   "for rank 1 to connect to " +
+                                   at));
+  clear_stop_request();
+  // Rank 1 of 2 connecting to a port nothing listens on: it retries until the request.
+  std::string err1;
+  std::thread rank1([&] {
+    try {
+      make_tcp_transport("127.0.0.1", unused_port(), 1, 2, 30);
+    } catch (const CommError& e) {
+      err1 = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  request_stop(SIGINT);
+  rank1.join();
+  CHECK_THAT(err1, Catch::Contains("rendezvous: stopped by signal 2 (Interrupt) while waiting for "
+                                   "rank 0 at 127.0.0.1:"));
 }
 
 TEST_CASE("backend registry: exactly the backends this build compiles, in order", "[unit]") {

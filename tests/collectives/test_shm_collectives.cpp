@@ -4,7 +4,8 @@
 // Every op x dtype x in place / out of place on 2, 3 and 4 processes with odd counts (exact
 // values, the threads backend's expectations) and bit-identical to the threads backend on random
 // floats; split groups, send / recv; a SIGKILLed peer named within the timeout; no segment left
-// in /dev/shm; stale segments of dead jobs removed.
+// in /dev/shm; stale segments of dead jobs removed; a /dev/shm without room for the segment one
+// error on every rank (a private mount namespace with a small tmpfs, where root may make one).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -12,8 +13,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -158,6 +161,23 @@ int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int
                   const std::string& run) {
   const double timeout_s = mode == "kill" ? 20 : 120;
   auto tr = make_file_transport(dir, rank, world, 60, run);
+  if (mode == "nospace") {
+    // /dev/shm has less room than the segment: every rank fails to make the communicator, with
+    // rank 0's reason (a SIGBUS, before, at the first write to an unreserved page).
+    try {
+      std::unique_ptr<Communicator> w =
+          make_shm_world_communicator(*tr, shm_test_config(timeout_s));
+      auto s = make_host_stream("comm");
+      Tensor t = host_tensor(kShmLargest, DType::f32);
+      fill_value(t, 1);
+      w->all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    } catch (const CommError& e) {
+      std::printf("SHM NOSPACE rank %d: %s\n", rank, e.what());
+      return 4;
+    }
+    std::printf("SHM FAIL rank %d: no error\n", rank);
+    return 1;
+  }
   std::unique_ptr<Communicator> w = make_shm_world_communicator(*tr, shm_test_config(timeout_s));
   auto s = make_host_stream("comm");
   Failures f;
@@ -209,11 +229,13 @@ struct Ranks {
 };
 
 // Starts `world` rank processes of this binary in `mode` and waits for all (at most 900 s, the
-// sanitizer builds' ctest timeout; then they are killed and the test fails).
-Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
+// sanitizer builds' ctest timeout; then they are killed and the test fails). `ns_holder` > 0:
+// they run in that process's mount namespace.
+Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir, pid_t ns_holder = 0) {
   static int runs = 0;
   const std::string run = "t" + std::to_string(getpid()) + "-" + std::to_string(runs++);
   Ranks rs;
+  const std::string ns = "/proc/" + std::to_string(ns_holder) + "/ns/mnt";
   for (int r = 0; r < world; ++r) {
     const fs::path log = dir / (run + "-rank" + std::to_string(r) + ".txt");
     const pid_t pid = fork();
@@ -221,6 +243,13 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       dup2(fd, 1);
       dup2(fd, 2);
+      if (ns_holder > 0) {
+        const int nfd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNS) != 0) {
+          std::printf("SHM FAIL: cannot enter %s: %s\n", ns.c_str(), std::strerror(errno));
+          _exit(126);
+        }
+      }
       const std::string rk = std::to_string(r), ws = std::to_string(world), d = dir.string();
       // Flight records of the ranks a fault aborts go to the test's scratch folder (removed
       // with it), not to a per-job folder under /tmp.
@@ -252,10 +281,11 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir) {
   return rs;
 }
 
-// The /dev/shm entries of meshrt segments created by any of `pids`.
-std::vector<std::string> segments_of(const std::vector<pid_t>& pids) {
+// The /dev/shm entries of meshrt segments created by any of `pids` (`shm`: where /dev/shm is).
+std::vector<std::string> segments_of(const std::vector<pid_t>& pids,
+                                     const std::string& shm = "/dev/shm") {
   std::vector<std::string> found;
-  DIR* d = opendir("/dev/shm");
+  DIR* d = opendir(shm.c_str());
   if (d == nullptr) return found;
   while (const dirent* e = readdir(d)) {
     const std::string nm = e->d_name;
@@ -313,6 +343,86 @@ TEST_CASE("shm: every op x dtype x in/out-of-place on 3 processes, equal to thre
 TEST_CASE("shm: every op x dtype x in/out-of-place on 4 processes, equal to threads",
           "[multirank]") {
   shm_matrix_case(4);
+}
+
+namespace {
+
+// A process holding a mount namespace of its own where /dev/shm is a tmpfs of `size` bytes,
+// killed with this object; pid 0 (and why) where the system refuses one (needs root).
+struct SmallDevShm {
+  pid_t pid = 0;
+  std::string why;
+  explicit SmallDevShm(size_t size) {
+    int p[2];
+    REQUIRE(pipe(p) == 0);
+    const std::string opt = "size=" + std::to_string(size);  // the child only makes system calls
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      close(p[0]);
+      char ok = 'y';
+      if (unshare(CLONE_NEWNS) != 0 ||
+          mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opt.c_str()) != 0)
+        ok = static_cast<char>(errno);
+      if (write(p[1], &ok, 1) != 1 || ok != 'y') _exit(0);
+      pause();  // holds the namespace until killed
+      _exit(0);
+    }
+    close(p[1]);
+    char ok = 0;
+    const bool got = read(p[0], &ok, 1) == 1;
+    close(p[0]);
+    if (got && ok == 'y') {
+      pid = child;
+      return;
+    }
+    why = got ? std::strerror(ok) : "no answer";
+    waitpid(child, nullptr, 0);
+  }
+  ~SmallDevShm() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  SmallDevShm(const SmallDevShm&) = delete;
+  SmallDevShm& operator=(const SmallDevShm&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("shm: a /dev/shm smaller than the segment fails every rank naming it, nothing left",
+          "[multirank]") {
+  // A private mount namespace with a 1 MiB /dev/shm (the segment of 2 ranks is about 5 MiB).
+  const SmallDevShm shm(size_t{1} << 20);
+  if (shm.pid == 0) {
+    WARN("skipped: cannot mount a small tmpfs on /dev/shm in a private mount namespace ("
+         << shm.why << "; needs root)");
+    return;
+  }
+  const fs::path dir = scratch_dir("shm-nospace");
+  setenv("MESHRT_SHM_ZERO_COPY", "0", 1);  // every byte through the segment
+  Ranks rs = spawn_ranks("nospace", 2, dir, shm.pid);
+  unsetenv("MESHRT_SHM_ZERO_COPY");
+  const std::string reason = "shm: cannot reserve the ";
+  const std::string room =
+      " for 2 ranks: No space left on device; /dev/shm has 1048576 bytes "
+      "(1.0 MiB) free: free space in /dev/shm (df -h /dev/shm) or make it "
+      "larger";
+  for (int r = 0; r < 2; ++r) {
+    const std::string& out = rs.out[static_cast<size_t>(r)];
+    INFO("rank " << r << ":\n" << out);
+    CHECK(rs.status[static_cast<size_t>(r)] == 4);  // not 135 (SIGBUS)
+    CHECK_THAT(out, Catch::Contains("SHM NOSPACE rank " + std::to_string(r) +
+                                    ": shm: rank 0 could not create the job's shared-memory "
+                                    "segment: " +
+                                    reason) &&
+                        Catch::Contains(" of the shared-memory segment /dev/shm/meshrt-shm-" +
+                                        std::to_string(rs.pids[0]) + "-") &&
+                        Catch::Contains(room));
+  }
+  CHECK(segments_of(rs.pids, "/proc/" + std::to_string(shm.pid) + "/root/dev/shm").empty());
+  fs::remove_all(dir);
 }
 
 TEST_CASE("shm: a SIGKILLed peer fails the others at once, naming its global rank", "[multirank]") {

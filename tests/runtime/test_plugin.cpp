@@ -2,14 +2,17 @@
 // tests/runtime/CMakeLists.txt into MESHRT_FAKE_PLUGIN_DIR): what it accepts, and the one-line
 // error naming the library and why for everything it refuses.
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "meshrt/version.h"
 #include "runtime/error.h"
 #include "runtime/plugin.h"
+#include "tests/common/files.h"
 
 using namespace meshrt;
 
@@ -109,4 +112,29 @@ TEST_CASE(
             " has no meshrt_backend_init_v1 entry point: not a meshrt plugin");
   // A refused plugin is not remembered as loaded.
   CHECK(detail::loaded_plugin_path("fake-version").empty());
+}
+
+TEST_CASE(
+    "plugin loader: a FIFO, a directory or a character device named as the plugin is refused, "
+    "naming the path and its type",
+    "[unit]") {
+  // Before the check, dlopen of the FIFO blocked in open() until a writer came: forever.
+  const std::filesystem::path dir = test::scratch_dir("plugin-not-regular");
+  const std::string fifo = (dir / "libmeshrt-fake-fifo.so").string();
+  const std::string folder = (dir / "libmeshrt-fake-dir.so").string();
+  const std::string chr = (dir / "libmeshrt-fake-chr.so").string();
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  std::filesystem::create_directory(folder);
+  std::filesystem::create_symlink("/dev/null", chr);  // stat follows it: a character device
+  PluginPathEnv env(dir.string());
+  const std::string tail =
+      ", not a regular file (a shared library): remove it, or set "
+      "MESHRT_BACKEND_PATH to the folder of the real libmeshrt-fake-";
+  CHECK(plugin_load_error("fake-fifo") == "cannot load the fake-fifo backend: " + fifo +
+                                              " is a FIFO (named pipe)" + tail + "fifo.so");
+  CHECK(plugin_load_error("fake-dir") ==
+        "cannot load the fake-dir backend: " + folder + " is a directory" + tail + "dir.so");
+  CHECK(plugin_load_error("fake-chr") ==
+        "cannot load the fake-chr backend: " + chr + " is a character device" + tail + "chr.so");
+  CHECK(detail::loaded_plugin_path("fake-fifo").empty());
 }

@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -112,4 +114,33 @@ TEST_CASE("shared host memory: 1000 small blocks are all shared on a few descrip
   CHECK(open_descriptors() - fds_before == (1000 + 31) / 32);
   for (void* p : blocks) REQUIRE(shared_host_free(p));
   CHECK(open_descriptors() == fds_before);
+}
+
+TEST_CASE("shared host memory: every page of a slab or block is reserved when it is made",
+          "[unit]") {
+  // Unreserved pages of a shared mapping are a SIGBUS at their first write when the tmpfs behind
+  // it is full; reserved ones count in the file's blocks at once (before: 0 blocks).
+  test::ScopedEnv env("MESHRT_SHM_ZERO_COPY", nullptr);
+  enable_shared_host_memory(4096);
+  for (const size_t bytes : {size_t{8192}, size_t{3} << 20}) {
+    INFO(bytes << " bytes");
+    void* p = shared_host_alloc(bytes);
+    REQUIRE(p != nullptr);
+    const SharedHostRange r = range_of(p, bytes);
+    struct stat st {};
+    REQUIRE(fstat(r.fd, &st) == 0);
+    CHECK(static_cast<uint64_t>(st.st_size) == r.block_bytes);
+    CHECK(static_cast<uint64_t>(st.st_blocks) * 512 >= r.block_bytes);
+    CHECK(shared_host_free(p));
+  }
+  // The helper itself: a file sized and reserved, or the file system's error.
+  const int fd = memfd_create("meshrt-test", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  CHECK(reserve_shared_pages(fd, 65536) == 0);
+  struct stat st {};
+  REQUIRE(fstat(fd, &st) == 0);
+  CHECK(st.st_size == 65536);
+  CHECK(st.st_blocks * 512 >= 65536);
+  close(fd);
+  CHECK(reserve_shared_pages(-1, 4096) == EBADF);
 }

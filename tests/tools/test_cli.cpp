@@ -956,3 +956,52 @@ TEST_CASE("standalone programs and the CLI take the last of a repeated flag", "[
     CHECK(std::regex_search(r->out, std::regex("custom +16 +8 +4 ")));
   }
 }
+
+namespace {
+
+// `meshrt <args>` under `ulimit -v kib`, killed (exit 137) if it has not ended after 240 s.
+Run cli_address_limit(uint64_t kib, const std::string& args) {
+  return meshrt::test::run_shell("timeout -s KILL 240 bash -c 'ulimit -v " + std::to_string(kib) +
+                                     "; exec \"$0\" " + args + "' " + sh_quote(MESHRT_CLI_BIN),
+                                 scratch());
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kCliSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kCliSanitized = true;
+#else
+constexpr bool kCliSanitized = false;
+#endif
+#else
+constexpr bool kCliSanitized = false;
+#endif
+
+}  // namespace
+
+TEST_CASE("an address-space limit (ulimit -v) is a clear error or a clean run, never a hang",
+          "[unit]") {
+  if (kCliSanitized) {
+    WARN("skipped: a sanitizer's shadow memory needs far more address space than any ulimit -v");
+    return;
+  }
+  // Before, OpenBLAS's worker thread spun on its 128 MiB buffer and the exit waited for it;
+  // a train spun in its first GEMM. Now: 1 OpenBLAS thread, and a limit below the need refused.
+  const Run t = cli_address_limit(1200000, "train --devices cpu:2 --steps 2");
+  INFO(t.err);
+  CHECK(t.rc == 1);
+  const std::regex need(
+      "meshrt: error: the address-space limit \\(ulimit -v\\) is 1200000 KiB, "
+      "but meshrt needs at least ([0-9]+) KiB here: ([0-9]+) KiB of libraries "
+      "mapped at start, .*; raise it \\(ulimit -v \\1\\) or remove it \\(ulimit "
+      "-v unlimited\\)\n");
+  std::smatch m;
+  REQUIRE(std::regex_search(t.err, m, need));
+  // `meshrt info` runs no kernel: it works with less than an OpenBLAS buffer to spare.
+  const uint64_t mapped_kib = std::stoull(m[2].str());
+  const Run i = cli_address_limit(mapped_kib + 100000, "info");
+  INFO(i.err);
+  CHECK(i.rc == 0);
+  CHECK_THAT(i.out, Catch::Contains("meshrt "));
+}

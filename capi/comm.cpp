@@ -396,7 +396,8 @@ meshrt_comm_t init_mpi_world(void* mpi_comm, const meshrt_comm_config_t* config)
     CAPI_CHECK(bad != 1, MESHRT_ERROR_INVALID_ARGUMENT, why);
     CAPI_CHECK(bad == 0, MESHRT_ERROR_UNSUPPORTED, why);
   }
-  std::shared_ptr<BootstrapTransport> tr = mpi.make_transport(conf.init_timeout_s);
+  std::shared_ptr<BootstrapTransport> tr =
+      mpi.make_transport(conf.init_timeout_s, "meshrt_comm_config.init_timeout_s");
   return init_process_world(std::move(tr), LaunchKind::MpiProcesses, conf);
 }
 

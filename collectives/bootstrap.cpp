@@ -210,7 +210,7 @@ void check_process_config_early(double timeout_s) {
   if (!process_config_unchecked()) return;
   std::unique_ptr<BootstrapTransport> t;
   if (mpi_launched()) {
-    t = mpi_backend().make_transport(timeout_s);
+    t = mpi_backend().make_transport(timeout_s, "MESHRT_COMM_TIMEOUT");
   } else if (env_launched()) {
     const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
     std::string host;
@@ -236,7 +236,8 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   plan.config = opts.config;
   std::unique_ptr<BootstrapTransport> transport;
   if (mpi_launched()) {
-    transport = detail::mpi_backend().make_transport(opts.config.timeout_s);
+    transport = detail::mpi_backend().make_transport(opts.config.timeout_s,
+                                                     opts.config.timeout_setting.c_str());
     // Processes parse their own command lines: refuse ranks started differently before they
     // pick devices or run mismatched collectives.
     detail::check_process_config(*transport);

@@ -52,6 +52,7 @@ std::unique_ptr<BootstrapTransport> make_tcp_transport(const std::string& host, 
 
 // Over MPI_COMM_WORLD (initialising MPI if needed); gives up after `timeout_s` and then aborts the
 // MPI communicators of the process, like a collective timeout. Defined with the MPI runtime.
-std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s);
+std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s,
+                                                       const char* timeout_setting);
 
 }  // namespace meshrt

@@ -16,7 +16,10 @@ struct MpiBackend {
   // mpi_init() of collectives/mpi_runtime.h: MPI_THREAD_MULTIPLE, finalised at exit.
   void (*init)();
   // The all-gather among the processes of an MPI launch (make_mpi_transport).
-  std::unique_ptr<BootstrapTransport> (*make_transport)(double timeout_s);
+  // timeout_setting: what set timeout_s, named by the timeout error ("MESHRT_COMM_TIMEOUT",
+  // "meshrt_comm_config.init_timeout_s").
+  std::unique_ptr<BootstrapTransport> (*make_transport)(double timeout_s,
+                                                        const char* timeout_setting);
   // Whether *mpi_comm (an MPI_Comm*) is MPI_COMM_WORLD or congruent with it: 0 yes, 1 the
   // comparison failed (not a valid communicator), 2 another group; `why` says why not.
   int (*check_world)(void* mpi_comm, std::string* why);

@@ -326,7 +326,8 @@ namespace {
 // The bootstrap all-gather over MPI_COMM_WORLD: lengths first, then the blobs.
 class MpiTransport final : public BootstrapTransport {
  public:
-  explicit MpiTransport(double timeout_s) : timeout_s_(timeout_s) {
+  MpiTransport(double timeout_s, const char* timeout_setting)
+      : timeout_s_(timeout_s), timeout_setting_(timeout_setting) {
     mpi_init();
     rank_ = mpi_world_rank();
     size_ = mpi_world_size();
@@ -377,7 +378,7 @@ class MpiTransport final : public BootstrapTransport {
       if (dl.passed()) {
         std::string msg = "bootstrap: exchanging '" + key + "' (" + std::to_string(bytes) +
                           " bytes from this rank) between all MPI ranks did not complete within " +
-                          std::to_string(timeout_s_) + " s (MESHRT_COMM_TIMEOUT)";
+                          std::to_string(timeout_s_) + " s (" + timeout_setting_ + ")";
         detail::mpi_process_abort(msg);
         detail::mpi_bury(std::move(keep));
         throw CommError(msg);
@@ -387,13 +388,15 @@ class MpiTransport final : public BootstrapTransport {
   }
 
   double timeout_s_;
+  std::string timeout_setting_;
   int rank_ = 0, size_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s) {
-  return std::make_unique<MpiTransport>(timeout_s);
+std::unique_ptr<BootstrapTransport> make_mpi_transport(double timeout_s,
+                                                       const char* timeout_setting) {
+  return std::make_unique<MpiTransport>(timeout_s, timeout_setting);
 }
 
 }  // namespace meshrt

@@ -235,7 +235,7 @@ TEST_CASE("mpi: (debug) the data check passes every op and names a corrupted ran
 }
 
 TEST_CASE("mpi: the bootstrap transport gathers blobs of any length in rank order", "[mpi]") {
-  auto t = make_mpi_transport(60);
+  auto t = make_mpi_transport(60, "MESHRT_COMM_TIMEOUT");
   const int r = world().rank(), n = world().size();
   CHECK(t->rank() == r);
   CHECK(t->size() == n);

@@ -1,0 +1,106 @@
+"""meshrt's torch.distributed backend under real torchrun (2, 3 and 4 processes): collectives
+against gloo, subgroups and a 2-D DeviceMesh, DDP / FSDP2 / DTensor TP losses against gloo's,
+a SIGKILLed rank, refused dtypes and ops. Run through tests/torch/run.sh (ctest label torch)."""
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (tools/install-deps.sh)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+
+
+def env():
+    e = dict(os.environ)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
+
+
+def torchrun(n, script, *args, timeout=240):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={n}", os.path.join(WORKERS, script), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{out[-6000:]}"
+    return out
+
+
+def segments():
+    return set(glob.glob("/dev/shm/meshrt-*"))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collectives_against_gloo(n):
+    before = segments()
+    out = torchrun(n, "collectives.py", *(["--big"] if n == 2 else []))
+    assert out.count(": OK ") == n, out[-3000:]
+    assert segments() - before == set(), "meshrt left shared-memory segments behind"
+
+
+def test_subgroups_and_device_mesh():
+    out = torchrun(4, "groups.py")
+    assert out.count(": OK") == 4, out[-3000:]
+
+
+def losses(n, backend, mode):
+    out = torchrun(n, "train.py", backend, mode)
+    lines = [ln for ln in out.splitlines() if ln.startswith("LOSSES ")]
+    assert len(lines) == 1, out[-3000:]
+    return json.loads(lines[0][len("LOSSES "):])
+
+
+@pytest.mark.parametrize("n,mode", [(2, "ddp"), (2, "fsdp"), (4, "tp")])
+def test_training_losses_equal_gloo(n, mode):
+    ours, ref = losses(n, "meshrt", mode), losses(n, "gloo", mode)
+    assert len(ours) == len(ref) == 20
+    for step, (a, b) in enumerate(zip(ours, ref)):
+        assert abs(a - b) <= 1e-6 * abs(b), f"{mode} step {step}: meshrt {a} gloo {b}"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigkilled_rank_raises_naming_it():
+    n, timeout = 3, 10
+    port = free_port()
+    before = segments()
+    procs = []
+    for r in range(n):
+        e = env()
+        e.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(WORKERS, "faults.py"),
+                                       "kill", str(timeout)], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[-1].returncode == -9
+    for r in range(n - 1):
+        assert procs[r].returncode == 0, outs[r][-3000:]
+        line = [ln for ln in outs[r].splitlines() if ln.startswith("RAISED ")]
+        assert line, outs[r][-3000:]
+        seconds = float(line[0].split()[1])
+        assert seconds <= timeout + 5, line[0]
+        assert f"rank {r}" in line[0] and "all_reduce" in line[0], line[0]
+    assert segments() - before == set(), "meshrt left shared-memory segments behind"
+
+
+def test_refused_dtypes_and_ops_say_so():
+    out = torchrun(2, "faults.py", "refused")
+    refused = [ln[ln.index("REFUSED "):] for ln in out.splitlines() if "REFUSED " in ln]
+    assert "ACCEPTED" not in out
+    assert len(refused) == 10, out[-3000:]
+    text = "\n".join(refused)
+    assert "meshrt: rank 0: all_reduce: all_reduce SUM of float64 is not supported" in text
+    assert "all_reduce SUM of complex64 is not supported" in text
+    assert "all_reduce BAND of float32 is not supported (bitwise ops take integer tensors)" in text
+    assert "reduce_scatter_tensor SUM of int8 is not supported" in text
+    assert "receiving from any source is not supported" in text

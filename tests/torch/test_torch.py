@@ -100,7 +100,7 @@ def test_refused_dtypes_and_ops_say_so():
     assert len(refused) == 10, out[-3000:]
     text = "\n".join(refused)
     assert "meshrt: rank 0: all_reduce: all_reduce SUM of float64 is not supported" in text
-    assert "all_reduce SUM of complex64 is not supported" in text
+    assert "all_reduce SUM of int16 is not supported" in text
     assert "all_reduce BAND of float32 is not supported (bitwise ops take integer tensors)" in text
     assert "reduce_scatter_tensor SUM of int8 is not supported" in text
     assert "receiving from any source is not supported" in text

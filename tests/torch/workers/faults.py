@@ -42,7 +42,7 @@ def refused():
     dist.init_process_group("meshrt")
     cases = [
         lambda: dist.all_reduce(torch.ones(3, dtype=torch.float64)),
-        lambda: dist.all_reduce(torch.ones(3, dtype=torch.complex64)),
+        lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)),
         lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND),
         lambda: dist.reduce_scatter_tensor(torch.zeros(1, dtype=torch.int8),
                                            torch.zeros(dist.get_world_size(), dtype=torch.int8)),

@@ -2,6 +2,7 @@
 capsules (``obj.__dlpack__()``): meshrt takes each capsule's tensor and uses its memory in place.
 """
 import ctypes as C
+import glob
 import os
 
 API_VERSION = 1
@@ -19,11 +20,18 @@ class _CommConfig(C.Structure):
 
 
 def library_path():
-    """libmeshrt.so of this package (next to this file), or MESHRT_LIBRARY when set."""
+    """libmeshrt.so of this package (next to this file; the wheel holds it under its SONAME,
+    libmeshrt.so.<major>.<minor>), or MESHRT_LIBRARY when set."""
     env = os.environ.get("MESHRT_LIBRARY")
     if env:
         return env
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmeshrt.so")
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = ["libmeshrt.so"] + sorted(glob.glob(os.path.join(here, "libmeshrt.so.*")), key=len)
+    for name in names:
+        path = os.path.join(here, name)
+        if os.path.exists(path):
+            return path
+    return os.path.join(here, "libmeshrt.so")
 
 
 _lib = None

@@ -11,6 +11,12 @@ tests/torch model on each backend.
 
     PYTHONPATH=build/python /opt/meshrt-deps/torch-venv/bin/python bench/peers/torch_backend.py
 
+DeepSpeed from PyPI, beside torch (its op compiles on first use; it needs the `wheel` package):
+    pip install --no-build-isolation --no-deps --target /tmp/ds-py deepspeed hjson ninja psutil \
+      py-cpuinfo pydantic pydantic-core annotated-types typing-inspection msgpack einops tqdm \
+      nvidia-ml-py
+    PATH=/tmp/ds-py/bin:$PATH PYTHONPATH=build/python:/tmp/ds-py python bench/peers/torch_backend.py
+
 starts itself under torchrun (2 processes; --nproc N for another count) unless it already runs
 under it. --json FILE also writes the table as JSON. docs/torch.md shows a run.
 """
@@ -47,7 +53,10 @@ def deepspeed_allreduce():
         op = ShareMemCommBuilder().load()
         import torch.distributed as dist
         op.initialize(dist.get_world_size(), dist.get_rank())
-        return (lambda t: op.inference_all_reduce(t)), ""
+        import torch
+        if hasattr(op, "inference_all_reduce"):  # older DeepSpeed: a pybind11 function
+            return (lambda t: op.inference_all_reduce(t)), ""
+        return (lambda t: torch.ops.deepspeed.inference_all_reduce_(t)), ""  # a torch op
     except Exception as e:  # noqa: BLE001
         return None, f"DeepSpeed's shm op did not build or start ({type(e).__name__}: {e})"
 
@@ -62,7 +71,7 @@ def time_call(fn, reps, dist, group):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    t = torch.tensor([statistics.median(times)], dtype=torch.float32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.item()
 

@@ -12,6 +12,16 @@ import torch.distributed as dist
 
 import meshrt.torch  # noqa: F401  registers "meshrt"
 
+
+def report(line):
+    """Prints line and appends it to <MESHRT_TORCH_TEST_OUT>/rank<r>.txt (the tests read those
+    files: the ranks' output through torchrun may interleave)."""
+    print(line, flush=True)
+    out = os.environ.get("MESHRT_TORCH_TEST_OUT")
+    if out:
+        with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
+            f.write(line + "\n")
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
 SIZES = [0, 1, 7, 1000]
 checks = 0
@@ -239,7 +249,7 @@ def main():
     if "--big" in sys.argv:
         check_big(rank, world, gloo)
     dist.destroy_process_group()
-    print(f"rank {rank}: OK {checks} checks", flush=True)
+    report(f"rank {rank}: OK {checks} checks")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,16 @@ import torch.distributed as dist
 import meshrt.torch  # noqa: F401
 
 
+def report(line):
+    """Prints line and appends it to <MESHRT_TORCH_TEST_OUT>/rank<r>.txt (the tests read those
+    files: the ranks' output through torchrun may interleave)."""
+    print(line, flush=True)
+    out = os.environ.get("MESHRT_TORCH_TEST_OUT")
+    if out:
+        with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
+            f.write(line + "\n")
+
+
 def kill(timeout):
     dist.init_process_group("meshrt", timeout=datetime.timedelta(seconds=timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -51,9 +61,9 @@ def refused():
     for case in cases:
         try:
             case()
-            print("ACCEPTED", flush=True)
+            report("ACCEPTED")
         except Exception as e:  # noqa: BLE001
-            print("REFUSED " + str(e).strip().splitlines()[0], flush=True)
+            report("REFUSED " + str(e).strip().splitlines()[0])
     dist.barrier()  # the group still works after refusals
     dist.destroy_process_group()
 

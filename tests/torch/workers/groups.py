@@ -1,11 +1,23 @@
 """Subgroups and a 2-D DeviceMesh on the "meshrt" backend (under torchrun, 4 processes):
 new_group, new_subgroups and init_device_mesh("cpu", (2, 2)); each group's all-reduce and
 all-gather against the values it must give. Prints "OK" on success."""
+import os
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import meshrt.torch  # noqa: F401
+
+
+def report(line):
+    """Prints line and appends it to <MESHRT_TORCH_TEST_OUT>/rank<r>.txt (the tests read those
+    files: the ranks' output through torchrun may interleave)."""
+    print(line, flush=True)
+    out = os.environ.get("MESHRT_TORCH_TEST_OUT")
+    if out:
+        with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
+            f.write(line + "\n")
 
 
 def expect(got, want, what):
@@ -40,7 +52,7 @@ def main():
         k = dist.get_rank(g)
         expect(w[:1], torch.tensor([float(k + 1) * sum(r + 1 for r in peers)]), f"mesh {dim} rs")
     dist.destroy_process_group()
-    print(f"rank {rank}: OK", flush=True)
+    report(f"rank {rank}: OK")
 
 
 if __name__ == "__main__":

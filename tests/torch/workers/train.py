@@ -7,6 +7,7 @@
 Usage: torchrun --nproc_per_node N train.py <backend> <mode> [--steps S]
 """
 import json
+import os
 import sys
 
 import torch
@@ -15,6 +16,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import meshrt.torch  # noqa: F401
+
+
+def report(line):
+    """Prints line and appends it to <MESHRT_TORCH_TEST_OUT>/rank<r>.txt (the tests read those
+    files: the ranks' output through torchrun may interleave)."""
+    print(line, flush=True)
+    out = os.environ.get("MESHRT_TORCH_TEST_OUT")
+    if out:
+        with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
+            f.write(line + "\n")
 
 V, D, H, T, B = 64, 32, 4, 8, 2
 
@@ -119,7 +130,7 @@ def main():
         dist.all_reduce(t)  # the mean loss over ranks
         losses.append(t.item() / world)
     if rank == 0:
-        print("LOSSES " + json.dumps(losses), flush=True)
+        report("LOSSES " + json.dumps(losses))
     dist.destroy_process_group()
 
 

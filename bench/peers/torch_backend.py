@@ -52,6 +52,9 @@ def deepspeed_allreduce():
     try:
         op = ShareMemCommBuilder().load()
         import torch.distributed as dist
+        # The op takes its shm path only when every rank is local: LOCAL_SIZE says so (DeepSpeed's
+        # launcher sets it; torchrun sets LOCAL_WORLD_SIZE).
+        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
         op.initialize(dist.get_world_size(), dist.get_rank())
         import torch
         if hasattr(op, "inference_all_reduce"):  # older DeepSpeed: a pybind11 function

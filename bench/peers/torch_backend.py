@@ -5,8 +5,8 @@
 where deepspeed is missing or its op does not build). All-reduce, all-gather, reduce-scatter and
 all-to-all from 8 B to 64 MiB (float32; the size is the largest buffer of the call: the
 all-reduce tensor, the all-gather output, the reduce-scatter input, the all-to-all tensor).
-Each cell is the median over repeats of the slower rank's time per call; the backends alternate
-per size, so they see the same load. Last, one DDP step (forward, backward, SGD) of the
+Each cell is the median over rounds of the slower rank's time per call; within a round every
+backend runs a batch of calls in turn, so they see the same load. Last, one DDP step (forward, backward, SGD) of the
 tests/torch model on each backend.
 
     PYTHONPATH=build/python /opt/meshrt-deps/torch-venv/bin/python bench/peers/torch_backend.py
@@ -40,7 +40,7 @@ def human(n):
 
 
 def reps_for(nbytes):
-    return max(5, min(300, (64 << 20) // max(nbytes, 1) // 8))
+    return max(9, min(450, (64 << 20) // max(nbytes, 1) // 8))
 
 
 def deepspeed_allreduce():
@@ -64,19 +64,28 @@ def deepspeed_allreduce():
         return None, f"DeepSpeed's shm op did not build or start ({type(e).__name__}: {e})"
 
 
-def time_call(fn, reps, dist, group):
+def time_calls(calls, reps, dist, group, rounds=9):
+    """{name: seconds per call}: rounds of `reps / rounds` calls of each backend in turn (the order
+    reversed every other round), so a burst of load from other processes hits every backend; the
+    median over rounds, then the slower rank's."""
     import torch
-    for _ in range(2):
+    for fn in calls.values():
         fn()
-    dist.barrier(group=group)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(times)], dtype=torch.float32)
+    batch = max(1, reps // rounds)
+    times = {name: [] for name in calls}
+    for r in range(rounds):
+        order = list(calls.items())
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                fn()
+            times[name].append((time.perf_counter() - t0) / batch)
+    names = list(calls)
+    t = torch.tensor([statistics.median(times[n]) for n in names], dtype=torch.float32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
+    return dict(zip(names, t.tolist()))
 
 
 def make_call(op, nbytes, world, group, dist, torch):
@@ -101,22 +110,26 @@ def make_call(op, nbytes, world, group, dist, torch):
     return lambda: dist.all_to_all_single(out, x, group=group)
 
 
-def ddp_step_times(backend_group, dist, torch, steps=20):
+def ddp_step_times(groups, dist, torch):
+    """Seconds per DDP step (forward, backward, SGD) of the tests' model on each group."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                     "tests", "torch", "workers"))
     import train  # the tests' model
     import torch.nn.functional as F
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(train.Model(), process_group=backend_group)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = train.batch(0, dist.get_rank())
+    steps = {}
+    for name, g in groups.items():
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(train.Model(), process_group=g)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    def step():
-        loss = F.cross_entropy(model(x).reshape(-1, train.V), y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return time_call(step, steps, dist, backend_group)
+        def step(model=model, opt=opt):
+            loss = F.cross_entropy(model(x).reshape(-1, train.V), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        steps[name] = step
+    return time_calls(steps, 90, dist, dist.group.WORLD)
 
 
 def worker(args):
@@ -131,21 +144,18 @@ def worker(args):
     for op in OPS:
         for nbytes in SIZES:
             row = {"op": op, "bytes": nbytes}
+            calls = {}
             for name, g in groups.items():
                 call = make_call(op, nbytes, world, g, dist, torch)
-                if call is None:
-                    continue
-                try:
-                    row[name] = time_call(call, reps_for(nbytes), dist, groups["meshrt"])
-                except RuntimeError as e:
-                    row[name] = None
-                    row[name + "_error"] = str(e).splitlines()[0]
+                if call is not None:
+                    calls[name] = call
             if op == "all_reduce" and ds is not None:
                 x = torch.ones(max(nbytes // 4, 1))
-                row["deepspeed"] = time_call(lambda: ds(x), reps_for(nbytes), dist,
-                                             groups["meshrt"])
+                calls["deepspeed"] = lambda x=x: ds(x)
+            if calls:
+                row.update(time_calls(calls, reps_for(nbytes), dist, groups["meshrt"]))
             rows.append(row)
-    ddp = {name: ddp_step_times(g, dist, torch) for name, g in groups.items()}
+    ddp = ddp_step_times(groups, dist, torch)
     if dist.get_rank() == 0:
         report(rows, ddp, why, world, args)
     dist.destroy_process_group()

@@ -23,7 +23,7 @@ def env():
     return e
 
 
-def torchrun(n, script, *args, timeout=240):
+def torchrun(n, script, *args, timeout=240, extra_env=None):
     """Runs script on n processes under torchrun; returns the lines the ranks report (their
     rank<r>.txt files, rank by rank: never their interleaved output)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -31,6 +31,7 @@ def torchrun(n, script, *args, timeout=240):
                f"--nproc_per_node={n}", os.path.join(WORKERS, script), *args]
         e = env()
         e["MESHRT_TORCH_TEST_OUT"] = tmp
+        e.update(extra_env or {})
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
         out = p.stdout + p.stderr
         assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{out[-6000:]}"
@@ -56,8 +57,16 @@ def test_collectives_against_gloo(n):
 
 
 def test_subgroups_and_device_mesh():
-    lines = torchrun(4, "groups.py")
-    assert lines == [f"rank {r}: OK" for r in range(4)]
+    # MESHRT_FLIGHT=0: without the flight recorder's process-wide signal thread (docs/faults.md),
+    # destroy_process_group leaves the thread count where it was before init_process_group.
+    lines = torchrun(4, "groups.py", extra_env={"MESHRT_FLIGHT": "0"})
+    oks = [ln for ln in lines if ln.endswith(": OK")]
+    assert oks == [f"rank {r}: OK" for r in range(4)], lines
+    assert sum(": threads " in ln for ln in lines) == 4, lines
+    for ln in lines:
+        if ": threads " in ln:
+            before, after = ln.split(": threads ")[1].split(" -> ")
+            assert before == after, ln
 
 
 def losses(n, backend, mode):
@@ -101,6 +110,7 @@ def test_sigkilled_rank_raises_naming_it():
         seconds = float(line[0].split()[1])
         assert seconds <= timeout + 5, line[0]
         assert f"rank {r}" in line[0] and "all_reduce" in line[0], line[0]
+        assert f"rank {n - 1} (pid {procs[-1].pid}) is gone" in line[0], line[0]
     assert segments() - before == set(), "meshrt left shared-memory segments behind"
 
 

@@ -1,6 +1,7 @@
 """Subgroups and a 2-D DeviceMesh on the "meshrt" backend (under torchrun, 4 processes):
 new_group, new_subgroups and init_device_mesh("cpu", (2, 2)); each group's all-reduce and
-all-gather against the values it must give. Prints "OK" on success."""
+all-gather against the values it must give. Prints "OK" on success, then the process's thread
+count before init_process_group and after destroy_process_group."""
 import os
 
 import torch
@@ -25,7 +26,12 @@ def expect(got, want, what):
         raise AssertionError(f"rank {dist.get_rank()}: {what}: {got.tolist()} != {want.tolist()}")
 
 
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+
 def main():
+    before = threads()
     dist.init_process_group("meshrt")
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 4, "groups.py runs on 4 processes"
@@ -53,6 +59,7 @@ def main():
         expect(w[:1], torch.tensor([float(k + 1) * sum(r + 1 for r in peers)]), f"mesh {dim} rs")
     dist.destroy_process_group()
     report(f"rank {rank}: OK")
+    report(f"rank {rank}: threads {before} -> {threads()}")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <utility>
@@ -152,31 +150,6 @@ int free_port() {
 
 [[noreturn]] void throw_dist(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
 
-// Small collectives finish within microseconds: polling the event for a short while, yielding
-// the core to meshrt's stream thread, spares the waiting thread a sleep and a wake-up (tens of
-// microseconds each on a loaded machine) before it blocks in meshrt_event_synchronize.
-// MESHRT_TORCH_POLL_US sets the while (default 50; 0: block at once).
-void poll_briefly(meshrt_event_t ev) {
-  static const long budget_us = [] {
-    const char* v = std::getenv("MESHRT_TORCH_POLL_US");
-    if (v == nullptr || *v == '\0') return 50L;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end != '\0' || n < 0 || n > 1000000) {
-      throw_dist(std::string("MESHRT_TORCH_POLL_US='") + v +
-                 "' is not a number of microseconds in 0..1000000");
-    }
-    return n;
-  }();
-  if (budget_us == 0) return;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(budget_us);
-  int ready = 0;
-  while (meshrt_event_query(ev, &ready) == MESHRT_SUCCESS && !ready &&
-         std::chrono::steady_clock::now() < end) {
-    sched_yield();
-  }
-}
-
 }  // namespace
 
 // ---- Completer --------------------------------------------------------------------------------
@@ -184,14 +157,18 @@ void poll_briefly(meshrt_event_t ev) {
 Completer::~Completer() { stop(); }
 
 void Completer::push(c10::intrusive_ptr<MeshrtWork> work) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) {
-    work->finalize(true);
-    return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      queue_.push_back(std::move(work));
+      cv_.notify_one();
+      return;
+    }
   }
-  if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-  queue_.push_back(std::move(work));
-  cv_.notify_one();
+  // Stopped (the backend is being destroyed): complete it here, outside the lock (the future's
+  // callbacks may ask for other futures).
+  work->finalize(true);
 }
 
 void Completer::loop() {
@@ -242,8 +219,6 @@ bool MeshrtWork::finalize(bool block) {
     if (!block) {
       int ready = 0;
       if (meshrt_event_query(ev, &ready) == MESHRT_SUCCESS && !ready) return false;
-    } else {
-      poll_briefly(ev);
     }
     const meshrt_status_t s = meshrt_event_synchronize(ev);
     if (s != MESHRT_SUCCESS && !error_) {

@@ -15,7 +15,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-import meshrt.torch  # noqa: F401
 
 
 def report(line):
@@ -92,6 +91,8 @@ def tp_model(model, mesh):
 
 def main():
     backend, mode = sys.argv[1], sys.argv[2]
+    if backend == "meshrt":
+        import meshrt.torch  # noqa: F401  (gloo's reference runs do not load meshrt)
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 20
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -132,6 +133,12 @@ def main():
     if rank == 0:
         report("LOSSES " + json.dumps(losses))
     dist.destroy_process_group()
+    if backend != "meshrt":
+        # gloo's reference runs (meshrt not loaded) sometimes abort at interpreter exit on the
+        # loaded test machine ("terminate called without an active exception", 2 of ~30 FSDP2 /
+        # TP runs) after their losses were reported: skip the teardown there.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -124,3 +124,14 @@ def test_refused_dtypes_and_ops_say_so():
     assert "all_reduce BAND of float32 is not supported (bitwise ops take integer tensors)" in text
     assert "reduce_scatter_tensor SUM of int8 is not supported" in text
     assert "receiving from any source is not supported" in text
+
+
+def test_timeout_raises_on_wait_naming_the_missing_rank():
+    # init_process_group(timeout=4 s): rank 2 sleeps instead of joining an async all-reduce.
+    lines = torchrun(3, "faults.py", "stall", "4")
+    raised = [ln for ln in lines if ln.startswith("RAISED ")]
+    assert len(raised) == 2 and "SLEPT" in lines, lines
+    for r, line in enumerate(raised):
+        assert 3.5 <= float(line.split()[1]) <= 12, line
+        assert f"meshrt: rank {r}: all_reduce failed (timeout)" in line, line
+        assert "did not complete within 4 s" in line and "likely culprit: rank 2" in line, line

@@ -2,6 +2,8 @@
   kill     every rank all-reduces once, then the last rank SIGKILLs itself and the others
            all-reduce again: they must raise within the process group's timeout, naming a rank;
            each survivor prints "RAISED <seconds> <message>".
+  stall    the last rank sleeps past the timeout instead of joining an async all-reduce: the
+           others' Work.wait() must raise within the timeout; each prints "RAISED <s> <message>".
   refused  a refused dtype / op raises one clear line; prints "REFUSED <message>" per case.
 Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun or tests/torch/test_torch.py).
 Usage: faults.py <mode> [timeout seconds]
@@ -48,6 +50,26 @@ def kill(timeout):
     os._exit(1)
 
 
+def stall(timeout):
+    dist.init_process_group("meshrt", timeout=datetime.timedelta(seconds=timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(10)
+    dist.all_reduce(x)
+    if rank == world - 1:
+        time.sleep(timeout + 8)
+        report("SLEPT")
+        os._exit(0)
+    t0 = time.monotonic()
+    work = dist.all_reduce(x, async_op=True)
+    try:
+        work.wait()
+        report("NOT RAISED")
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).strip().splitlines()[0]
+        report(f"RAISED {time.monotonic() - t0:.1f} {type(e).__name__}: {msg}")
+    os._exit(0)
+
+
 def refused():
     dist.init_process_group("meshrt")
     cases = [
@@ -71,5 +93,7 @@ def refused():
 if __name__ == "__main__":
     if sys.argv[1] == "kill":
         kill(float(sys.argv[2]) if len(sys.argv) > 2 else 10.0)
+    elif sys.argv[1] == "stall":
+        stall(float(sys.argv[2]) if len(sys.argv) > 2 else 4.0)
     else:
         refused()

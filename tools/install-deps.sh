@@ -40,6 +40,49 @@ onednn3() {
   rm -rf "$tmp/lib/python3"* "$dest"
   mv "$tmp" "$dest"
 }
+# torch for meshrt's torch.distributed backend (bindings/torch, tests/torch): root only, once per
+# machine, into the venv /opt/meshrt-deps/torch-venv (beside oneDNN; CMake's bindings/torch finds
+# it there). MESHRT_TORCH_SPEC picks the version (default torch==2.15.0, from PyPI). PyPI's Linux
+# torch depends on ~4 GB of CUDA wheels that CPU collectives never use: first torch alone
+# (--no-deps) with its pure-Python dependencies and the few CUDA libraries its core links that the
+# system lacks (pinned by torch's own metadata); if that torch does not import, the full install.
+torch_venv() {
+  local venv=/opt/meshrt-deps/torch-venv spec="${MESHRT_TORCH_SPEC:-torch==2.15.0}" pins
+  # The stamp: written once torch imported (importing torch takes seconds on every make test).
+  [ -f "$venv/.meshrt-torch-ok" ] && return 0
+  [ "$(id -u)" -eq 0 ] || return 1
+  mkdir -p /opt/meshrt-deps
+  exec 9>/opt/meshrt-deps/.torch-venv.lock  # one install at a time per machine
+  flock 9
+  [ -f "$venv/.meshrt-torch-ok" ] && return 0
+  echo "install-deps: pip installing $spec into $venv (once per machine)"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || return 1
+  local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  "${pip[@]}" pytest numpy "scikit-build-core>=0.10" filelock typing-extensions sympy networkx \
+    jinja2 fsspec setuptools || return 1
+  "${pip[@]}" --no-deps "$spec" || return 1
+  pins=$("$venv/bin/python" - <<'PY'
+import importlib.metadata as m, re
+out = []
+for r in m.requires("torch") or []:
+    name = re.split(r"[ ;=<>~\[]", r, 1)[0]
+    if name in ("nvidia-cusparselt-cu13", "nvidia-nvshmem-cu13", "nvidia-nccl-cu13",
+                "nvidia-cusparselt-cu12", "nvidia-nvshmem-cu12", "nvidia-nccl-cu12",
+                "nvidia-cufile-cu12"):
+        out.append(r.split(";")[0].strip())
+    if name == "cuda-toolkit" and "cufile" in r:
+        out.append("nvidia-cufile")
+print(" ".join(out))
+PY
+)
+  # shellcheck disable=SC2086  # $pins: whole requirement words
+  [ -z "$pins" ] || "${pip[@]}" --no-deps $pins || true
+  if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    echo "install-deps: torch without its CUDA wheels does not import here; installing $spec with them"
+    "${pip[@]}" "$spec" && "$venv/bin/python" -c "import torch" || return 1
+  fi
+  echo "$spec" >"$venv/.meshrt-torch-ok"
+}
 if [ "${1:-}" = "--python-venv" ]; then
   python_venv
   exit $?
@@ -65,6 +108,7 @@ for p in "${optional[@]}"; do
   fi
 done
 python_venv || echo "install-deps: warning: no .venv-ci with safetensors and lizard (pip offline?); the checkpoint python test and lint.function_length will skip"
+torch_venv || echo "install-deps: warning: no torch in /opt/meshrt-deps/torch-venv (not root, or pip offline); the torch tests (ctest -L torch) will skip"
 onednn3 || echo "install-deps: warning: no oneDNN 3.2 in /opt/meshrt-deps (not root, or pip offline); the build uses Debian's oneDNN 2.6 (no f16 matmul)"
 [ ${#missing[@]} -eq 0 ] && [ ${#optional_missing[@]} -eq 0 ] && exit 0
 SUDO=""

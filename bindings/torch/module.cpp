@@ -1,0 +1,25 @@
+// Python module meshrt._torch_backend: creates the "meshrt" c10d backend (meshrt/torch.py
+// registers it with torch.distributed).
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include "backend.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_torch_backend, m) {
+  m.doc() = "meshrt's torch.distributed backend (import meshrt.torch to register it)";
+  py::module::import("torch.distributed");  // c10d's Backend and Store types
+  py::class_<meshrt_torch::MeshrtBackend, c10d::Backend,
+             c10::intrusive_ptr<meshrt_torch::MeshrtBackend>>(m, "MeshrtBackend")
+      .def_property_readonly("comm_handle", [](const meshrt_torch::MeshrtBackend& b) {
+        return reinterpret_cast<uintptr_t>(b.comm());
+      });
+  m.def(
+      "create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+        return meshrt_torch::MeshrtBackend::create(store, rank, size, timeout_s);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
+      py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,36 @@
+"""``import meshrt.torch`` registers meshrt as the torch.distributed backend "meshrt":
+
+    import meshrt.torch
+    torch.distributed.init_process_group("meshrt")   # torchrun, or init_method=..., as with gloo
+
+The backend bootstraps over torch's store (no other port or variable): CPU ranks of one node
+share memory (meshrt's shm backend). See docs/torch.md for what is supported and refused.
+"""
+import torch
+import torch.distributed as dist
+
+try:
+    from . import _torch_backend as _ext
+except ImportError as e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        f"meshrt.torch: the torch backend extension is missing or was built for another torch "
+        f"({e}); reinstall meshrt with this torch ({torch.__version__}) importable: "
+        f"pip install --no-build-isolation .") from e
+
+BACKEND = "meshrt"
+
+
+def _create_backend(store, rank, size, timeout):
+    return _ext.create_backend(store, rank, size, timeout.total_seconds())
+
+
+def _register():
+    if BACKEND in dist.Backend.backend_list:
+        return
+    # CUDA tensors only exist where a GPU does; there, meshrt is registered for cuda too and
+    # refuses CUDA tensors with one clear line (this build moves CPU tensors only).
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    dist.Backend.register_backend(BACKEND, _create_backend, devices=devices)
+
+
+_register()

@@ -13,6 +13,16 @@ JOBS ?= $(shell nproc)
 # with JOBS slots they left the cores idle (the suite: 445-469 s at -j2 on 2 cores, 244 s at -j6).
 TEST_JOBS ?= $(shell echo $$(( $(JOBS) + 2 )))
 CMAKE_ARGS ?=
+# CCACHE: every build compiles through ccache when it is installed (tools/install-deps.sh installs
+# it), so a second clone, the sanitizer stages of a later CI run and a worktree reuse the objects
+# of earlier builds on this machine. Paths are hashed relative to the clone (CCACHE_BASEDIR) and
+# the build folder is not hashed (CCACHE_NOHASHDIR), so a clone elsewhere hits the same entries.
+# CCACHE= (empty) builds without it.
+CCACHE ?= $(shell command -v ccache 2>/dev/null)
+LAUNCHER = $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) \
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE))
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 CTEST_ARGS ?=
 SAN_BUILD ?= build-san
 TSAN_BUILD ?= build-tsan
@@ -87,7 +97,7 @@ configure: deps
 	@cmake -S . -B $(BUILD) $(call gen,$(BUILD)) -DMESHRT_CUDA=$(CUDA) -DMESHRT_WERROR=ON \
 	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 $(TEST_G) -DNDEBUG" \
 	  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 $(TEST_G) -DNDEBUG" \
-	  "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -Xcompiler=$(TEST_G) -DNDEBUG" $(CMAKE_ARGS) >/dev/null
+	  "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -Xcompiler=$(TEST_G) -DNDEBUG" $(LAUNCHER) $(CMAKE_ARGS) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
@@ -98,7 +108,7 @@ test: build
 
 bench: deps
 	@cmake -S . -B $(BENCH_BUILD) $(call gen,$(BENCH_BUILD)) -DCMAKE_BUILD_TYPE=Release -DMESHRT_CUDA=$(CUDA) \
-	  -DMESHRT_BUILD_TESTS=OFF $(CMAKE_ARGS) >/dev/null
+	  -DMESHRT_BUILD_TESTS=OFF $(LAUNCHER) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BENCH_BUILD) -j $(JOBS)
 	@tools/bench-default.sh $(BENCH_BUILD)
 
@@ -106,7 +116,7 @@ san-build: deps
 	@cmake -S . -B $(SAN_BUILD) $(call gen,$(SAN_BUILD)) -DCMAKE_C_COMPILER=$(CLANG) -DCMAKE_CXX_COMPILER=$(CLANGXX) \
 	  $(SAN_CMAKE) "-DCMAKE_CXX_FLAGS_DEBUG=-O1 $(SAN_G)" "-DCMAKE_C_FLAGS_DEBUG=-O1 $(SAN_G)" \
 	  -DMESHRT_SANITIZE=address,undefined -DMESHRT_FUZZ=ON "-DMESHRT_HOST_ISA_VARIANTS=$(SAN_ISA)" \
-	  $(CMAKE_ARGS) >/dev/null
+	  $(LAUNCHER) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(SAN_BUILD) -j $(JOBS) --target $(SAN_TARGETS) fuzz
 
 # ASan + UBSan: the unit and multirank suites (fuzz.<name>.corpus replays every corpus input).
@@ -137,7 +147,7 @@ fuzz: san-build
 tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) $(call gen,$(TSAN_BUILD)) $(SAN_CMAKE) "-DCMAKE_CXX_FLAGS_DEBUG=-O1 $(TSAN_G)" \
 	  "-DCMAKE_C_FLAGS_DEBUG=-O1 $(TSAN_G)" -DMESHRT_SANITIZE=thread \
-	  -DMESHRT_HOST_ISA_VARIANTS=$(TSAN_ISA) -DMESHRT_DNNL_ROOT= $(CMAKE_ARGS) >/dev/null
+	  -DMESHRT_HOST_ISA_VARIANTS=$(TSAN_ISA) -DMESHRT_DNNL_ROOT= $(LAUNCHER) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
 	@cd $(TSAN_BUILD) && MESHRT_HOST_BF16_GEMM=f32 MESHRT_HOST_F16_GEMM=f32 MESHRT_HOST_F32_GEMM=openblas \
 	  ctest --output-on-failure --timeout 600 -j $(JOBS) -L multirank -E '$(TSAN_EXCLUDE)' \

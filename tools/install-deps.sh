@@ -90,6 +90,7 @@ fi
 pkgs=(build-essential cmake catch2 libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
       libopenblas-dev libopenmpi-dev openmpi-bin libdlpack-dev gnuplot-nox libdnnl-dev
       ninja-build  # the Makefile's generator when present
+      ccache  # the Makefile compiles through it when present (a clone reuses earlier objects)
       clang libclang-rt-14-dev)  # clang + compiler-rt: the sanitizer / libFuzzer build (make fuzz)
 missing=()
 for p in "${pkgs[@]}"; do

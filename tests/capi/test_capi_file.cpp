@@ -12,8 +12,10 @@
 #include <filesystem>
 
 #include "capi_test_util.h"
+#include "tests/common/net.h"
 
 using namespace capi_test;
+using meshrt::test::unused_port;
 
 namespace {
 
@@ -103,25 +105,6 @@ TEST_CASE("capi: file rendezvous of 2 CPU processes runs collectives on the shm 
     std::filesystem::remove_all(dir);
   }
 }
-
-namespace {
-
-// A port nothing listens on now (the kernel's pick for port 0).
-int unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
-}  // namespace
 
 TEST_CASE("capi: TCP rendezvous of 2 CPU processes on 127.0.0.1 runs collectives on shm",
           "[capi][file]") {

@@ -28,6 +28,7 @@
 #include "runtime/stream.h"
 #include "runtime/thread.h"
 #include "tests/common/env.h"
+#include "tests/common/net.h"
 
 using namespace meshrt;
 using namespace meshrt::test;
@@ -317,23 +318,6 @@ TEST_CASE("file rendezvous: every rank gets every blob, stale files and missing 
                     Catch::Contains("' is not a directory"));
   fs::remove_all(d);
 }
-
-namespace {
-
-// A loopback port nothing listens on now (the kernel's pick for port 0).
-int unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  close(fd);
-  return ok ? ntohs(a.sin_port) : -1;
-}
-
-}  // namespace
 
 TEST_CASE("tcp rendezvous: a stop request (SIGINT / SIGTERM) ends the accept and connect waits",
           "[multirank]") {

@@ -4,7 +4,6 @@ tensors, then 64 MiB once. Inputs are small integers, so sums and products are e
 dtype; averages are compared within rounding. Prints "OK <n> checks" on success.
 Usage: torchrun --nproc_per_node N collectives.py [--big]
 """
-import os
 import sys
 
 import torch
@@ -12,15 +11,8 @@ import torch.distributed as dist
 
 import meshrt.torch  # noqa: F401  registers "meshrt"
 
+from worker_report import report
 
-def report(line):
-    """Prints line and appends it to <MESHRT_TORCH_TEST_OUT>/rank<r>.txt (the tests read those
-    files: the ranks' output through torchrun may interleave)."""
-    print(line, flush=True)
-    out = os.environ.get("MESHRT_TORCH_TEST_OUT")
-    if out:
-        with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
-            f.write(line + "\n")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
 SIZES = [0, 1, 7, 1000]

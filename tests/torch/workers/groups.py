@@ -10,15 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import meshrt.torch  # noqa: F401
 
-
-def report(line):
-    """Prints line and appends it to <MESHRT_TORCH_TEST_OUT>/rank<r>.txt (the tests read those
-    files: the ranks' output through torchrun may interleave)."""
-    print(line, flush=True)
-    out = os.environ.get("MESHRT_TORCH_TEST_OUT")
-    if out:
-        with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
-            f.write(line + "\n")
+from worker_report import report
 
 
 def expect(got, want, what):

@@ -15,16 +15,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from worker_report import report
 
-
-def report(line):
-    """Prints line and appends it to <MESHRT_TORCH_TEST_OUT>/rank<r>.txt (the tests read those
-    files: the ranks' output through torchrun may interleave)."""
-    print(line, flush=True)
-    out = os.environ.get("MESHRT_TORCH_TEST_OUT")
-    if out:
-        with open(os.path.join(out, f"rank{os.environ.get('RANK', '0')}.txt"), "a") as f:
-            f.write(line + "\n")
 
 V, D, H, T, B = 64, 32, 4, 8, 2
 

@@ -235,7 +235,11 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir, pid_t
   static int runs = 0;
   const std::string run = "t" + std::to_string(getpid()) + "-" + std::to_string(runs++);
   Ranks rs;
-  const std::string ns = "/proc/" + std::to_string(ns_holder) + "/ns/mnt";
+  // Into the namespace through nsenter (util-linux), which execs this binary there: setns() of
+  // a mount namespace fails (EINVAL) in a process with other threads, as a forked child of a
+  // ThreadSanitizer process has (its runtime's thread).
+  const std::string ns_flag = "--mount=/proc/" + std::to_string(ns_holder) + "/ns/mnt";
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
   for (int r = 0; r < world; ++r) {
     const fs::path log = dir / (run + "-rank" + std::to_string(r) + ".txt");
     const pid_t pid = fork();
@@ -243,17 +247,17 @@ Ranks spawn_ranks(const std::string& mode, int world, const fs::path& dir, pid_t
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       dup2(fd, 1);
       dup2(fd, 2);
-      if (ns_holder > 0) {
-        const int nfd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-        if (nfd < 0 || setns(nfd, CLONE_NEWNS) != 0) {
-          std::printf("SHM FAIL: cannot enter %s: %s\n", ns.c_str(), std::strerror(errno));
-          _exit(126);
-        }
-      }
       const std::string rk = std::to_string(r), ws = std::to_string(world), d = dir.string();
       // Flight records of the ranks a fault aborts go to the test's scratch folder (removed
       // with it), not to a per-job folder under /tmp.
       setenv("MESHRT_FLIGHT_DIR", d.c_str(), 1);
+      if (ns_holder > 0) {
+        execlp("nsenter", "nsenter", ns_flag.c_str(), "--", self.c_str(), "--shm-rank",
+               mode.c_str(), d.c_str(), rk.c_str(), ws.c_str(), run.c_str(),
+               static_cast<char*>(nullptr));
+        std::printf("SHM FAIL: cannot run nsenter %s: %s\n", ns_flag.c_str(), std::strerror(errno));
+        _exit(126);
+      }
       execl("/proc/self/exe", "test_collectives_shm", "--shm-rank", mode.c_str(), d.c_str(),
             rk.c_str(), ws.c_str(), run.c_str(), static_cast<char*>(nullptr));
       _exit(127);

@@ -70,8 +70,9 @@ ClusterSpec gpu_cluster(const Gpu& g, int per_node, int nodes) {
 }
 
 ClusterSpec cpu_cluster() {
-  // This 2-core VM's order of magnitude (bench/results/data/sweep-cpu2.txt: 160 GFLOP/s per rank for
-  // f32 GEMMs; collectives-host.md: host all-reduce near memcpy speed). `--calibrate` measures it.
+  // This 2-core VM's order of magnitude (bench/results/data/sweep-cpu2.txt: 160 GFLOP/s per rank
+  // for f32 GEMMs; collectives-host.md: host all-reduce near memcpy speed). `--calibrate` measures
+  // it.
   ClusterSpec c;
   c.device = "host CPU (2 ranks as threads)";
   c.devices_per_node = 2;

@@ -20,6 +20,24 @@ run() {
     exit 1
   fi
 }
+# procs <name>: the command as 2 processes (dp=2, file rendezvous, the shm backend), its
+# checkpoint in $work/<name>.
+procs() {
+  name=$1
+  mkdir -p "$work/rdv-$name"
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 MESHRT_RENDEZVOUS="file://$work/rdv-$name" "$meshrt" $args --mesh dp=2 \
+      --save "$work/$name" >"$work/$name-$r.txt" 2>&1 &
+    eval "pid$r=\$!"
+  done
+  rc=0
+  wait "$pid0" || rc=1
+  wait "$pid1" || rc=1
+  if [ $rc -ne 0 ]; then
+    cat "$work/$name-0.txt" "$work/$name-1.txt"
+    exit 1
+  fi
+}
 # same <a> <b>: the two checkpoints hold the same tensor files, byte for byte.
 same() {
   fa=$(cd "$work/$1" && find . -name '*.safetensors' | sort)
@@ -36,6 +54,13 @@ if ! same first second; then
   exit 1
 fi
 echo "the same command twice: the same parameters, bit for bit"
+procs procs1
+procs procs2
+if ! same procs1 procs2; then
+  echo "FAIL: the same 2-process train command twice wrote different parameters"
+  exit 1
+fi
+echo "the same 2-process command (shm) twice: the same parameters, bit for bit"
 if "$meshrt" info | grep gemm32 | grep -q "built without oneDNN"; then
   echo "no oneDNN in this build: one f32 path only"
   exit 0

@@ -466,8 +466,7 @@ void MeshrtBackend::all_reduce_into(Pending& p, const at::Tensor& buf, ReduceOp 
     MESHRT_BORROW(h, flat, name);
     meshrt_event_t ev = nullptr;
     check(meshrt_all_reduce(comm_, h.h, h.h, mop, nullptr, &ev), name);
-    p.events.push_back(ev);
-    p.keep.push_back(flat);
+    p.add(ev, {flat});
     return;
   }
   if (op != ReduceOp::PRODUCT && !bitwise) fail(name, what + " is not supported");
@@ -489,9 +488,7 @@ void MeshrtBackend::all_gather_into(Pending& p, const at::Tensor& in, const at::
   MESHRT_BORROW(ho, fout, name);
   meshrt_event_t ev = nullptr;
   check(meshrt_all_gather(comm_, hi.h, ho.h, nullptr, &ev), name);
-  p.events.push_back(ev);
-  p.keep.push_back(fin);
-  p.keep.push_back(fout);
+  p.add(ev, {fin, fout});
 }
 
 void MeshrtBackend::reduce_scatter_into(Pending& p, const at::Tensor& in, const at::Tensor& out,
@@ -521,9 +518,7 @@ void MeshrtBackend::reduce_scatter_into(Pending& p, const at::Tensor& in, const 
   MESHRT_BORROW(ho, fout, name);
   meshrt_event_t ev = nullptr;
   check(meshrt_reduce_scatter(comm_, hi.h, ho.h, mop, nullptr, &ev), name);
-  p.events.push_back(ev);
-  p.keep.push_back(fin);
-  p.keep.push_back(fout);
+  p.add(ev, {fin, fout});
 }
 
 void MeshrtBackend::broadcast_into(Pending& p, const at::Tensor& buf, int root, const char* name) {
@@ -535,8 +530,7 @@ void MeshrtBackend::broadcast_into(Pending& p, const at::Tensor& buf, int root, 
   MESHRT_BORROW(h, flat, name);
   meshrt_event_t ev = nullptr;
   check(meshrt_broadcast(comm_, h.h, h.h, root, nullptr, &ev), name);
-  p.events.push_back(ev);
-  p.keep.push_back(flat);
+  p.add(ev, {flat});
 }
 
 void MeshrtBackend::all_to_all_into(Pending& p, const at::Tensor& in, const at::Tensor& out,
@@ -551,9 +545,7 @@ void MeshrtBackend::all_to_all_into(Pending& p, const at::Tensor& in, const at::
   MESHRT_BORROW(ho, fout, name);
   meshrt_event_t ev = nullptr;
   check(meshrt_all_to_all(comm_, hi.h, ho.h, nullptr, &ev), name);
-  p.events.push_back(ev);
-  p.keep.push_back(fin);
-  p.keep.push_back(fout);
+  p.add(ev, {fin, fout});
 }
 
 // Uneven splits (in elements): every rank pads its blocks to the largest block of any rank.
@@ -934,8 +926,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::send(std::vector<at::Tensor>& tens
     MESHRT_BORROW(h, flat, "send");
     meshrt_event_t ev = nullptr;
     check(meshrt_send(comm_, h.h, dst, p2p_stream(true), &ev), "send");
-    p.events.push_back(ev);
-    p.keep.push_back(flat);
+    p.add(ev, {flat});
   }
   p.outputs = tensors;
   return make_work(c10d::OpType::SEND, "send", std::move(p));
@@ -951,8 +942,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::recv(std::vector<at::Tensor>& tens
     MESHRT_BORROW(h, flat, "recv");
     meshrt_event_t ev = nullptr;
     check(meshrt_recv(comm_, h.h, src, p2p_stream(false), &ev), "recv");
-    p.events.push_back(ev);
-    p.keep.push_back(flat);
+    p.add(ev, {flat});
   }
   p.outputs = tensors;
   return make_work(c10d::OpType::RECV, "recv", std::move(p));

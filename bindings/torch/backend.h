@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +29,11 @@ struct Pending {
   std::vector<std::function<void()>> finish;     // run in order once every event succeeded
   std::vector<std::function<void()>> copy_back;  // then these
   std::vector<at::Tensor> outputs;               // the Work's result() and its future's value
+  // One enqueued meshrt call: its event, and the tensors it reads or writes kept until it ran.
+  void add(meshrt_event_t ev, std::initializer_list<at::Tensor> tensors) {
+    events.push_back(ev);
+    keep.insert(keep.end(), tensors);
+  }
 };
 
 class MeshrtWork;

@@ -46,6 +46,9 @@ struct BlockObj {
   Kind kind = Kind::Mlp;
   const char* api = "mlp";  // "mlp" / "attn": the C names (meshrt_<api>_...)
   std::array<const char*, kParams> names{};
+  // The C config's shape and dtype as the one model description (mesh/model_spec.h), converted
+  // at the boundary and applied to cfg (apply_model_spec) once the kind's fields are read.
+  ModelSpec model;
   BlockConfig cfg;
   TpOptions opt;
   std::unique_ptr<CommScheduler> sched;
@@ -259,8 +262,8 @@ void copy_weights(BlockObj& m, Stream& cs) {
 template <class C>
 void read_common(BlockObj& m, const C& c, const ConfigFields& f) {
   BlockConfig& b = m.cfg;
-  b.hidden = f.positive("hidden", c.hidden, "the model width");
-  b.dtype = block_dtype(c.dtype, f.name("dtype"));
+  m.model.hidden = f.positive("hidden", c.hidden, "the model width");
+  m.model.dtype = block_dtype(c.dtype, f.name("dtype"));
   f.choice("norm", c.norm, 2, "meshrt_norm_kind_t",
            "MESHRT_NORM_LAYERNORM (0) or MESHRT_NORM_RMSNORM (1)");
   b.norm = c.norm == MESHRT_NORM_RMSNORM ? NormKind::RMSNorm : NormKind::LayerNorm;
@@ -642,7 +645,9 @@ meshrt_status_t meshrt_mlp_create(meshrt_mlp_t* mlp, meshrt_mesh_t mesh,
     obj->names = {"norm_weight", "norm_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"};
     read_common(*obj, c, f);
     BlockConfig& b = obj->cfg;
-    b.ffn = f.positive("ffn", c.ffn, "the inner width");
+    obj->model.ffn = f.positive("ffn", c.ffn, "the inner width");
+    obj->model.kind = LayerKind::Mlp;
+    apply_model_spec(b, obj->model);
     f.fits("hidden", b.hidden, "ffn", b.ffn, static_cast<int64_t>(dtype_size(b.dtype)),
            "fc1 weight");
     f.choice("gelu", c.gelu, 2, "meshrt_gelu_kind_t",
@@ -742,8 +747,10 @@ meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh_t mesh,
     obj->names = {"norm_weight", "norm_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias"};
     read_common(*obj, c, f);
     BlockConfig& b = obj->cfg;
-    b.heads = f.positive("heads", c.heads, "the number of attention heads");
-    b.ffn = c.hidden;  // unused by attention; keeps validate_block's ffn rule quiet
+    obj->model.heads = f.positive("heads", c.heads, "the number of attention heads");
+    obj->model.ffn = c.hidden;  // unused by attention; keeps validate_block's ffn rule quiet
+    obj->model.kind = LayerKind::Attention;
+    apply_model_spec(b, obj->model);
     f.fits("hidden", b.hidden, "hidden", b.hidden, 3 * static_cast<int64_t>(dtype_size(b.dtype)),
            "qkv weight, 3 x hidden x hidden");
     b.bias = f.flag("bias", c.bias, "1 (qkv and proj have biases) or 0 (none)");

@@ -50,14 +50,21 @@ std::vector<PieceKind> layer_pieces(LayerKind kind) {
   return p;
 }
 
-std::vector<LinearDesc> piece_linears(PieceKind p, int64_t hidden, int64_t ffn) {
+const char* piece_name(PieceKind p) { return p == PieceKind::Attention ? "attn" : "mlp"; }
+
+std::vector<LinearDesc> piece_linears(PieceKind p, int64_t hidden, int64_t ffn,
+                                      const StylePlan& styles) {
+  std::vector<LinearDesc> l;
   if (p == PieceKind::Attention)
-    return {{"qkv", hidden, 3 * hidden, true, true}, {"proj", hidden, hidden, false, true}};
-  return {{"fc1", hidden, ffn, true, false}, {"fc2", ffn, hidden, false, true}};
+    l = {{"qkv", hidden, 3 * hidden, {}, true}, {"proj", hidden, hidden, {}, true}};
+  else
+    l = {{"fc1", hidden, ffn, {}, false}, {"fc2", ffn, hidden, {}, true}};
+  for (LinearDesc& d : l) d.style = styles.style_of(std::string(piece_name(p)) + "." + d.name);
+  return l;
 }
 
 LinearDesc lm_head_linear(int64_t hidden, int64_t vocab) {
-  return {"head", hidden, vocab, true, false};
+  return {"head", hidden, vocab, default_style_plan().style_of("lm.head"), false};
 }
 
 LinearGemms linear_gemms(const LinearDesc& l, int64_t tokens, int tp) {
@@ -96,8 +103,8 @@ ParamShard piece_param_shard(PieceKind p, int64_t hidden, int64_t ffn, int index
   if (index < 2) return {0, hidden, false};  // the norm's gain and bias
   const LinearDesc& l = lin[static_cast<size_t>(index - 2) / 2];
   const bool weight = index % 2 == 0;
-  if (!l.colwise && !weight) return {0, l.out, false};  // a rowwise bias: replicated
-  const int64_t n = l.colwise ? l.out : l.in;
+  if (!l.colwise() && !weight) return {0, l.out, false};  // a rowwise bias: replicated
+  const int64_t n = l.colwise() ? l.out : l.in;
   return {shard_offset(n, tp, rank), shard_size(n, tp, rank), true};
 }
 

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mesh/style_plan.h"
 #include "meshrt/export.h"
 
 namespace meshrt {
@@ -35,6 +36,7 @@ MESHRT_API Overlap parse_overlap(std::string_view s);
 // One piece of a layer: an attention block (norm, colwise fused QKV, attention on the local
 // heads, rowwise out-projection) or an MLP block (norm, colwise fc1, bias + GeLU, rowwise fc2).
 enum class PieceKind : uint8_t { Attention, Mlp };
+MESHRT_API const char* piece_name(PieceKind p);  // "attn", "mlp": its linears' names' prefix
 // The pieces of one layer, in forward order.
 MESHRT_API std::vector<PieceKind> layer_pieces(LayerKind kind);
 
@@ -51,21 +53,24 @@ struct GemmShape {
 };
 
 // A linear layer of a piece: a full [in, out] weight, sharded over tp by columns (colwise: out)
-// or by rows (rowwise: in), with a bias of [out].
+// or by rows (rowwise: in) as the style plan (mesh/style_plan.h) says, with a bias of [out].
 struct LinearDesc {
   const char* name = "";  // "qkv", "proj", "fc1", "fc2": the parameter names' suffix
   int64_t in = 0, out = 0;
-  bool colwise = true;
+  LinearStyle style = LinearStyle::Colwise;
   // The bias gradient is a row-sum GEMM in the linear's backward (fc1's bias is fused into the
   // GeLU instead: its gradient comes from the GeLU's backward).
   bool bias_row_sum = true;
-  int64_t in_local(int tp) const { return colwise ? in : largest_shard(in, tp); }
-  int64_t out_local(int tp) const { return colwise ? largest_shard(out, tp) : out; }
+  bool colwise() const { return style == LinearStyle::Colwise; }
+  int64_t in_local(int tp) const { return colwise() ? in : largest_shard(in, tp); }
+  int64_t out_local(int tp) const { return colwise() ? largest_shard(out, tp) : out; }
 };
 
-// The linears of a piece in forward order: attention qkv [h, 3h] colwise, proj [h, h] rowwise;
-// MLP fc1 [h, ffn] colwise, fc2 [ffn, h] rowwise.
-MESHRT_API std::vector<LinearDesc> piece_linears(PieceKind p, int64_t hidden, int64_t ffn);
+// The linears of a piece in forward order: attention qkv [h, 3h], proj [h, h]; MLP fc1 [h, ffn],
+// fc2 [ffn, h]; each with the style `styles` gives its name within the layer ("attn.qkv",
+// "mlp.fc2"): by default qkv and fc1 colwise, proj and fc2 rowwise.
+MESHRT_API std::vector<LinearDesc> piece_linears(PieceKind p, int64_t hidden, int64_t ffn,
+                                                 const StylePlan& styles = default_style_plan());
 
 // The vocab-parallel LM head (mesh/lm.h): [hidden, vocab] colwise over tp, no bias.
 MESHRT_API LinearDesc lm_head_linear(int64_t hidden, int64_t vocab);

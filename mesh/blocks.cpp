@@ -16,6 +16,45 @@ BlockFieldNames BlockFieldNames::for_config_struct(const std::string& config) {
   return n;
 }
 
+void apply_model_spec(BlockConfig& c, const ModelSpec& m) {
+  c.hidden = m.hidden;
+  c.ffn = m.ffn;
+  c.heads = m.heads;
+  c.dtype = m.dtype;
+}
+
+ModelSpec model_spec(const BlockConfig& c, LayerKind kind, int layers, int64_t seq,
+                     int64_t vocab) {
+  ModelSpec m;
+  m.hidden = c.hidden;
+  m.heads = c.heads;
+  m.ffn = c.ffn;
+  m.seq = seq;
+  m.vocab = vocab;
+  m.layers = layers;
+  m.dtype = c.dtype;
+  m.kind = kind;
+  return m;
+}
+
+namespace {
+// The pieces' executors below run a colwise linear into a rowwise one (the activation between
+// them stays a tp shard): a plan giving another layout needs another executor.
+void validate_block_styles(const BlockConfig& cfg, bool attention) {
+  const LinearStyle runs[] = {LinearStyle::Colwise, LinearStyle::Rowwise};
+  for (PieceKind p : layer_pieces(attention ? LayerKind::Transformer : LayerKind::Mlp)) {
+    const std::vector<LinearDesc> l = piece_linears(p, cfg.hidden, cfg.ffn, cfg.styles);
+    for (size_t i = 0; i < l.size(); ++i)
+      MESHRT_CHECK(l[i].style == runs[i], "block: the style plan makes "
+                                              << piece_name(p) << "." << l[i].name << " "
+                                              << linear_style_name(l[i].style) << ", and the "
+                                              << piece_name(p) << " block runs it "
+                                              << linear_style_name(runs[i]) << ": give that layer "
+                                              << linear_style_name(runs[i]));
+  }
+}
+}  // namespace
+
 void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq,
                     bool attention, const BlockFieldNames& n) {
   MESHRT_CHECK(cfg.hidden > 0 && cfg.ffn > 0 && (!attention || cfg.heads > 0),
@@ -46,6 +85,7 @@ void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_
           seq % (static_cast<int64_t>(tp) * tp) == 0,
           "block: chunked overlap needs seq divisible by tp^2=" << tp * tp << "; seq is " << seq);
   }
+  validate_block_styles(cfg, attention);
 }
 
 // ---- Norm ---------------------------------------------------------------------------------------
@@ -135,7 +175,7 @@ namespace {
 // Linear `i` of the piece as the description has it (mesh/block_desc.h): shape, sharding, and
 // whether its bias goes into the next kernel's epilogue instead of a row-sum GEMM.
 LinearDesc desc(PieceKind p, const BlockConfig& c, size_t i) {
-  return piece_linears(p, c.hidden, c.ffn).at(i);
+  return piece_linears(p, c.hidden, c.ffn, c.styles).at(i);
 }
 LinearSpec lin(const BlockConfig& c, const std::string& block, uint64_t id, const LinearDesc& d) {
   LinearSpec s;

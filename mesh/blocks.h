@@ -9,6 +9,7 @@
 #include "kernels/ops.h"
 #include "mesh/block_desc.h"
 #include "mesh/linear.h"
+#include "mesh/model_spec.h"
 #include "meshrt/export.h"
 
 namespace meshrt {
@@ -31,7 +32,19 @@ struct MESHRT_API BlockConfig {
   uint64_t seed = 1;
   // Attention: each position attends to itself and earlier ones only (false: to every position).
   bool causal = true;
+  // Each linear's style by its name within the layer ("attn.qkv", "mlp.fc1": mesh/style_plan.h).
+  // The blocks run a colwise linear then a rowwise one in each piece (validate_block checks).
+  StylePlan styles = default_style_plan();
 };
+
+// The model's shape and dtype (mesh/model_spec.h: hidden, ffn, heads, dtype) into a config, its
+// other settings kept: how the command line (bench block, train) and the C API's block configs
+// turn the one model description into the executors' config.
+MESHRT_API void apply_model_spec(BlockConfig& c, const ModelSpec& m);
+// The model a config's layers make: its shape and dtype, with the stack's kind, layers, sequence
+// and vocabulary (the planner's input for `meshrt bench block`'s prediction).
+MESHRT_API ModelSpec model_spec(const BlockConfig& c, LayerKind kind, int layers, int64_t seq,
+                                int64_t vocab = 0);
 
 // How validate_block's messages name the settings it checks, per caller: the command line's
 // flags by default; the C API passes its config struct's field names (for_config_struct), as its
@@ -52,7 +65,8 @@ struct MESHRT_API BlockFieldNames {
 
 // Rejects shapes that cannot be sharded, before any collective runs: hidden % tp, ffn >= tp (an
 // ffn that tp does not divide is sharded unevenly), and (seq > 0) seq % tp under sequence parallel
-// (seq % tp^2 for chunked overlap); with attention also heads % tp and hidden % heads. Messages
+// (seq % tp^2 for chunked overlap); with attention also heads % tp and hidden % heads; and that
+// cfg.styles gives each piece's linears the styles the blocks run (colwise, rowwise). Messages
 // name the values and what to change, in the words of `names`.
 MESHRT_API void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt,
                                int64_t seq = 0, bool attention = true,

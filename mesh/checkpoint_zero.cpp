@@ -12,6 +12,7 @@
 
 #include "mesh/checkpoint_root.h"
 #include "mesh/crc32c.h"
+#include "mesh/optimizer.h"
 
 namespace meshrt::detail {
 
@@ -109,8 +110,7 @@ CheckpointZeroLayout parse_zero_layout(
                w << ": stage " << z.stage << ", dp " << z.dp << ", tp " << z.tp
                  << " (expected stage 1-3, dp and tp >= 1)");
   for (const std::string& n : index_strings(f, "state")) {
-    MESHRT_CHECK(n == "exp_avg" || n == "exp_avg_sq" || n == "momentum",
-                 w << ": unknown optimizer state '" << n << "'");
+    MESHRT_CHECK(is_optimizer_state_name(n), w << ": unknown optimizer state '" << n << "'");
     z.state.push_back(n);
   }
   const checkpoint_json& tps = f.array("tp_ranks");

@@ -228,10 +228,23 @@ NamedTensors Optimizer::state(size_t i) const {
   return {{"momentum", m_[i]}};
 }
 
-std::vector<std::string> Optimizer::state_names() const {
-  if (cfg_.kind == OptimizerKind::AdamW) return {"exp_avg", "exp_avg_sq"};
+std::vector<std::string> optimizer_state_names(OptimizerKind k) {
+  if (k == OptimizerKind::AdamW) return {"exp_avg", "exp_avg_sq"};
   return {"momentum"};
 }
+
+double optimizer_state_bytes_per_element(OptimizerKind k) {
+  return 4.0 * static_cast<double>(optimizer_state_names(k).size());  // f32 tensors
+}
+
+bool is_optimizer_state_name(std::string_view name) {
+  for (OptimizerKind k : {OptimizerKind::Sgd, OptimizerKind::AdamW})
+    for (const std::string& n : optimizer_state_names(k))
+      if (n == name) return true;
+  return false;
+}
+
+std::vector<std::string> Optimizer::state_names() const { return optimizer_state_names(cfg_.kind); }
 
 const Tensor& Optimizer::shard_state(int b, size_t k) const {
   MESHRT_CHECK(zero_ && b >= 0 && b < zero_->num_buckets() && k < state_names().size(),

@@ -2,6 +2,8 @@
 // by the global norm over tp and dp (replicated parameters counted once).
 #pragma once
 
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -13,6 +15,15 @@ namespace meshrt {
 
 enum class OptimizerKind : uint8_t { Sgd, AdamW };
 MESHRT_API OptimizerKind parse_optimizer(std::string_view s);
+
+// The state an optimizer of kind `k` keeps per parameter element: its f32 tensors by name, as
+// Optimizer::state() names them (AdamW "exp_avg" and "exp_avg_sq", SGD "momentum"), and their
+// bytes per element (4 per tensor). The planner's memory and step time, the training memory
+// report and the checkpoints read these rather than counting on their own.
+MESHRT_API std::vector<std::string> optimizer_state_names(OptimizerKind k);
+MESHRT_API double optimizer_state_bytes_per_element(OptimizerKind k);
+// Whether `name` is a state tensor of any optimizer kind (a checkpoint's index lists them).
+MESHRT_API bool is_optimizer_state_name(std::string_view name);
 
 struct MESHRT_API OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;

@@ -1,5 +1,7 @@
 #include "mesh/style.h"
 
+#include "runtime/error.h"
+
 namespace meshrt {
 
 namespace {
@@ -18,7 +20,13 @@ ParallelStyle rowwise_parallel(bool sp) {
 }
 
 ParallelStyle linear_style(const LinearDesc& d, bool sp) {
-  return d.colwise ? colwise_parallel(sp) : rowwise_parallel(sp);
+  switch (d.style) {
+    case LinearStyle::Colwise:
+      return colwise_parallel(sp);
+    case LinearStyle::Rowwise:
+      return rowwise_parallel(sp);
+  }
+  MESHRT_FAIL("linear " << d.name << ": unknown style " << static_cast<int>(d.style));
 }
 
 bool forward_own_shard_first(const ParallelStyle& s, Overlap ov) {

@@ -23,7 +23,7 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
   TrainMemory m;
   m.weights = params * es;
   m.grads = params * sets * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
-  m.optimizer = params * 4.0 * (cfg.optim.kind == OptimizerKind::AdamW ? 2 : 1);
+  m.optimizer = params * optimizer_state_bytes_per_element(cfg.optim.kind);
   // ZeRO (docs/zero.md): 1 keeps this rank's 1/dp of the state, 2 also of the gradients (and
   // at most three full buckets during backward), 3 also of the parameters (and the full buffers
   // of at most GradSync::kMaxGatheredPieces pieces: the embedding or head, or a layer's larger

@@ -19,7 +19,8 @@ constexpr uint64_t kMaxClusterFileBytes = 16ull << 20;
 
 using nlohmann::json;
 
-constexpr const char* kOps[3] = {"all_gather", "reduce_scatter", "all_reduce"};
+// The link tables' keys, by link_index (the CommOp's name).
+const char* op_key(int i) { return comm_op_name(static_cast<CommOp>(i)); }
 
 struct Gpu {
   const char* name;
@@ -61,7 +62,7 @@ ClusterSpec gpu_cluster(const Gpu& g, int per_node, int nodes) {
   c.gemm_eff = {{1e8, 0.15}, {1e9, 0.45}, {1e10, 0.7}, {1e11, 0.8}};
   // Collectives use SMs and HBM bandwidth the GEMMs also need: 90% of overlapped time hidden.
   c.overlap_eff = 0.9;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kLinkOps; ++i) {
     c.intra[i] = {g.nvlink_busbw, 15};
     c.inter[i] = {0.9 * g.nic_gbps, 30};  // 90% of the NIC's line rate
   }
@@ -83,7 +84,7 @@ ClusterSpec cpu_cluster() {
   c.attention_eff = 0.3;
   c.gemm_eff = {{1e8, 0.7}, {1e9, 0.9}, {1e10, 1.0}};
   c.overlap_eff = 0.3;
-  for (int i = 0; i < 3; ++i) c.intra[i] = c.inter[i] = {4, 20};
+  for (int i = 0; i < kLinkOps; ++i) c.intra[i] = c.inter[i] = {4, 20};
   c.sources = "order of magnitude of the development VM; use --calibrate for this machine";
   return c;
 }
@@ -185,9 +186,9 @@ ClusterSpec cluster_from_json(const std::string& text, const std::string& origin
   c.overlap_eff = f.number_or("overlap_efficiency", json_between(0, 1), 1.0);
   c.gemm_eff = gemm_points(f);
   const ClusterFields col = f.object("collectives");
-  for (int i = 0; i < 3; ++i) {
-    c.intra[i] = link(col.object("intra").object(kOps[i]));
-    c.inter[i] = link(col.object("inter").object(kOps[i]));
+  for (int i = 0; i < kLinkOps; ++i) {
+    c.intra[i] = link(col.object("intra").object(op_key(i)));
+    c.inter[i] = link(col.object("inter").object(op_key(i)));
   }
   c.sources = f.string_or("sources", "");
   return c;
@@ -207,11 +208,11 @@ std::string cluster_to_json(const ClusterSpec& c) {
   j["overlap_efficiency"] = c.overlap_eff;
   j["gemm_efficiency"] = json::array();
   for (const auto& [f, e] : c.gemm_eff) j["gemm_efficiency"].push_back({f, e});
-  for (int i = 0; i < 3; ++i) {
-    j["collectives"]["intra"][kOps[i]] = {{"busbw_gbps", c.intra[i].busbw_gbps},
-                                          {"latency_us", c.intra[i].latency_us}};
-    j["collectives"]["inter"][kOps[i]] = {{"busbw_gbps", c.inter[i].busbw_gbps},
-                                          {"latency_us", c.inter[i].latency_us}};
+  for (int i = 0; i < kLinkOps; ++i) {
+    j["collectives"]["intra"][op_key(i)] = {{"busbw_gbps", c.intra[i].busbw_gbps},
+                                            {"latency_us", c.intra[i].latency_us}};
+    j["collectives"]["inter"][op_key(i)] = {{"busbw_gbps", c.inter[i].busbw_gbps},
+                                            {"latency_us", c.inter[i].latency_us}};
   }
   j["sources"] = c.sources;
   return j.dump(2) + "\n";

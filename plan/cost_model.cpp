@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "mesh/optimizer.h"
 #include "mesh/style.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -20,105 +21,18 @@ double ceil_div(double n, int parts) { return std::ceil(n / parts); }
 
 }  // namespace
 
-int64_t ModelSpec::params() const {
-  int64_t per_layer = 0;
-  for (PieceKind piece : layer_pieces(kind))
-    for (int64_t n : piece_param_counts(piece, hidden, ffn)) per_layer += n;
-  int64_t p = per_layer * layers;
-  if (vocab > 0) p += 2 * vocab * hidden + 2 * hidden;  // embedding, LM head (untied), final norm
-  return p;
-}
+static_assert(static_cast<int>(CommOp::AllReduce) == 0 &&
+                  static_cast<int>(CommOp::AllGather) == 1 &&
+                  static_cast<int>(CommOp::ReduceScatter) == 2,
+              "the link tables list all_reduce, all_gather and reduce_scatter first");
 
-int dtype_bytes(const std::string& dtype) {
-  if (dtype == "f32") return 4;
-  if (dtype == "bf16" || dtype == "f16") return 2;
-  MESHRT_FAIL("dtype '" << dtype << "': use f32, bf16 or f16");
-}
-
-ModelSpec parse_model_spec(const std::string& s) {
-  ModelSpec m;
-  bool ffn_given = false, have_hidden = false, have_heads = false, have_seq = false;
-  std::set<std::string> seen;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const size_t eq = item.find('=');
-    MESHRT_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
-                 "--model " << s << ": '" << item
-                            << "' is not key=value; give hidden=..,heads=..,ffn=..,layers=..,"
-                               "seq=..,vocab=..");
-    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    MESHRT_CHECK(seen.insert(k).second,
-                 "--model " << s << ": '" << k << "' is given twice; give each key once");
-    if (k == "kind") {
-      MESHRT_CHECK(v == "block" || v == "mlp" || v == "attn",
-                   "--model " << s << ": kind=" << v << " must be block, mlp or attn");
-      m.kind = parse_layer_kind(v);
-      continue;
-    }
-    int64_t x = 0;
-    size_t used = 0;
-    try {
-      x = std::stoll(v, &used);
-    } catch (...) {
-      used = 0;
-    }
-    constexpr int64_t kMaxValue = (int64_t{1} << 40) - 1;
-    MESHRT_CHECK(used == v.size() && x > 0 && x <= kMaxValue,
-                 "--model " << s << ": " << k << "=" << v << " must be a positive integer (1 to "
-                            << kMaxValue << ")");
-    if (k == "hidden") {
-      m.hidden = x;
-      have_hidden = true;
-    } else if (k == "heads") {
-      m.heads = x;
-      have_heads = true;
-    } else if (k == "ffn") {
-      m.ffn = x;
-      ffn_given = true;
-    } else if (k == "layers") {
-      MESHRT_CHECK(x <= 100000, "--model " << s << ": layers=" << x
-                                           << " is more than 100000; give 1 to 100000 layers");
-      m.layers = static_cast<int>(x);
-    } else if (k == "seq") {
-      m.seq = x;
-      have_seq = true;
-    } else if (k == "vocab") {
-      m.vocab = x;
-    } else {
-      MESHRT_FAIL("--model " << s << ": unknown key '" << k
-                             << "'; the keys are hidden, heads, ffn, layers, seq, vocab, kind");
-    }
-  }
-  MESHRT_CHECK(have_hidden && have_heads && have_seq,
-               "--model " << s << ": hidden, heads and seq are required");
-  if (!ffn_given) m.ffn = 4 * m.hidden;
-  MESHRT_CHECK(m.hidden % m.heads == 0, "--model " << s << ": hidden " << m.hidden
-                                                   << " does not divide by heads " << m.heads);
-  // The counts are int64 products (hidden x ffn, layers x per-layer): a bound on their sum (every
-  // layer kind's, in long double) keeps each of them exact, far from overflow.
-  const long double h = static_cast<long double>(m.hidden), f = static_cast<long double>(m.ffn);
-  const long double count = m.layers * (4 * h * h + 2 * h * f + 9 * h + f) +
-                            2 * static_cast<long double>(m.vocab) * h + 2 * h;
-  constexpr long double kMaxParams = 9007199254740992.0L;  // 2^53
-  MESHRT_CHECK(count <= kMaxParams,
-               "--model " << s << ": about " << static_cast<double>(count)
-                          << " parameters, more than the planner counts (at most 2^53 = "
-                          << static_cast<int64_t>(kMaxParams)
-                          << "); lower hidden, ffn, layers or vocab");
-  return m;
-}
-
-const char* coll_op_name(CollOp op) {
-  switch (op) {
-    case CollOp::AllGather:
-      return "all_gather";
-    case CollOp::ReduceScatter:
-      return "reduce_scatter";
-    case CollOp::AllReduce:
-      return "all_reduce";
-  }
-  return "?";
+int link_index(CommOp op) {
+  const int i = static_cast<int>(op);
+  MESHRT_CHECK(i >= 0 && i < kLinkOps, "planner: no link figures for " << comm_op_name(op)
+                                                                       << " (only all_reduce, "
+                                                                          "all_gather and "
+                                                                          "reduce_scatter)");
+  return i;
 }
 
 double ClusterSpec::gemm_efficiency(double flops) const {
@@ -143,12 +57,12 @@ double ClusterSpec::gemm_seconds(double m, double n, double k) const {
 
 double ClusterSpec::collective_seconds(const Collective& c, bool inter_node, int per_node) const {
   if (c.group <= 1) return 0;
-  const int op = static_cast<int>(c.op);
+  const int op = link_index(c.op);
   const LinkSpec& l = (inter_node ? inter : intra)[op];
   double bw = l.busbw_gbps;
   if (inter_node) bw = std::min(intra[op].busbw_gbps, bw * std::max(1, per_node));
   const double n = c.group;
-  const double factor = c.op == CollOp::AllReduce ? 2 * (n - 1) / n : (n - 1) / n;
+  const double factor = c.op == CommOp::AllReduce ? 2 * (n - 1) / n : (n - 1) / n;
   return l.latency_us * 1e-6 + c.bytes * factor / (bw * 1e9);
 }
 
@@ -254,18 +168,18 @@ class Block {
     sim_.compute(cl_.gemm_seconds(static_cast<double>(g.m), static_cast<double>(g.n),
                                   static_cast<double>(g.k)));
   }
-  int coll(CollOp op, double bytes) { return sim_.issue({op, false, bytes, s_.tp}); }
+  int coll(CommOp op, double bytes) { return sim_.issue({op, false, bytes, s_.tp}); }
   // The tp collective of redistribution `r` (mesh/parallel.h) over a full-sequence activation of
   // `bytes`, as redistribute() issues it (-1: none, or tp = 1).
   int redist(const Redistribution& r, double bytes) {
     if (!s_.comm) return -1;
     switch (r.kind()) {
       case RedistKind::AllGather:
-        return coll(CollOp::AllGather, bytes);
+        return coll(CommOp::AllGather, bytes);
       case RedistKind::ReduceScatter:
-        return coll(CollOp::ReduceScatter, bytes);
+        return coll(CommOp::ReduceScatter, bytes);
       case RedistKind::AllReduce:
-        return coll(CollOp::AllReduce, bytes);
+        return coll(CommOp::AllReduce, bytes);
       case RedistKind::Copy:
         break;
     }
@@ -367,7 +281,7 @@ class Block {
     // On sequence shards the norm's gain and bias gradients are partial sums, all-reduced over tp
     // (the style's partial_param_grads) in one buffer.
     if (sequence_parallel_norm(s_.sp).partial_param_grads) {
-      const int id = coll(CollOp::AllReduce, 2 * s_.h * s_.es);
+      const int id = coll(CommOp::AllReduce, 2 * s_.h * s_.es);
       if (deferred && s_.comm)
         pending_grads_ = id;
       else
@@ -439,7 +353,7 @@ Shape shape_of(const ModelSpec& m, const PlanConfig& c) {
   s.ffn = m.ffn;
   s.h = static_cast<double>(m.hidden);
   s.f = static_cast<double>(m.ffn);
-  s.es = dtype_bytes(m.dtype);
+  s.es = static_cast<double>(dtype_size(m.dtype));
   return s;
 }
 
@@ -474,7 +388,7 @@ struct BucketPlan {
 
 // Every local parameter in forward order: (bytes, piece).
 std::vector<std::pair<double, int>> local_params(const ModelSpec& m, const PlanConfig& c) {
-  const double es = dtype_bytes(m.dtype);
+  const double es = static_cast<double>(dtype_size(m.dtype));
   const std::vector<Piece> ps = pieces(m);
   std::vector<std::pair<double, int>> params;  // (bytes, piece), forward order
   const double V = static_cast<double>(m.vocab), h = static_cast<double>(m.hidden);
@@ -558,7 +472,7 @@ class ParamGathers {
     std::vector<int>& ids = ids_[piece];
     for (size_t k = 0; k < bp_.bytes.size(); ++k)
       if (bp_.launch_after[k] == piece)
-        ids.push_back(sim_.issue({CollOp::AllGather, true, bp_.bytes[k], dp_}));
+        ids.push_back(sim_.issue({CommOp::AllGather, true, bp_.bytes[k], dp_}));
   }
 
   Sim& sim_;
@@ -610,7 +524,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
       // Vocab-parallel cross entropy: softmax over the local logits, max / sum / target over tp.
       blk.ew(3 * s.T * ceil_div(V, c.tp) * 4);
       if (s.comm)
-        for (int i = 0; i < 3; ++i) sim.wait(blk.coll(CollOp::AllReduce, s.T * 4));
+        for (int i = 0; i < 3; ++i) sim.wait(blk.coll(CommOp::AllReduce, s.T * 4));
       blk.ew(2 * s.T * ceil_div(V, c.tp) * s.es);
       blk.wait(blk.linear_bwd(lm_head, head));
       blk.norm_bwd();
@@ -619,7 +533,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
     auto launch_ready = [&](int piece) {
       while (last && next_bucket < bp.bytes.size() && bp.launch_after[next_bucket] >= piece) {
         // ZeRO 2 and 3 reduce-scatter the bucket (its input bytes), 0 and 1 all-reduce it.
-        const CollOp op = c.zero >= 2 ? CollOp::ReduceScatter : CollOp::AllReduce;
+        const CommOp op = c.zero >= 2 ? CommOp::ReduceScatter : CommOp::AllReduce;
         Collective col{op, true, bp.bytes[next_bucket], c.dp};
         // GradSync::mark_ready settles the deferred norm gradients before it reads a bucket.
         if (c.dp > 1 || c.zero >= 2) blk.settle_grads();
@@ -650,7 +564,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
   // ZeRO 1 and 2: each rank updated its shard; the parameters are all-gathered bucket by bucket
   // before the next forward (GradSync::gather_all_params), none of it under compute.
   if (c.dp > 1 && (c.zero == 1 || c.zero == 2)) {
-    for (double b : bp.bytes) sim.issue({CollOp::AllGather, true, b, c.dp});
+    for (double b : bp.bytes) sim.issue({CommOp::AllGather, true, b, c.dp});
     sim.wait_all_dp();
   }
   return sim;
@@ -683,7 +597,7 @@ std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c) {
 std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c) {
   std::vector<Collective> out;
   if (c.dp <= 1) return out;
-  for (double b : dp_bucket_bytes(m, c)) out.push_back({CollOp::AllReduce, true, b, c.dp});
+  for (double b : dp_bucket_bytes(m, c)) out.push_back({CommOp::AllReduce, true, b, c.dp});
   return out;
 }
 
@@ -879,8 +793,10 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   } else {
     for (double b : bucket_bytes) mem.grads += rounded(b);
   }
-  // AdamW: exp_avg, exp_avg_sq in f32 (ZeRO >= 1: this rank's shard of them).
-  if (c.optimizer) mem.optimizer = std::ceil(params / s.es / dp) * 8;
+  // AdamW's state (exp_avg, exp_avg_sq in f32; ZeRO >= 1: this rank's shard of them).
+  if (c.optimizer)
+    mem.optimizer =
+        std::ceil(params / s.es / dp) * optimizer_state_bytes_per_element(OptimizerKind::AdamW);
   const double T = s.T, es = s.es, V = static_cast<double>(m.vocab);
   const double Vl = ceil_div(V, c.tp);
   MemWalk w;
@@ -970,8 +886,10 @@ Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& 
   r.mem = memory_per_device(m, c);
   if (c.optimizer) {
     // AdamW over the local parameters: read param, grad, m, v; write param, m, v.
-    const double n = r.mem.weights / dtype_bytes(m.dtype);
-    r.optimizer_s = n * (3.0 * dtype_bytes(m.dtype) + 16) / (cl.mem_bw_gbps * 1e9);
+    const double es = static_cast<double>(dtype_size(m.dtype));
+    const double n = r.mem.weights / es;
+    const double state = optimizer_state_bytes_per_element(OptimizerKind::AdamW);
+    r.optimizer_s = n * (3.0 * es + 2 * state) / (cl.mem_bw_gbps * 1e9);
   }
   r.step_s = sim.now() + r.optimizer_s;
   const int64_t gb = static_cast<int64_t>(c.dp) * c.micro_batch * c.accum;

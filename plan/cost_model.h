@@ -12,32 +12,25 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/communicator.h"
 #include "mesh/block_desc.h"
+#include "mesh/model_spec.h"
 
 namespace meshrt::plan {
 
-// A decoder stack of `layers` transformer blocks (attention + MLP, as `meshrt bench block`),
-// plus, when vocab > 0, a vocab-parallel embedding and LM head.
-struct ModelSpec {
-  int64_t hidden = 1024, heads = 16, ffn = 4096, seq = 512, vocab = 0;
-  int layers = 1;
-  std::string dtype = "bf16";               // f32 | bf16 | f16: weights, activations, gradients
-  LayerKind kind = LayerKind::Transformer;  // the layers' kind (key kind=block|mlp|attn)
-  int64_t params() const;                   // every parameter of the model (full, not sharded)
-};
+// The model: mesh/model_spec.h's ModelSpec (the one the command line and the C API fill).
+using meshrt::ModelSpec;
+using meshrt::parse_model_spec;
 
-// "hidden=4096,heads=32,ffn=11008,layers=32,seq=4096,vocab=32000" (any order; ffn defaults to
-// 4 x hidden, vocab to 0, layers to 1). Throws meshrt::Error naming the key to change.
-ModelSpec parse_model_spec(const std::string& s);
-int dtype_bytes(const std::string& dtype);  // throws for an unknown name
-
-enum class CollOp { AllGather, ReduceScatter, AllReduce };
-const char* coll_op_name(CollOp op);
+// The collectives a link is described for, indexed by CommOp (all_reduce, all_gather,
+// reduce_scatter: the first kLinkOps values); link_index throws for another op.
+constexpr int kLinkOps = 3;
+int link_index(CommOp op);
 
 // One collective as meshrt counts it (mesh/parallel.cpp CommScheduler): bytes are the output of
 // an all-gather, the input of a reduce-scatter, the tensor of an all-reduce.
 struct Collective {
-  CollOp op = CollOp::AllReduce;
+  CommOp op = CommOp::AllReduce;
   bool dp = false;  // over the dp dim, else tp
   double bytes = 0;
   int group = 1;
@@ -64,7 +57,7 @@ struct ClusterSpec {
   double attention_bwd_eff() const;
   // Per op: intra-node (the tp group and a dp group within a node) and inter-node (a dp group
   // spanning nodes).
-  LinkSpec intra[3], inter[3];  // indexed by CollOp
+  LinkSpec intra[kLinkOps], inter[kLinkOps];  // indexed by link_index(op)
   // GEMM efficiency against peak by GEMM size (FLOPs), interpolated in log(FLOPs); constant
   // beyond the ends.
   std::vector<std::pair<double, double>> gemm_eff;

@@ -79,24 +79,17 @@ void add_model_flags(CLI::App* c, TrainCliOptions& o) {
   c->add_option("--batch", o.batch, "Global batch (samples per step, all dp replicas)")
       ->capture_default_str()
       ->check(cli::int_at_least(1, o.batch));
-  c->add_option("--seq", o.seq, "Sequence length")
-      ->capture_default_str()
-      ->check(cli::int_at_least(1, o.seq));
-  c->add_option("--hidden", o.hidden, "Hidden size")
-      ->capture_default_str()
-      ->check(cli::int_at_least(1, o.hidden));
-  c->add_option("--heads", o.heads, "Attention heads")
-      ->capture_default_str()
-      ->check(cli::int_at_least(1, o.heads));
-  c->add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")
-      ->check(cli::int_at_least(0, o.ffn));
-  c->add_option("--layers", o.layers, "Transformer blocks")
-      ->capture_default_str()
-      ->check(cli::int_at_least(1, o.layers));
-  c->add_option("--vocab", o.vocab, "Vocabulary size")
-      ->capture_default_str()
-      ->check(cli::int_at_least(1, o.vocab));
-  c->add_option("--dtype", o.dtype, "f32 | bf16 | f16")->capture_default_str();
+  cli::ModelFlags m;
+  m.seq = {&o.seq, "Sequence length"};
+  m.hidden = {&o.hidden, "Hidden size"};
+  m.ffn = {&o.ffn, "MLP inner size (default 4 x hidden)"};
+  m.heads = {&o.heads, "Attention heads"};
+  m.layers = &o.layers;
+  m.layers_help = "Transformer blocks";
+  m.vocab = {&o.vocab, "Vocabulary size"};
+  m.dtype = &o.dtype;
+  m.show_defaults = true;
+  cli::add_model_flags(*c, m);
 }
 
 // Steps, optimizer, schedule, accumulation, gradient sync and tp overlap.
@@ -394,18 +387,23 @@ void check_train_flags(const TrainCliOptions& o) {
 
 TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   TrainConfig c;
-  c.model.block.hidden = o.hidden;
-  c.model.block.heads = o.heads;
-  c.model.block.ffn = ffn_or_default(o.hidden, o.ffn);  // refuses a --hidden it would overflow
-  c.model.block.dtype = parse_dtype(o.dtype);
+  ModelSpec m;  // the model (mesh/model_spec.h), into the executors' config
+  m.hidden = o.hidden;
+  m.heads = o.heads;
+  m.ffn = ffn_or_default(o.hidden, o.ffn);  // refuses a --hidden it would overflow
+  m.dtype = parse_model_dtype(o.dtype);
+  m.layers = o.layers;
+  m.vocab = o.vocab;
+  m.seq = o.seq;
+  apply_model_spec(c.model.block, m);
   c.model.block.seed = o.seed;
-  c.model.layers = o.layers;
-  c.model.vocab = o.vocab;
+  c.model.layers = m.layers;
+  c.model.vocab = m.vocab;
   c.mesh = o.mesh;
   c.tp.sequence_parallel = o.sp;
   c.tp.overlap = parse_overlap(o.overlap);
   c.batch = o.batch;
-  c.seq = o.seq;
+  c.seq = m.seq;
   c.steps = o.steps;
   c.seed = o.seed;
   c.micro_batches = o.micro_batches;

@@ -31,18 +31,16 @@ class BlockCommand : public Command {
     c.add_option("--batch", o_.batch,
                  "Micro-batch per dp replica, sequences (default 1 on CPU, 4 on CUDA)")
         ->check(cli::int_at_least(1, o_.batch));
-    c.add_option("--seq", o_.seq, "Sequence length (default 512 on CPU, 2048 on CUDA)")
-        ->check(cli::int_at_least(1, o_.seq));
-    c.add_option("--hidden", o_.hidden, "Hidden size (default 1024 on CPU, 4096 on CUDA)")
-        ->check(cli::int_at_least(1, o_.hidden));
-    c.add_option("--ffn", o_.ffn, "MLP inner size (default 4 x hidden)")
-        ->check(cli::int_at_least(1, o_.ffn));
-    c.add_option("--heads", o_.heads, "Attention heads (default 16 on CPU, 32 on CUDA)")
-        ->check(cli::int_at_least(1, o_.heads));
-    c.add_option("--layers", o_.layers, "Blocks stacked (default 1 on CPU, 2 on CUDA)")
-        ->check(cli::int_at_least(1, o_.layers));
-    c.add_option("--dtype", o_.dtype, "f32 | bf16 | f16 (default f32 on CPU, bf16 on CUDA)")
-        ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    cli::ModelFlags m;
+    m.seq = {&o_.seq, "Sequence length (default 512 on CPU, 2048 on CUDA)"};
+    m.hidden = {&o_.hidden, "Hidden size (default 1024 on CPU, 4096 on CUDA)"};
+    m.ffn = {&o_.ffn, "MLP inner size (default 4 x hidden)"};
+    m.heads = {&o_.heads, "Attention heads (default 16 on CPU, 32 on CUDA)"};
+    m.layers = &o_.layers;
+    m.layers_help = "Blocks stacked (default 1 on CPU, 2 on CUDA)";
+    m.dtype = &o_.dtype;
+    m.dtype_help = "f32 | bf16 | f16 (default f32 on CPU, bf16 on CUDA)";
+    cli::add_model_flags(c, m);
     c.add_option("--steps", o_.steps, "Timed steps (default 10 on CPU, 20 on CUDA)")
         ->check(kBenchSteps);
     c.add_option("--warmup", o_.warmup, "Untimed steps first (default 2 on CPU, 5 on CUDA)")

@@ -98,15 +98,17 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
 
   // Sizes: what was asked, else a default that runs in seconds on this device.
   const bool c = p.cuda;
-  p.cfg.dtype = !o.dtype.empty() ? parse_dtype(o.dtype) : (c ? DType::bf16 : DType::f32);
+  ModelSpec m;  // the model's shape and dtype (mesh/model_spec.h), into p.cfg below
+  m.dtype = !o.dtype.empty() ? parse_model_dtype(o.dtype) : (c ? DType::bf16 : DType::f32);
   // The cluster's peak for this dtype: a file without it is refused now, not after the run.
   if (!o.plan_cluster.empty())
-    (void)plan::load_cluster(o.plan_cluster, dtype_name(p.cfg.dtype), "--plan-cluster");
-  p.cfg.hidden = o.hidden > 0 ? o.hidden : (c ? 4096 : 1024);
-  p.cfg.heads = o.heads > 0 ? o.heads : (c ? 32 : 16);
+    (void)plan::load_cluster(o.plan_cluster, dtype_name(m.dtype), "--plan-cluster");
+  m.hidden = o.hidden > 0 ? o.hidden : (c ? 4096 : 1024);
+  m.heads = o.heads > 0 ? o.heads : (c ? 32 : 16);
   // The default ffn is 4 x hidden: a hidden that large would overflow it (and be blamed on
   // --ffn, which the user never gave).
-  p.cfg.ffn = cli::ffn_or_default(p.cfg.hidden, o.ffn);
+  m.ffn = cli::ffn_or_default(m.hidden, o.ffn);
+  apply_model_spec(p.cfg, m);
   p.cfg.seed = o.seed;
   p.batch = o.batch > 0 ? o.batch : (c ? 4 : 1);
   p.seq = o.seq > 0 ? o.seq : (c ? 2048 : 512);

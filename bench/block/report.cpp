@@ -51,14 +51,7 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
                             const BlockBenchResult& res, const std::string& gpu_name) {
   using nlohmann::json;
   if (o.fwd_only) return json{{"note", "forward-only runs are not modelled"}};
-  plan::ModelSpec m;
-  m.hidden = p.cfg.hidden;
-  m.heads = p.cfg.heads;
-  m.ffn = p.cfg.ffn;
-  m.seq = p.seq;
-  m.layers = p.layers;
-  m.dtype = dtype_name(p.cfg.dtype);
-  m.kind = p.kind;
+  const ModelSpec m = model_spec(p.cfg, p.kind, p.layers, p.seq);
   plan::PlanConfig c;
   c.dp = p.dp;
   c.tp = p.tp;
@@ -72,7 +65,7 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
   std::string source;
   try {
     if (!o.plan_cluster.empty()) {
-      cl = plan::load_cluster(o.plan_cluster, m.dtype, "--plan-cluster");
+      cl = plan::load_cluster(o.plan_cluster, dtype_name(m.dtype), "--plan-cluster");
       source = o.plan_cluster;
     } else if (p.cuda) {
       std::string preset;
@@ -80,13 +73,14 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
         if (gpu_name.find(g) != std::string::npos) preset = std::string(g) + "-sxm";
       if (preset.empty()) return json{{"note", "no cluster preset for " + gpu_name}};
       for (char& ch : preset) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-      cl = plan::load_cluster(preset + ":" + std::to_string(std::min(p.world, 8)), m.dtype);
+      cl = plan::load_cluster(preset + ":" + std::to_string(std::min(p.world, 8)),
+                              dtype_name(m.dtype));
       source = "preset " + cl.name;
     } else {
       cl = plan::cluster_preset("cpu");
       cl.devices_per_node = p.world;
-      if (res.peak_tflops_per_rank > 0) cl.peaks[m.dtype] = res.peak_tflops_per_rank;
-      cl.select_dtype(m.dtype);
+      if (res.peak_tflops_per_rank > 0) cl.peaks[dtype_name(m.dtype)] = res.peak_tflops_per_rank;
+      cl.select_dtype(dtype_name(m.dtype));
       source = "preset cpu, GEMM peak " + fmt("%.1f", cl.peak_tflops * 1e3) + " GFLOP/s";
     }
     if (cl.devices_per_node < p.tp) cl.devices_per_node = p.world;

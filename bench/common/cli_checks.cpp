@@ -112,4 +112,23 @@ int64_t ffn_or_default(int64_t hidden, int64_t ffn) {
   return 4 * hidden;
 }
 
+void add_model_flags(CLI::App& c, const ModelFlags& f) {
+  auto shown = [&](CLI::Option* o) { return f.show_defaults ? o->capture_default_str() : o; };
+  auto size = [&](const char* name, const ModelFlags::Size& s) {
+    if (!s.value) return;
+    CLI::Option* o = c.add_option(name, *s.value, s.help);
+    // A default of 0 is derived (--ffn: 4 x hidden), as the help says: no "[0]" shown.
+    (*s.value != 0 ? shown(o) : o)->check(int_at_least(1, *s.value));
+  };
+  size("--seq", f.seq);
+  size("--hidden", f.hidden);
+  size("--ffn", f.ffn);
+  size("--heads", f.heads);
+  if (f.layers)
+    shown(c.add_option("--layers", *f.layers, f.layers_help))->check(int_at_least(1, *f.layers));
+  size("--vocab", f.vocab);
+  if (f.dtype)
+    shown(c.add_option("--dtype", *f.dtype, f.dtype_help))->check(CLI::IsMember(kModelDtypes));
+}
+
 }  // namespace meshrt::cli

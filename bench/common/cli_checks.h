@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace meshrt::cli {
 
@@ -50,5 +51,28 @@ void check_zero_has_dp(int zero, int dp, const std::string& mesh);
 // --ffn, or its default 4 x hidden when not given (ffn <= 0); a --hidden whose default would
 // overflow int64 is refused, blamed on --hidden (bench block, train, tune).
 int64_t ffn_or_default(int64_t hidden, int64_t ffn);
+
+// The model flags (--seq, --hidden, --ffn, --heads, --layers, --vocab, --dtype) of every command
+// that builds or models blocks: `bench block|mlp|attn`, `sweep`, `train` and `plan` (its --dtype;
+// its --model keys parse into the same ModelSpec, mesh/model_spec.h). add_model_flags registers
+// the ones a command has (a null target: it has none) with one set of checks, so each command
+// accepts and refuses the same values with the same message: every size an integer >= 1 that its
+// variable holds (0 is no size: leave the flag out for its default, as 4 x hidden for --ffn), and
+// --dtype one of f32, bf16, f16 (docs/cli.md, "Model flags").
+struct ModelFlags {
+  struct Size {
+    int64_t* value = nullptr;
+    std::string help;
+  };
+  Size seq, hidden, ffn, heads, vocab;
+  int* layers = nullptr;
+  std::string layers_help;
+  std::string* dtype = nullptr;
+  std::string dtype_help = "f32 | bf16 | f16";
+  bool show_defaults = false;  // the help shows the flags' default values (train, plan)
+};
+void add_model_flags(CLI::App& c, const ModelFlags& f);
+// The dtypes --dtype takes, in the order the help lists them.
+inline const std::vector<std::string> kModelDtypes = {"f32", "bf16", "f16"};
 
 }  // namespace meshrt::cli

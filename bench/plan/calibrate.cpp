@@ -216,7 +216,7 @@ Measured measure_rank(const ModelSpec& m, const RankPlacement& rp, Communicator&
   co.world_size = rp.world_size;
   co.local_ranks = rp.local_size;
   Context ctx(rp.device, co);
-  const DType dt = parse_dtype(m.dtype);
+  const DType dt = m.dtype;
   Measured r;
   r.gemm = measure_gemms(m, ctx, world, dt);
   std::tie(r.attn_fwd, r.attn_bwd) = measure_attention(m, ctx, world, dt);
@@ -292,8 +292,9 @@ ClusterSpec calibrate_cluster(const ModelSpec& m, const std::string& devices, st
   MESHRT_CHECK(launch->kind() == LaunchKind::Threads,
                "--calibrate runs ranks as threads of one process; run it without mpirun");
   const bool cuda = launch->local().front().device.is_cuda();
-  log << "calibrating on " << used << " (" << launch->world_size() << " ranks), " << m.dtype
-      << ", shapes of hidden " << m.hidden << ", ffn " << m.ffn << ", seq " << m.seq << "\n";
+  log << "calibrating on " << used << " (" << launch->world_size() << " ranks), "
+      << dtype_name(m.dtype) << ", shapes of hidden " << m.hidden << ", ffn " << m.ffn << ", seq "
+      << m.seq << "\n";
   // A step runs at the pace of its slowest rank (ranks that share a host's cores are not equally
   // fast: `meshrt bench block` reports the skew), so each figure is the slowest rank's.
   std::mutex mu;
@@ -323,7 +324,7 @@ ClusterSpec calibrate_cluster(const ModelSpec& m, const std::string& devices, st
   c.nodes = 1;
   double peak = 0;
   for (const auto& [fl, rate] : slow.gemm) peak = std::max(peak, rate);
-  c.peaks[m.dtype] = peak / 1e12;
+  c.peaks[dtype_name(m.dtype)] = peak / 1e12;
   std::sort(slow.gemm.begin(), slow.gemm.end());
   for (const auto& [fl, rate] : slow.gemm) {
     // Equal FLOPs (different shapes): one point, their mean.
@@ -377,9 +378,9 @@ ClusterSpec calibrate_cluster(const ModelSpec& m, const std::string& devices, st
       << " (gemm " << bench::fmt("%.1f", slow.gemm_alone * 1e3) << " ms, all-reduce "
       << bench::fmt("%.1f", slow.coll_alone * 1e3) << " ms, both "
       << bench::fmt("%.1f", slow.both * 1e3) << " ms)\n";
-  for (int i = 0; i < 3; ++i) {
-    const plan::CollOp op = static_cast<plan::CollOp>(i);
-    c.intra[i] = W > 1 ? measure_collective(plan::coll_op_name(op), used, m.dtype, log)
+  for (CommOp op : {CommOp::AllGather, CommOp::ReduceScatter, CommOp::AllReduce}) {
+    const int i = plan::link_index(op);
+    c.intra[i] = W > 1 ? measure_collective(comm_op_name(op), used, dtype_name(m.dtype), log)
                        : plan::LinkSpec{1, 0};
     c.inter[i] = c.intra[i];  // one machine: no inter-node link
   }

@@ -33,10 +33,14 @@ std::string fmt(const char* f, double v) {
 std::string gib(double bytes) { return fmt("%.1f", bytes / (1024.0 * 1024.0 * 1024.0)); }
 
 json model_json(const ModelSpec& m) {
-  return {{"hidden", m.hidden},  {"heads", m.heads},
-          {"ffn", m.ffn},        {"layers", m.layers},
-          {"seq", m.seq},        {"vocab", m.vocab},
-          {"dtype", m.dtype},    {"kind", layer_kind_name(m.kind)},
+  return {{"hidden", m.hidden},
+          {"heads", m.heads},
+          {"ffn", m.ffn},
+          {"layers", m.layers},
+          {"seq", m.seq},
+          {"vocab", m.vocab},
+          {"dtype", dtype_name(m.dtype)},
+          {"kind", layer_kind_name(m.kind)},
           {"params", m.params()}};
 }
 
@@ -101,7 +105,7 @@ std::string params_text(int64_t n) {
 
 int run_table(const PlanOptions& o, std::ostream& out) {
   ModelSpec m = plan::parse_model_spec(o.model);
-  m.dtype = o.dtype;
+  m.dtype = parse_model_dtype(o.dtype);
   const ClusterSpec cl = plan::load_cluster(o.cluster, o.dtype);
   const Overlap ov = parse_overlap(o.overlap);
   std::vector<Prediction> all = plan::plan_all(m, cl, o.global_batch, o.buckets, ov, o.optimizer);
@@ -123,8 +127,8 @@ int run_table(const PlanOptions& o, std::ostream& out) {
                                              << "dp (try a multiple of " << cl.world() << ")");
   out << "meshrt plan: " << params_text(m.params()) << " parameters (hidden " << m.hidden
       << ", heads " << m.heads << ", ffn " << m.ffn << ", layers " << m.layers << ", seq " << m.seq
-      << ", vocab " << m.vocab << ", " << m.dtype << ") on " << cl.name << " (" << cl.world()
-      << " x " << cl.device << ", " << cl.peak_tflops << " TFLOP/s, " << cl.memory_gib
+      << ", vocab " << m.vocab << ", " << dtype_name(m.dtype) << ") on " << cl.name << " ("
+      << cl.world() << " x " << cl.device << ", " << cl.peak_tflops << " TFLOP/s, " << cl.memory_gib
       << " GiB), global batch " << o.global_batch << " sequences\n";
   out << "per step and device; mb = micro-batch per dp replica x accumulation steps; "
          "sorted by tokens/s, layouts that do not fit last\n\n";
@@ -186,7 +190,7 @@ void check_plan_options(const PlanOptions& o) {
     MESHRT_CHECK(o.global_batch >= 1, "--global-batch is required (sequences per step, >= 1)");
     plan::parse_model_spec(o.model);
   }
-  plan::dtype_bytes(o.dtype);
+  parse_model_dtype(o.dtype);
   parse_overlap(o.overlap);
   MESHRT_CHECK(o.top >= 0, "--top " << o.top << " must be >= 0");
   MESHRT_CHECK(!o.buckets.empty(), "--bucket-mb needs at least one size");
@@ -237,10 +241,7 @@ void read_sweep_config(const SweepFields& c, SweepRun& s) {
   s.m.ffn = c.integer("ffn", 1, kBig);
   s.m.layers = static_cast<int>(c.integer("layers", 1, 100000));
   s.m.seq = c.integer("seq", 1, kBig);
-  s.m.dtype = named("dtype", [](const std::string& v) {
-    plan::dtype_bytes(v);  // refuses a name the planner has no size for
-    return v;
-  });
+  s.m.dtype = named("dtype", [](const std::string& v) { return parse_model_dtype(v); });
   s.m.kind = named("kind", [](const std::string& v) { return parse_layer_kind(v); });
   s.pc.dp = static_cast<int>(c.integer("dp", 1, 1 << 20));
   s.pc.tp = static_cast<int>(c.integer("tp", 1, 1 << 20));
@@ -325,7 +326,7 @@ struct CompareRow {
 CompareRow compare_row(const SweepRun& r, size_t i, const std::string& path,
                        const std::string& cluster) {
   MESHRT_CHECK(!r.fwd_only, "--compare " << path << ": forward-only sweeps are not modelled");
-  const ClusterSpec cl = plan::load_cluster(cluster, r.m.dtype);
+  const ClusterSpec cl = plan::load_cluster(cluster, dtype_name(r.m.dtype));
   MESHRT_CHECK(r.pc.dp * r.pc.tp <= cl.world(), "--compare: the sweep ran "
                                                     << r.pc.dp * r.pc.tp << " ranks, cluster "
                                                     << cl.name << " has " << cl.world());
@@ -447,7 +448,7 @@ int run_plan(const PlanOptions& o, std::ostream& out) {
     m.ffn = 4096;
     m.seq = 512;
     if (!o.model.empty()) m = plan::parse_model_spec(o.model);
-    m.dtype = o.dtype;
+    m.dtype = parse_model_dtype(o.dtype);
     ClusterSpec c = calibrate_cluster(m, o.devices, out);
     write_file(o.calibrate_path, plan::cluster_to_json(c), "--calibrate", out);
     return 0;

@@ -21,9 +21,10 @@ class PlanCommand : public Command {
                  "A preset (h100-sxm:8, h200-sxm:8, a100-sxm:8, ':8xN' for N nodes, cpu) or a "
                  "cluster JSON file (--calibrate writes one)")
         ->capture_default_str();
-    c.add_option("--dtype", o_.dtype, "f32 | bf16 | f16")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    cli::ModelFlags m;  // the model's shape comes with --model
+    m.dtype = &o_.dtype;
+    m.show_defaults = true;
+    cli::add_model_flags(c, m);
     c.add_option("--top", o_.top, "Rows shown (0: all)")
         ->capture_default_str()
         ->check(cli::int_at_least(0, o_.top));

@@ -27,16 +27,15 @@ class SweepCommand : public Command {
     c.add_option("--sp-modes", s_.sp, "Sequence parallel runs for tp > 1: both | on | off")
         ->capture_default_str()
         ->check(CLI::IsMember({"both", "on", "off"}));
-    c.add_option("--seq", o.seq, "Sequence length (default as for bench block)")
-        ->check(cli::int_at_least(1, o.seq));
-    c.add_option("--hidden", o.hidden, "Hidden size (default as for bench block)")
-        ->check(cli::int_at_least(1, o.hidden));
-    c.add_option("--ffn", o.ffn, "MLP inner size (default 4 x hidden)")
-        ->check(cli::int_at_least(1, o.ffn));
-    c.add_option("--heads", o.heads, "Attention heads")->check(cli::int_at_least(1, o.heads));
-    c.add_option("--layers", o.layers, "Blocks stacked")->check(cli::int_at_least(1, o.layers));
-    c.add_option("--dtype", o.dtype, "f32 | bf16 | f16")
-        ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+    cli::ModelFlags m;
+    m.seq = {&o.seq, "Sequence length (default as for bench block)"};
+    m.hidden = {&o.hidden, "Hidden size (default as for bench block)"};
+    m.ffn = {&o.ffn, "MLP inner size (default 4 x hidden)"};
+    m.heads = {&o.heads, "Attention heads"};
+    m.layers = &o.layers;
+    m.layers_help = "Blocks stacked";
+    m.dtype = &o.dtype;
+    cli::add_model_flags(c, m);
     c.add_option("--steps", o.steps, "Timed steps per configuration (default 5)")
         ->check(kBenchSteps);
     c.add_option("--warmup", o.warmup, "Untimed steps per configuration (default 1)")

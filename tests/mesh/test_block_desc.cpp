@@ -42,7 +42,7 @@ std::vector<std::string> desc_piece_gemms(PieceKind piece, const BlockConfig& cf
     } else {
       out.push_back(desc_gemm_name(g.fwd));
     }
-    if (sp && ov != Overlap::None && !l.colwise) {
+    if (sp && ov != Overlap::None && !l.colwise()) {
       // A rowwise dgrad over the gathered dy, likewise one sequence shard at a time.
       for (int i = 0; i < tp; ++i) out.push_back(desc_gemm_name(shard.dgrad));
     } else {

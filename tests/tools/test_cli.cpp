@@ -1005,3 +1005,36 @@ TEST_CASE("an address-space limit (ulimit -v) is a clear error or a clean run, n
   CHECK(i.rc == 0);
   CHECK_THAT(i.out, Catch::Contains("meshrt "));
 }
+
+TEST_CASE("the model flags accept and refuse the same values in every command", "[unit]") {
+  // bench block|mlp|attn, sweep and train register them with one function (cli::add_model_flags),
+  // plan its --dtype: the same rule and the same message everywhere (docs/cli.md, "Model flags").
+  // Before, train took --ffn 0 and any --dtype the runtime knew (i32 failed only in the run).
+  const std::vector<std::string> cmds = {"bench block", "bench mlp", "bench attn", "sweep",
+                                         "train"};
+  const std::vector<RefusedCase> refused = {
+      {"--ffn 0", "--ffn: '0' is not an integer >= 1"},
+      {"--hidden -4", "--hidden: '-4' is not an integer >= 1"},
+      {"--dtype i32", "--dtype: i32 not in {f32,bf16,f16}"},
+  };
+  for (const RefusedCase& c : refused) {
+    std::vector<std::string> with = cmds;
+    if (c.args.rfind("--dtype", 0) == 0) with.push_back("plan");
+    for (const std::string& cmd : with) {
+      INFO("meshrt " << cmd << " " << c.args);
+      Run r = cli(cmd + " " + c.args);
+      CHECK(r.rc == 1);
+      CHECK(r.out.empty());
+      CHECK(r.err == "meshrt: error: " + c.expect + "\nRun with --help for more information.\n");
+    }
+  }
+  // Accepted alike: the parser gets past them to the unknown flag after.
+  for (const std::string& cmd : cmds) {
+    INFO(cmd);
+    Run r = cli(cmd + " --ffn 64 --hidden 32 --dtype f16 --frob");
+    CHECK(r.rc == 1);
+    CHECK(r.err.rfind("meshrt: error: The following argument was not expected: --frob\n", 0) == 0);
+  }
+  Run p = cli("plan --dtype f16 --frob");
+  CHECK(p.err.rfind("meshrt: error: The following argument was not expected: --frob\n", 0) == 0);
+}

@@ -11,13 +11,17 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "bench/block/block_bench.h"
 #include "bench/block/flops.h"
 #include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
 #include "mesh/block_desc.h"
+#include "mesh/model_spec.h"
+#include "mesh/optimizer.h"
 #include "plan/cost_model.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -37,7 +41,7 @@ ModelSpec model(int64_t hidden, int64_t heads, int64_t ffn, int64_t seq, int lay
   m.ffn = ffn;
   m.seq = seq;
   m.layers = layers;
-  m.dtype = "f32";
+  m.dtype = DType::f32;
   return m;
 }
 
@@ -57,7 +61,7 @@ PlanConfig cfg(int dp, int tp, bool sp, Overlap ov = Overlap::Async) {
 
 std::map<std::string, int> count_ops(const std::vector<Collective>& cs) {
   std::map<std::string, int> n;
-  for (const Collective& c : cs) ++n[coll_op_name(c.op)];
+  for (const Collective& c : cs) ++n[comm_op_name(c.op)];
   return n;
 }
 
@@ -332,7 +336,7 @@ TEST_CASE("plan: layouts, memory overflow and the reason for the best", "[unit]"
   // Per layer 4h^2 + 6h (attention, norm) + 2hf + f + 3h (MLP, norm) = 12h^2 + 13h at f = 4h;
   // embedding and LM head 2Vh, final norm 2h.
   CHECK(m.params() == 32 * (12LL * 4096 * 4096 + 13 * 4096) + 2LL * 51200 * 4096 + 2 * 4096);
-  m.dtype = "bf16";
+  m.dtype = DType::bf16;
   ClusterSpec cl = load_cluster("h100-sxm:8x4", "bf16");
   CHECK(cl.world() == 32);
   CHECK(cl.peak_tflops == 989.4);
@@ -354,7 +358,7 @@ TEST_CASE("plan: layouts, memory overflow and the reason for the best", "[unit]"
   // Any global batch up to 2^40: the micro-batches are its divisors (found up to its square root,
   // not by walking every number below it) that leave at most 4096 accumulation steps.
   ModelSpec small_m = parse_model_spec("hidden=64,heads=4,layers=1,seq=16");
-  small_m.dtype = "bf16";
+  small_m.dtype = DType::bf16;
   const int64_t huge = int64_t{1} << 40;
   const auto big = plan_all(small_m, cl, huge, {25}, Overlap::Async);
   REQUIRE(!big.empty());
@@ -561,9 +565,9 @@ TEST_CASE("plan: predicted collectives equal what a real run issues", "[multiran
     CHECK(p.dp_count == real.dp_count);
     std::map<std::string, int> predicted;
     for (const Collective& x : tp_collectives(m, c))
-      ++predicted[std::string(coll_op_name(x.op)) + "/tp"];
+      ++predicted[std::string(comm_op_name(x.op)) + "/tp"];
     for (const Collective& x : dp_collectives(m, c))
-      ++predicted[std::string(coll_op_name(x.op)) + "/dp"];
+      ++predicted[std::string(comm_op_name(x.op)) + "/dp"];
     CHECK(predicted == real.ops);
   }
 }
@@ -880,4 +884,39 @@ TEST_CASE("plan: the command checks its options and prints the table and the JSO
   // tp in {1, 2, 4} (heads 4), sp for tp > 1, micro-batches dividing 16 / dp.
   CHECK(out.str().find("  best dp=") != std::string::npos);
   CHECK(out.str().find(" wins") != std::string::npos);
+}
+
+TEST_CASE("plan: one model description, the runtime's collectives and the optimizer's state size",
+          "[unit]") {
+  // plan's model is mesh/model_spec.h's, with the runtime's DType (--dtype sets it).
+  static_assert(std::is_same_v<plan::ModelSpec, meshrt::ModelSpec>);
+  ModelSpec m = parse_model_spec("hidden=64,heads=4,seq=16,layers=2");
+  CHECK(m.dtype == DType::bf16);
+  CHECK(m.ffn == 256);
+  CHECK(parse_model_dtype("f16") == DType::f16);
+  CHECK_THROWS_WITH(parse_model_dtype("i32"),
+                    Catch::StartsWith("dtype 'i32': use f32, bf16 or f16"));
+  // The collectives are the runtime's CommOps; the cluster's links exist for the three it issues.
+  PlanConfig c;
+  c.tp = 2;
+  c.sp = true;
+  std::set<CommOp> ops;
+  for (const Collective& x : tp_collectives(m, c)) ops.insert(x.op);
+  // sp: sequence all-gathers and reduce-scatters, and the norms' gradient all-reduce.
+  CHECK(ops == std::set<CommOp>{CommOp::AllReduce, CommOp::AllGather, CommOp::ReduceScatter});
+  CHECK(link_index(CommOp::AllReduce) == 0);
+  CHECK(link_index(CommOp::ReduceScatter) == 2);
+  CHECK_THROWS_WITH(link_index(CommOp::Broadcast),
+                    Catch::StartsWith("planner: no link figures for broadcast (only all_reduce, "
+                                      "all_gather and reduce_scatter)"));
+  // The optimizer reports its state's size; the planner's memory is that per local parameter.
+  CHECK(optimizer_state_bytes_per_element(OptimizerKind::AdamW) == 8);
+  CHECK(optimizer_state_bytes_per_element(OptimizerKind::Sgd) == 4);
+  CHECK(optimizer_state_names(OptimizerKind::AdamW) ==
+        std::vector<std::string>{"exp_avg", "exp_avg_sq"});
+  CHECK(is_optimizer_state_name("momentum"));
+  CHECK_FALSE(is_optimizer_state_name("exp_avg_sqr"));
+  m.dtype = DType::f32;
+  const Memory mem = memory_per_device(m, PlanConfig{});
+  CHECK(mem.optimizer == static_cast<double>(m.params()) * 8);
 }

@@ -23,8 +23,7 @@ void apply_model_spec(BlockConfig& c, const ModelSpec& m) {
   c.dtype = m.dtype;
 }
 
-ModelSpec model_spec(const BlockConfig& c, LayerKind kind, int layers, int64_t seq,
-                     int64_t vocab) {
+ModelSpec model_spec(const BlockConfig& c, LayerKind kind, int layers, int64_t seq, int64_t vocab) {
   ModelSpec m;
   m.hidden = c.hidden;
   m.heads = c.heads;

@@ -36,9 +36,10 @@ MESHRT_API ParallelStyle colwise_parallel(bool sequence_parallel);
 // Linear, weight sharded on in: Shard(-1) in, Partial reduced to Replicate (or reduce-scattered
 // to Shard(0)) out; bias replicated, added once.
 MESHRT_API ParallelStyle rowwise_parallel(bool sequence_parallel);
-// The style of one of the blocks' linears (mesh/block_desc.h): colwise or rowwise as the
-// description says. The executors build their linears with it and the planner's cost model reads
-// the same styles for the linears' collectives and buffers.
+// The style of one of the blocks' linears (mesh/block_desc.h): the ParallelStyle of the
+// LinearStyle its style plan gave it (mesh/style_plan.h: colwise_parallel, rowwise_parallel). A new
+// LinearStyle gets its case here. The executors build their linears with it and the planner's cost
+// model reads the same styles for the linears' collectives and buffers.
 MESHRT_API ParallelStyle linear_style(const LinearDesc& d, bool sequence_parallel);
 // Whether a linear of style `s` runs a GEMM over a sequence all-gather one sequence shard at a
 // time, the rank's own shard first while the gather is in flight (Linear::gemm_local_first):

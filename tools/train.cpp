@@ -146,6 +146,9 @@ void add_optimizer_flags(CLI::App* c, TrainCliOptions& o) {
       ->capture_default_str()
       ->check(kPositive);
   c->add_flag("--bf16-grads", o.bf16_grads, "Communicate f32 gradients as bf16");
+  c->add_flag("--deterministic", o.deterministic,
+              "Bitwise identical results on any dp size, micro-batching, --bucket-mb, --overlap, "
+              "--zero and backend (docs/training.md#deterministic-training)");
   c->add_option("--zero", o.zero,
                 "ZeRO stage over dp: 0 replicated, 1 shard the optimizer state, 2 also the "
                 "gradients, 3 also the parameters (docs/zero.md)")
@@ -284,6 +287,7 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("bucket-mb", bucket_mb),
     MESHRT_SHARED("mem-limit-mb", mem_limit_mb),
     MESHRT_SHARED("bf16-grads", bf16_grads),
+    MESHRT_SHARED("deterministic", deterministic),
     MESHRT_SHARED("zero", zero),
     MESHRT_SHARED("overlap", overlap),
     MESHRT_SHARED("compare", compare),
@@ -418,6 +422,7 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.min_lr = o.min_lr;
   c.dp.bucket_mb = o.bucket_mb;
   c.dp.bf16_comm = o.bf16_grads;
+  c.deterministic = o.deterministic;
   c.dp.zero = o.zero;
   c.grad_sync = mode;
   c.staleness = o.staleness;

@@ -4,11 +4,15 @@
 // flag the layouts do differ (so the comparisons can fail).
 #include <unistd.h>
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <string>
 
 #include "collectives/fixed_order.h"
+#include "kernels/deterministic.h"
+#include "kernels/ops.h"
 #include "mesh/train.h"
 #include "tests/mesh/harness.h"
 
@@ -194,4 +198,43 @@ TEST_CASE("without --deterministic the layouts differ (the control of the tests 
   // Rounding only: close, but not the same bits.
   CHECK(!(dp4 == ref && micro == ref));
   CHECK(std::abs(dp4.loss.back() - ref.loss.back()) < 1e-4);
+}
+
+namespace {
+// C = A B (m = 512 rows: 2 row panels on a 2-thread pool, 1 on a 1-thread pool) on a context
+// whose pool has cores / local_ranks threads; the bytes of C.
+std::vector<float> gemm_on(int local_ranks, bool pinned) {
+  ContextOptions o;
+  o.local_ranks = local_ranks;
+  Context ctx(Device::cpu(0), o);
+  if (pinned) ops::set_deterministic_gemm(ctx, true);
+  Stream& s = ctx.compute_stream();
+  Tensor a = ctx.empty({512, 128}, DType::f32), b = ctx.empty({128, 64}, DType::f32),
+         c = ctx.empty({512, 64}, DType::f32);
+  a.init_philox_(PhiloxInit{7, 0, PhiloxInit::Dist::Normal, 0.f, 1.f}, a.shape(), {0, 0}, s);
+  b.init_philox_(PhiloxInit{7, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, b.shape(), {0, 0}, s);
+  ops::gemm(ctx, s, a, false, b, false, c);
+  Tensor h = c.to(ctx.host_allocator(), s);
+  s.synchronize();
+  return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
+}
+
+int pool_threads() {
+  Context ctx(Device::cpu(0), ContextOptions{});
+  return ops::host_threads(ctx);
+}
+}  // namespace
+
+TEST_CASE("deterministic GEMM panels do not depend on the host thread count",
+          "[deterministic][unit]") {
+  const std::vector<float> two = gemm_on(1, true), one = gemm_on(2, true);
+  CHECK(std::memcmp(two.data(), one.data(), two.size() * sizeof(float)) == 0);
+  // The control, where the kernels round by panel rows (OpenBLAS's Haswell kernels; ctest runs
+  // this case again under OPENBLAS_CORETYPE=Haswell) and the machine has 2 cores for 2 panels:
+  // unpinned, the thread count shows.
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  if (core != nullptr && std::string(core) == "Haswell" && pool_threads() >= 2) {
+    const std::vector<float> u2 = gemm_on(1, false), u1 = gemm_on(2, false);
+    CHECK(std::memcmp(u2.data(), u1.data(), u2.size() * sizeof(float)) != 0);
+  }
 }

@@ -1,7 +1,7 @@
 #!/bin/sh
 # --deterministic across backends and launches (issue 55): the same run as 1 thread, as 4 host
 # threads (ZeRO 2), as 2 processes on the shm backend (file rendezvous, ZeRO 3, small buckets),
-# and under mpirun as 3 processes on the MPI backend and as 2 on hier prints the same loss at
+# and under mpirun as 3 processes on the MPI backend and as 4 on hier (2 simulated nodes) prints the same loss at
 # every step and the same state digest (parameters and AdamW moments after the last step).
 # Without the flag, the thread and 4-thread runs differ (the control).
 # Usage: train_deterministic_backends.sh <meshrt> <mpirun.sh> <mpiexec> [mpiexec flags...]
@@ -37,7 +37,9 @@ check shm
 "$@" -np 3 "$meshrt" $args --deterministic --devices cpu --mesh dp=3 --backend mpi \
   >"$work/mpi.txt" 2>"$work/mpi-err.txt" || { cat "$work/mpi-err.txt"; exit 1; }
 check mpi
-"$@" -np 2 "$meshrt" $args --deterministic --devices cpu --mesh dp=2 --backend hier --micro-batches 2 \
+# hier: 4 ranks on 2 simulated nodes (MESHRT_NODE_ID = MPI rank / 2).
+"$@" -np 4 sh -c 'MESHRT_NODE_ID=$((OMPI_COMM_WORLD_RANK / 2)) exec "$0" "$@"' "$meshrt" $args \
+  --deterministic --devices cpu --mesh dp=4 --backend hier --micro-batches 3 \
   >"$work/hier.txt" 2>"$work/hier-err.txt" || { cat "$work/hier-err.txt"; exit 1; }
 check hier
 # The control: the same two thread layouts without the flag.

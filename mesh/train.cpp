@@ -296,6 +296,12 @@ void validate_train(const TrainConfig& cfg, int world_size) {
   MESHRT_CHECK(!cfg.deterministic || cfg.model.block.dtype == DType::f32,
                "train: --deterministic sums f32 gradients in a fixed order; --dtype "
                    << dtype_name(cfg.model.block.dtype) << " is not supported with it: use f32");
+  MESHRT_CHECK(!cfg.deterministic || (cfg.deterministic_grain >= 1 &&
+                                      cfg.batch % (dp * cfg.deterministic_grain) == 0),
+               "train: --deterministic-grain "
+                   << cfg.deterministic_grain << " does not divide the " << cfg.batch / dp
+                   << " sequences of a dp rank (--batch " << cfg.batch << " over dp=" << dp
+                   << "); use a grain that divides it (1 always does)");
   MESHRT_CHECK(!cfg.deterministic || !cfg.dp.bf16_comm,
                "train: --bf16-grads rounds the gradients to bf16 before the dp sum, and "
                "--deterministic sums them in f32 in a fixed order; drop one of them");
@@ -373,7 +379,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     sync.set_sumsq_probe(probe ? sumsq : Tensor());
     // --deterministic: the loss is the global batch's already, the gradients reduced.
     Tensor loss_sum = cfg.deterministic
-                          ? deterministic_step(ctx, mesh, model, sync, cfg.batch, step, batch_of)
+                          ? deterministic_step(ctx, mesh, model, sync, cfg.batch,
+                                               cfg.deterministic_grain, step, batch_of)
                           : forward_backward(cfg, ctx, mesh, model, sync, step);
     if (cfg.deterministic) sync.sum_squares_reduced(sumsq);
     // --- guard: the gradients about to be applied, the loss and the stop request, agreed by

@@ -42,6 +42,9 @@ struct TrainConfig {
   // --deterministic (docs/training.md): bitwise identical results on any dp size, micro-batching,
   // bucket size, overlap, ZeRO stage and backend (mesh/train_deterministic.h).
   bool deterministic = false;
+  // Sequences per grain (one forward / backward each, a leaf of the fixed tree): the promise
+  // holds across the layouts whose local batch divides by it.
+  int64_t deterministic_grain = 1;
   // Steps (1-based) after which StepStats::state_digest is computed (train_state_digest); with
   // --deterministic also the last step, and rank 0 prints "state digest ..." at the end.
   std::vector<int> digest_steps;

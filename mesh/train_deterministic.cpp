@@ -6,11 +6,11 @@
 namespace meshrt {
 
 Tensor deterministic_step(Context& ctx, DeviceMesh& mesh, DecoderModel& model, GradSync& sync,
-                          int64_t batch, int step, const BatchFn& make_batch) {
+                          int64_t batch, int64_t grain, int step, const BatchFn& make_batch) {
   MESHRT_CHECK(sync.deterministic(), "train: deterministic_step needs a deterministic GradSync");
   Stream& cs = ctx.compute_stream();
   const int dp = mesh.size(kDpDim), r = dp > 1 ? mesh.coord(kDpDim) : 0;
-  const int64_t lo = batch * r / dp, hi = batch * (r + 1) / dp;
+  const int64_t leaves = batch / grain, lo = leaves * r / dp, hi = leaves * (r + 1) / dp;
   const FixedOrderOps fo = sync.fixed_order_ops();
   // The grains' losses in the same tree, padded to dp elements (the reduction's chunks).
   FixedOrderStack losses(fo);
@@ -18,7 +18,7 @@ Tensor deterministic_step(Context& ctx, DeviceMesh& mesh, DecoderModel& model, G
   for (int64_t g = lo; g < hi; ++g) {
     sync.zero_grad(/*first_write=*/true);
     Tensor ids, targets;
-    make_batch(static_cast<int64_t>(step) * batch + g, 1, &ids, &targets);
+    make_batch(static_cast<int64_t>(step) * batch + g * grain, grain, &ids, &targets);
     Tensor loss = model.forward(ids, targets, &sync);
     model.backward(1.f, &sync);
     sync.push_grain(g);
@@ -26,12 +26,12 @@ Tensor deterministic_step(Context& ctx, DeviceMesh& mesh, DecoderModel& model, G
     leaf.narrow(0, 0, 1).copy_(loss, cs);
     losses.push_leaf(g, leaf, cs);
   }
-  sync.reduce_grains(batch);
+  sync.reduce_grains(leaves);
   std::vector<Tensor> blocks;
   for (const auto& nt : losses.nodes()) blocks.push_back(nt.second);
   Tensor root = ctx.empty({dp}, DType::f32), loss = ctx.empty({1}, DType::f32);
-  fixed_order_sum(sync.scheduler(), blocks, batch, root, /*all=*/true, fo);
-  ops::scale(ctx, cs, root.narrow(0, 0, 1), loss, 1.f / static_cast<float>(batch));
+  fixed_order_sum(sync.scheduler(), blocks, leaves, root, /*all=*/true, fo);
+  ops::scale(ctx, cs, root.narrow(0, 0, 1), loss, 1.f / static_cast<float>(leaves));
   return loss;
 }
 

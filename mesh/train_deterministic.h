@@ -18,12 +18,13 @@ namespace meshrt {
 // Writes the samples [first, first + n) of the step's data stream into ids / targets.
 using BatchFn = std::function<void(int64_t first, int64_t n, Tensor* ids, Tensor* targets)>;
 
-// The forward and backward of step `step` (0-based) over a global batch of `batch` sequences:
-// dp rank r holds grains [batch r / dp, batch (r + 1) / dp). Leaves the reduced gradients in
+// The forward and backward of step `step` (0-based) over a global batch of `batch` sequences in
+// grains of `grain` sequences (n = batch / grain leaves): dp rank r holds the grains
+// [n r / dp, n (r + 1) / dp). Leaves the reduced gradients in
 // `sync` (GradSync::reduce_grains) and returns the global batch's mean loss, a [1] f32 tensor
 // equal on every rank and layout.
 Tensor deterministic_step(Context& ctx, DeviceMesh& mesh, DecoderModel& model, GradSync& sync,
-                          int64_t batch, int step, const BatchFn& make_batch);
+                          int64_t batch, int64_t grain, int step, const BatchFn& make_batch);
 
 // FNV-1a (64-bit) over the bytes of every parameter and every optimizer state tensor, in parameter
 // order: this rank's tp shards, whole over dp (ZeRO's shards are gathered and sharded again, so it

@@ -238,3 +238,18 @@ TEST_CASE("deterministic GEMM panels do not depend on the host thread count",
     CHECK(std::memcmp(u2.data(), u1.data(), u2.size() * sizeof(float)) != 0);
   }
 }
+
+TEST_CASE("deterministic training with 2-sequence grains: every layout the grain allows agrees",
+          "[deterministic][train][multirank]") {
+  auto grain2 = [](const Layout& l) {
+    TrainConfig c = cfg_of(l);
+    c.deterministic_grain = 2;
+    return c;
+  };
+  const Bits ref = run(1, grain2({"dp=1", 1, "dp=1"}));
+  CHECK(run(2, grain2({"dp=2, zero 2", 2, "dp=2", 1, 25.0, 2})) == ref);
+  CHECK(run(3, grain2({"dp=3, 1 KiB buckets", 3, "dp=3", 2, 0.001})) == ref);
+  // dp=4 holds 3 sequences per rank: not a whole number of grains.
+  CHECK_THROWS_WITH(run(4, grain2({"dp=4", 4, "dp=4"})),
+                    Catch::Contains("--deterministic-grain 2 does not divide the 3 sequences"));
+}

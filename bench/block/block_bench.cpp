@@ -172,6 +172,23 @@ BlockInputs block_inputs(Context& ctx, const DeviceMesh& mesh, const BlockPlan& 
   return in;
 }
 
+// The dp gradient sync's options of this run.
+DpOptions dp_options(const BlockBenchOptions& o, const BlockPlan& p) {
+  DpOptions dpo;
+  dpo.bucket_mb = o.bucket_mb;
+  dpo.overlap = p.overlap == Overlap::None ? Overlap::None : Overlap::Async;
+  dpo.zero = o.zero;
+  dpo.deterministic = o.deterministic;
+  return dpo;
+}
+
+// The stack's parameters by piece (ZeRO 3's gather units).
+std::vector<std::vector<Param*>> stack_pieces(const BlockStack& stack) {
+  std::vector<std::vector<Param*>> out;
+  for (const StackPiece& pc : stack.pieces()) out.push_back(pc.params);
+  return out;
+}
+
 // --deterministic's forward and backward (docs/training.md): each sequence of the rank's batch
 // alone, its gradients pushed into the fixed tree over the global sequence index, then reduced
 // over dp in fixed order (GradSync::push_grain, reduce_grains).
@@ -256,15 +273,8 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   CommScheduler tp(mesh, kTpDim, p.overlap);
   BlockStack stack(mesh, tp, topt, p.cfg, p.kind, p.layers);
   const std::vector<Param*> params = stack.params();
-  DpOptions dpo;
-  dpo.bucket_mb = o.bucket_mb;
-  dpo.overlap = p.overlap == Overlap::None ? Overlap::None : Overlap::Async;
-  dpo.zero = o.zero;
-  dpo.deterministic = o.deterministic;
   if (o.deterministic) ops::set_deterministic_gemm(ctx, true);
-  std::vector<std::vector<Param*>> piece_params;
-  for (const StackPiece& pc : stack.pieces()) piece_params.push_back(pc.params);
-  GradSync sync(mesh, params, dpo, 1, piece_params);
+  GradSync sync(mesh, params, dp_options(o, p), 1, stack_pieces(stack));
   sync.broadcast_params();  // a no-op at dp=1; identical init makes it a formality otherwise
   sync.shard_params();      // --zero 3: each rank keeps its shard
 

@@ -89,9 +89,12 @@ Event fixed_order_reduce_scatter(Communicator& comm, const std::vector<Tensor>& 
   }
   // Slot (j, k) of the send buffer: chunk j of this rank's node k, for rank j (unused: zeros).
   const int64_t chunk = n / p, K = static_cast<int64_t>(k_max);
-  Tensor send = Tensor::empty({p * K * chunk}, DType::f32, ops.allocator, &stream);
+  // One node per rank (power-of-two layouts): the node's own buffer is the send buffer.
+  const bool direct = K == 1 && blocks.size() == 1 && blocks[0].is_contiguous();
+  Tensor send =
+      direct ? blocks[0] : Tensor::empty({p * K * chunk}, DType::f32, ops.allocator, &stream);
   Tensor recv = Tensor::empty({p * K * chunk}, DType::f32, ops.allocator, &stream);
-  for (int64_t j = 0; j < p; ++j)
+  for (int64_t j = 0; j < p && !direct; ++j)
     for (int64_t k = 0; k < K; ++k) {
       Tensor slot = send.narrow(0, (j * K + k) * chunk, chunk);
       if (k < static_cast<int64_t>(blocks.size()))

@@ -431,8 +431,8 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     skipped_total += st.skipped ? 1 : 0;
     st.skipped_steps = skipped_total;
-    metrics.record(ctx, &st, st.grad_norm, skipped_total, world.rank() == 0 ? log : nullptr);
     st.grad_norm = verdict.finite() ? opt.last_grad_norm() : -1.0;
+    metrics.record(ctx, &st, st.grad_norm, skipped_total, world.rank() == 0 ? log : nullptr);
     digest_step(cfg, ctx, model, opt, st.step == cfg.steps || verdict.stop,
                 world.rank() == 0 ? log : nullptr, &st);
     if (cfg.on_step) cfg.on_step(st);

@@ -47,6 +47,10 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
                "data parallel: bucket size " << opts.bucket_mb << " MiB must be positive");
   MESHRT_CHECK(grad_sets >= 1, "data parallel: grad_sets " << grad_sets << " < 1");
   validate_zero_stage(opts.zero);
+  MESHRT_CHECK(!opts.deterministic || (grad_sets == 1 && !opts.bf16_comm),
+               "data parallel: --deterministic reduces one gradient set in f32 (got "
+                   << grad_sets << " sets" << (opts.bf16_comm ? ", --bf16-grads" : "")
+                   << "); use --grad-sync sync without --bf16-grads");
   MESHRT_CHECK(opts.zero == 0 || grad_sets == 1, "data parallel: --zero "
                                                      << opts.zero << " keeps one gradient set, not "
                                                      << grad_sets << " (use --grad-sync sync)");
@@ -97,7 +101,8 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
   for (Param* p : params_) p->grad = Tensor();
   for (auto& b : buckets_) {
     // ZeRO pads the flat buffers to a multiple of dp (zero padding: it adds nothing to sums).
-    b.padded = opts.zero > 0 ? (b.numel + dp - 1) / dp * dp : b.numel;
+    // (--deterministic: too, its reduction is a reduce-scatter into dp equal chunks.)
+    b.padded = opts.zero > 0 || opts.deterministic ? (b.numel + dp - 1) / dp * dp : b.numel;
     if (opts.zero > 0) {
       // The parameters move into one flat buffer per bucket, so a rank's updated shard is
       // all-gathered in place; each bucket's old tensors are freed before the next is moved.
@@ -480,6 +485,102 @@ void GradSync::average_params() {
   std::vector<Event> evs;
   for (Param* p : params_) evs.push_back(dp_.all_reduce(p->value, "dp.param.avg", ReduceOp::Avg));
   for (auto& e : evs) dp_.wait(e);
+}
+
+// --- deterministic ---
+
+FixedOrderOps GradSync::fixed_order_ops() const {
+  Context& ctx = mesh_.ctx();
+  FixedOrderOps o;
+  o.allocator = ctx.allocator_ptr();
+  o.add = [&ctx](const Tensor& acc, const Tensor& x, Stream& st) {
+    ops::add(ctx, st, acc, x, acc);
+  };
+  return o;
+}
+
+Event fixed_order_sum(CommScheduler& dp, const std::vector<Tensor>& blocks, int64_t leaves,
+                      const Tensor& out, bool all, const FixedOrderOps& fo) {
+  Stream& cs = dp.compute();
+  std::vector<int64_t> bounds;
+  for (int r = 0; r <= dp.size(); ++r) bounds.push_back(leaves * r / dp.size());
+  if (dp.size() == 1) {  // no dp group to name: the same tree, folded here
+    FixedOrderStack stack(fo);
+    const auto nodes = fixed_order_nodes(0, leaves);
+    MESHRT_CHECK(nodes.size() == blocks.size(), "fixed-order sum: " << blocks.size()
+                                                                    << " partial sums for "
+                                                                    << nodes.size() << " nodes");
+    for (size_t k = 0; k < nodes.size(); ++k) stack.push(nodes[k], blocks[k], cs);
+    out.copy_(stack.fold(cs), cs);
+    return cs.record();
+  }
+  return all ? fixed_order_all_reduce(dp.group(), blocks, bounds, out, cs, fo)
+             : fixed_order_reduce_scatter(dp.group(), blocks, bounds, out, cs, fo);
+}
+
+void GradSync::push_grain(int64_t grain) {
+  MESHRT_CHECK(opts_.deterministic, "GradSync: push_grain needs DpOptions::deterministic");
+  Context& ctx = mesh_.ctx();
+  Stream& cs = ctx.compute_stream();
+  const size_t s = static_cast<size_t>(active_);
+  if (!grains_) {
+    grains_numel_ = 0;
+    for (const Bucket& b : buckets_) {
+      MESHRT_CHECK(b.dtype == DType::f32, "data parallel: --deterministic sums f32 gradients; "
+                                              << b.params.front()->name << " is "
+                                              << dtype_name(b.dtype) << ": train in f32");
+      bucket_at_.push_back(grains_numel_);
+      grains_numel_ += b.padded;
+    }
+    grains_ = std::make_unique<FixedOrderStack>(fixed_order_ops());
+  }
+  Tensor leaf = ctx.empty({grains_numel_}, DType::f32);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    Tensor dst = leaf.narrow(0, bucket_at_[i], b.padded);
+    if (b.flat[s].defined())
+      dst.copy_(b.flat[s], cs);
+    else
+      dst.zero_(cs);  // ZeRO 2 / 3: no backward wrote this bucket
+  }
+  grains_->push_leaf(grain, leaf, cs);
+}
+
+void GradSync::reduce_grains(int64_t grains) {
+  MESHRT_CHECK(grains_ && !grains_->nodes().empty(),
+               "GradSync: reduce_grains needs the step's grains (push_grain)");
+  Context& ctx = mesh_.ctx();
+  Stream& cs = ctx.compute_stream();
+  const size_t s = static_cast<size_t>(active_);
+  const int p = dp_.size();
+  const FixedOrderOps fo = fixed_order_ops();
+  const float inv = 1.f / static_cast<float>(grains);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    std::vector<Tensor> blocks;
+    for (const auto& nt : grains_->nodes())
+      blocks.push_back(nt.second.narrow(0, bucket_at_[i], b.padded));
+    const int64_t chunk = b.padded / p;
+    if (opts_.zero < 2 && !b.flat[s].defined()) allocate_full(b, s);
+    const Tensor out =
+        opts_.zero >= 2 ? b.grad_shard[s] : b.flat[s].narrow(0, dp_rank() * chunk, chunk);
+    fixed_order_sum(dp_, blocks, grains, out, false, fo);
+    ops::scale(ctx, cs, out, out, inv);
+    if (opts_.zero < 2 && p > 1) dp_.group().all_gather(out, b.flat[s], cs);
+    if (opts_.zero >= 2) {
+      b.flat[s] = Tensor();
+      for (Param* q : b.params) q->grad = Tensor();
+    }
+    b.launched[s] = false;
+  }
+  grains_->clear();
+}
+
+void GradSync::sum_squares_reduced(const Tensor& out) {
+  const size_t s = static_cast<size_t>(active_);
+  for (const Bucket& b : buckets_)
+    ops::sum_squares(mesh_.ctx(), mesh_.ctx().compute_stream(),
+                     opts_.zero >= 2 ? b.grad_shard[s] : b.flat[s], out);
 }
 
 }  // namespace meshrt

@@ -16,8 +16,10 @@
 // (release_piece). The optimizer updates the shards in place and gathers nothing.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "collectives/fixed_order.h"
 #include "mesh/parallel.h"
 #include "meshrt/export.h"
 
@@ -28,6 +30,9 @@ struct MESHRT_API DpOptions {
   bool bf16_comm = false;   // communicate f32 gradients as bf16 (reduced in f32, cast back)
   Overlap overlap = Overlap::Async;  // None: wait for each bucket right after launching it
   int zero = 0;                      // ZeRO stage 0, 1, 2 or 3 (see above)
+  // --deterministic (docs/training.md): the step's gradients are summed per grain (push_grain)
+  // and reduced over dp in one fixed tree (reduce_grains) instead of bucket all-reduces.
+  bool deterministic = false;
 };
 
 // Throws naming the stage and what to use instead: --zero outside 0..3.
@@ -42,6 +47,14 @@ struct MESHRT_API ShardPiece {
   Tensor value, grad;
   int64_t at = 0, len = 0, offset = 0;
 };
+
+// The fixed-order sum (collectives/fixed_order.h) of `leaves` leaves spread evenly over dp
+// (rank r: [leaves r / dp, leaves (r + 1) / dp)), from this rank's node partials `blocks`: `out`
+// is the root's chunk of this rank (or, with `all`, the whole root). On the compute stream; dp = 1
+// folds locally (a mesh without a dp dim has no group).
+MESHRT_API Event fixed_order_sum(CommScheduler& dp, const std::vector<Tensor>& blocks,
+                                 int64_t leaves, const Tensor& out, bool all,
+                                 const FixedOrderOps& fo);
 
 class MESHRT_API GradSync {
  public:
@@ -104,8 +117,26 @@ class MESHRT_API GradSync {
   // Local SGD: average the parameter values over dp (collective; compute waits at the end).
   void average_params();
 
+  // --- deterministic (DpOptions::deterministic; mesh/deterministic.h) ---
+  // Adds the gradients the model's backward just wrote (one grain: global sample `grain`, with
+  // zero_grad before its backward and sync disabled) to the step's fixed tree of partial sums.
+  void push_grain(int64_t grain);
+  // The step's reduction: every grain's gradient summed over dp in the fixed tree over `grains`
+  // (the global batch; this rank held [dp_rank x grains / dp, ...)) and scaled by 1 / grains,
+  // into the buckets (stages 0, 1: whole; 2, 3: this rank's shard); the stack is emptied. On the
+  // compute stream; the optimizer's waits are no-ops afterwards.
+  void reduce_grains(int64_t grains);
+  // out[0] += the sum of squares of the reduced gradients this rank holds (reduce_grains').
+  void sum_squares_reduced(const Tensor& out);
+  // Stages 2 and 3: the reduced gradient shard of bucket b (of the active set).
+  const Tensor& grad_shard(int b) const {
+    return buckets_[static_cast<size_t>(b)].grad_shard[static_cast<size_t>(active_)];
+  }
+  FixedOrderOps fixed_order_ops() const;
+
   // --- ZeRO (zero() >= 1) ---
   int zero() const { return opts_.zero; }
+  bool deterministic() const { return opts_.deterministic; }
   // Elements of bucket b: its parameters', its padded size (a multiple of dp), a rank's shard.
   int64_t bucket_numel(int b) const { return buckets_[static_cast<size_t>(b)].numel; }
   int64_t shard_numel(int b) const;
@@ -187,6 +218,11 @@ class MESHRT_API GradSync {
   std::vector<std::vector<int>> piece_buckets_;
   std::vector<bool> piece_gathered_;
   std::vector<Event> released_;
+  // Deterministic: the binary counter of whole-gradient partial sums (every bucket's padded
+  // buffer, concatenated in bucket order at bucket_at_).
+  std::unique_ptr<FixedOrderStack> grains_;
+  std::vector<int64_t> bucket_at_;
+  int64_t grains_numel_ = 0;
   int sets_ = 1;
   int active_ = 0;
   bool sync_enabled_ = true;

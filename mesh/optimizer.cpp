@@ -313,16 +313,45 @@ void Optimizer::set_steps(int64_t n) {
 }
 
 double Optimizer::grad_norm() {
-  if (zero_ && zero_->zero() >= 2) return grad_norm_sharded();
+  if (zero_ && zero_->zero() >= 2)
+    return zero_->deterministic() ? grad_norm_gathered() : grad_norm_sharded();
+  std::vector<Tensor> grads;
+  for (Param* p : params_) grads.push_back(p->grad);
+  return norm_of(grads);
+}
+
+double Optimizer::norm_of(const std::vector<Tensor>& grads) {
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
   // [0]: tp-sharded parameters (summed over tp), [1]: replicated ones (already complete).
   Tensor acc_sharded = ctx.zeros({1, 1}, DType::f32), acc_repl = ctx.zeros({1, 1}, DType::f32);
-  for (Param* p : params_) {
-    const bool sharded = p->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
-    ops::sum_squares(ctx, cs, p->grad.contiguous(cs), sharded ? acc_sharded : acc_repl);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const bool sharded = params_[i]->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
+    ops::sum_squares(ctx, cs, grads[i].contiguous(cs), sharded ? acc_sharded : acc_repl);
   }
   return norm_from_squares(acc_sharded, acc_repl);
+}
+
+// The shards are all-gathered bucket by bucket (the whole gradient exists for this moment): the
+// same tensors, chunks and order as grad_norm() at stages 0 and 1, so the same bits on any dp.
+double Optimizer::grad_norm_gathered() {
+  Context& ctx = mesh_.ctx();
+  CommScheduler dp(mesh_, kDpDim, Overlap::None);
+  std::vector<Tensor> grads(params_.size());
+  for (int b = 0; b < zero_->num_buckets(); ++b) {
+    Tensor full = ctx.empty({zero_->padded_numel(b)}, DType::f32);
+    dp.all_gather(zero_->grad_shard(b), full, "grad_norm.gather");
+    const auto& ps = zero_->bucket(b);
+    for (size_t slot = 0; slot < ps.size(); ++slot) {
+      const int64_t at = zero_->bucket_offset(b, static_cast<int>(slot));
+      const int64_t end = slot + 1 < ps.size() ? zero_->bucket_offset(b, static_cast<int>(slot) + 1)
+                                               : zero_->bucket_numel(b);
+      const size_t i = static_cast<size_t>(std::find(params_.begin(), params_.end(), ps[slot]) -
+                                           params_.begin());
+      grads[i] = full.narrow(0, at, end - at);
+    }
+  }
+  return norm_of(grads);
 }
 
 // The norm from the summed squares of the tp-sharded parameters (summed over tp here) and of the

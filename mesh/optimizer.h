@@ -120,6 +120,10 @@ class MESHRT_API Optimizer {
   void update_shard(int b, float lr);
   void step_sharded(float lr);
   double grad_norm_sharded();
+  // --deterministic at stages 2 and 3: the whole gradients' norm, as stages 0 and 1 compute it.
+  double grad_norm_gathered();
+  // The norm of `grads` (one per parameter, in params_ order).
+  double norm_of(const std::vector<Tensor>& grads);
   double norm_from_squares(const Tensor& acc_sharded, const Tensor& acc_repl);
   void scale_grads(float f);
 

@@ -7,8 +7,10 @@
 #include <limits>
 #include <sstream>
 
+#include "kernels/deterministic.h"
 #include "mesh/token_data.h"
 #include "mesh/train_checkpoint.h"
+#include "mesh/train_deterministic.h"
 #include "mesh/train_guard.h"
 #include "mesh/train_metrics.h"
 #include "runtime/error.h"
@@ -111,6 +113,21 @@ void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, 
   print_line(log, line.str());
 }
 
+// TrainConfig::digest_steps' digest, and --deterministic's at the last step with its line (on
+// `log`, rank 0's): runs of any layout at the same tp print the same digest.
+void digest_step(const TrainConfig& cfg, Context& ctx, DecoderModel& model, Optimizer& opt,
+                 bool last, std::ostream* log, StepStats* st) {
+  if (std::count(cfg.digest_steps.begin(), cfg.digest_steps.end(), st->step) > 0 ||
+      (cfg.deterministic && last))
+    st->state_digest = train_state_digest(ctx, model.params(), opt);
+  if (!cfg.deterministic || !last || !log) return;
+  std::ostringstream line;
+  line << "state digest " << std::hex << std::setw(16) << std::setfill('0') << st->state_digest
+       << std::dec << " after step " << st->step
+       << " (parameters and optimizer state, this tp shard; --deterministic runs agree on it)\n";
+  print_line(*log, line.str());
+}
+
 // The validation loss after step st->step (rank 0 prints "val step N loss X"); a stop agreed
 // during it joins the step's verdict, and no loss is printed.
 void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, DeviceMesh& mesh,
@@ -185,6 +202,30 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
   throw NonFiniteError(os.str());
 }
 
+// One step's micro-batches: forward and backward, the last one launching the buckets'
+// reductions. Returns this rank's mean loss (the dp average is taken after the update).
+Tensor forward_backward(const TrainConfig& cfg, Context& ctx, DeviceMesh& mesh, DecoderModel& model,
+                        GradSync& sync, int step) {
+  Stream& cs = ctx.compute_stream();
+  const int64_t local_batch = cfg.batch / mesh.size(kDpDim),
+                micro = local_batch / cfg.micro_batches;
+  const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
+  sync.zero_grad(/*first_write=*/true);  // model.backward (each micro-batch) runs before reads
+  Tensor loss_sum = ctx.zeros({1}, DType::f32);
+  for (int mb = 0; mb < cfg.micro_batches; ++mb) {
+    const bool last = mb == cfg.micro_batches - 1;
+    sync.enable_sync(last && cfg.grad_sync != GradSyncMode::Local);
+    Tensor ids, targets;
+    const int64_t first =
+        static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
+    make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
+    Tensor loss = model.forward(ids, targets, &sync);
+    ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
+    model.backward(grad_scale, &sync);
+  }
+  return loss_sum;
+}
+
 // The optimizer step of a finite step (`apply`: the async gradient set due now).
 void apply_update(const TrainConfig& cfg, int step, bool updates, int set, int apply,
                   Optimizer& opt, GradSync& sync) {
@@ -249,6 +290,21 @@ void validate_train(const TrainConfig& cfg, int world_size) {
   MESHRT_CHECK(cfg.staleness >= 0, "train: --staleness " << cfg.staleness << " must be >= 0");
   MESHRT_CHECK(cfg.sync_every >= 1, "train: --sync-every " << cfg.sync_every << " must be >= 1");
   validate_zero_stage(cfg.dp.zero);
+  MESHRT_CHECK(!cfg.deterministic || cfg.grad_sync == GradSyncMode::Sync,
+               "train: --deterministic needs --grad-sync sync (got "
+                   << grad_sync_name(cfg.grad_sync) << "); drop --grad-sync or --deterministic");
+  MESHRT_CHECK(!cfg.deterministic || cfg.model.block.dtype == DType::f32,
+               "train: --deterministic sums f32 gradients in a fixed order; --dtype "
+                   << dtype_name(cfg.model.block.dtype) << " is not supported with it: use f32");
+  MESHRT_CHECK(!cfg.deterministic || (cfg.deterministic_grain >= 1 &&
+                                      cfg.batch % (dp * cfg.deterministic_grain) == 0),
+               "train: --deterministic-grain "
+                   << cfg.deterministic_grain << " does not divide the " << cfg.batch / dp
+                   << " sequences of a dp rank (--batch " << cfg.batch << " over dp=" << dp
+                   << "); use a grain that divides it (1 always does)");
+  MESHRT_CHECK(!cfg.deterministic || !cfg.dp.bf16_comm,
+               "train: --bf16-grads rounds the gradients to bf16 before the dp sum, and "
+               "--deterministic sums them in f32 in a fixed order; drop one of them");
   MESHRT_CHECK(cfg.dp.zero == 0 || cfg.grad_sync == GradSyncMode::Sync,
                "train: --zero " << cfg.dp.zero << " needs --grad-sync sync (got "
                                 << grad_sync_name(cfg.grad_sync)
@@ -277,11 +333,15 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
                              std::ostream* log) {
   validate_train(cfg, world.size());
   DeviceMesh mesh(ctx, world, default_mesh(cfg, world.size()));
-  const int dp = mesh.size(kDpDim);
   CommScheduler tp(mesh, kTpDim, cfg.tp.overlap);
   DecoderModel model(mesh, tp, cfg.tp, cfg.model);
   const int sets = cfg.grad_sync == GradSyncMode::Async ? cfg.staleness + 1 : 1;
-  GradSync sync(mesh, model.params(), cfg.dp, sets,
+  DpOptions dp_opts = cfg.dp;
+  dp_opts.deterministic = cfg.deterministic;
+  // --deterministic: GEMM panels that do not depend on the host thread count
+  // (kernels/deterministic.h).
+  if (cfg.deterministic) ops::set_deterministic_gemm(ctx, true);
+  GradSync sync(mesh, model.params(), dp_opts, sets,
                 cfg.dp.zero == 3 ? model.pieces() : std::vector<std::vector<Param*>>());
   // Every replica starts from dp rank 0's parameters (stage 3: then keeps its shard of them,
   // before the optimizer state is allocated).
@@ -297,8 +357,9 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   int skipped_total = 0;  // the run's: a resumed run continues its checkpoint's count
   const int first_step = resume_training(cfg, mesh, model.params(), opt, log, &skipped_total);
 
-  const int64_t local_batch = cfg.batch / dp, micro = local_batch / cfg.micro_batches;
-  const float grad_scale = 1.f / static_cast<float>(cfg.micro_batches);
+  const BatchFn batch_of = [&](int64_t first, int64_t n, Tensor* ids, Tensor* targets) {
+    make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, n, ids, targets);
+  };
   const LrSchedule schedule = train_lr_schedule(cfg);
   CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
   TrainMetrics metrics(cfg, ctx, world, first_step, train_step_flops(cfg));
@@ -310,32 +371,25 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     auto t0 = std::chrono::steady_clock::now();
     const int set = sets > 1 ? step % sets : 0;
     sync.set_active(set);
-    sync.zero_grad(/*first_write=*/true);  // model.backward (each micro-batch) runs before reads
-    Tensor loss_sum = ctx.zeros({1}, DType::f32);
     // Sum of squares of the gradients this step applies, for the guard. Synchronous DP adds each
     // bucket's local gradients as it launches (overlapping backward; any non-finite local
     // gradient makes the reduced one non-finite), so the optimizer still waits bucket by bucket.
     Tensor sumsq = ctx.zeros({1, 1}, DType::f32);
-    const bool probe = cfg.grad_sync == GradSyncMode::Sync;
+    const bool probe = cfg.grad_sync == GradSyncMode::Sync && !cfg.deterministic;
     sync.set_sumsq_probe(probe ? sumsq : Tensor());
-    for (int mb = 0; mb < cfg.micro_batches; ++mb) {
-      const bool last = mb == cfg.micro_batches - 1;
-      sync.enable_sync(last && cfg.grad_sync != GradSyncMode::Local);
-      Tensor ids, targets;
-      const int64_t first =
-          static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
-      make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
-      Tensor loss = model.forward(ids, targets, &sync);
-      ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
-      model.backward(grad_scale, &sync);
-    }
+    // --deterministic: the loss is the global batch's already, the gradients reduced.
+    Tensor loss_sum = cfg.deterministic
+                          ? deterministic_step(ctx, mesh, model, sync, cfg.batch,
+                                               cfg.deterministic_grain, step, batch_of)
+                          : forward_backward(cfg, ctx, mesh, model, sync, step);
+    if (cfg.deterministic) sync.sum_squares_reduced(sumsq);
     // --- guard: the gradients about to be applied, the loss and the stop request, agreed by
     // every rank before any parameter changes ---
     const bool updates = cfg.grad_sync != GradSyncMode::Async || step >= cfg.staleness;
     const int apply = cfg.grad_sync == GradSyncMode::Async ? (step - cfg.staleness) % sets : set;
     const bool dp_synced = updates && cfg.grad_sync != GradSyncMode::Local;
     if (dp_synced) sync.bind(apply);
-    if (updates && !probe) {
+    if (updates && !probe && !cfg.deterministic) {
       if (dp_synced) sync.wait_all(apply);
       for (Param* p : model.params()) ops::sum_squares(ctx, cs, p->grad, sumsq);
     }
@@ -356,7 +410,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     if (verdict.finite()) apply_update(cfg, step, updates, set, apply, opt, sync);
     if (cfg.grad_sync == GradSyncMode::Async) sync.bind(set);
     // The reported loss is the global batch mean (equal micro-batch and dp shard sizes).
-    dp_loss.all_reduce(loss_sum, "loss", ReduceOp::Avg);
+    if (!cfg.deterministic) dp_loss.all_reduce(loss_sum, "loss", ReduceOp::Avg);
     Tensor lh = loss_sum.to(ctx.host_allocator(), cs);
     ctx.synchronize();
     StepStats st;
@@ -377,8 +431,10 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     st.stop_signal = verdict.stop ? verdict.stop_signal : 0;
     skipped_total += st.skipped ? 1 : 0;
     st.skipped_steps = skipped_total;
-    metrics.record(ctx, &st, verdict.finite() ? opt.last_grad_norm() : -1.0, skipped_total,
-                   world.rank() == 0 ? log : nullptr);
+    st.grad_norm = verdict.finite() ? opt.last_grad_norm() : -1.0;
+    metrics.record(ctx, &st, st.grad_norm, skipped_total, world.rank() == 0 ? log : nullptr);
+    digest_step(cfg, ctx, model, opt, st.step == cfg.steps || verdict.stop,
+                world.rank() == 0 ? log : nullptr, &st);
     if (cfg.on_step) cfg.on_step(st);
     out.push_back(st);
     // --- checkpoint: save, then stop; every rank leaves after the same step (agreed by the

@@ -39,6 +39,15 @@ struct TrainConfig {
   int warmup_steps = 0;
   float min_lr = 0.f;
   DpOptions dp;
+  // --deterministic (docs/training.md): bitwise identical results on any dp size, micro-batching,
+  // bucket size, overlap, ZeRO stage and backend (mesh/train_deterministic.h).
+  bool deterministic = false;
+  // Sequences per grain (one forward / backward each, a leaf of the fixed tree): the promise
+  // holds across the layouts whose local batch divides by it.
+  int64_t deterministic_grain = 1;
+  // Steps (1-based) after which StepStats::state_digest is computed (train_state_digest); with
+  // --deterministic also the last step, and rank 0 prints "state digest ..." at the end.
+  std::vector<int> digest_steps;
   GradSyncMode grad_sync = GradSyncMode::Sync;
   int staleness = 1;   // async: gradients applied this many steps late, lr / staleness
   int sync_every = 4;  // local: parameters averaged over dp every this many steps
@@ -100,7 +109,10 @@ struct StepStats {
   double straggler_ratio = 0;
   // This rank's dp bytes by kind (ZeRO: reduce-scatters of gradients, all-gathers of parameters).
   int64_t dp_all_reduce_bytes = 0, dp_reduce_scatter_bytes = 0, dp_all_gather_bytes = 0;
-  bool skipped = false;  // non-finite and skip_nonfinite: no update this step
+  // train_state_digest after this step (TrainConfig::digest_steps); 0 when not computed.
+  uint64_t state_digest = 0;
+  double grad_norm = -1;  // the optimizer's last_grad_norm() (-1: not measured)
+  bool skipped = false;   // non-finite and skip_nonfinite: no update this step
   // Skipped steps so far in the run, this one included (a resumed run continues its checkpoint's
   // count).
   int skipped_steps = 0;

@@ -139,6 +139,14 @@ void add_optimizer_flags(CLI::App* c, TrainCliOptions& o) {
       ->capture_default_str()
       ->check(kPositive);
   c->add_flag("--bf16-grads", o.bf16_grads, "Communicate f32 gradients as bf16");
+  c->add_flag("--deterministic", o.deterministic,
+              "Bitwise identical results on any dp size, micro-batching, --bucket-mb, --overlap, "
+              "--zero and backend (docs/training.md#deterministic-training)");
+  c->add_option("--deterministic-grain", o.deterministic_grain,
+                "--deterministic: sequences per grain (one forward / backward each); the batch "
+                "must divide by dp x this")
+      ->capture_default_str()
+      ->check(cli::int_at_least(1, o.deterministic_grain));
   c->add_option("--zero", o.zero,
                 "ZeRO stage over dp: 0 replicated, 1 shard the optimizer state, 2 also the "
                 "gradients, 3 also the parameters (docs/zero.md)")
@@ -277,6 +285,8 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("bucket-mb", bucket_mb),
     MESHRT_SHARED("mem-limit-mb", mem_limit_mb),
     MESHRT_SHARED("bf16-grads", bf16_grads),
+    MESHRT_SHARED("deterministic", deterministic),
+    MESHRT_SHARED("deterministic-grain", deterministic_grain),
     MESHRT_SHARED("zero", zero),
     MESHRT_SHARED("overlap", overlap),
     MESHRT_SHARED("compare", compare),
@@ -365,6 +375,9 @@ void check_train_flags(const TrainCliOptions& o) {
   refuse_ignored(o, "--data-dtype", o.data_dtype, o.data.empty(),
                  "it is the element type of a raw --data / --val-data token file, and this run "
                  "trains on synthetic tokens; drop --data-dtype or give --data FILE");
+  refuse_ignored(o, "--deterministic-grain", std::to_string(o.deterministic_grain),
+                 !o.deterministic,
+                 "it sizes the grains of --deterministic; add --deterministic or drop it");
   refuse_ignored(o, "--staleness", std::to_string(o.staleness), mode != GradSyncMode::Async,
                  "it delays the gradients of --grad-sync async, and --grad-sync is " + o.grad_sync +
                      "; drop --staleness or use --grad-sync async");
@@ -416,6 +429,8 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.min_lr = o.min_lr;
   c.dp.bucket_mb = o.bucket_mb;
   c.dp.bf16_comm = o.bf16_grads;
+  c.deterministic = o.deterministic;
+  c.deterministic_grain = o.deterministic_grain;
   c.dp.zero = o.zero;
   c.grad_sync = mode;
   c.staleness = o.staleness;

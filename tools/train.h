@@ -29,6 +29,8 @@ struct TrainCliOptions {
   std::string dtype = "f32", optimizer = "adamw", grad_sync = "sync", overlap = "async";
   double bucket_mb = 25.0;
   bool bf16_grads = false;
+  bool deterministic = false;
+  int64_t deterministic_grain = 1;
   int zero = 0;              // ZeRO stage over dp (docs/zero.md)
   bool compare = true;       // async / local: also run synchronous DP and print the trade
   std::string save, resume;  // checkpoints (mesh/checkpoint.h)

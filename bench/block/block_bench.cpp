@@ -8,6 +8,7 @@
 #include "bench/block/report.h"
 #include "bench/block/trace.h"
 #include "bench/common/stats.h"
+#include "kernels/deterministic.h"
 #include "kernels/ops.h"
 #include "mesh/data_parallel.h"
 #include "mesh/dump.h"
@@ -171,6 +172,42 @@ BlockInputs block_inputs(Context& ctx, const DeviceMesh& mesh, const BlockPlan& 
   return in;
 }
 
+// The dp gradient sync's options of this run.
+DpOptions dp_options(const BlockBenchOptions& o, const BlockPlan& p) {
+  DpOptions dpo;
+  dpo.bucket_mb = o.bucket_mb;
+  dpo.overlap = p.overlap == Overlap::None ? Overlap::None : Overlap::Async;
+  dpo.zero = o.zero;
+  dpo.deterministic = o.deterministic;
+  return dpo;
+}
+
+// The stack's parameters by piece (ZeRO 3's gather units).
+std::vector<std::vector<Param*>> stack_pieces(const BlockStack& stack) {
+  std::vector<std::vector<Param*>> out;
+  for (const StackPiece& pc : stack.pieces()) out.push_back(pc.params);
+  return out;
+}
+
+// --deterministic's forward and backward (docs/training.md): each sequence of the rank's batch
+// alone, its gradients pushed into the fixed tree over the global sequence index, then reduced
+// over dp in fixed order (GradSync::push_grain, reduce_grains).
+void deterministic_grains(Context& ctx, const BlockPlan& p, BlockStack& stack, GradSync& sync,
+                          const StackHooks& hooks, const BlockInputs& in, Tensor* out, Tensor* dx) {
+  Stream& cs = ctx.compute_stream();
+  const int64_t first = sync.dp_rank() * p.batch;
+  sync.enable_sync(false);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    sync.zero_grad(/*first_write=*/true);
+    *out = stack.forward(in.x.narrow(1, b, 1).contiguous(cs), hooks);
+    *dx = stack.backward(in.dout.narrow(1, b, 1).contiguous(cs), hooks);
+    sync.finish();
+    sync.push_grain(first + b);
+  }
+  sync.reduce_grains(p.batch * p.dp);
+  sync.enable_sync(true);
+}
+
 // The block's activations and gradients after the last step, for --dump.
 struct BlockTensors {
   const Tensor &x, &out, &dout, &dx;
@@ -236,13 +273,8 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   CommScheduler tp(mesh, kTpDim, p.overlap);
   BlockStack stack(mesh, tp, topt, p.cfg, p.kind, p.layers);
   const std::vector<Param*> params = stack.params();
-  DpOptions dpo;
-  dpo.bucket_mb = o.bucket_mb;
-  dpo.overlap = p.overlap == Overlap::None ? Overlap::None : Overlap::Async;
-  dpo.zero = o.zero;
-  std::vector<std::vector<Param*>> piece_params;
-  for (const StackPiece& pc : stack.pieces()) piece_params.push_back(pc.params);
-  GradSync sync(mesh, params, dpo, 1, piece_params);
+  if (o.deterministic) ops::set_deterministic_gemm(ctx, true);
+  GradSync sync(mesh, params, dp_options(o, p), 1, stack_pieces(stack));
   sync.broadcast_params();  // a no-op at dp=1; identical init makes it a formality otherwise
   sync.shard_params();      // --zero 3: each rank keeps its shard
 
@@ -297,8 +329,12 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
       sync.zero_grad(/*first_write=*/true);  // the stack's backward and finish() run before reads
       rec.end(h);
     }
-    out = stack.forward(x, hooks);
-    if (!o.fwd_only) {
+    if (o.deterministic) {
+      deterministic_grains(ctx, p, stack, sync, hooks, in, &out, &dx);
+    } else {
+      out = stack.forward(x, hooks);
+    }
+    if (!o.fwd_only && !o.deterministic) {
       dx = stack.backward(dout, hooks);
       sync.finish();
       const int h = rec.begin(cs, "dp.grad_wait");

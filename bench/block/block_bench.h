@@ -33,6 +33,9 @@ struct BlockBenchOptions {
   // only a shard of the parameters and gathers each piece's before its forward and backward. 1
   // is refused: the benchmark runs no optimizer, whose state is all stage 1 shards.
   int zero = 0;
+  // --deterministic (docs/training.md): each sequence forward and backward alone, the gradients
+  // summed in the fixed tree and reduced over dp in fixed order (GradSync::push_grain).
+  bool deterministic = false;
   uint64_t seed = 1;
   std::string json_path, trace_path, dump_path;
   // Cluster (preset or file) of the planner's prediction in the JSON's "plan" (default: the GPU's

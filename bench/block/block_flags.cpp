@@ -58,6 +58,9 @@ class BlockCommand : public Command {
                  "ZeRO stage over dp: 0, 2 (gradient shards) or 3 (also parameter shards, "
                  "gathered per piece; docs/zero.md)")
         ->capture_default_str();
+    c.add_flag("--deterministic", o_.deterministic,
+               "Layout-independent gradients: one sequence per forward / backward, a fixed-order "
+               "dp reduction (docs/training.md#deterministic-training)");
     c.add_option("--seed", o_.seed, "Seed of weights and inputs")
         ->capture_default_str()
         ->check(cli::int_at_least(0, o_.seed));

@@ -65,6 +65,10 @@ void check_options(const BlockBenchOptions& o) {
                "--dump with --zero " << o.zero
                                      << ": the gradients are kept as dp shards only; dump with "
                                         "--zero 0 (the same values) or --fwd-only");
+  MESHRT_CHECK(!o.deterministic || (!o.fwd_only && o.dump_path.empty()),
+               "--deterministic makes the gradients' dp sum layout independent: --fwd-only "
+               "computes none and --dump would hold the last sequence's activations only; drop "
+               "one of them");
   MESHRT_CHECK(o.peak_tflops >= 0, "--peak-tflops " << o.peak_tflops << " must be >= 0");
   if (!o.dtype.empty()) {
     const DType dt = parse_dtype(o.dtype);

@@ -274,6 +274,7 @@ json br_config_json(const BlockPlan& p, const BlockBenchOptions& o, const std::s
           {"warmup", p.warmup},
           {"fwd_only", o.fwd_only},
           {"bucket_mb", o.bucket_mb},
+          {"deterministic", o.deterministic},
           {"zero", o.zero},
           {"seed", o.seed},
           {"host_threads_per_rank",
@@ -402,7 +403,9 @@ void br_print_heading(const BlockPlan& p, const BlockBenchOptions& o, std::ostre
      << (p.dp > 1 ? fmt("%g", o.bucket_mb) + " MiB" : "") << ") on " << p.launch->describe()
      << ", devices " << p.devices << "\n";
   os << "warmup " << p.warmup << ", timed steps " << p.steps << ", "
-     << (o.fwd_only ? "forward only" : "forward + backward") << "\n\n";
+     << (o.fwd_only ? "forward only" : "forward + backward")
+     << (o.deterministic ? ", deterministic (one sequence per pass, fixed-order dp sum)" : "")
+     << "\n\n";
 }
 
 void br_comm_row(std::ostream& os, std::string_view dim_name, int size, double c, double e,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/deterministic.h"
 #include "kernels/host/gemm_dnnl.h"
 #include "kernels/host/gemm_f32_path.h"
 #include "kernels/host/isa.h"
@@ -266,10 +267,11 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
                                    << " n=" << p.n << " k=" << p.k);
   }
   ThreadPool* tp = &pool(ctx);
+  const int plan_threads = gemm_plan_threads(ctx);
   // The task's operands do not own stream-ordered blocks (Tensor::stream_ref).
   GemmProblem held = p;
   for (Tensor* t : {&held.a, &held.b, &held.c, &held.bias}) *t = t->stream_ref(s);
-  s.enqueue([tp, p = std::move(held)] {
+  s.enqueue([tp, plan_threads, p = std::move(held)] {
     ensure_blas_single_threaded();
     std::function<void(const Tile&)> body;
     // oneDNN's 16-bit matmul, or its f32 one with bf16 products: row panels (plan_tiles'
@@ -296,7 +298,7 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
         }
       });
     }
-    const std::vector<Tile> tiles = plan_tiles(p, tp->size(), on_dnnl);
+    const std::vector<Tile> tiles = plan_tiles(p, plan_threads, on_dnnl);
     tp->run(static_cast<int64_t>(tiles.size()),
             [&](int64_t i) { body(tiles[static_cast<size_t>(i)]); });
   });

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/deterministic.h"
 #include "kernels/ops.h"
 #include "runtime/affinity.h"
 #include "runtime/env.h"
@@ -193,6 +194,19 @@ void ensure_blas_single_threaded() {
   }
 }
 
+namespace {
+struct DeterministicGemm {
+  std::atomic<bool> on{false};
+};
+DeterministicGemm& deterministic_gemm(Context& ctx) {
+  return ctx.state<DeterministicGemm>([] { return std::make_shared<DeterministicGemm>(); });
+}
+}  // namespace
+
+int gemm_plan_threads(Context& ctx) {
+  return deterministic_gemm(ctx).on.load() ? ops::kDeterministicGemmThreads : pool(ctx).size();
+}
+
 float* scratch_f32(int slot, size_t n) {
   constexpr int kSlots = 8;
   thread_local std::vector<float> bufs[kSlots];
@@ -206,4 +220,7 @@ float* scratch_f32(int slot, size_t n) {
 
 namespace meshrt::ops {
 int host_threads(Context& ctx) { return kernels::host::pool(ctx).size(); }
+void set_deterministic_gemm(Context& ctx, bool on) {
+  kernels::host::deterministic_gemm(ctx).on.store(on);
+}
 }  // namespace meshrt::ops

@@ -874,6 +874,28 @@ TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind"
   }
 }
 
+TEST_CASE("--deterministic refuses what it cannot make layout independent, naming it",
+          "[train][unit]") {
+  for (auto [args, msg] : std::vector<std::pair<std::string, std::string>>{
+           {"train --devices cpu:1 --deterministic-grain 2",
+            "--deterministic-grain 2 would be ignored: it sizes the grains of --deterministic"},
+           {"train --devices cpu:2 --deterministic --bf16-grads",
+            "--bf16-grads rounds the gradients to bf16 before the dp sum"},
+           {"train --devices cpu:2 --deterministic --grad-sync local",
+            "--deterministic needs --grad-sync sync (got local)"},
+           {"train --devices cpu:2 --deterministic --deterministic-grain 4",
+            "--deterministic-grain 4 does not divide the 2 sequences of a dp rank (--batch 4 over "
+            "dp=2)"},
+           {"bench block --devices cpu:2 --mesh dp=2 --fwd-only --deterministic --no-calibrate",
+            "--deterministic makes the gradients' dp sum layout independent: --fwd-only"}}) {
+    Run r = train_cli(args + (args.rfind("train", 0) == 0 ? " " + kSmall + " --steps 2" : ""));
+    INFO(args << "\n" << r.err);
+    CHECK(r.rc == 1);
+    CHECK_THAT(r.err, Catch::Contains(msg));
+    CHECK(r.out.find("step 1") == std::string::npos);
+  }
+}
+
 TEST_CASE("train and tune refuse --zero on a mesh with dp=1, as bench block does",
           "[train][unit][zero]") {
   const std::string msg =

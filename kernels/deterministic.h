@@ -1,0 +1,23 @@
+// --deterministic (docs/training.md#deterministic-training): what the kernels pin so that a
+// result does not depend on the rank's thread count.
+#pragma once
+
+#include "meshrt/export.h"
+#include "runtime/context.h"
+
+namespace meshrt::ops {
+
+// With `on`, the host GEMMs of this context split their panels as for kDeterministicGemmThreads
+// threads whatever the pool holds, so a result does not depend on the number of host threads
+// (cores / local ranks, MESHRT_HOST_THREADS): OpenBLAS's Haswell kernels round a row differently
+// by the panel's row count. No-op for CUDA contexts.
+MESHRT_API void set_deterministic_gemm(Context& ctx, bool on);
+constexpr int kDeterministicGemmThreads = 4;
+
+}  // namespace meshrt::ops
+
+namespace meshrt::kernels::host {
+// The thread count the host GEMM plans its panels for: the pool's, or kDeterministicGemmThreads
+// under ops::set_deterministic_gemm.
+int gemm_plan_threads(Context& ctx);
+}  // namespace meshrt::kernels::host

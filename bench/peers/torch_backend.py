@@ -18,7 +18,8 @@ DeepSpeed from PyPI, beside torch (its op compiles on first use; it needs the `w
     PATH=/tmp/ds-py/bin:$PATH PYTHONPATH=build/python:/tmp/ds-py python bench/peers/torch_backend.py
 
 starts itself under torchrun (2 processes; --nproc N for another count) unless it already runs
-under it. --json FILE also writes the table as JSON. docs/torch.md shows a run.
+under it. --json FILE also writes the table as JSON. --ops all_reduce,... and --max-bytes N time
+a part of the table (the DDP step then only with --ddp). docs/torch.md shows a run.
 """
 import argparse
 import json
@@ -141,8 +142,9 @@ def worker(args):
     groups = {"meshrt": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     ds, why = deepspeed_allreduce()
     rows = []
-    for op in OPS:
-        for nbytes in SIZES:
+    ops = args.ops.split(",") if args.ops else OPS
+    for op in ops:
+        for nbytes in [b for b in SIZES if not args.max_bytes or b <= args.max_bytes]:
             row = {"op": op, "bytes": nbytes}
             calls = {}
             for name, g in groups.items():
@@ -155,7 +157,8 @@ def worker(args):
             if calls:
                 row.update(time_calls(calls, reps_for(nbytes), dist, groups["meshrt"]))
             rows.append(row)
-    ddp = ddp_step_times(groups, dist, torch)
+    whole = not args.ops and not args.max_bytes
+    ddp = ddp_step_times(groups, dist, torch) if whole or args.ddp else None
     if dist.get_rank() == 0:
         report(rows, ddp, why, world, args)
     dist.destroy_process_group()
@@ -176,8 +179,9 @@ def report(rows, ddp, ds_why, world, args):
         ratio = f"{g / m:.1f}x" if m and g else "n/a"
         d = fmt(r["deepspeed"]) if "deepspeed" in r else "-"
         print(f"| {r['op']} | {human(r['bytes'])} | {fmt(m)} | {fmt(g)} | {ratio} | {d} |")
-    print(f"DDP step (tests/torch model): meshrt {fmt(ddp['meshrt'])}, gloo {fmt(ddp['gloo'])}, "
-          f"gloo / meshrt {ddp['gloo'] / ddp['meshrt']:.2f}x")
+    if ddp:
+        print(f"DDP step (tests/torch model): meshrt {fmt(ddp['meshrt'])}, "
+              f"gloo {fmt(ddp['gloo'])}, gloo / meshrt {ddp['gloo'] / ddp['meshrt']:.2f}x")
     if ds_why:
         print(f"DeepSpeed: skipped: {ds_why}")
     for r in rows:
@@ -193,7 +197,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--json", default="")
+    ap.add_argument("--ops", default="", help="comma-separated subset of " + ",".join(OPS))
+    ap.add_argument("--max-bytes", type=int, default=0, help="only sizes up to this many bytes")
+    ap.add_argument("--ddp", action="store_true", help="the DDP step too with --ops / --max-bytes")
     args = ap.parse_args()
+    unknown = [o for o in args.ops.split(",") if args.ops and o not in OPS]
+    if unknown:
+        ap.error(f"--ops: unknown op(s) {unknown}; choose from {OPS}")
     if "RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={args.nproc}", os.path.abspath(__file__)] + sys.argv[1:]

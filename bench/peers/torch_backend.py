@@ -157,10 +157,16 @@ def worker(args):
             if calls:
                 row.update(time_calls(calls, reps_for(nbytes), dist, groups["meshrt"]))
             rows.append(row)
+    # The 8 B all-reduce both ways: async_op=False runs inline on the calling thread when the
+    # stream is idle; async_op=True, then wait(), hands the call to the stream's thread and back.
+    x8 = torch.ones(2)
+    inline = time_calls({"inline": lambda: dist.all_reduce(x8),
+                         "handoff": lambda: dist.all_reduce(x8, async_op=True).wait()},
+                        reps_for(8), dist, groups["meshrt"])
     whole = not args.ops and not args.max_bytes
     ddp = ddp_step_times(groups, dist, torch) if whole or args.ddp else None
     if dist.get_rank() == 0:
-        report(rows, ddp, why, world, args)
+        report(rows, ddp, inline, why, world, args)
     dist.destroy_process_group()
 
 
@@ -170,7 +176,7 @@ def fmt(t):
     return f"{t * 1e6:.0f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
 
 
-def report(rows, ddp, ds_why, world, args):
+def report(rows, ddp, inline, ds_why, world, args):
     print(f"torch.distributed, {world} processes, float32, median time per call (slower rank)")
     print("| op | size | meshrt | gloo | gloo / meshrt | DeepSpeed shm |")
     print("|---|---|---|---|---|---|")
@@ -179,6 +185,8 @@ def report(rows, ddp, ds_why, world, args):
         ratio = f"{g / m:.1f}x" if m and g else "n/a"
         d = fmt(r["deepspeed"]) if "deepspeed" in r else "-"
         print(f"| {r['op']} | {human(r['bytes'])} | {fmt(m)} | {fmt(g)} | {ratio} | {d} |")
+    print(f"meshrt 8 B all_reduce: async_op=False (inline) {fmt(inline['inline'])}, "
+          f"async_op=True then wait() (stream hand-off) {fmt(inline['handoff'])}")
     if ddp:
         print(f"DDP step (tests/torch model): meshrt {fmt(ddp['meshrt'])}, "
               f"gloo {fmt(ddp['gloo'])}, gloo / meshrt {ddp['gloo'] / ddp['meshrt']:.2f}x")
@@ -190,7 +198,8 @@ def report(rows, ddp, ds_why, world, args):
                 print(f"{k[:-6]} {r['op']} {human(r['bytes'])}: {v}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "ddp_step": ddp, "deepspeed_skipped": ds_why}, f, indent=1)
+            json.dump({"rows": rows, "ddp_step": ddp, "all_reduce_8B": inline,
+                       "deepspeed_skipped": ds_why}, f, indent=1)
 
 
 def main():

@@ -214,8 +214,11 @@ def main():
     if unknown:
         ap.error(f"--ops: unknown op(s) {unknown}; choose from {OPS}")
     if "RANK" not in os.environ:
+        # The script's own options, less --nproc (torchrun would take it for its --nproc-per-node).
+        own = [a for i, a in enumerate(sys.argv[1:]) if a != "--nproc" and not a.startswith(
+            "--nproc=") and (i == 0 or sys.argv[i] != "--nproc")]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={args.nproc}", os.path.abspath(__file__)] + sys.argv[1:]
+               f"--nproc_per_node={args.nproc}", os.path.abspath(__file__)] + own
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         sys.exit(subprocess.call(cmd, env=env))

@@ -1,6 +1,6 @@
-"""meshrt from Python (the meshrt package) with one process per rank (as an engine's worker processes or
-torchrun run them): the ranks meet over TCP on 127.0.0.1 (meshrt.Comm.init_tcp) and all-reduce
-NumPy arrays in place through shared memory (the shm backend).
+"""meshrt from Python (the meshrt package) with one process per rank (as an engine's worker
+processes or torchrun run them): the ranks meet over TCP on 127.0.0.1 (meshrt.Comm.init_tcp) and
+all-reduce NumPy arrays in place through shared memory (the shm backend).
 
 Usage: allreduce_processes.py <path to libmeshrt.so>
   starts NRANKS copies of itself (allreduce_processes.py <lib> --rank R --port P) and checks each.

@@ -1,5 +1,5 @@
-"""meshrt from Python with PyTorch tensors (the meshrt package, DLPack, zero copy): 2 ranks form a tp=2
-mesh, as 2 threads of this process or as 2 processes (one rank each, the shm backend). Each rank
+"""meshrt from Python with PyTorch tensors (the meshrt package, DLPack, zero copy): 2 ranks form a
+tp=2 mesh, as 2 threads of this process or as 2 processes (one rank each, the shm backend). Each rank
   1. all-reduces a torch tensor in place through meshrt (meshrt writes torch's memory), and
   2. runs meshrt's sharded attention block on GPT-2-layout weights: Hugging Face's Conv1D
      `c_attn` weight [hidden, 3 hidden] with [Q | K | V] columns (MESHRT_WEIGHT_LAYOUT_IN_OUT +

@@ -3,6 +3,7 @@
 #include "capi/capi_internal.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
+#include "runtime/thread_inline.h"
 
 namespace meshrt::capi {
 
@@ -210,6 +211,15 @@ meshrt_status_t meshrt_event_destroy(meshrt_event_t event) {
                "event (" << static_cast<void*>(event)
                          << ") is not a live event handle: it was destroyed already or never "
                             "created by meshrt");
+  });
+}
+
+meshrt_status_t meshrt_thread_inline(int on, int* previous) {
+  return guarded(__func__, [&] {
+    CAPI_CHECK(on == 0 || on == 1, MESHRT_ERROR_INVALID_ARGUMENT,
+               "on is " << on << ": pass 1 (run calls on idle CPU streams on this thread) or 0");
+    const bool prev = set_thread_inline(on == 1);
+    if (previous) *previous = prev ? 1 : 0;
   });
 }
 

@@ -87,6 +87,8 @@ const std::vector<Variable>& table() {
       // The host loop variant: FMA or not changes the numbers the ranks compute.
       shared(text("MESHRT_HOST_ISA", "auto")),
       text("MESHRT_BACKEND_PATH"),
+      // Read by the Python package (python/meshrt/_capi.py), not by the library.
+      text("MESHRT_LIBRARY"),
       text("MESHRT_COMM_TIMEOUT"),
       text("MESHRT_RENDEZVOUS"),
       text("MESHRT_RUN_ID"),

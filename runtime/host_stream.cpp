@@ -14,6 +14,7 @@
 #include "runtime/logging.h"
 #include "runtime/stream.h"
 #include "runtime/thread.h"
+#include "runtime/thread_inline.h"
 
 namespace meshrt {
 
@@ -26,6 +27,15 @@ using Clock = std::chrono::steady_clock;
 thread_local bool tl_stream_worker = false;
 // Set by NonBlockingEnqueue.
 thread_local bool tl_no_block = false;
+// Set by set_thread_inline: enqueues from this thread onto an idle stream run here.
+thread_local bool tl_inline = false;
+
+// The jitter's random delays, one generator per thread that runs tasks.
+std::mt19937& task_rng() {
+  thread_local std::mt19937 rng(
+      static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+  return rng;
+}
 
 // How long an idle stream worker, or a thread waiting on a host event, polls (yielding the core
 // between looks) before it sleeps on its condition variable: a collective or a short task that
@@ -142,6 +152,7 @@ class HostStream final : public Stream {
   void* native_handle() const override { return nullptr; }
 
   void enqueue(std::function<void()> fn) override {
+    if (tl_inline && !tl_stream_worker && run_inline(fn)) return;
     const bool own = std::this_thread::get_id() == worker_.get_id();
     uint64_t ticket = 0;
     {
@@ -206,10 +217,10 @@ class HostStream final : public Stream {
 
   // Runs one task taken from the queue (by the worker or a helping caller), then hands the
   // queue back. `fn` is released here, before the next task, so its captured tensors are freed.
-  void execute(std::function<void()>& fn, std::mt19937& rng) {
+  void execute(std::function<void()>& fn) {
     if (jitter_) {
       std::uniform_int_distribution<int> delay_us(0, 200);
-      std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us(task_rng())));
     }
     try {
       fn();
@@ -217,14 +228,34 @@ class HostStream final : public Stream {
       set_error(std::current_exception());
     }
     fn = nullptr;
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       running_ = false;
       running_flag_.store(false, std::memory_order_release);
       ++finished_;
+      wake = !q_.empty() || stop_;
     }
     if (blocking_) done_cv_.notify_all();
-    cv_.notify_one();  // the worker may take the next task
+    if (wake) cv_.notify_one();  // the worker may take the next task (or end)
+  }
+
+  // set_thread_inline: runs `fn` on the calling thread, now, when nothing is queued or running
+  // (so it overtakes nothing, and the worker takes nothing until it ended); false, with `fn`
+  // untouched, when the stream is busy (the caller then queues it). Inline tasks leave the
+  // queue's counters alone: an idle worker goes on to sleep instead of polling for them.
+  bool run_inline(std::function<void()>& fn) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stop_ || running_ || !q_.empty()) return false;
+      running_ = true;
+      running_flag_.store(true, std::memory_order_release);
+      ++enqueued_;
+    }
+    tl_stream_worker = true;  // what the task enqueues elsewhere neither blocks nor inlines
+    execute(fn);
+    tl_stream_worker = false;
+    return true;
   }
 
   // Takes the next task off the queue for the calling thread (mu_ held, none running).
@@ -248,7 +279,6 @@ class HostStream final : public Stream {
   // collective then costs no hand-over to the worker and back. It stops when the worker is
   // busy or the queue is empty; the caller then waits as before.
   void help() {
-    std::mt19937 rng(0x5eed);
     const bool was_worker = tl_stream_worker;
     tl_stream_worker = true;  // what a task enqueues elsewhere must not block (as on the worker)
     for (;;) {
@@ -258,14 +288,12 @@ class HostStream final : public Stream {
         if (running_ || q_.empty()) break;
         fn = take_locked();
       }
-      execute(fn, rng);
+      execute(fn);
     }
     tl_stream_worker = was_worker;
   }
 
   void run() {
-    std::mt19937 rng(
-        static_cast<unsigned>(std::hash<std::thread::id>{}(std::this_thread::get_id())));
     for (;;) {
       std::function<void()> fn;
       // An idle worker polls a while before it sleeps: the next task of a busy stream then
@@ -282,7 +310,7 @@ class HostStream final : public Stream {
         if (q_.empty()) return;  // stop_ and drained
         fn = take_locked();
       }
-      execute(fn, rng);
+      execute(fn);
     }
   }
 
@@ -335,6 +363,12 @@ bool launch_blocking_from_env() {
 
 NonBlockingEnqueue::NonBlockingEnqueue() : prev_(tl_no_block) { tl_no_block = true; }
 NonBlockingEnqueue::~NonBlockingEnqueue() { tl_no_block = prev_; }
+
+bool set_thread_inline(bool on) {
+  const bool prev = tl_inline;
+  tl_inline = on;
+  return prev;
+}
 
 void set_host_launch_blocking(int mode) { g_launch_blocking.store(mode < 0 ? -1 : mode ? 1 : 0); }
 

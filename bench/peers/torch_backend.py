@@ -18,7 +18,8 @@ DeepSpeed from PyPI, beside torch (its op compiles on first use; it needs the `w
     PATH=/tmp/ds-py/bin:$PATH PYTHONPATH=build/python:/tmp/ds-py python bench/peers/torch_backend.py
 
 starts itself under torchrun (2 processes; --nproc N for another count) unless it already runs
-under it. --json FILE also writes the table as JSON. docs/torch.md shows a run.
+under it. --json FILE also writes the table as JSON. --ops all_reduce,... and --max-bytes N time
+a part of the table (the DDP step then only with --ddp). docs/torch.md shows a run.
 """
 import argparse
 import json
@@ -141,8 +142,9 @@ def worker(args):
     groups = {"meshrt": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     ds, why = deepspeed_allreduce()
     rows = []
-    for op in OPS:
-        for nbytes in SIZES:
+    ops = args.ops.split(",") if args.ops else OPS
+    for op in ops:
+        for nbytes in [b for b in SIZES if not args.max_bytes or b <= args.max_bytes]:
             row = {"op": op, "bytes": nbytes}
             calls = {}
             for name, g in groups.items():
@@ -155,9 +157,16 @@ def worker(args):
             if calls:
                 row.update(time_calls(calls, reps_for(nbytes), dist, groups["meshrt"]))
             rows.append(row)
-    ddp = ddp_step_times(groups, dist, torch)
+    # The 8 B all-reduce both ways: async_op=False runs inline on the calling thread when the
+    # stream is idle; async_op=True, then wait(), hands the call to the stream's thread and back.
+    x8 = torch.ones(2)
+    inline = time_calls({"inline": lambda: dist.all_reduce(x8),
+                         "handoff": lambda: dist.all_reduce(x8, async_op=True).wait()},
+                        reps_for(8), dist, groups["meshrt"])
+    whole = not args.ops and not args.max_bytes
+    ddp = ddp_step_times(groups, dist, torch) if whole or args.ddp else None
     if dist.get_rank() == 0:
-        report(rows, ddp, why, world, args)
+        report(rows, ddp, inline, why, world, args)
     dist.destroy_process_group()
 
 
@@ -167,7 +176,7 @@ def fmt(t):
     return f"{t * 1e6:.0f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
 
 
-def report(rows, ddp, ds_why, world, args):
+def report(rows, ddp, inline, ds_why, world, args):
     print(f"torch.distributed, {world} processes, float32, median time per call (slower rank)")
     print("| op | size | meshrt | gloo | gloo / meshrt | DeepSpeed shm |")
     print("|---|---|---|---|---|---|")
@@ -176,8 +185,11 @@ def report(rows, ddp, ds_why, world, args):
         ratio = f"{g / m:.1f}x" if m and g else "n/a"
         d = fmt(r["deepspeed"]) if "deepspeed" in r else "-"
         print(f"| {r['op']} | {human(r['bytes'])} | {fmt(m)} | {fmt(g)} | {ratio} | {d} |")
-    print(f"DDP step (tests/torch model): meshrt {fmt(ddp['meshrt'])}, gloo {fmt(ddp['gloo'])}, "
-          f"gloo / meshrt {ddp['gloo'] / ddp['meshrt']:.2f}x")
+    print(f"meshrt 8 B all_reduce: async_op=False (inline) {fmt(inline['inline'])}, "
+          f"async_op=True then wait() (stream hand-off) {fmt(inline['handoff'])}")
+    if ddp:
+        print(f"DDP step (tests/torch model): meshrt {fmt(ddp['meshrt'])}, "
+              f"gloo {fmt(ddp['gloo'])}, gloo / meshrt {ddp['gloo'] / ddp['meshrt']:.2f}x")
     if ds_why:
         print(f"DeepSpeed: skipped: {ds_why}")
     for r in rows:
@@ -186,17 +198,27 @@ def report(rows, ddp, ds_why, world, args):
                 print(f"{k[:-6]} {r['op']} {human(r['bytes'])}: {v}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "ddp_step": ddp, "deepspeed_skipped": ds_why}, f, indent=1)
+            json.dump({"rows": rows, "ddp_step": ddp, "all_reduce_8B": inline,
+                       "deepspeed_skipped": ds_why}, f, indent=1)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--json", default="")
+    ap.add_argument("--ops", default="", help="comma-separated subset of " + ",".join(OPS))
+    ap.add_argument("--max-bytes", type=int, default=0, help="only sizes up to this many bytes")
+    ap.add_argument("--ddp", action="store_true", help="the DDP step too with --ops / --max-bytes")
     args = ap.parse_args()
+    unknown = [o for o in args.ops.split(",") if args.ops and o not in OPS]
+    if unknown:
+        ap.error(f"--ops: unknown op(s) {unknown}; choose from {OPS}")
     if "RANK" not in os.environ:
+        # The script's own options, less --nproc (torchrun would take it for its --nproc-per-node).
+        own = [a for i, a in enumerate(sys.argv[1:]) if a != "--nproc" and not a.startswith(
+            "--nproc=") and (i == 0 or sys.argv[i] != "--nproc")]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={args.nproc}", os.path.abspath(__file__)] + sys.argv[1:]
+               f"--nproc_per_node={args.nproc}", os.path.abspath(__file__)] + own
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         sys.exit(subprocess.call(cmd, env=env))

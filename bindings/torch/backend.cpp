@@ -2,6 +2,8 @@
 // collectives on CPU tensors used in place (DLPack views, no copy when the tensor is contiguous).
 #include "backend.h"
 
+#include "backend_cuda.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <netinet/in.h>
@@ -149,6 +151,36 @@ int free_port() {
 }
 
 [[noreturn]] void throw_dist(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
+
+// Whether torch will wait for the call right away (async_op=False): options.asyncOp, which
+// torch has since 2.7; older torch does not say, and every call counts as asynchronous.
+template <class O>
+auto waited_at_once(const O& o, int) -> decltype(bool(o.asyncOp)) {
+  return !o.asyncOp;
+}
+template <class O>
+bool waited_at_once(const O&, long) {
+  return false;
+}
+
+// Around a call torch waits for at once: meshrt's inline mode (meshrt_thread_inline), so that
+// the collective runs on this thread when the communicator's stream is idle, with no hand-off to
+// the stream's thread and back; behind queued work it queues as before.
+class InlineScope {
+ public:
+  explicit InlineScope(bool on) : on_(on) {
+    if (on_) meshrt_thread_inline(1, &prev_);
+  }
+  ~InlineScope() {
+    if (on_) meshrt_thread_inline(prev_, nullptr);
+  }
+  InlineScope(const InlineScope&) = delete;
+  InlineScope& operator=(const InlineScope&) = delete;
+
+ private:
+  bool on_;
+  int prev_ = 0;
+};
 
 }  // namespace
 
@@ -314,24 +346,21 @@ c10::intrusive_ptr<c10::ivalue::Future> MeshrtWork::getFuture() {
 // ---- MeshrtBackend: life
 // -------------------------------------------------------------------------
 
-c10::intrusive_ptr<MeshrtBackend> MeshrtBackend::create(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
-  const std::string who = "meshrt: rank " + std::to_string(rank) + " of " + std::to_string(size);
-  if (meshrt_init(MESHRT_API_VERSION) != MESHRT_SUCCESS) {
-    throw_dist(who + ": meshrt_init failed: " + meshrt_last_error());
-  }
-  meshrt_comm_config_t cfg = MESHRT_COMM_CONFIG_INITIALIZER;
-  cfg.timeout_s = timeout_s;
-  cfg.init_timeout_s = timeout_s;
+namespace {
+// A communicator of `size` ranks met through torch's store: rank 0 listens on a free TCP port and
+// publishes its host and port under `key`; the others read them and connect (127.0.0.1 on the
+// same host).
+meshrt_comm_t bootstrap(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
+                        int rank, int size, const meshrt_comm_config_t& cfg,
+                        const std::string& who) {
   meshrt_comm_t comm = nullptr;
   meshrt_status_t s;
   std::string where;
   if (size == 1) {
-    s = meshrt_comm_init_all(&comm, 1, nullptr, &cfg);
+    const bool cuda = cfg.device_type == MESHRT_DEVICE_CUDA;
+    s = meshrt_comm_init_all(&comm, 1, cuda ? &cfg.device_index : nullptr, &cfg);
     where = "one rank";
   } else {
-    // torch's store carries rank 0's host and a port it found free; the ranks then meet there.
-    const std::string key = "meshrt/rendezvous";
     std::string host;
     int port = -1;
     if (rank == 0) {
@@ -353,12 +382,33 @@ c10::intrusive_ptr<MeshrtBackend> MeshrtBackend::create(
     throw_dist(who + ": creating the communicator (" + where + ") failed (" +
                meshrt_status_string(s) + "): " + meshrt_last_error());
   }
-  return c10::make_intrusive<MeshrtBackend>(comm, rank, size, timeout_s);
+  return comm;
 }
 
-MeshrtBackend::MeshrtBackend(meshrt_comm_t comm, int rank, int size, double timeout_s)
+meshrt_comm_config_t comm_config(double timeout_s) {
+  meshrt_comm_config_t cfg = MESHRT_COMM_CONFIG_INITIALIZER;
+  cfg.timeout_s = timeout_s;
+  cfg.init_timeout_s = timeout_s;
+  return cfg;
+}
+}  // namespace
+
+c10::intrusive_ptr<MeshrtBackend> MeshrtBackend::create(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {
+  const std::string who = "meshrt: rank " + std::to_string(rank) + " of " + std::to_string(size);
+  if (meshrt_init(MESHRT_API_VERSION) != MESHRT_SUCCESS) {
+    throw_dist(who + ": meshrt_init failed: " + meshrt_last_error());
+  }
+  meshrt_comm_t comm =
+      bootstrap(store, "meshrt/rendezvous", rank, size, comm_config(timeout_s), who);
+  return c10::make_intrusive<MeshrtBackend>(comm, store, rank, size, timeout_s);
+}
+
+MeshrtBackend::MeshrtBackend(meshrt_comm_t comm, c10::intrusive_ptr<c10d::Store> store, int rank,
+                             int size, double timeout_s)
     : c10d::Backend(rank, size),
       comm_(comm),
+      store_(std::move(store)),
       timeout_s_(timeout_s),
       completer_(std::make_shared<Completer>()) {}
 
@@ -371,6 +421,13 @@ void MeshrtBackend::shutdown() {
   if (send_stream_) meshrt_stream_destroy(send_stream_);
   if (recv_stream_) meshrt_stream_destroy(recv_stream_);
   send_stream_ = recv_stream_ = nullptr;
+  {
+    std::lock_guard<std::mutex> cuda_lock(cuda_mu_);
+    for (auto& [native, s] : cuda_streams_) meshrt_stream_destroy(s);
+    cuda_streams_.clear();
+    if (cuda_comm_) meshrt_comm_destroy(cuda_comm_);
+    cuda_comm_ = nullptr;
+  }
   meshrt_comm_destroy(comm_);
   comm_ = nullptr;
 }
@@ -378,6 +435,8 @@ void MeshrtBackend::shutdown() {
 void MeshrtBackend::abort() {
   std::lock_guard<std::mutex> lock(destroy_mu_);
   if (comm_ != nullptr) meshrt_comm_abort(comm_);
+  std::lock_guard<std::mutex> cuda_lock(cuda_mu_);
+  if (cuda_comm_ != nullptr) meshrt_comm_abort(cuda_comm_);
 }
 
 // ---- MeshrtBackend: helpers
@@ -396,11 +455,51 @@ void MeshrtBackend::check_tensor(const at::Tensor& t, const std::string& op) con
   if (comm_ == nullptr) fail(op, "the process group was shut down (destroy_process_group)");
   if (!t.defined()) fail(op, "an undefined tensor was passed");
   if (t.layout() != at::kStrided) fail(op, "only dense (strided) tensors are supported");
+  if (t.device().is_cuda() && cuda_built()) return;
   if (!t.device().is_cpu()) {
     fail(op, t.device().str() +
                  " tensors are not supported by this build of meshrt.torch (CPU tensors only); "
                  "use backend \"cpu:meshrt,cuda:nccl\" or move the tensor to the CPU");
   }
+}
+
+meshrt_comm_t MeshrtBackend::cuda_comm(int device, const char* name) {
+  std::lock_guard<std::mutex> lock(cuda_mu_);
+  if (cuda_comm_ != nullptr) {
+    if (device != cuda_device_) {
+      fail(name, "this rank's CUDA collectives of this group run on cuda:" +
+                     std::to_string(cuda_device_) + ", not cuda:" + std::to_string(device) +
+                     " (one GPU per rank and group): move the tensor to cuda:" +
+                     std::to_string(cuda_device_));
+    }
+    return cuda_comm_;
+  }
+  // The first CUDA collective of the group, which every rank issues in the same place: the ranks
+  // meet through torch's store again and make meshrt's NCCL communicator on their GPUs.
+  meshrt_comm_config_t cfg = comm_config(timeout_s_);
+  cfg.device_type = MESHRT_DEVICE_CUDA;
+  cfg.device_index = device;
+  const std::string who =
+      "meshrt: rank " + std::to_string(rank_) + ": " + name + " on cuda:" + std::to_string(device);
+  cuda_comm_ = bootstrap(store_, "meshrt/rendezvous/cuda", rank_, size_, cfg, who);
+  cuda_device_ = device;
+  return cuda_comm_;
+}
+
+MeshrtBackend::Target MeshrtBackend::target(const at::Tensor& t, const char* name) {
+  if (!t.device().is_cuda()) return {comm_, nullptr};
+  const int device = t.device().index();
+  meshrt_comm_t comm = cuda_comm(device, name);
+  // torch's current stream on that device, wrapped once (meshrt does not own it).
+  void* native = current_cuda_stream(device);
+  std::lock_guard<std::mutex> lock(cuda_mu_);
+  auto it = cuda_streams_.find(native);
+  if (it == cuda_streams_.end()) {
+    meshrt_stream_t s = nullptr;
+    check(meshrt_stream_wrap(comm, native, &s), name);
+    it = cuda_streams_.emplace(native, s).first;
+  }
+  return {comm, it->second};
 }
 
 at::Tensor MeshrtBackend::out_buffer(Pending& p, const at::Tensor& t, bool keep_values) {
@@ -432,7 +531,9 @@ meshrt_status_t borrow(const at::Tensor& flat, Borrowed* out) {
   DLTensor d{};
   int64_t n = flat.numel();
   d.data = flat.data_ptr();
-  d.device = {kDLCPU, 0};
+  d.device = flat.device().is_cuda()
+                 ? DLDevice{kDLCUDA, static_cast<int32_t>(flat.device().index())}
+                 : DLDevice{kDLCPU, 0};
   d.ndim = 1;
   dl_dtype(flat.scalar_type(), &d.dtype);
   d.shape = &n;
@@ -464,8 +565,9 @@ void MeshrtBackend::all_reduce_into(Pending& p, const at::Tensor& buf, ReduceOp 
   if (op == ReduceOp::PREMUL_SUM) premultiply(flat, op);
   if (op == ReduceOp::PREMUL_SUM || native(op.op_, &mop)) {
     MESHRT_BORROW(h, flat, name);
+    const Target tg = target(flat, name);
     meshrt_event_t ev = nullptr;
-    check(meshrt_all_reduce(comm_, h.h, h.h, mop, nullptr, &ev), name);
+    check(meshrt_all_reduce(tg.comm, h.h, h.h, mop, tg.stream, &ev), name);
     p.add(ev, {flat});
     return;
   }
@@ -486,8 +588,9 @@ void MeshrtBackend::all_gather_into(Pending& p, const at::Tensor& in, const at::
   }
   MESHRT_BORROW(hi, fin, name);
   MESHRT_BORROW(ho, fout, name);
+  const Target tg = target(fin, name);
   meshrt_event_t ev = nullptr;
-  check(meshrt_all_gather(comm_, hi.h, ho.h, nullptr, &ev), name);
+  check(meshrt_all_gather(tg.comm, hi.h, ho.h, tg.stream, &ev), name);
   p.add(ev, {fin, fout});
 }
 
@@ -516,8 +619,9 @@ void MeshrtBackend::reduce_scatter_into(Pending& p, const at::Tensor& in, const 
   at::Tensor fout = out.reshape({-1});
   MESHRT_BORROW(hi, fin, name);
   MESHRT_BORROW(ho, fout, name);
+  const Target tg = target(fin, name);
   meshrt_event_t ev = nullptr;
-  check(meshrt_reduce_scatter(comm_, hi.h, ho.h, mop, nullptr, &ev), name);
+  check(meshrt_reduce_scatter(tg.comm, hi.h, ho.h, mop, tg.stream, &ev), name);
   p.add(ev, {fin, fout});
 }
 
@@ -528,8 +632,9 @@ void MeshrtBackend::broadcast_into(Pending& p, const at::Tensor& buf, int root, 
   }
   at::Tensor flat = movable(buf);
   MESHRT_BORROW(h, flat, name);
+  const Target tg = target(flat, name);
   meshrt_event_t ev = nullptr;
-  check(meshrt_broadcast(comm_, h.h, h.h, root, nullptr, &ev), name);
+  check(meshrt_broadcast(tg.comm, h.h, h.h, root, tg.stream, &ev), name);
   p.add(ev, {flat});
 }
 
@@ -543,8 +648,9 @@ void MeshrtBackend::all_to_all_into(Pending& p, const at::Tensor& in, const at::
   }
   MESHRT_BORROW(hi, fin, name);
   MESHRT_BORROW(ho, fout, name);
+  const Target tg = target(fin, name);
   meshrt_event_t ev = nullptr;
-  check(meshrt_all_to_all(comm_, hi.h, ho.h, nullptr, &ev), name);
+  check(meshrt_all_to_all(tg.comm, hi.h, ho.h, tg.stream, &ev), name);
   p.add(ev, {fin, fout});
 }
 
@@ -557,6 +663,7 @@ void MeshrtBackend::all_to_all_uneven(Pending& p, const at::Tensor& in, const at
   for (int64_t v : out_splits) local = std::max(local, v);
   at::Tensor m = at::full({1}, local, at::kLong);
   {
+    const InlineScope inline_scope(true);  // waited for right here
     Pending q;
     all_reduce_into(q, m, ReduceOp(ReduceOp::MAX), name);
     c10::make_intrusive<MeshrtWork>(rank_, c10d::OpType::ALLTOALL_BASE, name, std::move(q),
@@ -595,6 +702,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::make_work(c10d::OpType type, const
 
 c10::intrusive_ptr<c10d::Work> MeshrtBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                         const c10d::BroadcastOptions& opts) {
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   Pending p;
   for (auto& t : tensors) {
     check_tensor(t, "broadcast");
@@ -606,6 +714,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::broadcast(std::vector<at::Tensor>&
 
 c10::intrusive_ptr<c10d::Work> MeshrtBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::AllreduceOptions& opts) {
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   Pending p;
   for (auto& t : tensors) {
     check_tensor(t, "all_reduce");
@@ -618,6 +727,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::allreduce(std::vector<at::Tensor>&
 // One all-reduce over the tensors packed together when they share a dtype, else one each.
 c10::intrusive_ptr<c10d::Work> MeshrtBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   const char* name = "all_reduce_coalesced";
   Pending p;
   bool same = !tensors.empty();
@@ -648,6 +758,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::allreduce_coalesced(
 // meshrt has no rooted reduce: an all-reduce, into a copy on the other ranks.
 c10::intrusive_ptr<c10d::Work> MeshrtBackend::reduce(std::vector<at::Tensor>& tensors,
                                                      const c10d::ReduceOptions& opts) {
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   Pending p;
   if (opts.rootRank < 0 || opts.rootRank >= size_) {
     fail("reduce", "root " + std::to_string(opts.rootRank) + " is not a rank of this group of " +
@@ -675,7 +786,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* name = "all_gather";
-  (void)opts;
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   if (outputs.size() != inputs.size()) fail(name, "one output list per input is needed");
   Pending p;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -719,7 +830,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* name = "all_gather_into_tensor";
-  (void)opts;
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   if (outputs.size() != inputs.size()) fail(name, "one output per input is needed");
   Pending p;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -739,6 +850,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> MeshrtBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::GatherOptions& opts) {
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   const char* name = "gather";
   if (inputs.size() != 1) fail(name, "exactly one input tensor is needed");
   check_tensor(inputs[0], name);
@@ -763,6 +875,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::gather(std::vector<std::vector<at:
 c10::intrusive_ptr<c10d::Work> MeshrtBackend::scatter(std::vector<at::Tensor>& outputs,
                                                       std::vector<std::vector<at::Tensor>>& inputs,
                                                       const c10d::ScatterOptions& opts) {
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   const char* name = "scatter";
   if (outputs.size() != 1) fail(name, "exactly one output tensor is needed");
   check_tensor(outputs[0], name);
@@ -793,6 +906,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* name = "reduce_scatter";
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   if (outputs.size() != inputs.size()) fail(name, "one input list per output is needed");
   Pending p;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -822,6 +936,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* name = "reduce_scatter_tensor";
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   if (outputs.size() != inputs.size()) fail(name, "one output per input is needed");
   Pending p;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -839,7 +954,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::alltoall_base(at::Tensor& output, 
                                                             std::vector<int64_t>& input_splits,
                                                             const c10d::AllToAllOptions& opts) {
   const char* name = "all_to_all_single";
-  (void)opts;
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   check_tensor(input, name);
   check_tensor(output, name);
   Pending p;
@@ -877,7 +992,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::alltoall(std::vector<at::Tensor>& 
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::AllToAllOptions& opts) {
   const char* name = "all_to_all";
-  (void)opts;
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != inputs.size()) {
     fail(name,
          "one input and one output tensor per rank (" + std::to_string(size_) + ") are needed");
@@ -922,6 +1037,9 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::send(std::vector<at::Tensor>& tens
   Pending p;
   for (auto& t : tensors) {
     check_tensor(t, "send");
+    if (t.device().is_cuda())
+      fail("send",
+           "send of CUDA tensors is not supported by meshrt.torch (its collectives take them)");
     at::Tensor flat = movable(t.contiguous());
     MESHRT_BORROW(h, flat, "send");
     meshrt_event_t ev = nullptr;
@@ -938,6 +1056,9 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::recv(std::vector<at::Tensor>& tens
   Pending p;
   for (auto& t : tensors) {
     check_tensor(t, "recv");
+    if (t.device().is_cuda())
+      fail("recv",
+           "recv of CUDA tensors is not supported by meshrt.torch (its collectives take them)");
     at::Tensor flat = movable(out_buffer(p, t, false));
     MESHRT_BORROW(h, flat, "recv");
     meshrt_event_t ev = nullptr;
@@ -956,7 +1077,7 @@ c10::intrusive_ptr<c10d::Work> MeshrtBackend::recvAnysource(std::vector<at::Tens
 }
 
 c10::intrusive_ptr<c10d::Work> MeshrtBackend::barrier(const c10d::BarrierOptions& opts) {
-  (void)opts;
+  const InlineScope inline_scope(waited_at_once(opts, 0));
   if (comm_ == nullptr) fail("barrier", "the process group was shut down");
   Pending p;
   meshrt_event_t ev = nullptr;

@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,7 +89,8 @@ class MeshrtBackend : public c10d::Backend {
   // it there; CPU ranks of one node then share memory (meshrt's shm backend).
   static c10::intrusive_ptr<MeshrtBackend> create(const c10::intrusive_ptr<c10d::Store>& store,
                                                   int rank, int size, double timeout_s);
-  MeshrtBackend(meshrt_comm_t comm, int rank, int size, double timeout_s);
+  MeshrtBackend(meshrt_comm_t comm, c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                double timeout_s);
   ~MeshrtBackend() override;
   const std::string getBackendName() const override { return "meshrt"; }
   meshrt_comm_t comm() const { return comm_; }
@@ -158,8 +160,21 @@ class MeshrtBackend : public c10d::Backend {
   at::Tensor out_buffer(Pending& p, const at::Tensor& t, bool keep_values);
   void check_tensor(const at::Tensor& t, const std::string& op) const;
   meshrt_stream_t p2p_stream(bool send_side);
+  // Where a collective on `t` runs: the CPU communicator and its default stream, or (CUDA
+  // tensors) the NCCL communicator of t's device, on torch's current stream there.
+  struct Target {
+    meshrt_comm_t comm;
+    meshrt_stream_t stream;
+  };
+  Target target(const at::Tensor& t, const char* name);
+  meshrt_comm_t cuda_comm(int device, const char* name);
 
   meshrt_comm_t comm_;
+  c10::intrusive_ptr<c10d::Store> store_;  // bootstraps the CUDA communicators, on first use
+  std::mutex cuda_mu_;
+  meshrt_comm_t cuda_comm_ = nullptr;              // made on the first CUDA collective
+  int cuda_device_ = -1;                           // its device (one per rank and group)
+  std::map<void*, meshrt_stream_t> cuda_streams_;  // torch's cudaStream_t, wrapped
   double timeout_s_;
   meshrt_stream_t send_stream_ = nullptr;
   meshrt_stream_t recv_stream_ = nullptr;

@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "backend.h"
+#include "backend_cuda.h"
 
 namespace py = pybind11;
 
@@ -15,6 +16,8 @@ PYBIND11_MODULE(_torch_backend, m) {
       .def_property_readonly("comm_handle", [](const meshrt_torch::MeshrtBackend& b) {
         return reinterpret_cast<uintptr_t>(b.comm());
       });
+  m.def("cuda_built", &meshrt_torch::cuda_built,
+        "whether this module moves CUDA tensors (torch and meshrt both built with CUDA)");
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s) {

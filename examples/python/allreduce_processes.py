@@ -1,6 +1,6 @@
-"""meshrt's C API from Python with one process per rank (as an engine's worker processes or
-torchrun run them): the ranks meet over TCP on 127.0.0.1 (meshrt_comm_init_tcp) and all-reduce
-NumPy arrays in place through shared memory (the shm backend).
+"""meshrt from Python (the meshrt package) with one process per rank (as an engine's worker
+processes or torchrun run them): the ranks meet over TCP on 127.0.0.1 (meshrt.Comm.init_tcp) and
+all-reduce NumPy arrays in place through shared memory (the shm backend).
 
 Usage: allreduce_processes.py <path to libmeshrt.so>
   starts NRANKS copies of itself (allreduce_processes.py <lib> --rank R --port P) and checks each.
@@ -9,7 +9,6 @@ meets the others on MASTER_ADDR:MASTER_PORT + 1 (MASTER_PORT is torch's own stor
   torchrun --standalone --nproc_per_node 2 allreduce_processes.py <path to libmeshrt.so>
 Exits 77 (skipped) when NumPy is missing.
 """
-import ctypes as C
 import os
 import socket
 import subprocess
@@ -22,32 +21,19 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from allreduce_numpy import API_VERSION, Borrowed, CommConfig, MESHRT_SUM, check, load  # noqa: E402
+from use_meshrt import meshrt_for  # noqa: E402
 
 NRANKS = 2
 COUNT = 1 << 16
 
 
 def rank_main(lib_path, rank, port, nranks=NRANKS, host="127.0.0.1"):
-    lib = load(lib_path)
-    lib.meshrt_comm_init_tcp.argtypes = [C.POINTER(C.c_void_p), C.c_char_p, C.c_int, C.c_int,
-                                         C.c_int, C.POINTER(CommConfig)]
-    lib.meshrt_comm_rank.argtypes = [C.c_void_p, C.POINTER(C.c_int)]
-    check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
-    cfg = CommConfig(C.sizeof(CommConfig), 0x4D525443, API_VERSION, 60.0, 60.0, -1, 0, -1, None)
-    comm = C.c_void_p()
-    check(lib, lib.meshrt_comm_init_tcp(C.byref(comm), host.encode(), port, nranks, rank,
-                                        C.byref(cfg)), "meshrt_comm_init_tcp")
+    meshrt = meshrt_for(lib_path)
+    comm = meshrt.Comm.init_tcp(host, port, nranks, rank, timeout_s=60)
     x = np.arange(COUNT, dtype=np.float32) % 100 + 1000 * rank
     expected = sum(np.arange(COUNT, dtype=np.float32) % 100 + 1000 * r for r in range(nranks))
-    b = Borrowed(lib, x)
-    ev = C.c_void_p()
-    check(lib, lib.meshrt_all_reduce(comm, b.handle, b.handle, MESHRT_SUM, None, C.byref(ev)),
-          "meshrt_all_reduce")
-    check(lib, lib.meshrt_event_synchronize(ev), "meshrt_event_synchronize")
-    lib.meshrt_event_destroy(ev)
-    lib.meshrt_tensor_destroy(b.handle)
-    check(lib, lib.meshrt_comm_destroy(comm), "meshrt_comm_destroy")
+    comm.all_reduce(x)  # in place, through shared memory
+    comm.destroy()
     ok = np.array_equal(x, expected)
     print(f"rank {rank} (pid {os.getpid()}): all_reduce in place, x[:3] = {x[:3].tolist()}, "
           f"matches numpy sum: {ok}")

@@ -1,5 +1,5 @@
-"""meshrt from Python with PyTorch tensors (ctypes + DLPack, zero copy): 2 ranks form a tp=2
-mesh, as 2 threads of this process or as 2 processes (one rank each, the shm backend). Each rank
+"""meshrt from Python with PyTorch tensors (the meshrt package, DLPack, zero copy): 2 ranks form a
+tp=2 mesh, as 2 threads of this process or as 2 processes (one rank each, the shm backend). Each rank
   1. all-reduces a torch tensor in place through meshrt (meshrt writes torch's memory), and
   2. runs meshrt's sharded attention block on GPT-2-layout weights: Hugging Face's Conv1D
      `c_attn` weight [hidden, 3 hidden] with [Q | K | V] columns (MESHRT_WEIGHT_LAYOUT_IN_OUT +
@@ -7,17 +7,16 @@ mesh, as 2 threads of this process or as 2 processes (one rank each, the shm bac
 The output, the input gradient and the c_attn weight gradient equal PyTorch autograd on the full
 weights (F.scaled_dot_product_attention, causal).
 
-Tensors cross as DLPack capsules from `tensor.__dlpack__()`: meshrt takes the DLManagedTensor
-(meshrt_tensor_from_dlpack) and calls torch's deleter when it lets go.
+Tensors cross as DLPack capsules from `tensor.__dlpack__()` (meshrt.Comm, meshrt.Attn): meshrt
+takes the DLManagedTensor (meshrt_tensor_from_dlpack) and calls torch's deleter when it lets go.
 
 Usage: attn_torch.py <path to libmeshrt.so> [--processes]
   --processes: starts 2 copies of itself as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR,
   MASTER_PORT), each one rank; or under torchrun itself:
   torchrun --standalone --nproc_per_node 2 attn_torch.py <path to libmeshrt.so>
-  (the ranks meet over TCP on MASTER_ADDR:MASTER_PORT + 1, meshrt_comm_init_tcp).
+  (the ranks meet over TCP on MASTER_ADDR:MASTER_PORT + 1, meshrt.Comm.init_tcp).
 Exits 77 (skipped) when PyTorch is not installed.
 """
-import ctypes as C
 import os
 import socket
 import subprocess
@@ -31,73 +30,10 @@ except ImportError as e:
     print(f"SKIPPED: PyTorch is not installed ({e}); `pip install torch` to run this example")
     sys.exit(77)
 
-from allreduce_numpy import CommConfig, DLDataType, check, kDLFloat
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from use_meshrt import meshrt_for  # noqa: E402
 
-API_VERSION = 1  # MESHRT_API_VERSION of include/meshrt/meshrt.h
 TP, SEQ, BATCH, HIDDEN, HEADS = 2, 8, 2, 32, 4
-LAYERNORM, IN_OUT, QKV_BLOCKED, SUM = 0, 0, 1, 0
-QKV_WEIGHT = 2
-
-
-class AttnConfig(C.Structure):  # meshrt_attn_config_t, API version 1
-    _fields_ = [("size", C.c_size_t), ("hidden", C.c_int64), ("heads", C.c_int64),
-                ("dtype", DLDataType), ("norm", C.c_int), ("eps", C.c_float), ("bias", C.c_int),
-                ("causal", C.c_int), ("sequence_parallel", C.c_int), ("weight_layout", C.c_int),
-                ("qkv_layout", C.c_int)]
-
-
-class AttnParams(C.Structure):  # meshrt_attn_params_t
-    _fields_ = [("size", C.c_size_t)] + [(n, C.c_void_p) for n in (
-        "norm_weight", "norm_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")]
-
-
-def load(path):
-    lib = C.CDLL(path)
-    lib.meshrt_status_string.restype = C.c_char_p
-    lib.meshrt_last_error.restype = C.c_char_p
-    lib.meshrt_comm_init_all.argtypes = [C.POINTER(C.c_void_p), C.c_int, C.c_void_p,
-                                         C.POINTER(CommConfig)]
-    lib.meshrt_comm_init_tcp.argtypes = [C.POINTER(C.c_void_p), C.c_char_p, C.c_int, C.c_int,
-                                         C.c_int, C.POINTER(CommConfig)]
-    lib.meshrt_tensor_from_dlpack.argtypes = [C.c_void_p, C.POINTER(C.c_void_p)]
-    lib.meshrt_all_reduce.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_int, C.c_void_p,
-                                      C.POINTER(C.c_void_p)]
-    lib.meshrt_mesh_create.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_char_p]
-    lib.meshrt_attn_create.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.POINTER(AttnConfig)]
-    lib.meshrt_attn_shard_info.argtypes = [C.c_void_p, C.c_int, C.POINTER(C.c_int64),
-                                           C.POINTER(C.c_int64)]
-    lib.meshrt_attn_bind_weights.argtypes = [C.c_void_p, C.POINTER(AttnParams)]
-    lib.meshrt_attn_forward.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p,
-                                        C.POINTER(C.c_void_p)]
-    lib.meshrt_attn_backward.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p,
-                                         C.POINTER(AttnParams), C.c_void_p, C.POINTER(C.c_void_p)]
-    for name in ("meshrt_event_synchronize", "meshrt_event_destroy", "meshrt_tensor_destroy",
-                 "meshrt_comm_destroy", "meshrt_mesh_destroy", "meshrt_attn_destroy"):
-        getattr(lib, name).argtypes = [C.c_void_p]
-    return lib
-
-
-_get_pointer = C.pythonapi.PyCapsule_GetPointer
-_get_pointer.restype = C.c_void_p
-_get_pointer.argtypes = [C.py_object, C.c_char_p]
-_set_name = C.pythonapi.PyCapsule_SetName
-_set_name.argtypes = [C.py_object, C.c_char_p]
-
-
-def handle(lib, t):
-    """A meshrt tensor viewing torch tensor t (no copy), by the DLPack capsule protocol: meshrt
-    consumes the DLManagedTensor and the capsule is renamed "used_dltensor"."""
-    capsule = t.__dlpack__()
-    managed = _get_pointer(capsule, b"dltensor")
-    h = C.c_void_p()
-    check(lib, lib.meshrt_tensor_from_dlpack(managed, C.byref(h)), "meshrt_tensor_from_dlpack")
-    _set_name(capsule, b"used_dltensor")
-    return h
-
-
-def sync(lib, ev, what):
-    check(lib, lib.meshrt_event_synchronize(ev), what)
-    lib.meshrt_event_destroy(ev)
 
 
 def reference(x, dy, p):
@@ -135,48 +71,32 @@ def problem():
     return {k: v.float() for k, v in full.items()}, x, dy, want
 
 
-def rank_main(lib, comm, rank, full, x, dy):
-    """One rank's all-reduce and attention block on communicator `comm`."""
+def rank_main(meshrt, comm, rank, full, x, dy):
+    """One rank's all-reduce and attention block on communicator `comm` (a meshrt.Comm)."""
     # 1. In-place all-reduce of a torch tensor: meshrt writes torch's memory.
     t = torch.arange(4, dtype=torch.float32) + 100 * rank
-    th, ev = handle(lib, t), C.c_void_p()
-    check(lib, lib.meshrt_all_reduce(comm, th, th, SUM, None, C.byref(ev)), "meshrt_all_reduce")
-    sync(lib, ev, "all_reduce")
-    lib.meshrt_tensor_destroy(th)
+    comm.all_reduce(t)
     # 2. The attention block on this rank's heads.
-    mesh, attn = C.c_void_p(), C.c_void_p()
-    check(lib, lib.meshrt_mesh_create(C.byref(mesh), comm, f"tp={TP}".encode()),
-          "meshrt_mesh_create")
-    ac = AttnConfig(C.sizeof(AttnConfig), HIDDEN, HEADS, DLDataType(kDLFloat, 32, 1),
-                    LAYERNORM, 1e-5, 1, 1, 0, IN_OUT, QKV_BLOCKED)
-    check(lib, lib.meshrt_attn_create(C.byref(attn), mesh, C.byref(ac)), "meshrt_attn_create")
-    off, n = C.c_int64(), C.c_int64()
-    check(lib, lib.meshrt_attn_shard_info(attn, QKV_WEIGHT, C.byref(off), C.byref(n)),
-          "meshrt_attn_shard_info")
+    mesh = meshrt.Mesh(comm, f"tp={TP}")
+    attn = meshrt.Attn(mesh, HIDDEN, HEADS, causal=True, weight_layout="in_out",
+                       qkv_layout="blocked")
+    off, n = attn.shard_info("qkv_weight")
     d = HIDDEN // HEADS
-    h0, hl = off.value // (3 * d), n.value // (3 * d)
+    h0, hl = off // (3 * d), n // (3 * d)
     mine = slice(h0 * d, (h0 + hl) * d)  # my heads' features within each of Q, K, V
     qkv_cols = torch.cat([torch.arange(HIDDEN)[mine] + j * HIDDEN for j in range(3)])
+    names = ("norm_weight", "norm_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
     shards = [full["gamma"], full["beta"], full["c_attn_w"][:, qkv_cols].contiguous(),
               full["c_attn_b"][qkv_cols].contiguous(),
               full["c_proj_w"][mine].contiguous(), full["c_proj_b"]]
     grads = [torch.zeros_like(a) for a in shards]
-    wp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in shards])
-    gp = AttnParams(C.sizeof(AttnParams), *[handle(lib, a) for a in grads])
-    check(lib, lib.meshrt_attn_bind_weights(attn, C.byref(wp)), "meshrt_attn_bind_weights")
+    attn.bind_weights(**dict(zip(names, shards)))
     xs, dys = x.float(), dy.float()
     ys, dxs = torch.empty_like(xs), torch.empty_like(xs)
-    xh, yh, dyh, dxh = (handle(lib, a) for a in (xs, ys, dys, dxs))
-    check(lib, lib.meshrt_attn_forward(attn, xh, yh, None, C.byref(ev)), "meshrt_attn_forward")
-    sync(lib, ev, "forward")
-    check(lib, lib.meshrt_attn_backward(attn, dyh, dxh, C.byref(gp), None, C.byref(ev)),
-          "meshrt_attn_backward")
-    sync(lib, ev, "backward")
-    for h in [xh, yh, dyh, dxh] + [getattr(wp, f) for f, _ in AttnParams._fields_[1:]] + \
-            [getattr(gp, f) for f, _ in AttnParams._fields_[1:]]:
-        lib.meshrt_tensor_destroy(h)
-    check(lib, lib.meshrt_attn_destroy(attn), "meshrt_attn_destroy")
-    check(lib, lib.meshrt_mesh_destroy(mesh), "meshrt_mesh_destroy")
+    attn.forward(xs, ys)
+    attn.backward(dys, dxs, **dict(zip(names, grads)))
+    attn.destroy()
+    mesh.destroy()
     return t.tolist(), qkv_cols, ys, dxs, grads[2]
 
 
@@ -201,7 +121,7 @@ def header():
           f"{HEADS} heads, causal, GPT-2 Conv1D weights ([in, out], [Q|K|V])", flush=True)
 
 
-def main_process(lib, cfg):
+def main_process(meshrt):
     """One rank of a torchrun-style launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."""
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -209,14 +129,12 @@ def main_process(lib, cfg):
         print(f"this example runs {TP} ranks, not WORLD_SIZE={world}: use --nproc_per_node {TP}")
         return 2
     full, x, dy, want = problem()
-    comm = C.c_void_p()
-    check(lib, lib.meshrt_comm_init_tcp(C.byref(comm), env["MASTER_ADDR"].encode(),
-                                        int(env["MASTER_PORT"]) + 1, world, rank, C.byref(cfg)),
-          "meshrt_comm_init_tcp")
+    comm = meshrt.Comm.init_tcp(env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 1, world, rank,
+                                timeout_s=60)
     if rank == 0:
         header()
-    ok = report(rank, rank_main(lib, comm, rank, full, x, dy), want, f"process {os.getpid()}")
-    check(lib, lib.meshrt_comm_destroy(comm), "meshrt_comm_destroy")
+    ok = report(rank, rank_main(meshrt, comm, rank, full, x, dy), want, f"process {os.getpid()}")
+    comm.destroy()
     return 0 if ok else 1
 
 
@@ -249,19 +167,16 @@ def spawn_processes():
 def main():
     if len(sys.argv) == 3 and sys.argv[2] == "--processes":
         return spawn_processes()
-    lib = load(sys.argv[1])
-    check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
-    cfg = CommConfig(C.sizeof(CommConfig), 0x4D525443, API_VERSION, 60.0, 60.0, -1, 0, -1, None)
+    meshrt = meshrt_for(sys.argv[1])
     if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        return main_process(lib, cfg)
+        return main_process(meshrt)
     full, x, dy, want = problem()
-    comms = (C.c_void_p * TP)()
-    check(lib, lib.meshrt_comm_init_all(comms, TP, None, C.byref(cfg)), "meshrt_comm_init_all")
+    comms = meshrt.Comm.init_threads(TP, timeout_s=60)
     results, errors = {}, []
 
     def thread_main(rank):
         try:
-            results[rank] = rank_main(lib, comms[rank], rank, full, x, dy)
+            results[rank] = rank_main(meshrt, comms[rank], rank, full, x, dy)
         except Exception as e:  # reported by the main thread
             errors.append(f"rank {rank}: {e}")
 
@@ -271,7 +186,7 @@ def main():
     for t in threads:
         t.join()
     for c in comms:
-        lib.meshrt_comm_destroy(c)
+        c.destroy()
     if errors:
         print("\n".join(errors))
         return 1

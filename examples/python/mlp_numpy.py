@@ -1,4 +1,5 @@
-"""meshrt's sharded MLP block from Python (ctypes + NumPy): 2 threads form a tp=2 mesh with
+"""meshrt's sharded MLP block from Python (the meshrt package + NumPy, DLPack): 2 threads form a
+tp=2 mesh with
 sequence parallelism; each binds its shard of PyTorch-layout ([out, in], nn.Linear) NumPy weights
 (MESHRT_WEIGHT_LAYOUT_OUT_IN: meshrt keeps a transposed copy), runs forward and backward on its
 sequence shard, and the output, input gradient and fc1 weight gradient equal a NumPy reference.
@@ -6,7 +7,7 @@ sequence shard, and the output, input gradient and fc1 weight gradient equal a N
 Usage: mlp_numpy.py <path to libmeshrt.so>
 Exits 77 (skipped) when NumPy is missing.
 """
-import ctypes as C
+import os
 import sys
 import threading
 
@@ -16,45 +17,10 @@ except ImportError as e:  # pragma: no cover
     print(f"SKIPPED: numpy is unavailable ({e}); run tools/install-deps.sh --python-venv")
     sys.exit(77)
 
-from allreduce_numpy import Borrowed, CommConfig, DLDataType, check, kDLFloat
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from use_meshrt import meshrt_for  # noqa: E402
 
-API_VERSION = 1  # MESHRT_API_VERSION of include/meshrt/meshrt.h
 TP, SEQ, BATCH, HIDDEN, FFN = 2, 8, 2, 16, 40
-LAYERNORM, GELU_TANH, OUT_IN = 0, 0, 1
-FC1_WEIGHT = 2
-
-
-class MlpConfig(C.Structure):  # meshrt_mlp_config_t, API version 1
-    _fields_ = [("size", C.c_size_t), ("hidden", C.c_int64), ("ffn", C.c_int64),
-                ("dtype", DLDataType), ("norm", C.c_int), ("eps", C.c_float), ("gelu", C.c_int),
-                ("bias", C.c_int), ("sequence_parallel", C.c_int), ("weight_layout", C.c_int)]
-
-
-class MlpParams(C.Structure):  # meshrt_mlp_params_t
-    _fields_ = [("size", C.c_size_t)] + [(n, C.c_void_p) for n in (
-        "norm_weight", "norm_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")]
-
-
-def load(path):
-    lib = C.CDLL(path)
-    lib.meshrt_status_string.restype = C.c_char_p
-    lib.meshrt_last_error.restype = C.c_char_p
-    lib.meshrt_comm_init_all.argtypes = [C.POINTER(C.c_void_p), C.c_int, C.c_void_p,
-                                         C.POINTER(CommConfig)]
-    lib.meshrt_tensor_from_dltensor.argtypes = [C.c_void_p, C.POINTER(C.c_void_p)]
-    lib.meshrt_mesh_create.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_char_p]
-    lib.meshrt_mlp_create.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.POINTER(MlpConfig)]
-    lib.meshrt_mlp_shard_info.argtypes = [C.c_void_p, C.c_int, C.POINTER(C.c_int64),
-                                          C.POINTER(C.c_int64)]
-    lib.meshrt_mlp_bind_weights.argtypes = [C.c_void_p, C.POINTER(MlpParams)]
-    lib.meshrt_mlp_forward.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p,
-                                       C.POINTER(C.c_void_p)]
-    lib.meshrt_mlp_backward.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p,
-                                        C.POINTER(MlpParams), C.c_void_p, C.POINTER(C.c_void_p)]
-    for name in ("meshrt_event_synchronize", "meshrt_event_destroy", "meshrt_tensor_destroy",
-                 "meshrt_comm_destroy", "meshrt_mesh_destroy", "meshrt_mlp_destroy"):
-        getattr(lib, name).argtypes = [C.c_void_p]
-    return lib
 
 
 def gelu(h):
@@ -80,8 +46,7 @@ def reference(x, dy, p):
 
 
 def main():
-    lib = load(sys.argv[1])
-    check(lib, lib.meshrt_init(API_VERSION), "meshrt_init")
+    meshrt = meshrt_for(sys.argv[1])
     rng = np.random.default_rng(7)
     f32 = np.float32
     full = {"gamma": 1 + 0.3 * rng.standard_normal(HIDDEN),
@@ -93,50 +58,32 @@ def main():
     dy = rng.standard_normal((SEQ, BATCH, HIDDEN)).astype(f32)
     want_y, want_dx, want_gw1 = reference(x.astype(np.float64), dy.astype(np.float64),
                                           {k: v.astype(np.float64) for k, v in full.items()})
-    cfg = CommConfig(C.sizeof(CommConfig), 0x4D525443, API_VERSION, 60.0, 60.0, -1, 0, -1, None)
-    comms = (C.c_void_p * TP)()
-    check(lib, lib.meshrt_comm_init_all(comms, TP, None, C.byref(cfg)), "meshrt_comm_init_all")
+    comms = meshrt.Comm.init_threads(TP, timeout_s=60)
     results, errors = {}, []
 
     def rank_main(rank):
         try:
-            mesh, mlp = C.c_void_p(), C.c_void_p()
-            check(lib, lib.meshrt_mesh_create(C.byref(mesh), comms[rank], f"tp={TP}".encode()),
-                  "meshrt_mesh_create")
-            mc = MlpConfig(C.sizeof(MlpConfig), HIDDEN, FFN, DLDataType(kDLFloat, 32, 1),
-                           LAYERNORM, 1e-5, GELU_TANH, 1, 1, OUT_IN)
-            check(lib, lib.meshrt_mlp_create(C.byref(mlp), mesh, C.byref(mc)), "meshrt_mlp_create")
-            off, n = C.c_int64(), C.c_int64()
-            check(lib, lib.meshrt_mlp_shard_info(mlp, FC1_WEIGHT, C.byref(off), C.byref(n)),
-                  "meshrt_mlp_shard_info")
-            cols = slice(off.value, off.value + n.value)
+            mesh = meshrt.Mesh(comms[rank], f"tp={TP}")
+            mlp = meshrt.Mlp(mesh, HIDDEN, FFN, sequence_parallel=True, weight_layout="out_in")
+            off, n = mlp.shard_info("fc1_weight")
+            cols = slice(off, off + n)
             # nn.Linear layout: fc1.weight [ffn, hidden] split by rows, fc2.weight [hidden, ffn]
             # by columns.
+            names = ("norm_weight", "norm_bias", "fc1_weight", "fc1_bias", "fc2_weight",
+                     "fc2_bias")
             shards = [full["gamma"], full["beta"], np.ascontiguousarray(full["w1"][cols]),
                       full["b1"][cols].copy(), np.ascontiguousarray(full["w2"][:, cols]),
                       full["b2"]]
-            w = [Borrowed(lib, a) for a in shards]
-            grads = [Borrowed(lib, np.zeros_like(a)) for a in shards]
-            wp = MlpParams(C.sizeof(MlpParams), *[t.handle for t in w])
-            gp = MlpParams(C.sizeof(MlpParams), *[t.handle for t in grads])
-            check(lib, lib.meshrt_mlp_bind_weights(mlp, C.byref(wp)), "meshrt_mlp_bind_weights")
+            grads = [np.zeros_like(a) for a in shards]
+            mlp.bind_weights(**dict(zip(names, shards)))
             s = slice(rank * SEQ // TP, (rank + 1) * SEQ // TP)  # sequence parallel: my shard
-            xs, dys = Borrowed(lib, x[s].copy()), Borrowed(lib, dy[s].copy())
-            ys, dxs = Borrowed(lib, np.empty_like(x[s])), Borrowed(lib, np.empty_like(x[s]))
-            ev = C.c_void_p()
-            check(lib, lib.meshrt_mlp_forward(mlp, xs.handle, ys.handle, None, C.byref(ev)),
-                  "meshrt_mlp_forward")
-            check(lib, lib.meshrt_event_synchronize(ev), "forward")
-            lib.meshrt_event_destroy(ev)
-            check(lib, lib.meshrt_mlp_backward(mlp, dys.handle, dxs.handle, C.byref(gp), None,
-                                               C.byref(ev)), "meshrt_mlp_backward")
-            check(lib, lib.meshrt_event_synchronize(ev), "backward")
-            lib.meshrt_event_destroy(ev)
-            results[rank] = (s, cols, ys.arr, dxs.arr, grads[2].arr)
-            for t in w + grads + [xs, dys, ys, dxs]:
-                lib.meshrt_tensor_destroy(t.handle)
-            check(lib, lib.meshrt_mlp_destroy(mlp), "meshrt_mlp_destroy")
-            check(lib, lib.meshrt_mesh_destroy(mesh), "meshrt_mesh_destroy")
+            xs, dys = x[s].copy(), dy[s].copy()
+            ys, dxs = np.empty_like(xs), np.empty_like(xs)
+            mlp.forward(xs, ys)
+            mlp.backward(dys, dxs, **dict(zip(names, grads)))
+            results[rank] = (s, cols, ys, dxs, grads[2])
+            mlp.destroy()
+            mesh.destroy()
         except Exception as e:  # reported by the main thread
             errors.append(f"rank {rank}: {e}")
 
@@ -146,7 +93,7 @@ def main():
     for t in threads:
         t.join()
     for c in comms:
-        lib.meshrt_comm_destroy(c)
+        c.destroy()
     if errors:
         print("\n".join(errors))
         return 1

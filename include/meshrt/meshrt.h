@@ -263,6 +263,14 @@ MESHRT_C_API meshrt_status_t meshrt_event_query(meshrt_event_t event, int* done)
 /* Releases the handle without waiting: the work it marks runs on (synchronize first to wait for
  * it). NULL is a no-op. */
 MESHRT_C_API meshrt_status_t meshrt_event_destroy(meshrt_event_t event);
+/* Inline mode of the calling thread: on = 1 or 0 (the default); *previous (may be NULL) gets
+ * the mode before. While on, a call this thread makes on a CPU stream that has nothing queued or
+ * running runs there and then, on this thread, and returns when it completed (its event is done):
+ * a small synchronous collective then costs no hand-off to the stream's thread and back. On a
+ * busy stream the call queues behind that work as usual (never overtaking it) and returns at
+ * once. CUDA streams ignore it. Turn it on only around calls the caller waits for right away: an
+ * inline collective returns only once every rank issued it. */
+MESHRT_C_API meshrt_status_t meshrt_thread_inline(int on, int* previous);
 
 /* ---- tensors (DLPack) --------------------------------------------------------------------
  * Accepted: device kDLCPU (device_id 0: DLPack's one CPU device) or kDLCUDA (device_id below the

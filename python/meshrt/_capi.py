@@ -7,6 +7,13 @@ import os
 
 API_VERSION = 1
 _OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+# DLPack dtype codes (kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4) and bits, by name.
+_DTYPES = {"float32": (2, 32), "bfloat16": (4, 16), "float16": (2, 16), "int32": (0, 32),
+           "int64": (0, 64), "uint8": (1, 8)}
+
+
+class _DLDataType(C.Structure):
+    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
 
 
 class MeshrtError(RuntimeError):
@@ -67,6 +74,11 @@ def _load():
     for name in ("meshrt_comm_rank", "meshrt_comm_size"):
         getattr(lib, name).argtypes = [C.c_void_p, C.POINTER(C.c_int)]
     lib.meshrt_tensor_from_dlpack.argtypes = [C.c_void_p, C.POINTER(C.c_void_p)]
+    lib.meshrt_tensor_empty.argtypes = [C.c_void_p, C.c_int, C.POINTER(C.c_int64), _DLDataType,
+                                        C.POINTER(C.c_void_p)]
+    lib.meshrt_tensor_to_dlpack.argtypes = [C.c_void_p, C.POINTER(C.c_void_p)]
+    C.pythonapi.PyCapsule_New.restype = C.py_object
+    C.pythonapi.PyCapsule_New.argtypes = [C.c_void_p, C.c_char_p, C.c_void_p]
     C.pythonapi.PyCapsule_GetPointer.restype = C.c_void_p
     C.pythonapi.PyCapsule_GetPointer.argtypes = [C.py_object, C.c_char_p]
     C.pythonapi.PyCapsule_SetName.argtypes = [C.py_object, C.c_char_p]
@@ -92,8 +104,13 @@ def version():
 
 
 def _tensor(lib, obj, what):
-    """A meshrt tensor handle over obj's memory (obj.__dlpack__()); meshrt owns the capsule's
-    tensor from then on and releases it once the handle and its work are done."""
+    """(owned, handle): a meshrt tensor handle over obj's memory (obj.__dlpack__()); meshrt owns
+    the capsule's tensor from then on and releases it once the handle (`owned`, which the caller
+    destroys) and its work are done. A Buffer passes its own handle (owned None)."""
+    if isinstance(obj, Buffer):
+        if obj._h is None:
+            raise MeshrtError(f"meshrt: {what}: this Buffer was handed over through DLPack")
+        return None, obj._h
     if not hasattr(obj, "__dlpack__"):
         raise TypeError(f"meshrt: {what}: {type(obj).__name__} has no __dlpack__ "
                         "(pass a NumPy array, a torch tensor or another DLPack tensor)")
@@ -104,7 +121,34 @@ def _tensor(lib, obj, what):
     handle = C.c_void_p()
     _check(lib, lib.meshrt_tensor_from_dlpack(ptr, C.byref(handle)), what)
     C.pythonapi.PyCapsule_SetName(cap, b"used_dltensor")  # meshrt owns it now
-    return handle
+    return handle, handle
+
+
+class Buffer:
+    """A tensor in memory meshrt allocated (Comm.empty). Pass it to Comm's calls like any DLPack
+    tensor; hand it over once to a DLPack consumer (np.from_dlpack, torch.from_dlpack), which
+    then owns the memory (meshrt's allocator frees it with its last user)."""
+
+    def __init__(self, lib, handle):
+        self._lib = lib
+        self._h = handle
+
+    def __dlpack__(self, **kwargs):
+        if self._h is None:
+            raise MeshrtError("meshrt: this Buffer was handed over already (DLPack is one-shot)")
+        managed = C.c_void_p()
+        _check(self._lib, self._lib.meshrt_tensor_to_dlpack(self._h, C.byref(managed)),
+               "meshrt_tensor_to_dlpack")
+        h, self._h = self._h, None
+        self._lib.meshrt_tensor_destroy(h)
+        return C.pythonapi.PyCapsule_New(managed, b"dltensor", None)
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            self._lib.meshrt_tensor_destroy(self._h)
 
 
 class Comm:
@@ -157,17 +201,19 @@ class Comm:
         lib = self._lib
         if self._h is None:
             raise MeshrtError(f"meshrt: {what}: the communicator was destroyed")
-        handles = []
+        owned, handles = [], []
         try:
             for t in tensors:
-                handles.append(_tensor(lib, t, what) if t is not None else None)
+                o, h = _tensor(lib, t, what) if t is not None else (None, None)
+                owned.append(o)
+                handles.append(h)
             ev = C.c_void_p()
             _check(lib, fn(*handles, C.byref(ev)), what)
             status = lib.meshrt_event_synchronize(ev)
             lib.meshrt_event_destroy(ev)
             _check(lib, status, what)
         finally:
-            for h in handles:
+            for h in owned:
                 if h is not None:
                     lib.meshrt_tensor_destroy(h)
 
@@ -207,6 +253,21 @@ class Comm:
         self._run("all_to_all", lambda a, b, ev: lib.meshrt_all_to_all(self._h, a, b, None, ev),
                   x, out)
         return out
+
+    def empty(self, shape, dtype="float32"):
+        """A Buffer: a tensor in memory meshrt allocates on this rank's device (uninitialised),
+        usable in this Comm's calls, then handed over once through DLPack
+        (``np.from_dlpack(buf)``, ``torch.from_dlpack(buf)``)."""
+        if dtype not in _DTYPES:
+            raise ValueError(f"meshrt: empty: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+        lib = self._lib
+        dims = (C.c_int64 * len(shape))(*[int(d) for d in shape])
+        code, bits = _DTYPES[dtype]
+        h = C.c_void_p()
+        _check(lib, lib.meshrt_tensor_empty(self._h, len(shape), dims,
+                                            _DLDataType(code, bits, 1), C.byref(h)),
+               "meshrt_tensor_empty")
+        return Buffer(lib, h)
 
     def barrier(self):
         lib = self._lib

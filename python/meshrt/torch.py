@@ -4,7 +4,7 @@
     torch.distributed.init_process_group("meshrt")   # torchrun, or init_method=..., as with gloo
 
 The backend bootstraps over torch's store (no other port or variable): CPU ranks of one node
-share memory (meshrt's shm backend). See docs/torch.md for what is supported and refused.
+share memory (meshrt's shm backend); CUDA tensors go over meshrt's NCCL communicator. See docs/torch.md for what is supported and refused.
 """
 import torch
 import torch.distributed as dist
@@ -27,8 +27,9 @@ def _create_backend(store, rank, size, timeout):
 def _register():
     if BACKEND in dist.Backend.backend_list:
         return
-    # CUDA tensors only exist where a GPU does; there, meshrt is registered for cuda too and
-    # refuses CUDA tensors with one clear line (this build moves CPU tensors only).
+    # CUDA tensors only exist where a GPU does; there, meshrt is registered for cuda too: a module
+    # built with CUDA (_ext.cuda_built()) moves them on meshrt's NCCL communicator, on torch's
+    # current stream; one built without refuses them with one clear line.
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     dist.Backend.register_backend(BACKEND, _create_backend, devices=devices)
 

@@ -224,6 +224,67 @@ TEST_CASE("capi: streams order work through events, default stream is the comm's
   for (meshrt_comm_t c : comms) CAPI_REQUIRE_OK(meshrt_comm_destroy(c));
 }
 
+TEST_CASE("capi: thread_inline runs a call on an idle stream here, queues behind a busy one",
+          "[capi]") {
+  const int n = GENERATE(2, 4);
+  init_api();
+  std::vector<meshrt_comm_t> comms(static_cast<size_t>(n));
+  const meshrt_comm_config_t cfg = test_config();
+  CAPI_REQUIRE_OK(meshrt_comm_init_all(comms.data(), n, nullptr, &cfg));
+  std::atomic<bool> rank0_queued{false};
+  run_ranks(n, [&](int r) {
+    meshrt_comm_t comm = comms[static_cast<size_t>(r)];
+    meshrt_stream_t s = nullptr;  // never used before: idle
+    CAPI_THROW_UNLESS_OK(meshrt_stream_create(comm, &s));
+    const DLDataType f32 = dl_dtype(kDLFloat, 32);
+    int prev = -1, done = -1;
+    CAPI_THROW_UNLESS_OK(meshrt_thread_inline(1, &prev));
+    RANK_EXPECT(prev == 0, "inline mode starts off");
+    // Idle stream: the call ran on this thread and returns completed.
+    Buf x(f32, 5);
+    for (int64_t i = 0; i < x.size(); ++i) x.set(i, double(r + i));
+    meshrt_event_t e = nullptr;
+    CAPI_THROW_UNLESS_OK(meshrt_all_reduce(comm, x.handle(), x.handle(), MESHRT_SUM, s, &e));
+    CAPI_THROW_UNLESS_OK(meshrt_event_query(e, &done));
+    RANK_EXPECT(done == 1, "an inline call on an idle stream is done when it returns");
+    CAPI_THROW_UNLESS_OK(meshrt_event_destroy(e));
+    for (int64_t i = 0; i < x.size(); ++i) {
+      RANK_EXPECT(x.get(i) == double(n * (n - 1) / 2 + n * i), "inline all_reduce sums");
+    }
+    // Busy stream: rank 0 queues a (not inline) all-reduce A that waits for the other ranks, then
+    // an inline one B that reduces A's output. B must queue behind A and return at once.
+    Buf a(f32, 3), b(f32, 3);
+    for (int64_t i = 0; i < a.size(); ++i) a.set(i, 1.0);
+    meshrt_event_t ea = nullptr, eb = nullptr;
+    if (r == 0) {
+      CAPI_THROW_UNLESS_OK(meshrt_thread_inline(0, &prev));
+      RANK_EXPECT(prev == 1, "previous mode handed back");
+      CAPI_THROW_UNLESS_OK(meshrt_all_reduce(comm, a.handle(), a.handle(), MESHRT_SUM, s, &ea));
+      CAPI_THROW_UNLESS_OK(meshrt_thread_inline(1, nullptr));
+      CAPI_THROW_UNLESS_OK(meshrt_all_reduce(comm, a.handle(), b.handle(), MESHRT_SUM, s, &eb));
+      CAPI_THROW_UNLESS_OK(meshrt_event_query(eb, &done));
+      RANK_EXPECT(done == 0, "an inline call on a busy stream queued (its peers are not there)");
+      rank0_queued = true;
+    } else {
+      while (!rank0_queued) std::this_thread::yield();
+      CAPI_THROW_UNLESS_OK(meshrt_all_reduce(comm, a.handle(), a.handle(), MESHRT_SUM, s, &ea));
+      CAPI_THROW_UNLESS_OK(meshrt_all_reduce(comm, a.handle(), b.handle(), MESHRT_SUM, s, &eb));
+    }
+    CAPI_THROW_UNLESS_OK(meshrt_event_synchronize(eb));
+    CAPI_THROW_UNLESS_OK(meshrt_event_synchronize(ea));
+    for (int64_t i = 0; i < b.size(); ++i) {
+      RANK_EXPECT(b.get(i) == double(n * n), "B reduced A's output: it ran after A");
+    }
+    CAPI_THROW_UNLESS_OK(meshrt_event_destroy(ea));
+    CAPI_THROW_UNLESS_OK(meshrt_event_destroy(eb));
+    CAPI_THROW_UNLESS_OK(meshrt_thread_inline(0, nullptr));
+    CAPI_THROW_UNLESS_OK(meshrt_stream_destroy(s));
+  });
+  for (meshrt_comm_t c : comms) CAPI_REQUIRE_OK(meshrt_comm_destroy(c));
+  require_status(meshrt_thread_inline(2, nullptr), MESHRT_ERROR_INVALID_ARGUMENT,
+                 {"on is 2", "pass 1"});
+}
+
 TEST_CASE("capi: split makes sub-communicators that reduce within their colour", "[capi]") {
   init_api();
   const int n = 4;

@@ -149,7 +149,7 @@ case "$mode" in
     echo "pkg-config consumer: c++ -std=c++20 main.cpp $flags"
 
     # 3. The C API examples against the installed package: examples/c as strict C99 from one
-    # compiler line, and examples/python (ctypes + NumPy) loading the installed libmeshrt.so.
+    # compiler line, and examples/python (the meshrt package + NumPy) on the installed libmeshrt.so.
     "$cc" -std=c99 -Wall -Wextra -pedantic -Werror $extra "$src/examples/c/allreduce_threads.c" \
       "${flag_words[@]}" -pthread -Wl,-rpath,"$prefix/lib" -o "$scratch/c-example" >"$scratch/c-example.build.log" 2>&1 ||
       { cat "$scratch/c-example.build.log" >&2; fail "cc -std=c99 examples/c/allreduce_threads.c \$(pkg-config --cflags --libs meshrt) failed"; }

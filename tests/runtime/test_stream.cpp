@@ -11,6 +11,7 @@
 #include "runtime/error.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "runtime/thread_inline.h"
 #include "tests/common/env.h"
 
 using namespace meshrt;
@@ -170,6 +171,38 @@ TEST_CASE("synchronize may run queued tasks on the waiting thread: order and exc
     REQUIRE_THROWS_WITH(s->synchronize(), Catch::Contains("boom in a helped task"));
     s->synchronize();
   }
+}
+
+TEST_CASE("inline mode runs a task on the caller when the stream is idle, else queues it",
+          "[stream]") {
+  auto s = make_host_stream_jitter("s", false);
+  const std::thread::id me = std::this_thread::get_id();
+  REQUIRE_FALSE(set_thread_inline(true));
+  // Idle: the task ran here, before enqueue returned, and so did the event's signal.
+  std::thread::id ran_on;
+  s->enqueue([&] { ran_on = std::this_thread::get_id(); });
+  CHECK(ran_on == me);
+  CHECK(s->record().query());
+  // Busy (a task holds the worker): the next ones queue behind it, in order, on the worker.
+  std::atomic<bool> release{false}, started{false};
+  std::vector<int> order;
+  REQUIRE(set_thread_inline(false));
+  s->enqueue([&] {
+    started = true;
+    while (!release) std::this_thread::yield();
+    order.push_back(1);
+  });
+  while (!started) std::this_thread::yield();
+  set_thread_inline(true);
+  s->enqueue([&] { order.push_back(2); });
+  CHECK(order.empty());  // queued, not run here (synchronize below may run it here)
+  release = true;
+  s->synchronize();
+  CHECK(order == std::vector<int>{1, 2});
+  // An inline task's error reaches synchronize, as a queued one's does.
+  s->enqueue([] { MESHRT_FAIL("boom inline"); });
+  REQUIRE_THROWS_WITH(s->synchronize(), Catch::Contains("boom inline"));
+  CHECK(set_thread_inline(false));
 }
 
 TEST_CASE("synchronize runs a queued cross-stream wait without deadlock", "[stream]") {

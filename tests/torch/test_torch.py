@@ -114,6 +114,24 @@ def test_sigkilled_rank_raises_naming_it():
     assert segments() - before == set(), "meshrt left shared-memory segments behind"
 
 
+def test_file_store_rendezvous():
+    # init_method="file://...": torch's FileStore carries the rendezvous; no torchrun, no port.
+    n = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        e = env()
+        for v in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            e.pop(v, None)
+        e.pop("MESHRT_TORCH_TEST_OUT", None)  # each rank's own stdout: its one line
+        procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "rendezvous.py"),
+                                   os.path.join(tmp, "store"), str(r), str(n)], env=e,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(n)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        for r, p in enumerate(procs):
+            assert p.returncode == 0, outs[r][-3000:]
+            assert f"rank {r}: OK 3" in outs[r].splitlines(), outs[r][-3000:]
+
+
 def test_refused_dtypes_and_ops_say_so():
     lines = torchrun(2, "faults.py", "refused")
     refused = [ln for ln in lines if ln.startswith("REFUSED ")]
@@ -135,3 +153,20 @@ def test_timeout_raises_on_wait_naming_the_missing_rank():
         assert 3.5 <= float(line.split()[1]) <= 12, line
         assert f"meshrt: rank {r}: all_reduce failed (timeout)" in line, line
         assert "did not complete within 4 s" in line and "likely culprit: rank 2" in line, line
+
+
+def test_cuda_tensors_on_current_stream():
+    # Runs only where a GPU is: torch cannot make a CUDA tensor elsewhere. The CUDA path is
+    # compiled wherever torch and meshrt both have CUDA (bindings/torch/CMakeLists.txt).
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False): the backend's CUDA "
+                    "path is compiled but not run here")
+    from meshrt import _torch_backend
+    assert _torch_backend.cuda_built(), "meshrt.torch was built without CUDA on a GPU machine"
+    n = min(torch.cuda.device_count(), 2)
+    lines = torchrun(n, "cuda_collectives.py")
+    oks = [ln for ln in lines if ": OK " in ln]
+    assert [ln.split(":")[0] for ln in oks] == [f"rank {r}" for r in range(n)], lines
+    for ln in oks:
+        if n > 1:
+            assert "send of CUDA tensors is not supported by meshrt.torch" in ln, ln

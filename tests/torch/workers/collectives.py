@@ -1,7 +1,8 @@
 """Every collective of the "meshrt" backend against gloo's result on the same inputs (under
 torchrun): op x dtype x sizes (0, 1, odd, larger), sync and async, views and non-contiguous
-tensors, then 64 MiB once. Inputs are small integers, so sums and products are exact in every
-dtype; averages are compared within rounding. Prints "OK <n> checks" on success.
+tensors, then (--big) every data path at 64 MiB, sync and async. Inputs are small integers, so
+sums and products are exact in every dtype; averages are compared within rounding. Prints
+"OK <n> checks" on success.
 Usage: torchrun --nproc_per_node N collectives.py [--big]
 """
 import sys
@@ -201,6 +202,13 @@ def check_rest(rank, world, gloo):
         r.wait()
     same(buf2, torch.ones(3) * prv, "batch_isend_irecv")
     dist.barrier()
+    # a sync call (run inline when the stream is idle) behind an async one it depends on: it
+    # queues behind it, never overtakes it
+    x = torch.ones(1000)
+    w = dist.all_reduce(x, async_op=True)
+    dist.all_reduce(x)
+    w.wait()
+    same(x, torch.full((1000,), float(world * world)), "sync all_reduce behind an async one")
     # coalesced forms
     a = [inp(rank, 5, torch.float32), inp(rank, 3, torch.float32, 2)]
     b = [t.clone() for t in a]
@@ -224,12 +232,39 @@ def check_rest(rank, world, gloo):
 
 
 def check_big(rank, world, gloo):
+    """64 MiB (the largest buffer of each call): every data path once, sync and async."""
     n = (64 << 20) // 4
-    x = torch.arange(n, dtype=torch.float32) % 251 + rank
-    y = x.clone()
-    dist.all_reduce(x)
-    dist.all_reduce(y, group=gloo)
-    same(x, y, "all_reduce 64 MiB")
+    base = torch.arange(n, dtype=torch.float32) % 251 + rank
+
+    def all_reduce(g, a):
+        x = base.clone()
+        wait(dist.all_reduce(x, group=g, async_op=a), a)
+        return x
+
+    def all_gather(g, a):
+        out = torch.zeros(n)
+        wait(dist.all_gather_into_tensor(out, base[:n // world], group=g, async_op=a), a)
+        return out
+
+    def reduce_scatter(g, a):
+        out = torch.zeros(n // world)
+        wait(dist.reduce_scatter_tensor(out, base, group=g, async_op=a), a)
+        return out
+
+    def all_to_all(g, a):
+        out = torch.zeros(n)
+        wait(dist.all_to_all_single(out, base, group=g, async_op=a), a)
+        return out
+
+    def broadcast(g, a):
+        x = base.clone()
+        wait(dist.broadcast(x, src=0, group=g, async_op=a), a)
+        return x
+
+    for fn in (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast):
+        m, ma, ref = run_both(fn, gloo)
+        same(m, ref, f"{fn.__name__} 64 MiB")
+        same(ma, ref, f"async {fn.__name__} 64 MiB")
 
 
 def main():

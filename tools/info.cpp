@@ -51,7 +51,7 @@ void print_backends(std::ostream& os) {
 
 // The collective algorithm each backend's table row picks (collectives/algorithms/), per op and
 // message size, on as many ranks as this machine has hardware threads (at least 2); hier on 2
-// nodes.
+// nodes of that many.
 void print_algorithms(std::ostream& os, int ranks) {
   const std::string forced = env_or("MESHRT_ALGO");
   os << "\ncollective algorithms ("
@@ -60,7 +60,7 @@ void print_algorithms(std::ostream& os, int ranks) {
   os << detail::algo_table_text({"host", ranks, 1}, forced);
   os << detail::algo_table_text({"shm", ranks, 1}, forced);
   os << detail::algo_table_text({"mpi", ranks, 1}, forced);
-  os << detail::algo_table_text({"hier", ranks, 2}, forced);
+  os << detail::algo_table_text({"hier", 2 * ranks, 2}, forced);
   if (std::string(MESHRT_BUILD_CUDA) == "ON")
     os << detail::algo_table_text({"nccl", ranks, 1}, forced);
 }

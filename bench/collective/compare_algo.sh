@@ -1,7 +1,8 @@
 #!/bin/sh
 # Two meshrt binaries (before / after a change to the collectives) on the threads (cpu:2), shm
 # and mpi (2 processes under mpirun) backends: all_reduce, all_gather and reduce_scatter at 8 B
-# (32 B for all_gather and reduce_scatter: the smallest size the benchmark runs for them), 256 KiB and 64 MiB, the two binaries alternating within each repetition so that load changes
+# (32 B for all_gather and reduce_scatter: the smallest size the benchmark runs for them),
+# 256 KiB and 64 MiB, the two binaries alternating within each repetition so that load changes
 # hit both. The figure is `--latency`'s: each iteration timed alone, the median over the
 # iterations of the slowest rank (robust to a loaded machine's stalls, unlike the mean). Prints
 # the medians over the repetitions as a markdown table, new / old per cell

@@ -77,6 +77,8 @@ class MESHRT_PLUGIN_API CommImpl {
   // An implementation that forwards every call to another communicator returns false, so each
   // call opens one profiler range (runtime/ranges.h), in the communicator that does the work.
   virtual bool opens_ranges() const { return true; }
+  // How many nodes the group spans, for the choice of algorithms (collectives/algorithms/).
+  virtual int nodes() const { return 1; }
 };
 
 }  // namespace meshrt

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/comm_detail.h"
 #include "collectives/comm_impl.h"
 #include "collectives/fault.h"
@@ -110,6 +111,8 @@ CommConfig CommConfig::from_env() {
     detail::parse_fault_spec(f);  // refuses a malformed spec here, saying what to change
     c.fault = std::move(f);
   }
+  c.algo = env_or("MESHRT_ALGO");
+  (void)detail::parse_algo_override(c.algo);  // refuses an unknown op or algorithm here
   return c;
 }
 
@@ -137,6 +140,8 @@ namespace {
 thread_local int tls_splitting = 0;
 // Set while a communicator built over others makes its inner ones (detail::InnerCommScope).
 thread_local int tls_inner = 0;
+// Inside a composed algorithm on this thread: its calls run the backend's own algorithms.
+thread_local int tls_composed = 0;
 }  // namespace
 
 detail::InnerCommScope::InnerCommScope() { ++tls_inner; }
@@ -162,6 +167,9 @@ Communicator::Communicator(int rank, int size, std::string name, Device device, 
     for (char ch : name_) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     gid_ = h;
   }
+  auto plan = std::make_shared<const detail::AlgoPlan>(
+      detail::AlgoWorld{impl_->backend(), size_, impl_->nodes()}, config_.algo);
+  if (plan->any_composed()) composed_ = std::move(plan);
 }
 
 Communicator::~Communicator() = default;
@@ -226,6 +234,16 @@ bool overlaps(const char* a, size_t na, const char* b, size_t nb) {
 }  // namespace
 
 Event Communicator::submit(CommCall& call, Stream& stream, const EventList& after) {
+  if (composed_ && tls_composed == 0 && composed_->composed(call.op)) {
+    const detail::Algorithm* a = composed_->pick(call.op, call.bytes());
+    if (a->run) {
+      ++tls_composed;
+      struct Leave {
+        ~Leave() { --tls_composed; }
+      } leave;
+      return a->run(*this, call, stream, after);
+    }
+  }
   // Under MESHRT_LAUNCH_BLOCKING communication still queues: its tasks wait for peers.
   NonBlockingEnqueue queued;
   Device sd = stream.device();

@@ -55,6 +55,9 @@ struct MESHRT_API CommConfig {
   // MESHRT_FAULT (or --fault): a fault to inject, kind@rank=R,step=S[,op=NAME][,ms=T]
   // (collectives/fault.h; docs/faults.md). Empty: none.
   std::string fault;
+  // MESHRT_ALGO: algorithms forced over the table's choice (collectives/algorithms/algorithm.h;
+  // docs/environment.md). Empty: the table's.
+  std::string algo;
   static CommConfig from_env();
 };
 
@@ -68,6 +71,7 @@ namespace detail {
 struct RankState;
 struct FlightEntry;
 enum class FaultKind : uint8_t;
+class AlgoPlan;
 }  // namespace detail
 
 // Colour that makes split() return no communicator for the calling rank.
@@ -166,6 +170,9 @@ class MESHRT_API Communicator {
   // (collectives/flight.h). Null for communicators that forward to another one.
   std::shared_ptr<detail::RankState> state_;
   uint64_t gid_ = 0;  // group instance id in flight records: equal on all members
+  // The algorithm choices of this group when some are composed algorithms (which the
+  // communicator runs itself over its own primitives); null otherwise.
+  std::shared_ptr<const detail::AlgoPlan> composed_;
 };
 
 }  // namespace meshrt

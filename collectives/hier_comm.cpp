@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
@@ -94,9 +95,13 @@ struct HierParts {
 
 class HierImpl final : public CommImpl {
  public:
-  explicit HierImpl(HierParts p) : p_(std::move(p)) {}
+  HierImpl(HierParts p, const CommConfig& cfg)
+      : p_(std::move(p)),
+        plan_(detail::AlgoWorld{"hier", static_cast<int>(p_.lay.node_of.size()), p_.lay.nodes_n()},
+              cfg.algo) {}
 
   std::string_view backend() const override { return "hier"; }
+  int nodes() const override { return p_.lay.nodes_n(); }
   bool aborted() const override { return p_.flat->aborted() || p_.node->aborted(); }
   std::string abort_reason() const override {
     return p_.flat->aborted() ? p_.flat->abort_reason() : p_.node->abort_reason();
@@ -160,6 +165,7 @@ class HierImpl final : public CommImpl {
 
  private:
   HierParts p_;
+  detail::AlgoPlan plan_;  // two_level or flat, per op and size (collectives/algorithms/)
   std::mutex mu_;
   std::map<const Stream*, Event> last_;  // the end of the last call issued on each stream
 
@@ -175,6 +181,7 @@ class HierImpl final : public CommImpl {
   }
 
   bool two_level(const CommCall& c, Stream& s) {
+    if (plan_.pick(c.op, c.bytes()) != &detail::algos::two_level) return false;
     switch (c.op) {
       case CommOp::AllReduce:
         if (!levels_fit(c)) return false;
@@ -342,7 +349,7 @@ WorldFactory hier_prepare(const WorldPlan& plan) {
                                       << "; this rank is index " << p.node->rank() << " of "
                                       << p.node->size() << " on its node");
     return std::make_unique<Communicator>(rank, size, "world", Device::cpu(0), kept.config,
-                                          std::make_unique<HierImpl>(std::move(p)));
+                                          std::make_unique<HierImpl>(std::move(p), kept.config));
   };
 }
 

@@ -17,6 +17,7 @@
 #endif
 #include <sched.h>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/backend_registry.h"
 #include "collectives/comm_detail.h"
 #include "collectives/flight.h"
@@ -99,7 +100,8 @@ class HostFamily {
   std::vector<std::weak_ptr<HostGroup>> groups_;
 };
 
-// All-reduces of at most this many bytes go through the slots' eager buffers (one wait, not two).
+// The slots' eager buffers: all-reduces the table sends to the eager algorithm (one wait, not two;
+// collectives/algorithms/table.cpp) fit them.
 constexpr size_t kEagerBytes = 4096;
 
 // What a rank published for the collective it entered.
@@ -270,7 +272,11 @@ class HostEngine final : public detail::OrderedEngine {
   HostEngine(std::shared_ptr<HostGroup> group, int r, Device d)
       : OrderedEngine(r, group->size(), group->name(), group->config()),
         g(std::move(group)),
-        dev(d) {}
+        dev(d),
+        plan_(detail::AlgoWorld{"host", size(), 1}, config().algo) {
+    MESHRT_CHECK(detail::algos::eager.capacity <= static_cast<int64_t>(kEagerBytes),
+                 "internal: the eager algorithm's capacity exceeds the slots' eager buffers");
+  }
 
   std::string_view backend() const override { return "host"; }
   bool aborted() const override { return g->family().aborted(); }
@@ -280,6 +286,7 @@ class HostEngine final : public detail::OrderedEngine {
  private:
   std::shared_ptr<HostGroup> g;
   Device dev;
+  detail::AlgoPlan plan_;  // which algorithm runs each call (collectives/algorithms/)
   static constexpr size_t kSwapChunk = 4096;  // all_to_all: bytes saved per step (L1-resident)
   // The seq of an eager all-reduce this rank left without waiting for the others (0: none).
   uint64_t eager_left_ = 0;
@@ -414,7 +421,8 @@ class HostEngine final : public detail::OrderedEngine {
     const int64_t N = c.count;
     char* out = static_cast<char*>(c.out.data_ptr());
     const char* in = static_cast<const char*>(c.in.data_ptr());
-    if (n > 1 && N > 0 && static_cast<size_t>(N) * es <= kEagerBytes)
+    if (n > 1 && N > 0 &&
+        plan_.pick(CommOp::AllReduce, N * static_cast<int64_t>(es)) == &detail::algos::eager)
       return eager_all_reduce(c, op);
     enter(op.sig, in, out, 0, op);
     if (n == 1) {

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
@@ -57,10 +58,6 @@ constexpr size_t kMailBytes = size_t{256} << 10;
 constexpr char kNamePrefix[] = "meshrt-shm-";
 constexpr size_t kReasonBytes = 512;
 constexpr size_t kStatusBytes = 256;
-// Collectives whose bytes times ranks are at most this run in one step through the segment
-// (each rank reduces all); larger ones run between the ranks' own buffers when those are shared
-// (2 ranks, 8 KiB to 128 KiB: 3.1-6.4 us against 4.9-18.7 us through the segment).
-constexpr size_t kOneStepBytes = size_t{8} << 10;
 
 using detail::cpu_relax;
 
@@ -81,7 +78,8 @@ struct alignas(64) ShmHeader {
 
 // Host blocks of at least this many bytes are shared memory in an shm rank's process
 // (runtime/shared_host_memory.h: those under 256 KiB carved from 2 MiB slabs), so collectives
-// above kOneStepBytes can run between the ranks' own buffers.
+// above the table's one-step limit (collectives/algorithms/table.cpp) can run between the ranks'
+// own buffers.
 constexpr size_t kSharedBlockBytes = size_t{4} << 10;
 // Peers' blocks kept mapped per communicator (beyond it the least recently used one that the
 // current call does not use is unmapped).
@@ -471,7 +469,8 @@ class ShmEngine final : public detail::OrderedEngine {
         peers_(std::move(peers)),
         world_(std::move(world)),
         token_(std::move(token)),
-        labels_(std::move(labels)) {
+        labels_(std::move(labels)),
+        plan_(detail::AlgoWorld{"shm", size(), 1}, config().algo) {
     // As the host backend: spin briefly unless the ranks outnumber the cores, yield a while,
     // then sleep on the segment's futex word.
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -502,6 +501,7 @@ class ShmEngine final : public detail::OrderedEngine {
   std::string token_;       // the job's segment token: split segments are named from it
   // The transport's processes are one node of a larger job: their ranks in it (for messages).
   std::shared_ptr<const std::vector<int>> labels_;
+  detail::AlgoPlan plan_;  // which algorithm runs each call (collectives/algorithms/)
   unsigned spin_ = 0;
   // Collective state, touched only inside collective turns (one at a time per rank).
   uint64_t step_ = 0, use_ = 0;
@@ -838,9 +838,10 @@ class ShmEngine final : public detail::OrderedEngine {
       if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
       return;
     }
-    if (static_cast<size_t>(N) * es * static_cast<size_t>(n) > kOneStepBytes &&
-        all_reduce_zero_copy(c, op))
-      return;
+    // The table's choice (collectives/algorithms/): one_step, zero_copy (staged where the buffers
+    // are not all shared) or staged.
+    const detail::Algorithm* algo = plan_.pick(CommOp::AllReduce, N * static_cast<int64_t>(es));
+    if (algo == &detail::algos::zero_copy && all_reduce_zero_copy(c, op)) return;
     struct Fence {
       bool on;
       ~Fence() {
@@ -859,9 +860,9 @@ class ShmEngine final : public detail::OrderedEngine {
       char* mine = seg_->data(rank(), use);
       const char* chunk = in + off * static_cast<int64_t>(es);
       // Small: every rank reduces the whole message itself, in the same rank order (so the
-      // results stay bit-identical), saving the second step and the copy out.
-      const bool one_step =
-          N == len && static_cast<size_t>(len) * es * static_cast<size_t>(n) <= kOneStepBytes;
+      // results stay bit-identical), saving the second step and the copy out (the algorithm's
+      // capacity is one buffer: the message is one chunk).
+      const bool one_step = algo == &detail::algos::one_step && N == len;
       const int64_t part = ((len + n - 1) / n + align - 1) / align * align;
       auto lo_of = [&](int r) { return std::min(len, part * r); };
       const int64_t lo = lo_of(rank()), hi = std::min(len, lo + part);
@@ -925,7 +926,8 @@ class ShmEngine final : public detail::OrderedEngine {
     const int n = size();
     const size_t es = dtype_size(c.dtype), region = region_bytes();
     const int64_t N = c.count, per = static_cast<int64_t>(region / es);
-    if (static_cast<size_t>(N) * es * static_cast<size_t>(n) > kOneStepBytes &&
+    if (plan_.pick(CommOp::ReduceScatter, N * static_cast<int64_t>(es) * n) ==
+            &detail::algos::zero_copy &&
         reduce_scatter_zero_copy(c, op))
       return;
     char* out = static_cast<char*>(c.out.data_ptr());
@@ -957,7 +959,8 @@ class ShmEngine final : public detail::OrderedEngine {
     const int n = size();
     const size_t es = dtype_size(c.dtype);
     const int64_t N = c.count, per = static_cast<int64_t>(kChunk / es);
-    if (static_cast<size_t>(N) * es * static_cast<size_t>(n) > kOneStepBytes &&
+    if (plan_.pick(CommOp::AllGather, N * static_cast<int64_t>(es) * n) ==
+            &detail::algos::zero_copy &&
         all_gather_zero_copy(c, op))
       return;
     char* out = static_cast<char*>(c.out.data_ptr());

@@ -19,8 +19,8 @@ namespace meshrt {
 // Checks every MESHRT_ variable the library reads, before any of them is read where a refusal
 // could not be returned (a stream's worker thread, an exit handler): the table's switches, choices
 // and whole numbers and MESHRT_LOG_LEVEL (runtime/env.h's check_environment), then the free-form
-// ones through their own readers: MESHRT_COMM_TIMEOUT, MESHRT_FAULT and MESHRT_FLIGHT_DIR
-// (CommConfig::from_env), MESHRT_RENDEZVOUS and MESHRT_HOST_ISA. Throws meshrt::Error naming the
+// ones through their own readers: MESHRT_COMM_TIMEOUT, MESHRT_FAULT, MESHRT_ALGO and
+// MESHRT_FLIGHT_DIR (CommConfig::from_env), MESHRT_RENDEZVOUS and MESHRT_HOST_ISA. Throws meshrt::Error naming the
 // variable, its value and what is accepted; warns once about MESHRT_ names it does not know.
 // (MESHRT_BACKEND_PATH and MESHRT_RUN_ID take any value.)
 inline void validate_environment() {

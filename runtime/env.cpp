@@ -93,6 +93,8 @@ const std::vector<Variable>& table() {
       text("MESHRT_RENDEZVOUS"),
       text("MESHRT_RUN_ID"),
       text("MESHRT_FAULT"),
+      // Collective algorithms forced over the table's (collectives/algorithms/): which run.
+      shared(text("MESHRT_ALGO")),
       text("MESHRT_FLIGHT_DIR"),
       // A test hook of mesh/checkpoint.cpp: a rank fails while it writes a checkpoint.
       text("MESHRT_CHECKPOINT_FAULT"),

@@ -1,13 +1,16 @@
 #include "tools/info.h"
 
+#include <algorithm>
 #include <thread>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/mpi_backend.h"
 #include "collectives/nccl_comm.h"
 #include "kernels/host/gemm_f32_path.h"
 #include "kernels/ops.h"
 #include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
+#include "runtime/env.h"
 #include "runtime/plugin.h"
 #include "tools/build_info.h"
 
@@ -46,6 +49,22 @@ void print_backends(std::ostream& os) {
   }
 }
 
+// The collective algorithm each backend's table row picks (collectives/algorithms/), per op and
+// message size, on as many ranks as this machine has hardware threads (at least 2); hier on 2
+// nodes of that many.
+void print_algorithms(std::ostream& os, int ranks) {
+  const std::string forced = env_or("MESHRT_ALGO");
+  os << "\ncollective algorithms ("
+     << (forced.empty() ? "the table's choice; MESHRT_ALGO forces others" : "MESHRT_ALGO=" + forced)
+     << ")\n";
+  os << detail::algo_table_text({"host", ranks, 1}, forced);
+  os << detail::algo_table_text({"shm", ranks, 1}, forced);
+  os << detail::algo_table_text({"mpi", ranks, 1}, forced);
+  os << detail::algo_table_text({"hier", 2 * ranks, 2}, forced);
+  if (std::string(MESHRT_BUILD_CUDA) == "ON")
+    os << detail::algo_table_text({"nccl", ranks, 1}, forced);
+}
+
 }  // namespace
 
 int run_info(std::ostream& os) {
@@ -74,6 +93,7 @@ int run_info(std::ostream& os) {
   os << "  loops    " << get("host_isa") << "\n";
   if (v.count("mpi")) os << "  mpi      " << get("mpi") << "\n";
   print_backends(os);
+  print_algorithms(os, std::max(2, static_cast<int>(std::thread::hardware_concurrency())));
   os << "\nbuild\n";
   os << "  type     " << get("build_type") << ", " << get("compiler") << "\n";
   os << "  cuda     " << get("cuda_build") << "\n";

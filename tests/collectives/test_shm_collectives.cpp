@@ -178,9 +178,19 @@ int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int
     std::printf("SHM FAIL rank %d: no error\n", rank);
     return 1;
   }
-  std::unique_ptr<Communicator> w = make_shm_world_communicator(*tr, shm_test_config(timeout_s));
+  CommConfig cfg = shm_test_config(timeout_s);
+  if (mode == "algo") cfg.algo = env_or("MESHRT_ALGO");  // collectives/algorithms/
+  std::unique_ptr<Communicator> w = make_shm_world_communicator(*tr, cfg);
   auto s = make_host_stream("comm");
   Failures f;
+  if (mode == "algo") {
+    // Small sizes, the largest (80 KiB of f32) in shared blocks: zero copy where forced.
+    const int64_t ops = run_matrix(*w, *s, {0, 5, 1001, 20001}, f, 31 + world);
+    std::printf("%s rank %d (MESHRT_ALGO=%s): %lld collectives, %zu failures\n%s",
+                f.count() == 0 ? "SHM OK" : "SHM FAIL", rank, cfg.algo.c_str(),
+                static_cast<long long>(ops), f.count(), f.str().c_str());
+    return f.count() == 0 && ops == 11 * 5 * 2 * 4 ? 0 : 1;
+  }
   if (mode == "matrix") {
     // Large host blocks are shared memory (so all-reduce runs zero copy) unless
     // MESHRT_SHM_ZERO_COPY=0.
@@ -347,6 +357,25 @@ TEST_CASE("shm: every op x dtype x in/out-of-place on 3 processes, equal to thre
 TEST_CASE("shm: every op x dtype x in/out-of-place on 4 processes, equal to threads",
           "[multirank]") {
   shm_matrix_case(4);
+}
+
+TEST_CASE("shm: every algorithm forced with MESHRT_ALGO gives the default's exact results",
+          "[multirank]") {
+  for (const char* spec : {"one_step", "staged", "zero_copy", "all_gather:ring"}) {
+    const fs::path dir = scratch_dir("shm-algo");
+    setenv("MESHRT_ALGO", spec, 1);
+    Ranks rs = spawn_ranks("algo", 2, dir);
+    unsetenv("MESHRT_ALGO");
+    for (int r = 0; r < 2; ++r) {
+      INFO(spec << " rank " << r << ":\n" << rs.out[static_cast<size_t>(r)]);
+      CHECK(rs.status[static_cast<size_t>(r)] == 0);
+      CHECK_THAT(rs.out[static_cast<size_t>(r)],
+                 Catch::Contains("SHM OK rank " + std::to_string(r) + " (MESHRT_ALGO=" + spec +
+                                 "): 440 collectives, 0 failures"));
+    }
+    CHECK(segments_of(rs.pids).empty());
+    fs::remove_all(dir);
+  }
 }
 
 namespace {

@@ -357,6 +357,39 @@ TEST_CASE("info lists the backends, how this program has them and the plugin fil
 #endif
 }
 
+TEST_CASE("info shows the collective algorithm table, and MESHRT_ALGO's choices", "[unit]") {
+  Run r = cli("info");
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(std::regex_search(r.out, std::regex("\ncollective algorithms \\(the table's choice; "
+                                            "MESHRT_ALGO forces others\\)\n  host \\([0-9]+ "
+                                            "ranks, 1 node\\)\n    op \\\\ bytes +8 B +4 KiB "
+                                            "+256 KiB +64 MiB\n    all_reduce +eager +eager "
+                                            "+flat +flat\n")));
+  CHECK(std::regex_search(r.out, std::regex("\n  shm \\([0-9]+ ranks, 1 node\\)\n")));
+  CHECK(std::regex_search(r.out, std::regex("\n    all_gather +staged +staged +zero_copy "
+                                            "+zero_copy\n")));
+  CHECK(std::regex_search(
+      r.out, std::regex("\n  mpi \\([0-9]+ ranks, 1 node\\): native for every op and size\n")));
+  CHECK(std::regex_search(r.out, std::regex("\n  hier \\([0-9]+ ranks, 2 nodes\\)\n")));
+  {
+    test::ScopedEnv env("MESHRT_ALGO", "all_reduce:flat,all_gather:ring");
+    Run f = cli("info");
+    INFO(f.out << f.err);
+    REQUIRE(f.rc == 0);
+    CHECK(std::regex_search(
+        f.out, std::regex("\ncollective algorithms \\(MESHRT_ALGO=all_reduce:flat,all_gather:"
+                          "ring\\)\n  host \\([0-9]+ ranks, 1 node\\)\n.*\n    all_reduce +flat "
+                          "+flat +flat +flat\n    all_gather +ring +ring +ring +ring\n")));
+  }
+  test::ScopedEnv bad("MESHRT_ALGO", "all_reduce:rign");
+  Run b = cli("info");
+  CHECK(b.rc == 1);
+  CHECK_THAT(b.err, Catch::Contains("meshrt: error: MESHRT_ALGO='all_reduce:rign': 'rign' is not "
+                                    "an algorithm of all_reduce; use eager, flat, native, "
+                                    "one_step, staged, two_level or zero_copy"));
+}
+
 TEST_CASE("info names the devices, why CUDA is unavailable, and every library's version",
           "[unit]") {
   Run r = cli("info");

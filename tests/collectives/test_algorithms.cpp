@@ -1,0 +1,180 @@
+// The collective algorithm layer (collectives/algorithms/): the table's choice for given
+// (op, size, world), MESHRT_ALGO's parser and its refusals, and every algorithm the threads
+// backend offers, forced, giving the exact results of the default choice.
+#include <catch2/catch.hpp>
+
+#include "coll_matrix.h"
+#include "coll_test_util.h"
+#include "collectives/algorithms/algorithm.h"
+#include "collectives/host_comm.h"
+#include "runtime/stream.h"
+#include "tests/common/env.h"
+
+using namespace meshrt;
+using namespace meshrt::test;
+using detail::AlgoPlan;
+using detail::AlgoWorld;
+namespace algos = detail::algos;
+
+namespace {
+
+std::string pick(const AlgoWorld& w, CommOp op, int64_t bytes, const std::string& spec = "") {
+  return AlgoPlan(w, spec).pick(op, bytes)->name;
+}
+
+// The message of parse_algo_override's refusal of `spec` ("" when it accepts it).
+std::string refusal(const std::string& spec) {
+  try {
+    (void)detail::parse_algo_override(spec);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("algorithms: the table's defaults are the engines' former thresholds", "[unit]") {
+  const AlgoWorld host{"host", 4, 1}, shm2{"shm", 2, 1}, shm4{"shm", 4, 1};
+  // threads: eager up to 4 KiB (the slots' buffers), flat above and for every other op.
+  CHECK(pick(host, CommOp::AllReduce, 8) == "eager");
+  CHECK(pick(host, CommOp::AllReduce, 4096) == "eager");
+  CHECK(pick(host, CommOp::AllReduce, 4097) == "flat");
+  CHECK(pick(host, CommOp::AllGather, 8) == "flat");
+  CHECK(pick(host, CommOp::AllToAll, 64 << 20) == "flat");
+  // shm: one step while bytes x ranks <= 8 KiB, zero copy above; reduce-scatter and all-gather
+  // (bytes: the whole buffer) staged up to 8 KiB; broadcast and all-to-all always staged.
+  CHECK(pick(shm2, CommOp::AllReduce, 4096) == "one_step");
+  CHECK(pick(shm2, CommOp::AllReduce, 4097) == "zero_copy");
+  CHECK(pick(shm4, CommOp::AllReduce, 2048) == "one_step");
+  CHECK(pick(shm4, CommOp::AllReduce, 2049) == "zero_copy");
+  CHECK(pick(shm4, CommOp::AllGather, 8192) == "staged");
+  CHECK(pick(shm4, CommOp::AllGather, 8193) == "zero_copy");
+  CHECK(pick(shm2, CommOp::ReduceScatter, 8193) == "zero_copy");
+  CHECK(pick(shm2, CommOp::Broadcast, 64 << 20) == "staged");
+  CHECK(pick(shm2, CommOp::AllToAll, 8) == "staged");
+  // two nodes: two levels for the reductions and all-gather, flat MPI for the rest.
+  CHECK(pick({"hier", 4, 2}, CommOp::AllReduce, 8) == "two_level");
+  CHECK(pick({"hier", 4, 2}, CommOp::AllGather, 64 << 20) == "two_level");
+  CHECK(pick({"hier", 4, 2}, CommOp::Broadcast, 8) == "flat");
+  CHECK(pick({"mpi", 4, 1}, CommOp::AllReduce, 64 << 20) == "native");
+  CHECK(pick({"nccl", 8, 1}, CommOp::AllGather, 8) == "native");
+  // Composed algorithms are never a default.
+  CHECK_FALSE(AlgoPlan(host, "").any_composed());
+  CHECK_FALSE(AlgoPlan({"nccl", 8, 1}, "").any_composed());
+}
+
+TEST_CASE("algorithms: MESHRT_ALGO forces an algorithm where the backend offers it", "[unit]") {
+  const AlgoWorld host{"host", 2, 1}, shm{"shm", 2, 1};
+  CHECK(pick(host, CommOp::AllReduce, 8, "all_reduce:flat") == "flat");
+  CHECK(pick(host, CommOp::AllReduce, 8, "flat") == "flat");
+  // eager holds 4 KiB at most: larger messages keep the table's choice.
+  CHECK(pick(host, CommOp::AllReduce, 4096, "all_reduce:eager") == "eager");
+  CHECK(pick(host, CommOp::AllReduce, 4097, "all_reduce:eager") == "flat");
+  CHECK(pick(shm, CommOp::AllReduce, 64 << 20, "staged") == "staged");
+  CHECK(pick(shm, CommOp::AllGather, 8, "zero_copy") == "zero_copy");
+  CHECK(pick(shm, CommOp::Broadcast, 8, "zero_copy") == "staged");  // no zero-copy broadcast
+  CHECK(pick(shm, CommOp::AllReduce, 8, "one_step") == "one_step");
+  CHECK(pick(shm, CommOp::AllReduce, (1 << 20) + 1, "one_step") == "zero_copy");
+  // A backend without the algorithm keeps its own: staged is shm's, eager the threads'.
+  CHECK(pick(host, CommOp::AllReduce, 64 << 20, "staged") == "flat");
+  CHECK(pick({"mpi", 2, 1}, CommOp::AllReduce, 8, "eager") == "native");
+  // The ring is composed: on every backend, NCCL included, for all_gather only.
+  for (const char* b : {"host", "shm", "mpi", "hier", "nccl"}) {
+    const AlgoPlan p({b, 4, 1}, "all_gather:ring");
+    CHECK(p.pick(CommOp::AllGather, 64 << 20)->name == std::string("ring"));
+    CHECK(p.pick(CommOp::AllGather, 64 << 20)->run != nullptr);
+    CHECK(p.composed(CommOp::AllGather));
+    CHECK_FALSE(p.composed(CommOp::AllReduce));
+  }
+  CHECK(pick(host, CommOp::AllReduce, 8, "all_gather:ring,all_reduce:flat") == "flat");
+  CHECK(pick(host, CommOp::AllGather, 8, "all_gather:ring,all_reduce:flat") == "ring");
+}
+
+TEST_CASE("algorithms: a bad MESHRT_ALGO is refused naming the value and the valid names",
+          "[unit]") {
+  CHECK(refusal("") == "");
+  CHECK(refusal("all_reduce:ring") ==
+        "MESHRT_ALGO='all_reduce:ring': 'ring' is not an algorithm of all_reduce; use eager, "
+        "flat, native, one_step, staged, two_level or zero_copy (form: op:algorithm[,op:"
+        "algorithm...], or one algorithm for every op that has it; docs/environment.md)");
+  CHECK_THAT(refusal("rign"), Catch::StartsWith("MESHRT_ALGO='rign': unknown algorithm 'rign'; "
+                                                "use eager, flat, native, one_step, ring, staged, "
+                                                "two_level or zero_copy"));
+  CHECK_THAT(refusal("allreduce:flat,gather:ring"),
+             Catch::StartsWith("MESHRT_ALGO='allreduce:flat,gather:ring': unknown op 'gather'; "
+                               "use all_reduce, all_gather, reduce_scatter, broadcast or "
+                               "all_to_all"));
+  CHECK_THAT(refusal("flat,"), Catch::StartsWith("MESHRT_ALGO='flat,': an empty entry"));
+  CHECK_THAT(refusal("send:flat"), Catch::Contains("unknown op 'send'"));
+  // It enters through CommConfig::from_env, which the one environment check runs.
+  ScopedEnv env("MESHRT_ALGO", "all_gather:eager");
+  try {
+    (void)CommConfig::from_env();
+    FAIL("MESHRT_ALGO=all_gather:eager was accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()),
+               Catch::StartsWith("MESHRT_ALGO='all_gather:eager': 'eager' is not an algorithm "
+                                 "of all_gather; use flat, native, ring, staged, two_level or "
+                                 "zero_copy"));
+  }
+}
+
+TEST_CASE("algorithms: meshrt info's table, op x size, for one backend", "[unit]") {
+  CHECK(detail::algo_table_text({"host", 2, 1}, "") ==
+        "  host (2 ranks, 1 node)\n"
+        "    op \\ bytes      8 B        4 KiB      256 KiB    64 MiB\n"
+        "    all_reduce      eager      eager      flat       flat\n"
+        "    all_gather      flat       flat       flat       flat\n"
+        "    reduce_scatter  flat       flat       flat       flat\n"
+        "    broadcast       flat       flat       flat       flat\n"
+        "    all_to_all      flat       flat       flat       flat\n");
+  CHECK(detail::algo_table_text({"mpi", 4, 1}, "") ==
+        "  mpi (4 ranks, 1 node): native for every op and size\n");
+}
+
+TEST_CASE("algorithms: every algorithm forced on threads gives the default's exact results",
+          "[multirank]") {
+  // Small sizes: eager's (<= 4 KiB) and flat's; the ring runs through send / recv.
+  for (const char* spec : {"all_reduce:eager", "all_reduce:flat", "flat", "all_gather:ring"}) {
+    for (int n : {2, 3}) {
+      CommConfig cfg;
+      cfg.timeout_s = 60;
+      cfg.algo = spec;
+      auto comms = make_host_communicators(n, "world", cfg);
+      Failures f;
+      std::vector<int64_t> ops(static_cast<size_t>(n));
+      const auto errs = run_ranks(comms, [&](int r) {
+        auto s = make_host_stream("algo" + std::to_string(r));
+        ops[static_cast<size_t>(r)] =
+            run_matrix(*comms[static_cast<size_t>(r)], *s, {0, 5, 1001}, f);
+      });
+      INFO(spec << " on " << n << " ranks: " << join_errors(errs) << f.str());
+      CHECK(join_errors(errs).empty());
+      CHECK(f.count() == 0);
+      CHECK(ops[0] == 11 * 5 * 2 * 3);
+    }
+  }
+}
+
+TEST_CASE("algorithms: a composed algorithm runs as the communicator's own primitives",
+          "[multirank]") {
+  // The ring all-gather is send / recv: no collective is numbered, and the result is exact.
+  CommConfig cfg;
+  cfg.timeout_s = 60;
+  cfg.algo = "all_gather:ring";
+  auto comms = make_host_communicators(3, "world", cfg);
+  Failures f;
+  const auto errs = run_ranks(comms, [&](int r) {
+    Communicator& c = *comms[static_cast<size_t>(r)];
+    auto s = make_host_stream("ring" + std::to_string(r));
+    Tensor in = host_tensor(7, DType::i32), out = host_tensor(21, DType::i32);
+    fill_pattern(in, 5, r);
+    c.all_gather(in, out, *s).synchronize();
+    if (c.next_seq() != 1) f.add("rank " + std::to_string(r) + ": the all-gather was numbered");
+    check_values(f, "ring", out, 0, 21, [](int64_t i) { return pattern(5, int(i / 7), i % 7); });
+  });
+  INFO(join_errors(errs) << f.str());
+  CHECK(join_errors(errs).empty());
+  CHECK(f.count() == 0);
+}

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/fixed_order.h"
 #include "collectives/algorithms/ring.h"
 #include "runtime/error.h"
 
@@ -103,6 +104,7 @@ const std::vector<AlgoRow>& algo_table() {
       {"nccl", kTableOps, &algos::native},
       // Composed algorithms, on every backend; MESHRT_ALGO only.
       {"*", kAllGather, &ring_all_gather, kAnySize, false, 1, true},
+      {"*", kAllReduce | kReduceScatter, &fixed_order_reduction, kAnySize, false, 1, true},
   };
   return t;
 }

@@ -3,6 +3,8 @@
 // backend offers, forced, giving the exact results of the default choice.
 #include <catch2/catch.hpp>
 
+#include <cstring>
+
 #include "coll_matrix.h"
 #include "coll_test_util.h"
 #include "collectives/algorithms/algorithm.h"
@@ -94,13 +96,16 @@ TEST_CASE("algorithms: MESHRT_ALGO forces an algorithm where the backend offers 
 TEST_CASE("algorithms: a bad MESHRT_ALGO is refused naming the value and the valid names",
           "[unit]") {
   CHECK(refusal("") == "");
-  CHECK(refusal("all_reduce:ring") ==
-        "MESHRT_ALGO='all_reduce:ring': 'ring' is not an algorithm of all_reduce; use eager, "
-        "flat, native, one_step, staged, two_level or zero_copy (form: op:algorithm[,op:"
-        "algorithm...], or one algorithm for every op that has it; docs/environment.md)");
-  CHECK_THAT(refusal("rign"), Catch::StartsWith("MESHRT_ALGO='rign': unknown algorithm 'rign'; "
-                                                "use eager, flat, native, one_step, ring, staged, "
-                                                "two_level or zero_copy"));
+  CHECK(
+      refusal("all_reduce:ring") ==
+      "MESHRT_ALGO='all_reduce:ring': 'ring' is not an algorithm of all_reduce; use eager, "
+      "fixed_order, flat, native, one_step, staged, two_level or zero_copy (form: op:algorithm[,op:"
+      "algorithm...], or one algorithm for every op that has it; docs/environment.md)");
+  CHECK_THAT(refusal("rign"),
+             Catch::StartsWith("MESHRT_ALGO='rign': unknown algorithm 'rign'; "
+                               "use eager, fixed_order, flat, native, one_step, ring, "
+                               "staged, "
+                               "two_level or zero_copy"));
   CHECK_THAT(refusal("allreduce:flat,gather:ring"),
              Catch::StartsWith("MESHRT_ALGO='allreduce:flat,gather:ring': unknown op 'gather'; "
                                "use all_reduce, all_gather, reduce_scatter, broadcast or "
@@ -177,4 +182,112 @@ TEST_CASE("algorithms: a composed algorithm runs as the communicator's own primi
   INFO(join_errors(errs) << f.str());
   CHECK(join_errors(errs).empty());
   CHECK(f.count() == 0);
+}
+
+namespace {
+
+// The sum over ranks in the fixed tree over rank index: (x0 + x1) + x2, (x0 + x1) + (x2 + x3).
+float tree_sum(const std::vector<float>& x) {
+  return x.size() == 3 ? (x[0] + x[1]) + x[2] : (x[0] + x[1]) + (x[2] + x[3]);
+}
+
+// Rank r's element i: values whose sum depends on the order of the additions, rotated by i.
+float order_value(int ranks, int r, int64_t i) {
+  const float v4[] = {1e8f, 1.f, -1e8f, 1.f}, v3[] = {1e8f, 1.f, -1e8f};
+  return ranks == 4 ? v4[(r + i) % 4] : v3[(r + i) % 3];
+}
+
+// Every rank's result of an all-reduce of 10 f32 elements under MESHRT_ALGO=`spec`, in one call
+// (halves = false) or as two calls on its two halves.
+std::vector<std::vector<float>> all_reduce_bits(int ranks, const std::string& spec, bool halves) {
+  CommConfig cfg;
+  cfg.timeout_s = 60;
+  cfg.algo = spec;
+  auto comms = make_host_communicators(ranks, "world", cfg);
+  const int64_t n = 10;
+  std::vector<std::vector<float>> got(static_cast<size_t>(ranks));
+  const auto errs = run_ranks(comms, [&](int r) {
+    Communicator& c = *comms[static_cast<size_t>(r)];
+    auto s = make_host_stream("fo" + std::to_string(r));
+    Tensor t = host_tensor(n, DType::f32);
+    auto* p = static_cast<float*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) p[i] = order_value(ranks, r, i);
+    if (halves) {
+      c.all_reduce(t.narrow(0, 0, n / 2), ReduceOp::Sum, *s);
+      c.all_reduce(t.narrow(0, n / 2, n - n / 2), ReduceOp::Sum, *s).synchronize();
+    } else {
+      c.all_reduce(t, ReduceOp::Sum, *s).synchronize();
+    }
+    got[static_cast<size_t>(r)].assign(p, p + n);
+  });
+  INFO(join_errors(errs));
+  CHECK(join_errors(errs).empty());
+  return got;
+}
+
+std::vector<float> expected_tree(int ranks) {
+  std::vector<float> want;
+  for (int64_t i = 0; i < 10; ++i) {
+    std::vector<float> x;
+    for (int r = 0; r < ranks; ++r) x.push_back(order_value(ranks, r, i));
+    want.push_back(tree_sum(x));
+  }
+  return want;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("algorithms: forced fixed_order all-reduce sums in the tree over rank index",
+          "[multirank]") {
+  for (int ranks : {3, 4}) {
+    const std::vector<float> want = expected_tree(ranks);
+    const auto one = all_reduce_bits(ranks, "all_reduce:fixed_order", false);
+    const auto two = all_reduce_bits(ranks, "all_reduce:fixed_order", true);
+    for (int r = 0; r < ranks; ++r) {
+      INFO(ranks << " ranks, rank " << r);
+      CHECK(same_bits(one[static_cast<size_t>(r)], want));
+      CHECK(same_bits(two[static_cast<size_t>(r)], want));
+    }
+  }
+  // The negative control: on 4 ranks the default (rank-order sums) differs from the tree; on 3
+  // ranks the tree (x0 + x1) + x2 is the rank order, so no data can tell them apart.
+  const auto dflt = all_reduce_bits(4, "", false);
+  CHECK_FALSE(same_bits(dflt[0], expected_tree(4)));
+}
+
+TEST_CASE("algorithms: forced fixed_order reduce-scatter sums in the tree over rank index",
+          "[multirank]") {
+  const int ranks = 4;
+  const int64_t count = 3;
+  CommConfig cfg;
+  cfg.timeout_s = 60;
+  cfg.algo = "reduce_scatter:fixed_order";
+  auto comms = make_host_communicators(ranks, "world", cfg);
+  std::vector<std::vector<float>> got(ranks);
+  const auto errs = run_ranks(comms, [&](int r) {
+    Communicator& c = *comms[static_cast<size_t>(r)];
+    auto s = make_host_stream("fo" + std::to_string(r));
+    Tensor in = host_tensor(count * ranks, DType::f32), out = host_tensor(count, DType::f32);
+    auto* p = static_cast<float*>(in.data_ptr());
+    for (int64_t i = 0; i < count * ranks; ++i) p[i] = order_value(ranks, r, i);
+    c.reduce_scatter(in, out, ReduceOp::Sum, *s).synchronize();
+    const auto* o = static_cast<const float*>(out.data_ptr());
+    got[static_cast<size_t>(r)].assign(o, o + count);
+  });
+  INFO(join_errors(errs));
+  REQUIRE(join_errors(errs).empty());
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<float> want;
+    for (int64_t i = 0; i < count; ++i) {
+      std::vector<float> x;
+      for (int q = 0; q < ranks; ++q) x.push_back(order_value(ranks, q, r * count + i));
+      want.push_back(tree_sum(x));
+    }
+    INFO("rank " << r);
+    CHECK(same_bits(got[static_cast<size_t>(r)], want));
+  }
 }

@@ -1,5 +1,8 @@
 #include "collectives/algorithms/fixed_order.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "collectives/comm_impl.h"
 #include "collectives/fixed_order.h"
 #include "collectives/host_reduce.h"
@@ -22,8 +25,8 @@ FixedOrderOps host_ops() {
   return o;
 }
 
-// Whether the order of the additions can change the result (f32 sum / avg): the rest keeps the
-// backend's own algorithm. Throws for what the host additions cannot take.
+// Whether the order of the additions can change the result (float sum / avg): the rest keeps the
+// backend's own algorithm. Throws for device tensors, which the host additions cannot take.
 bool order_matters(Communicator& comm, const CommCall& c) {
   MESHRT_CHECK(c.in.device().is_cpu(),
                comm_op_name(c.op) << " on group '" << comm.name()
@@ -31,16 +34,11 @@ bool order_matters(Communicator& comm, const CommCall& c) {
                                      "but the tensor is on "
                                   << c.in.device().str()
                                   << "; drop fixed_order from MESHRT_ALGO for device tensors");
-  MESHRT_CHECK(!is_half_float(c.dtype) || c.redop == ReduceOp::Max || c.redop == ReduceOp::Min,
-               comm_op_name(c.op) << " on group '" << comm.name()
-                                  << "': MESHRT_ALGO forces fixed_order, which reduces f32 only, "
-                                     "but the tensor is "
-                                  << dtype_name(c.dtype)
-                                  << "; reduce in f32 or drop fixed_order from MESHRT_ALGO");
-  return c.dtype == DType::f32 && (c.redop == ReduceOp::Sum || c.redop == ReduceOp::Avg);
+  return (c.dtype == DType::f32 || is_half_float(c.dtype)) &&
+         (c.redop == ReduceOp::Sum || c.redop == ReduceOp::Avg);
 }
 
-// `n` elements of `in` summed into `out` (n / size of them for a reduce-scatter), n a multiple
+// `n` f32 elements of `in` summed into `out` (n / size of them for a reduce-scatter), n a multiple
 // of the ranks; avg divides the sum once.
 void run_tree(Communicator& comm, const CommCall& c, const Tensor& in, const Tensor& out,
               Stream& s) {
@@ -57,6 +55,7 @@ void run_tree(Communicator& comm, const CommCall& c, const Tensor& in, const Ten
 Event run_fixed_order(Communicator& comm, const CommCall& c, Stream& s, const EventList& after) {
   const bool all = c.op == CommOp::AllReduce;
   if (!order_matters(comm, c)) {
+    if (all && c.in_place) return comm.all_reduce(c.out, c.redop, s, after);
     return all ? comm.all_reduce(c.in, c.out, c.redop, s, after)
                : comm.reduce_scatter(c.in, c.out, c.redop, s, after);
   }
@@ -64,24 +63,38 @@ Event run_fixed_order(Communicator& comm, const CommCall& c, Stream& s, const Ev
   const int p = comm.size();
   const int64_t n = c.in.numel();  // all-reduce: count; reduce-scatter: count x ranks
   const Tensor in = c.in.view(Shape{n}), out = c.out.view(Shape{c.out.numel()});
-  if (p == 1) {
+  if (p == 1) {  // one leaf: the input itself
     if (!c.in_place) out.copy_(in, s);
     return s.record();
   }
-  if (!all || n % p == 0) {  // reduce-scatter inputs always divide into the ranks
+  if (c.dtype == DType::f32 && (!all || n % p == 0)) {  // reduce-scatter inputs always divide
     run_tree(comm, c, in, out, s);
     return s.record();
   }
-  // An all-reduce of n elements not divisible by the ranks: through zero-padded buffers (the
-  // padding's sums are dropped; every other element's additions are the same).
-  const int64_t padded = (n / p + 1) * p;
+  // bf16 / f16 (widened to f32, rounded once at the end), or an all-reduce whose n elements do
+  // not divide into the ranks: through f32 buffers padded with zeros (the padding's sums are
+  // dropped; every other element's additions are the same).
+  const int64_t padded = all ? (n + p - 1) / p * p : n, n_out = out.numel();
   const std::shared_ptr<Allocator> alloc = make_host_plain_allocator();
-  const Tensor pin = Tensor::empty({padded}, DType::f32, alloc, &s);
-  const Tensor pout = Tensor::empty({padded}, DType::f32, alloc, &s);
-  pin.narrow(0, n, padded - n).zero_(s);
-  pin.narrow(0, 0, n).copy_(in, s);
-  run_tree(comm, c, pin, pout, s);
-  out.copy_(pout.narrow(0, 0, n), s);
+  const Tensor win = Tensor::empty({padded}, DType::f32, alloc, &s);
+  const Tensor wout = Tensor::empty({all ? padded : n_out}, DType::f32, alloc, &s);
+  const DType dt = c.dtype;
+  s.enqueue([in, win, n, padded, dt] {
+    auto* w = static_cast<float*>(win.data_ptr());
+    if (dt == DType::f32)
+      std::memcpy(w, in.data_ptr(), static_cast<size_t>(n) * sizeof(float));
+    else
+      host_to_f32(dt, in.data_ptr(), w, n);
+    std::fill(w + n, w + padded, 0.f);
+  });
+  run_tree(comm, c, win, wout, s);
+  s.enqueue([out, wout, n_out, dt] {
+    const auto* w = static_cast<const float*>(wout.data_ptr());
+    if (dt == DType::f32)
+      std::memcpy(out.data_ptr(), w, static_cast<size_t>(n_out) * sizeof(float));
+    else
+      host_from_f32(dt, w, out.data_ptr(), n_out);
+  });
   return s.record();
 }
 

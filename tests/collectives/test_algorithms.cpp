@@ -141,7 +141,8 @@ TEST_CASE("algorithms: meshrt info's table, op x size, for one backend", "[unit]
 TEST_CASE("algorithms: every algorithm forced on threads gives the default's exact results",
           "[multirank]") {
   // Small sizes: eager's (<= 4 KiB) and flat's; the ring runs through send / recv.
-  for (const char* spec : {"all_reduce:eager", "all_reduce:flat", "flat", "all_gather:ring"}) {
+  for (const char* spec :
+       {"all_reduce:eager", "all_reduce:flat", "flat", "all_gather:ring", "fixed_order"}) {
     for (int n : {2, 3}) {
       CommConfig cfg;
       cfg.timeout_s = 60;

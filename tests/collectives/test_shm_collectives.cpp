@@ -361,7 +361,7 @@ TEST_CASE("shm: every op x dtype x in/out-of-place on 4 processes, equal to thre
 
 TEST_CASE("shm: every algorithm forced with MESHRT_ALGO gives the default's exact results",
           "[multirank]") {
-  for (const char* spec : {"one_step", "staged", "zero_copy", "all_gather:ring"}) {
+  for (const char* spec : {"one_step", "staged", "zero_copy", "all_gather:ring", "fixed_order"}) {
     const fs::path dir = scratch_dir("shm-algo");
     setenv("MESHRT_ALGO", spec, 1);
     Ranks rs = spawn_ranks("algo", 2, dir);

@@ -180,6 +180,7 @@ int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int
   }
   CommConfig cfg = shm_test_config(timeout_s);
   if (mode == "algo") cfg.algo = env_or("MESHRT_ALGO");  // collectives/algorithms/
+  if (mode == "fixed") cfg.algo = "all_reduce:fixed_order";
   std::unique_ptr<Communicator> w = make_shm_world_communicator(*tr, cfg);
   auto s = make_host_stream("comm");
   Failures f;
@@ -190,6 +191,32 @@ int shm_rank_main(const std::string& mode, const std::string& dir, int rank, int
                 f.count() == 0 ? "SHM OK" : "SHM FAIL", rank, cfg.algo.c_str(),
                 static_cast<long long>(ops), f.count(), f.str().c_str());
     return f.count() == 0 && ops == 11 * 5 * 2 * 4 ? 0 : 1;
+  }
+  if (mode == "fixed") {
+    // 1e8, 1, -1e8, 1 rotated by the element: each sum depends on the order of its additions.
+    // Whole and in two halves, the bits of the tree (x0 + x1) + (x2 + x3), as on threads.
+    const float v[] = {1e8f, 1.f, -1e8f, 1.f};
+    for (int64_t n : {int64_t{10}, int64_t{4096}}) {
+      for (bool halves : {false, true}) {
+        Tensor t = host_tensor(n, DType::f32);
+        auto* p = static_cast<float*>(t.data_ptr());
+        for (int64_t i = 0; i < n; ++i) p[i] = v[(rank + i) % 4];
+        if (halves) w->all_reduce(t.narrow(0, 0, n / 2), ReduceOp::Sum, *s);
+        w->all_reduce(halves ? t.narrow(0, n / 2, n - n / 2) : t, ReduceOp::Sum, *s).synchronize();
+        for (int64_t i = 0; i < n; ++i) {
+          const float want = (v[i % 4] + v[(1 + i) % 4]) + (v[(2 + i) % 4] + v[(3 + i) % 4]);
+          if (std::memcmp(&p[i], &want, sizeof want) != 0) {
+            f.add("n " + std::to_string(n) + (halves ? " in halves" : "") + ": element " +
+                  std::to_string(i) + " is " + std::to_string(p[i]) + ", not " +
+                  std::to_string(want));
+            break;
+          }
+        }
+      }
+    }
+    std::printf("%s rank %d: fixed_order tree bits, %zu failures\n%s",
+                f.count() == 0 ? "SHM OK" : "SHM FAIL", rank, f.count(), f.str().c_str());
+    return f.count() == 0 ? 0 : 1;
   }
   if (mode == "matrix") {
     // Large host blocks are shared memory (so all-reduce runs zero copy) unless
@@ -376,6 +403,21 @@ TEST_CASE("shm: every algorithm forced with MESHRT_ALGO gives the default's exac
     CHECK(segments_of(rs.pids).empty());
     fs::remove_all(dir);
   }
+}
+
+TEST_CASE("shm: forced fixed_order all-reduce gives the threads' tree bits on 4 processes",
+          "[multirank]") {
+  const fs::path dir = scratch_dir("shm-fixed");
+  Ranks rs = spawn_ranks("fixed", 4, dir);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ":\n" << rs.out[static_cast<size_t>(r)]);
+    CHECK(rs.status[static_cast<size_t>(r)] == 0);
+    CHECK_THAT(rs.out[static_cast<size_t>(r)],
+               Catch::Contains("SHM OK rank " + std::to_string(r) +
+                               ": fixed_order tree bits, 0 failures"));
+  }
+  CHECK(segments_of(rs.pids).empty());
+  fs::remove_all(dir);
 }
 
 namespace {

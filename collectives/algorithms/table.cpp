@@ -200,10 +200,14 @@ std::string algo_table_text(const AlgoWorld& world, std::string_view override_sp
                     " ranks, " + std::to_string(world.nodes) +
                     (world.nodes == 1 ? " node)" : " nodes)");
   if (uniform) return out + ": " + first->name + " for every op and size\n";
-  // One line of cells, `first` wide then 11 each, without trailing blanks.
-  auto line = [](const std::string& head, const std::vector<std::string>& cells) {
+  // One line of cells, 16 wide then 11 each (or one more than the longest name), without
+  // trailing blanks.
+  size_t w = 11;
+  for (CommOp op : ops)
+    for (int64_t s : sizes) w = std::max(w, std::string_view(plan.pick(op, s)->name).size() + 1);
+  auto line = [w](const std::string& head, const std::vector<std::string>& cells) {
     std::string l = "    " + head + std::string(head.size() < 16 ? 16 - head.size() : 1, ' ');
-    for (const std::string& c : cells) l += c + std::string(c.size() < 11 ? 11 - c.size() : 1, ' ');
+    for (const std::string& c : cells) l += c + std::string(w - c.size(), ' ');
     while (l.back() == ' ') l.pop_back();
     return l + "\n";
   };

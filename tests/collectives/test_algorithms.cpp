@@ -136,6 +136,15 @@ TEST_CASE("algorithms: meshrt info's table, op x size, for one backend", "[unit]
         "    all_to_all      flat       flat       flat       flat\n");
   CHECK(detail::algo_table_text({"mpi", 4, 1}, "") ==
         "  mpi (4 ranks, 1 node): native for every op and size\n");
+  // A longer name widens the columns.
+  CHECK(detail::algo_table_text({"host", 2, 1}, "all_reduce:fixed_order") ==
+        "  host (2 ranks, 1 node)\n"
+        "    op \\ bytes      8 B         4 KiB       256 KiB     64 MiB\n"
+        "    all_reduce      fixed_order fixed_order fixed_order fixed_order\n"
+        "    all_gather      flat        flat        flat        flat\n"
+        "    reduce_scatter  flat        flat        flat        flat\n"
+        "    broadcast       flat        flat        flat        flat\n"
+        "    all_to_all      flat        flat        flat        flat\n");
 }
 
 TEST_CASE("algorithms: every algorithm forced on threads gives the default's exact results",

@@ -575,6 +575,55 @@ void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& 
              softmax_scale, causal);
 }
 
+namespace {
+void check_block_offsets(const Check& chk, int64_t q_offset, int64_t kv_offset) {
+  MESHRT_CHECK(q_offset >= 0 && kv_offset >= 0, "op " << chk.op() << ": q_offset=" << q_offset
+                                                      << " and kv_offset=" << kv_offset
+                                                      << " must be >= 0 (global token positions)");
+}
+}  // namespace
+
+void attention_block_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const Tensor& out, const Tensor& lse, float softmax_scale,
+                         bool causal, int64_t q_offset, int64_t kv_offset) {
+  Check chk("attention_block_fwd", ctx, stream);
+  check_attention(chk, q, k, v, out, lse, softmax_scale, false);
+  check_block_offsets(chk, q_offset, kv_offset);
+  if (q.numel() == 0) return;
+  MESHRT_RUN(chk, attention_block_fwd, q.dtype(), ctx, stream, q, k, v, out, lse, softmax_scale,
+             causal, q_offset, kv_offset);
+}
+
+void attention_block_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                         const Tensor& dq, const Tensor& dk, const Tensor& dv, float softmax_scale,
+                         bool causal, int64_t q_offset, int64_t kv_offset) {
+  Check chk("attention_block_bwd", ctx, stream);
+  check_attention(chk, q, k, v, out, lse, softmax_scale, false);
+  check_block_offsets(chk, q_offset, kv_offset);
+  chk.like(q, "q", dout, "dout");
+  chk.like(q, "q", dq, "dq");
+  chk.like(k, "k", dk, "dk");
+  chk.like(k, "k", dv, "dv");
+  if (q.numel() == 0 && k.numel() == 0) return;
+  MESHRT_RUN(chk, attention_block_bwd, q.dtype(), ctx, stream, q, k, v, out, dout, lse, dq, dk, dv,
+             softmax_scale, causal, q_offset, kv_offset);
+}
+
+void attention_merge(Context& ctx, Stream& stream, const Tensor& out, const Tensor& lse,
+                     const Tensor& part_out, const Tensor& part_lse) {
+  Check chk("attention_merge", ctx, stream);
+  chk.floating(out, "out");
+  chk.like(out, "out", part_out, "part_out");
+  chk.f32(lse, "lse");
+  chk.like(lse, "lse", part_lse, "part_lse");
+  MESHRT_CHECK(out.ndim() >= 1 && lse.numel() == row_count(out),
+               "op " << chk.op() << ": lse " << lse.str()
+                     << " must have one element per row of out " << out.str());
+  if (out.numel() == 0) return;
+  MESHRT_RUN(chk, attention_merge, out.dtype(), ctx, stream, out, lse, part_out, part_lse);
+}
+
 const char* attention_kernel_name(AttentionKernel k) {
   return k == AttentionKernel::Flash ? "flash" : "reference";
 }

@@ -130,6 +130,35 @@ MESHRT_API void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, con
                               const Tensor& lse, const Tensor& dq, const Tensor& dk,
                               const Tensor& dv, float softmax_scale, bool causal = true);
 
+// Attention of a query block over one K/V block of the same sequence, for context parallelism
+// (mesh/context_parallel.h): q [batch, heads, seq_q, head_dim] holds global positions
+// [q_offset, q_offset + seq_q), k and v [batch, heads, seq_k, head_dim] hold
+// [kv_offset, kv_offset + seq_k) (any lengths, offsets >= 0). causal: query position i sees key
+// positions j <= i, so a K/V block wholly after the queries contributes nothing and one straddling
+// them is masked in part. out and lse (f32 [batch, heads, seq_q]) are the block's partial result:
+// a row that sees no key gets out 0 and lse -inf. attention_merge combines partials; the merge of
+// every block's partial is attention_fwd over the whole sequence (within f32 rounding).
+MESHRT_API void attention_block_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const Tensor& out, const Tensor& lse,
+                                    float softmax_scale, bool causal, int64_t q_offset,
+                                    int64_t kv_offset);
+// The backward of one block: out, dout and lse are the final (merged) forward's, over the whole
+// sequence's keys. dq (overwritten) is this block's part of the query gradient (the sum over
+// blocks is attention_bwd's dq); dk and dv (overwritten) are this block's keys' gradients from
+// these queries (the sum over query blocks is attention_bwd's dk, dv).
+MESHRT_API void attention_block_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const Tensor& out, const Tensor& dout,
+                                    const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                    const Tensor& dv, float softmax_scale, bool causal,
+                                    int64_t q_offset, int64_t kv_offset);
+// Merges a partial result into another, in place: with m = max(lse, part_lse),
+// out = (out e^(lse-m) + part_out e^(part_lse-m)) / (e^(lse-m) + e^(part_lse-m)) and
+// lse = logaddexp(lse, part_lse). A side with lse -inf (empty) leaves the other exactly; both
+// empty gives out 0, lse -inf. out and part_out [..., rows, head_dim] alike, lse and part_lse f32
+// with one element per row.
+MESHRT_API void attention_merge(Context& ctx, Stream& stream, const Tensor& out, const Tensor& lse,
+                                const Tensor& part_out, const Tensor& part_lse);
+
 // The CUDA backend has two attention kernels with the same contract (inputs, outputs, lse):
 // - Flash: FlashAttention-2 on tensor cores (mma.sync, 16-bit inputs, f32 accumulation), for
 //   bf16 / f16 with head_dim 64 or 128 (and 16-byte aligned tensors);

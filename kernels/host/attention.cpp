@@ -49,15 +49,19 @@ const float* rows_f32(const T* head, int64_t r0, int64_t n, int64_t d, float* bu
   }
 }
 
+// delta = q_offset - kv_offset: under the causal mask, local query row i sees local key j when
+// j <= i + delta (0 for a whole sequence; a block of it at global offsets otherwise).
 struct AttnDims {
   int64_t bh, sq, sk, d;
+  int64_t delta = 0;
 };
 
-AttnDims dims_of(const Tensor& q, const Tensor& k) {
-  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3)};
+AttnDims dims_of(const Tensor& q, const Tensor& k, int64_t delta = 0) {
+  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), delta};
 }
 
-// Applies the causal mask to a score tile: query row i0 + r sees keys <= i0 + r.
+// Applies the causal mask to a score tile: query row r sees keys <= i0 + r (i0 already shifted by
+// the block's delta).
 void mask_tile(float* s, int64_t bq, int64_t bk, int64_t i0, int64_t k0) {
   for (int64_t r = 0; r < bq; ++r) {
     int64_t first_masked = i0 + r + 1 - k0;  // columns c >= this are masked
@@ -88,13 +92,13 @@ void attention_fwd_block(const TileGemm& gemm, const AttnDims& D, const T* q, co
   std::fill(o, o + bq * d, 0.f);
   std::fill(m, m + bq, -kmath::kInf);
   std::fill(l, l + bq, 0.f);
-  const int64_t k_end = causal ? std::min(D.sk, i0 + bq) : D.sk;
+  const int64_t k_end = causal ? std::clamp<int64_t>(i0 + bq + D.delta, 0, D.sk) : D.sk;
   for (int64_t k0 = 0; k0 < k_end; k0 += kBkFwd) {
     const int64_t bk = std::min(kBkFwd, k_end - k0);
     const float* kb = rows_f32(kh, k0, bk, d, kbuf);
     const float* vb = rows_f32(vh, k0, bk, d, vbuf);
     gemm(false, true, bq, bk, d, 1.0f, qs, d, kb, d, 0.0f, s, bk);
-    if (causal && k0 + bk - 1 > i0) mask_tile(s, bq, bk, i0, k0);
+    if (causal && k0 + bk - 1 > i0 + D.delta) mask_tile(s, bq, bk, i0 + D.delta, k0);
     for (int64_t r = 0; r < bq; ++r) {
       float* sr = s + r * bk;
       float mt = max_f32(sr, bk);
@@ -157,8 +161,8 @@ void attention_bwd_head(const TileGemm& gemm, const AttnDims& D, const T* q, con
     const float* Vj = V + k0 * d;
     std::fill(dK.begin(), dK.end(), 0.f);
     std::fill(dV.begin(), dV.end(), 0.f);
-    // Causal: query rows before k0 see none of these keys.
-    const int64_t i_first = causal ? (k0 / kBq) * kBq : 0;
+    // Causal: query rows before k0 - delta see none of these keys.
+    const int64_t i_first = causal ? std::max<int64_t>(k0 - D.delta, 0) / kBq * kBq : 0;
     for (int64_t i0 = i_first; i0 < sq; i0 += kBq) {
       const int64_t bq = std::min(kBq, sq - i0);
       const float* Qi = Q + i0 * d;
@@ -166,7 +170,7 @@ void attention_bwd_head(const TileGemm& gemm, const AttnDims& D, const T* q, con
       float* p = P.data();
       float* dp = dP.data();
       gemm(false, true, bq, bk, d, scale, Qi, d, Kj, d, 0.0f, p, bk);
-      if (causal && k0 + bk - 1 > i0) mask_tile(p, bq, bk, i0, k0);
+      if (causal && k0 + bk - 1 > i0 + D.delta) mask_tile(p, bq, bk, i0 + D.delta, k0);
       for (int64_t r = 0; r < bq; ++r) {
         float lr = L[i0 + r];
         float* pr = p + r * bk;
@@ -193,18 +197,17 @@ void attention_bwd_head(const TileGemm& gemm, const AttnDims& D, const T* q, con
   store_row(dq + head * sq * d, dQ.data(), sq * d);
 }
 
-}  // namespace
-
-void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& out, const Tensor& lse, float scale, bool causal) {
+// Enqueues the forward of q over k / v with local-to-global offset difference delta.
+void enqueue_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& out, const Tensor& lse, float scale, bool causal, int64_t delta) {
   ThreadPool* tp = &pool(ctx);
   s.enqueue([tp, q = q.stream_ref(s), k = k.stream_ref(s), v = v.stream_ref(s),
-             out = out.stream_ref(s), lse = lse.stream_ref(s), scale, causal] {
+             out = out.stream_ref(s), lse = lse.stream_ref(s), scale, causal, delta] {
     ensure_blas_single_threaded();
     // bf16 products under MESHRT_HOST_F32_GEMM=bf16: the forward's 64 x 256 tiles take oneDNN's
     // AMX kernels (1.7x the forward on an AMX Xeon).
     const TileGemm gemm{f32_bf16_math() ? F32Path::onednn_bf16 : F32Path::openblas};
-    const AttnDims D = dims_of(q, k);
+    const AttnDims D = dims_of(q, k, delta);
     const int64_t qblocks = (D.sq + kBq - 1) / kBq;
     dispatch_float(q.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -222,24 +225,87 @@ void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
   });
 }
 
-void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                   const Tensor& dk, const Tensor& dv, float scale, bool causal) {
+void enqueue_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
+                 const Tensor& dk, const Tensor& dv, float scale, bool causal, int64_t delta) {
   ThreadPool* tp = &pool(ctx);
   s.enqueue([tp, q = q.stream_ref(s), k = k.stream_ref(s), v = v.stream_ref(s),
              out = out.stream_ref(s), dout = dout.stream_ref(s), lse = lse.stream_ref(s),
-             dq = dq.stream_ref(s), dk = dk.stream_ref(s), dv = dv.stream_ref(s), scale, causal] {
+             dq = dq.stream_ref(s), dk = dk.stream_ref(s), dv = dv.stream_ref(s), scale, causal,
+             delta] {
     ensure_blas_single_threaded();
     // OpenBLAS in every mode: the backward's 64 x 64 tiles measured 5% slower on oneDNN with bf16
     // products.
     const TileGemm gemm{F32Path::openblas};
-    const AttnDims D = dims_of(q, k);
+    const AttnDims D = dims_of(q, k, delta);
     dispatch_float(q.dtype(), [&](auto tag) {
       using T = decltype(tag);
       tp->run(D.bh, [&](int64_t head) {
         attention_bwd_head<T>(gemm, D, q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
                               dout.data<T>(), lse.data<float>(), dq.data<T>(), dk.data<T>(),
                               dv.data<T>(), scale, causal, head);
+      });
+    });
+  });
+}
+
+// Rows [r0, r1) of the merge: out / lse become the log-sum-exp weighted sum of both partials.
+template <class T>
+void merge_rows(T* out, float* lse, const T* pout, const float* plse, int64_t d, int64_t r0,
+                int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float a = lse[r], b = plse[r];
+    const float m = kmath::max_f(a, b);
+    const float wa = kmath::exp_diff(a, m), wb = kmath::exp_diff(b, m);
+    const float l = wa + wb;  // 0 only when both sides are empty
+    const float inv = l > 0.f ? 1.0f / l : 0.f;
+    for (int64_t j = 0; j < d; ++j) {
+      const float o = load_f32(out + r * d, j) * wa + load_f32(pout + r * d, j) * wb;
+      store_f32(out + r * d, j, o * inv);
+    }
+    lse[r] = kmath::softmax_lse(kmath::SoftmaxState{m, l});
+  }
+}
+
+}  // namespace
+
+void attention_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, float scale, bool causal) {
+  enqueue_fwd(ctx, s, q, k, v, out, lse, scale, causal, 0);
+}
+
+void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
+                   const Tensor& dk, const Tensor& dv, float scale, bool causal) {
+  enqueue_bwd(ctx, s, q, k, v, out, dout, lse, dq, dk, dv, scale, causal, 0);
+}
+
+void attention_block_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse, float scale, bool causal,
+                         int64_t q_offset, int64_t kv_offset) {
+  enqueue_fwd(ctx, s, q, k, v, out, lse, scale, causal, q_offset - kv_offset);
+}
+
+void attention_block_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
+                         const Tensor& dk, const Tensor& dv, float scale, bool causal,
+                         int64_t q_offset, int64_t kv_offset) {
+  enqueue_bwd(ctx, s, q, k, v, out, dout, lse, dq, dk, dv, scale, causal, q_offset - kv_offset);
+}
+
+void attention_merge(Context& ctx, Stream& s, const Tensor& out, const Tensor& lse,
+                     const Tensor& part_out, const Tensor& part_lse) {
+  ThreadPool* tp = &pool(ctx);
+  s.enqueue([tp, out = out.stream_ref(s), lse = lse.stream_ref(s), pout = part_out.stream_ref(s),
+             plse = part_lse.stream_ref(s)] {
+    const int64_t rows = lse.numel(), d = out.size(-1);
+    constexpr int64_t kRowsPerTask = 64;
+    const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+    dispatch_float(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      tp->run(tasks, [&](int64_t t) {
+        merge_rows<T>(out.data<T>(), lse.data<float>(), pout.data<T>(), plse.data<float>(), d,
+                      t * kRowsPerTask, std::min(rows, (t + 1) * kRowsPerTask));
       });
     });
   });

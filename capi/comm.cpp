@@ -21,7 +21,6 @@
 #include "collectives/bootstrap.h"
 #include "collectives/comm_detail.h"
 #include "collectives/mpi_backend.h"
-#include "collectives/mpi_runtime.h"
 #include "collectives/nccl_comm.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_plugin.h"

@@ -14,7 +14,6 @@
 #include "collectives/comm_detail.h"
 #include "collectives/config_check.h"
 #include "collectives/mpi_backend.h"
-#include "collectives/mpi_runtime.h"
 #include "runtime/affinity.h"
 #include "runtime/device.h"
 #include "runtime/env.h"

@@ -6,8 +6,6 @@
 #include <cstdlib>
 #include <vector>
 
-#include "collectives/mpi_runtime.h"
-
 namespace meshrt {
 
 bool mpi_launched() {

@@ -11,10 +11,10 @@
 #include <mutex>
 
 #include "capi/capi_internal.h"
-#include "mesh/block_desc.h"
-#include "mesh/blocks.h"
-#include "mesh/device_mesh.h"
-#include "mesh/placement.h"
+#include "dist/device_mesh.h"
+#include "dist/placement.h"
+#include "model/block_desc.h"
+#include "model/blocks.h"
 #include "runtime/error.h"
 
 namespace meshrt::capi {
@@ -675,7 +675,7 @@ meshrt_status_t meshrt_mlp_shard_info(meshrt_mlp_t mlp, meshrt_mlp_param_t which
     auto m = find_block(mlp, Kind::Mlp);
     const int i = param_index(static_cast<int>(which), "mlp", "MESHRT_MLP_NORM_WEIGHT",
                               "MESHRT_MLP_FC2_BIAS");
-    // The C API's order is the description's (mesh/block_desc.h), which says where each shard
+    // The C API's order is the description's (model/block_desc.h), which says where each shard
     // lies; also answered for parameters the config does not use.
     const ParamShard sh = piece_param_shard(PieceKind::Mlp, m->cfg.hidden, m->cfg.ffn, i,
                                             m->sched->size(), m->sched->rank());

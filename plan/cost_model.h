@@ -1,8 +1,8 @@
 // The planner's cost model: pure functions from a model, a cluster and a layout to the collectives
 // meshrt issues, the memory a device needs and the predicted step time (compute, tp and dp
 // communication and the exposed part of each). No runtime: it is plain arithmetic over the
-// blocks' description (mesh/block_desc.h: pieces, linears, GEMM shapes, parameters, FLOPs) and
-// mesh/blocks.cpp's collectives (the same byte counts and group sizes, the same overlap rules),
+// blocks' description (model/block_desc.h: pieces, linears, GEMM shapes, parameters, FLOPs) and
+// model/blocks.cpp's collectives (the same byte counts and group sizes, the same overlap rules),
 // simulated on three streams per rank. `meshrt plan` and `meshrt bench block` both use it.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "mesh/block_desc.h"
+#include "model/block_desc.h"
 
 namespace meshrt::plan {
 
@@ -34,7 +34,7 @@ int dtype_bytes(const std::string& dtype);  // throws for an unknown name
 enum class CollOp { AllGather, ReduceScatter, AllReduce };
 const char* coll_op_name(CollOp op);
 
-// One collective as meshrt counts it (mesh/parallel.cpp CommScheduler): bytes are the output of
+// One collective as meshrt counts it (dist/parallel.cpp CommScheduler): bytes are the output of
 // an all-gather, the input of a reduce-scatter, the tensor of an all-reduce.
 struct Collective {
   CollOp op = CollOp::AllReduce;
@@ -135,11 +135,11 @@ struct Prediction {
 // dp buckets of one step (one all-reduce per bucket), as meshrt issues them.
 std::vector<Collective> tp_collectives(const ModelSpec& m, const PlanConfig& c);
 std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c);
-// The dp buckets' sizes in bytes, in launch order (mesh/data_parallel.cpp's packing).
+// The dp buckets' sizes in bytes, in launch order (dist/data_parallel.cpp's packing).
 std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c);
 
 Memory memory_per_device(const ModelSpec& m, const PlanConfig& c);
-// Model FLOPs of one step over all ranks (layer_flops of mesh/block_desc.h, causal at half, plus
+// Model FLOPs of one step over all ranks (layer_flops of model/block_desc.h, causal at half, plus
 // the LM head).
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
 

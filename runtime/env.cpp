@@ -92,7 +92,7 @@ const std::vector<Variable>& table() {
       text("MESHRT_RUN_ID"),
       text("MESHRT_FAULT"),
       text("MESHRT_FLIGHT_DIR"),
-      // A test hook of mesh/checkpoint.cpp: a rank fails while it writes a checkpoint.
+      // A test hook of train/checkpoint.cpp: a rank fails while it writes a checkpoint.
       text("MESHRT_CHECKPOINT_FAULT"),
       // meshrt's scripts and tests: tools/gpu-check.sh, examples/python/torchrun.sh,
       // tests/install, tests/common/files.h (keep the tests' scratch folders), .ci/run.

@@ -18,15 +18,15 @@
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
 #include "collectives/config_check.h"
-#include "mesh/device_mesh.h"
-#include "mesh/token_data.h"
-#include "mesh/train.h"
-#include "mesh/train_checkpoint.h"
-#include "mesh/train_guard.h"
+#include "dist/device_mesh.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/output_file.h"
 #include "tools/signals.h"
+#include "train/token_data.h"
+#include "train/train.h"
+#include "train/train_checkpoint.h"
+#include "train/train_guard.h"
 
 namespace meshrt::cli {
 

@@ -24,7 +24,6 @@
 #include "bench/common/stats.h"
 #include "bench/sweep/sweep.h"
 #include "collectives/config_check.h"
-#include "mesh/metrics_record.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 #include "runtime/json_field.h"
@@ -32,6 +31,7 @@
 #include "runtime/output_file.h"
 #include "tools/report.h"
 #include "tools/signals.h"
+#include "train/metrics_record.h"
 
 namespace meshrt::cli {
 

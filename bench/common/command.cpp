@@ -7,7 +7,7 @@
 
 #include "collectives/config_check.h"
 #include "collectives/fault.h"
-#include "mesh/environment.h"
+#include "dist/environment.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"

@@ -108,7 +108,7 @@ std::string command_line(std::string_view program, int argc, char** argv);
 // it reports an error every rank raises alike.
 void set_process_config(const CLI::App& app, const std::string& what);
 
-// The environment checks every command runs before anything else: mesh/environment.h's
+// The environment checks every command runs before anything else: dist/environment.h's
 // validate_environment, the one check the C API's init runs too. Throws naming the variable and
 // the accepted values.
 void check_process_environment();

@@ -3,7 +3,7 @@
 // meshrt (inline namespace api_v1). Each part can also be included alone.
 //
 // These headers, meshrt.h, export.h and version.h are everything meshrt installs: the library's
-// internal headers (runtime/, collectives/, mesh/, ...) are not part of the package, and a
+// internal headers (runtime/, collectives/, dist/, ...) are not part of the package, and a
 // configure-time check (cmake/cxx_api_headers.cmake) stops the build when an installed header
 // includes anything but the standard library, another installed header or <dlpack/dlpack.h>.
 #ifndef MESHRT_MESHRT_HPP_

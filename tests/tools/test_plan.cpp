@@ -17,7 +17,7 @@
 #include "bench/block/flops.h"
 #include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
-#include "mesh/block_desc.h"
+#include "model/block_desc.h"
 #include "plan/cost_model.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"

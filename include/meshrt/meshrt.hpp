@@ -1,6 +1,6 @@
 // meshrt.hpp: the public C++ API of meshrt in one include: tensors, communicators and streams,
 // device meshes and the sharded blocks, header-only over the C API (meshrt.h), in namespace
-// meshrt (inline namespace api_v1). Each part can also be included alone.
+// meshrt (namespace api_v1, with a using-directive). Each part can also be included alone.
 //
 // These headers, meshrt.h, export.h and version.h are everything meshrt installs: the library's
 // internal headers (runtime/, collectives/, dist/, ...) are not part of the package, and a

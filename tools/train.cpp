@@ -13,8 +13,6 @@
 #include <sstream>
 #include <type_traits>
 
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
 #include "collectives/config_check.h"
@@ -22,6 +20,8 @@
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 #include "tools/signals.h"
 #include "train/token_data.h"
 #include "train/train.h"

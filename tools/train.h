@@ -3,7 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bench/common/command.h"
+#include "tools/cli/command.h"
 #include "train/train.h"
 
 #include <functional>

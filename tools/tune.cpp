@@ -20,7 +20,6 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include "bench/common/cli_checks.h"
 #include "bench/common/stats.h"
 #include "bench/sweep/sweep.h"
 #include "collectives/config_check.h"
@@ -29,6 +28,7 @@
 #include "runtime/json_field.h"
 #include "runtime/logging.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
 #include "tools/report.h"
 #include "tools/signals.h"
 #include "train/metrics_record.h"

@@ -9,13 +9,13 @@
 #include <limits>
 #include <thread>
 
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "plan/cost_model.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 
 namespace meshrt {
 

@@ -30,9 +30,11 @@ FLOORS = {
     "train": {"model", "dist", "kernels", "collectives", "runtime"},
     "plan": {"model", "dist", "kernels", "collectives", "runtime"},
     "capi": {"model", "dist", "kernels", "collectives", "runtime"},
-    "bench": {"plan", "train", "model", "dist", "kernels", "collectives", "runtime",
+    "tools/cli": {"dist", "kernels", "collectives", "runtime"},
+    "bench": {"tools/cli", "plan", "train", "model", "dist", "kernels", "collectives", "runtime",
               "backends/cuda"},
-    "tools": {"bench", "plan", "train", "model", "dist", "kernels", "collectives", "runtime"},
+    "tools": {"tools/cli", "bench", "plan", "train", "model", "dist", "kernels", "collectives",
+              "runtime"},
 }
 PUBLIC_FOR_LAYERS = {"meshrt/export.h", "meshrt/version.h"}
 SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh", ".c")

@@ -1,4 +1,4 @@
-#include "bench/common/command.h"
+#include "tools/cli/command.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "bench/common/cli_checks.h"
+#include "tools/cli/cli_checks.h"
 
 #include <cerrno>
 #include <cmath>

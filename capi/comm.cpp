@@ -126,7 +126,7 @@ const char* device_type_name(DeviceType t) { return t == DeviceType::CUDA ? "cud
 
 // The registry's backend for `plan`, prepared: the refusals are what this build cannot do.
 WorldFactory prepare_world(const WorldPlan& plan, const std::string& backend) {
-  const CollectiveBackend* b = nullptr;
+  const CommBackend* b = nullptr;
   try {
     b = &choose_collective_backend(backend, plan);
   } catch (const CommError&) {

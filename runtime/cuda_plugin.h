@@ -17,7 +17,7 @@ namespace meshrt::detail {
 struct CudaPlugin {
   // Devices, streams and events, the caching allocator over cudaMalloc, copies, fills
   // (backends/cuda/runtime/cuda_backend.cpp).
-  const DeviceBackend* device;
+  const DeviceRuntime* device;
   // NVTX ranges for runtime/ranges.h (backends/cuda/runtime/nvtx_ranges.cpp).
   void (*nvtx_push)(const std::string& name, uint64_t payload);
   void (*nvtx_pop)();

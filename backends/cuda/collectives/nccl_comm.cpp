@@ -195,7 +195,7 @@ struct NcclEngine {
 
   Tensor scratch_tensor(int64_t n, DType dt, Stream& s) {
     if (!scratch) {
-      const DeviceBackend* be = cuda_backend();
+      const DeviceRuntime* be = cuda_backend();
       MESHRT_CHECK(be != nullptr, "NCCL communicator: no CUDA backend");
       scratch = be->create_caching_allocator(device);
     }

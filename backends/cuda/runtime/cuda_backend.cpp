@@ -1,4 +1,4 @@
-// The CUDA DeviceBackend: streams (cuda_stream.cpp), the caching allocator over cudaMalloc,
+// The CUDA DeviceRuntime: streams (cuda_stream.cpp), the caching allocator over cudaMalloc,
 // copies, and the kernels of cuda_tensor_ops.cu. Links only the shared CUDA runtime, so a
 // CUDA-enabled build starts on a machine without a driver and says why CUDA is unusable
 // (cuda_device.cpp).
@@ -50,7 +50,7 @@ void run_on(Stream& s, int device, const std::function<void(cudaStream_t)>& laun
   });
 }
 
-class CudaBackend final : public DeviceBackend {
+class CudaBackend final : public DeviceRuntime {
  public:
   DeviceType type() const override { return DeviceType::CUDA; }
 
@@ -187,7 +187,7 @@ class CudaBackend final : public DeviceBackend {
 
 }  // namespace
 
-const DeviceBackend& device_backend() {
+const DeviceRuntime& device_backend() {
   static const CudaBackend be;
   return be;
 }

@@ -9,14 +9,14 @@
 #include <string>
 
 namespace meshrt {
-class DeviceBackend;
+class DeviceRuntime;
 }  // namespace meshrt
 
 namespace meshrt::cuda_detail {
 
 // The parts of the CUDA backend's table (runtime/cuda_plugin.h) that backends/cuda/runtime
-// provides: the DeviceBackend (cuda_backend.cpp) and NVTX ranges (nvtx_ranges.cpp).
-const DeviceBackend& device_backend();
+// provides: the DeviceRuntime (cuda_backend.cpp) and NVTX ranges (nvtx_ranges.cpp).
+const DeviceRuntime& device_backend();
 void nvtx_push(const std::string& name, uint64_t payload);
 void nvtx_pop();
 

@@ -11,10 +11,10 @@
 #include <mutex>
 
 #include "capi/capi_internal.h"
-#include "mesh/block_desc.h"
-#include "mesh/blocks.h"
-#include "mesh/device_mesh.h"
-#include "mesh/placement.h"
+#include "dist/device_mesh.h"
+#include "dist/placement.h"
+#include "model/block_desc.h"
+#include "model/blocks.h"
 #include "runtime/error.h"
 
 namespace meshrt::capi {
@@ -46,7 +46,7 @@ struct BlockObj {
   Kind kind = Kind::Mlp;
   const char* api = "mlp";  // "mlp" / "attn": the C names (meshrt_<api>_...)
   std::array<const char*, kParams> names{};
-  // The C config's shape and dtype as the one model description (mesh/model_spec.h), converted
+  // The C config's shape and dtype as the one model description (model/model_spec.h), converted
   // at the boundary and applied to cfg (apply_model_spec) once the kind's fields are read.
   ModelSpec model;
   BlockConfig cfg;
@@ -680,7 +680,7 @@ meshrt_status_t meshrt_mlp_shard_info(meshrt_mlp_t mlp, meshrt_mlp_param_t which
     auto m = find_block(mlp, Kind::Mlp);
     const int i = param_index(static_cast<int>(which), "mlp", "MESHRT_MLP_NORM_WEIGHT",
                               "MESHRT_MLP_FC2_BIAS");
-    // The C API's order is the description's (mesh/block_desc.h), which says where each shard
+    // The C API's order is the description's (model/block_desc.h), which says where each shard
     // lies; also answered for parameters the config does not use.
     const ParamShard sh = piece_param_shard(PieceKind::Mlp, m->cfg.hidden, m->cfg.ffn, i,
                                             m->sched->size(), m->sched->rank());

@@ -143,7 +143,7 @@ inline void check_out(const void* out, const char* what) {
              what << " is NULL: pass the address of a handle to fill in");
 }
 
-// Checks every MESHRT_ variable meshrt reads (mesh/environment.h, the command line's check too):
+// Checks every MESHRT_ variable meshrt reads (dist/environment.h, the command line's check too):
 // meshrt_init and every communicator init call it. A bad value is MESHRT_ERROR_INVALID_ARGUMENT
 // naming the variable, its value and what is accepted.
 void check_environment_variables();

@@ -21,7 +21,6 @@
 #include "collectives/bootstrap.h"
 #include "collectives/comm_detail.h"
 #include "collectives/mpi_backend.h"
-#include "collectives/mpi_runtime.h"
 #include "collectives/nccl_comm.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_plugin.h"
@@ -127,7 +126,7 @@ const char* device_type_name(DeviceType t) { return t == DeviceType::CUDA ? "cud
 
 // The registry's backend for `plan`, prepared: the refusals are what this build cannot do.
 WorldFactory prepare_world(const WorldPlan& plan, const std::string& backend) {
-  const CollectiveBackend* b = nullptr;
+  const CommBackend* b = nullptr;
   try {
     b = &choose_collective_backend(backend, plan);
   } catch (const CommError&) {

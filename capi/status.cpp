@@ -5,7 +5,7 @@
 #include <system_error>
 
 #include "capi/capi_internal.h"
-#include "mesh/environment.h"
+#include "dist/environment.h"
 #include "meshrt/version.h"
 #include "runtime/env.h"
 #include "runtime/error.h"

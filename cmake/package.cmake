@@ -16,7 +16,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_layers meshrt_runtime meshrt_kernels meshrt_collectives meshrt_mesh)
+set(_layers meshrt_runtime meshrt_kernels meshrt_collectives meshrt_dist meshrt_model meshrt_train)
 if(TARGET meshrt_capi)
   list(APPEND _layers meshrt_capi)
 endif()
@@ -28,7 +28,7 @@ set(_cmakedir ${CMAKE_INSTALL_LIBDIR}/cmake/meshrt)
 # Installed: the C API (meshrt.h), the public C++ API over it (tensor.hpp, comm.hpp, mesh.hpp,
 # blocks.hpp, and meshrt.hpp including them all), export.h and the generated version.h, all under
 # <prefix>/include/meshrt/. Nothing else: the layers' own headers (runtime/, collectives/,
-# mesh/, ...) stay in the source tree. Each installed header may include only another of them,
+# dist/, ...) stay in the source tree. Each installed header may include only another of them,
 # <dlpack/dlpack.h> and the standard library; one that includes anything else stops the configure
 # here, naming the header and the include, instead of producing a package that does not compile
 # for its users (cmake/cxx_api_headers.cmake).

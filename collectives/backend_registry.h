@@ -53,7 +53,7 @@ struct MESHRT_API WorldPlan {
 // from that rank's thread (NCCL initialisation is collective: all threads call at once).
 using WorldFactory = std::function<std::unique_ptr<Communicator>(int i)>;
 
-struct MESHRT_API CollectiveBackend {
+struct MESHRT_API CommBackend {
   std::string name;  // what --backend selects: "host", "mpi", "nccl"
   // Among the backends that serve a launch, "auto" picks the one with the highest priority.
   int auto_priority = 0;
@@ -65,19 +65,19 @@ struct MESHRT_API CollectiveBackend {
 
 // The backends compiled into this build, in registration order (collectives/CMakeLists.txt
 // lists them; each backend file defines register_<name>_backend, called once, on first use).
-MESHRT_API const std::vector<CollectiveBackend>& collective_backends();
+MESHRT_API const std::vector<CommBackend>& collective_backends();
 // "host, mpi, nccl".
 MESHRT_API std::string collective_backend_names();
 // The backend called `name`; throws listing the known ones when there is none.
-MESHRT_API const CollectiveBackend& find_collective_backend(const std::string& name);
+MESHRT_API const CommBackend& find_collective_backend(const std::string& name);
 // The backend for `requested` ("auto" or "" : the highest-priority one that serves `plan`);
 // throws saying why each candidate refused when none can run it.
-MESHRT_API const CollectiveBackend& choose_collective_backend(const std::string& requested,
-                                                              const WorldPlan& plan);
+MESHRT_API const CommBackend& choose_collective_backend(const std::string& requested,
+                                                        const WorldPlan& plan);
 
 namespace detail {
 // Called by the generated list of compiled-in backends (one call per backend).
-void add_collective_backend(std::vector<CollectiveBackend>& registry, CollectiveBackend b);
+void add_collective_backend(std::vector<CommBackend>& registry, CommBackend b);
 }  // namespace detail
 
 }  // namespace meshrt

@@ -14,7 +14,6 @@
 #include "collectives/comm_detail.h"
 #include "collectives/config_check.h"
 #include "collectives/mpi_backend.h"
-#include "collectives/mpi_runtime.h"
 #include "runtime/affinity.h"
 #include "runtime/device.h"
 #include "runtime/env.h"
@@ -45,7 +44,7 @@ class BackendLaunch final : public Launch {
     plan_.transport = transport_.get();
     taken_.assign(plan_.local.size(), false);
   }
-  void prepare(const CollectiveBackend& b) { factory_ = b.prepare(plan_); }
+  void prepare(const CommBackend& b) { factory_ = b.prepare(plan_); }
 
   LaunchKind kind() const override { return plan_.kind; }
   const std::string& backend() const override { return backend_; }
@@ -289,7 +288,7 @@ std::unique_ptr<Launch> bootstrap(const LaunchOptions& opts) {
   }
   plan.world_size = plan.local[0].world_size;
   plan.device_type = plan.local[0].device.type;
-  const CollectiveBackend& b = choose_collective_backend(opts.backend, plan);
+  const CommBackend& b = choose_collective_backend(opts.backend, plan);
   if (plan.kind != LaunchKind::Threads) set_log_rank(plan.local[0].rank, plan.world_size);
   auto launch = std::make_unique<BackendLaunch>(std::move(plan), b.name, std::move(transport));
   launch->prepare(b);

@@ -357,7 +357,7 @@ WorldFactory hier_prepare(const WorldPlan& plan) {
 
 namespace detail {
 
-void register_hier_backend(std::vector<CollectiveBackend>& registry) {
+void register_hier_backend(std::vector<CommBackend>& registry) {
   add_collective_backend(registry, {"hier", 22, hier_refuses, hier_prepare});
 }
 

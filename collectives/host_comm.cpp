@@ -699,7 +699,7 @@ std::vector<std::unique_ptr<Communicator>> make_host_communicators(int n, const 
 }
 
 namespace detail {
-void register_host_backend(std::vector<CollectiveBackend>& registry) {
+void register_host_backend(std::vector<CommBackend>& registry) {
   add_collective_backend(registry, {"host", 10, host_refuses, host_prepare});
 }
 }  // namespace detail

@@ -6,8 +6,6 @@
 #include <cstdlib>
 #include <vector>
 
-#include "collectives/mpi_runtime.h"
-
 namespace meshrt {
 
 bool mpi_launched() {
@@ -45,7 +43,7 @@ WorldFactory mpi_prepare(const WorldPlan& plan) { return mpi_backend().prepare(p
 
 }  // namespace
 
-void register_mpi_backend(std::vector<CollectiveBackend>& registry) {
+void register_mpi_backend(std::vector<CommBackend>& registry) {
   add_collective_backend(registry, {"mpi", 20, mpi_refuses, mpi_prepare});
 }
 

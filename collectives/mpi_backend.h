@@ -1,5 +1,5 @@
 // The MPI backend as the core sees it: one function table, whose functions live in the MPI
-// backend (mpi_runtime.cpp, mpi_comm.cpp, mpi_plugin.cpp: the only files that include <mpi.h>).
+// backend (backends/mpi/: the only files that include <mpi.h>).
 // Static builds link it in; libmeshrt.so loads it from libmeshrt-mpi.so (runtime/plugin.h) the
 // first time an MPI launch needs it, so the core itself never depends on an MPI library.
 #pragma once
@@ -10,10 +10,18 @@
 #include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 
+namespace meshrt {
+
+// Whether an MPI launcher started this process (mpirun / mpiexec / srun: OMPI_*, PMI_*, PMIX_*,
+// SLURM step variables). Reads the environment only; does not initialise MPI or load the plugin.
+bool mpi_launched();
+
+}  // namespace meshrt
+
 namespace meshrt::detail {
 
 struct MpiBackend {
-  // mpi_init() of collectives/mpi_runtime.h: MPI_THREAD_MULTIPLE, finalised at exit.
+  // mpi_init() of backends/mpi/mpi_runtime.h: MPI_THREAD_MULTIPLE, finalised at exit.
   void (*init)();
   // The all-gather among the processes of an MPI launch (make_mpi_transport).
   // timeout_setting: what set timeout_s, named by the timeout error ("MESHRT_COMM_TIMEOUT",

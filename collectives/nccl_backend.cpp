@@ -44,7 +44,7 @@ std::unique_ptr<Communicator> adopt_nccl_communicator(void* nccl_comm, int devic
 }
 
 namespace detail {
-void register_nccl_backend(std::vector<CollectiveBackend>& registry) {
+void register_nccl_backend(std::vector<CommBackend>& registry) {
   add_collective_backend(registry, {"nccl", 30, nccl_refuses, nccl_prepare});
 }
 }  // namespace detail

@@ -40,7 +40,7 @@ struct NcclBackend {
   std::string (*version)();
 };
 
-// The table, defined by the backend (nccl_comm.cpp) for collectives/cuda_plugin.cpp.
+// The table, defined by the backend (nccl_comm.cpp) for backends/cuda/cuda_plugin.cpp.
 const NcclBackend& nccl_table();
 
 }  // namespace detail

@@ -1321,7 +1321,7 @@ std::vector<std::string> shm_remove_stale_segments() {
   return removed;
 }
 
-void register_shm_backend(std::vector<CollectiveBackend>& registry) {
+void register_shm_backend(std::vector<CommBackend>& registry) {
   add_collective_backend(registry, {"shm", 25, shm_refuses, shm_prepare});
 }
 

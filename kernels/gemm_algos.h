@@ -1,7 +1,8 @@
 // The host-side logic of picking a GEMM library algorithm: heuristic candidates filtered by their
 // reported state, tried in order until one runs, and an error naming the problem when none does.
-// Backend-neutral so that the CPU tests drive it with fake candidates (kernels/cuda/gemm.cu uses
-// it with cuBLASLt's). Defined in gemm_algos.cpp: host-compiled, away from nvcc's front end.
+// Backend-neutral so that the CPU tests drive it with fake candidates
+// (backends/cuda/kernels/gemm.cu uses it with cuBLASLt's). Defined in gemm_algos.cpp:
+// host-compiled, away from nvcc's front end.
 #pragma once
 
 #include <cstdint>

@@ -307,7 +307,7 @@ GemmProblem make_gemm(const Check& chk, const Tensor& a, bool trans_a, const Ten
 
 namespace {
 // "gemm 512x3072x1024" (m x n x k): the profiler range of a GEMM (Nsight shows it around the
-// kernel; tests compare the blocks' GEMMs with mesh/block_desc.h through a ranges observer).
+// kernel; tests compare the blocks' GEMMs with model/block_desc.h through a ranges observer).
 std::string gemm_range_name(const GemmProblem& p) {
   std::string s = "gemm ";
   s += std::to_string(p.m);

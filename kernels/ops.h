@@ -131,7 +131,7 @@ MESHRT_API void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, con
                               const Tensor& dv, float softmax_scale, bool causal = true);
 
 // Attention of a query block over one K/V block of the same sequence, for context parallelism
-// (mesh/context_parallel.h): q [batch, heads, seq_q, head_dim] holds global positions
+// (dist/context_parallel.h): q [batch, heads, seq_q, head_dim] holds global positions
 // [q_offset, q_offset + seq_q), k and v [batch, heads, seq_k, head_dim] hold
 // [kv_offset, kv_offset + seq_k) (any lengths, offsets >= 0). causal: query position i sees key
 // positions j <= i, so a K/V block wholly after the queries contributes nothing and one straddling

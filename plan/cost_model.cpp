@@ -8,10 +8,11 @@
 #include <set>
 #include <sstream>
 
-#include "mesh/optimizer.h"
-#include "mesh/style.h"
+#include "dist/style.h"
+#include "model/linear.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
+#include "train/optimizer.h"
 
 namespace meshrt::plan {
 
@@ -169,7 +170,7 @@ class Block {
                                   static_cast<double>(g.k)));
   }
   int coll(CommOp op, double bytes) { return sim_.issue({op, false, bytes, s_.tp}); }
-  // The tp collective of redistribution `r` (mesh/parallel.h) over a full-sequence activation of
+  // The tp collective of redistribution `r` (dist/parallel.h) over a full-sequence activation of
   // `bytes`, as redistribute() issues it (-1: none, or tp = 1).
   int redist(const Redistribution& r, double bytes) {
     if (!s_.comm) return -1;
@@ -188,7 +189,7 @@ class Block {
   void wait(int id) {
     if (id >= 0) sim_.wait(id);
   }
-  // The linear's GEMMs on this rank (mesh/block_desc.h), over the micro-batch's full sequence.
+  // The linear's GEMMs on this rank (model/block_desc.h), over the micro-batch's full sequence.
   LinearGemms gemms(const LinearDesc& l, int64_t rows) const {
     return linear_gemms(l, rows, s_.tp);
   }
@@ -196,8 +197,8 @@ class Block {
   double in_bytes(const LinearDesc& l) const { return s_.T * l.in_local(s_.tp) * s_.es; }
   double out_bytes(const LinearDesc& l) const { return s_.T * l.out_local(s_.tp) * s_.es; }
 
-  // A linear's forward as mesh/linear.cpp runs it, its collectives those of the linear's parallel
-  // style (mesh/style.h): the input redistributed before the GEMM, the output after it; chunked
+  // A linear's forward as model/linear.cpp runs it, its collectives those of the linear's parallel
+  // style (dist/style.h): the input redistributed before the GEMM, the output after it; chunked
   // overlap splits a gathered input or a reduce-scattered output into tp pieces.
   void linear_fwd(const LinearDesc& l) { linear_fwd(l, linear_style(l, s_.sp)); }
   void linear_fwd(const LinearDesc& l, const ParallelStyle& st) {
@@ -496,7 +497,7 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
   // Causal attention, counted at half (as layer_flops): 2 T s h per replica, / tp.
   const double attn_flops = attention_core_flops(c.micro_batch, m.seq, m.hidden, c.tp) / 2;
   const Overlap dp_ov = c.overlap == Overlap::None ? Overlap::None : Overlap::Async;
-  // The LM's styles (mesh/style.h, as mesh/lm.cpp builds them): the embedding's partial lookup
+  // The LM's styles (dist/style.h, as model/lm.cpp builds them): the embedding's partial lookup
   // redistributed to the blocks' placement, the head colwise with loss-parallel logits.
   const Redistribution embed_out = vocab_parallel_embedding(s.sp).out();
   const ParallelStyle head = loss_parallel_head(s.sp);
@@ -609,7 +610,7 @@ double rounded(double bytes) {
 }
 
 // The allocations of one rank in program order, as the block code makes and drops them
-// (mesh/blocks.cpp, mesh/linear.cpp, the benchmark's step loop): the peak is what a caching
+// (model/blocks.cpp, model/linear.cpp, the benchmark's step loop): the peak is what a caching
 // allocator that reuses a block as soon as it is freed shows (CUDA; host streams with
 // MESHRT_LAUNCH_BLOCKING=1).
 class MemWalk {
@@ -651,7 +652,7 @@ class MemBlock {
 
   double in_bytes(const LinearDesc& l) const { return s_.T * l.in_local(s_.tp) * s_.es; }
   double out_bytes(const LinearDesc& l) const { return s_.T * l.out_local(s_.tp) * s_.es; }
-  // A linear's forward (mesh/linear.cpp), its buffers those its parallel style (mesh/style.h)
+  // A linear's forward (model/linear.cpp), its buffers those its parallel style (dist/style.h)
   // calls for: the output (a sequence shard after a reduce-scatter); while the GEMM runs, the
   // redistributed input, or the partial output before it is reduce-scattered.
   int linear_fwd(const LinearDesc& l) {
@@ -759,7 +760,7 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   Memory mem;
   const Shape s = shape_of(m, c);
   // Weights one allocation each, gradients in the dp buckets' flat buffers
-  // (mesh/data_parallel.cpp), in the parameters' dtype, each rounded to the allocators' size
+  // (dist/data_parallel.cpp), in the parameters' dtype, each rounded to the allocators' size
   // classes.
   double params = 0;
   for (const auto& p : local_params(m, c)) {
@@ -768,7 +769,7 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   }
   const BucketPlan plan = buckets(m, c);
   std::vector<double> bucket_bytes = plan.bytes;
-  const double dp = c.zero > 0 ? c.dp : 1;  // ZeRO's shards (mesh/data_parallel.h)
+  const double dp = c.zero > 0 ? c.dp : 1;  // ZeRO's shards (dist/data_parallel.h)
   if (c.zero == 3) {
     // Each bucket's parameter shard, and the full buffers of at most three pieces (the current
     // one, the prefetched one and one being freed: GradSync::kMaxGatheredPieces); at stage 3 a

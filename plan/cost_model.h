@@ -1,8 +1,8 @@
 // The planner's cost model: pure functions from a model, a cluster and a layout to the collectives
 // meshrt issues, the memory a device needs and the predicted step time (compute, tp and dp
 // communication and the exposed part of each). No runtime: it is plain arithmetic over the
-// blocks' description (mesh/block_desc.h: pieces, linears, GEMM shapes, parameters, FLOPs) and
-// mesh/blocks.cpp's collectives (the same byte counts and group sizes, the same overlap rules),
+// blocks' description (model/block_desc.h: pieces, linears, GEMM shapes, parameters, FLOPs) and
+// model/blocks.cpp's collectives (the same byte counts and group sizes, the same overlap rules),
 // simulated on three streams per rank. `meshrt plan` and `meshrt bench block` both use it.
 #pragma once
 
@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "mesh/block_desc.h"
-#include "mesh/model_spec.h"
+#include "model/block_desc.h"
+#include "model/model_spec.h"
 
 namespace meshrt::plan {
 
-// The model: mesh/model_spec.h's ModelSpec (the one the command line and the C API fill).
+// The model: model/model_spec.h's ModelSpec (the one the command line and the C API fill).
 using meshrt::ModelSpec;
 using meshrt::parse_model_spec;
 
@@ -27,7 +27,7 @@ using meshrt::parse_model_spec;
 constexpr int kLinkOps = 3;
 int link_index(CommOp op);
 
-// One collective as meshrt counts it (mesh/parallel.cpp CommScheduler): bytes are the output of
+// One collective as meshrt counts it (dist/parallel.cpp CommScheduler): bytes are the output of
 // an all-gather, the input of a reduce-scatter, the tensor of an all-reduce.
 struct Collective {
   CommOp op = CommOp::AllReduce;
@@ -128,11 +128,11 @@ struct Prediction {
 // dp buckets of one step (one all-reduce per bucket), as meshrt issues them.
 std::vector<Collective> tp_collectives(const ModelSpec& m, const PlanConfig& c);
 std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c);
-// The dp buckets' sizes in bytes, in launch order (mesh/data_parallel.cpp's packing).
+// The dp buckets' sizes in bytes, in launch order (dist/data_parallel.cpp's packing).
 std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c);
 
 Memory memory_per_device(const ModelSpec& m, const PlanConfig& c);
-// Model FLOPs of one step over all ranks (layer_flops of mesh/block_desc.h, causal at half, plus
+// Model FLOPs of one step over all ranks (layer_flops of model/block_desc.h, causal at half, plus
 // the LM head).
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
 

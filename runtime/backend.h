@@ -1,4 +1,4 @@
-// DeviceBackend: what runtime/ needs from a device family (streams, memory, copies, fills).
+// DeviceRuntime: what runtime/ needs from a device family (streams, memory, copies, fills).
 // Internal: users query devices through runtime/device.h.
 #pragma once
 
@@ -14,9 +14,9 @@
 
 namespace meshrt {
 
-class MESHRT_PLUGIN_API DeviceBackend {
+class MESHRT_PLUGIN_API DeviceRuntime {
  public:
-  virtual ~DeviceBackend() = default;
+  virtual ~DeviceRuntime() = default;
   virtual DeviceType type() const = 0;
   // Number of usable devices; 0 with `why` filled in when none can be used.
   virtual int device_count(std::string* why) const = 0;
@@ -37,11 +37,11 @@ class MESHRT_PLUGIN_API DeviceBackend {
 };
 
 // The host backend (always present).
-MESHRT_PLUGIN_API const DeviceBackend& host_backend();
+MESHRT_PLUGIN_API const DeviceRuntime& host_backend();
 // The CUDA backend (runtime/cuda_plugin.h), or nullptr in a build without CUDA or when its plugin
 // cannot be loaded (cuda_available() says why).
-MESHRT_PLUGIN_API const DeviceBackend* cuda_backend();
+MESHRT_PLUGIN_API const DeviceRuntime* cuda_backend();
 // Backend for a device; throws naming the device when that backend is not built or usable.
-MESHRT_PLUGIN_API const DeviceBackend& backend_for(Device d);
+MESHRT_PLUGIN_API const DeviceRuntime& backend_for(Device d);
 
 }  // namespace meshrt

@@ -9,7 +9,7 @@ Context::Context(Device device, ContextOptions opts) : device_(device), opts_(st
   MESHRT_CHECK(opts_.world_size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.world_size,
                "Context: rank " << opts_.rank << " not in world of size " << opts_.world_size);
   MESHRT_CHECK(opts_.local_ranks >= 1, "Context: local_ranks " << opts_.local_ranks << " < 1");
-  const DeviceBackend& be = backend_for(device);
+  const DeviceRuntime& be = backend_for(device);
   alloc_ = opts_.allocator ? opts_.allocator : be.create_caching_allocator(device.index);
   MESHRT_CHECK(alloc_->device() == device, "Context on " << device.str() << " given allocator '"
                                                          << alloc_->name() << "' for "

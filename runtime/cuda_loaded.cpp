@@ -1,5 +1,5 @@
 // cuda_plugin() of libmeshrt.so in a CUDA build: the table of the libmeshrt-cuda.so plugin, loaded
-// on first use (runtime/plugin.h). The static builds use collectives/cuda_plugin.cpp's linked-in
+// on first use (runtime/plugin.h). The static builds use backends/cuda/cuda_plugin.cpp's linked-in
 // table instead; a build without CUDA runtime/cuda_absent.cpp's none.
 #include <atomic>
 #include <mutex>

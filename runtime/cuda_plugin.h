@@ -1,9 +1,10 @@
 // The CUDA backend as the core sees it: one table, whose parts live in the CUDA backend
-// (runtime/cuda, kernels/cuda with cuBLASLt, collectives/nccl_comm.cpp: the only code that
-// includes CUDA or NCCL headers; collectives/cuda_plugin.cpp assembles the table). Static builds
-// link it in; libmeshrt.so loads it from libmeshrt-cuda.so (runtime/plugin.h) the first time a
-// CUDA device is asked for, so the core itself never depends on a CUDA or NCCL library. A build
-// without CUDA has no table (runtime/cuda_absent.cpp).
+// (backends/cuda/runtime, backends/cuda/kernels with cuBLASLt,
+// backends/cuda/collectives/nccl_comm.cpp: the only code that includes CUDA or NCCL headers;
+// backends/cuda/cuda_plugin.cpp assembles the table). Static builds link it in; libmeshrt.so loads
+// it from libmeshrt-cuda.so (runtime/plugin.h) the first time a CUDA device is asked for, so the
+// core itself never depends on a CUDA or NCCL library. A build without CUDA has no table
+// (runtime/cuda_absent.cpp).
 #pragma once
 
 #include <cstdint>
@@ -15,13 +16,13 @@ namespace meshrt::detail {
 
 struct CudaPlugin {
   // Devices, streams and events, the caching allocator over cudaMalloc, copies, fills
-  // (runtime/cuda/cuda_backend.cpp).
-  const DeviceBackend* device;
-  // NVTX ranges for runtime/ranges.h (runtime/cuda/nvtx_ranges.cpp).
+  // (backends/cuda/runtime/cuda_backend.cpp).
+  const DeviceRuntime* device;
+  // NVTX ranges for runtime/ranges.h (backends/cuda/runtime/nvtx_ranges.cpp).
   void (*nvtx_push)(const std::string& name, uint64_t payload);
   void (*nvtx_pop)();
-  // The CUDA op table: a const kernels::Backend* (kernels/backend.h; kernels/cuda, GEMMs on
-  // cuBLASLt). Typed by the kernels layer, which reads it (kernels/ops.cpp).
+  // The CUDA op table: a const kernels::Backend* (kernels/backend.h; backends/cuda/kernels, GEMMs
+  // on cuBLASLt). Typed by the kernels layer, which reads it (kernels/ops.cpp).
   const void* kernels;
   // "cuBLASLt 13.1.0" (a library call: needs no GPU).
   std::string (*gemm_library_version)();

@@ -96,7 +96,7 @@ const std::vector<Variable>& table() {
       // Collective algorithms forced over the table's (collectives/algorithms/): which run.
       shared(text("MESHRT_ALGO")),
       text("MESHRT_FLIGHT_DIR"),
-      // A test hook of mesh/checkpoint.cpp: a rank fails while it writes a checkpoint.
+      // A test hook of train/checkpoint.cpp: a rank fails while it writes a checkpoint.
       text("MESHRT_CHECKPOINT_FAULT"),
       // meshrt's scripts and tests: tools/gpu-check.sh, examples/python/torchrun.sh,
       // tests/install, tests/common/files.h (keep the tests' scratch folders), .ci/run.

@@ -1,4 +1,4 @@
-// The host DeviceBackend: streams are worker threads; copies, fills and Philox init run as tasks.
+// The host DeviceRuntime: streams are worker threads; copies, fills and Philox init run as tasks.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -83,7 +83,7 @@ void host_init_philox(const TensorDesc& dst, const PhiloxInit& init, const Shape
   });
 }
 
-class HostBackend final : public DeviceBackend {
+class HostBackend final : public DeviceRuntime {
  public:
   DeviceType type() const override { return DeviceType::CPU; }
   int device_count(std::string*) const override {
@@ -173,12 +173,12 @@ void host_fill(const TensorDesc& dst, double value) {
   });
 }
 
-const DeviceBackend& host_backend() {
+const DeviceRuntime& host_backend() {
   static const HostBackend be;
   return be;
 }
 
-const DeviceBackend& backend_for(Device d) {
+const DeviceRuntime& backend_for(Device d) {
   if (d.is_cpu()) return host_backend();
   std::string why;
   MESHRT_CHECK(cuda_available(&why), "device " << d.str() << " requested but CUDA is unavailable: "
@@ -189,7 +189,7 @@ const DeviceBackend& backend_for(Device d) {
   return *cuda_backend();
 }
 
-const DeviceBackend* cuda_backend() {
+const DeviceRuntime* cuda_backend() {
   const detail::CudaPlugin* p = detail::cuda_plugin();
   return p ? p->device : nullptr;
 }
@@ -203,13 +203,13 @@ bool cuda_available(std::string* why) {
 }
 
 int cuda_device_count() {
-  const DeviceBackend* be = cuda_backend();
+  const DeviceRuntime* be = cuda_backend();
   return be ? std::max(0, be->device_count(nullptr)) : 0;
 }
 
 std::string device_versions(DeviceType type) {
   if (type == DeviceType::CPU) return host_backend().versions();
-  const DeviceBackend* be = cuda_backend();
+  const DeviceRuntime* be = cuda_backend();
   return be ? be->versions() : "";
 }
 

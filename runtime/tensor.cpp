@@ -302,7 +302,7 @@ const Tensor& Tensor::copy_(const Tensor& src, Stream& stream) const {
                "copy_: shape " << src.shape_.str() << " into " << shape_.str());
   if (numel() == 0) return *this;
   if (device() == src.device() || (device().is_cpu() && src.device().is_cpu())) {
-    const DeviceBackend& be = backend_for(device());
+    const DeviceRuntime& be = backend_for(device());
     be.copy_strided(desc(), src.desc(), stream);
     if (be.type() == DeviceType::CPU) {
       // Keep both storages alive until the copy task has run, or (stream-ordered allocators)
@@ -318,7 +318,7 @@ const Tensor& Tensor::copy_(const Tensor& src, Stream& stream) const {
   MESHRT_CHECK(dtype_ == src.dtype_ && is_contiguous() && src.is_contiguous(),
                "copy_ across devices (" << src.str() << " -> " << str()
                                         << ") needs equal dtypes and contiguous tensors");
-  const DeviceBackend& be = backend_for(device().is_cuda() ? device() : src.device());
+  const DeviceRuntime& be = backend_for(device().is_cuda() ? device() : src.device());
   be.memcpy_async(data_ptr(), device(), src.data_ptr(), src.device(), nbytes(), stream);
   src.storage_->record_stream(stream);
   storage_->record_stream(stream);

@@ -1,5 +1,5 @@
 // `meshrt bench <name>` and the top-level benchmark commands (`meshrt sweep`), one per entry of
-// the benchmark registry (bench/common/command.h).
+// the benchmark registry (tools/cli/command.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench/common/command.h"
+#include "tools/cli/command.h"
 
 namespace meshrt::cli {
 

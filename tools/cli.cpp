@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/common/command.h"
 #include "collectives/config_check.h"
 #include "meshrt/version.h"
+#include "tools/cli/command.h"
 #include "tools/info.h"
 #include "tools/signals.h"
 #include "tools/train.h"

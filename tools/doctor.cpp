@@ -6,11 +6,11 @@
 #include <cstdint>
 #include <cstring>
 
-#include "bench/common/cli_checks.h"
 #include "collectives/flight_doctor.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
 
 namespace meshrt::cli {
 

@@ -3,10 +3,10 @@
 // (`bench <name>`, `sweep`). tools/cli.h parses and validates; this runs.
 #include <iostream>
 
-#include "bench/common/command.h"
 #include "runtime/logging.h"
 #include "tools/blas_env.h"
 #include "tools/cli.h"
+#include "tools/cli/command.h"
 
 int main(int argc, char** argv) {
   meshrt::cli::maybe_reexec_for_blas(argc, argv);

@@ -7,11 +7,11 @@
 #include <numeric>
 #include <sstream>
 
-#include "bench/common/cli_checks.h"
 #include "bench/common/gnuplot.h"
 #include "bench/common/stats.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
 
 namespace meshrt::cli {
 

@@ -1,5 +1,5 @@
 // `meshrt report FILE [FILE2 ...] [--plot out.png]`: reads `train --metrics` files
-// (mesh/metrics_record.h) and prints a summary of each (medians, the slowest rank, the worst
+// (train/metrics_record.h) and prints a summary of each (medians, the slowest rank, the worst
 // steps), or draws them on one picture with gnuplot (bench/common/gnuplot.h).
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "mesh/metrics_record.h"
+#include "train/metrics_record.h"
 
 namespace meshrt::cli {
 

@@ -13,20 +13,20 @@
 #include <sstream>
 #include <type_traits>
 
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "collectives/bootstrap.h"
 #include "collectives/config_check.h"
-#include "mesh/device_mesh.h"
-#include "mesh/token_data.h"
-#include "mesh/train.h"
-#include "mesh/train_checkpoint.h"
-#include "mesh/train_guard.h"
+#include "dist/device_mesh.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 #include "tools/signals.h"
+#include "train/token_data.h"
+#include "train/train.h"
+#include "train/train_checkpoint.h"
+#include "train/train_guard.h"
 
 namespace meshrt::cli {
 
@@ -400,7 +400,7 @@ void check_train_flags(const TrainCliOptions& o) {
 
 TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   TrainConfig c;
-  ModelSpec m;  // the model (mesh/model_spec.h), into the executors' config
+  ModelSpec m;  // the model (model/model_spec.h), into the executors' config
   m.hidden = o.hidden;
   m.heads = o.heads;
   m.ffn = ffn_or_default(o.hidden, o.ffn);  // refuses a --hidden it would overflow

@@ -3,8 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bench/common/command.h"
-#include "mesh/train.h"
+#include "tools/cli/command.h"
+#include "train/train.h"
 
 #include <functional>
 #include <ostream>
@@ -33,17 +33,17 @@ struct TrainCliOptions {
   int64_t deterministic_grain = 1;
   int zero = 0;              // ZeRO stage over dp (docs/zero.md)
   bool compare = true;       // async / local: also run synchronous DP and print the trade
-  std::string save, resume;  // checkpoints (mesh/checkpoint.h)
+  std::string save, resume;  // checkpoints (train/checkpoint.h)
   int save_every = 0, keep = 0;
   bool overwrite = false;  // --overwrite: write into a folder holding another run's checkpoints
   bool resume_other_data = false;  // --resume-other-data: resume on another token stream
-  // Real data and validation (mesh/token_data.h), non-finite steps.
+  // Real data and validation (train/token_data.h), non-finite steps.
   std::string data, val_data, data_dtype = "u16";
   int eval_every = 0, eval_batches = 4;
   bool skip_nonfinite = false;
   bool mem_stats = false;
   double mem_limit_mb = 0;  // --mem-limit-mb: the precheck's per-host limit; 0: physical memory
-  // Learning-rate schedule and weight decay (mesh/optimizer.h, docs/training.md).
+  // Learning-rate schedule and weight decay (train/optimizer.h, docs/training.md).
   std::string lr_schedule = "constant";
   int warmup_steps = 0;
   float min_lr = 0.f, weight_decay = 0.f;
@@ -74,7 +74,7 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o);
 void check_train_flags(const TrainCliOptions& o);
 // The run's configuration from the flags (token files opened; stop_requested: the signals).
 TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode);
-// Every check of a run's configuration that needs the world size (mesh/train.h's validate_train,
+// Every check of a run's configuration that needs the world size (train/train.h's validate_train,
 // and --zero refused on a mesh with dp=1).
 void check_train_config(const TrainConfig& cfg, int world);
 // A run stopped by the finiteness guard (NonFiniteError), raised alike on every rank.

@@ -20,18 +20,18 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include "bench/common/cli_checks.h"
 #include "bench/common/stats.h"
 #include "bench/sweep/sweep.h"
 #include "collectives/config_check.h"
-#include "mesh/metrics_record.h"
 #include "runtime/error.h"
 #include "runtime/input_file.h"
 #include "runtime/json_field.h"
 #include "runtime/logging.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
 #include "tools/report.h"
 #include "tools/signals.h"
+#include "train/metrics_record.h"
 
 namespace meshrt::cli {
 

@@ -8,12 +8,12 @@
 #include "bench/block/report.h"
 #include "bench/block/trace.h"
 #include "bench/common/stats.h"
+#include "dist/data_parallel.h"
 #include "kernels/deterministic.h"
 #include "kernels/ops.h"
-#include "mesh/data_parallel.h"
-#include "mesh/dump.h"
-#include "mesh/model.h"
-#include "mesh/stack.h"
+#include "model/dump.h"
+#include "model/model.h"
+#include "model/stack.h"
 #include "runtime/error.h"
 
 namespace meshrt {

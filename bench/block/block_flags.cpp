@@ -1,7 +1,7 @@
 // `meshrt bench block|mlp|attn`: the block benchmark's flags and checks.
 #include "bench/block/block_bench.h"
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 
 namespace meshrt::bench {
 

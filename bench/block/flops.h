@@ -1,5 +1,5 @@
 // The table of device peaks that the block benchmark's MFU is measured against. (The model FLOP
-// counts are the blocks' description's: layer_flops in mesh/block_desc.h.)
+// counts are the blocks' description's: layer_flops in model/block_desc.h.)
 #pragma once
 
 #include <cstdint>

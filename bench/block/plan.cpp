@@ -9,13 +9,13 @@
 #include <limits>
 #include <thread>
 
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "bench/common/stats.h"
 #include "plan/cost_model.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 
 namespace meshrt {
 
@@ -102,7 +102,7 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
 
   // Sizes: what was asked, else a default that runs in seconds on this device.
   const bool c = p.cuda;
-  ModelSpec m;  // the model's shape and dtype (mesh/model_spec.h), into p.cfg below
+  ModelSpec m;  // the model's shape and dtype (model/model_spec.h), into p.cfg below
   m.dtype = !o.dtype.empty() ? parse_model_dtype(o.dtype) : (c ? DType::bf16 : DType::f32);
   // The cluster's peak for this dtype: a file without it is refused now, not after the run.
   if (!o.plan_cluster.empty())

@@ -7,8 +7,8 @@
 
 #include "bench/block/block_bench.h"
 #include "collectives/bootstrap.h"
-#include "mesh/block_desc.h"
-#include "mesh/stack.h"
+#include "model/block_desc.h"
+#include "model/stack.h"
 
 namespace meshrt {
 

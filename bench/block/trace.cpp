@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "collectives/comm_impl.h"
-#include "mesh/device_mesh.h"
+#include "dist/device_mesh.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
 

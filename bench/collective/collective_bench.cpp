@@ -192,7 +192,7 @@ class RankBench {
  public:
   RankBench(const CollBenchOptions& o, const Settings& s, const RankPlacement& p, Communicator& c)
       : o_(o), s_(s), comm_(c), dev_(p.device), n_(c.size()), r_(c.rank()) {
-    const DeviceBackend& be = backend_for(dev_);
+    const DeviceRuntime& be = backend_for(dev_);
     stream_ = be.create_stream(dev_.index, "bench.comm");
     host_alloc_ = make_host_caching_allocator(dev_.is_cpu() ? dev_.index : 0);
     alloc_ = dev_.is_cpu() ? host_alloc_ : be.create_caching_allocator(dev_.index);

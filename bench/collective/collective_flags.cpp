@@ -1,8 +1,8 @@
 // `meshrt bench collective` and meshrt-bench-collective: the flags (nccl-tests' names) and checks.
 #include "bench/collective/collective_bench.h"
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "runtime/error.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 
 namespace meshrt::bench {
 

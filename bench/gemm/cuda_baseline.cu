@@ -4,11 +4,11 @@
 
 #include <vector>
 
+#include "backends/cuda/kernels/cublas_check.h"
+#include "backends/cuda/runtime/cuda_check.h"
+#include "backends/cuda/runtime/device_guard.h"
 #include "bench/common/stats.h"
 #include "bench/gemm/cuda_baseline.h"
-#include "kernels/cuda/cublas_check.h"
-#include "runtime/cuda/cuda_check.h"
-#include "runtime/cuda/device_guard.h"
 #include "runtime/error.h"
 
 namespace meshrt::bench {

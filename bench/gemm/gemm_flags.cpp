@@ -1,8 +1,8 @@
 // `meshrt bench gemm` and meshrt-bench-gemm: the flags and checks.
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "bench/gemm/gemm_bench.h"
 #include "runtime/error.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 
 namespace meshrt::bench {
 

@@ -17,10 +17,10 @@
 #include "bench/collective/collective_bench.h"
 #include "bench/common/stats.h"
 #include "bench/plan/plan_bench.h"
+#include "dist/device_mesh.h"
+#include "dist/parallel.h"
 #include "kernels/ops.h"
-#include "mesh/block_desc.h"
-#include "mesh/device_mesh.h"
-#include "mesh/parallel.h"
+#include "model/block_desc.h"
 #include "runtime/error.h"
 
 namespace meshrt {
@@ -59,7 +59,7 @@ double typical(Communicator& world, Stream& cs, int reps, F&& fn) {
   return bench::median(t);
 }
 
-// The block's GEMM shapes on a rank (mesh/block_desc.h: each piece's linears, forward and weight
+// The block's GEMM shapes on a rank (model/block_desc.h: each piece's linears, forward and weight
 // gradient; the input gradient has the forward's FLOPs) at tp 1 and `world`, micro-batches 1 and
 // 4, measured in rounds (each shape a few times per round) so that a change of the machine's load
 // during the calibration moves every shape alike; per shape the median over all rounds, as
@@ -131,7 +131,7 @@ std::pair<double, double> measure_attention(const ModelSpec& m, Context& ctx, Co
 }
 
 // Elementwise: the bytes/s of the non-GEMM kernels of one attention + MLP block, forward and
-// backward, on one sequence (tp = 1), as mesh/blocks.cpp runs them: norms, bias + GeLU, residual
+// backward, on one sequence (tp = 1), as model/blocks.cpp runs them: norms, bias + GeLU, residual
 // adds and the head layout copies. The rate is the bytes the cost model charges for them
 // (Block::ew: 38 activations of [seq, hidden] and 5 of [seq, ffn]) over their measured time, so
 // kernels slower than their bytes (GeLU's exp, the norms' passes, strided copies) weigh as in a

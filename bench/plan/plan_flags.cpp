@@ -1,9 +1,9 @@
 // `meshrt plan`: the planner's flags and checks.
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
 #include "runtime/error.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 
 namespace meshrt::bench {
 

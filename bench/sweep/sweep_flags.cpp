@@ -1,7 +1,7 @@
 // `meshrt sweep`: the sweep's flags and checks.
-#include "bench/common/cli_checks.h"
-#include "bench/common/command.h"
 #include "bench/sweep/sweep.h"
+#include "tools/cli/cli_checks.h"
+#include "tools/cli/command.h"
 
 namespace meshrt::bench {
 

@@ -13,7 +13,7 @@
 #include <utility>
 
 namespace meshrt {
-inline namespace api_v1 {
+namespace api_v1 {
 
 // A parameter's shard: elements [offset, offset + size) of the full tensor along its sharded dim.
 struct Shard {
@@ -137,6 +137,10 @@ using Mlp = detail::Block<detail::MlpOps>;
 using Attention = detail::Block<detail::AttnOps>;
 
 }  // namespace api_v1
+// meshrt::Tensor, meshrt::Comm, ... in user code: api_v1 is a namespace of its own (not
+// inline), so a file that also includes the library's internal headers (whose meshrt::Tensor,
+// Stream, Event and Error are other types) compiles, and names these meshrt::api_v1::Tensor.
+using namespace api_v1;
 }  // namespace meshrt
 
 #endif  // MESHRT_BLOCKS_HPP_

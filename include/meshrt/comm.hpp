@@ -11,7 +11,7 @@
 #include <vector>
 
 namespace meshrt {
-inline namespace api_v1 {
+namespace api_v1 {
 
 // The completion of enqueued work; carries that work's errors. Destroying an Event (the object
 // going out of scope) does not wait for the work, which runs on: only synchronize() waits.
@@ -287,6 +287,10 @@ class Comm {
 };
 
 }  // namespace api_v1
+// meshrt::Tensor, meshrt::Comm, ... in user code: api_v1 is a namespace of its own (not
+// inline), so a file that also includes the library's internal headers (whose meshrt::Tensor,
+// Stream, Event and Error are other types) compiles, and names these meshrt::api_v1::Tensor.
+using namespace api_v1;
 }  // namespace meshrt
 
 #endif  // MESHRT_COMM_HPP_

@@ -9,7 +9,7 @@
 #include <string>
 
 namespace meshrt {
-inline namespace api_v1 {
+namespace api_v1 {
 
 class Mesh {
  public:
@@ -60,6 +60,10 @@ class Mesh {
 };
 
 }  // namespace api_v1
+// meshrt::Tensor, meshrt::Comm, ... in user code: api_v1 is a namespace of its own (not
+// inline), so a file that also includes the library's internal headers (whose meshrt::Tensor,
+// Stream, Event and Error are other types) compiles, and names these meshrt::api_v1::Tensor.
+using namespace api_v1;
 }  // namespace meshrt
 
 #endif  // MESHRT_MESH_HPP_

@@ -1,8 +1,10 @@
 // meshrt's public C++ API: errors, the handle wrapper, tensors. Header-only value types over the
 // C API's handles (meshrt/meshrt.h), so both surfaces run on the one core capi/ implements; see
 // meshrt.h for every call's contract. Include <meshrt/comm.hpp>, <meshrt/mesh.hpp> or
-// <meshrt/blocks.hpp> (each includes what it needs). The names live in the inline namespace
-// meshrt::api_v1 (written meshrt::Tensor), which changes with an incompatible change of this API.
+// <meshrt/blocks.hpp> (each includes what it needs). The names live in the namespace
+// meshrt::api_v1, which changes with an incompatible change of this API; a using-directive makes
+// them meshrt::Tensor, meshrt::Comm, ... in code that does not also declare meshrt's internal
+// types of the same names.
 #ifndef MESHRT_TENSOR_HPP_
 #define MESHRT_TENSOR_HPP_
 
@@ -18,7 +20,7 @@
 #include <vector>
 
 namespace meshrt {
-inline namespace api_v1 {
+namespace api_v1 {
 
 // A failed call: what() is "<call>: <status>: <meshrt_last_error()>" (what failed, the values,
 // what to change); status() the C status.
@@ -209,6 +211,10 @@ class Tensor {
 };
 
 }  // namespace api_v1
+// meshrt::Tensor, meshrt::Comm, ... in user code: api_v1 is a namespace of its own (not
+// inline), so a file that also includes the library's internal headers (whose meshrt::Tensor,
+// Stream, Event and Error are other types) compiles, and names these meshrt::api_v1::Tensor.
+using namespace api_v1;
 }  // namespace meshrt
 
 #endif  // MESHRT_TENSOR_HPP_

@@ -362,7 +362,7 @@ TEST_CASE("tcp rendezvous: a stop request (SIGINT / SIGTERM) ends the accept and
 
 TEST_CASE("backend registry: exactly the backends this build compiles, in order", "[unit]") {
   std::vector<std::string> names;
-  for (const CollectiveBackend& b : collective_backends()) names.push_back(b.name);
+  for (const CommBackend& b : collective_backends()) names.push_back(b.name);
 #if defined(MESHRT_WITH_CUDA)
   const std::vector<std::string> expected = {"host", "mpi", "shm", "hier", "nccl"};
 #else

@@ -11,11 +11,11 @@
 #include <random>
 #include <string>
 
+#include "backends/mpi/mpi_comm.h"
+#include "backends/mpi/mpi_runtime.h"
 #include "coll_matrix.h"
 #include "coll_test_util.h"
 #include "collectives/bootstrap.h"
-#include "collectives/mpi_comm.h"
-#include "collectives/mpi_runtime.h"
 #include "runtime/stream.h"
 
 using namespace meshrt;

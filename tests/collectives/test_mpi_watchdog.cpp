@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "collectives/mpi_comm.h"
+#include "backends/mpi/mpi_comm.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/stream.h"

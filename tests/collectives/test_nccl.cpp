@@ -32,7 +32,7 @@ TEST_CASE("nccl: every op x dtype x in/out-of-place x sizes on all GPUs", "[cuda
   REQUIRE(launch->backend() == "nccl");
   Failures f;
   launch->run([&](const RankPlacement& p, Communicator& c) {
-    const DeviceBackend& be = backend_for(p.device);
+    const DeviceRuntime& be = backend_for(p.device);
     auto s = be.create_stream(p.device.index, "nccl-test");
     auto alloc = be.create_caching_allocator(p.device.index);
     run_matrix(c, *s, {0, 1, 37, 20001}, f, 3, alloc, check_nccl_avg);
@@ -50,7 +50,7 @@ TEST_CASE("nccl: split and concurrent collectives on two streams", "[cuda][multi
   auto launch = bootstrap(lo);
   Failures f;
   launch->run([&](const RankPlacement& p, Communicator& w) {
-    const DeviceBackend& be = backend_for(p.device);
+    const DeviceRuntime& be = backend_for(p.device);
     auto sa = be.create_stream(p.device.index, "a");
     auto sb = be.create_stream(p.device.index, "b");
     auto alloc = be.create_caching_allocator(p.device.index);

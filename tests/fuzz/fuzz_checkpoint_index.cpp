@@ -1,10 +1,10 @@
-// The index.json of sharded checkpoints (mesh/checkpoint_index.h), with and without a config the
+// The index.json of sharded checkpoints (train/checkpoint_index.h), with and without a config the
 // run expects.
 #include <cstdint>
 #include <string>
 
-#include "mesh/checkpoint_index.h"
 #include "runtime/error.h"
+#include "train/checkpoint_index.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -1,9 +1,9 @@
-// --mesh specs (mesh/device_mesh.h): name=size pairs, checked against a world size taken from
+// --mesh specs (dist/device_mesh.h): name=size pairs, checked against a world size taken from
 // the first byte (0: unchecked).
 #include <cstdint>
 #include <string_view>
 
-#include "mesh/device_mesh.h"
+#include "dist/device_mesh.h"
 #include "runtime/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

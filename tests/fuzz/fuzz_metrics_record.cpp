@@ -1,12 +1,12 @@
-// `train --metrics` records as `meshrt report` reads them (mesh/metrics_record.h): any line either
+// `train --metrics` records as `meshrt report` reads them (train/metrics_record.h): any line either
 // parses or throws meshrt::Error; a record that parses has its ranks in order and a valid
 // straggler rank.
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
-#include "mesh/metrics_record.h"
 #include "runtime/error.h"
+#include "train/metrics_record.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   meshrt::MetricsRecord r;

@@ -1,12 +1,12 @@
-// Token files (mesh/token_data.h): the first byte picks the name (.npy, or .bin read raw as u16 /
+// Token files (train/token_data.h): the first byte picks the name (.npy, or .bin read raw as u16 /
 // u32, where llm.c's header is recognised by its magic), the rest is the file. An opened file is
 // checked against a vocabulary and a window length and read back.
 #include <cstdint>
 #include <string>
 
-#include "mesh/token_data.h"
 #include "runtime/error.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "train/token_data.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

@@ -1,5 +1,5 @@
 // Host models of the CUDA attention kernels' numerics (see attention_twin.h). The loops follow
-// kernels/cuda/flash_attention.cuh: fwd_kernel per query row, bwd_dq_kernel per query row,
+// backends/cuda/kernels/flash_attention.cuh: fwd_kernel per query row, bwd_dq_kernel per query row,
 // bwd_dkdv_kernel per key; F is float for the twins, double for the float64 reference.
 #include "attention_twin.h"
 

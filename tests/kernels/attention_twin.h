@@ -3,9 +3,9 @@
 // without a GPU, that those tests' tolerances (attention_cases.h) hold with margin.
 //
 // The flash twin walks the keys in the flash kernels' 64-key tiles with their online softmax in
-// the log2 domain (kernels/cuda/flash_attention.cuh), in f32, and rounds to the 16-bit dtype
-// exactly where they do: P before P V (forward) and P^T dO (dV), dS before dS K (dQ) and dS^T Q
-// (dK), and every stored output; the row sum l and D = rowsum(dO * O) stay f32. The reference
+// the log2 domain (backends/cuda/kernels/flash_attention.cuh), in f32, and rounds to the 16-bit
+// dtype exactly where they do: P before P V (forward) and P^T dO (dV), dS before dS K (dQ) and dS^T
+// Q (dK), and every stored output; the row sum l and D = rowsum(dO * O) stay f32. The reference
 // twin is the same f32 arithmetic with only the stored outputs rounded, as the CUDA reference
 // kernel does. Both reproduce the kernels' errors statistically (the tensor cores' and the GPU
 // exp2f's last f32 bits are not modelled), not bit for bit.

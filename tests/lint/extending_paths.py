@@ -7,7 +7,7 @@ word contains a "/" or ends in a source or build file extension. A path with a p
 (`kernels/host/<family>.cpp`) is skipped. A bare name (`ops.cpp`) or a path relative to a folder
 named in the same recipe (`host/isa.h` after `kernels/ops.h`) is looked up under the repository
 root and under every folder (and its parents) that a path anywhere in the same section names; a
-lone extension (`mesh/blocks.h` / `.cpp`) means the path before it with that extension. Fails
+lone extension (`model/blocks.h` / `.cpp`) means the path before it with that extension. Fails
 naming every path that exists nowhere, with its section and line.
 
 Usage: extending_paths.py <source root> [<markdown file>]   (default: docs/extending.md)

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "collectives/host_comm.h"
-#include "mesh/train.h"
 #include "runtime/context.h"
 #include "runtime/logging.h"
+#include "train/train.h"
 
 namespace meshrt::test {
 

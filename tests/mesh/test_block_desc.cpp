@@ -1,5 +1,5 @@
-// The blocks' description (mesh/block_desc.h) against the executors: the GEMMs mesh/blocks.cpp
-// and mesh/linear.cpp really issue (seen through the profiler range ops::gemm opens) are the
+// The blocks' description (model/block_desc.h) against the executors: the GEMMs model/blocks.cpp
+// and model/linear.cpp really issue (seen through the profiler range ops::gemm opens) are the
 // description's, and its FLOP counts are its GEMMs'.
 #include <catch2/catch.hpp>
 
@@ -9,8 +9,8 @@
 #include <string>
 #include <thread>
 
-#include "mesh/block_desc.h"
-#include "mesh/blocks.h"
+#include "model/block_desc.h"
+#include "model/blocks.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
 #include "tests/mesh/harness.h"

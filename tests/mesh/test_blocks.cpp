@@ -6,11 +6,11 @@
 #include <map>
 #include <mutex>
 
-#include "mesh/blocks.h"
-#include "mesh/data_parallel.h"
-#include "mesh/dump.h"
-#include "mesh/lm.h"
-#include "mesh/stack.h"
+#include "dist/data_parallel.h"
+#include "model/blocks.h"
+#include "model/dump.h"
+#include "model/lm.h"
+#include "model/stack.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
 #include "tests/mesh/harness.h"

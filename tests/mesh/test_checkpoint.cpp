@@ -16,15 +16,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "mesh/checkpoint.h"
-#include "mesh/checkpoint_root.h"
-#include "mesh/crc32c.h"
-#include "mesh/token_data.h"
-#include "mesh/train.h"
-#include "mesh/train_checkpoint.h"
 #include "runtime/error.h"
 #include "tests/common/files.h"
 #include "tests/mesh/harness.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_root.h"
+#include "train/crc32c.h"
+#include "train/token_data.h"
+#include "train/train.h"
+#include "train/train_checkpoint.h"
 
 using namespace meshrt;
 using meshrt::test::rel_err;

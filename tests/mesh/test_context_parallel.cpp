@@ -1,4 +1,4 @@
-// Context parallelism's core (mesh/context_parallel.h): the causal load-balance layout, and cp
+// Context parallelism's core (dist/context_parallel.h): the causal load-balance layout, and cp
 // attention (ring and all-gather) on thread ranks against attention over the whole sequence.
 #include <catch2/catch.hpp>
 
@@ -6,8 +6,8 @@
 #include <cmath>
 #include <random>
 
+#include "dist/context_parallel.h"
 #include "kernels/ops.h"
-#include "mesh/context_parallel.h"
 #include "runtime/error.h"
 #include "tests/mesh/harness.h"
 

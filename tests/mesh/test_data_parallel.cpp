@@ -10,10 +10,10 @@
 #include <tuple>
 #include <vector>
 
-#include "mesh/train.h"
-#include "mesh/train_guard.h"
 #include "runtime/error.h"
 #include "tests/mesh/harness.h"
+#include "train/train.h"
+#include "train/train_guard.h"
 
 using namespace meshrt;
 using meshrt::test::rel_err;

@@ -15,8 +15,8 @@
 #include "collectives/fixed_order.h"
 #include "kernels/deterministic.h"
 #include "kernels/ops.h"
-#include "mesh/train.h"
 #include "tests/mesh/harness.h"
+#include "train/train.h"
 
 using namespace meshrt;
 namespace fs = std::filesystem;

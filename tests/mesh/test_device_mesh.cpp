@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
 
-#include "mesh/device_mesh.h"
-#include "mesh/placement.h"
+#include "dist/device_mesh.h"
+#include "dist/placement.h"
 #include "runtime/error.h"
 #include "tests/mesh/harness.h"
 

@@ -1,10 +1,10 @@
-// The style plan (mesh/style_plan.h): linears take their parallel style by layer name, and the
+// The style plan (dist/style_plan.h): linears take their parallel style by layer name, and the
 // default plan is the layout the blocks always ran.
 #include <catch2/catch.hpp>
 
 #include <mutex>
 
-#include "mesh/blocks.h"
+#include "model/blocks.h"
 #include "runtime/error.h"
 #include "tests/mesh/harness.h"
 

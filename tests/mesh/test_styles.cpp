@@ -1,7 +1,7 @@
 // Parallel styles, placement changes and uneven shards: the pieces blocks are composed of.
 #include <catch2/catch.hpp>
 
-#include "mesh/style.h"
+#include "dist/style.h"
 #include "runtime/error.h"
 #include "tests/mesh/harness.h"
 

@@ -14,10 +14,10 @@
 #include <set>
 
 #include "harness.h"
-#include "mesh/token_data.h"
-#include "mesh/train.h"
-#include "mesh/train_guard.h"
 #include "tests/common/files.h"
+#include "train/token_data.h"
+#include "train/train.h"
+#include "train/train_guard.h"
 
 using namespace meshrt;
 using namespace meshrt::test;

@@ -11,12 +11,12 @@
 #include <mutex>
 #include <set>
 
-#include "mesh/data_parallel.h"
-#include "mesh/model.h"
-#include "mesh/train.h"
-#include "mesh/train_guard.h"
+#include "dist/data_parallel.h"
+#include "model/model.h"
 #include "runtime/stream.h"
 #include "tests/mesh/harness.h"
+#include "train/train.h"
+#include "train/train_guard.h"
 
 using namespace meshrt;
 using meshrt::test::rel_err;

@@ -10,12 +10,12 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "mesh/checkpoint.h"
-#include "mesh/model.h"
-#include "mesh/train.h"
-#include "mesh/train_checkpoint.h"
+#include "model/model.h"
 #include "runtime/safetensors.h"
 #include "tests/mesh/harness.h"
+#include "train/checkpoint.h"
+#include "train/train.h"
+#include "train/train_checkpoint.h"
 
 using namespace meshrt;
 using meshrt::test::rel_err;

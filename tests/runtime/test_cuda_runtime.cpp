@@ -25,7 +25,7 @@
 #if defined(MESHRT_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "runtime/cuda/cuda_check.h"
+#include "backends/cuda/runtime/cuda_check.h"
 #endif
 
 using namespace meshrt;

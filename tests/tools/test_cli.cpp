@@ -16,12 +16,12 @@
 #include <sstream>
 #include <vector>
 
-#include "bench/common/command.h"
 #include "runtime/allocator.h"
 #include "runtime/backend.h"
 #include "runtime/safetensors.h"
 #include "tests/common/env.h"
 #include "tests/common/files.h"
+#include "tools/cli/command.h"
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;

@@ -3,7 +3,7 @@
 
 #include "bench/block/flops.h"
 #include "bench/sweep/sweep.h"
-#include "mesh/block_desc.h"
+#include "model/block_desc.h"
 #include "runtime/error.h"
 
 using namespace meshrt;

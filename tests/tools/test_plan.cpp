@@ -19,14 +19,14 @@
 #include "bench/block/flops.h"
 #include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
-#include "mesh/block_desc.h"
-#include "mesh/model_spec.h"
-#include "mesh/optimizer.h"
+#include "model/block_desc.h"
+#include "model/model_spec.h"
 #include "plan/cost_model.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/ranges.h"
 #include "runtime/stream.h"
+#include "train/optimizer.h"
 
 using namespace meshrt;
 using namespace meshrt::plan;
@@ -888,7 +888,7 @@ TEST_CASE("plan: the command checks its options and prints the table and the JSO
 
 TEST_CASE("plan: one model description, the runtime's collectives and the optimizer's state size",
           "[unit]") {
-  // plan's model is mesh/model_spec.h's, with the runtime's DType (--dtype sets it).
+  // plan's model is model/model_spec.h's, with the runtime's DType (--dtype sets it).
   static_assert(std::is_same_v<plan::ModelSpec, meshrt::ModelSpec>);
   ModelSpec m = parse_model_spec("hidden=64,heads=4,seq=16,layers=2");
   CHECK(m.dtype == DType::bf16);

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "mesh/metrics_record.h"
 #include "runtime/error.h"
 #include "tests/common/files.h"
 #include "tools/report.h"
+#include "train/metrics_record.h"
 
 namespace fs = std::filesystem;
 

@@ -15,7 +15,7 @@
 
 #include "bench/block/block_bench.h"
 #include "bench/block/trace.h"
-#include "mesh/device_mesh.h"
+#include "dist/device_mesh.h"
 #include "runtime/ranges.h"
 #include "tests/mesh/harness.h"
 

@@ -818,7 +818,7 @@ TEST_CASE("bad schedule flags are refused with what to change", "[train][unit][l
 
 TEST_CASE("train: a run the memory precheck refuses at --zero 0 trains at --zero 3",
           "[train][multirank][zero]") {
-  // Per rank, the precheck's estimate (mesh/train_guard.cpp): about 130 MiB at zero 0 (weights,
+  // Per rank, the precheck's estimate (train/train_guard.cpp): about 130 MiB at zero 0 (weights,
   // gradients and AdamW state of 6.6M parameters, plus activations), about 60 MiB at zero 3 on
   // dp=4. Four ranks: about 520 MiB against 250 MiB, the limit 400 MiB between them.
   const std::string cmd =

@@ -1,0 +1,371 @@
+// Context parallelism, the core: the causal load-balance layout and attention over a sequence
+// sharded across a cp communicator (dist/context_parallel.h).
+#include "dist/context_parallel.h"
+
+#include <limits>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "runtime/error.h"
+
+namespace meshrt {
+
+// ---- layout -------------------------------------------------------------------------------------
+
+CpLayout CpLayout::make(int64_t seq, int cp) {
+  MESHRT_CHECK(cp >= 1, "context parallelism: cp=" << cp << " must be >= 1");
+  MESHRT_CHECK(seq >= 1 && seq % (2 * static_cast<int64_t>(cp)) == 0,
+               "context parallelism: sequence length "
+                   << seq << " is not divisible by 2 x cp = " << 2 * static_cast<int64_t>(cp)
+                   << " (cp=" << cp
+                   << "): the causal load-balance layout cuts "
+                      "the sequence into 2 x cp equal chunks "
+                      "(rank i holds chunks i and 2cp-1-i); use "
+                      "a sequence length that is a multiple of "
+                   << 2 * static_cast<int64_t>(cp) << " or another cp");
+  return CpLayout{seq, cp};
+}
+
+std::array<int64_t, 2> CpLayout::chunks(int rank) const {
+  MESHRT_CHECK(rank >= 0 && rank < cp,
+               "context parallelism: rank " << rank << " is outside cp=" << cp);
+  return {rank, 2 * static_cast<int64_t>(cp) - 1 - rank};
+}
+
+int64_t CpLayout::global_pos(int rank, int64_t local) const {
+  MESHRT_CHECK(local >= 0 && local < local_seq(), "context parallelism: local position "
+                                                      << local << " is outside the rank's "
+                                                      << local_seq() << " tokens");
+  const auto c = chunks(rank);
+  const int64_t n = chunk();
+  return c[static_cast<size_t>(local / n)] * n + local % n;
+}
+
+namespace {
+
+void check_seq_dim(const char* what, const CpLayout& layout, const Tensor& full, int seq_dim,
+                   const Tensor& shard) {
+  MESHRT_CHECK(seq_dim >= 0 && seq_dim < full.ndim() && full.ndim() == shard.ndim(),
+               what << ": seq_dim " << seq_dim << " must be a dim of the full tensor " << full.str()
+                    << " and of the shard " << shard.str());
+  MESHRT_CHECK(full.size(seq_dim) == layout.seq && shard.size(seq_dim) == layout.local_seq(),
+               what << ": the full tensor " << full.str() << " must have " << layout.seq
+                    << " and the shard " << shard.str() << " " << layout.local_seq()
+                    << " entries along dim " << seq_dim << " (cp=" << layout.cp << ")");
+}
+
+}  // namespace
+
+void cp_shard(const CpLayout& layout, int rank, const Tensor& full, int seq_dim,
+              const Tensor& shard, Stream& stream) {
+  check_seq_dim("cp_shard", layout, full, seq_dim, shard);
+  const auto c = layout.chunks(rank);
+  const int64_t n = layout.chunk();
+  for (int64_t j = 0; j < 2; ++j)
+    shard.narrow(seq_dim, j * n, n).copy_(full.narrow(seq_dim, c[j] * n, n), stream);
+}
+
+void cp_unshard(const CpLayout& layout, int rank, const Tensor& shard, int seq_dim,
+                const Tensor& full, Stream& stream) {
+  check_seq_dim("cp_unshard", layout, full, seq_dim, shard);
+  const auto c = layout.chunks(rank);
+  const int64_t n = layout.chunk();
+  for (int64_t j = 0; j < 2; ++j)
+    full.narrow(seq_dim, c[j] * n, n).copy_(shard.narrow(seq_dim, j * n, n), stream);
+}
+
+void cp_gather(Communicator& cp, const CpLayout& layout, const Tensor& shard, int seq_dim,
+               const Tensor& full, Context& ctx, Stream& stream) {
+  check_seq_dim("cp_gather", layout, full, seq_dim, shard);
+  MESHRT_CHECK(cp.size() == layout.cp, "cp_gather: the communicator '"
+                                           << cp.name() << "' has " << cp.size()
+                                           << " ranks but the layout has cp=" << layout.cp);
+  std::vector<int64_t> dims{layout.cp};
+  for (int d = 0; d < shard.ndim(); ++d) dims.push_back(shard.size(d));
+  Tensor src = shard.contiguous(stream);
+  Tensor all = ctx.empty(Shape(dims), shard.dtype());
+  stream.wait(cp.all_gather(src, all, stream, {stream.record()}));
+  for (int r = 0; r < layout.cp; ++r)
+    cp_unshard(layout, r, all.select(0, r), seq_dim, full, stream);
+}
+
+// ---- exchange names -----------------------------------------------------------------------------
+
+const char* cp_comm_name(CpComm c) { return c == CpComm::Ring ? "ring" : "allgather"; }
+
+CpComm parse_cp_comm(std::string_view s) {
+  if (s == "ring") return CpComm::Ring;
+  if (s == "allgather") return CpComm::AllGather;
+  MESHRT_FAIL("cp exchange '" << s << "' must be ring or allgather");
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+namespace {
+
+// A rank's two chunks as halves of one contiguous tensor: [2, batch, heads, chunk(, head_dim)],
+// so that each chunk is a contiguous operand of the attention ops.
+Tensor to_halves(Context& ctx, Stream& s, const Tensor& x) {
+  const int64_t c = x.size(2) / 2;
+  std::vector<int64_t> dims{2};
+  for (int d = 0; d < x.ndim(); ++d) dims.push_back(d == 2 ? c : x.size(d));
+  Tensor h = ctx.empty(Shape(dims), x.dtype());
+  for (int64_t j = 0; j < 2; ++j) h.select(0, j).copy_(x.narrow(2, j * c, c), s);
+  return h;
+}
+
+void from_halves(Stream& s, const Tensor& h, const Tensor& x) {
+  const int64_t c = x.size(2) / 2;
+  for (int64_t j = 0; j < 2; ++j) x.narrow(2, j * c, c).copy_(h.select(0, j), s);
+}
+
+// K and V of a shard in one tensor [2 (k, v), 2 (halves), batch, heads, chunk, head_dim]: what
+// one send, receive or gather entry carries.
+Tensor pack_kv(Context& ctx, Stream& s, const Tensor& k, const Tensor& v) {
+  const int64_t c = k.size(2) / 2;
+  Tensor p = ctx.empty({2, 2, k.size(0), k.size(1), c, k.size(3)}, k.dtype());
+  for (int64_t j = 0; j < 2; ++j) {
+    p.select(0, 0).select(0, j).copy_(k.narrow(2, j * c, c), s);
+    p.select(0, 1).select(0, j).copy_(v.narrow(2, j * c, c), s);
+  }
+  return p;
+}
+
+Tensor flat(const Tensor& t) { return t.view({t.numel()}); }
+
+// What every step of a rank's cp attention shares.
+struct CpRun {
+  Communicator& comm;
+  Context& ctx;
+  CpLayout layout;
+  float scale;
+  bool causal;
+  int rank() const { return comm.rank(); }
+  Stream& cs() { return ctx.compute_stream(); }
+  // Whether query chunk qc attends to key chunk kc at all.
+  bool sees(int64_t qc, int64_t kc) const { return !causal || kc <= qc; }
+};
+
+struct FwdState {
+  Tensor qh, oh, lh;  // query, output and lse halves
+  Tensor po, pl;      // one block's partial
+};
+
+// Attends this rank's queries to the K/V shard `kv` of rank `src`, merging into st.oh / st.lh.
+void attend_fwd(CpRun& run, int src, const Tensor& kv, FwdState& st) {
+  const auto qc = run.layout.chunks(run.rank()), kc = run.layout.chunks(src);
+  const int64_t n = run.layout.chunk();
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 2; ++b) {
+      if (!run.sees(qc[a], kc[b])) continue;
+      ops::attention_block_fwd(run.ctx, run.cs(), st.qh.select(0, a), kv.select(0, 0).select(0, b),
+                               kv.select(0, 1).select(0, b), st.po, st.pl, run.scale, run.causal,
+                               qc[a] * n, kc[b] * n);
+      ops::attention_merge(run.ctx, run.cs(), st.oh.select(0, a), st.lh.select(0, a), st.po, st.pl);
+    }
+}
+
+struct BwdState {
+  Tensor qh, oh, gh, lh;  // query, output, output-gradient and lse halves
+  Tensor dqh;             // accumulated dq halves
+  Tensor pdq, pdk, pdv;   // one block's gradients
+};
+
+// The backward of attend_fwd for rank `src`'s shard: adds into st.dqh and into dkv, src's
+// accumulated dK/dV (packed like kv).
+void attend_bwd(CpRun& run, int src, const Tensor& kv, const Tensor& dkv, BwdState& st) {
+  const auto qc = run.layout.chunks(run.rank()), kc = run.layout.chunks(src);
+  const int64_t n = run.layout.chunk();
+  Context& ctx = run.ctx;
+  Stream& s = run.cs();
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 2; ++b) {
+      if (!run.sees(qc[a], kc[b])) continue;
+      const Tensor dqa = st.dqh.select(0, a), dkb = dkv.select(0, 0).select(0, b),
+                   dvb = dkv.select(0, 1).select(0, b);
+      ops::attention_block_bwd(ctx, s, st.qh.select(0, a), kv.select(0, 0).select(0, b),
+                               kv.select(0, 1).select(0, b), st.oh.select(0, a), st.gh.select(0, a),
+                               st.lh.select(0, a), st.pdq, st.pdk, st.pdv, run.scale, run.causal,
+                               qc[a] * n, kc[b] * n);
+      ops::add(ctx, s, dqa, st.pdq, dqa);
+      ops::add(ctx, s, dkb, st.pdk, dkb);
+      ops::add(ctx, s, dvb, st.pdv, dvb);
+    }
+}
+
+void add_valid(EventList& l, const Event& e) {
+  if (e.valid()) l.push_back(e);
+}
+
+// Ring forward: at step s this rank holds rank (rank - s)'s K/V, attends to it while sending it
+// on to rank + 1 and receiving the next from rank - 1 (double-buffered, on the side streams).
+void ring_fwd(CpRun& run, const Tensor& k, const Tensor& v, FwdState& st) {
+  const int P = run.comm.size(), r = run.rank();
+  const int next = (r + 1) % P, prev = (r + P - 1) % P;
+  Stream& ss = run.ctx.stream("cp.send");
+  Stream& rs = run.ctx.stream("cp.recv");
+  Tensor buf[2] = {pack_kv(run.ctx, run.cs(), k, v), {}};
+  if (P > 1) buf[1] = run.ctx.empty(buf[0].shape(), buf[0].dtype());
+  Event ready = run.cs().record(), send_prev, compute_prev;
+  for (int s = 0; s < P; ++s) {
+    const Tensor& cur = buf[s % 2];
+    if (s > 0) run.cs().wait(ready);
+    Event send_ev, recv_ev;
+    if (s + 1 < P) {
+      send_ev = run.comm.send(cur, next, ss, {ready});
+      EventList after;  // the buffer received into was attended to and sent at step s - 1
+      add_valid(after, send_prev);
+      add_valid(after, compute_prev);
+      recv_ev = run.comm.recv(buf[(s + 1) % 2], prev, rs, after);
+    }
+    attend_fwd(run, (r - s + P) % P, cur, st);
+    compute_prev = run.cs().record();
+    send_prev = send_ev;
+    ready = recv_ev;
+  }
+  if (send_prev.valid()) run.cs().wait(send_prev);
+}
+
+// Ring backward: K/V travel as in the forward; the dK/dV accumulated for the shard held travel
+// with it (sent once this step's attention is done), and after P steps each shard's dK/dV has
+// come back to its owner. Returns this rank's dK/dV, packed like K/V.
+Tensor ring_bwd(CpRun& run, const Tensor& k, const Tensor& v, BwdState& st) {
+  const int P = run.comm.size(), r = run.rank();
+  const int next = (r + 1) % P, prev = (r + P - 1) % P;
+  Stream& ss = run.ctx.stream("cp.send");
+  Stream& rs = run.ctx.stream("cp.recv");
+  Tensor kv[2] = {pack_kv(run.ctx, run.cs(), k, v), {}};
+  Tensor dkv[2] = {run.ctx.empty(kv[0].shape(), kv[0].dtype()), {}};
+  ops::fill(run.ctx, run.cs(), dkv[0], 0.0);
+  if (P > 1) {
+    kv[1] = run.ctx.empty(kv[0].shape(), kv[0].dtype());
+    dkv[1] = run.ctx.empty(kv[0].shape(), kv[0].dtype());
+  }
+  Event kv_ready = run.cs().record(), dkv_ready, kv_send_prev, dkv_send_prev, compute_prev;
+  for (int s = 0; s < P; ++s) {
+    const Tensor &cur = kv[s % 2], &dcur = dkv[s % 2];
+    if (s > 0) {
+      run.cs().wait(kv_ready);
+      run.cs().wait(dkv_ready);
+    }
+    Event kv_send, kv_recv;
+    if (s + 1 < P) {
+      kv_send = run.comm.send(cur, next, ss, {kv_ready});
+      EventList after;
+      add_valid(after, kv_send_prev);
+      add_valid(after, compute_prev);
+      kv_recv = run.comm.recv(kv[(s + 1) % 2], prev, rs, after);
+    }
+    attend_bwd(run, (r - s + P) % P, cur, dcur, st);
+    const Event computed = run.cs().record();
+    if (P > 1) {
+      const Event dkv_send = run.comm.send(dcur, next, ss, {computed});
+      EventList after;
+      add_valid(after, dkv_send_prev);
+      add_valid(after, compute_prev);
+      dkv_ready = run.comm.recv(dkv[(s + 1) % 2], prev, rs, after);
+      dkv_send_prev = dkv_send;
+    }
+    compute_prev = computed;
+    kv_send_prev = kv_send;
+    kv_ready = kv_recv;
+  }
+  if (P == 1) return dkv[0];
+  run.cs().wait(dkv_ready);
+  run.cs().wait(dkv_send_prev);
+  if (kv_send_prev.valid()) run.cs().wait(kv_send_prev);
+  return dkv[P % 2];
+}
+
+// Every rank's packed K/V: [P, 2, 2, batch, heads, chunk, head_dim].
+Tensor gather_kv(CpRun& run, const Tensor& k, const Tensor& v) {
+  Tensor mine = pack_kv(run.ctx, run.cs(), k, v);
+  std::vector<int64_t> dims{run.comm.size()};
+  for (int d = 0; d < mine.ndim(); ++d) dims.push_back(mine.size(d));
+  Tensor all = run.ctx.empty(Shape(dims), mine.dtype());
+  Stream& rs = run.ctx.stream("cp.recv");
+  run.cs().wait(run.comm.all_gather(flat(mine), flat(all), rs, {run.cs().record()}));
+  return all;
+}
+
+void check_cp_attention(const char* op, Communicator& cp, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse) {
+  MESHRT_CHECK(q.ndim() == 4 && q.size(2) % 2 == 0,
+               op << ": q " << q.str()
+                  << " must be this rank's shard [batch, heads, 2 x chunk, head_dim] (its two "
+                     "chunks of the causal load-balance layout, so an even length)");
+  for (const Tensor* t : {&k, &v, &out})
+    MESHRT_CHECK(t->shape() == q.shape() && t->dtype() == q.dtype(),
+                 op << ": k, v and out must be shaped like q " << q.str() << ", got " << t->str());
+  MESHRT_CHECK(lse.dtype() == DType::f32 && lse.ndim() == 3 && lse.size(0) == q.size(0) &&
+                   lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+               op << ": lse " << lse.str() << " must be f32 [" << q.size(0) << ", " << q.size(1)
+                  << ", " << q.size(2) << "] for q " << q.str());
+}
+
+}  // namespace
+
+void cp_attention_fwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
+                      const Tensor& v, const Tensor& out, const Tensor& lse, float softmax_scale,
+                      bool causal) {
+  check_cp_attention("cp_attention_fwd", cp, q, k, v, out, lse);
+  CpRun run{cp, ctx, CpLayout::make(q.size(2) * cp.size(), cp.size()), softmax_scale, causal};
+  Stream& s = run.cs();
+  FwdState st;
+  st.qh = to_halves(ctx, s, q);
+  st.oh = ctx.empty(st.qh.shape(), q.dtype());
+  st.lh = ctx.empty({2, q.size(0), q.size(1), q.size(2) / 2}, DType::f32);
+  st.po = ctx.empty(st.qh.select(0, 0).shape(), q.dtype());
+  st.pl = ctx.empty(st.lh.select(0, 0).shape(), DType::f32);
+  ops::fill(ctx, s, st.oh, 0.0);
+  ops::fill(ctx, s, st.lh, -std::numeric_limits<double>::infinity());
+  if (how == CpComm::Ring) {
+    ring_fwd(run, k, v, st);
+  } else {
+    Tensor all = gather_kv(run, k, v);
+    for (int src = 0; src < cp.size(); ++src) attend_fwd(run, src, all.select(0, src), st);
+  }
+  from_halves(s, st.oh, out);
+  from_halves(s, st.lh, lse);
+}
+
+void cp_attention_bwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
+                      const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                      const Tensor& dq, const Tensor& dk, const Tensor& dv, float softmax_scale,
+                      bool causal) {
+  check_cp_attention("cp_attention_bwd", cp, q, k, v, out, lse);
+  for (const Tensor* t : {&dout, &dq, &dk, &dv})
+    MESHRT_CHECK(t->shape() == q.shape() && t->dtype() == q.dtype(),
+                 "cp_attention_bwd: dout, dq, dk and dv must be shaped like q "
+                     << q.str() << ", got " << t->str());
+  CpRun run{cp, ctx, CpLayout::make(q.size(2) * cp.size(), cp.size()), softmax_scale, causal};
+  Stream& s = run.cs();
+  BwdState st;
+  st.qh = to_halves(ctx, s, q);
+  st.oh = to_halves(ctx, s, out);
+  st.gh = to_halves(ctx, s, dout);
+  st.lh = to_halves(ctx, s, lse);
+  st.dqh = ctx.empty(st.qh.shape(), q.dtype());
+  ops::fill(ctx, s, st.dqh, 0.0);
+  st.pdq = ctx.empty(st.qh.select(0, 0).shape(), q.dtype());
+  st.pdk = ctx.empty(st.qh.select(0, 0).shape(), q.dtype());
+  st.pdv = ctx.empty(st.qh.select(0, 0).shape(), q.dtype());
+  Tensor mine;
+  if (how == CpComm::Ring) {
+    mine = ring_bwd(run, k, v, st);
+  } else {
+    Tensor all = gather_kv(run, k, v);
+    Tensor dall = ctx.empty(all.shape(), all.dtype());
+    ops::fill(ctx, s, dall, 0.0);
+    for (int src = 0; src < cp.size(); ++src)
+      attend_bwd(run, src, all.select(0, src), dall.select(0, src), st);
+    mine = ctx.empty(all.select(0, 0).shape(), all.dtype());
+    Stream& rs = ctx.stream("cp.recv");
+    s.wait(cp.reduce_scatter(flat(dall), flat(mine), ReduceOp::Sum, rs, {s.record()}));
+  }
+  from_halves(s, st.dqh, dq);
+  from_halves(s, mine.select(0, 0), dk);
+  from_halves(s, mine.select(0, 1), dv);
+}
+
+}  // namespace meshrt

@@ -1,6 +1,0 @@
-// The flash attention kernels for bf16 (one compile unit per dtype).
-#include "kernels/cuda/flash_attention.cuh"
-
-namespace meshrt::kernels::cuda {
-MESHRT_FLASH_ATTENTION(bf16);
-}  // namespace meshrt::kernels::cuda

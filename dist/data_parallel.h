@@ -117,7 +117,7 @@ class MESHRT_API GradSync {
   // Local SGD: average the parameter values over dp (collective; compute waits at the end).
   void average_params();
 
-  // --- deterministic (DpOptions::deterministic; mesh/deterministic.h) ---
+  // --- deterministic (DpOptions::deterministic; kernels/deterministic.h) ---
   // Adds the gradients the model's backward just wrote (one grain: global sample `grain`, with
   // zero_grad before its backward and sync disabled) to the step's fixed tree of partial sums.
   void push_grain(int64_t grain);

@@ -138,8 +138,8 @@ const char* op_name(Op op);
 // One backend's implementation of the op table (filled by MESHRT_BIND_BACKEND_OPS). An op the
 // backend lacks keeps a null entry and an empty dtype set: calling it is a clear error
 // (require_support), not a link failure.
-struct Backend {
-  explicit Backend(const char* backend_name) : name(backend_name) {}
+struct OpTable {
+  explicit OpTable(const char* backend_name) : name(backend_name) {}
   const char* name;
 #define MESHRT_OP_ENTRY(op, dtypes_, ...) void (*op)(Context&, Stream&, __VA_ARGS__) = nullptr;
   MESHRT_KERNEL_OPS(MESHRT_OP_ENTRY)
@@ -152,7 +152,7 @@ struct Backend {
 };
 
 // Throws meshrt::Error naming the op, the dtype and the backend unless be.supports(op, dtype).
-void require_support(const Backend& be, Op op, DType dtype);
+void require_support(const OpTable& be, Op op, DType dtype);
 
 // The dtypes the op table declares for `op`.
 constexpr DTypeSet table_dtypes(Op op) {
@@ -174,7 +174,7 @@ constexpr DTypeSet table_dtypes(Op op) {
 #define MESHRT_DECLARE_OP_IMPL(op, dtypes_, ...) void op(Context&, Stream&, __VA_ARGS__);
 #define MESHRT_DECLARE_BACKEND_OPS MESHRT_KERNEL_OPS(MESHRT_DECLARE_OP_IMPL)
 
-// Fills `Backend& b` from the op table with the functions of the namespace it is expanded in, each
+// Fills `OpTable& b` from the op table with the functions of the namespace it is expanded in, each
 // for the table's dtypes less `gaps(Op)` (a constexpr function of that namespace: the dtypes the
 // backend does not implement an op for). An op whose dtypes are all gaps is not referenced at all
 // (a discarded `if constexpr` branch), so a backend without it links, and calls fail naming op,
@@ -203,15 +203,15 @@ HostIsa choose_host_isa(HostIsa cap);
 // The variant the host backend uses: choose_host_isa(MESHRT_HOST_ISA, or no cap), decided once.
 HostIsa host_isa();
 // The host backend: the op table of host_isa()'s variant.
-const Backend& backend();
+const OpTable& backend();
 // The op table of one variant (tests compare them); throws when it is not built or does not run
 // on this CPU.
-const Backend& backend(HostIsa isa);
+const OpTable& backend(HostIsa isa);
 }  // namespace meshrt::kernels::host
 
 #if defined(MESHRT_WITH_CUDA)
 namespace meshrt::kernels::cuda {
-const Backend& backend();
+const OpTable& backend();
 MESHRT_DECLARE_BACKEND_OPS
 }  // namespace meshrt::kernels::cuda
 #endif

@@ -37,7 +37,7 @@ std::string DTypeSet::str() const {
   return out;
 }
 
-void require_support(const Backend& be, Op op, DType dtype) {
+void require_support(const OpTable& be, Op op, DType dtype) {
   if (be.supports(op, dtype)) return;
   const DTypeSet& have = be.dtypes[static_cast<int>(op)];
   MESHRT_CHECK(!have.empty(), "op " << op_name(op) << ": the " << be.name
@@ -138,19 +138,19 @@ bool is_cpu(const Check& c) { return c.device().is_cpu(); }
 
 // The backend for the op's device: the host's, or the CUDA backend's op table (linked in, or
 // loaded from libmeshrt-cuda.so: runtime/cuda_plugin.h).
-const kernels::Backend& backend_of(const Check& c) {
+const kernels::OpTable& backend_of(const Check& c) {
   if (is_cpu(c)) return kernels::host::backend();
   std::string why;
   const detail::CudaPlugin* cuda = detail::cuda_plugin(&why);
   MESHRT_CHECK(cuda != nullptr,
                "op " << c.op() << ": tensors are on " << c.device().str() << " but " << why);
-  return *static_cast<const kernels::Backend*>(cuda->kernels);
+  return *static_cast<const kernels::OpTable*>(cuda->kernels);
 }
 
 // Runs op `name` of the device's backend, which must support `dtype`.
 #define MESHRT_RUN(chk, name, dtype, ...)                    \
   do {                                                       \
-    const kernels::Backend& be_ = backend_of(chk);           \
+    const kernels::OpTable& be_ = backend_of(chk);           \
     kernels::require_support(be_, kernels::Op::name, dtype); \
     be_.name(__VA_ARGS__);                                   \
   } while (0)

@@ -21,7 +21,7 @@ struct CudaPlugin {
   // NVTX ranges for runtime/ranges.h (backends/cuda/runtime/nvtx_ranges.cpp).
   void (*nvtx_push)(const std::string& name, uint64_t payload);
   void (*nvtx_pop)();
-  // The CUDA op table: a const kernels::Backend* (kernels/backend.h; backends/cuda/kernels, GEMMs
+  // The CUDA op table: a const kernels::OpTable* (kernels/backend.h; backends/cuda/kernels, GEMMs
   // on cuBLASLt). Typed by the kernels layer, which reads it (kernels/ops.cpp).
   const void* kernels;
   // "cuBLASLt 13.1.0" (a library call: needs no GPU).

@@ -21,7 +21,7 @@ constexpr DTypeSet gaps(Op) { return {}; }
 #define MESHRT_HOST_VARIANT_REGISTRY(ns)                    \
   namespace ns {                                            \
   MESHRT_DECLARE_BACKEND_OPS                                \
-  void register_all(Backend& b) { MESHRT_BIND_BACKEND_OPS } \
+  void register_all(OpTable& b) { MESHRT_BIND_BACKEND_OPS } \
   }
 MESHRT_HOST_VARIANT_REGISTRY(isa_baseline)
 #if defined(MESHRT_HOST_ISA_HAVE_AVX2)
@@ -44,7 +44,7 @@ namespace {
 // Per variant, in HostIsa order: its name and its registration (null when not built).
 struct Variant {
   const char* name;
-  void (*register_all)(Backend&);
+  void (*register_all)(OpTable&);
 };
 constexpr Variant kVariants[] = {{"baseline", &isa_baseline::register_all},
                                  {"avx2", MESHRT_AVX2_REGISTER_},
@@ -120,7 +120,7 @@ HostIsa host_isa() {
   return isa;
 }
 
-const Backend& backend(HostIsa isa) {
+const OpTable& backend(HostIsa isa) {
   MESHRT_CHECK(host_isa_built(isa), "host kernels: the " << host_isa_name(isa)
                                                          << " variant is not in this build "
                                                             "(kernels/CMakeLists.txt, "
@@ -129,7 +129,7 @@ const Backend& backend(HostIsa isa) {
                "host kernels: this CPU cannot run the " << host_isa_name(isa) << " variant");
   // Bound on first use, and only for a variant this CPU runs.
   static std::once_flag once[std::size(kAll)];
-  static std::optional<Backend> tables[std::size(kAll)];
+  static std::optional<OpTable> tables[std::size(kAll)];
   const auto i = static_cast<size_t>(isa);
   std::call_once(once[i], [&] {
     tables[i].emplace("host");
@@ -138,8 +138,8 @@ const Backend& backend(HostIsa isa) {
   return *tables[i];
 }
 
-const Backend& backend() {
-  static const Backend& be = backend(host_isa());
+const OpTable& backend() {
+  static const OpTable& be = backend(host_isa());
   return be;
 }
 

@@ -136,7 +136,7 @@ namespace {
 namespace k = meshrt::kernels;
 
 // The host backend is the reference: every op for f32 / bf16 / f16, and fill for every dtype.
-void check_complete(const k::Backend& be) {
+void check_complete(const k::OpTable& be) {
   std::set<std::string> names;
   for (int i = 0; i < k::kOpCount; ++i) {
     const auto op = static_cast<k::Op>(i);
@@ -168,7 +168,7 @@ TEST_CASE("the op table names the public ops and the host backend implements all
   check_complete(k::host::backend());
 #if defined(MESHRT_WITH_CUDA)
   // The table only (no GPU needed). CUDA may lack an op; what it has takes the host's dtypes.
-  const k::Backend& cu = k::cuda::backend();
+  const k::OpTable& cu = k::cuda::backend();
   CHECK(std::string(cu.name) == "cuda");
   CHECK(cu.supports(k::Op::gemm, DType::bf16));
   for (int i = 0; i < k::kOpCount; ++i) {
@@ -228,12 +228,12 @@ TEST_CASE("host ISA variants: MESHRT_HOST_ISA values, the choice and the cap", "
 TEST_CASE("every host ISA variant this CPU runs is complete, distinct and agrees with baseline",
           "[errors]") {
   using k::host::HostIsa;
-  const k::Backend& base = k::host::backend(HostIsa::baseline);
+  const k::OpTable& base = k::host::backend(HostIsa::baseline);
   check_complete(base);
   int compared = 0;
   for (HostIsa isa : {HostIsa::avx2, HostIsa::avx512}) {
     if (!k::host::host_isa_built(isa) || !k::host::host_isa_runs_here(isa)) continue;
-    const k::Backend& be = k::host::backend(isa);
+    const k::OpTable& be = k::host::backend(isa);
     INFO(k::host::host_isa_name(isa));
     check_complete(be);
     CHECK(be.add != base.add);  // its own code, not the baseline's table again
@@ -245,7 +245,7 @@ TEST_CASE("every host ISA variant this CPU runs is complete, distinct and agrees
       Tensor x = rand_tensor(h, {rows, cols}, dt, 5, -4.0, 4.0);
       Tensor bias = rand_tensor(h, {cols}, dt, 6);
       Tensor gamma = rand_tensor(h, {cols}, dt, 7, 0.5, 1.5), beta = rand_tensor(h, {cols}, dt, 8);
-      auto run = [&](const k::Backend& b) {
+      auto run = [&](const k::OpTable& b) {
         Tensor g = h.ctx.empty({rows, cols}, dt), y = h.ctx.empty({rows, cols}, dt);
         Tensor sm = h.ctx.empty({rows, cols}, dt);
         Tensor mean = h.ctx.empty({rows}, DType::f32), rstd = h.ctx.empty({rows}, DType::f32);
@@ -274,7 +274,7 @@ TEST_CASE("f16 rows convert exactly in every host ISA variant (F16C and portable
   for (HostIsa isa : {HostIsa::baseline, HostIsa::avx2, HostIsa::avx512}) {
     if (!k::host::host_isa_built(isa) || !k::host::host_isa_runs_here(isa)) continue;
     INFO(k::host::host_isa_name(isa));
-    const k::Backend& be = k::host::backend(isa);
+    const k::OpTable& be = k::host::backend(isa);
     Host h;
     Tensor x = h.ctx.empty({n}, DType::f16), y = h.ctx.empty({n}, DType::f16);
     h.sync();
@@ -306,7 +306,7 @@ TEST_CASE("an op a backend lacks or a dtype it does not take fails naming op, dt
   CHECK(k::kFloating.without(k::kAnyDType).empty());
   CHECK(k::table_dtypes(k::Op::fill).str() == "f32, bf16, f16, i32, i64, u8");
   CHECK(k::table_dtypes(k::Op::layernorm_fwd).str() == "f32, bf16, f16");
-  k::Backend be("test");
+  k::OpTable be("test");
   be.dtypes[static_cast<int>(k::Op::add)] = k::DTypeSet{DType::f32, DType::f16};
   CHECK(be.supports(k::Op::add, DType::f32));
   CHECK_FALSE(be.supports(k::Op::add, DType::bf16));

@@ -20,9 +20,9 @@ constexpr DTypeSet gaps(Op op) {
 }
 }  // namespace
 
-const Backend& backend() {
-  static const Backend be = [] {
-    Backend b("cuda");
+const OpTable& backend() {
+  static const OpTable be = [] {
+    OpTable b("cuda");
     MESHRT_BIND_BACKEND_OPS
     return b;
   }();

@@ -385,9 +385,10 @@ TEST_CASE("info shows the collective algorithm table, and MESHRT_ALGO's choices"
   test::ScopedEnv bad("MESHRT_ALGO", "all_reduce:rign");
   Run b = cli("info");
   CHECK(b.rc == 1);
-  CHECK_THAT(b.err, Catch::Contains("meshrt: error: MESHRT_ALGO='all_reduce:rign': 'rign' is not "
-                                    "an algorithm of all_reduce; use eager, flat, native, "
-                                    "one_step, staged, two_level or zero_copy"));
+  CHECK_THAT(b.err,
+             Catch::Contains("meshrt: error: MESHRT_ALGO='all_reduce:rign': 'rign' is not "
+                             "an algorithm of all_reduce; use eager, fixed_order, flat, native, "
+                             "one_step, staged, two_level or zero_copy"));
 }
 
 TEST_CASE("info names the devices, why CUDA is unavailable, and every library's version",

@@ -874,8 +874,10 @@ TEST_CASE("train --zero prints the curve of --zero 0 and communication per kind"
   }
 }
 
-TEST_CASE("--deterministic refuses what it cannot make layout independent, naming it",
-          "[train][unit]") {
+TEST_CASE(
+    "train and bench block: --deterministic refuses what it cannot make layout independent, naming "
+    "it",
+    "[train][unit]") {
   for (auto [args, msg] : std::vector<std::pair<std::string, std::string>>{
            {"train --devices cpu:1 --deterministic-grain 2",
             "--deterministic-grain 2 would be ignored: it sizes the grains of --deterministic"},

@@ -3,7 +3,8 @@ include/meshrt/meshrt.h) over DLPack tensors: weights, activations and gradients
 caller's NumPy arrays or torch tensors, used in place (C-contiguous)."""
 import ctypes as C
 
-from ._capi import _DLDataType, _DTYPES, _check, _load, _tensor, MeshrtError
+from ._capi import (_DLDataType, _DTYPES, _borrowed, _call_and_wait, _check, _load,
+                    MeshrtError)
 
 _NORMS = {"layernorm": 0, "rmsnorm": 1}
 _GELUS = {"tanh": 0, "erf": 1}
@@ -92,28 +93,15 @@ class _Block:
         if self._h is None:
             raise MeshrtError(f"meshrt: {what}: the block was destroyed")
         named = [] if params is None else [params.get(n) for n in self._names]
-        owned, handles = [], []
-        try:
-            for t in list(tensors) + named:
-                o, h = _tensor(lib, t, what) if t is not None else (None, None)
-                owned.append(o)
-                handles.append(h)
-            args = handles[:len(tensors)]
+        with _borrowed(lib, list(tensors) + named, what) as handles:
+            args = [self._h] + handles[:len(tensors)]
             if params is not None:
                 p = _Params(C.sizeof(_Params), *handles[len(tensors):])
                 args.append(C.byref(p))
             if not event:
-                _check(lib, fn(self._h, *args), what)
+                _check(lib, fn(*args), what)
                 return
-            ev = C.c_void_p()
-            _check(lib, fn(self._h, *args, C.byref(ev)), what)
-            status = lib.meshrt_event_synchronize(ev)
-            lib.meshrt_event_destroy(ev)
-            _check(lib, status, what)
-        finally:
-            for h in owned:
-                if h is not None:
-                    lib.meshrt_tensor_destroy(h)
+            _call_and_wait(lib, what, fn, args)
 
     def shard_info(self, which):
         """(offset, size) of this rank's shard of parameter `which` (e.g. "fc1_weight")."""

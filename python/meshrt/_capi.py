@@ -1,6 +1,7 @@
 """libmeshrt.so's C API (include/meshrt/meshrt.h) through ctypes, with tensors passed as DLPack
 capsules (``obj.__dlpack__()``): meshrt takes each capsule's tensor and uses its memory in place.
 """
+import contextlib
 import ctypes as C
 import glob
 import os
@@ -124,6 +125,30 @@ def _tensor(lib, obj, what):
     return handle, handle
 
 
+@contextlib.contextmanager
+def _borrowed(lib, tensors, what):
+    """meshrt tensor handles over DLPack objects (None stays None), destroyed on leaving."""
+    owned, handles = [], []
+    try:
+        for t in tensors:
+            o, h = _tensor(lib, t, what) if t is not None else (None, None)
+            owned.append(o)
+            handles.append(h)
+        yield handles
+    finally:
+        for h in owned:
+            if h is not None:
+                lib.meshrt_tensor_destroy(h)
+
+
+def _call_and_wait(lib, what, fn, args):
+    """fn(*args, &event), then waits for the event; raises MeshrtError naming `what`."""
+    ev = C.c_void_p()
+    _check(lib, fn(*args, C.byref(ev)), what)
+    status = lib.meshrt_event_synchronize(ev)
+    lib.meshrt_event_destroy(ev)
+    _check(lib, status, what)
+
 class Buffer:
     """A tensor in memory meshrt allocated (Comm.empty). Pass it to Comm's calls like any DLPack
     tensor; hand it over once to a DLPack consumer (np.from_dlpack, torch.from_dlpack), which
@@ -198,24 +223,10 @@ class Comm:
         return v.value
 
     def _run(self, what, fn, *tensors):
-        lib = self._lib
         if self._h is None:
             raise MeshrtError(f"meshrt: {what}: the communicator was destroyed")
-        owned, handles = [], []
-        try:
-            for t in tensors:
-                o, h = _tensor(lib, t, what) if t is not None else (None, None)
-                owned.append(o)
-                handles.append(h)
-            ev = C.c_void_p()
-            _check(lib, fn(*handles, C.byref(ev)), what)
-            status = lib.meshrt_event_synchronize(ev)
-            lib.meshrt_event_destroy(ev)
-            _check(lib, status, what)
-        finally:
-            for h in owned:
-                if h is not None:
-                    lib.meshrt_tensor_destroy(h)
+        with _borrowed(self._lib, tensors, what) as handles:
+            _call_and_wait(self._lib, what, fn, handles)
 
     def all_reduce(self, x, op="sum"):
         """x = op over ranks of x, in place (op: sum, avg, max, min)."""

@@ -190,6 +190,16 @@ class TcpTransport final : public BootstrapTransport {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  std::string local_address() const override {
+    const int fd = rank_ != 0 ? leader_.get() : size_ > 1 ? peers_[1].get() : -1;
+    sockaddr_in a{};
+    socklen_t len = sizeof(a);
+    char text[INET_ADDRSTRLEN] = {};
+    if (fd < 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+        inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text)) == nullptr)
+      return "";
+    return text;
+  }
 
   std::vector<std::string> all_gather(const std::string& key, const std::string& mine) override {
     const detail::Deadline dl = detail::Deadline::after(timeout_s_);

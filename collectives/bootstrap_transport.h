@@ -19,6 +19,9 @@ class BootstrapTransport {
   // same `key`, and uses a key once per launch. Gives up with CommError, naming the ranks that
   // never arrived where the transport can tell, after its timeout.
   virtual std::vector<std::string> all_gather(const std::string& key, const std::string& mine) = 0;
+  // The IPv4 address this process reaches its peers from ("10.0.0.5"), where the transport
+  // knows it (TCP: its connection's local end); "" otherwise.
+  virtual std::string local_address() const { return ""; }
 };
 
 // Exchanges through a directory every rank can see: rank r writes <dir>/meshrt.<run>.<key>.<r>

@@ -1,7 +1,9 @@
-// The two-level ("hier") backend: CPU ranks that are processes on several nodes under mpirun.
-// All-reduce, all-gather and reduce-scatter run in two levels, shared memory inside each node
-// (the shm backend) and MPI between the nodes on the node's share of the data; every other call
-// goes to the flat MPI world. Node identity: detail::node_identity (host name, MESHRT_NODE_ID).
+// The two-level ("hier") backend's wiring: CPU ranks that are processes on several nodes.
+// All-reduce, all-gather and reduce-scatter run in two levels (collectives/algorithms/
+// two_level.h): shared memory inside each node (the shm backend), and between the nodes MPI when
+// mpirun started the processes, else the tcp backend (a world bootstrapped over TCP or files:
+// torchrun, torch's store); every other call goes to that flat world. Node identity:
+// detail::node_identity (host name, MESHRT_NODE_ID).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/two_level.h"
 #include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
@@ -19,34 +22,13 @@
 #include "collectives/flight.h"
 #include "collectives/mpi_backend.h"
 #include "collectives/shm_comm.h"
+#include "collectives/tcp_comm.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
 namespace meshrt {
 
 namespace {
-
-// Where the world's ranks run: nodes numbered in the order of their lowest rank.
-struct NodeLayout {
-  std::vector<std::vector<int>> nodes;  // node -> its global ranks, ascending
-  std::vector<int> node_of, local_of;   // global rank -> its node, its index in that node
-  bool uniform = true;                  // every node has as many ranks
-  int nodes_n() const { return static_cast<int>(nodes.size()); }
-};
-
-NodeLayout hier_layout(const std::vector<std::string>& ids) {
-  NodeLayout lay;
-  std::map<std::string, int> index;
-  for (size_t g = 0; g < ids.size(); ++g) {
-    auto [it, fresh] = index.emplace(ids[g], lay.nodes_n());
-    if (fresh) lay.nodes.emplace_back();
-    lay.node_of.push_back(it->second);
-    lay.local_of.push_back(static_cast<int>(lay.nodes[static_cast<size_t>(it->second)].size()));
-    lay.nodes[static_cast<size_t>(it->second)].push_back(static_cast<int>(g));
-  }
-  for (const auto& n : lay.nodes) lay.uniform = lay.uniform && n.size() == lay.nodes[0].size();
-  return lay;
-}
 
 // The all-gather among one node's processes, over the world's transport: every rank of the
 // world calls it (each for its own node) with the same key.
@@ -69,36 +51,13 @@ class NodeTransport final : public BootstrapTransport {
   int rank_;
 };
 
-// A contiguous run of `t`'s elements (a view).
-Tensor hier_part(const Tensor& t, int64_t start, int64_t len) {
-  return t.view(Shape{t.numel()}).narrow(0, start, len);
-}
-
-// A host buffer of `n` elements, freed with its last view.
-Tensor hier_scratch(int64_t n, DType dt) {
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * dtype_size(dt);
-  void* p = std::malloc(bytes);
-  MESHRT_CHECK(p != nullptr,
-               "hier backend: cannot allocate " << bytes << " bytes of staging memory");
-  return Tensor::from_blob(p, Shape{n}, dt, Device::cpu(0), [](void* q) { std::free(q); });
-}
-
-// The parts of one rank's world: the flat MPI world, its node's shm group (every rank has one,
-// of one rank on a node of one), and the MPI group between the nodes: with as many ranks on
-// every node, the "rail" of the ranks with this rank's index on each node; otherwise the nodes'
-// first ranks ("leaders"; null on the others).
-struct HierParts {
-  std::shared_ptr<Communicator> flat, node, rail, leaders;
-  NodeLayout lay;
-  int rank = 0;
-};
+using detail::TwoLevelParts;
 
 class HierImpl final : public CommImpl {
  public:
-  HierImpl(HierParts p, const CommConfig& cfg)
+  HierImpl(TwoLevelParts p, const CommConfig& cfg)
       : p_(std::move(p)),
-        plan_(detail::AlgoWorld{"hier", static_cast<int>(p_.lay.node_of.size()), p_.lay.nodes_n()},
-              cfg.algo) {}
+        plan_(detail::AlgoWorld{"hier", p_.lay.ranks(), p_.lay.nodes_n()}, cfg.algo) {}
 
   std::string_view backend() const override { return "hier"; }
   int nodes() const override { return p_.lay.nodes_n(); }
@@ -143,7 +102,8 @@ class HierImpl final : public CommImpl {
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name,
                                       uint64_t) override {
-    // Sub-groups (a mesh's dims) run flat over MPI; the child gets this world's rank state.
+    // Sub-groups (a mesh's dims) run on the flat world (MPI or TCP); the child gets this world's
+    // rank state.
     detail::InnerCommScope inner;
     return p_.flat->split(color, key, name);
   }
@@ -164,106 +124,14 @@ class HierImpl final : public CommImpl {
   }
 
  private:
-  HierParts p_;
+  TwoLevelParts p_;
   detail::AlgoPlan plan_;  // two_level or flat, per op and size (collectives/algorithms/)
   std::mutex mu_;
   std::map<const Stream*, Event> last_;  // the end of the last call issued on each stream
 
-  int local() const { return p_.lay.local_of[static_cast<size_t>(p_.rank)]; }
-  int per_node() const { return p_.node->size(); }
-
-  // Avg in two levels is the average of the nodes' averages: exact only for floats on equal
-  // nodes (integer averages truncate at each level), so other cases run flat.
-  bool levels_fit(const CommCall& c) const {
-    if (p_.lay.nodes_n() == static_cast<int>(p_.lay.node_of.size())) return false;  // 1 per node
-    if (c.redop != ReduceOp::Avg) return true;
-    return p_.lay.uniform && is_floating(c.dtype);
-  }
-
   bool two_level(const CommCall& c, Stream& s) {
     if (plan_.pick(c.op, c.bytes()) != &detail::algos::two_level) return false;
-    switch (c.op) {
-      case CommOp::AllReduce:
-        if (!levels_fit(c)) return false;
-        return p_.lay.uniform ? all_reduce_rail(c, s) : all_reduce_leaders(c, s);
-      case CommOp::ReduceScatter:
-        if (!levels_fit(c) || !p_.lay.uniform || c.count == 0) return false;
-        reduce_scatter_rail(c, s);
-        return true;
-      case CommOp::AllGather:
-        if (!levels_fit(c) || !p_.lay.uniform || c.count == 0) return false;
-        all_gather_rail(c, s);
-        return true;
-      default:
-        return false;
-    }
-  }
-
-  // Equal nodes of L ranks: the node's reduce-scatter leaves each rank 1/L of the node's sum,
-  // the rail all-reduces that share across the nodes, the node's all-gather assembles it; the
-  // last count % L elements go over the flat world.
-  bool all_reduce_rail(const CommCall& c, Stream& s) {
-    const int64_t L = per_node(), per = c.count / L, main = per * L;
-    if (per == 0) return false;
-    const Tensor mine = hier_part(c.out, per * local(), per);
-    p_.node->reduce_scatter(hier_part(c.in, 0, main), mine, c.redop, s);
-    p_.rail->all_reduce(mine, c.redop, s);
-    p_.node->all_gather(mine, hier_part(c.out, 0, main), s);
-    if (main < c.count) {
-      p_.flat->all_reduce(hier_part(c.in, main, c.count - main),
-                          hier_part(c.out, main, c.count - main), c.redop, s);
-    }
-    return true;
-  }
-
-  // Unequal nodes: the node all-reduces, the nodes' first ranks all-reduce the node sums over
-  // MPI, and each node's first rank broadcasts the result in the node.
-  bool all_reduce_leaders(const CommCall& c, Stream& s) {
-    p_.node->all_reduce(c.in, c.out, c.redop, s);
-    if (p_.leaders) p_.leaders->all_reduce(c.out, c.redop, s);
-    p_.node->broadcast(c.out, 0, s);
-    return true;
-  }
-
-  // Position of global rank g's block in the rail-major order [local index][node].
-  int64_t rail_major(int g) const {
-    return static_cast<int64_t>(p_.lay.local_of[static_cast<size_t>(g)]) * p_.lay.nodes_n() +
-           p_.lay.node_of[static_cast<size_t>(g)];
-  }
-
-  // Moves `n` blocks of `block` elements between global-rank order and rail-major order.
-  void permute(Stream& s, const Tensor& from, const Tensor& to, int64_t block, bool to_rail) {
-    std::vector<int64_t> where(p_.lay.node_of.size());
-    for (size_t g = 0; g < where.size(); ++g) where[g] = rail_major(static_cast<int>(g));
-    const size_t bytes = static_cast<size_t>(block) * dtype_size(from.dtype());
-    s.enqueue([from, to, where, bytes, to_rail] {
-      const char* src = static_cast<const char*>(from.data_ptr());
-      char* dst = static_cast<char*>(to.data_ptr());
-      for (size_t g = 0; g < where.size(); ++g) {
-        const size_t a = g * bytes, b = static_cast<size_t>(where[g]) * bytes;
-        std::memcpy(dst + (to_rail ? b : a), src + (to_rail ? a : b), bytes);
-      }
-    });
-  }
-
-  // Blocks reordered rail-major; the node's reduce-scatter leaves each rank its rail's blocks
-  // summed over the node; the rail's reduce-scatter (ranks in node order) sums them across nodes.
-  void reduce_scatter_rail(const CommCall& c, Stream& s) {
-    const int64_t n = static_cast<int64_t>(p_.lay.node_of.size()), K = p_.lay.nodes_n();
-    Tensor staged = hier_scratch(n * c.count, c.dtype), rail = hier_scratch(K * c.count, c.dtype);
-    permute(s, c.in, staged, c.count, true);
-    p_.node->reduce_scatter(staged, rail, c.redop, s);
-    p_.rail->reduce_scatter(rail, c.out, c.redop, s);
-  }
-
-  // The rail gathers the blocks of this rank's index from every node, the node gathers the
-  // rails, and the blocks are put back in global-rank order.
-  void all_gather_rail(const CommCall& c, Stream& s) {
-    const int64_t n = static_cast<int64_t>(p_.lay.node_of.size()), K = p_.lay.nodes_n();
-    Tensor rail = hier_scratch(K * c.count, c.dtype), staged = hier_scratch(n * c.count, c.dtype);
-    p_.rail->all_gather(c.in, rail, s);
-    p_.node->all_gather(rail, staged, s);
-    permute(s, staged, c.out, c.count, false);
+    return detail::two_level_issue(p_, c, s);
   }
 
   void flat_call(const CommCall& c, Stream& s) {
@@ -303,9 +171,9 @@ std::string hier_refuses(const WorldPlan& plan) {
   if (plan.device_type != DeviceType::CPU) {
     return "it moves CPU tensors; CUDA devices need a GPU backend (nccl)";
   }
-  if (plan.kind != LaunchKind::MpiProcesses) {
-    return "it needs MPI between the nodes: launch with mpirun -np N (this process was not "
-           "started by an MPI launcher)";
+  if (plan.kind == LaunchKind::Threads) {
+    return "its ranks are processes on several nodes; ranks that are threads of one process "
+           "share memory already (host backend)";
   }
   const int local = plan.local.empty() ? 0 : plan.local[0].local_size;
   if (local == plan.world_size) {
@@ -315,16 +183,16 @@ std::string hier_refuses(const WorldPlan& plan) {
   return "";
 }
 
-// The parts, made collectively by every rank of the world.
-HierParts hier_parts(const WorldPlan& plan, const WorldFactory& mpi) {
+// The parts, made collectively by every rank of the world; `inter` makes the flat world.
+TwoLevelParts hier_parts(const WorldPlan& plan, const WorldFactory& inter) {
   BootstrapTransport& tr = *plan.transport;
-  HierParts p;
+  TwoLevelParts p;
   p.rank = tr.rank();
-  p.lay = hier_layout(tr.all_gather("hier.nodes", detail::node_identity()));
+  p.lay = detail::node_layout(tr.all_gather("hier.nodes", detail::node_identity()));
   const int node = p.lay.node_of[static_cast<size_t>(p.rank)];
   const int local = p.lay.local_of[static_cast<size_t>(p.rank)];
   detail::InnerCommScope inner;  // the world made below records and injects for its parts
-  p.flat = mpi(0);
+  p.flat = inter(0);
   const std::vector<int>& members = p.lay.nodes[static_cast<size_t>(node)];
   NodeTransport nt(tr, members, local);
   p.node = make_shm_world_communicator(nt, plan.config, members, "world/node");
@@ -339,12 +207,19 @@ HierParts hier_parts(const WorldPlan& plan, const WorldFactory& mpi) {
 WorldFactory hier_prepare(const WorldPlan& plan) {
   MESHRT_CHECK(plan.transport != nullptr,
                "hier backend: " << plan.str() << " has no rendezvous to find the nodes through");
-  const WorldFactory mpi = detail::mpi_backend().prepare(plan);
+  // Between the nodes: MPI's world when MPI numbered the ranks, else sockets.
+  const bool mpi = plan.kind == LaunchKind::MpiProcesses;
+  BootstrapTransport* tr = plan.transport;
+  const CommConfig cfg = plan.config;
+  const WorldFactory inter =
+      mpi ? detail::mpi_backend().prepare(plan)
+          : WorldFactory([tr, cfg](int) { return make_tcp_world_communicator(*tr, cfg); });
   const WorldPlan kept = plan;  // its transport lives as long as the launch
-  return [kept, mpi](int) -> std::unique_ptr<Communicator> {
-    HierParts p = hier_parts(kept, mpi);
-    const int rank = p.rank, size = static_cast<int>(p.lay.node_of.size());
-    MESHRT_LOG_DEBUG("hier backend: " << p.lay.nodes_n() << " nodes"
+  return [kept, inter, mpi](int) -> std::unique_ptr<Communicator> {
+    TwoLevelParts p = hier_parts(kept, inter);
+    const int rank = p.rank, size = p.lay.ranks();
+    MESHRT_LOG_DEBUG("hier backend: " << p.lay.nodes_n() << " nodes, " << (mpi ? "mpi" : "tcp")
+                                      << " between them"
                                       << (p.lay.uniform ? " of equal size" : " of unequal sizes")
                                       << "; this rank is index " << p.node->rank() << " of "
                                       << p.node->size() << " on its node");

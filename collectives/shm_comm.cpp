@@ -1227,7 +1227,7 @@ std::string shm_refuses(const WorldPlan& plan) {
   if (local != plan.world_size) {
     return "its ranks share one node's memory, but only " + std::to_string(local) + " of the " +
            std::to_string(plan.world_size) +
-           " processes run on this node: use the mpi backend across nodes";
+           " processes run on this node: the hier backend serves several nodes";
   }
   return "";
 }

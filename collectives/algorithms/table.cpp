@@ -15,7 +15,7 @@ const Algorithm eager{"eager",
                       nullptr, 4096};
 const Algorithm flat{"flat",
                      "one level: every rank reads its peers' buffers directly (threads), or the "
-                     "flat MPI world (hier)"};
+                     "flat MPI / TCP world (hier)"};
 const Algorithm one_step{"one_step",
                          "the whole message through the segment's staging buffers in one step, "
                          "every rank reducing all of it in rank order (shm)",
@@ -27,8 +27,8 @@ const Algorithm zero_copy{"zero_copy",
                           "between the ranks' own buffers mapped from shared host memory; staged "
                           "where a buffer is not shared (shm)"};
 const Algorithm two_level{"two_level",
-                          "the node's shm collective, MPI across the nodes on the node's share, "
-                          "the node's shm collective (hier)"};
+                          "the node's shm collective, MPI or TCP across the nodes on the node's "
+                          "share, the node's shm collective (hier)"};
 const Algorithm native{"native", "the library's own choice (MPI, NCCL)"};
 }  // namespace algos
 

@@ -139,7 +139,7 @@ TEST_CASE("bootstrap: backends that cannot work are refused with what to change"
 #else
   CHECK_THROWS_WITH(bootstrap(lo),
                     Catch::Contains("unknown collective backend 'nccl'") &&
-                        Catch::Contains("this build has host, mpi, shm, hier (or auto)"));
+                        Catch::Contains("this build has host, mpi, shm, tcp, hier (or auto)"));
 #endif
   lo.backend = "gloo";
   CHECK_THROWS_WITH(bootstrap(lo), Catch::Contains("unknown collective backend 'gloo'") &&
@@ -364,13 +364,13 @@ TEST_CASE("backend registry: exactly the backends this build compiles, in order"
   std::vector<std::string> names;
   for (const CommBackend& b : collective_backends()) names.push_back(b.name);
 #if defined(MESHRT_WITH_CUDA)
-  const std::vector<std::string> expected = {"host", "mpi", "shm", "hier", "nccl"};
+  const std::vector<std::string> expected = {"host", "mpi", "shm", "tcp", "hier", "nccl"};
 #else
-  const std::vector<std::string> expected = {"host", "mpi", "shm", "hier"};
+  const std::vector<std::string> expected = {"host", "mpi", "shm", "tcp", "hier"};
 #endif
   CHECK(names == expected);
   CHECK(collective_backend_names() ==
-        (expected.size() == 5 ? "host, mpi, shm, hier, nccl" : "host, mpi, shm, hier"));
+        (expected.size() == 6 ? "host, mpi, shm, tcp, hier, nccl" : "host, mpi, shm, tcp, hier"));
   for (const std::string& n : expected) CHECK(find_collective_backend(n).name == n);
   CHECK_THROWS_WITH(find_collective_backend("gloo"),
                     Catch::Contains("unknown collective backend 'gloo'") &&
@@ -418,16 +418,23 @@ TEST_CASE("backend registry: auto picks the highest-priority backend that serves
   CHECK_THROWS_WITH(choose_collective_backend("shm", on_one_node(LaunchKind::Threads, 2)),
                     Catch::Contains("--backend shm cannot run 2 ranks as threads on cpu") &&
                         Catch::Contains("share memory already (host backend)"));
-  // Across nodes nothing moves CPU tensors between torchrun-style processes: every refusal is
-  // reported.
+  // Torchrun-style processes across nodes (met over TCP or files, no MPI): two levels, shm in
+  // each node and the tcp backend between them; forced, tcp runs them flat, and shm refuses
+  // naming the backend that serves several nodes.
+  CHECK(choose_collective_backend("auto", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 3))
+            .name == "hier");
+  CHECK(choose_collective_backend("tcp", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 3))
+            .name == "tcp");
   CHECK_THROWS_WITH(
-      choose_collective_backend("auto", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 3)),
-      Catch::Contains("no collective backend of this build can run rank 0 of 3 as env-processes") &&
-          Catch::Contains("host: it runs ranks as threads of one process") &&
-          Catch::Contains("mpi: it needs one process per rank") &&
-          Catch::Contains("shm: its ranks share one node's memory, but only 1 of the 3 processes "
-                          "run on this node") &&
-          Catch::Contains("hier: it needs MPI between the nodes"));
+      choose_collective_backend("shm", plan_of(LaunchKind::EnvProcesses, DeviceType::CPU, 3)),
+      Catch::Contains("shm cannot run rank 0 of 3 as env-processes") &&
+          Catch::Contains("its ranks share one node's memory, but only 1 of the 3 processes "
+                          "run on this node: the hier backend serves several nodes"));
+  CHECK_THROWS_WITH(choose_collective_backend("hier", on_one_node(LaunchKind::EnvProcesses, 3)),
+                    Catch::Contains("the shm backend serves one node"));
+  CHECK_THROWS_WITH(
+      choose_collective_backend("hier", plan_of(LaunchKind::Threads, DeviceType::CPU, 2)),
+      Catch::Contains("hier cannot run") && Catch::Contains("share memory already (host backend)"));
   CHECK_THROWS_WITH(
       choose_collective_backend("host", plan_of(LaunchKind::MpiProcesses, DeviceType::CPU, 2)),
       Catch::Contains("--backend host cannot run rank 0 of 2 as mpi-processes on cpu") &&

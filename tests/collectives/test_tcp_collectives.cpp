@@ -1,0 +1,221 @@
+// The tcp backend and hier over it (ranks = processes bootstrapped over TCP, no MPI): the suite
+// starts its own torchrun-style rank processes (fork + exec of this binary with --tcp-rank),
+// which meet through MESHRT_RENDEZVOUS=tcp://127.0.0.1:<port>. MESHRT_NODE_ID simulates nodes.
+// Every op x dtype x in place / out of place against exact values on hier over 2 simulated
+// nodes (equal and unequal) and on a flat tcp world; split groups and send / recv; a SIGKILLed
+// peer named by every other rank within the timeout.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "coll_matrix.h"
+#include "coll_test_util.h"
+#include "collectives/bootstrap.h"
+#include "runtime/stream.h"
+#include "tests/common/files.h"
+#include "tests/common/net.h"
+
+using namespace meshrt;
+using namespace meshrt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kKillTimeout = 20;
+
+// Splits into even / odd ranks and all-reduces on both at once, then a ring of send / recv on
+// the world (0, 5 and 200001 elements).
+void split_and_ring(Communicator& w, Stream& s, Failures& f) {
+  const int n = w.size(), r = w.rank();
+  auto half = w.split(r % 2, r, "half");
+  if (w.split(kNoColor, 0)) f.add("split with kNoColor returned a communicator");
+  if (!half || half->size() != (n + 1 - r % 2) / 2 || half->rank() != r / 2) {
+    f.add("split: wrong group");
+    return;
+  }
+  Tensor a = host_tensor(100003, DType::f32);
+  fill_pattern(a, 70, half->rank());
+  half->all_reduce(a, ReduceOp::Sum, s).synchronize();
+  check_values(f, "half all_reduce", a, 0, a.numel(),
+               [&](int64_t i) { return reduced(DType::f32, ReduceOp::Sum, 70, half->size(), i); });
+  auto ss = make_host_stream("send");
+  auto sr = make_host_stream("recv");
+  for (int64_t count : {int64_t{0}, int64_t{5}, int64_t{200001}}) {
+    Tensor out = host_tensor(count, DType::i32), in = host_tensor(count, DType::i32);
+    fill_pattern(out, static_cast<uint64_t>(count), r);
+    Event es = w.send(out, (r + 1) % n, *ss);
+    Event er = w.recv(in, (r + n - 1) % n, *sr);
+    es.synchronize();
+    er.synchronize();
+    check_values(f, "ring count " + std::to_string(count), in, 0, count, [&](int64_t i) {
+      return pattern(static_cast<uint64_t>(count), (r + n - 1) % n, i);
+    });
+  }
+  w.barrier(s).synchronize();
+}
+
+// Rank 1 dies (SIGKILL) before its 4th all-reduce; the others are inside it, waiting.
+int kill_main(Communicator& w, Stream& s, int rank) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < 1000; ++i) {
+      if (rank == 1 && i == 3) raise(SIGKILL);
+      Tensor t = host_tensor(1000, DType::f32);
+      fill_value(t, 1);
+      w.all_reduce(t, ReduceOp::Sum, s).synchronize();
+    }
+  } catch (const CommError& e) {
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("TCP FAILED rank %d after %.1f s: %s\n", rank, dt, e.what());
+    return 3;
+  }
+  std::printf("TCP FAIL rank %d: no error\n", rank);
+  return 1;
+}
+
+// A rank process: torchrun's variables, bootstrap (backend "auto" or `backend`), then `mode`.
+int tcp_rank_main(const std::string& mode, const std::string& backend, int rank, int world,
+                  int port) {
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  setenv("MESHRT_RENDEZVOUS", ("tcp://127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  LaunchOptions lo;
+  lo.backend = backend;
+  lo.config.timeout_s = mode == "kill" ? kKillTimeout : 120;
+  auto launch = bootstrap(lo);
+  std::printf("backend %s\n", launch->backend().c_str());
+  std::unique_ptr<Communicator> w = launch->world(0);
+  auto s = make_host_stream("comm");
+  if (mode == "kill") return kill_main(*w, *s, rank);
+  Failures f;
+  const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001}, f, 7 + world);
+  split_and_ring(*w, *s, f);
+  std::printf("%s rank %d on %s: %lld collectives, %zu failures\n%s",
+              f.count() == 0 ? "TCP OK" : "TCP FAIL", rank, std::string(w->backend()).c_str(),
+              static_cast<long long>(ops), f.count(), f.str().c_str());
+  return f.count() == 0 ? 0 : 1;
+}
+
+struct Ranks {
+  std::vector<pid_t> pids;
+  std::vector<int> status;  // exit code, or 128 + signal
+  std::vector<std::string> out;
+};
+
+// Starts `world` rank processes of this binary; rank r runs with MESHRT_NODE_ID=nodes[r] (none
+// when `nodes` is empty). Waits for all (at most 600 s, then they are killed and the test fails).
+Ranks spawn_ranks(const std::string& mode, const std::string& backend, int world,
+                  const std::vector<int>& nodes) {
+  const fs::path dir = scratch_dir("tcp-" + mode);
+  const int port = unused_port();
+  REQUIRE(port > 0);
+  Ranks rs;
+  for (int r = 0; r < world; ++r) {
+    const fs::path log = dir / ("rank" + std::to_string(r) + ".txt");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      if (nodes.empty()) {
+        unsetenv("MESHRT_NODE_ID");
+      } else {
+        setenv("MESHRT_NODE_ID", std::to_string(nodes[static_cast<size_t>(r)]).c_str(), 1);
+      }
+      setenv("MESHRT_FLIGHT_DIR", dir.c_str(), 1);
+      const std::string rk = std::to_string(r), ws = std::to_string(world),
+                        pt = std::to_string(port);
+      execl("/proc/self/exe", "test_collectives_tcp", "--tcp-rank", mode.c_str(), backend.c_str(),
+            rk.c_str(), ws.c_str(), pt.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    rs.pids.push_back(pid);
+  }
+  rs.status.assign(static_cast<size_t>(world), -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+  for (int left = world; left > 0;) {
+    for (int r = 0; r < world; ++r) {
+      int st = 0;
+      if (rs.status[static_cast<size_t>(r)] != -1 ||
+          waitpid(rs.pids[static_cast<size_t>(r)], &st, WNOHANG) <= 0)
+        continue;
+      rs.status[static_cast<size_t>(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      --left;
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (pid_t p : rs.pids) kill(p, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < world; ++r)
+    rs.out.push_back(slurp(dir / ("rank" + std::to_string(r) + ".txt")));
+  fs::remove_all(dir);
+  return rs;
+}
+
+void check_matrix(const Ranks& rs, const std::string& backend) {
+  for (size_t r = 0; r < rs.out.size(); ++r) {
+    INFO("rank " << r << ":\n" << rs.out[r]);
+    CHECK(rs.status[r] == 0);
+    CHECK_THAT(rs.out[r], Catch::Contains("backend " + backend + "\n"));
+    CHECK_THAT(rs.out[r], Catch::Contains("TCP OK rank " + std::to_string(r) + " on " + backend +
+                                          ": 440 collectives, 0 failures"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tcp: 4 processes on 2 simulated nodes pick hier (shm + tcp), every op exact",
+          "[multirank]") {
+  check_matrix(spawn_ranks("matrix", "auto", 4, {0, 0, 1, 1}), "hier");
+}
+
+TEST_CASE("tcp: 3 processes on unequal simulated nodes run hier (shm + tcp), every op exact",
+          "[multirank]") {
+  check_matrix(spawn_ranks("matrix", "auto", 3, {5, 5, 9}), "hier");
+}
+
+TEST_CASE("tcp: a flat tcp world of 3 processes, every op exact", "[multirank]") {
+  check_matrix(spawn_ranks("matrix", "tcp", 3, {}), "tcp");
+}
+
+TEST_CASE("tcp: a SIGKILLed peer fails every other rank naming it, within the timeout",
+          "[multirank]") {
+  const Ranks rs = spawn_ranks("kill", "tcp", 4, {});
+  CHECK(rs.status[1] == 128 + SIGKILL);
+  for (int r : {0, 2, 3}) {
+    const std::string& out = rs.out[static_cast<size_t>(r)];
+    INFO("rank " << r << ":\n" << out);
+    CHECK(rs.status[static_cast<size_t>(r)] == 3);
+    CHECK_THAT(out, Catch::Contains("TCP FAILED rank " + std::to_string(r)) &&
+                        Catch::Contains("rank 1 at 127.0.0.1:") &&
+                        (Catch::Contains("closed its connection (its process failed or exited)") ||
+                         Catch::Contains("could not be sent to")));
+    const size_t at = out.find(" after ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::strtod(out.c_str() + at + 7, nullptr) < kKillTimeout);
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc == 7 && std::string(argv[1]) == "--tcp-rank") {
+    try {
+      return tcp_rank_main(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]),
+                           std::atoi(argv[6]));
+    } catch (const std::exception& e) {
+      std::printf("TCP FAIL: %s\n", e.what());
+      return 2;
+    }
+  }
+  return Catch::Session().run(argc, argv);
+}

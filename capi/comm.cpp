@@ -12,7 +12,10 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <random>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -682,6 +685,18 @@ meshrt_status_t meshrt_comm_device(meshrt_comm_t comm, meshrt_device_type_t* typ
     const Device d = c->comm->device();
     if (type) *type = d.is_cuda() ? MESHRT_DEVICE_CUDA : MESHRT_DEVICE_CPU;
     if (index) *index = d.index;
+  });
+}
+
+meshrt_status_t meshrt_comm_backend(meshrt_comm_t comm, const char** name) {
+  return guarded(__func__, [&] {
+    auto c = find_comm(comm);
+    check_out(name, "name");
+    // Interned: the backends' names are few, and the pointer outlives the communicator.
+    static std::mutex mu;
+    static std::set<std::string, std::less<>> names;
+    std::lock_guard<std::mutex> lk(mu);
+    *name = names.emplace(c->comm->backend()).first->c_str();
   });
 }
 

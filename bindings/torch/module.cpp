@@ -13,8 +13,16 @@ PYBIND11_MODULE(_torch_backend, m) {
   py::module::import("torch.distributed");  // c10d's Backend and Store types
   py::class_<meshrt_torch::MeshrtBackend, c10d::Backend,
              c10::intrusive_ptr<meshrt_torch::MeshrtBackend>>(m, "MeshrtBackend")
-      .def_property_readonly("comm_handle", [](const meshrt_torch::MeshrtBackend& b) {
-        return reinterpret_cast<uintptr_t>(b.comm());
+      .def_property_readonly("comm_handle",
+                             [](const meshrt_torch::MeshrtBackend& b) {
+                               return reinterpret_cast<uintptr_t>(b.comm());
+                             })
+      // The meshrt collective backend the CPU tensors run on (meshrt_comm_backend).
+      .def_property_readonly("collective_backend", [](const meshrt_torch::MeshrtBackend& b) {
+        const char* name = nullptr;
+        if (meshrt_comm_backend(b.comm(), &name) != MESHRT_SUCCESS)
+          throw std::runtime_error(std::string("meshrt: ") + meshrt_last_error());
+        return std::string(name);
       });
   m.def("cuda_built", &meshrt_torch::cuda_built,
         "whether this module moves CUDA tensors (torch and meshrt both built with CUDA)");

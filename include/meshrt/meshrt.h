@@ -227,6 +227,9 @@ MESHRT_C_API meshrt_status_t meshrt_comm_size(meshrt_comm_t comm, int* size);
 /* The rank's device: type and index (CPU ranks as threads: cpu:<rank>). */
 MESHRT_C_API meshrt_status_t meshrt_comm_device(meshrt_comm_t comm, meshrt_device_type_t* type,
                                                 int* index);
+/* The collective backend the communicator runs on ("host", "shm", "tcp", "hier", "mpi",
+ * "nccl"): *name stays valid for the life of the process. */
+MESHRT_C_API meshrt_status_t meshrt_comm_backend(meshrt_comm_t comm, const char** name);
 
 #define MESHRT_SPLIT_NO_COLOR (-1)
 /* Collective over `comm` (blocks): ranks passing the same colour form a new communicator, ranked

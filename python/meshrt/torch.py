@@ -4,7 +4,9 @@
     torch.distributed.init_process_group("meshrt")   # torchrun, or init_method=..., as with gloo
 
 The backend bootstraps over torch's store (no other port or variable): CPU ranks of one node
-share memory (meshrt's shm backend); CUDA tensors go over meshrt's NCCL communicator. See docs/torch.md for what is supported and refused.
+share memory (meshrt's shm backend); across nodes they run in two levels (hier: shm inside each
+node, TCP between the nodes); CUDA tensors go over meshrt's NCCL communicator. See docs/torch.md
+for what is supported and refused.
 """
 import torch
 import torch.distributed as dist
@@ -22,6 +24,13 @@ BACKEND = "meshrt"
 
 def _create_backend(store, rank, size, timeout):
     return _ext.create_backend(store, rank, size, timeout.total_seconds())
+
+
+def collective_backend(group=None):
+    """The meshrt backend that moves the CPU tensors of `group` (default: the world): "shm" (one
+    node), "hier" (several nodes), "host" (one process)."""
+    pg = group if group is not None else dist.group.WORLD
+    return pg._get_backend(torch.device("cpu")).collective_backend
 
 
 def _register():

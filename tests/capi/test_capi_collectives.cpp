@@ -167,6 +167,11 @@ TEST_CASE("capi: init_rank from engine threads runs every collective x dtype", "
     CAPI_THROW_UNLESS_OK(meshrt_comm_device(comm, &type, &index));
     RANK_EXPECT(rank == r && size == n, "rank and size as joined");
     RANK_EXPECT(type == MESHRT_DEVICE_CPU && index == r, "CPU ranks as threads run on cpu:<rank>");
+    const char* backend = nullptr;
+    CAPI_THROW_UNLESS_OK(meshrt_comm_backend(comm, &backend));
+    RANK_EXPECT(backend != nullptr && std::string(backend) == "host", "threads run on host");
+    RANK_EXPECT(meshrt_comm_backend(comm, nullptr) == MESHRT_ERROR_INVALID_ARGUMENT,
+                "a NULL name is refused");
     every_collective(comm);
     CAPI_THROW_UNLESS_OK(meshrt_comm_destroy(comm));
   });

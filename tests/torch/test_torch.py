@@ -56,6 +56,17 @@ def test_collectives_against_gloo(n):
     assert segments() - before == set(), "meshrt left shared-memory segments behind"
 
 
+def test_two_simulated_nodes_run_hier_against_gloo():
+    # MESHRT_NODE_ID = rank // 2: two nodes of two ranks, so the backend bootstrapped over torch's
+    # store runs in two levels (hier: shm in each node, TCP between them).
+    before = segments()
+    lines = torchrun(4, "collectives.py", "--nodes", "2")
+    assert [ln for ln in lines if "meshrt backend" in ln] == [
+        f"rank {r}: meshrt backend hier" for r in range(4)]
+    assert [ln.split(":")[0] for ln in lines if ": OK " in ln] == [f"rank {r}" for r in range(4)]
+    assert segments() - before == set(), "meshrt left shared-memory segments behind"
+
+
 def test_subgroups_and_device_mesh():
     # MESHRT_FLIGHT=0: without the flight recorder's process-wide signal thread (docs/faults.md),
     # destroy_process_group leaves the thread count where it was before init_process_group.

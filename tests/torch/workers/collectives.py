@@ -3,14 +3,17 @@ torchrun): op x dtype x sizes (0, 1, odd, larger), sync and async, views and non
 tensors, then (--big) every data path at 64 MiB, sync and async. Inputs are small integers, so
 sums and products are exact in every dtype; averages are compared within rounding. Prints
 "OK <n> checks" on success.
-Usage: torchrun --nproc_per_node N collectives.py [--big]
+--nodes K: the ranks stand for K nodes (MESHRT_NODE_ID, set per rank before the backend starts)
+and report the meshrt backend they run on.
+Usage: torchrun --nproc_per_node N collectives.py [--big] [--nodes K]
 """
+import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-import meshrt.torch  # noqa: F401  registers "meshrt"
+import meshrt.torch  # registers "meshrt"
 
 from worker_report import report
 
@@ -268,8 +271,14 @@ def check_big(rank, world, gloo):
 
 
 def main():
+    if "--nodes" in sys.argv:
+        nodes = int(sys.argv[sys.argv.index("--nodes") + 1])
+        r, w = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        os.environ["MESHRT_NODE_ID"] = str(r * nodes // w)
     dist.init_process_group("meshrt")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if "--nodes" in sys.argv:
+        report(f"rank {rank}: meshrt backend {meshrt.torch.collective_backend()}")
     gloo = dist.new_group(backend="gloo")
     for f in (check_all_reduce, check_views, check_movement, check_reduce_family, check_rest):
         f(rank, world, gloo)

@@ -4,9 +4,6 @@
 // mpirun started the processes, else the tcp backend (a world bootstrapped over TCP or files:
 // torchrun, torch's store); every other call goes to that flat world. Node identity:
 // detail::node_identity (host name, MESHRT_NODE_ID).
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>

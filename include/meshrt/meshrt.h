@@ -190,14 +190,15 @@ MESHRT_C_API meshrt_status_t meshrt_comm_init_mpi(meshrt_comm_t* comm, void* mpi
 /* Rank `rank` of `nranks` processes (1..1048576) meeting through files in `dir` (a directory
  * every rank can read and write; MESHRT_RUN_ID keeps separate jobs apart). Collective;
  * MESHRT_ERROR_TIMEOUT names the ranks that never arrived. CPU processes of one node get the shm
- * backend (shared memory), CUDA ones NCCL. */
+ * backend (shared memory), on several nodes hier (shm in each node, TCP between the nodes), CUDA
+ * ones NCCL. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_file(meshrt_comm_t* comm, const char* dir, int nranks,
                                                    int rank, const meshrt_comm_config_t* config);
 /* Rank `rank` of `nranks` processes (1..1048576) meeting over TCP at rank 0's `host`:`port`
  * (rank 0 listens there; an IPv4 address or host name every rank reaches, e.g. "127.0.0.1" on one
  * node). Collective; MESHRT_ERROR_TIMEOUT names the ranks that never connected within the init
- * timeout. As meshrt_comm_init_file: CPU processes of one node get the shm backend, CUDA ones
- * NCCL. */
+ * timeout. As meshrt_comm_init_file: CPU processes of one node get the shm backend, on several
+ * nodes hier, CUDA ones NCCL. */
 MESHRT_C_API meshrt_status_t meshrt_comm_init_tcp(meshrt_comm_t* comm, const char* host, int port,
                                                   int nranks, int rank,
                                                   const meshrt_comm_config_t* config);

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "coll_matrix.h"
@@ -64,6 +65,44 @@ void split_and_ring(Communicator& w, Stream& s, Failures& f) {
   w.barrier(s).synchronize();
 }
 
+// Mismatched calls on a flat tcp world: a collective whose counts differ fails on every rank
+// (the ranks compare their calls before every collective), a receive of fewer elements than
+// were sent fails naming both sides; the connections stay in step, so the next call works.
+void mismatches(Communicator& w, Failures& f) {
+  const int r = w.rank();
+  // Each failing call on a stream of its own: a stream stays failed after an error.
+  auto expect_error = [&](const std::string& what, const std::function<void(Stream&)>& fn,
+                          const std::string& want) {
+    auto s = make_host_stream("mismatch");
+    try {
+      fn(*s);
+      f.add(what + ": no error");
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find(want) == std::string::npos) f.add(what + ": " + e.what());
+    }
+  };
+  Tensor a = host_tensor(r == 0 ? 5 : 6, DType::f32);
+  fill_value(a, 1);
+  expect_error(
+      "all_reduce of 5 / 6 elements",
+      [&](Stream& s) { w.all_reduce(a, ReduceOp::Sum, s).synchronize(); },
+      "collective mismatch on group 'world'");
+  Tensor m = host_tensor(r == 0 ? 5 : 3, DType::i32);
+  fill_value(m, 2);
+  auto s = make_host_stream("after");
+  if (r == 0) w.send(m, 1, *s).synchronize();
+  if (r == 1) {
+    expect_error(
+        "recv of 3 after a send of 5", [&](Stream& rs) { w.recv(m, 0, rs).synchronize(); },
+        "send/recv mismatch on group 'world': rank 0 sent 5 elements of i32 but rank 1 receives "
+        "i32 count=3");
+  }
+  Tensor b = host_tensor(4, DType::i64);
+  fill_value(b, 1);
+  w.all_reduce(b, ReduceOp::Sum, *s).synchronize();
+  check_values(f, "all_reduce after the mismatches", b, 0, 4, [&](int64_t) { return w.size(); });
+}
+
 // Rank 1 dies (SIGKILL) before its 4th all-reduce; the others are inside it, waiting.
 int kill_main(Communicator& w, Stream& s, int rank) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -100,6 +139,7 @@ int tcp_rank_main(const std::string& mode, const std::string& backend, int rank,
   Failures f;
   const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001}, f, 7 + world);
   split_and_ring(*w, *s, f);
+  if (w->backend() == "tcp") mismatches(*w, f);
   std::printf("%s rank %d on %s: %lld collectives, %zu failures\n%s",
               f.count() == 0 ? "TCP OK" : "TCP FAIL", rank, std::string(w->backend()).c_str(),
               static_cast<long long>(ops), f.count(), f.str().c_str());

@@ -95,7 +95,7 @@ void mismatches(Communicator& w, Failures& f) {
     expect_error(
         "recv of 3 after a send of 5", [&](Stream& rs) { w.recv(m, 0, rs).synchronize(); },
         "send/recv mismatch on group 'world': rank 0 sent 5 elements of i32 but rank 1 receives "
-        "i32 count=3");
+        "i32 count=3 (message #4 between them)");
   }
   Tensor b = host_tensor(4, DType::i64);
   fill_value(b, 1);

@@ -336,6 +336,14 @@ class TcpEngine final : public detail::OrderedEngine {
     throw CommError(msg);
   }
 
+  // What a failed send or receive says of the peer: a connection closed or reset is its process
+  // gone (or aborted: peer_failed then reads its reason).
+  static std::string lost(int e, const std::string& doing) {
+    if (e == ECONNRESET || e == EPIPE)
+      return "closed its connection (its process failed or exited)";
+    return doing + ": " + sys_text(e);
+  }
+
   // Nothing moved for a poll interval: the abort and deadline checks.
   void idle(const Op& op, int to, int from) {
     if (aborted()) throw_aborted(op);
@@ -381,9 +389,7 @@ class TcpEngine final : public detail::OrderedEngine {
           sp += w;
           sl -= static_cast<size_t>(w);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          peer_failed(op, to,
-                      "could not be sent to: " + sys_text(errno) +
-                          " (its process failed, exited or aborted)");
+          peer_failed(op, to, lost(errno, "could not be sent to"));
         }
       }
       if (ri >= 0 && (p[ri].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
@@ -392,9 +398,9 @@ class TcpEngine final : public detail::OrderedEngine {
           rp += k;
           rl -= static_cast<size_t>(k);
         } else if (k == 0) {
-          peer_failed(op, from, "closed its connection (its process failed or exited)");
+          peer_failed(op, from, lost(ECONNRESET, ""));
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          peer_failed(op, from, "could not be read from: " + sys_text(errno));
+          peer_failed(op, from, lost(errno, "could not be read from"));
         }
       }
     }

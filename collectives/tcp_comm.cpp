@@ -696,7 +696,16 @@ std::unique_ptr<Communicator> make_tcp_world_communicator(BootstrapTransport& tr
     throw;
   }
   std::vector<std::string> addrs;
-  for (const std::string& a : answers) addrs.push_back(a.substr(0, a.find(' ')));
+  for (size_t j = 0; j < answers.size(); ++j) {
+    const std::string& a = answers[j];
+    if (a.find(':') == std::string::npos || a.find(' ') == std::string::npos) {
+      close(fd);
+      throw CommError("tcp: rank " + std::to_string(j) + " published '" + a +
+                      "' at the rendezvous, not 'address:port token' (ranks of different meshrt "
+                      "versions?)");
+    }
+    addrs.push_back(a.substr(0, a.find(' ')));
+  }
   const std::string job = answers[0].substr(answers[0].find(' ') + 1);
   auto dom = std::make_shared<TcpDomain>(fd, std::move(addrs), job, tr.rank());
   std::vector<int> world(static_cast<size_t>(tr.size()));

@@ -49,6 +49,13 @@ constexpr int kPollMs = 100;
 
 std::string sys_text(int e) { return std::strerror(e); }
 
+// "30", "0.5".
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
 void set_nodelay(int fd) {
   const int one = 1;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
@@ -130,7 +137,10 @@ class TcpDomain {
  public:
   TcpDomain(int listen_fd, std::vector<std::string> addrs, std::string job, int world_rank)
       : listen_fd_(listen_fd), addrs_(std::move(addrs)), job_(std::move(job)), me_(world_rank) {}
-  ~TcpDomain() { close(listen_fd_); }
+  ~TcpDomain() {
+    for (const auto& [key, fd] : pending_) close(fd);  // accepted, never claimed by a group
+    close(listen_fd_);
+  }
 
   bool aborted() const { return aborted_.load(); }
   std::string reason() const {
@@ -293,7 +303,7 @@ class TcpEngine final : public detail::OrderedEngine {
           throw CommError("tcp: " + rank_label(j) + " at " +
                           dom_->address(members_[static_cast<size_t>(j)]) + " never connected to " +
                           rank_label(rank()) + " of group '" + name() + "' within " +
-                          std::to_string(config().timeout_s) +
+                          seconds_text(config().timeout_s) +
                           " s (did its process fail, or is this node unreachable from it?)");
         }
         links_[static_cast<size_t>(j)][static_cast<size_t>(ch)] = fd;

@@ -17,7 +17,7 @@
 
 #include "bench/block/block_bench.h"
 #include "bench/block/flops.h"
-#include "bench/plan/plan_bench.h"
+#include "plan/command/plan_command.h"
 #include "bench/sweep/sweep.h"
 #include "model/block_desc.h"
 #include "model/model_spec.h"

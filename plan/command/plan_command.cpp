@@ -1,4 +1,4 @@
-#include "bench/plan/plan_bench.h"
+#include "plan/command/plan_command.h"
 
 #include <nlohmann/json.hpp>
 

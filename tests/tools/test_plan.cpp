@@ -17,10 +17,10 @@
 
 #include "bench/block/block_bench.h"
 #include "bench/block/flops.h"
-#include "plan/command/plan_command.h"
 #include "bench/sweep/sweep.h"
 #include "model/block_desc.h"
 #include "model/model_spec.h"
+#include "plan/command/plan_command.h"
 #include "plan/cost_model.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -1014,7 +1014,17 @@ TEST_CASE("plan: a 128K-token model on h100-sxm:8x4 fits only with cp", "[unit][
   REQUIRE(all.front().fits);
   CHECK(all.front().cfg.cp > 1);
   std::ostringstream out;
+  o.json_path = "plan-test-128k.json";
   CHECK(run_plan(o, out) == 0);
+  std::ifstream jf(o.json_path);
+  const json j = json::parse(jf);
+  std::remove(o.json_path.c_str());
+  const json& first = j.at("configs").at(0);
+  CHECK(first.at("best") == true);
+  CHECK(first.at("cp") == all.front().cfg.cp);
+  CHECK(first.at("cp_comm") == cp_comm_name(all.front().cfg.cp_comm));
+  CHECK(first.at("cp_imbalance") == 1.0);
+  CHECK(first.at("cp_exposed_ms").get<double>() <= first.at("cp_comm_ms").get<double>());
   const std::string best = "  best " + mesh_label(all.front().cfg);
   CHECK(out.str().find(best) != std::string::npos);
   CHECK(out.str().find(cp_comm_name(all.front().cfg.cp_comm)) != std::string::npos);

@@ -335,6 +335,7 @@ TEST_CASE("packed documents: causal work per chunk and rank, and the balanced pa
 TEST_CASE("cp balance of real packed batches (report)", "[.][cp_balance]") {
   const char* path = std::getenv("MESHRT_TEST_CP_BALANCE_DATA");
   const char* eot_s = std::getenv("MESHRT_TEST_CP_BALANCE_EOT");
+  INFO("set MESHRT_TEST_CP_BALANCE_DATA (and MESHRT_TEST_CP_BALANCE_EOT): docs/training.md");
   REQUIRE(path != nullptr);
   const auto file = TokenFile::open(path, TokenDType::U16);
   const int64_t eot = file->end_of_text(eot_s != nullptr ? std::atoll(eot_s) : -1);

@@ -46,8 +46,9 @@ struct Algorithm {
   int64_t capacity = 0;
 };
 
-// The engines' own algorithms (their code is in the engine: host_comm.cpp, shm_comm.cpp,
-// hier_comm.cpp; mpi and nccl are native).
+// The engines' own algorithms (threads: eager.cpp, flat.cpp over host_transport.h; shm:
+// one_step.cpp, staged.cpp, zero_copy.cpp over shm_transport.h; hier: hier_comm.cpp; mpi and nccl
+// are native).
 namespace algos {
 extern const Algorithm eager, flat, one_step, staged, zero_copy, two_level, native;
 }

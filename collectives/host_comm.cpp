@@ -37,7 +37,6 @@ using detail::Deadline;
 using detail::Op;
 
 using detail::cpu_relax;
-using detail::stream_output;
 
 // A futex word that waiters sleep on and that every state change bumps. Waiters announce
 // themselves in `sleepers` so that notify() costs no system call when nobody sleeps.

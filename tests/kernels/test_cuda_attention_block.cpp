@@ -177,12 +177,15 @@ TEST_CASE("cuda attention blocks at offsets match the host and merge to the whol
   // f32: accumulation order only. bf16: each block's partial output and gradients are rounded to
   // bf16 before they are merged or summed (a bf16 rounding per block on top of the whole
   // sequence's), as in the host's test_attention_block.cpp.
+  // Flash adds its rounding of P and dS, whose error follows the row's size (attention_cases.h):
+  // its floor takes the row's rms too.
   const double whole = dt == DType::f32 ? tol.tol : 0.1;
-  check_close(mout, ov, whole, "merged out " + tag);
-  check_close(mlse, lv, reference_lse_tol().tol, "merged lse " + tag);
-  check_close(bdq, read(h, dq), whole, "blocked dq " + tag);
-  check_close(bdk, read(h, dk), whole, "blocked dk " + tag);
-  check_close(bdv, read(h, dv), whole, "blocked dv " + tag);
+  const Floor wf = flash ? tol.floor(sq.d) : Floor{0.1};
+  check_close(mout, ov, whole, "merged out " + tag, wf);
+  check_close(mlse, lv, lse_tol.tol, "merged lse " + tag, lse_tol.floor(1));
+  check_close(bdq, read(h, dq), whole, "blocked dq " + tag, wf);
+  check_close(bdk, read(h, dk), whole, "blocked dk " + tag, wf);
+  check_close(bdv, read(h, dv), whole, "blocked dv " + tag, wf);
 }
 
 TEST_CASE("cuda attention_merge matches the host, an empty side exactly", "[cuda]") {

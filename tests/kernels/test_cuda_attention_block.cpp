@@ -68,79 +68,70 @@ void check_lse(Vec got, Vec want, const Tol& tol, const std::string& what) {
 
 }  // namespace cuda_block
 
-TEST_CASE("cuda attention blocks at offsets match the host and merge to the whole sequence",
-          "[cuda]") {
-  if (!meshrt::test::gpu_or_warn()) return;
-  KernelSetting keep;
-  Gpu g;
-  Host& h = g.host;
-  // The reference kernel on f32 and bf16 at head_dim 40 (a partly used 32-column group), flash on
-  // bf16 at head_dim 64 (its tiles of 64 rows and keys cut by the blocks).
-  struct Run {
-    DType dt;
-    int64_t d;
-    AttentionKernel kernel;
-  };
-  const Run run = GENERATE(Run{DType::f32, 40, AttentionKernel::Reference},
-                           Run{DType::bf16, 40, AttentionKernel::Reference},
-                           Run{DType::bf16, 64, AttentionKernel::Flash});
-  auto causal = GENERATE(true, false);
-  auto docs = GENERATE(false, true);
-  ops::set_attention_kernel(run.kernel);
-  const DType dt = run.dt;
-  // Odd lengths; query and key cuts differ (a 1-row key block, blocks straddling the diagonal,
-  // blocks wholly in the future of some queries). Documents of odd lengths with boundaries inside
-  // the blocks and a 1-token document; query block [100, 149) and key block [0, 70) share no
-  // document in either batch row.
-  const cuda_block::Seq sq{2, 2, 149, run.d};
-  const std::vector<int64_t> qcut{0, 37, 100, 149}, kcut{0, 70, 71, 149};
-  const Vec doc = cuda_block::doc_ids({{1, 36, 3, 60, 49}, {70, 1, 78}});
-  const float scale = 0.3f;
-  const Shape full{sq.b, sq.h, sq.s, sq.d};
-  Tensor q = rand_tensor(h, full, dt, 11, -2, 2), k = rand_tensor(h, full, dt, 12, -2, 2);
-  Tensor v = rand_tensor(h, full, dt, 13), dout = rand_tensor(h, full, dt, 14);
-  // The host over the whole sequence (offsets 0: doc-masked attention when docs).
-  Tensor out = h.ctx.empty(full, dt), lse = h.ctx.empty({sq.b, sq.h, sq.s}, DType::f32);
-  Tensor dq = h.ctx.empty(full, dt), dk = h.ctx.empty(full, dt), dv = h.ctx.empty(full, dt);
-  Tensor ids = docs ? make(h, {sq.b, sq.s}, DType::i32, doc) : Tensor();
-  ops::attention_block_fwd(h.ctx, h.s(), q, k, v, out, lse, scale, causal, 0, 0, ids, ids);
-  ops::attention_block_bwd(h.ctx, h.s(), q, k, v, out, dout, lse, dq, dk, dv, scale, causal, 0, 0,
-                           ids, ids);
-  const Vec qv = read(h, q), kv = read(h, k), vv = read(h, v), gv = read(h, dout);
-  const Vec ov = read(h, out), lv = read(h, lse);
+namespace cuda_block {
 
-  const std::string tag = std::string(ops::attention_kernel_name(run.kernel)) + " " + dt_name(dt) +
-                          " d=" + std::to_string(run.d) + (causal ? " causal" : " full") +
-                          (docs ? " docs" : "");
-  // Each block against the host's: the CUDA attention tests' tolerances (attention_cases.h).
-  const bool flash = run.kernel == AttentionKernel::Flash;
-  const Tol tol = flash ? tol16(dt) : reference_tol(dt);
-  const Tol lse_tol = flash ? lse_tol16() : reference_lse_tol();
-  Vec mout(ov.size()), mlse(lv.size()), bdq(ov.size(), 0.0), bdk(ov.size(), 0.0),
-      bdv(ov.size(), 0.0);
-  for (size_t qi = 0; qi + 1 < qcut.size(); ++qi) {
-    const int64_t q0 = qcut[qi], q1 = qcut[qi + 1], n = q1 - q0;
+// The blocks of one sequence: the host's whole-sequence inputs and results (offsets 0; the
+// doc-masked attention when docs), and sums of the GPU's blocks (partials merged, gradients
+// added at their rows).
+struct Blocks {
+  Gpu& g;
+  Seq sq;
+  DType dt;
+  bool causal, docs;
+  float scale = 0.3f;
+  Tol tol, lse_tol;
+  Vec doc, qv, kv, vv, gv, ov, lv, dq, dk, dv;
+  Vec mout, mlse, bdq, bdk, bdv;
+
+  Blocks(Gpu& gpu, const Seq& s, DType t, bool c, bool d, const Vec& ids, bool flash)
+      : g(gpu),
+        sq(s),
+        dt(t),
+        causal(c),
+        docs(d),
+        tol(flash ? tol16(t) : reference_tol(t)),
+        lse_tol(flash ? lse_tol16() : reference_lse_tol()),
+        doc(ids) {
+    Host& h = g.host;
+    const Shape full{sq.b, sq.h, sq.s, sq.d};
+    Tensor q = rand_tensor(h, full, dt, 11, -2, 2), k = rand_tensor(h, full, dt, 12, -2, 2);
+    Tensor v = rand_tensor(h, full, dt, 13), dout = rand_tensor(h, full, dt, 14);
+    Tensor out = h.ctx.empty(full, dt), lse = h.ctx.empty({sq.b, sq.h, sq.s}, DType::f32);
+    Tensor tdq = h.ctx.empty(full, dt), tdk = h.ctx.empty(full, dt), tdv = h.ctx.empty(full, dt);
+    Tensor dids = docs ? make(h, {sq.b, sq.s}, DType::i32, doc) : Tensor();
+    ops::attention_block_fwd(h.ctx, h.s(), q, k, v, out, lse, scale, causal, 0, 0, dids, dids);
+    ops::attention_block_bwd(h.ctx, h.s(), q, k, v, out, dout, lse, tdq, tdk, tdv, scale, causal, 0,
+                             0, dids, dids);
+    qv = read(h, q), kv = read(h, k), vv = read(h, v), gv = read(h, dout);
+    ov = read(h, out), lv = read(h, lse), dq = read(h, tdq), dk = read(h, tdk), dv = read(h, tdv);
+    mout.assign(ov.size(), 0.0), mlse.assign(lv.size(), 0.0);
+    bdq.assign(ov.size(), 0.0), bdk.assign(ov.size(), 0.0), bdv.assign(ov.size(), 0.0);
+  }
+
+  // Query block [q0, q1) against each key block of kcut, on the GPU and on the host: each
+  // block's partial and gradients alike, the GPU's partials merged into mout / mlse.
+  void run(int64_t q0, int64_t q1, const std::vector<int64_t>& kcut, const std::string& tag) {
+    Host& h = g.host;
+    const int64_t n = q1 - q0;
     const Shape qs{sq.b, sq.h, n, sq.d}, ls{sq.b, sq.h, n};
-    Tensor qb = make(h, qs, dt, cuda_block::rows_of(qv, sq, sq.d, q0, q1));
-    Tensor ob = make(h, qs, dt, cuda_block::rows_of(ov, sq, sq.d, q0, q1));
-    Tensor gb = make(h, qs, dt, cuda_block::rows_of(gv, sq, sq.d, q0, q1));
-    Tensor lb = make(h, ls, DType::f32, cuda_block::rows_of(lv, sq, 1, q0, q1));
-    Tensor qd =
-        docs ? make(h, {sq.b, n}, DType::i32, cuda_block::doc_rows(doc, sq, q0, q1)) : Tensor();
+    Tensor qb = make(h, qs, dt, rows_of(qv, sq, sq.d, q0, q1));
+    Tensor ob = make(h, qs, dt, rows_of(ov, sq, sq.d, q0, q1));
+    Tensor gb = make(h, qs, dt, rows_of(gv, sq, sq.d, q0, q1));
+    Tensor lb = make(h, ls, DType::f32, rows_of(lv, sq, 1, q0, q1));
+    Tensor qd = docs ? make(h, {sq.b, n}, DType::i32, doc_rows(doc, sq, q0, q1)) : Tensor();
     Tensor dqb = g.up(qb), dob = g.up(ob), dgb = g.up(gb), dlb = g.up(lb);
     Tensor dqd = docs ? g.up(qd) : Tensor();
     Tensor acc = g.ctx.empty(qs, dt), acc_lse = g.ctx.empty(ls, DType::f32);
     ops::fill(g.ctx, g.s(), acc, 0.0);
-    ops::fill(g.ctx, g.s(), acc_lse, -cuda_block::kInf);
+    ops::fill(g.ctx, g.s(), acc_lse, -kInf);
     for (size_t ki = 0; ki + 1 < kcut.size(); ++ki) {
       const int64_t k0 = kcut[ki], k1 = kcut[ki + 1], m = k1 - k0;
       const std::string blk = tag + " q[" + std::to_string(q0) + "," + std::to_string(q1) + ") k[" +
                               std::to_string(k0) + "," + std::to_string(k1) + ")";
       const Shape ks{sq.b, sq.h, m, sq.d};
-      Tensor kb = make(h, ks, dt, cuda_block::rows_of(kv, sq, sq.d, k0, k1));
-      Tensor vb = make(h, ks, dt, cuda_block::rows_of(vv, sq, sq.d, k0, k1));
-      Tensor kd =
-          docs ? make(h, {sq.b, m}, DType::i32, cuda_block::doc_rows(doc, sq, k0, k1)) : Tensor();
+      Tensor kb = make(h, ks, dt, rows_of(kv, sq, sq.d, k0, k1));
+      Tensor vb = make(h, ks, dt, rows_of(vv, sq, sq.d, k0, k1));
+      Tensor kd = docs ? make(h, {sq.b, m}, DType::i32, doc_rows(doc, sq, k0, k1)) : Tensor();
       Tensor dkb = g.up(kb), dvb = g.up(vb), dkd = docs ? g.up(kd) : Tensor();
       // The host's partial and gradients of this block.
       Tensor po = h.ctx.empty(qs, dt), pl = h.ctx.empty(ls, DType::f32);
@@ -156,36 +147,95 @@ TEST_CASE("cuda attention blocks at offsets match the host and merge to the whol
       ops::attention_block_bwd(g.ctx, g.s(), dqb, dkb, dvb, dob, dgb, dlb, gdq, gdk, gdv, scale,
                                causal, q0, k0, dqd, dkd);
       const Vec gl = g.down(gpl), go = g.down(gpo);
+      const Vec gq = g.down(gdq), gk = g.down(gdk), gw = g.down(gdv);
       check_close(go, read(h, po), tol.tol, "partial out " + blk, tol.floor(sq.d));
-      cuda_block::check_lse(gl, read(h, pl), lse_tol, "partial lse " + blk);
-      check_close(g.down(gdq), read(h, pdq), tol.tol, "block dq " + blk, tol.floor(sq.d));
-      check_close(g.down(gdk), read(h, pdk), tol.tol, "block dk " + blk, tol.floor(sq.d));
-      check_close(g.down(gdv), read(h, pdv), tol.tol, "block dv " + blk, tol.floor(sq.d));
-      // Wholly in the future, or (docs) no shared document: the empty partial, exactly.
-      if ((causal && k0 > q1 - 1) || (docs && q0 == 100 && k0 == 0)) {
-        for (double x : gl) REQUIRE(x == -cuda_block::kInf);
-        for (double x : go) REQUIRE(x == 0.0);
-      }
+      check_lse(gl, read(h, pl), lse_tol, "partial lse " + blk);
+      check_close(gq, read(h, pdq), tol.tol, "block dq " + blk, tol.floor(sq.d));
+      check_close(gk, read(h, pdk), tol.tol, "block dk " + blk, tol.floor(sq.d));
+      check_close(gw, read(h, pdv), tol.tol, "block dv " + blk, tol.floor(sq.d));
+      // A row that sees no key (check_lse: -inf where the host's is) gets out 0, exactly; a block
+      // wholly in the future, or (docs) [100, 149) x [0, 70), has only such rows.
+      for (size_t r = 0; r < gl.size(); ++r)
+        for (int64_t c = 0; c < sq.d && gl[r] == -kInf; ++c)
+          REQUIRE(go[r * static_cast<size_t>(sq.d) + static_cast<size_t>(c)] == 0.0);
+      if ((causal && k0 > q1 - 1) || (docs && q0 == 100 && k0 == 0))
+        for (double x : gl) REQUIRE(x == -kInf);
       ops::attention_merge(g.ctx, g.s(), acc, acc_lse, gpo, gpl);
-      cuda_block::add_rows(bdq, sq, sq.d, q0, q1, g.down(gdq));
-      cuda_block::add_rows(bdk, sq, sq.d, k0, k1, g.down(gdk));
-      cuda_block::add_rows(bdv, sq, sq.d, k0, k1, g.down(gdv));
+      add_rows(bdq, sq, sq.d, q0, q1, gq);
+      add_rows(bdk, sq, sq.d, k0, k1, gk);
+      add_rows(bdv, sq, sq.d, k0, k1, gw);
     }
-    cuda_block::add_rows(mout, sq, sq.d, q0, q1, g.down(acc));
-    cuda_block::add_rows(mlse, sq, 1, q0, q1, g.down(acc_lse));
+    add_rows(mout, sq, sq.d, q0, q1, g.down(acc));
+    add_rows(mlse, sq, 1, q0, q1, g.down(acc_lse));
   }
+};
+
+// Documents of odd lengths for batch 2 of 149 positions, with boundaries inside the blocks and a
+// 1-token document; positions [100, 149) and [0, 70) share no document in either batch row.
+Vec odd_docs() { return doc_ids({{1, 36, 3, 60, 49}, {70, 1, 78}}); }
+
+}  // namespace cuda_block
+
+TEST_CASE("cuda attention blocks at offsets match the host and merge to the whole sequence",
+          "[cuda]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  // The reference kernel on f32 and bf16 at head_dim 40 (a partly used 32-column group), flash on
+  // bf16 at head_dim 64 (its tiles of 64 rows and keys cut by the blocks).
+  struct Run {
+    DType dt;
+    int64_t d;
+    AttentionKernel kernel;
+  };
+  const Run run = GENERATE(Run{DType::f32, 40, AttentionKernel::Reference},
+                           Run{DType::bf16, 40, AttentionKernel::Reference},
+                           Run{DType::bf16, 64, AttentionKernel::Flash});
+  auto causal = GENERATE(true, false);
+  auto docs = GENERATE(false, true);
+  ops::set_attention_kernel(run.kernel);
+  const bool flash = run.kernel == AttentionKernel::Flash;
+  // Odd lengths; query and key cuts differ (a 1-row key block, blocks straddling the diagonal,
+  // blocks wholly in the future of some queries).
+  cuda_block::Blocks B(g, {2, 2, 149, run.d}, run.dt, causal, docs, cuda_block::odd_docs(), flash);
+  const std::string tag = std::string(ops::attention_kernel_name(run.kernel)) + " " +
+                          dt_name(run.dt) + " d=" + std::to_string(run.d) +
+                          (causal ? " causal" : " full") + (docs ? " docs" : "");
+  const std::vector<int64_t> qcut{0, 37, 100, 149}, kcut{0, 70, 71, 149};
+  for (size_t qi = 0; qi + 1 < qcut.size(); ++qi) B.run(qcut[qi], qcut[qi + 1], kcut, tag);
   // f32: accumulation order only. bf16: each block's partial output and gradients are rounded to
   // bf16 before they are merged or summed (a bf16 rounding per block on top of the whole
-  // sequence's), as in the host's test_attention_block.cpp.
-  // Flash adds its rounding of P and dS, whose error follows the row's size (attention_cases.h):
-  // its floor takes the row's rms too.
-  const double whole = dt == DType::f32 ? tol.tol : 0.1;
-  const Floor wf = flash ? tol.floor(sq.d) : Floor{0.1};
-  check_close(mout, ov, whole, "merged out " + tag, wf);
-  check_close(mlse, lv, lse_tol.tol, "merged lse " + tag, lse_tol.floor(1));
-  check_close(bdq, read(h, dq), whole, "blocked dq " + tag, wf);
-  check_close(bdk, read(h, dk), whole, "blocked dk " + tag, wf);
-  check_close(bdv, read(h, dv), whole, "blocked dv " + tag, wf);
+  // sequence's), as in the host's test_attention_block.cpp. Flash adds its rounding of P and dS,
+  // whose error follows the row's size (attention_cases.h): its floor takes the row's rms too.
+  const double whole = run.dt == DType::f32 ? B.tol.tol : 0.1;
+  const Floor wf = flash ? B.tol.floor(run.d) : Floor{0.1};
+  check_close(B.mout, B.ov, whole, "merged out " + tag, wf);
+  check_close(B.mlse, B.lv, B.lse_tol.tol, "merged lse " + tag, B.lse_tol.floor(1));
+  check_close(B.bdq, B.dq, whole, "blocked dq " + tag, wf);
+  check_close(B.bdk, B.dk, whole, "blocked dk " + tag, wf);
+  check_close(B.bdv, B.dv, whole, "blocked dv " + tag, wf);
+}
+
+// tools/gpu-check.sh runs this tag under compute-sanitizer (memcheck, racecheck): the document
+// ids are read per (query, key) pair, at rows and keys cut by the tiles' edges.
+TEST_CASE("cuda doc-masked attention blocks under compute-sanitizer (small shapes)",
+          "[cuda][sanitize]") {
+  if (!meshrt::test::gpu_or_warn()) return;
+  KernelSetting keep;
+  Gpu g;
+  struct Run {
+    DType dt;
+    int64_t d;
+    AttentionKernel kernel;
+  };
+  const Run run = GENERATE(Run{DType::f32, 40, AttentionKernel::Reference},
+                           Run{DType::bf16, 64, AttentionKernel::Flash});
+  ops::set_attention_kernel(run.kernel);
+  cuda_block::Blocks B(g, {2, 1, 149, run.d}, run.dt, true, true, cuda_block::odd_docs(),
+                       run.kernel == AttentionKernel::Flash);
+  // One query block straddling a flash tile edge against keys before, across and after it.
+  B.run(37, 100, {0, 70, 71, 149},
+        std::string(ops::attention_kernel_name(run.kernel)) + " " + dt_name(run.dt));
 }
 
 TEST_CASE("cuda attention_merge matches the host, an empty side exactly", "[cuda]") {

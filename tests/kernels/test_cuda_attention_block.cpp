@@ -254,9 +254,9 @@ TEST_CASE("cuda attention_merge matches the host, an empty side exactly", "[cuda
   Tensor lse = make(h, {1, rows}, DType::f32, lse_a), plse = make(h, {1, rows}, DType::f32, lse_b);
   Tensor gout = g.up(out), glse = g.up(lse), gpart = g.up(part), gplse = g.up(plse);
   const Vec out0 = read(h, out), part0 = read(h, part);
-  ops::attention_merge(h.ctx, h.s(), out, lse, part, plse);
   ops::attention_merge(g.ctx, g.s(), gout, glse, gpart, gplse);
-  const Vec go = g.down(gout), gl = g.down(glse);
+  const Vec go = g.down(gout), gl = g.down(glse);  // synchronises: the copies up are done
+  ops::attention_merge(h.ctx, h.s(), out, lse, part, plse);
   INFO(dt_name(dt));
   for (int64_t c = 0; c < d; ++c) {
     REQUIRE(go[static_cast<size_t>(c)] == out0[static_cast<size_t>(c)]);           // row 0

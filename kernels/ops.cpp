@@ -583,8 +583,8 @@ void check_block_offsets(const Check& chk, int64_t q_offset, int64_t kv_offset) 
                                                       << " must be >= 0 (global token positions)");
 }
 // The document ids of a doc-masked block (ops.h): both undefined (no mask) or both i32
-// [batch, seq] for q's and k's sequences, on the host (the only backend with the mask so far).
-// Their order is checked when the work runs (the data may not be written yet).
+// [batch, seq] for q's and k's sequences, on the stream's device. Their order is checked when the
+// work runs on the host (the data may not be written yet), not on CUDA (ops.h).
 void check_block_docs(const Check& chk, const Tensor& q, const Tensor& k, const Tensor& q_doc,
                       const Tensor& k_doc) {
   MESHRT_CHECK(q_doc.defined() == k_doc.defined(),
@@ -593,11 +593,6 @@ void check_block_docs(const Check& chk, const Tensor& q, const Tensor& k, const 
                      << " and "
                      << (k_doc.defined() ? "k_doc " + k_doc.str() : std::string("no k_doc")));
   if (!q_doc.defined()) return;
-  MESHRT_CHECK(chk.device().is_cpu(),
-               "op " << chk.op()
-                     << ": document masking (q_doc / k_doc) runs on the host backend "
-                        "only so far, not on "
-                     << chk.device().str() << "; run doc-masked attention on host tensors");
   const std::pair<const Tensor*, const char*> docs[] = {{&q_doc, "q_doc"}, {&k_doc, "k_doc"}};
   for (const auto& [doc, name] : docs) {
     chk.contiguous(*doc, name);

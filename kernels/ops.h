@@ -145,8 +145,11 @@ MESHRT_API void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, con
 // before its position): no length rule, a document may start or end anywhere in either block,
 // and with offsets 0 and whole-sequence tensors this is doc-masked attention_fwd. A row that
 // sees no key of the block gets out 0 and lse -inf, as above. Both undefined (the default): no
-// document mask. Host backend only (other backends refuse it). Ids that decrease are refused
-// when the work runs (the stream's synchronize() rethrows, naming the positions and ids).
+// document mask. Host and CUDA backends (CUDA: flash or the reference kernel, chosen as for
+// attention_fwd; see below). Ids that decrease are refused on the host when the work runs (the
+// stream's synchronize() rethrows, naming the positions and ids); CUDA does not check the order:
+// there a query sees exactly the keys with an equal id (and, causal, at or before it), which for
+// non-decreasing ids is the same mask.
 MESHRT_API void attention_block_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
                                     float softmax_scale, bool causal, int64_t q_offset,

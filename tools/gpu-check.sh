@@ -270,7 +270,8 @@ done < <(sed -n 's/.*Test *#[0-9]*: \(.*[^ .]\) *\.* *\*\*\*Skipped.*/\1/p' "$RE
 
 # ---- compute-sanitizer over the kernels' [sanitize] cases --------------------------------------
 # test_kernels' cases tagged [sanitize]: attention (flash and reference, bf16 / f16, head_dim 64 /
-# 128, shapes reaching every tile edge and the mask: attention_cases.h's sanitize_cases), norms,
+# 128, shapes reaching every tile edge and the mask: attention_cases.h's sanitize_cases; the
+# context-parallel blocks with document masks: test_cuda_attention_block.cpp), norms,
 # softmax / cross-entropy and elementwise. memcheck: out-of-bounds and misaligned accesses and
 # every failed CUDA call; racecheck: shared-memory hazards (a missing or misplaced __syncthreads
 # in the tiled kernels). Limits: meshrt's caching allocator rounds each cudaMalloc up by at most

@@ -15,13 +15,34 @@
 
 namespace meshrt::kernels::cuda {
 
-// One attention call: bh heads of q [sq, d] against k / v [sk, d], all contiguous.
+// One attention call: bh heads of q [sq, d] against k / v [sk, d], all contiguous. A block of a
+// sequence (attention_block_fwd / bwd; both kernels) sets delta = q_offset -
+// kv_offset (causal: query i sees key j <= i + delta) and, doc-masked, the document ids
+// q_doc [bh / heads, sq] and k_doc [bh / heads, sk] (query i sees key j only with equal ids).
 struct AttnArgs {
   int64_t bh, sq, sk;
   int d;
   float scale;
   bool causal;
+  int64_t delta = 0;
+  int64_t heads = 1;
+  const int32_t* q_doc = nullptr;
+  const int32_t* k_doc = nullptr;
 };
+
+// Whether query row i of head bh sees key j (rows or keys past the end: false).
+__device__ __forceinline__ bool attn_visible(const AttnArgs& a, int64_t bh, int64_t i, int64_t j) {
+  if (i >= a.sq || j >= a.sk || (a.causal && j > i + a.delta)) return false;
+  if (a.q_doc == nullptr) return true;
+  const int64_t b = bh / a.heads;
+  return a.q_doc[b * a.sq + i] == a.k_doc[b * a.sk + j];
+}
+
+// The keys [0, end) a causal query tile whose last row is q_last can see (0 when none).
+__host__ __device__ inline int64_t attn_causal_key_end(const AttnArgs& a, int64_t q_last) {
+  const int64_t end = q_last + 1 + a.delta;
+  return end < 0 ? 0 : (end < a.sk ? end : a.sk);
+}
 
 // Today's kernels: f32 math on CUDA cores, any floating dtype, head_dim <= 256. The reference
 // the flash kernels are checked against on the GPU.

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int c = 0; c < NC; ++c) o[rr][c] = 0.f;
   }
   const int64_t q_last = (q0 + kBr < a.sq ? q0 + kBr : a.sq) - 1;
-  const int64_t k_end = a.causal ? (q_last + 1 < a.sk ? q_last + 1 : a.sk) : a.sk;
+  const int64_t k_end = a.causal ? attn_causal_key_end(a, q_last) : a.sk;
   for (int64_t k0 = 0; k0 < k_end; k0 += kBc) {
     __syncthreads();
     load_tile(Ks, ld, kh, k0, kBc, a.sk, d, 1.f);
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t i = q0 + r;
       if (i >= a.sq) continue;  // warp-uniform
       float s = -kmath::kInf;
-      if (j < a.sk && (!a.causal || j <= i)) {
+      if (attn_visible(a, bh, i, j)) {
         const float* qr = Qs + r * d;
         const float* kr = Ks + lane * ld;
         float acc = 0.f;
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int c = 0; c < NC; ++c) acc[rr][c] = 0.f;
   }
   const int64_t q_last = (q0 + kBr < a.sq ? q0 + kBr : a.sq) - 1;
-  const int64_t k_end = a.causal ? (q_last + 1 < a.sk ? q_last + 1 : a.sk) : a.sk;
+  const int64_t k_end = a.causal ? attn_causal_key_end(a, q_last) : a.sk;
   for (int64_t k0 = 0; k0 < k_end; k0 += kBc) {
     __syncthreads();
     load_tile(Ks, ld, kh, k0, kBc, a.sk, d, 1.f);
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t i = q0 + r;
       if (i >= a.sq) continue;
       float ds = 0.f;
-      if (j < a.sk && (!a.causal || j <= i)) {
+      if (attn_visible(a, bh, i, j)) {
         const float* qr = Qs + r * d;
         const float* gr = dOs + r * d;
         const float* kr = Ks + lane * ld;
@@ -222,8 +222,9 @@ __global__ void __launch_bounds__(kKvWarps * 32)
 #pragma unroll
     for (int c = 0; c < NC; ++c) gk[jj][c] = gv[jj][c] = 0.f;
   }
-  // Causal: query rows before k0 see none of this block's keys.
-  const int64_t q_begin = a.causal ? (k0 / kQc) * kQc : 0;
+  // Causal: query rows before k0 - delta see none of this block's keys.
+  const int64_t q_first = a.causal && k0 - a.delta > 0 ? k0 - a.delta : 0;
+  const int64_t q_begin = (q_first / kQc) * kQc;
   for (int64_t qc = q_begin; qc < a.sq; qc += kQc) {
     __syncthreads();
     load_tile(Qs, d, qh, qc, kQc, a.sq, d, 1.f);
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(kKvWarps * 32)
 #pragma unroll
       for (int jj = 0; jj < kKeysPerWarp; ++jj) {
         const int64_t j = k0 + warp * kKeysPerWarp + jj;
-        const bool valid = j < a.sk && (!a.causal || j <= i);
+        const bool valid = attn_visible(a, bh, i, j);
         const float p = valid ? kmath::exp_f32(a.scale * ps[jj] - Ls[r]) : 0.f;
         const float ds = p * (pd[jj] - Ds[r]);
 #pragma unroll

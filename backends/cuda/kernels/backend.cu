@@ -6,18 +6,8 @@ namespace meshrt::kernels::cuda {
 namespace {
 // The ops the CUDA kernels leave out, per op the dtypes. An entry here
 // (`case Op::foo: return kAnyDType;`) makes calls on CUDA tensors fail naming op, dtype and
-// backend instead of the build failing to link. The context-parallel attention blocks are host
-// only so far.
-constexpr DTypeSet gaps(Op op) {
-  switch (op) {
-    case Op::attention_block_fwd:
-    case Op::attention_block_bwd:
-    case Op::attention_merge:
-      return kAnyDType;
-    default:
-      return {};
-  }
-}
+// backend instead of the build failing to link. None today.
+constexpr DTypeSet gaps(Op) { return {}; }
 }  // namespace
 
 const OpTable& backend() {

@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   const float sl2 = a.scale * kLog2e;
   const int64_t q_last = (q0 + kRows < a.sq ? q0 + kRows : a.sq) - 1;
-  const int64_t k_end = a.causal ? (q_last + 1 < a.sk ? q_last + 1 : a.sk) : a.sk;
+  const int64_t k_end = a.causal ? attn_causal_key_end(a, q_last) : a.sk;
   for (int64_t k0 = 0; k0 < k_end; k0 += kKeys) {
     __syncthreads();  // every warp is done with the previous tile
     load_rows<D, kKeys>(Ks, LD, kh, k0, a.sk);
@@ -193,9 +193,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         mma_b<T>(s[nt], qf[kk], Ks + nt * 8 * LD + kk * 16, LD, g, t);
       }
     }
-    // Keys past sk, and (causal) keys after the row, get -inf; warp-uniform test for whether
-    // this tile has any.
-    const bool mask = k0 + kKeys > a.sk || (a.causal && k0 + kKeys - 1 > row0);
+    // Keys past sk, (causal) keys after the row and (doc-masked) keys of other documents get
+    // -inf; warp-uniform test for whether this tile may have any.
+    const bool mask =
+        k0 + kKeys > a.sk || (a.causal && k0 + kKeys - 1 > row0 + a.delta) || a.q_doc != nullptr;
 #pragma unroll
     for (int nt = 0; nt < kKeys / 8; ++nt) {
 #pragma unroll
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         if (mask) {
           const int64_t j = k0 + nt * 8 + 2 * t + (e & 1);
           const int64_t i = row0 + g + (e >> 1) * 8;
-          if (j >= a.sk || (a.causal && j > i)) x = -kmath::kInf;
+          if (!attn_visible(a, bh, i, j)) x = -kmath::kInf;
         }
         s[nt][e] = x;
       }
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const uint16_t* Qw = Qs + warp * 16 * LD;
   const uint16_t* dOw = dOs + warp * 16 * LD;
   const int64_t q_last = (q0 + kRows < a.sq ? q0 + kRows : a.sq) - 1;
-  const int64_t k_end = a.causal ? (q_last + 1 < a.sk ? q_last + 1 : a.sk) : a.sk;
+  const int64_t k_end = a.causal ? attn_causal_key_end(a, q_last) : a.sk;
   for (int64_t k0 = 0; k0 < k_end; k0 += kKeys) {
     __syncthreads();
     load_rows<D, kKeys>(Ks, LD, kh, k0, a.sk);
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         const int h = e >> 1;
         const int64_t j = k0 + nt * 8 + 2 * t + (e & 1);
         const int64_t i = row0 + g + 8 * h;
-        const bool valid = j < a.sk && (!a.causal || j <= i);
+        const bool valid = attn_visible(a, bh, i, j);
         const float p = valid ? exp2f(s[nt][e] * sl2 - L2[h]) : 0.f;
         s[nt][e] = p * (dp[nt][e] - Dr[h]);
       }
@@ -399,8 +400,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     for (int e = 0; e < 4; ++e) gk[dt][e] = gv[dt][e] = 0.f;
   }
   const float sl2 = a.scale * kLog2e;
-  // Causal: query rows before k0 see none of this block's keys.
-  const int64_t q_begin = a.causal ? (k0 / kQTile) * kQTile : 0;
+  // Causal: query rows before k0 - delta see none of this block's keys.
+  const int64_t q_first = a.causal && k0 - a.delta > 0 ? k0 - a.delta : 0;
+  const int64_t q_begin = (q_first / kQTile) * kQTile;
   for (int64_t qc = q_begin; qc < a.sq; qc += kQTile) {
     __syncthreads();
     load_rows<D, kQTile>(Qs, LD, qh, qc, a.sq);
@@ -440,7 +442,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         const int c = nt * 8 + 2 * t + (e & 1);
         const int64_t i = qc + c;
         const int64_t j = key0 + g + 8 * (e >> 1);
-        const bool valid = i < a.sq && j < a.sk && (!a.causal || j <= i);
+        const bool valid = attn_visible(a, bh, i, j);
         const float p = valid ? exp2f(s[nt][e] * sl2 - Ls[c]) : 0.f;
         s[nt][e] = p;
         dp[nt][e] = p * (dp[nt][e] - Ds[c]);

@@ -1,5 +1,7 @@
 #include "train/train_deterministic.h"
 
+#include <algorithm>
+
 #include "kernels/ops.h"
 #include "runtime/error.h"
 
@@ -33,6 +35,17 @@ Tensor deterministic_step(Context& ctx, DeviceMesh& mesh, DecoderModel& model, G
   fixed_order_sum(sync.scheduler(), blocks, leaves, root, /*all=*/true, fo);
   ops::scale(ctx, cs, root.narrow(0, 0, 1), loss, 1.f / static_cast<float>(leaves));
   return loss;
+}
+
+int64_t default_deterministic_grain(int64_t batch, int64_t seq) {
+  int64_t best = 1;
+  for (int64_t g = 2; g * std::max<int64_t>(seq, 1) <= kDeterministicGrainTokens; ++g) {
+    bool ok = true;
+    for (int64_t dp = 1; dp <= 4; ++dp)
+      if (batch % dp == 0 && batch % (dp * g) != 0) ok = false;
+    if (ok) best = g;
+  }
+  return best;
 }
 
 uint64_t train_state_digest(Context& ctx, const std::vector<Param*>& params, Optimizer& opt) {

@@ -15,10 +15,11 @@ namespace meshrt::ops {
 // by the panel's row count. No-op for CUDA contexts.
 MESHRT_API void set_deterministic_gemm(Context& ctx, bool on);
 constexpr int kDeterministicGemmThreads = 4;
-// ... and each of those panels holds at least this many multiply-adds (2^23; the pool's own plan:
-// 2^21): a grain's GEMMs are small (64 rows at the default --seq), and 4 panels of them ran the
-// default `train --deterministic` step 1.3x slower than whole ones (docs/training.md).
-constexpr int64_t kDeterministicGemmMinFma = int64_t{1} << 23;
+// ... and each of those panels holds at least this many multiply-adds (2^24; the pool's own plan:
+// 2^21): a grain's GEMMs are small (64 or 128 rows at the default --seq). With 2^23 the default
+// `train --deterministic` step took 1.27x the CPU time of the run without the flag, with 2^24
+// 1.05x (docs/training.md).
+constexpr int64_t kDeterministicGemmMinFma = int64_t{1} << 24;
 
 }  // namespace meshrt::ops
 

@@ -219,7 +219,7 @@ TEST_CASE("without --deterministic the layouts differ (the control of the tests 
 namespace {
 // C = A B (m x k times k x n) on a context whose pool has cores / local_ranks threads; the bytes
 // of C. 512 x 128 x 64 (2^22 multiply-adds): 2 row panels on a 2-thread pool, 1 on a 1-thread
-// pool, 1 pinned (kDeterministicGemmMinFma = 2^23); 512 x 128 x 256: 2 and 1, pinned 2 on both.
+// pool, 1 pinned (kDeterministicGemmMinFma = 2^24); 512 x 128 x 512: 2 and 1, pinned 2 on both.
 std::vector<float> gemm_on(int local_ranks, bool pinned, int64_t n = 64) {
   ContextOptions o;
   o.local_ranks = local_ranks;
@@ -244,7 +244,7 @@ int pool_threads() {
 
 TEST_CASE("deterministic GEMM panels do not depend on the host thread count",
           "[deterministic][unit]") {
-  for (int64_t n : {64, 256}) {
+  for (int64_t n : {64, 512}) {
     INFO("n = " << n);
     const std::vector<float> two = gemm_on(1, true, n), one = gemm_on(2, true, n);
     CHECK(std::memcmp(two.data(), one.data(), two.size() * sizeof(float)) == 0);

@@ -523,31 +523,42 @@ void GradSync::push_grain(int64_t grain) {
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
   const size_t s = static_cast<size_t>(active_);
-  if (!grains_) {
-    grains_numel_ = 0;
+  if (grains_.empty()) {
     for (const Bucket& b : buckets_) {
       MESHRT_CHECK(b.dtype == DType::f32, "data parallel: --deterministic sums f32 gradients; "
                                               << b.params.front()->name << " is "
                                               << dtype_name(b.dtype) << ": train in f32");
-      bucket_at_.push_back(grains_numel_);
-      grains_numel_ += b.padded;
+      grains_.emplace_back(fixed_order_ops());
     }
-    grains_ = std::make_unique<FixedOrderStack>(fixed_order_ops());
   }
-  Tensor leaf = ctx.empty({grains_numel_}, DType::f32);
+  for (const Bucket& b : buckets_) zero_unwritten(b.params);
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    const Bucket& b = buckets_[i];
-    Tensor dst = leaf.narrow(0, bucket_at_[i], b.padded);
-    if (b.flat[s].defined())
-      dst.copy_(b.flat[s], cs);
-    else
-      dst.zero_(cs);  // ZeRO 2 / 3: no backward wrote this bucket
+    Bucket& b = buckets_[i];
+    // The bucket's buffer itself becomes the grain's leaf (no copy); the next grain's backward
+    // writes into a new one. ZeRO 2 / 3: no buffer when no backward wrote this bucket.
+    Tensor leaf = b.flat[s].defined() ? b.flat[s] : ctx.zeros({b.padded}, DType::f32);
+    grains_[i].push_leaf(grain, leaf, cs);
+    renew_flat(b, s);
   }
-  grains_->push_leaf(grain, leaf, cs);
+}
+
+void GradSync::renew_flat(Bucket& b, size_t s) {
+  if (opts_.zero >= 2) {  // prepare_grads allocates the next one (zeroed)
+    b.flat[s] = Tensor();
+    for (Param* q : b.params) q->grad = Tensor();
+    return;
+  }
+  Context& ctx = mesh_.ctx();
+  b.flat[s] = ctx.empty({b.padded}, b.dtype);
+  // The padding stays zero (it adds nothing to the sums); zero_grad writes the rest.
+  if (b.padded > b.numel)
+    b.flat[s].narrow(0, b.numel, b.padded - b.numel).zero_(ctx.compute_stream());
+  for (size_t i = 0; i < b.params.size(); ++i)
+    b.params[i]->grad = b.flat[s].narrow(0, b.offsets[i], b.shapes[i].numel()).view(b.shapes[i]);
 }
 
 void GradSync::reduce_grains(int64_t grains) {
-  MESHRT_CHECK(grains_ && !grains_->nodes().empty(),
+  MESHRT_CHECK(grains_.size() == buckets_.size() && !grains_.front().nodes().empty(),
                "GradSync: reduce_grains needs the step's grains (push_grain)");
   Context& ctx = mesh_.ctx();
   Stream& cs = ctx.compute_stream();
@@ -558,8 +569,7 @@ void GradSync::reduce_grains(int64_t grains) {
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     std::vector<Tensor> blocks;
-    for (const auto& nt : grains_->nodes())
-      blocks.push_back(nt.second.narrow(0, bucket_at_[i], b.padded));
+    for (const auto& nt : grains_[i].nodes()) blocks.push_back(nt.second);
     const int64_t chunk = b.padded / p;
     if (opts_.zero < 2 && !b.flat[s].defined()) allocate_full(b, s);
     const Tensor out =
@@ -572,8 +582,8 @@ void GradSync::reduce_grains(int64_t grains) {
       for (Param* q : b.params) q->grad = Tensor();
     }
     b.launched[s] = false;
+    grains_[i].clear();
   }
-  grains_->clear();
 }
 
 void GradSync::sum_squares_reduced(const Tensor& out) {

@@ -198,6 +198,8 @@ class MESHRT_API GradSync {
   // Zero-fills the gradients of `ps` still marked unwritten by a first-write zero_grad (on the
   // compute stream) and clears the marks.
   void zero_unwritten(const std::vector<Param*>& ps);
+  // Deterministic: a new gradient buffer for bucket b (the old one went onto the grains' stack).
+  void renew_flat(Bucket& b, size_t s);
   // Stage 2: allocates grad set s's full bucket buffers (zeroed).
   void allocate_full(Bucket& b, size_t s);
   void launch_reduce_scatter(Bucket& b, size_t s);
@@ -218,11 +220,8 @@ class MESHRT_API GradSync {
   std::vector<std::vector<int>> piece_buckets_;
   std::vector<bool> piece_gathered_;
   std::vector<Event> released_;
-  // Deterministic: the binary counter of whole-gradient partial sums (every bucket's padded
-  // buffer, concatenated in bucket order at bucket_at_).
-  std::unique_ptr<FixedOrderStack> grains_;
-  std::vector<int64_t> bucket_at_;
-  int64_t grains_numel_ = 0;
+  // Deterministic: each bucket's binary counter of gradient partial sums (its padded buffers).
+  std::vector<FixedOrderStack> grains_;
   int sets_ = 1;
   int active_ = 0;
   bool sync_enabled_ = true;

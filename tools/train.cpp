@@ -26,6 +26,7 @@
 #include "train/token_data.h"
 #include "train/train.h"
 #include "train/train_checkpoint.h"
+#include "train/train_deterministic.h"
 #include "train/train_guard.h"
 
 namespace meshrt::cli {
@@ -144,8 +145,8 @@ void add_optimizer_flags(CLI::App* c, TrainCliOptions& o) {
               "--zero and backend (docs/training.md#deterministic-training)");
   c->add_option("--deterministic-grain", o.deterministic_grain,
                 "--deterministic: sequences per grain (one forward / backward each); the batch "
-                "must divide by dp x this")
-      ->capture_default_str()
+                "must divide by dp x this (default: the largest of at most 256 tokens that every "
+                "dp of 1 to 4 dividing --batch allows; 2 at --batch 8 --seq 64)")
       ->check(cli::int_at_least(1, o.deterministic_grain));
   c->add_option("--zero", o.zero,
                 "ZeRO stage over dp: 0 replicated, 1 shard the optimizer state, 2 also the "
@@ -430,7 +431,9 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.dp.bucket_mb = o.bucket_mb;
   c.dp.bf16_comm = o.bf16_grads;
   c.deterministic = o.deterministic;
-  c.deterministic_grain = o.deterministic_grain;
+  c.deterministic_grain = o.given.count("--deterministic-grain") != 0
+                              ? o.deterministic_grain
+                              : default_deterministic_grain(o.batch, o.seq);
   c.dp.zero = o.zero;
   c.grad_sync = mode;
   c.staleness = o.staleness;

@@ -900,6 +900,10 @@ namespace detail {
 
 namespace {
 
+// The value a config key added after the first checkpoints means in an index without it (so
+// those still resume where it would match), or "" (then a missing key is refused).
+std::string older_default(const std::string& key) { return key == "deterministic" ? "off" : ""; }
+
 // "0000abcd": 1 to 8 hex digits, nothing else.
 uint32_t parse_crc(const std::string& h, const std::string& where) {
   MESHRT_CHECK(!h.empty() && h.size() <= 8 &&
@@ -1012,6 +1016,8 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
     const std::string &k = want.first, &v = want.second;
     auto it =
         std::find_if(got.config.begin(), got.config.end(), [&](auto& kv) { return kv.first == k; });
+    if (it == got.config.end() && !older_default(k).empty() && older_default(k) == v)
+      continue;  // saved before k existed: what it meant then
     MESHRT_CHECK(it != got.config.end(),
                  where << " does not record '" << k << "' (this run has " << k << "=" << v << ")");
     MESHRT_CHECK(it->second == v, where << " was saved with " << k << "=" << it->second

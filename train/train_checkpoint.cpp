@@ -64,7 +64,10 @@ CheckpointMeta train_checkpoint_meta(const TrainConfig& cfg, int64_t step) {
       {"warmup_steps", num(cfg.warmup_steps)},
       {"min_lr", num(cfg.min_lr)},
       {"lr_decay_steps", cfg.lr_schedule == LrScheduleKind::Constant ? "none" : num(cfg.steps)},
-      {"weight_decay", num(cfg.optim.weight_decay)}};
+      {"weight_decay", num(cfg.optim.weight_decay)},
+      // --deterministic's grain sets the order of the gradients' sums: a resume that changes
+      // it (or drops the flag) would continue on other bits.
+      {"deterministic", cfg.deterministic ? "grain " + num(cfg.deterministic_grain) : "off"}};
   // Which tokens: the format and length above, the stream's digest here (older checkpoints
   // have none and resume on any stream of that format and length).
   if (cfg.data) m.data_digest = cfg.data->digest();

@@ -1,5 +1,7 @@
 #include "train/train_deterministic.h"
 
+#include <algorithm>
+
 #include "kernels/ops.h"
 #include "runtime/error.h"
 
@@ -35,6 +37,17 @@ Tensor deterministic_step(Context& ctx, DeviceMesh& mesh, DecoderModel& model, G
   return loss;
 }
 
+int64_t default_deterministic_grain(int64_t batch, int64_t seq) {
+  int64_t best = 1;
+  for (int64_t g = 2; g * std::max<int64_t>(seq, 1) <= kDeterministicGrainTokens; ++g) {
+    bool ok = true;
+    for (int64_t dp = 1; dp <= 4; ++dp)
+      if (batch % dp == 0 && batch % (dp * g) != 0) ok = false;
+    if (ok) best = g;
+  }
+  return best;
+}
+
 uint64_t train_state_digest(Context& ctx, const std::vector<Param*>& params, Optimizer& opt) {
   opt.gather_state();  // ZeRO: whole state (stage 3: whole parameters); no-op otherwise
   Stream& cs = ctx.compute_stream();
@@ -49,7 +62,8 @@ uint64_t train_state_digest(Context& ctx, const std::vector<Param*>& params, Opt
   uint64_t h = 1469598103934665603ull;
   for (const Tensor& t : host) {
     const auto* b = static_cast<const unsigned char*>(t.data_ptr());
-    for (size_t k = 0; k < t.nbytes(); ++k) h = (h ^ b[k]) * 1099511628211ull;
+    const size_t n = t.nbytes();  // not per byte: Shape::numel was most of the digest's time
+    for (size_t k = 0; k < n; ++k) h = (h ^ b[k]) * 1099511628211ull;
   }
   return h;
 }

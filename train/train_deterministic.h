@@ -26,6 +26,15 @@ using BatchFn = std::function<void(int64_t first, int64_t n, Tensor* ids, Tensor
 Tensor deterministic_step(Context& ctx, DeviceMesh& mesh, DecoderModel& model, GradSync& sync,
                           int64_t batch, int64_t grain, int step, const BatchFn& make_batch);
 
+// `meshrt train --deterministic`'s grain without --deterministic-grain: the largest grain of at
+// most kDeterministicGrainTokens tokens (grain x seq) that every dp of 1 to 4 dividing `batch`
+// allows (batch divisible by dp x grain), 1 at least. A function of batch and seq only, never of
+// the layout: 2 at the defaults (--batch 8 --seq 64), 1 for --batch 12 (dp 1, 2, 3 and 4).
+// Short sequences run in grains of several: one-sequence grains of 64 tokens ran the default
+// model 1.5x slower than without the flag (docs/training.md).
+constexpr int64_t kDeterministicGrainTokens = 256;
+int64_t default_deterministic_grain(int64_t batch, int64_t seq);
+
 // FNV-1a (64-bit) over the bytes of every parameter and every optimizer state tensor, in parameter
 // order: this rank's tp shards, whole over dp (ZeRO's shards are gathered and sharded again, so it
 // is collective over the mesh then). Two runs of the same tp agree on it iff their bits do.

@@ -38,9 +38,22 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
         std::max({v * h / tp + 2 * h, 4 * h * h / tp + 5 * h, 2 * h * f / tp + 4 * h});
     m.weights = (params / dp + std::min(params, GradSync::kMaxGatheredPieces * piece)) * es;
   }
+  // --deterministic (docs/training.md): the grains' stack of whole-gradient partial sums (at
+  // most 2 log2(grains per rank) + 2 nodes: FixedOrderStack) and the reduction's all-to-all
+  // send and receive slots (as many nodes per rank, one bucket at a time).
+  if (cfg.deterministic) {
+    const double grains =
+        static_cast<double>(cfg.batch / dp / std::max<int64_t>(1, cfg.deterministic_grain));
+    const double nodes = 2 * std::ceil(std::log2(std::max(1.0, grains))) + 2;
+    const double bucket = cfg.dp.bucket_mb * 1024.0 * 1024.0 / es;
+    m.grads += (nodes * params + 2 * nodes * std::min(params, bucket)) * es;
+  }
   // Per layer, what the blocks save for backward (the bench block estimate) plus the attention
   // probabilities; the head keeps the logits, their gradient and a softmax-sized temporary.
-  const double micro = static_cast<double>(cfg.batch / dp / std::max(1, cfg.micro_batches));
+  // (--deterministic: a micro-batch is one grain.)
+  const double micro =
+      static_cast<double>(cfg.deterministic ? std::max<int64_t>(1, cfg.deterministic_grain)
+                                            : cfg.batch / dp / std::max(1, cfg.micro_batches));
   const double tok = micro * static_cast<double>(cfg.seq);
   const double per_layer = tok * (12 * h / tp + 3 * f / tp + 6 * h) +
                            micro * static_cast<double>(b.heads) / tp * cfg.seq * cfg.seq;

@@ -189,22 +189,23 @@ std::vector<std::vector<Param*>> stack_pieces(const BlockStack& stack) {
   return out;
 }
 
-// --deterministic's forward and backward (docs/training.md): each sequence of the rank's batch
-// alone, its gradients pushed into the fixed tree over the global sequence index, then reduced
-// over dp in fixed order (GradSync::push_grain, reduce_grains).
-void deterministic_grains(Context& ctx, const BlockPlan& p, BlockStack& stack, GradSync& sync,
-                          const StackHooks& hooks, const BlockInputs& in, Tensor* out, Tensor* dx) {
+// --deterministic's forward and backward (docs/training.md): each grain (`grain` sequences) of the
+// rank's batch alone, its gradients pushed into the fixed tree over the global grain index, then
+// reduced over dp in fixed order (GradSync::push_grain, reduce_grains).
+void deterministic_grains(Context& ctx, const BlockPlan& p, int64_t grain, BlockStack& stack,
+                          GradSync& sync, const StackHooks& hooks, const BlockInputs& in,
+                          Tensor* out, Tensor* dx) {
   Stream& cs = ctx.compute_stream();
-  const int64_t first = sync.dp_rank() * p.batch;
+  const int64_t n = p.batch / grain, first = sync.dp_rank() * n;
   sync.enable_sync(false);
-  for (int64_t b = 0; b < p.batch; ++b) {
+  for (int64_t g = 0; g < n; ++g) {
     sync.zero_grad(/*first_write=*/true);
-    *out = stack.forward(in.x.narrow(1, b, 1).contiguous(cs), hooks);
-    *dx = stack.backward(in.dout.narrow(1, b, 1).contiguous(cs), hooks);
+    *out = stack.forward(in.x.narrow(1, g * grain, grain).contiguous(cs), hooks);
+    *dx = stack.backward(in.dout.narrow(1, g * grain, grain).contiguous(cs), hooks);
     sync.finish();
-    sync.push_grain(first + b);
+    sync.push_grain(first + g);
   }
-  sync.reduce_grains(p.batch * p.dp);
+  sync.reduce_grains(n * p.dp);
   sync.enable_sync(true);
 }
 
@@ -330,7 +331,7 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
       rec.end(h);
     }
     if (o.deterministic) {
-      deterministic_grains(ctx, p, stack, sync, hooks, in, &out, &dx);
+      deterministic_grains(ctx, p, o.deterministic_grain, stack, sync, hooks, in, &out, &dx);
     } else {
       out = stack.forward(x, hooks);
     }

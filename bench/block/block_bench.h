@@ -36,6 +36,8 @@ struct BlockBenchOptions {
   // --deterministic (docs/training.md): each sequence forward and backward alone, the gradients
   // summed in the fixed tree and reduced over dp in fixed order (GradSync::push_grain).
   bool deterministic = false;
+  // --deterministic-grain: sequences per forward / backward (divides --batch; docs/training.md).
+  int64_t deterministic_grain = 1;
   uint64_t seed = 1;
   std::string json_path, trace_path, dump_path;
   // Cluster (preset or file) of the planner's prediction in the JSON's "plan" (default: the GPU's

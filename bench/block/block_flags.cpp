@@ -61,6 +61,11 @@ class BlockCommand : public Command {
     c.add_flag("--deterministic", o_.deterministic,
                "Layout-independent gradients: one sequence per forward / backward, a fixed-order "
                "dp reduction (docs/training.md#deterministic-training)");
+    c.add_option("--deterministic-grain", o_.deterministic_grain,
+                 "--deterministic: sequences per grain (one forward / backward each); divides "
+                 "--batch")
+        ->capture_default_str()
+        ->check(cli::int_at_least(1, o_.deterministic_grain));
     c.add_option("--seed", o_.seed, "Seed of weights and inputs")
         ->capture_default_str()
         ->check(cli::int_at_least(0, o_.seed));

@@ -116,6 +116,15 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
   p.cfg.seed = o.seed;
   p.batch = o.batch > 0 ? o.batch : (c ? 4 : 1);
   p.seq = o.seq > 0 ? o.seq : (c ? 2048 : 512);
+  MESHRT_CHECK(o.deterministic_grain == 1 || o.deterministic,
+               "--deterministic-grain " << o.deterministic_grain
+                                        << " would be ignored: it sizes the grains of "
+                                           "--deterministic; add --deterministic or drop it");
+  MESHRT_CHECK(o.deterministic_grain >= 1 && p.batch % o.deterministic_grain == 0,
+               "--deterministic-grain " << o.deterministic_grain << " does not divide the "
+                                        << p.batch
+                                        << " sequences of a dp rank (--batch); use a grain "
+                                           "that divides it (1 always does)");
   p.layers = o.layers > 0 ? o.layers : (c ? 2 : 1);
   p.steps = o.steps > 0 ? o.steps : (c ? 20 : 10);
   p.warmup = o.warmup >= 0 ? o.warmup : (c ? 5 : 2);

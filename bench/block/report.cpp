@@ -275,6 +275,7 @@ json br_config_json(const BlockPlan& p, const BlockBenchOptions& o, const std::s
           {"fwd_only", o.fwd_only},
           {"bucket_mb", o.bucket_mb},
           {"deterministic", o.deterministic},
+          {"deterministic_grain", o.deterministic_grain},
           {"zero", o.zero},
           {"seed", o.seed},
           {"host_threads_per_rank",
@@ -404,7 +405,9 @@ void br_print_heading(const BlockPlan& p, const BlockBenchOptions& o, std::ostre
      << ", devices " << p.devices << "\n";
   os << "warmup " << p.warmup << ", timed steps " << p.steps << ", "
      << (o.fwd_only ? "forward only" : "forward + backward")
-     << (o.deterministic ? ", deterministic (one sequence per pass, fixed-order dp sum)" : "")
+     << (o.deterministic ? ", deterministic (" + std::to_string(o.deterministic_grain) +
+                               " sequence(s) per pass, fixed-order dp sum)"
+                         : "")
      << "\n\n";
 }
 

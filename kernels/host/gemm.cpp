@@ -227,16 +227,18 @@ void tile_16_dnnl(const GemmProblem& p, const Tile& t) {
 }
 
 // Splits the problem into tiles: whole batch entries when there are enough of them, else
-// panels of rows (or columns, whichever is longer) so every pool thread gets work. rows_first:
+// panels of rows (or columns, whichever is longer, each of at least min_task_fma multiply-adds)
+// so every pool thread gets work. rows_first:
 // row panels whenever each is at least 16 rows (oneDNN's fast matmul kernels want B and C
 // dense: a column panel's row stride above n sends bf16 to a slower GEMM and f16 to none).
-std::vector<Tile> plan_tiles(const GemmProblem& p, int threads, bool rows_first) {
+std::vector<Tile> plan_tiles(const GemmProblem& p, int threads, bool rows_first,
+                             int64_t min_task_fma) {
   std::vector<Tile> tiles;
   const int64_t fma = p.m * p.n * std::max<int64_t>(p.k, 1);
   int64_t per_batch = 1;
   if (p.batch < threads) {
     int64_t want = (threads + p.batch - 1) / p.batch;
-    int64_t by_work = std::max<int64_t>(1, fma / kMinTaskFma);
+    int64_t by_work = std::max<int64_t>(1, fma / min_task_fma);
     per_batch = std::min(want, by_work);
   }
   const bool split_rows = p.m >= p.n || (rows_first && p.m >= 16 * per_batch);
@@ -268,10 +270,12 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
   }
   ThreadPool* tp = &pool(ctx);
   const int plan_threads = gemm_plan_threads(ctx);
+  // --deterministic: larger panels (kernels/deterministic.h), as the thread count, fixed.
+  const int64_t min_task = gemm_deterministic(ctx) ? ops::kDeterministicGemmMinFma : kMinTaskFma;
   // The task's operands do not own stream-ordered blocks (Tensor::stream_ref).
   GemmProblem held = p;
   for (Tensor* t : {&held.a, &held.b, &held.c, &held.bias}) *t = t->stream_ref(s);
-  s.enqueue([tp, plan_threads, p = std::move(held)] {
+  s.enqueue([tp, plan_threads, min_task, p = std::move(held)] {
     ensure_blas_single_threaded();
     std::function<void(const Tile&)> body;
     // oneDNN's 16-bit matmul, or its f32 one with bf16 products: row panels (plan_tiles'
@@ -298,7 +302,7 @@ void gemm(Context& ctx, Stream& s, const GemmProblem& p) {
         }
       });
     }
-    const std::vector<Tile> tiles = plan_tiles(p, plan_threads, on_dnnl);
+    const std::vector<Tile> tiles = plan_tiles(p, plan_threads, on_dnnl, min_task);
     tp->run(static_cast<int64_t>(tiles.size()),
             [&](int64_t i) { body(tiles[static_cast<size_t>(i)]); });
   });

@@ -203,6 +203,8 @@ DeterministicGemm& deterministic_gemm(Context& ctx) {
 }
 }  // namespace
 
+bool gemm_deterministic(Context& ctx) { return deterministic_gemm(ctx).on.load(); }
+
 int gemm_plan_threads(Context& ctx) {
   return deterministic_gemm(ctx).on.load() ? ops::kDeterministicGemmThreads : pool(ctx).size();
 }

@@ -17,6 +17,8 @@
 #include "kernels/ops.h"
 #include "tests/mesh/harness.h"
 #include "train/train.h"
+#include "train/train_deterministic.h"
+#include "train/train_guard.h"
 
 using namespace meshrt;
 namespace fs = std::filesystem;
@@ -183,6 +185,18 @@ TEST_CASE("deterministic training: resuming on another dp continues on the same 
     CHECK(got.digest == straight.digest);
     CHECK(std::vector<double>(straight.loss.begin() + 4, straight.loss.end()) == got.loss);
   }
+  // The checkpoint records the grain: another grain, or no --deterministic, would continue on
+  // other bits and is refused.
+  TrainConfig other = full;
+  other.mesh = "dp=1";
+  other.checkpoint.resume = root;
+  other.deterministic_grain = 2;
+  CHECK_THROWS_WITH(run(1, other), Catch::Contains("was saved with deterministic=grain 1 but this "
+                                                   "run has deterministic=grain 2"));
+  other.deterministic = false;
+  other.deterministic_grain = 1;
+  CHECK_THROWS_WITH(run(1, other), Catch::Contains("was saved with deterministic=grain 1 but this "
+                                                   "run has deterministic=off"));
   fs::remove_all(root);
 }
 
@@ -203,16 +217,17 @@ TEST_CASE("without --deterministic the layouts differ (the control of the tests 
 }
 
 namespace {
-// C = A B (m = 512 rows: 2 row panels on a 2-thread pool, 1 on a 1-thread pool) on a context
-// whose pool has cores / local_ranks threads; the bytes of C.
-std::vector<float> gemm_on(int local_ranks, bool pinned) {
+// C = A B (m x k times k x n) on a context whose pool has cores / local_ranks threads; the bytes
+// of C. 512 x 128 x 64 (2^22 multiply-adds): 2 row panels on a 2-thread pool, 1 on a 1-thread
+// pool, 1 pinned (kDeterministicGemmMinFma = 2^24); 512 x 128 x 512: 2 and 1, pinned 2 on both.
+std::vector<float> gemm_on(int local_ranks, bool pinned, int64_t n = 64) {
   ContextOptions o;
   o.local_ranks = local_ranks;
   Context ctx(Device::cpu(0), o);
   if (pinned) ops::set_deterministic_gemm(ctx, true);
   Stream& s = ctx.compute_stream();
-  Tensor a = ctx.empty({512, 128}, DType::f32), b = ctx.empty({128, 64}, DType::f32),
-         c = ctx.empty({512, 64}, DType::f32);
+  Tensor a = ctx.empty({512, 128}, DType::f32), b = ctx.empty({128, n}, DType::f32),
+         c = ctx.empty({512, n}, DType::f32);
   a.init_philox_(PhiloxInit{7, 0, PhiloxInit::Dist::Normal, 0.f, 1.f}, a.shape(), {0, 0}, s);
   b.init_philox_(PhiloxInit{7, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, b.shape(), {0, 0}, s);
   ops::gemm(ctx, s, a, false, b, false, c);
@@ -229,8 +244,11 @@ int pool_threads() {
 
 TEST_CASE("deterministic GEMM panels do not depend on the host thread count",
           "[deterministic][unit]") {
-  const std::vector<float> two = gemm_on(1, true), one = gemm_on(2, true);
-  CHECK(std::memcmp(two.data(), one.data(), two.size() * sizeof(float)) == 0);
+  for (int64_t n : {64, 512}) {
+    INFO("n = " << n);
+    const std::vector<float> two = gemm_on(1, true, n), one = gemm_on(2, true, n);
+    CHECK(std::memcmp(two.data(), one.data(), two.size() * sizeof(float)) == 0);
+  }
   // The control, where the kernels round by panel rows (OpenBLAS's Haswell kernels; ctest runs
   // this case again under OPENBLAS_CORETYPE=Haswell) and the machine has 2 cores for 2 panels:
   // unpinned, the thread count shows.
@@ -239,6 +257,32 @@ TEST_CASE("deterministic GEMM panels do not depend on the host thread count",
     const std::vector<float> u2 = gemm_on(1, false), u1 = gemm_on(2, false);
     CHECK(std::memcmp(u2.data(), u1.data(), u2.size() * sizeof(float)) != 0);
   }
+}
+
+TEST_CASE("the memory estimate counts the deterministic grains' partial sums",
+          "[deterministic][unit]") {
+  TrainConfig c = det_cfg("dp=2");  // 12 sequences over dp=2: 6 grains per rank
+  c.deterministic = false;
+  const TrainMemory off = estimate_train_memory(c, 2);
+  c.deterministic = true;
+  const TrainMemory on = estimate_train_memory(c, 2);
+  // 2 ceil(log2 6) + 2 = 8 whole-gradient nodes on the stack, and the all-to-all's send and
+  // receive slots (8 each) of the one bucket the model fills.
+  CHECK(on.grads == Approx(off.grads * (1 + 8 + 16)).epsilon(1e-9));
+  CHECK(on.weights == off.weights);
+  CHECK(on.optimizer == off.optimizer);
+  // A pass holds one grain's activations, not the rank's 6 sequences.
+  CHECK(on.activations == Approx(off.activations / 6).epsilon(1e-9));
+}
+
+TEST_CASE("the default grain: at most 256 tokens, allowing every dp of 1 to 4 the batch allows",
+          "[deterministic][unit]") {
+  CHECK(default_deterministic_grain(8, 64) == 2);    // train's defaults: dp 1, 2, 4
+  CHECK(default_deterministic_grain(12, 8) == 1);    // dp 1, 2, 3, 4
+  CHECK(default_deterministic_grain(16, 64) == 4);   // 256 tokens
+  CHECK(default_deterministic_grain(24, 32) == 2);   // 24 / lcm(1, 2, 3, 4)
+  CHECK(default_deterministic_grain(8, 256) == 1);   // one sequence is 256 tokens already
+  CHECK(default_deterministic_grain(8, 1024) == 1);  // longer: still 1
 }
 
 TEST_CASE("deterministic training with 2-sequence grains: every layout the grain allows agrees",

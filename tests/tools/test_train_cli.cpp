@@ -889,13 +889,28 @@ TEST_CASE(
             "--deterministic-grain 4 does not divide the 2 sequences of a dp rank (--batch 4 over "
             "dp=2)"},
            {"bench block --devices cpu:2 --mesh dp=2 --fwd-only --deterministic --no-calibrate",
-            "--deterministic makes the gradients' dp sum layout independent: --fwd-only"}}) {
+            "--deterministic makes the gradients' dp sum layout independent: --fwd-only"},
+           {"bench block --devices cpu:2 --mesh dp=2 --batch 4 --deterministic-grain 2 "
+            "--no-calibrate",
+            "--deterministic-grain 2 would be ignored: it sizes the grains of --deterministic"},
+           {"bench block --devices cpu:2 --mesh dp=2 --batch 4 --deterministic "
+            "--deterministic-grain 3 --no-calibrate",
+            "--deterministic-grain 3 does not divide the 4 sequences of a dp rank (--batch)"}}) {
     Run r = train_cli(args + (args.rfind("train", 0) == 0 ? " " + kSmall + " --steps 2" : ""));
     INFO(args << "\n" << r.err);
     CHECK(r.rc == 1);
     CHECK_THAT(r.err, Catch::Contains(msg));
     CHECK(r.out.find("step 1") == std::string::npos);
   }
+}
+
+TEST_CASE("bench block --deterministic-grain runs grains of that many sequences", "[train][unit]") {
+  Run r = train_cli(
+      "bench block --devices cpu:2 --mesh dp=2 --hidden 16 --heads 2 --seq 8 --batch 4 --steps 1 "
+      "--warmup 0 --no-calibrate --deterministic --deterministic-grain 2");
+  INFO(r.out << r.err);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("deterministic (2 sequence(s) per pass, fixed-order dp sum)"));
 }
 
 TEST_CASE("train and tune refuse --zero on a mesh with dp=1, as bench block does",

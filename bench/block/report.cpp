@@ -466,7 +466,7 @@ void br_print(const BlockPlan& p, const BlockBenchOptions& o,
              " ms per step (step minus exposed communication, mean over ranks)");
   const StepFigures& first = br_at(figures, 0, 0);
   br_comm_row(os, kTpDim, p.tp, res.tp_comm_ms, res.tp_exposed_ms, first.tp);
-  br_comm_row(os, kCpDim, p.cp, res.cp_comm_ms, res.cp_exposed_ms, first.cp);
+  if (p.cp > 1) br_comm_row(os, kCpDim, p.cp, res.cp_comm_ms, res.cp_exposed_ms, first.cp);
   // Under cp the gradients reduce over dp x cp (DeviceMesh::grad_dim).
   br_comm_row(os, p.cp > 1 ? kDpCpDim : kDpDim, p.dp * p.cp, res.dp_comm_ms, res.dp_exposed_ms,
               first.dp);

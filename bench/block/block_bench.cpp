@@ -258,6 +258,40 @@ int dump_rank(const BlockPlan& p, const BlockBenchOptions& o, const DeviceMesh& 
   return dump_safetensors(o.dump_path, mesh, entries, md);
 }
 
+// What a step runs on: the stack, its gradient sync and the hooks around its pieces.
+struct StepRunner {
+  BlockStack& stack;
+  GradSync& sync;
+  const StackHooks& hooks;
+};
+
+// One step's work: zero_grad, forward, backward and the dp gradient sync (or --deterministic's
+// sequence-by-sequence passes).
+void step_work(const BlockPlan& p, const BlockBenchOptions& o, Context& ctx, TraceRecorder& rec,
+               const StepRunner& r, const BlockInputs& in, Tensor* out, Tensor* dx) {
+  Stream& cs = ctx.compute_stream();
+  if (!o.fwd_only) {
+    // A new step: no bucket counted or launched yet (else buckets would only launch at
+    // finish() from the second step on), gradients zeroed.
+    r.sync.set_active(0);
+    const int h = rec.begin(cs, "zero_grad");
+    r.sync.zero_grad(/*first_write=*/true);  // the stack's backward and finish() run before reads
+    rec.end(h);
+  }
+  if (o.deterministic) {
+    deterministic_grains(ctx, p, r.stack, r.sync, r.hooks, in, out, dx);
+  } else {
+    *out = r.stack.forward(in.x, r.hooks);
+  }
+  if (!o.fwd_only && !o.deterministic) {
+    *dx = r.stack.backward(in.dout, r.hooks);
+    r.sync.finish();
+    const int h = rec.begin(cs, "dp.grad_wait");
+    r.sync.wait_all();
+    rec.end(h);
+  }
+}
+
 struct RankOutput {
   std::vector<int64_t> all;  // world x (steps * kFields + kExtras)
   std::vector<std::string> traces;
@@ -349,26 +383,7 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
     const double c0 = thread_cpu_ms();
     rec.begin_step(step - p.warmup, 1000.0 * ms_since(origin, t0));
     const int hs = piece("step " + std::to_string(step - p.warmup), p.step_flops / w);
-    if (!o.fwd_only) {
-      // A new step: no bucket counted or launched yet (else buckets would only launch at
-      // finish() from the second step on), gradients zeroed.
-      sync.set_active(0);
-      const int h = rec.begin(cs, "zero_grad");
-      sync.zero_grad(/*first_write=*/true);  // the stack's backward and finish() run before reads
-      rec.end(h);
-    }
-    if (o.deterministic) {
-      deterministic_grains(ctx, p, stack, sync, hooks, in, &out, &dx);
-    } else {
-      out = stack.forward(x, hooks);
-    }
-    if (!o.fwd_only && !o.deterministic) {
-      dx = stack.backward(dout, hooks);
-      sync.finish();
-      const int h = rec.begin(cs, "dp.grad_wait");
-      sync.wait_all();
-      rec.end(h);
-    }
+    step_work(p, o, ctx, rec, {stack, sync, hooks}, in, &out, &dx);
     rec.end(hs);
     const double c1 = thread_cpu_ms();
     ctx.synchronize();

@@ -18,6 +18,7 @@
 #include <sched.h>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/host_transport.h"
 #include "collectives/backend_registry.h"
 #include "collectives/comm_detail.h"
 #include "collectives/flight.h"
@@ -36,7 +37,6 @@ using detail::Deadline;
 using detail::Op;
 
 using detail::cpu_relax;
-using detail::stream_output;
 
 // A futex word that waiters sleep on and that every state change bumps. Waiters announce
 // themselves in `sleepers` so that notify() costs no system call when nobody sleeps.
@@ -100,10 +100,6 @@ class HostFamily {
   std::vector<std::weak_ptr<HostGroup>> groups_;
 };
 
-// The slots' eager buffers: all-reduces the table sends to the eager algorithm (one wait, not two;
-// collectives/algorithms/table.cpp) fit them.
-constexpr size_t kEagerBytes = 4096;
-
 // What a rank published for the collective it entered.
 struct Desc {
   CallSig sig;
@@ -125,7 +121,7 @@ struct alignas(64) Slot {
   std::shared_ptr<HostGroup> split_out;  // set by a split leader for its colour
   // A small all-reduce's input, copied here as the rank enters (two, by the seq's parity): the
   // peers read the copy, not the caller's buffer, so the rank leaves without waiting for them.
-  alignas(64) unsigned char eager[2][kEagerBytes];
+  alignas(64) unsigned char eager[2][detail::kHostEagerBytes];
 };
 
 // One direction of a rank pair: the sender posts, the receiver copies and takes.
@@ -266,15 +262,16 @@ void HostFamily::abort(const std::string& why) {
 
 constexpr int kStepBits = 24;  // progress = (seq << kStepBits) | steps
 
-// One rank's side of a host group: the ops, on the shared slots and mailboxes.
-class HostEngine final : public detail::OrderedEngine {
+// One rank's side of a host group: the transport (the shared slots and mailboxes) and the wiring;
+// the collectives' algorithms run over its HostTransport side (collectives/algorithms/).
+class HostEngine final : public detail::OrderedEngine, public detail::HostTransport {
  public:
   HostEngine(std::shared_ptr<HostGroup> group, int r, Device d)
       : OrderedEngine(r, group->size(), group->name(), group->config()),
         g(std::move(group)),
         dev(d),
         plan_(detail::AlgoWorld{"host", size(), 1}, config().algo) {
-    MESHRT_CHECK(detail::algos::eager.capacity <= static_cast<int64_t>(kEagerBytes),
+    MESHRT_CHECK(detail::algos::eager.capacity <= static_cast<int64_t>(detail::kHostEagerBytes),
                  "internal: the eager algorithm's capacity exceeds the slots' eager buffers");
   }
 
@@ -287,7 +284,6 @@ class HostEngine final : public detail::OrderedEngine {
   std::shared_ptr<HostGroup> g;
   Device dev;
   detail::AlgoPlan plan_;  // which algorithm runs each call (collectives/algorithms/)
-  static constexpr size_t kSwapChunk = 4096;  // all_to_all: bytes saved per step (L1-resident)
   // The seq of an eager all-reduce this rank left without waiting for the others (0: none).
   uint64_t eager_left_ = 0;
 
@@ -353,8 +349,23 @@ class HostEngine final : public detail::OrderedEngine {
     return all;
   }
 
+  // HostTransport: what the algorithms see of the slots.
+  int rank() const override { return OrderedEngine::rank(); }
+  int size() const override { return OrderedEngine::size(); }
+  void enter(const Op& op, const void* in, void* out, size_t eager_bytes) override {
+    enter(op.sig, in, out, 0, op, eager_bytes);
+  }
+  const void* peer_in(int j) const override { return g->slot(j).desc.in; }
+  void* peer_out(int j) const override { return g->slot(j).desc.out; }
+  const void* peer_eager(int j, uint64_t seq) const override { return g->slot(j).eager[seq & 1]; }
+  void leave_early(uint64_t seq) override {
+    g->slot(rank()).left.store(seq);
+    g->notify();
+    eager_left_ = seq;
+  }
+
   // Waits until every rank finished this collective: after it, no rank reads our buffers.
-  void leave(uint64_t seq, const Op& op) {
+  void leave(uint64_t seq, const Op& op) override {
     g->slot(rank()).left.store(seq);
     g->notify();
     await_all(&Slot::left, seq, op, "did not finish");
@@ -409,168 +420,24 @@ class HostEngine final : public detail::OrderedEngine {
             });
   }
 
-  // Reduce-scatter fused with a push all-gather: rank r reduces slice r of the buffer, reading
-  // every rank's input in rank order 0..n-1, one L1-sized block at a time, and stores each
-  // reduced block into every rank's output. Every element is computed once, by one rank, so all
-  // ranks receive bit-identical results; each rank reads n slices and writes n slices, the same
-  // memory traffic as one memcpy of the buffer, with no step where ranks wait on each other
-  // between entering and leaving.
+  // The table's choice (collectives/algorithms/): eager for small all-reduces, flat for the rest
+  // (collectives/algorithms/eager.cpp, flat.cpp), over this engine's slots.
   void all_reduce(const CommCall& c, const Op& op) override {
-    const int n = g->size();
-    const size_t es = dtype_size(c.dtype);
-    const int64_t N = c.count;
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    if (n > 1 && N > 0 &&
-        plan_.pick(CommOp::AllReduce, N * static_cast<int64_t>(es)) == &detail::algos::eager)
-      return eager_all_reduce(c, op);
-    enter(op.sig, in, out, 0, op);
-    if (n == 1) {
-      if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
-      return leave(c.seq, op);
-    }
-    // Slices are whole cache lines so that no two ranks write the same line.
-    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
-    const int64_t part = ((N + n - 1) / n + align - 1) / align * align;
-    const int64_t lo = std::min(N, part * rank());
-    const int64_t hi = std::min(N, lo + part);
-    if (lo < hi) {
-      std::vector<const void*> srcs(static_cast<size_t>(n));
-      std::vector<void*> dsts(static_cast<size_t>(n));
-      uint64_t streaming = 0;
-      for (int t = 0; t < n; ++t) {
-        const Desc& d = g->slot(t).desc;
-        srcs[static_cast<size_t>(t)] =
-            static_cast<const char*>(d.in) + lo * static_cast<int64_t>(es);
-        // Start with the next rank's output so that ranks do not all write the same one.
-        const int j = (rank() + 1 + t) % n;
-        const Desc& dj = g->slot(j).desc;
-        dsts[static_cast<size_t>(t)] = static_cast<char*>(dj.out) + lo * static_cast<int64_t>(es);
-        if (t < 64 && stream_output(static_cast<size_t>(N) * es, dj.in == dj.out))
-          streaming |= uint64_t{1} << t;
-      }
-      detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts.data(), n, hi - lo, n,
-                                streaming);
-      if (streaming) detail::host_store_fence();
-    }
-    leave(c.seq, op);
+    const int64_t bytes = c.count * static_cast<int64_t>(dtype_size(c.dtype));
+    if (g->size() > 1 && c.count > 0 &&
+        plan_.pick(CommOp::AllReduce, bytes) == &detail::algos::eager)
+      return detail::eager_all_reduce(*this, c, op);
+    detail::flat_all_reduce(*this, c, op);
   }
-
-  // A small all-reduce: every rank copies its input into its slot's eager buffer as it enters,
-  // then reduces all the buffers, in rank order 0..n-1 as the large path does (the same bits on
-  // every rank and at every size), into its own output, and leaves without waiting for the
-  // others: one wait per collective instead of two. The next collective's enter waits until
-  // every rank has left this one before it overwrites this rank's call and buffer.
-  void eager_all_reduce(const CommCall& c, const Op& op) {
-    const int n = g->size();
-    const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-    const uint64_t seq = c.seq;
-    enter(op.sig, c.in.data_ptr(), c.out.data_ptr(), 0, op, bytes);
-    std::vector<const void*> srcs(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j) srcs[static_cast<size_t>(j)] = g->slot(j).eager[seq & 1];
-    void* dsts[1] = {c.out.data_ptr()};
-    detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 1, c.count, n, 0);
-    g->slot(rank()).left.store(seq);
-    g->notify();
-    eager_left_ = seq;
-  }
-
   void reduce_scatter(const CommCall& c, const Op& op) override {
-    const int n = g->size();
-    const size_t es = dtype_size(c.dtype);
-    const int64_t N = c.count;
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    enter(op.sig, in, out, 0, op);
-    if (N > 0) {
-      std::vector<const void*> srcs(static_cast<size_t>(n));
-      for (int j = 0; j < n; ++j) {
-        srcs[static_cast<size_t>(j)] = static_cast<const char*>(g->slot(j).desc.in) +
-                                       static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
-      }
-      void* dsts[1] = {out};
-      // In place the output is this rank's slice of the input it just read.
-      const bool in_slice = out == in + static_cast<size_t>(rank()) * static_cast<size_t>(N) * es;
-      const uint64_t streaming = stream_output(static_cast<size_t>(N) * es, in_slice);
-      detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 1, N, n, streaming);
-      if (streaming) detail::host_store_fence();
-    }
-    leave(c.seq, op);
+    detail::flat_reduce_scatter(*this, c, op);
   }
-
   void all_gather(const CommCall& c, const Op& op) override {
-    const int n = g->size();
-    const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    enter(op.sig, in, out, 0, op);
-    if (bytes > 0) {
-      for (int t = 0; t < n; ++t) {
-        const int j = (rank() + t) % n;
-        char* dst = out + static_cast<size_t>(j) * bytes;
-        const char* src = j == rank() ? in : static_cast<const char*>(g->slot(j).desc.in);
-        if (dst != src) std::memcpy(dst, src, bytes);
-      }
-    }
-    leave(c.seq, op);
+    detail::flat_all_gather(*this, c, op);
   }
-
-  void broadcast(const CommCall& c, const Op& op) override {
-    const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    enter(op.sig, in, out, 0, op);
-    if (bytes > 0) {
-      const char* src = rank() == c.root ? in : static_cast<const char*>(g->slot(c.root).desc.in);
-      if (src != out) std::memcpy(out, src, bytes);
-    }
-    leave(c.seq, op);
-  }
-
-  // Every pair of ranks {i, j} exchanges two blocks (i's block for j, j's block for i); the lower
-  // rank moves the first half of both, the higher rank the second half, so each byte is moved by
-  // one rank and the work is even. When either rank is in place the two blocks share memory (the
-  // block i receives from j is where i's block for j was): a chunk of the one coming back is saved
-  // before the one going out is written, a swap with no staging copy of the buffer. Each rank
-  // moves its own block when out of place.
+  void broadcast(const CommCall& c, const Op& op) override { detail::flat_broadcast(*this, c, op); }
   void all_to_all(const CommCall& c, const Op& op) override {
-    const int n = g->size();
-    const size_t es = dtype_size(c.dtype);
-    const size_t count = static_cast<size_t>(c.count), block = count * es;
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    enter(op.sig, in, out, 0, op);
-    if (block > 0) {
-      const int me = rank();
-      if (in != out) std::memcpy(out + me * block, in + me * block, block);
-      const size_t half = count / 2 * es;
-      for (int t = 1; t < n; ++t) {
-        const int j = (me + t) % n;
-        const int lo = std::min(me, j), hi = std::max(me, j);
-        const Desc& dl = g->slot(lo).desc;
-        const Desc& dh = g->slot(hi).desc;
-        const size_t from = me == lo ? 0 : half, to = me == lo ? half : block;
-        const char* up_src = static_cast<const char*>(dl.in) + hi * block;  // lo's block for hi
-        char* up_dst = static_cast<char*>(dh.out) + lo * block;
-        const char* down_src = static_cast<const char*>(dh.in) + lo * block;  // hi's for lo
-        char* down_dst = static_cast<char*>(dl.out) + hi * block;
-        if (dl.in != dl.out && dh.in != dh.out) {  // no block shares memory: plain copies
-          if (from < to) {
-            std::memcpy(up_dst + from, up_src + from, to - from);
-            std::memcpy(down_dst + from, down_src + from, to - from);
-          }
-          continue;
-        }
-        alignas(64) char tmp[kSwapChunk];
-        for (size_t off = from; off < to; off += kSwapChunk) {
-          const size_t len = std::min(kSwapChunk, to - off);
-          std::memcpy(tmp, down_src + off, len);
-          std::memcpy(up_dst + off, up_src + off, len);
-          std::memcpy(down_dst + off, tmp, len);
-        }
-      }
-    }
-    leave(c.seq, op);
+    detail::flat_all_to_all(*this, c, op);
   }
 
   std::string p2p_mismatch(const Mailbox& m, int sender, int receiver, uint64_t k) const {

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/shm_transport.h"
 #include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
@@ -50,9 +51,8 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
 
 constexpr uint64_t kShmMagic = 0x6d6573687368'6d31ULL;  // "meshshm1"
 constexpr uint32_t kShmVersion = 2;
-// Bytes of one staging buffer (each rank has two, used alternately): large messages go through
-// in chunks of this size, so copying in, reducing and copying out of consecutive chunks pipeline.
-constexpr size_t kChunk = size_t{1} << 20;
+// Bytes of one staging buffer (each rank has two, used alternately).
+constexpr size_t kChunk = detail::kShmChunkBytes;
 // Bytes of one point-to-point mailbox (one per ordered pair of ranks).
 constexpr size_t kMailBytes = size_t{256} << 10;
 constexpr char kNamePrefix[] = "meshrt-shm-";
@@ -452,12 +452,11 @@ std::string segment_name(const std::string& token) {
 
 namespace {
 
-// One rank's side of a shm communicator. Collectives go through the per-rank staging buffers in
-// "uses": a rank writes its area and buffer of the use, posts a step, waits until every rank
-// posted it, then reads its peers' (use u alternates between two areas and buffers: a rank reads
-// use u before it posts any step of use u + 1, and writes use u + 2 only after waiting for every
-// rank's step in use u + 1, so nothing is overwritten while a peer still reads it).
-class ShmEngine final : public detail::OrderedEngine {
+// One rank's side of a shm communicator: the transport (the segment's areas, staging buffers,
+// steps and mailboxes, the peers' mapped buffers) and the wiring; the collectives' algorithms run
+// over its ShmTransport side (collectives/algorithms/shm_transport.h: uses and steps; a use's
+// area alternates as its buffer does).
+class ShmEngine final : public detail::OrderedEngine, public detail::ShmTransport {
  public:
   ShmEngine(std::shared_ptr<Segment> seg, std::shared_ptr<Segment> world_seg,
             std::shared_ptr<Peers> peers, std::vector<int> world, int rank, std::string name,
@@ -616,7 +615,7 @@ class ShmEngine final : public detail::OrderedEngine {
   }
 
   // Posts this rank's next step and waits until every rank of the group posted it.
-  void step_all(const Op& op, const char* what) {
+  void step_all(const Op& op, const char* what) override {
     const uint64_t s = ++step_;
     seg_->slot(rank()).step.store(s, std::memory_order_release);
     seg_->notify();
@@ -640,8 +639,16 @@ class ShmEngine final : public detail::OrderedEngine {
         what);
   }
 
-  // The first step of a collective: publishes the call and compares every rank's.
-  void enter(const Op& op, uint64_t use, int64_t key = 0) {
+  // ShmTransport: what the algorithms see of the segment.
+  int rank() const override { return OrderedEngine::rank(); }
+  int size() const override { return OrderedEngine::size(); }
+  uint64_t next_use() override { return ++use_; }
+  char* buffer(int r, uint64_t use) override { return seg_->data(r, use); }
+  void enter(const Op& op, uint64_t use) override { enter_call(op, use, 0); }
+
+  // The first step of a collective: publishes the call (and a split's key) and compares every
+  // rank's.
+  void enter_call(const Op& op, uint64_t use, int64_t key) {
     ShmArea& a = area(rank(), use);
     a.sig = op.sig;
     a.key = key;
@@ -724,7 +731,7 @@ class ShmEngine final : public detail::OrderedEngine {
   // every rank could map every peer's (two steps: publish, agree); empty otherwise, the same on
   // every rank, which then run the copying algorithm.
   bool map_all_buffers(const CommCall& c, const Op& op, size_t in_bytes, size_t out_bytes,
-                       std::vector<char*>& ins, std::vector<char*>& outs) {
+                       std::vector<char*>& ins, std::vector<char*>& outs) override {
     const int n = size();
     ins.assign(static_cast<size_t>(n), nullptr);
     outs.assign(static_cast<size_t>(n), nullptr);
@@ -758,287 +765,46 @@ class ShmEngine final : public detail::OrderedEngine {
     return true;
   }
 
-  // All-reduce between the ranks' own buffers (zero copy, as the threads backend): each rank
-  // reduces its 1/n slice over every rank's input, in rank order, into every rank's output.
-  // False, having moved nothing, when the buffers are not all shared and mapped.
-  bool all_reduce_zero_copy(const CommCall& c, const Op& op) {
-    const int n = size();
-    const size_t es = dtype_size(c.dtype);
-    const int64_t N = c.count;
-    std::vector<char*> ins, outs;
-    const size_t bytes = static_cast<size_t>(N) * es;
-    if (!map_all_buffers(c, op, bytes, bytes, ins, outs)) return false;
-    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
-    const int64_t part = ((N + n - 1) / n + align - 1) / align * align;
-    const int64_t lo = std::min(N, part * rank()), hi = std::min(N, lo + part);
-    // Out of place the outputs are in no cache: non-temporal stores skip their reads for
-    // ownership (in place each block was just read, and plain stores hit).
-    const bool streaming = detail::stream_output(static_cast<size_t>(N) * es, c.in_place);
-    if (lo < hi) {
-      std::vector<const void*> srcs(static_cast<size_t>(n));
-      std::vector<void*> dsts(static_cast<size_t>(n));
-      for (int j = 0; j < n; ++j) {
-        srcs[static_cast<size_t>(j)] = ins[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es);
-        dsts[static_cast<size_t>(j)] = outs[static_cast<size_t>(j)] + lo * static_cast<int64_t>(es);
-      }
-      detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts.data(), n, hi - lo, n,
-                                streaming ? ~uint64_t{0} : 0u);
-      if (streaming) detail::host_store_fence();
-    }
-    step_all(op, "stalled inside the collective");  // every slice is in every output
-    return true;
-  }
-
-  // Reduce-scatter between the ranks' own buffers: each rank reduces its block of every rank's
-  // input, in rank order, into its output (in place that is its own block of its input: each
-  // block of it is read before it is written, and no peer reads it).
-  bool reduce_scatter_zero_copy(const CommCall& c, const Op& op) {
-    const int n = size();
-    const size_t es = dtype_size(c.dtype), bytes = static_cast<size_t>(c.count) * es;
-    std::vector<char*> ins, outs;
-    if (!map_all_buffers(c, op, bytes * static_cast<size_t>(n), bytes, ins, outs)) return false;
-    std::vector<const void*> srcs(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j)
-      srcs[static_cast<size_t>(j)] =
-          ins[static_cast<size_t>(j)] + bytes * static_cast<size_t>(rank());
-    detail::host_reduce(c.dtype, c.redop, srcs.data(), n, c.out.data_ptr(), c.count, n);
-    step_all(op, "stalled inside the collective");  // no peer reads this input any more
-    return true;
-  }
-
-  // All-gather between the ranks' own buffers: each rank copies every peer's input into its
-  // output (in place a peer's input is its own block of its output, which only it writes).
-  bool all_gather_zero_copy(const CommCall& c, const Op& op) {
-    const int n = size();
-    const size_t es = dtype_size(c.dtype), bytes = static_cast<size_t>(c.count) * es;
-    std::vector<char*> ins, outs;
-    if (!map_all_buffers(c, op, bytes, bytes * static_cast<size_t>(n), ins, outs)) return false;
-    char* out = static_cast<char*>(c.out.data_ptr());
-    for (int j = 0; j < n; ++j) {
-      char* dst = out + bytes * static_cast<size_t>(j);
-      if (dst != ins[static_cast<size_t>(j)]) std::memcpy(dst, ins[static_cast<size_t>(j)], bytes);
-    }
-    step_all(op, "stalled inside the collective");  // no peer reads this input any more
-    return true;
-  }
-
-  // Chunk by chunk: every rank copies the other ranks' 1/n slices of its chunk into its buffer;
-  // each rank reduces its own slice over every rank's (its own straight from its input, the
-  // others' from their buffers) in rank order 0..n-1 (so every rank gets bit-identical results,
-  // those of the host backend) into its buffer and its output; then every rank copies the other
-  // slices out of their owners' buffers. Per rank that moves 4 units of the message on 2 ranks
-  // (copying its own slice in too would make 5).
+  // The table's choice (collectives/algorithms/): one_step, zero_copy (staged where the buffers
+  // are not all shared) or staged (collectives/algorithms/one_step.cpp, zero_copy.cpp,
+  // staged.cpp), over this engine's segment.
   void all_reduce(const CommCall& c, const Op& op) override {
-    const int n = size();
     const size_t es = dtype_size(c.dtype);
-    const int64_t N = c.count;
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    if (n == 1) {
-      if (!c.in_place && N > 0) std::memcpy(out, in, static_cast<size_t>(N) * es);
+    if (size() == 1) {
+      if (!c.in_place && c.count > 0)
+        std::memcpy(c.out.data_ptr(), c.in.data_ptr(), static_cast<size_t>(c.count) * es);
       return;
     }
-    // The table's choice (collectives/algorithms/): one_step, zero_copy (staged where the buffers
-    // are not all shared) or staged.
-    const detail::Algorithm* algo = plan_.pick(CommOp::AllReduce, N * static_cast<int64_t>(es));
-    if (algo == &detail::algos::zero_copy && all_reduce_zero_copy(c, op)) return;
-    struct Fence {
-      bool on;
-      ~Fence() {
-        if (on) detail::host_store_fence();
-      }
-    } fence{!c.in_place};
-    const int64_t per = static_cast<int64_t>(kChunk / es);
-    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
-    // A large out-of-place output is in no cache: non-temporal stores skip its
-    // read-for-ownership (in place it was just read as input, and plain stores hit).
-    const bool streaming = detail::stream_output(static_cast<size_t>(N) * es, c.in_place);
-    std::vector<const void*> srcs(static_cast<size_t>(n));
-    for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {
-      const int64_t len = std::min(per, N - off);
-      const uint64_t use = ++use_;
-      char* mine = seg_->data(rank(), use);
-      const char* chunk = in + off * static_cast<int64_t>(es);
-      // Small: every rank reduces the whole message itself, in the same rank order (so the
-      // results stay bit-identical), saving the second step and the copy out (the algorithm's
-      // capacity is one buffer: the message is one chunk).
-      const bool one_step = algo == &detail::algos::one_step && N == len;
-      const int64_t part = ((len + n - 1) / n + align - 1) / align * align;
-      auto lo_of = [&](int r) { return std::min(len, part * r); };
-      const int64_t lo = lo_of(rank()), hi = std::min(len, lo + part);
-      if (one_step && len > 0) std::memcpy(mine, chunk, static_cast<size_t>(len) * es);
-      for (int j = 0; j < n && !one_step; ++j) {
-        const int64_t jlo = lo_of(j), jhi = std::min(len, jlo + part);
-        if (j != rank() && jlo < jhi)
-          std::memcpy(mine + jlo * static_cast<int64_t>(es), chunk + jlo * static_cast<int64_t>(es),
-                      static_cast<size_t>(jhi - jlo) * es);
-      }
-      if (k == 0) {
-        enter(op, use);
-      } else {
-        step_all(op, "stalled inside the collective");
-      }
-      if (one_step) {
-        for (int j = 0; j < n; ++j) srcs[static_cast<size_t>(j)] = seg_->data(j, use);
-        detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out, len, n);
-        return;
-      }
-      if (lo < hi) {
-        // In place the output slice is the input slice: the reduction reads each block before
-        // it writes it.
-        for (int j = 0; j < n; ++j)
-          srcs[static_cast<size_t>(j)] =
-              (j == rank() ? chunk : seg_->data(j, use)) + lo * static_cast<int64_t>(es);
-        void* dsts[2] = {mine + lo * static_cast<int64_t>(es),
-                         out + (off + lo) * static_cast<int64_t>(es)};
-        detail::host_reduce_multi(c.dtype, c.redop, srcs.data(), n, dsts, 2, hi - lo, n,
-                                  streaming ? 2u : 0u);
-      }
-      step_all(op, "stalled inside the collective");
-      for (int j = 0; j < n; ++j) {
-        const int64_t jlo = lo_of(j), jhi = std::min(len, jlo + part);
-        if (j == rank() || jlo >= jhi) continue;
-        char* dst = out + (off + jlo) * static_cast<int64_t>(es);
-        const char* src = seg_->data(j, use) + jlo * static_cast<int64_t>(es);
-        if (streaming) {
-          copy_streaming(c.dtype, src, dst, jhi - jlo);
-        } else {
-          std::memcpy(dst, src, static_cast<size_t>(jhi - jlo) * es);
-        }
-      }
-      off += len;
-    }
+    const detail::Algorithm* algo =
+        plan_.pick(CommOp::AllReduce, c.count * static_cast<int64_t>(es));
+    if (algo == &detail::algos::zero_copy && detail::zero_copy_all_reduce(*this, c, op)) return;
+    // one_step's capacity is one buffer (longer messages are staged)
+    if (algo == &detail::algos::one_step && c.count <= static_cast<int64_t>(kChunk / es))
+      return detail::one_step_all_reduce(*this, c, op);
+    detail::staged_all_reduce(*this, c, op);
   }
 
-  // dst[0, n) = src[0, n) with non-temporal stores (a one-source reduction is a copy).
-  static void copy_streaming(DType dt, const void* src, void* dst, int64_t n) {
-    const void* srcs[1] = {src};
-    void* dsts[1] = {dst};
-    detail::host_reduce_multi(dt, ReduceOp::Sum, srcs, 1, dsts, 1, n, 1, 1u);
-  }
-
-  // Bytes of one rank's region for each destination when a buffer is split n ways.
-  size_t region_bytes() const { return kChunk / static_cast<size_t>(size()) / 64 * 64; }
-
-  // Chunk by chunk: every rank copies its chunk of every destination's block into that
-  // destination's region of its buffer; each rank reduces its region over every buffer.
   void reduce_scatter(const CommCall& c, const Op& op) override {
-    const int n = size();
-    const size_t es = dtype_size(c.dtype), region = region_bytes();
-    const int64_t N = c.count, per = static_cast<int64_t>(region / es);
-    if (plan_.pick(CommOp::ReduceScatter, N * static_cast<int64_t>(es) * n) ==
-            &detail::algos::zero_copy &&
-        reduce_scatter_zero_copy(c, op))
+    const int64_t bytes = c.count * static_cast<int64_t>(dtype_size(c.dtype)) * size();
+    if (plan_.pick(CommOp::ReduceScatter, bytes) == &detail::algos::zero_copy &&
+        detail::zero_copy_reduce_scatter(*this, c, op))
       return;
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    std::vector<const void*> srcs(static_cast<size_t>(n));
-    for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {
-      const int64_t len = std::min(per, N - off);
-      const uint64_t use = ++use_;
-      char* mine = seg_->data(rank(), use);
-      for (int j = 0; j < n && len > 0; ++j) {
-        std::memcpy(mine + static_cast<size_t>(j) * region,
-                    in + (static_cast<int64_t>(j) * N + off) * static_cast<int64_t>(es),
-                    static_cast<size_t>(len) * es);
-      }
-      if (k == 0) {
-        enter(op, use);
-      } else {
-        step_all(op, "stalled inside the collective");
-      }
-      for (int j = 0; j < n; ++j)
-        srcs[static_cast<size_t>(j)] = seg_->data(j, use) + static_cast<size_t>(rank()) * region;
-      detail::host_reduce(c.dtype, c.redop, srcs.data(), n, out + off * static_cast<int64_t>(es),
-                          len, n);
-      off += len;
-    }
+    detail::staged_reduce_scatter(*this, c, op);
   }
 
   void all_gather(const CommCall& c, const Op& op) override {
-    const int n = size();
-    const size_t es = dtype_size(c.dtype);
-    const int64_t N = c.count, per = static_cast<int64_t>(kChunk / es);
-    if (plan_.pick(CommOp::AllGather, N * static_cast<int64_t>(es) * n) ==
-            &detail::algos::zero_copy &&
-        all_gather_zero_copy(c, op))
+    const int64_t bytes = c.count * static_cast<int64_t>(dtype_size(c.dtype)) * size();
+    if (plan_.pick(CommOp::AllGather, bytes) == &detail::algos::zero_copy &&
+        detail::zero_copy_all_gather(*this, c, op))
       return;
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {
-      const int64_t len = std::min(per, N - off);
-      const size_t bytes = static_cast<size_t>(len) * es;
-      const uint64_t use = ++use_;
-      const char* src = in + off * static_cast<int64_t>(es);
-      if (len > 0) std::memcpy(seg_->data(rank(), use), src, bytes);
-      if (k == 0) {
-        enter(op, use);
-      } else {
-        step_all(op, "stalled inside the collective");
-      }
-      for (int j = 0; j < n && len > 0; ++j) {
-        char* dst = out + (static_cast<int64_t>(j) * N + off) * static_cast<int64_t>(es);
-        const char* from = j == rank() ? src : seg_->data(j, use);
-        if (dst != from) std::memcpy(dst, from, bytes);
-      }
-      off += len;
-    }
+    detail::staged_all_gather(*this, c, op);
   }
 
   void broadcast(const CommCall& c, const Op& op) override {
-    const size_t es = dtype_size(c.dtype);
-    const int64_t N = c.count, per = static_cast<int64_t>(kChunk / es);
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    const bool root = rank() == c.root;
-    for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {
-      const int64_t len = std::min(per, N - off);
-      const size_t bytes = static_cast<size_t>(len) * es;
-      const uint64_t use = ++use_;
-      const int64_t at = off * static_cast<int64_t>(es);
-      if (root && len > 0) {
-        std::memcpy(seg_->data(rank(), use), in + at, bytes);
-        if (out != in) std::memcpy(out + at, in + at, bytes);
-      }
-      if (k == 0) {
-        enter(op, use);
-      } else {
-        step_all(op, "stalled inside the collective");
-      }
-      if (!root && len > 0) std::memcpy(out + at, seg_->data(c.root, use), bytes);
-      off += len;
-    }
+    detail::staged_broadcast(*this, c, op);
   }
-
-  // Chunk by chunk: every rank copies its chunk of the block for each destination into that
-  // destination's region of its buffer, then copies its region out of every rank's buffer. In
-  // place, a chunk is read in full before any of it is written.
   void all_to_all(const CommCall& c, const Op& op) override {
-    const int n = size();
-    const size_t es = dtype_size(c.dtype), region = region_bytes();
-    const int64_t N = c.count, per = static_cast<int64_t>(region / es);
-    char* out = static_cast<char*>(c.out.data_ptr());
-    const char* in = static_cast<const char*>(c.in.data_ptr());
-    for (int64_t off = 0, k = 0; k == 0 || off < N; ++k) {
-      const int64_t len = std::min(per, N - off);
-      const size_t bytes = static_cast<size_t>(len) * es;
-      const uint64_t use = ++use_;
-      char* mine = seg_->data(rank(), use);
-      for (int j = 0; j < n && len > 0; ++j) {
-        std::memcpy(mine + static_cast<size_t>(j) * region,
-                    in + (static_cast<int64_t>(j) * N + off) * static_cast<int64_t>(es), bytes);
-      }
-      if (k == 0) {
-        enter(op, use);
-      } else {
-        step_all(op, "stalled inside the collective");
-      }
-      for (int j = 0; j < n && len > 0; ++j) {
-        std::memcpy(out + (static_cast<int64_t>(j) * N + off) * static_cast<int64_t>(es),
-                    seg_->data(j, use) + static_cast<size_t>(rank()) * region, bytes);
-      }
-      off += len;
-    }
+    detail::staged_all_to_all(*this, c, op);
   }
 
   std::string p2p_mismatch(const ShmMail& m, int sender, int receiver, uint64_t k) const {
@@ -1127,7 +893,7 @@ void set_status(ShmArea& a, const std::string& err) {
 std::unique_ptr<Communicator> ShmEngine::split(int color, int key, const std::string& new_name,
                                                const Op& op) {
   const uint64_t use1 = ++use_;
-  enter(op, use1, key);  // CallSig::matches ignores the colour, which differs between ranks
+  enter_call(op, use1, key);  // CallSig::matches ignores the colour, which differs between ranks
   std::vector<std::pair<int64_t, int>> members;  // (key, parent rank)
   for (int j = 0; j < size(); ++j) {
     const ShmArea& a = area(j, use1);

@@ -2,6 +2,7 @@
 // sharded across a cp communicator (dist/context_parallel.h).
 #include "dist/context_parallel.h"
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -29,7 +30,68 @@ CpLayout CpLayout::make(int64_t seq, int cp) {
 std::array<int64_t, 2> CpLayout::chunks(int rank) const {
   MESHRT_CHECK(rank >= 0 && rank < cp,
                "context parallelism: rank " << rank << " is outside cp=" << cp);
+  if (!pairs.empty()) return pairs[static_cast<size_t>(rank)];
   return {rank, 2 * static_cast<int64_t>(cp) - 1 - rank};
+}
+
+CpLayout CpLayout::balanced(int64_t seq, int cp, const std::vector<int64_t>& chunk_work) {
+  CpLayout l = make(seq, cp);
+  const int64_t nc = 2 * static_cast<int64_t>(cp);
+  MESHRT_CHECK(static_cast<int64_t>(chunk_work.size()) == nc,
+               "CpLayout::balanced: " << chunk_work.size() << " chunk works for cp=" << cp
+                                      << ", which cuts the sequence into " << nc << " chunks");
+  std::vector<int64_t> order(static_cast<size_t>(nc));
+  for (int64_t c = 0; c < nc; ++c) order[static_cast<size_t>(c)] = c;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return chunk_work[static_cast<size_t>(a)] < chunk_work[static_cast<size_t>(b)];
+  });
+  for (int64_t i = 0; i < cp; ++i) {
+    const int64_t a = order[static_cast<size_t>(i)], b = order[static_cast<size_t>(nc - 1 - i)];
+    l.pairs.push_back({std::min(a, b), std::max(a, b)});
+  }
+  std::sort(l.pairs.begin(), l.pairs.end());
+  return l;
+}
+
+// ---- packed documents: causal attention work per rank ------------------------------------------
+
+std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_t>& doc_starts) {
+  const CpLayout l = CpLayout::make(seq, cp);
+  for (size_t i = 0; i < doc_starts.size(); ++i)
+    MESHRT_CHECK(
+        doc_starts[i] >= 0 && doc_starts[i] < seq && (i == 0 || doc_starts[i] > doc_starts[i - 1]),
+        "cp_chunk_work: document start "
+            << doc_starts[i] << " (entry " << i << ") must be in [0, " << seq
+            << ") and after the previous start"
+            << (i > 0 ? " " + std::to_string(doc_starts[i - 1]) : std::string()));
+  std::vector<int64_t> work(static_cast<size_t>(2 * cp), 0);
+  size_t next = 0;
+  int64_t start = 0;  // the current document's first position
+  for (int64_t p = 0; p < seq; ++p) {
+    if (next < doc_starts.size() && doc_starts[next] == p) start = doc_starts[next++];
+    work[static_cast<size_t>(p / l.chunk())] += p - start + 1;
+  }
+  return work;
+}
+
+std::vector<int64_t> cp_rank_work(const CpLayout& layout, const std::vector<int64_t>& chunk_work) {
+  MESHRT_CHECK(static_cast<int64_t>(chunk_work.size()) == 2 * static_cast<int64_t>(layout.cp),
+               "cp_rank_work: " << chunk_work.size() << " chunk works for cp=" << layout.cp);
+  std::vector<int64_t> w(static_cast<size_t>(layout.cp), 0);
+  for (int r = 0; r < layout.cp; ++r)
+    for (int64_t c : layout.chunks(r))
+      w[static_cast<size_t>(r)] += chunk_work[static_cast<size_t>(c)];
+  return w;
+}
+
+double cp_imbalance(const std::vector<int64_t>& rank_work) {
+  int64_t mx = 0, sum = 0;
+  for (int64_t w : rank_work) {
+    mx = std::max(mx, w);
+    sum += w;
+  }
+  if (sum == 0) return 1.0;
+  return static_cast<double>(mx) * static_cast<double>(rank_work.size()) / static_cast<double>(sum);
 }
 
 int64_t CpLayout::global_pos(int rank, int64_t local) const {
@@ -154,6 +216,58 @@ Tensor pack_kv(Context& ctx, Stream& s, const Tensor& k, const Tensor& v) {
 
 Tensor flat(const Tensor& t) { return t.view({t.numel()}); }
 
+// The document ids of doc-masked cp attention, cut into the layout's chunks.
+struct CpDocs {
+  Tensor chunks;                     // i32 [2cp, batch, chunk]: chunk c's ids, contiguous
+  std::vector<int32_t> first, last;  // [2cp x batch]: chunk c's first and last id in row b
+  int64_t batch = 0;
+  bool defined() const { return chunks.defined(); }
+  Tensor of(int64_t chunk) const { return defined() ? chunks.select(0, chunk) : Tensor(); }
+  // Whether chunks qc and kc share a document in some row (ids are non-decreasing).
+  bool share(int64_t qc, int64_t kc) const {
+    for (int64_t b = 0; b < batch; ++b) {
+      const auto q = static_cast<size_t>(qc * batch + b), k = static_cast<size_t>(kc * batch + b);
+      if (first[k] <= last[q] && first[q] <= last[k]) return true;
+    }
+    return false;
+  }
+};
+
+// Validates the whole sequence's document ids (read now) and cuts them into chunks, on the
+// host device `dev` (the rank's).
+CpDocs cut_docs(const char* op, const CpLayout& L, const Tensor& ids, int64_t batch, Device dev) {
+  CpDocs d;
+  if (!ids.defined()) return d;
+  MESHRT_CHECK(ids.device().is_cpu() && ids.dtype() == DType::i32 && ids.ndim() == 2 &&
+                   ids.size(0) == batch && ids.size(1) == L.seq && ids.is_contiguous(),
+               op << ": doc_ids " << ids.str() << " must be contiguous i32 [" << batch << ", "
+                  << L.seq << "] on the host: the document id of every position of the whole "
+                  << "sequence (batch " << batch << ", sequence " << L.seq << " = cp " << L.cp
+                  << " x " << L.local_seq() << " tokens per rank)");
+  const int32_t* p = ids.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 1; i < L.seq; ++i)
+      MESHRT_CHECK(p[b * L.seq + i] >= p[b * L.seq + i - 1],
+                   op << ": doc_ids[" << b << ", " << i << "] = " << p[b * L.seq + i]
+                      << " follows doc_ids[" << b << ", " << i - 1 << "] = " << p[b * L.seq + i - 1]
+                      << ": document ids must be non-decreasing along the sequence (each "
+                         "document one run of positions)");
+  const int64_t nc = 2 * static_cast<int64_t>(L.cp), n = L.chunk();
+  std::vector<int32_t> buf(static_cast<size_t>(nc * batch * n));
+  d.first.resize(static_cast<size_t>(nc * batch));
+  d.last.resize(d.first.size());
+  d.batch = batch;
+  for (int64_t c = 0; c < nc; ++c)
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t* src = p + b * L.seq + c * n;
+      std::copy(src, src + n, buf.begin() + (c * batch + b) * n);
+      d.first[static_cast<size_t>(c * batch + b)] = src[0];
+      d.last[static_cast<size_t>(c * batch + b)] = src[n - 1];
+    }
+  d.chunks = Tensor::from_host_data(buf.data(), {nc, batch, n}, DType::i32, dev);
+  return d;
+}
+
 // What every step of a rank's cp attention shares.
 struct CpRun {
   Communicator& comm;
@@ -161,10 +275,14 @@ struct CpRun {
   CpLayout layout;
   float scale;
   bool causal;
+  CpDocs docs;
   int rank() const { return comm.rank(); }
   Stream& cs() { return ctx.compute_stream(); }
-  // Whether query chunk qc attends to key chunk kc at all.
-  bool sees(int64_t qc, int64_t kc) const { return !causal || kc <= qc; }
+  // Whether query chunk qc attends to key chunk kc at all: not wholly in its future (causal) and
+  // sharing a document with it (doc-masked).
+  bool sees(int64_t qc, int64_t kc) const {
+    return (!causal || kc <= qc) && (!docs.defined() || docs.share(qc, kc));
+  }
 };
 
 struct FwdState {
@@ -181,7 +299,7 @@ void attend_fwd(CpRun& run, int src, const Tensor& kv, FwdState& st) {
       if (!run.sees(qc[a], kc[b])) continue;
       ops::attention_block_fwd(run.ctx, run.cs(), st.qh.select(0, a), kv.select(0, 0).select(0, b),
                                kv.select(0, 1).select(0, b), st.po, st.pl, run.scale, run.causal,
-                               qc[a] * n, kc[b] * n);
+                               qc[a] * n, kc[b] * n, run.docs.of(qc[a]), run.docs.of(kc[b]));
       ops::attention_merge(run.ctx, run.cs(), st.oh.select(0, a), st.lh.select(0, a), st.po, st.pl);
     }
 }
@@ -207,7 +325,7 @@ void attend_bwd(CpRun& run, int src, const Tensor& kv, const Tensor& dkv, BwdSta
       ops::attention_block_bwd(ctx, s, st.qh.select(0, a), kv.select(0, 0).select(0, b),
                                kv.select(0, 1).select(0, b), st.oh.select(0, a), st.gh.select(0, a),
                                st.lh.select(0, a), st.pdq, st.pdk, st.pdv, run.scale, run.causal,
-                               qc[a] * n, kc[b] * n);
+                               qc[a] * n, kc[b] * n, run.docs.of(qc[a]), run.docs.of(kc[b]));
       ops::add(ctx, s, dqa, st.pdq, dqa);
       ops::add(ctx, s, dkb, st.pdk, dkb);
       ops::add(ctx, s, dvb, st.pdv, dvb);
@@ -327,13 +445,26 @@ void check_cp_attention(const char* op, Communicator& cp, const Tensor& q, const
                   << ", " << q.size(2) << "] for q " << q.str());
 }
 
+// The layout the shards were cut with: `given`, checked against the communicator and q, or the
+// standard one.
+CpLayout layout_of(const char* op, Communicator& cp, const Tensor& q, const CpLayout* given) {
+  if (given == nullptr) return CpLayout::make(q.size(2) * cp.size(), cp.size());
+  MESHRT_CHECK(given->cp == cp.size() && given->local_seq() == q.size(2),
+               op << ": the layout (sequence " << given->seq << ", cp=" << given->cp
+                  << ") does not hold this call's shards: the communicator '" << cp.name()
+                  << "' has " << cp.size() << " ranks and q " << q.str() << " " << q.size(2)
+                  << " tokens per rank");
+  return *given;
+}
+
 }  // namespace
 
 void cp_attention_fwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, const Tensor& lse, float softmax_scale,
-                      bool causal) {
+                      bool causal, const Tensor& doc_ids, const CpLayout* given) {
   check_cp_attention("cp_attention_fwd", cp, q, k, v, out, lse);
-  CpRun run{cp, ctx, CpLayout::make(q.size(2) * cp.size(), cp.size()), softmax_scale, causal};
+  CpRun run{cp, ctx, layout_of("cp_attention_fwd", cp, q, given), softmax_scale, causal, {}};
+  run.docs = cut_docs("cp_attention_fwd", run.layout, doc_ids, q.size(0), ctx.device());
   Stream& s = run.cs();
   FwdState st;
   st.qh = to_halves(ctx, s, q);
@@ -356,13 +487,14 @@ void cp_attention_fwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& 
 void cp_attention_bwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
                       const Tensor& dq, const Tensor& dk, const Tensor& dv, float softmax_scale,
-                      bool causal) {
+                      bool causal, const Tensor& doc_ids, const CpLayout* given) {
   check_cp_attention("cp_attention_bwd", cp, q, k, v, out, lse);
   for (const Tensor* t : {&dout, &dq, &dk, &dv})
     MESHRT_CHECK(t->shape() == q.shape() && t->dtype() == q.dtype(),
                  "cp_attention_bwd: dout, dq, dk and dv must be shaped like q "
                      << q.str() << ", got " << t->str());
-  CpRun run{cp, ctx, CpLayout::make(q.size(2) * cp.size(), cp.size()), softmax_scale, causal};
+  CpRun run{cp, ctx, layout_of("cp_attention_bwd", cp, q, given), softmax_scale, causal, {}};
+  run.docs = cut_docs("cp_attention_bwd", run.layout, doc_ids, q.size(0), ctx.device());
   Stream& s = run.cs();
   BwdState st;
   st.qh = to_halves(ctx, s, q);

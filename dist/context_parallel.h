@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "runtime/context.h"
@@ -19,14 +20,24 @@ namespace meshrt {
 
 // The causal load-balance layout: a sequence of `seq` tokens is cut into 2 x cp equal chunks and
 // rank i holds chunks i and 2cp-1-i (in that order), so every rank does the same attention work
-// under the causal mask. Needs seq divisible by 2 x cp.
+// under the causal mask. Needs seq divisible by 2 x cp. A balanced layout (CpLayout::balanced,
+// for packed documents) gives each rank another pair of the chunks: `pairs`, empty for the
+// standard one.
 struct CpLayout {
   int64_t seq = 0;
   int cp = 1;
+  std::vector<std::array<int64_t, 2>> pairs = {};  // [cp]: rank i's chunks; empty: {i, 2cp-1-i}
 
   // Validates: throws meshrt::Error naming seq and cp, and the rule, unless cp >= 1, seq >= 1
   // and seq % (2 x cp) == 0.
   static CpLayout make(int64_t seq, int cp);
+  // The layout of the same 2 x cp chunks whose pairing best balances `chunk_work` (cp_chunk_work,
+  // summed over a batch's rows): the chunks sorted by work, the k-th lightest paired with the
+  // k-th heaviest (the pairing that minimises the heaviest rank's work), each pair in position
+  // order, ranks in order of their first chunk. With the causal work of one document (or
+  // documents longer than the sequence) this is the standard pairing. Every rank must build it
+  // from the same work (the whole batch's documents), and shard, gather and cp attention with it.
+  static CpLayout balanced(int64_t seq, int cp, const std::vector<int64_t>& chunk_work);
   // Tokens per chunk: seq / (2 x cp). A rank holds 2 x chunk() = seq / cp tokens.
   int64_t chunk() const { return seq / (2 * cp); }
   int64_t local_seq() const { return seq / cp; }
@@ -35,6 +46,17 @@ struct CpLayout {
   // The global position of rank `rank`'s local token `local`.
   int64_t global_pos(int rank, int64_t local) const;
 };
+
+// ---- packed documents: causal attention work per rank ----
+// The work of a query row is the number of keys it sees: its position in its document + 1
+// under the causal document mask. cp_chunk_work sums it over each of the 2 x cp chunks of a
+// sequence of `seq` tokens whose documents start at `doc_starts` (strictly increasing, in
+// [0, seq); position 0 always starts one, listed or not). Refused, naming the values, otherwise.
+std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_t>& doc_starts);
+// Each rank's work under `layout` (the sum of its chunks' work): [cp].
+std::vector<int64_t> cp_rank_work(const CpLayout& layout, const std::vector<int64_t>& chunk_work);
+// max / mean of the ranks' work (1 = balanced; 1 for no work at all).
+double cp_imbalance(const std::vector<int64_t>& rank_work);
 
 // Copies rank `rank`'s shard of `full` (its two chunks along dim `seq_dim`, which must have
 // layout.seq entries) into `shard` (full's shape with layout.local_seq() along seq_dim).
@@ -81,14 +103,23 @@ class CpWaitScope {
 // of attention_fwd over the whole sequence (causal: on global positions). Work is enqueued on
 // ctx's compute stream and its "cp.send" / "cp.recv" side streams; results are ready when the
 // compute stream reaches that point.
+// Packed documents: doc_ids, i32 [batch, seq] on the host, is the document id of every position
+// of the whole sequence (the same on every rank; non-decreasing along each row, each document
+// one run of positions, any length, boundaries anywhere). Attention then stays inside each
+// document (causal within it), and K/V chunks that share no document with a query chunk are
+// skipped. It is read when the call is made (write it before: the data loader's ids). Undefined
+// (the default): no document mask. Refused, naming the values, when its shape or order is wrong.
+// layout: the one the shards were cut with (CpLayout::balanced's); nullptr: the standard one.
 void cp_attention_fwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, const Tensor& lse, float softmax_scale,
-                      bool causal = true);
+                      bool causal = true, const Tensor& doc_ids = {},
+                      const CpLayout* layout = nullptr);
 // The backward: out and lse from cp_attention_fwd; dq, dk, dv (overwritten) are this rank's rows
-// of attention_bwd's gradients over the whole sequence.
+// of attention_bwd's gradients over the whole sequence. doc_ids and layout as in the forward.
 void cp_attention_bwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
                       const Tensor& dq, const Tensor& dk, const Tensor& dv, float softmax_scale,
-                      bool causal = true);
+                      bool causal = true, const Tensor& doc_ids = {},
+                      const CpLayout* layout = nullptr);
 
 }  // namespace meshrt

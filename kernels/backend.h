@@ -98,10 +98,11 @@ inline constexpr DTypeSet kAnyDType{DType::f32, DType::bf16, DType::f16,
     const Tensor& dv, float scale, bool causal)                                                    \
   X(attention_block_fwd, kFloating, const Tensor& q, const Tensor& k, const Tensor& v,             \
     const Tensor& out, const Tensor& lse, float scale, bool causal, int64_t q_offset,              \
-    int64_t kv_offset)                                                                             \
+    int64_t kv_offset, const Tensor& q_doc, const Tensor& k_doc)                                   \
   X(attention_block_bwd, kFloating, const Tensor& q, const Tensor& k, const Tensor& v,             \
     const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,  \
-    const Tensor& dv, float scale, bool causal, int64_t q_offset, int64_t kv_offset)               \
+    const Tensor& dv, float scale, bool causal, int64_t q_offset, int64_t kv_offset,               \
+    const Tensor& q_doc, const Tensor& k_doc)                                                      \
   X(attention_merge, kFloating, const Tensor& out, const Tensor& lse, const Tensor& part_out,      \
     const Tensor& part_lse)                                                                        \
   X(embedding_fwd, kFloating, const Tensor& ids, const Tensor& weight, const Tensor& out,          \

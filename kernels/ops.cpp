@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "runtime/cuda_plugin.h"
@@ -581,33 +582,64 @@ void check_block_offsets(const Check& chk, int64_t q_offset, int64_t kv_offset) 
                                                       << " and kv_offset=" << kv_offset
                                                       << " must be >= 0 (global token positions)");
 }
+// The document ids of a doc-masked block (ops.h): both undefined (no mask) or both i32
+// [batch, seq] for q's and k's sequences, on the host (the only backend with the mask so far).
+// Their order is checked when the work runs (the data may not be written yet).
+void check_block_docs(const Check& chk, const Tensor& q, const Tensor& k, const Tensor& q_doc,
+                      const Tensor& k_doc) {
+  MESHRT_CHECK(q_doc.defined() == k_doc.defined(),
+               "op " << chk.op() << ": q_doc and k_doc come together (document masking), got "
+                     << (q_doc.defined() ? "q_doc " + q_doc.str() : std::string("no q_doc"))
+                     << " and "
+                     << (k_doc.defined() ? "k_doc " + k_doc.str() : std::string("no k_doc")));
+  if (!q_doc.defined()) return;
+  MESHRT_CHECK(chk.device().is_cpu(),
+               "op " << chk.op()
+                     << ": document masking (q_doc / k_doc) runs on the host backend "
+                        "only so far, not on "
+                     << chk.device().str() << "; run doc-masked attention on host tensors");
+  const std::pair<const Tensor*, const char*> docs[] = {{&q_doc, "q_doc"}, {&k_doc, "k_doc"}};
+  for (const auto& [doc, name] : docs) {
+    chk.contiguous(*doc, name);
+    const Tensor& ref = doc == &q_doc ? q : k;
+    MESHRT_CHECK(doc->dtype() == DType::i32 && doc->ndim() == 2 && doc->size(0) == ref.size(0) &&
+                     doc->size(1) == ref.size(2),
+                 "op " << chk.op() << ": " << name << " " << doc->str() << " must be i32 ["
+                       << ref.size(0) << ", " << ref.size(2) << "] (batch, positions of "
+                       << (doc == &q_doc ? "q " : "k ") << ref.str() << ")");
+  }
+}
 }  // namespace
 
 void attention_block_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
                          const Tensor& v, const Tensor& out, const Tensor& lse, float softmax_scale,
-                         bool causal, int64_t q_offset, int64_t kv_offset) {
+                         bool causal, int64_t q_offset, int64_t kv_offset, const Tensor& q_doc,
+                         const Tensor& k_doc) {
   Check chk("attention_block_fwd", ctx, stream);
   check_attention(chk, q, k, v, out, lse, softmax_scale, false);
   check_block_offsets(chk, q_offset, kv_offset);
+  check_block_docs(chk, q, k, q_doc, k_doc);
   if (q.numel() == 0) return;
   MESHRT_RUN(chk, attention_block_fwd, q.dtype(), ctx, stream, q, k, v, out, lse, softmax_scale,
-             causal, q_offset, kv_offset);
+             causal, q_offset, kv_offset, q_doc, k_doc);
 }
 
 void attention_block_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
                          const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
                          const Tensor& dq, const Tensor& dk, const Tensor& dv, float softmax_scale,
-                         bool causal, int64_t q_offset, int64_t kv_offset) {
+                         bool causal, int64_t q_offset, int64_t kv_offset, const Tensor& q_doc,
+                         const Tensor& k_doc) {
   Check chk("attention_block_bwd", ctx, stream);
   check_attention(chk, q, k, v, out, lse, softmax_scale, false);
   check_block_offsets(chk, q_offset, kv_offset);
+  check_block_docs(chk, q, k, q_doc, k_doc);
   chk.like(q, "q", dout, "dout");
   chk.like(q, "q", dq, "dq");
   chk.like(k, "k", dk, "dk");
   chk.like(k, "k", dv, "dv");
   if (q.numel() == 0 && k.numel() == 0) return;
   MESHRT_RUN(chk, attention_block_bwd, q.dtype(), ctx, stream, q, k, v, out, dout, lse, dq, dk, dv,
-             softmax_scale, causal, q_offset, kv_offset);
+             softmax_scale, causal, q_offset, kv_offset, q_doc, k_doc);
 }
 
 void attention_merge(Context& ctx, Stream& stream, const Tensor& out, const Tensor& lse,

@@ -138,19 +138,31 @@ MESHRT_API void attention_bwd(Context& ctx, Stream& stream, const Tensor& q, con
 // them is masked in part. out and lse (f32 [batch, heads, seq_q]) are the block's partial result:
 // a row that sees no key gets out 0 and lse -inf. attention_merge combines partials; the merge of
 // every block's partial is attention_fwd over the whole sequence (within f32 rounding).
+// Document masking (packed sequences): q_doc i32 [batch, seq_q] and k_doc i32 [batch, seq_k] give
+// the document id of each query row and key position, non-decreasing along each row of each
+// tensor (documents are runs of one id; ids are compared, not counted, and one numbering must
+// span both tensors). A query then sees only the keys of its own document (and, causal, at or
+// before its position): no length rule, a document may start or end anywhere in either block,
+// and with offsets 0 and whole-sequence tensors this is doc-masked attention_fwd. A row that
+// sees no key of the block gets out 0 and lse -inf, as above. Both undefined (the default): no
+// document mask. Host backend only (other backends refuse it). Ids that decrease are refused
+// when the work runs (the stream's synchronize() rethrows, naming the positions and ids).
 MESHRT_API void attention_block_fwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
                                     float softmax_scale, bool causal, int64_t q_offset,
-                                    int64_t kv_offset);
+                                    int64_t kv_offset, const Tensor& q_doc = {},
+                                    const Tensor& k_doc = {});
 // The backward of one block: out, dout and lse are the final (merged) forward's, over the whole
 // sequence's keys. dq (overwritten) is this block's part of the query gradient (the sum over
 // blocks is attention_bwd's dq); dk and dv (overwritten) are this block's keys' gradients from
-// these queries (the sum over query blocks is attention_bwd's dk, dv).
+// these queries (the sum over query blocks is attention_bwd's dk, dv). q_doc / k_doc as in the
+// forward (the same ones).
 MESHRT_API void attention_block_bwd(Context& ctx, Stream& stream, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& dout,
                                     const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv, float softmax_scale, bool causal,
-                                    int64_t q_offset, int64_t kv_offset);
+                                    int64_t q_offset, int64_t kv_offset, const Tensor& q_doc = {},
+                                    const Tensor& k_doc = {});
 // Merges a partial result into another, in place: with m = max(lse, part_lse),
 // out = (out e^(lse-m) + part_out e^(part_lse-m)) / (e^(lse-m) + e^(part_lse-m)) and
 // lse = logaddexp(lse, part_lse). A side with lse -inf (empty) leaves the other exactly; both

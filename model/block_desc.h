@@ -2,7 +2,7 @@
 // piece's linear layers (and so its GEMMs on a tp rank), parameters and model FLOPs, and the
 // overlap modes of their collectives. Plain arithmetic, no runtime: the executors
 // (model/blocks.cpp, model/stack.cpp), the block benchmark's FLOP counts, the planner's cost model
-// and calibration (plan/, bench/plan/) and the C API (capi/blocks.cpp) all read it.
+// and calibration (plan/, plan/command/) and the C API (capi/blocks.cpp) all read it.
 #pragma once
 
 #include <cstdint>

@@ -56,6 +56,11 @@ double ClusterSpec::gemm_seconds(double m, double n, double k) const {
   return f / (peak_tflops * 1e12 * gemm_efficiency(f));
 }
 
+double ClusterSpec::p2p_seconds(double bytes, bool inter_node) const {
+  const LinkSpec& l = (inter_node ? inter : intra)[link_index(CommOp::AllGather)];
+  return l.latency_us * 1e-6 + bytes / (l.busbw_gbps * 1e9);
+}
+
 double ClusterSpec::collective_seconds(const Collective& c, bool inter_node, int per_node) const {
   if (c.group <= 1) return 0;
   const int op = link_index(c.op);
@@ -85,31 +90,42 @@ void ClusterSpec::select_dtype(const std::string& dtype) {
 
 namespace {
 
-// The streams of one rank: compute, and one communication stream per mesh dim (tp, dp), as
+// The streams of one rank: compute, and one communication stream per mesh dim (tp, dp, cp), as
 // CommScheduler runs them: a collective starts when the compute stream reaches its issue point
 // and its dim's stream is free; a wait moves the compute clock to the collective's end.
 class Sim {
  public:
-  Sim(const ClusterSpec& cl, bool inter_dp, int dp_per_node, Overlap ov)
-      : cl_(cl), inter_dp_(inter_dp), dp_per_node_(dp_per_node), ov_(ov) {}
+  Sim(const ClusterSpec& cl, bool inter_dp, int dp_per_node, Overlap ov, bool inter_cp = false)
+      : cl_(cl), inter_dp_(inter_dp), dp_per_node_(dp_per_node), ov_(ov), inter_cp_(inter_cp) {}
 
   void compute(double s) {
     t_ += s;
     r.compute_s += s;
   }
   int issue(const Collective& c) {
-    double& free = c.dp ? dp_free_ : tp_free_;
-    const double d = cl_.collective_seconds(c, c.dp && inter_dp_, dp_per_node_);
+    const Dim dim = c.cp ? Dim::Cp : c.dp ? Dim::Dp : Dim::Tp;
+    double& free = free_[static_cast<int>(dim)];
+    const double d = dim == Dim::Cp ? (c.op == CommOp::Send ? cl_.p2p_seconds(c.bytes, inter_cp_)
+                                                            : cl_.collective_seconds(c, inter_cp_))
+                                    : cl_.collective_seconds(c, c.dp && inter_dp_, dp_per_node_);
     const double start = std::max(t_, free);
     free = start + d;
-    evs_.push_back({start, free, c.dp, false});
-    (c.dp ? r.dp_comm_s : r.tp_comm_s) += d;
-    (c.dp ? r.dp_bytes : r.tp_bytes) += c.bytes;
+    evs_.push_back({start, free, dim, false});
+    if (dim == Dim::Cp) {
+      r.cp_comm_s += d;
+      r.cp_bytes += c.bytes;
+      ++r.cp_count;
+    } else {
+      (c.dp ? r.dp_comm_s : r.tp_comm_s) += d;
+      (c.dp ? r.dp_bytes : r.tp_bytes) += c.bytes;
+      ++(c.dp ? r.dp_count : r.tp_count);
+    }
     log.push_back(c);
-    ++(c.dp ? r.dp_count : r.tp_count);
     const int id = static_cast<int>(evs_.size()) - 1;
-    // Overlap::None (and dp buckets under it): the compute stream waits at once.
-    if (ov_ == Overlap::None) wait(id);
+    // Overlap::None (and dp buckets under it): the compute stream waits at once. The cp exchange
+    // runs on its own streams whatever --overlap says (dist/context_parallel.cpp); its caller
+    // waits where the attention needs the data.
+    if (ov_ == Overlap::None && dim != Dim::Cp) wait(id);
     return id;
   }
   void wait(int id) {
@@ -123,28 +139,34 @@ class Sim {
     t_ += slow;
     r.compute_s += slow;
     if (e.end > t_) {
-      (e.dp ? r.dp_exposed_s : r.tp_exposed_s) += e.end - t_;
+      (e.dim == Dim::Cp   ? r.cp_exposed_s
+       : e.dim == Dim::Dp ? r.dp_exposed_s
+                          : r.tp_exposed_s) += e.end - t_;
       t_ = e.end;
     }
   }
   void wait_all_dp() {
     for (size_t i = 0; i < evs_.size(); ++i)
-      if (evs_[i].dp) wait(static_cast<int>(i));
+      if (evs_[i].dim == Dim::Dp) wait(static_cast<int>(i));
   }
   double now() const { return t_; }
   Prediction r;
   std::vector<Collective> log;  // every collective issued, in order
 
  private:
+  enum class Dim { Tp, Dp, Cp };
   struct Ev {
     double start, end;
-    bool dp, waited;
+    Dim dim;
+    bool waited;
   };
   const ClusterSpec& cl_;
   bool inter_dp_;
   int dp_per_node_;
   Overlap ov_;
-  double t_ = 0, tp_free_ = 0, dp_free_ = 0;
+  bool inter_cp_;
+  double t_ = 0;
+  double free_[3] = {0, 0, 0};  // each dim's stream, by Dim
   std::vector<Ev> evs_;
 };
 
@@ -157,6 +179,9 @@ struct Shape {
   int tp = 1;
   bool sp = false;    // sequence parallel and tp > 1
   bool comm = false;  // tp > 1
+  int cp = 1;         // T is this cp rank's share of the sequence: micro_batch x seq / cp
+  CpComm cp_comm = CpComm::Ring;
+  double imbalance = 1;  // causal_imbalance of the cp layout
 };
 
 class Block {
@@ -297,11 +322,44 @@ class Block {
   }
   void residual() { ew(3 * s_.Tl * s_.h * s_.es); }
 
+  // One layer's K and V shard on this rank, as cp's exchange moves them.
+  double kv_bytes() const { return 2 * s_.T * s_.h / s_.tp * s_.es; }
+  int cp_issue(CommOp op, double bytes) { return sim_.issue({op, false, bytes, s_.cp, true}); }
+  // The attention kernels' `secs` of compute on this rank (its queries against the whole
+  // sequence), with cp's K/V exchange (dist/context_parallel.cpp). allgather: every rank's K/V
+  // gathered first, exposed; the backward gathers again and reduce-scatters dK/dV to their
+  // owners. ring: cp steps, each attending to the shard held while the next one travels on (its
+  // wait exposes only what the transfer takes beyond the step's compute); the backward also sends
+  // the dK/dV accumulated for the shard held on, the last step's back to its owner.
+  void cp_attention(double secs, bool bwd) {
+    if (s_.cp == 1) {
+      sim_.compute(secs);
+      return;
+    }
+    if (s_.cp_comm == CpComm::AllGather) {
+      wait(cp_issue(CommOp::AllGather, s_.cp * kv_bytes()));
+      sim_.compute(secs);
+      if (bwd) wait(cp_issue(CommOp::ReduceScatter, s_.cp * kv_bytes()));
+      return;
+    }
+    int dkv = -1;
+    for (int step = 0; step < s_.cp; ++step) {
+      const int kv = step + 1 < s_.cp ? cp_issue(CommOp::Send, kv_bytes()) : -1;
+      sim_.compute(secs / s_.cp);
+      if (bwd) {
+        wait(dkv);  // the previous step's dK/dV arrived: this step's are added to it
+        dkv = cp_issue(CommOp::Send, kv_bytes());
+      }
+      wait(kv);
+    }
+    wait(dkv);
+  }
+
   void attention_fwd(double attn_flops) {
     norm_fwd();
     linear_fwd(attn_[0]);
     ew(6 * s_.T * s_.h / s_.tp * s_.es);  // q, k, v to [b, heads, s, d]
-    sim_.compute(attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_eff));
+    cp_attention(attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_eff), false);
     ew(2 * s_.T * s_.h / s_.tp * s_.es);  // o back to [s, b, hidden]
     linear_fwd(attn_[1]);
     residual();
@@ -310,7 +368,7 @@ class Block {
     wait(linear_bwd(attn_[1]));
     ew(2 * s_.T * s_.h / s_.tp * s_.es);
     // Backward of the fused kernel: twice the forward's model FLOPs (and the recomputed scores).
-    sim_.compute(2 * attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_bwd_eff()));
+    cp_attention(2 * attn_flops / (cl_.peak_tflops * 1e12 * cl_.attention_bwd_eff()), true);
     ew(6 * s_.T * s_.h / s_.tp * s_.es);
     wait(linear_bwd(attn_[0]));
     norm_bwd(/*deferred=*/true);
@@ -347,9 +405,13 @@ Shape shape_of(const ModelSpec& m, const PlanConfig& c) {
   s.tp = c.tp;
   s.comm = c.tp > 1;
   s.sp = c.sp && c.tp > 1;
-  s.T = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq);
+  s.cp = c.cp;
+  s.cp_comm = c.cp_comm;
+  s.imbalance = c.cp > 1 ? causal_imbalance(m.seq, c.cp) : 1.0;
+  const int64_t local_seq = m.seq / c.cp;
+  s.T = static_cast<double>(c.micro_batch) * static_cast<double>(local_seq);
   s.Tl = s.sp ? s.T / c.tp : s.T;
-  s.tokens = c.micro_batch * m.seq;
+  s.tokens = c.micro_batch * local_seq;
   s.hidden = m.hidden;
   s.ffn = m.ffn;
   s.h = static_cast<double>(m.hidden);
@@ -432,8 +494,16 @@ BucketPlan buckets(const ModelSpec& m, const PlanConfig& c) {
   return b;
 }
 
+// The group the gradients are reduced over (and ZeRO shards over): dp x cp.
+int grad_group(const PlanConfig& c) { return c.dp * c.cp; }
+
 bool dp_inter_node(const ClusterSpec& cl, const PlanConfig& c) {
-  return c.dp > 1 && c.dp * c.tp > cl.devices_per_node;
+  return grad_group(c) > 1 && grad_group(c) * c.tp > cl.devices_per_node;
+}
+
+// A cp group spans nodes when cp x tp (its ranks and the tp ranks between them) exceeds a node.
+bool cp_inter_node(const ClusterSpec& cl, const PlanConfig& c) {
+  return c.cp > 1 && c.cp * c.tp > cl.devices_per_node;
 }
 
 // ZeRO 3's parameter all-gathers: each piece's buckets are gathered before its forward and again
@@ -443,7 +513,12 @@ bool dp_inter_node(const ClusterSpec& cl, const PlanConfig& c) {
 class ParamGathers {
  public:
   ParamGathers(Sim& sim, const BucketPlan& bp, const PlanConfig& c, int first, int last)
-      : sim_(sim), bp_(bp), on_(c.zero == 3 && c.dp > 1), dp_(c.dp), first_(first), last_(last) {}
+      : sim_(sim),
+        bp_(bp),
+        on_(c.zero == 3 && grad_group(c) > 1),
+        dp_(grad_group(c)),
+        first_(first),
+        last_(last) {}
 
   // A pass begins: forward walks the pieces first..last, backward last..first.
   void start(bool forward) {
@@ -487,15 +562,18 @@ class ParamGathers {
 // One step: accum micro-batches of forward + backward, the dp buckets launched during the last
 // one's backward, then the wait for all of them.
 Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
-  const int per_node = std::max(1, std::min(c.dp, cl.devices_per_node / c.tp));
-  Sim sim(cl, dp_inter_node(cl, c), per_node, c.overlap);
+  const int group = grad_group(c);
+  const int per_node = std::max(1, std::min(group, cl.devices_per_node / c.tp));
+  Sim sim(cl, dp_inter_node(cl, c), per_node, c.overlap, cp_inter_node(cl, c));
   const Shape s = shape_of(m, c);
   const std::vector<Piece> ps = pieces(m);
   const BucketPlan bp = buckets(m, c);
   const double h = s.h, V = static_cast<double>(m.vocab);
   const LinearDesc lm_head = lm_head_linear(m.hidden, m.vocab);
-  // Causal attention, counted at half (as layer_flops): 2 T s h per replica, / tp.
-  const double attn_flops = attention_core_flops(c.micro_batch, m.seq, m.hidden, c.tp) / 2;
+  // Causal attention, counted at half (as layer_flops): 2 T s h per replica, / tp; a cp rank's
+  // queries are 1 / cp of them, times the layout's imbalance (1 for CpLayout's).
+  const double attn_flops =
+      attention_core_flops(c.micro_batch, m.seq, m.hidden, c.tp) / 2 / c.cp * s.imbalance;
   const Overlap dp_ov = c.overlap == Overlap::None ? Overlap::None : Overlap::Async;
   // The LM's styles (dist/style.h, as model/lm.cpp builds them): the embedding's partial lookup
   // redistributed to the blocks' placement, the head colwise with loss-parallel logits.
@@ -535,10 +613,10 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
       while (last && next_bucket < bp.bytes.size() && bp.launch_after[next_bucket] >= piece) {
         // ZeRO 2 and 3 reduce-scatter the bucket (its input bytes), 0 and 1 all-reduce it.
         const CommOp op = c.zero >= 2 ? CommOp::ReduceScatter : CommOp::AllReduce;
-        Collective col{op, true, bp.bytes[next_bucket], c.dp};
+        Collective col{op, true, bp.bytes[next_bucket], group};
         // GradSync::mark_ready settles the deferred norm gradients before it reads a bucket.
-        if (c.dp > 1 || c.zero >= 2) blk.settle_grads();
-        if (c.dp > 1) {
+        if (group > 1 || c.zero >= 2) blk.settle_grads();
+        if (group > 1) {
           const int id = sim.issue(col);
           if (dp_ov == Overlap::None) sim.wait(id);
         }
@@ -564,8 +642,8 @@ Sim simulate(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
   sim.wait_all_dp();
   // ZeRO 1 and 2: each rank updated its shard; the parameters are all-gathered bucket by bucket
   // before the next forward (GradSync::gather_all_params), none of it under compute.
-  if (c.dp > 1 && (c.zero == 1 || c.zero == 2)) {
-    for (double b : bp.bytes) sim.issue({CommOp::AllGather, true, b, c.dp});
+  if (group > 1 && (c.zero == 1 || c.zero == 2)) {
+    for (double b : bp.bytes) sim.issue({CommOp::AllGather, true, b, group});
     sim.wait_all_dp();
   }
   return sim;
@@ -588,7 +666,10 @@ std::vector<Collective> tp_collectives(const ModelSpec& m, const PlanConfig& c) 
   cl.peak_tflops = 1;
   cl.mem_bw_gbps = 1;
   for (int i = 0; i < 3; ++i) cl.intra[i] = cl.inter[i] = {1, 0};
-  return simulate(m, cl, one).log;
+  std::vector<Collective> log = simulate(m, cl, one).log;
+  log.erase(std::remove_if(log.begin(), log.end(), [](const Collective& x) { return x.cp; }),
+            log.end());
+  return log;
 }
 
 std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c) {
@@ -597,8 +678,8 @@ std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c) {
 
 std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c) {
   std::vector<Collective> out;
-  if (c.dp <= 1) return out;
-  for (double b : dp_bucket_bytes(m, c)) out.push_back({CommOp::AllReduce, true, b, c.dp});
+  if (grad_group(c) <= 1) return out;
+  for (double b : dp_bucket_bytes(m, c)) out.push_back({CommOp::AllReduce, true, b, grad_group(c)});
   return out;
 }
 
@@ -690,6 +771,7 @@ class MemBlock {
     int qkv = linear_fwd(attn_[0]);
     const int q = w_.alloc(Q()), k = w_.alloc(Q()), v = w_.alloc(Q()), o = w_.alloc(Q());
     const int lse = w_.alloc(s_.T * heads_ / s_.tp * 4);
+    cp_buffers(/*bwd=*/false);
     const int attn = w_.alloc(Q());
     int y = linear_fwd(attn_[1]);
     const int out = w_.alloc(Al());
@@ -718,6 +800,7 @@ class MemBlock {
     w_.free(attn);
     int dO = w_.alloc(Q());
     int dq = w_.alloc(Q()), dk = w_.alloc(Q()), dv = w_.alloc(Q());
+    cp_buffers(/*bwd=*/true);
     int dqkv = w_.alloc(3 * Q());
     for (int i = 2; i <= 5; ++i) w_.free(sv.ids[static_cast<size_t>(i)]);
     w_.free(lse);
@@ -741,6 +824,17 @@ class MemBlock {
   }
 
  private:
+  // cp's exchange buffers while the attention runs (dist/context_parallel.cpp): the ring's two
+  // K/V buffers (and two for the dK/dV travelling with them in the backward), or every rank's
+  // K/V (and their gradients).
+  void cp_buffers(bool bwd) {
+    if (s_.cp == 1) return;
+    const double kv = 2 * Q(), n = s_.cp_comm == CpComm::Ring ? 2 : s_.cp;
+    int in = w_.alloc(n * kv);
+    int grads = bwd ? w_.alloc(n * kv) : -1;
+    w_.free(grads);
+    w_.free(in);
+  }
   int norm_bwd(int& st, int& input) {
     const int dx = w_.alloc(Al());
     w_.free(st);
@@ -769,7 +863,8 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   }
   const BucketPlan plan = buckets(m, c);
   std::vector<double> bucket_bytes = plan.bytes;
-  const double dp = c.zero > 0 ? c.dp : 1;  // ZeRO's shards (dist/data_parallel.h)
+  // ZeRO's shards (dist/data_parallel.h), over dp x cp.
+  const double dp = c.zero > 0 ? grad_group(c) : 1;
   if (c.zero == 3) {
     // Each bucket's parameter shard, and the full buffers of at most three pieces (the current
     // one, the prefetched one and one being freed: GradSync::kMaxGatheredPieces); at stage 3 a
@@ -783,7 +878,8 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
     std::vector<double> largest;
     for (const auto& w : whole) largest.push_back(w.second);
     std::sort(largest.begin(), largest.end(), std::greater<>());
-    for (size_t i = 0; i < largest.size() && i < 3 && c.dp > 1; ++i) mem.weights += largest[i];
+    for (size_t i = 0; i < largest.size() && i < 3 && grad_group(c) > 1; ++i)
+      mem.weights += largest[i];
   }
   if (c.zero >= 2) {
     // Each bucket's shard, and at most three full buckets alive during backward.
@@ -849,6 +945,28 @@ Memory memory_per_device(const ModelSpec& m, const PlanConfig& c) {
   return mem;
 }
 
+double causal_imbalance(int64_t seq, int cp, bool balanced) {
+  MESHRT_CHECK(cp >= 1 && seq >= 2 * cp, "causal_imbalance: seq "
+                                             << seq << " and cp " << cp
+                                             << " need cp >= 1 and seq >= 2 x cp");
+  // Chunk j (of n = 2 x cp, the last taking the remainder) holds tokens [j c, (j+1) c); token t
+  // attends to t + 1 keys, so the chunk's work is the sum of t + 1 over its tokens.
+  const int n = 2 * cp;
+  const double c = static_cast<double>(seq / n);
+  auto chunk_work = [&](int j) {
+    const double lo = j * c, hi = j + 1 == n ? static_cast<double>(seq) : lo + c;
+    return (hi * (hi + 1) - lo * (lo + 1)) / 2;
+  };
+  double max = 0, sum = 0;
+  for (int r = 0; r < cp; ++r) {
+    const double w = balanced ? chunk_work(r) + chunk_work(n - 1 - r)
+                              : chunk_work(2 * r) + chunk_work(2 * r + 1);
+    max = std::max(max, w);
+    sum += w;
+  }
+  return max / (sum / cp);
+}
+
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch) {
   const double B = static_cast<double>(global_batch), s = static_cast<double>(m.seq),
                h = static_cast<double>(m.hidden);
@@ -858,10 +976,11 @@ double model_flops_per_step(const ModelSpec& m, int64_t global_batch) {
 }
 
 void check_config(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
-  MESHRT_CHECK(c.dp >= 1 && c.tp >= 1 && c.micro_batch >= 1 && c.accum >= 1 && c.bucket_mb > 0,
-               "plan: dp " << c.dp << ", tp " << c.tp << ", micro-batch " << c.micro_batch
-                           << ", accumulation " << c.accum << " and bucket " << c.bucket_mb
-                           << " MiB must be positive");
+  MESHRT_CHECK(
+      c.dp >= 1 && c.tp >= 1 && c.cp >= 1 && c.micro_batch >= 1 && c.accum >= 1 && c.bucket_mb > 0,
+      "plan: dp " << c.dp << ", cp " << c.cp << ", tp " << c.tp << ", micro-batch " << c.micro_batch
+                  << ", accumulation " << c.accum << " and bucket " << c.bucket_mb
+                  << " MiB must be positive");
   MESHRT_CHECK(c.tp <= cl.devices_per_node,
                "plan: tp=" << c.tp << " spans nodes of " << cl.devices_per_node << " devices");
   MESHRT_CHECK(m.hidden % c.tp == 0,
@@ -869,11 +988,16 @@ void check_config(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c
   MESHRT_CHECK(m.kind == LayerKind::Mlp || m.heads % c.tp == 0,
                "plan: heads " << m.heads << " do not divide by tp=" << c.tp);
   MESHRT_CHECK(m.ffn >= c.tp, "plan: ffn " << m.ffn << " < tp=" << c.tp);
+  // cp's layout: 2 x cp chunks of the sequence (CpLayout's rule and message).
+  if (c.cp > 1) CpLayout::make(m.seq, c.cp);
+  const int64_t seq = m.seq / c.cp;  // a cp rank's tokens of each sequence
   const bool sp = c.sp && c.tp > 1;
-  MESHRT_CHECK(!sp || m.seq % c.tp == 0, "plan: seq " << m.seq << " does not divide by tp=" << c.tp
-                                                      << " under sequence parallel");
-  MESHRT_CHECK(c.overlap != Overlap::Chunked || c.tp == 1 || (sp && m.seq % (c.tp * c.tp) == 0),
-               "plan: chunked overlap needs sequence parallel and seq divisible by tp^2");
+  MESHRT_CHECK(!sp || seq % c.tp == 0,
+               "plan: seq " << m.seq << (c.cp > 1 ? " / cp=" + std::to_string(c.cp) : "")
+                            << " does not divide by tp=" << c.tp << " under sequence parallel");
+  MESHRT_CHECK(c.overlap != Overlap::Chunked || c.tp == 1 || (sp && seq % (c.tp * c.tp) == 0),
+               "plan: chunked overlap needs sequence parallel and seq" << (c.cp > 1 ? " / cp" : "")
+                                                                       << " divisible by tp^2");
 }
 
 Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c) {
@@ -896,7 +1020,9 @@ Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& 
   const int64_t gb = static_cast<int64_t>(c.dp) * c.micro_batch * c.accum;
   r.model_flops = model_flops_per_step(m, gb);
   r.tokens_per_s = static_cast<double>(gb) * static_cast<double>(m.seq) / r.step_s;
-  r.mfu = r.model_flops / r.step_s / (static_cast<double>(c.dp) * c.tp * cl.peak_tflops * 1e12);
+  r.mfu =
+      r.model_flops / r.step_s / (static_cast<double>(c.dp) * c.cp * c.tp * cl.peak_tflops * 1e12);
+  r.cp_imbalance = shape_of(m, c).imbalance;
   const double have = cl.memory_gib * 1024.0 * 1024.0 * 1024.0;
   r.fits = cl.memory_gib <= 0 || r.mem.total() <= have;
   r.overflow_bytes = r.fits ? 0 : r.mem.total() - have;
@@ -922,6 +1048,34 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 }  // namespace
 
+namespace {
+// plan_all's layouts of one mesh (`c`'s dp, cp, tp and exchange) with `per` sequences per dp
+// replica per step: sp off / on, the micro-batches and the buckets.
+void plan_layout(const ModelSpec& m, const ClusterSpec& cl, int64_t per,
+                 const std::vector<double>& bucket_list, Overlap overlap, PlanConfig c,
+                 std::vector<Prediction>& out) {
+  for (int sp = 0; sp <= (c.tp > 1 ? 1 : 0); ++sp) {
+    for (int64_t mb : divisors(per)) {
+      if (per / mb > kMaxPlannedAccum) continue;
+      for (double bucket : bucket_list) {
+        // No gradient reduction: buckets do not matter.
+        if (grad_group(c) == 1 && bucket != bucket_list.front()) continue;
+        c.sp = sp == 1;
+        c.micro_batch = mb;
+        c.accum = static_cast<int>(per / mb);
+        c.bucket_mb = bucket;
+        c.overlap = overlap == Overlap::Chunked && !c.sp ? Overlap::Async : overlap;
+        try {
+          out.push_back(predict(m, cl, c));
+        } catch (const Error&) {
+          // A layout this model cannot take (divisibility): not a candidate.
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
 std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int64_t global_batch,
                                  const std::vector<double>& bucket_list, Overlap overlap,
                                  bool optimizer) {
@@ -931,29 +1085,20 @@ std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int6
   const int world = cl.world();
   for (int tp = 1; tp <= cl.devices_per_node; ++tp) {
     if (cl.devices_per_node % tp != 0 || world % tp != 0) continue;
-    const int dp = world / tp;
-    if (global_batch % dp != 0) continue;
-    const int64_t per = global_batch / dp;
-    for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-      for (int64_t mb : divisors(per)) {
-        if (per / mb > kMaxPlannedAccum) continue;
-        for (double bucket : bucket_list) {
-          if (dp == 1 && bucket != bucket_list.front()) continue;  // no dp: buckets do not matter
-          PlanConfig c;
-          c.dp = dp;
-          c.tp = tp;
-          c.sp = sp == 1;
-          c.micro_batch = mb;
-          c.accum = static_cast<int>(per / mb);
-          c.bucket_mb = bucket;
-          c.overlap = overlap == Overlap::Chunked && !c.sp ? Overlap::Async : overlap;
-          c.optimizer = optimizer;
-          try {
-            out.push_back(predict(m, cl, c));
-          } catch (const Error&) {
-            // A layout this model cannot take (divisibility): not a candidate.
-          }
-        }
+    for (int64_t cp : divisors(world / tp)) {
+      // cp needs 2 x cp chunks of the sequence (check_config refuses the rest).
+      if (m.seq % (2 * cp) != 0 && cp > 1) continue;
+      const int dp = world / tp / static_cast<int>(cp);
+      if (global_batch % dp != 0) continue;
+      PlanConfig c;
+      c.dp = dp;
+      c.tp = tp;
+      c.cp = static_cast<int>(cp);
+      c.optimizer = optimizer;
+      for (CpComm how : {CpComm::Ring, CpComm::AllGather}) {
+        if (cp == 1 && how != CpComm::Ring) continue;  // no cp: no exchange
+        c.cp_comm = how;
+        plan_layout(m, cl, global_batch / dp, bucket_list, overlap, c, out);
       }
     }
   }
@@ -964,9 +1109,15 @@ std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int6
   return out;
 }
 
+std::string mesh_label(const PlanConfig& c) {
+  return "dp=" + std::to_string(c.dp) + (c.cp > 1 ? ",cp=" + std::to_string(c.cp) : "") +
+         ",tp=" + std::to_string(c.tp);
+}
+
 std::string config_label(const PlanConfig& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "dp=%d,tp=%d sp=%s mb=%lld x%d bucket=%gMiB", c.dp, c.tp,
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s%s%s sp=%s mb=%lld x%d bucket=%gMiB", mesh_label(c).c_str(),
+                c.cp > 1 ? " " : "", c.cp > 1 ? cp_comm_name(c.cp_comm) : "",
                 c.tp > 1 ? (c.sp ? "on" : "off") : "-", static_cast<long long>(c.micro_batch),
                 c.accum, c.bucket_mb);
   return c.zero > 0 ? std::string(buf) + " zero=" + std::to_string(c.zero) : std::string(buf);
@@ -983,7 +1134,8 @@ std::string why_best(const std::vector<Prediction>& all) {
   // The runner-up with another mesh or sequence parallelism says more than a bucket size.
   const Prediction* second = nullptr;
   for (size_t i = 1; i < all.size() && all[i].fits; ++i) {
-    if (all[i].cfg.tp != best.cfg.tp || all[i].cfg.sp != best.cfg.sp) {
+    if (all[i].cfg.tp != best.cfg.tp || all[i].cfg.sp != best.cfg.sp ||
+        all[i].cfg.cp != best.cfg.cp || all[i].cfg.cp_comm != best.cfg.cp_comm) {
       second = &all[i];
       break;
     }
@@ -1002,6 +1154,7 @@ std::string why_best(const std::vector<Prediction>& all) {
     std::vector<Term> t = {{"compute", second->compute_s - best.compute_s},
                            {"exposed tp communication", second->tp_exposed_s - best.tp_exposed_s},
                            {"exposed dp communication", second->dp_exposed_s - best.dp_exposed_s},
+                           {"exposed cp communication", second->cp_exposed_s - best.cp_exposed_s},
                            {"optimizer step", second->optimizer_s - best.optimizer_s}};
     std::sort(t.begin(), t.end(), [](const Term& a, const Term& b) { return a.d > b.d; });
     const char* sep = " ";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "dist/context_parallel.h"
 #include "model/block_desc.h"
 #include "model/model_spec.h"
 
@@ -29,11 +30,14 @@ int link_index(CommOp op);
 
 // One collective as meshrt counts it (dist/parallel.cpp CommScheduler): bytes are the output of
 // an all-gather, the input of a reduce-scatter, the tensor of an all-reduce.
+// A cp exchange (cp = true) is a ring step (op Send: `bytes` to the next rank while as many
+// arrive from the previous one), or the all-gather of K/V / reduce-scatter of dK/dV over cp.
 struct Collective {
   CommOp op = CommOp::AllReduce;
-  bool dp = false;  // over the dp dim, else tp
+  bool dp = false;  // over the dp x cp group (the gradients), else tp
   double bytes = 0;
   int group = 1;
+  bool cp = false;  // over the cp group (the attention's K/V exchange)
 };
 
 // Time of a collective of `bytes` over `group` ranks on one link: latency + bytes x factor /
@@ -73,6 +77,9 @@ struct ClusterSpec {
   // A dp group spanning nodes uses `per_node` NICs at once (its members on one node): its bus
   // bandwidth is inter x per_node, at most the intra-node one.
   double collective_seconds(const Collective& c, bool inter_node, int per_node = 1) const;
+  // One ring step of `bytes` to a neighbour: latency + bytes / the all-gather link's bus bandwidth
+  // (a ring all-gather moves (n-1)/n of its output over each link at that rate).
+  double p2p_seconds(double bytes, bool inter_node) const;
 };
 
 // Presets: h100-sxm, h200-sxm, a100-sxm with ":G" devices per node or ":GxN" for N nodes, and
@@ -88,7 +95,12 @@ ClusterSpec cluster_from_json(const std::string& text, const std::string& origin
 std::string cluster_to_json(const ClusterSpec& c);
 
 struct PlanConfig {
-  int dp = 1, tp = 1;
+  // The mesh dp x cp x tp (tp innermost, then cp: a cp group stays within a node while
+  // cp x tp <= devices per node). cp ranks share each sequence (dist/context_parallel.h's
+  // layout: 2 x cp chunks, rank i holds chunks i and 2cp-1-i) and exchange K/V in attention by
+  // `cp_comm`; the gradients are reduced, and ZeRO shards, over dp x cp.
+  int dp = 1, tp = 1, cp = 1;
+  CpComm cp_comm = CpComm::Ring;
   bool sp = false;
   int64_t micro_batch = 1;  // sequences per dp replica per micro-batch
   int accum = 1;            // micro-batches per step (dp all-reduce after the last one)
@@ -116,6 +128,11 @@ struct Prediction {
   double tp_comm_s = 0, tp_exposed_s = 0, dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0;
   double tp_bytes = 0, dp_bytes = 0;
   int64_t tp_count = 0, dp_count = 0;
+  // cp's K/V exchange (ring steps, or all-gathers and reduce-scatters), and the causal
+  // imbalance: the busiest cp rank's attention work over the mean (causal_imbalance).
+  double cp_comm_s = 0, cp_exposed_s = 0, cp_bytes = 0;
+  int64_t cp_count = 0;
+  double cp_imbalance = 1;
   double model_flops = 0;  // per step, all ranks (3 x forward matmul FLOPs, causal at half)
   double tokens_per_s = 0, mfu = 0;
   Memory mem;
@@ -132,6 +149,13 @@ std::vector<Collective> dp_collectives(const ModelSpec& m, const PlanConfig& c);
 std::vector<double> dp_bucket_bytes(const ModelSpec& m, const PlanConfig& c);
 
 Memory memory_per_device(const ModelSpec& m, const PlanConfig& c);
+// Causal attention work of the busiest of `cp` ranks over the mean, for a sequence of `seq` tokens
+// cut into 2 x cp chunks: `balanced` as CpLayout lays them out (rank i holds chunks i and
+// 2cp-1-i: every rank does the same work, 1.0 exactly when seq divides by 2 x cp), else
+// contiguously (rank i holds chunks 2i and 2i+1: the last rank does the most). Work counts the
+// (query, key) pairs under the causal mask.
+double causal_imbalance(int64_t seq, int cp, bool balanced = true);
+
 // Model FLOPs of one step over all ranks (layer_flops of model/block_desc.h, causal at half, plus
 // the LM head).
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
@@ -140,14 +164,16 @@ double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
 void check_config(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c);
 Prediction predict(const ModelSpec& m, const ClusterSpec& cl, const PlanConfig& c);
 
-// Every layout reaching `global_batch` sequences on the cluster's devices: dp x tp (tp within a
-// node, dividing heads), sp off / on, micro-batches dividing global_batch / dp, `buckets` (MiB).
+// Every layout reaching `global_batch` sequences on the cluster's devices: dp x cp x tp (tp within
+// a node, dividing heads; cp with seq divisible by 2 x cp, each cp > 1 with the ring and the
+// all-gather exchange), sp off / on, micro-batches dividing global_batch / dp, `buckets` (MiB).
 // Sorted by tokens/s, fitting layouts first. Layouts the model cannot take are skipped.
 std::vector<Prediction> plan_all(const ModelSpec& m, const ClusterSpec& cl, int64_t global_batch,
                                  const std::vector<double>& buckets, Overlap overlap,
                                  bool optimizer = true);
 
-// "dp=2,tp=4 sp=on mb=2 x4 bucket=25MiB"
+// "dp=2,tp=4 sp=on mb=2 x4 bucket=25MiB"; with cp: "dp=1,cp=4,tp=2 ring sp=on ..."
+std::string mesh_label(const PlanConfig& c);  // "dp=2,tp=4", "dp=1,cp=4,tp=2"
 std::string config_label(const PlanConfig& c);
 
 // One line on why the first of plan_all's layouts wins: the terms (compute, exposed tp / dp

@@ -295,6 +295,48 @@ void TokenFile::read(int64_t first, int64_t n, int64_t* out) const {
                           "resume the run");
 }
 
+int64_t TokenFile::end_of_text(int64_t explicit_id) const {
+  // llm.c's GPT-2 token files (header version 1, u16) put <|endoftext|> between documents.
+  constexpr int64_t kGpt2EndOfText = 50256;
+  int64_t eot = explicit_id;
+  if (eot < 0) {
+    MESHRT_CHECK(explicit_id == -1 && format_ == "llm.c u16",
+                 flag_ << " " << path_ << " (" << format_ << ") has no end-of-text token of its "
+                       << "own (only llm.c's u16 files do: 50256); give the id that ends each "
+                          "document explicitly");
+    eot = kGpt2EndOfText;
+  }
+  bool found = false;
+  if (eot <= max_token_)
+    scan(0, [&](int64_t, const int64_t* t, int64_t n) {
+      found = std::find(t, t + n, eot) != t + n;
+      return !found;
+    });
+  MESHRT_CHECK(found, flag_ << " " << path_ << ": the end-of-text token " << eot
+                            << " never occurs in the file (" << count_ << " tokens, the largest "
+                            << max_token_ << "), so it would hold one document; give the id "
+                            << "that ends its documents");
+  return eot;
+}
+
+std::vector<int64_t> document_starts(const int64_t* tokens, int64_t n, int64_t eot) {
+  std::vector<int64_t> starts;
+  if (n > 0) starts.push_back(0);
+  for (int64_t i = 0; i + 1 < n; ++i)
+    if (tokens[i] == eot) starts.push_back(i + 1);
+  return starts;
+}
+
+std::vector<int32_t> document_ids(const int64_t* tokens, int64_t n, int64_t eot) {
+  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  int32_t doc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ids[static_cast<size_t>(i)] = doc;
+    if (tokens[i] == eot) ++doc;
+  }
+  return ids;
+}
+
 void TokenFile::check(int64_t vocab, int64_t seq) const {
   if (max_token_ >= vocab) {
     int64_t i = -1, t = 0;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/context.h"
 
@@ -49,6 +50,12 @@ class TokenFile {
   // (rewritten in place): such a token would index past the embedding table.
   void read(int64_t first, int64_t n, int64_t* out) const;
 
+  // Packed documents (train --doc-mask): the token that ends each document. explicit_id >= 0:
+  // that id, refused (naming it, the file and its largest token) unless the file holds it at
+  // least once; -1: the format's own, llm.c's u16 files (GPT-2's tokenizer) 50256
+  // (<|endoftext|>), and for any other format an error asking for an explicit id.
+  int64_t end_of_text(int64_t explicit_id) const;
+
   // Throws unless every token is < vocab (naming the first position that is not: the slow path
   // rescans, the check itself is O(1)) and the file holds one window of seq + 1 tokens.
   void check(int64_t vocab, int64_t seq) const;
@@ -80,6 +87,13 @@ class TokenFile {
 // first_sample .. first_sample + n - 1.
 void make_token_batch(Context& ctx, const TokenFile& file, uint64_t seed, uint64_t stream,
                       int64_t first_sample, int64_t n, int64_t seq, Tensor* ids, Tensor* targets);
+
+// Document boundaries of a window of packed tokens: a document ends with (and includes) each
+// `eot` token, the next starts after it; the window's first token starts one. The positions
+// where documents start, 0 first (cp_chunk_work's doc_starts), and the document id of every
+// position (0, 1, ...: non-decreasing, the doc_ids of doc-masked attention).
+std::vector<int64_t> document_starts(const int64_t* tokens, int64_t n, int64_t eot);
+std::vector<int32_t> document_ids(const int64_t* tokens, int64_t n, int64_t eot);
 
 // Streams of make_token_batch: training and validation draw independently.
 inline constexpr uint64_t kTrainTokenStream = 0x7a11;

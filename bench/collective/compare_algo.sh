@@ -5,8 +5,8 @@
 # 256 KiB and 64 MiB, the two binaries alternating within each repetition so that load changes
 # hit both. The figure is `--latency`'s: each iteration timed alone, the median over the
 # iterations of the slowest rank (robust to a loaded machine's stalls, unlike the mean). Prints
-# the medians over the repetitions as a markdown table, new / old per cell
-# (bench/results/collective-algorithms.md).
+# the medians over the repetitions as a markdown table, new / old per cell, then the spread of
+# each binary over the repetitions (min - max) (bench/results/collective-algorithms.md).
 # Usage: bench/collective/compare_algo.sh OLD_MESHRT NEW_MESHRT [repeats]
 set -eu
 old=$1
@@ -56,13 +56,18 @@ done
 python3 - "$out" "$reps" <<'PY'
 import json, statistics, sys
 d, reps = sys.argv[1], int(sys.argv[2])
-def med(which, be, op, size, place):
+def figures(which, be, op, size, place):
     part, k = {"small": ("small", 0), "256K": ("small", 1), "64M": ("large", 0)}[size]
     runs = [json.load(open(f"{d}/{which}.{be}.{op}.{part}.{i}.json")) for i in range(1, reps + 1)]
     wrong = sum(r["wrong_total"] for r in runs)
     assert wrong == 0, f"{which} {be} {op} {size}: {wrong} wrong results"
     sizes[size] = runs[0]["results"][k]["size_bytes"]
-    return statistics.median(r["results"][k][place]["latency_us"]["median"] for r in runs)
+    return [r["results"][k][place]["latency_us"]["median"] for r in runs]
+def med(which, be, op, size, place):
+    return statistics.median(figures(which, be, op, size, place))
+def spread(which, be, op, size, place):
+    f = figures(which, be, op, size, place)
+    return f"{min(f):.1f} - {max(f):.1f}"
 sizes = {}
 print(f"f32 sum, 2 ranks, medians over {reps} alternating runs of each run's per-iteration "
       "median latency (slowest rank; 200 iterations, 10 at 64 MiB), us: out of place | in place")
@@ -78,6 +83,18 @@ for be in ("host", "shm", "mpi"):
             for place in ("out_of_place", "in_place"):
                 o, n = med("old", be, op, size, place), med("new", be, op, size, place)
                 cells += [f"{o:.1f}", f"{n:.1f}", f"{n / o:.2f}"]
+            backend = {"host": "threads"}.get(be, be)
+            print(f"| {backend} | {op} | {name(sizes[size])} | " + " | ".join(cells) + " |")
+print()
+print(f"Spread over the {reps} runs (min - max of the runs' figures), us")
+print()
+print("| backend | op | size | old out | new out | old in | new in |")
+print("|---|---|---|---:|---:|---:|---:|")
+for be in ("host", "shm", "mpi"):
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for size in ("small", "256K", "64M"):
+            cells = [spread(w, be, op, size, p) for p in ("out_of_place", "in_place")
+                     for w in ("old", "new")]
             backend = {"host": "threads"}.get(be, be)
             print(f"| {backend} | {op} | {name(sizes[size])} | " + " | ".join(cells) + " |")
 PY

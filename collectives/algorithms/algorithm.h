@@ -4,7 +4,9 @@
 // Transports move bytes: the host backend's slots (threads), the shm backend's segment, MPI,
 // NCCL. An algorithm runs on top of one. Two kinds:
 //  - an engine's own algorithm (eager, flat, one_step, staged, zero_copy, two_level, native) runs
-//    inside the backend's engine over its transport; the engine asks its AlgoPlan which one to run;
+//    over its backend's transport (threads and shm: a file of this folder written over the
+//    engine's transport interface, host_transport.h / shm_transport.h); the engine asks its
+//    AlgoPlan which one to run and calls it;
 //  - a composed algorithm (ring, ...) is one file of this folder that issues the collective as
 //    calls of the communicator's own primitives (send / recv, all_to_all, all_gather, ...), so it
 //    runs on every backend, NCCL included: the Communicator runs it instead of the backend.
@@ -46,8 +48,9 @@ struct Algorithm {
   int64_t capacity = 0;
 };
 
-// The engines' own algorithms (their code is in the engine: host_comm.cpp, shm_comm.cpp,
-// hier_comm.cpp; mpi and nccl are native).
+// The engines' own algorithms (threads: eager.cpp, flat.cpp over host_transport.h; shm:
+// one_step.cpp, staged.cpp, zero_copy.cpp over shm_transport.h; hier: hier_comm.cpp; mpi and nccl
+// are native).
 namespace algos {
 extern const Algorithm eager, flat, one_step, staged, zero_copy, two_level, native;
 }

@@ -10,6 +10,7 @@
 #include "kernels/host/reduce.h"
 #include "kernels/math.h"
 #include "runtime/dtype_dispatch.h"
+#include "runtime/error.h"
 
 namespace meshrt::kernels::host {
 MESHRT_HOST_ISA_BEGIN
@@ -51,22 +52,79 @@ const float* rows_f32(const T* head, int64_t r0, int64_t n, int64_t d, float* bu
 
 // delta = q_offset - kv_offset: under the causal mask, local query row i sees local key j when
 // j <= i + delta (0 for a whole sequence; a block of it at global offsets otherwise).
+// q_doc / k_doc: the document ids ([batch, sq] and [batch, sk], non-decreasing per row) of a
+// doc-masked block, else null.
 struct AttnDims {
   int64_t bh, sq, sk, d;
   int64_t delta = 0;
+  int64_t heads = 1;
+  const int32_t* q_doc = nullptr;
+  const int32_t* k_doc = nullptr;
 };
 
 AttnDims dims_of(const Tensor& q, const Tensor& k, int64_t delta = 0) {
-  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), delta};
+  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), delta, q.size(1)};
 }
 
-// Applies the causal mask to a score tile: query row r sees keys <= i0 + r (i0 already shifted by
-// the block's delta).
-void mask_tile(float* s, int64_t bq, int64_t bk, int64_t i0, int64_t k0) {
-  for (int64_t r = 0; r < bq; ++r) {
-    int64_t first_masked = i0 + r + 1 - k0;  // columns c >= this are masked
-    for (int64_t c = std::max<int64_t>(first_masked, 0); c < bk; ++c) s[r * bk + c] = -kmath::kInf;
+// The keys a query row sees: local key indices [lo, hi) (empty when hi <= lo). Under the causal
+// and document masks they are one run: a document is a run of positions.
+struct KeyRange {
+  int64_t lo, hi;
+  bool empty() const { return hi <= lo; }
+};
+
+KeyRange key_range(const AttnDims& D, bool causal, int64_t head, int64_t i) {
+  KeyRange r{0, causal ? std::clamp<int64_t>(i + D.delta + 1, 0, D.sk) : D.sk};
+  if (D.q_doc != nullptr) {
+    const int64_t b = head / D.heads;
+    const int32_t doc = D.q_doc[b * D.sq + i];
+    const int32_t* kd = D.k_doc + b * D.sk;
+    r.lo = std::max<int64_t>(r.lo, std::lower_bound(kd, kd + D.sk, doc) - kd);
+    r.hi = std::min<int64_t>(r.hi, std::upper_bound(kd, kd + D.sk, doc) - kd);
   }
+  return r;
+}
+
+// The union of rows' ranges: [min lo, max hi) over the non-empty ones ({sk, 0} when all are).
+KeyRange span_of(const KeyRange* rr, int64_t rows, int64_t sk) {
+  KeyRange u{sk, 0};
+  for (int64_t r = 0; r < rows; ++r) {
+    if (rr[r].empty()) continue;
+    u.lo = std::min(u.lo, rr[r].lo);
+    u.hi = std::max(u.hi, rr[r].hi);
+  }
+  return u;
+}
+
+// Whether some row of a tile of keys [k0, k0 + bk) sees only part of it.
+bool tile_masked(const KeyRange* rr, int64_t rows, int64_t k0, int64_t bk) {
+  for (int64_t r = 0; r < rows; ++r)
+    if (rr[r].lo > k0 || rr[r].hi < k0 + bk) return true;
+  return false;
+}
+
+// Masks a score tile of keys [k0, k0 + bk): row r keeps the columns inside its range rr[r].
+void mask_tile(float* s, int64_t bq, int64_t bk, const KeyRange* rr, int64_t k0) {
+  for (int64_t r = 0; r < bq; ++r) {
+    const int64_t lo = std::clamp<int64_t>(rr[r].lo - k0, 0, bk);
+    const int64_t hi = std::clamp<int64_t>(rr[r].hi - k0, lo, bk);
+    std::fill(s + r * bk, s + r * bk + lo, -kmath::kInf);
+    std::fill(s + r * bk + hi, s + (r + 1) * bk, -kmath::kInf);
+  }
+}
+
+// Refuses document ids that decrease along a row ([batch, seq], ops.h): the masks take each
+// document to be one run of positions.
+void check_doc_order(const char* op, const char* name, const int32_t* doc, int64_t batch,
+                     int64_t seq) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 1; i < seq; ++i)
+      MESHRT_CHECK(doc[b * seq + i] >= doc[b * seq + i - 1],
+                   "op " << op << ": " << name << "[" << b << ", " << i
+                         << "] = " << doc[b * seq + i] << " follows " << name << "[" << b << ", "
+                         << i - 1 << "] = " << doc[b * seq + i - 1]
+                         << ": document ids must be non-decreasing along the sequence (each "
+                            "document one run of positions); number the documents in order");
 }
 
 template <class T>
@@ -92,13 +150,15 @@ void attention_fwd_block(const TileGemm& gemm, const AttnDims& D, const T* q, co
   std::fill(o, o + bq * d, 0.f);
   std::fill(m, m + bq, -kmath::kInf);
   std::fill(l, l + bq, 0.f);
-  const int64_t k_end = causal ? std::clamp<int64_t>(i0 + bq + D.delta, 0, D.sk) : D.sk;
-  for (int64_t k0 = 0; k0 < k_end; k0 += kBkFwd) {
-    const int64_t bk = std::min(kBkFwd, k_end - k0);
+  KeyRange rr[kBq];
+  for (int64_t r = 0; r < bq; ++r) rr[r] = key_range(D, causal, head, i0 + r);
+  const KeyRange keys = span_of(rr, bq, D.sk);
+  for (int64_t k0 = keys.lo; k0 < keys.hi; k0 += kBkFwd) {
+    const int64_t bk = std::min(kBkFwd, keys.hi - k0);
     const float* kb = rows_f32(kh, k0, bk, d, kbuf);
     const float* vb = rows_f32(vh, k0, bk, d, vbuf);
     gemm(false, true, bq, bk, d, 1.0f, qs, d, kb, d, 0.0f, s, bk);
-    if (causal && k0 + bk - 1 > i0 + D.delta) mask_tile(s, bq, bk, i0 + D.delta, k0);
+    if (tile_masked(rr, bq, k0, bk)) mask_tile(s, bq, bk, rr, k0);
     for (int64_t r = 0; r < bq; ++r) {
       float* sr = s + r * bk;
       float mt = max_f32(sr, bk);
@@ -155,22 +215,29 @@ void attention_bwd_head(const TileGemm& gemm, const AttnDims& D, const T* q, con
   std::vector<float> dQ(static_cast<size_t>(sq * d), 0.f);
   std::vector<float> dK(static_cast<size_t>(kBk * d)), dV(static_cast<size_t>(kBk * d));
   std::vector<float> P(static_cast<size_t>(kBq * kBk)), dP(static_cast<size_t>(kBq * kBk));
+  // Each query row's keys, and each query block's union of them (a block none of whose rows sees
+  // a key tile is skipped).
+  std::vector<KeyRange> R(static_cast<size_t>(sq)), spans;
+  for (int64_t i = 0; i < sq; ++i) R[static_cast<size_t>(i)] = key_range(D, causal, head, i);
+  for (int64_t i0 = 0; i0 < sq; i0 += kBq)
+    spans.push_back(span_of(R.data() + i0, std::min(kBq, sq - i0), sk));
   for (int64_t k0 = 0; k0 < sk; k0 += kBk) {
     const int64_t bk = std::min(kBk, sk - k0);
     const float* Kj = K + k0 * d;
     const float* Vj = V + k0 * d;
     std::fill(dK.begin(), dK.end(), 0.f);
     std::fill(dV.begin(), dV.end(), 0.f);
-    // Causal: query rows before k0 - delta see none of these keys.
-    const int64_t i_first = causal ? std::max<int64_t>(k0 - D.delta, 0) / kBq * kBq : 0;
-    for (int64_t i0 = i_first; i0 < sq; i0 += kBq) {
+    for (int64_t i0 = 0; i0 < sq; i0 += kBq) {
+      const KeyRange& span = spans[static_cast<size_t>(i0 / kBq)];
+      if (span.hi <= k0 || span.lo >= k0 + bk) continue;  // no row sees these keys
       const int64_t bq = std::min(kBq, sq - i0);
+      const KeyRange* rr = R.data() + i0;
       const float* Qi = Q + i0 * d;
       const float* dOi = dO + i0 * d;
       float* p = P.data();
       float* dp = dP.data();
       gemm(false, true, bq, bk, d, scale, Qi, d, Kj, d, 0.0f, p, bk);
-      if (causal && k0 + bk - 1 > i0 + D.delta) mask_tile(p, bq, bk, i0 + D.delta, k0);
+      if (tile_masked(rr, bq, k0, bk)) mask_tile(p, bq, bk, rr, k0);
       for (int64_t r = 0; r < bq; ++r) {
         float lr = L[i0 + r];
         float* pr = p + r * bk;
@@ -198,16 +265,38 @@ void attention_bwd_head(const TileGemm& gemm, const AttnDims& D, const T* q, con
 }
 
 // Enqueues the forward of q over k / v with local-to-global offset difference delta.
+// The document ids of a doc-masked block (undefined tensors for none).
+struct DocIds {
+  Tensor q, k;
+};
+
+// D with the block's document ids, checked for order (the work of op `op` runs now).
+AttnDims with_docs(AttnDims D, const char* op, const DocIds& doc) {
+  if (!doc.q.defined()) return D;
+  D.q_doc = doc.q.data<int32_t>();
+  D.k_doc = doc.k.data<int32_t>();
+  check_doc_order(op, "q_doc", D.q_doc, doc.q.size(0), D.sq);
+  check_doc_order(op, "k_doc", D.k_doc, doc.k.size(0), D.sk);
+  return D;
+}
+
+DocIds stream_docs(Stream& s, const Tensor& q_doc, const Tensor& k_doc) {
+  if (!q_doc.defined()) return {};
+  return {q_doc.stream_ref(s), k_doc.stream_ref(s)};
+}
+
 void enqueue_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                 const Tensor& out, const Tensor& lse, float scale, bool causal, int64_t delta) {
+                 const Tensor& out, const Tensor& lse, float scale, bool causal, int64_t delta,
+                 const DocIds& docs = {}) {
   ThreadPool* tp = &pool(ctx);
   s.enqueue([tp, q = q.stream_ref(s), k = k.stream_ref(s), v = v.stream_ref(s),
-             out = out.stream_ref(s), lse = lse.stream_ref(s), scale, causal, delta] {
+             out = out.stream_ref(s), lse = lse.stream_ref(s), scale, causal, delta,
+             doc = stream_docs(s, docs.q, docs.k)] {
     ensure_blas_single_threaded();
     // bf16 products under MESHRT_HOST_F32_GEMM=bf16: the forward's 64 x 256 tiles take oneDNN's
     // AMX kernels (1.7x the forward on an AMX Xeon).
     const TileGemm gemm{f32_bf16_math() ? F32Path::onednn_bf16 : F32Path::openblas};
-    const AttnDims D = dims_of(q, k, delta);
+    const AttnDims D = with_docs(dims_of(q, k, delta), "attention_block_fwd", doc);
     const int64_t qblocks = (D.sq + kBq - 1) / kBq;
     dispatch_float(q.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -227,17 +316,18 @@ void enqueue_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, cons
 
 void enqueue_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
                  const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                 const Tensor& dk, const Tensor& dv, float scale, bool causal, int64_t delta) {
+                 const Tensor& dk, const Tensor& dv, float scale, bool causal, int64_t delta,
+                 const DocIds& docs = {}) {
   ThreadPool* tp = &pool(ctx);
   s.enqueue([tp, q = q.stream_ref(s), k = k.stream_ref(s), v = v.stream_ref(s),
              out = out.stream_ref(s), dout = dout.stream_ref(s), lse = lse.stream_ref(s),
              dq = dq.stream_ref(s), dk = dk.stream_ref(s), dv = dv.stream_ref(s), scale, causal,
-             delta] {
+             delta, doc = stream_docs(s, docs.q, docs.k)] {
     ensure_blas_single_threaded();
     // OpenBLAS in every mode: the backward's 64 x 64 tiles measured 5% slower on oneDNN with bf16
     // products.
     const TileGemm gemm{F32Path::openblas};
-    const AttnDims D = dims_of(q, k, delta);
+    const AttnDims D = with_docs(dims_of(q, k, delta), "attention_block_bwd", doc);
     dispatch_float(q.dtype(), [&](auto tag) {
       using T = decltype(tag);
       tp->run(D.bh, [&](int64_t head) {
@@ -282,15 +372,18 @@ void attention_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, co
 
 void attention_block_fwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& out, const Tensor& lse, float scale, bool causal,
-                         int64_t q_offset, int64_t kv_offset) {
-  enqueue_fwd(ctx, s, q, k, v, out, lse, scale, causal, q_offset - kv_offset);
+                         int64_t q_offset, int64_t kv_offset, const Tensor& q_doc,
+                         const Tensor& k_doc) {
+  enqueue_fwd(ctx, s, q, k, v, out, lse, scale, causal, q_offset - kv_offset, {q_doc, k_doc});
 }
 
 void attention_block_bwd(Context& ctx, Stream& s, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
                          const Tensor& dk, const Tensor& dv, float scale, bool causal,
-                         int64_t q_offset, int64_t kv_offset) {
-  enqueue_bwd(ctx, s, q, k, v, out, dout, lse, dq, dk, dv, scale, causal, q_offset - kv_offset);
+                         int64_t q_offset, int64_t kv_offset, const Tensor& q_doc,
+                         const Tensor& k_doc) {
+  enqueue_bwd(ctx, s, q, k, v, out, dout, lse, dq, dk, dv, scale, causal, q_offset - kv_offset,
+              {q_doc, k_doc});
 }
 
 void attention_merge(Context& ctx, Stream& s, const Tensor& out, const Tensor& lse,

@@ -8,6 +8,7 @@
 #include "coll_matrix.h"
 #include "coll_test_util.h"
 #include "collectives/algorithms/algorithm.h"
+#include "collectives/algorithms/host_transport.h"
 #include "collectives/host_comm.h"
 #include "runtime/stream.h"
 #include "tests/common/env.h"
@@ -299,5 +300,80 @@ TEST_CASE("algorithms: forced fixed_order reduce-scatter sums in the tree over r
     }
     INFO("rank " << r);
     CHECK(same_bits(got[static_cast<size_t>(r)], want));
+  }
+}
+
+namespace {
+
+// Two ranks of a threads group, both on this thread: every rank's buffers (and eager copy) are
+// in place before the algorithm runs for rank 0, then for rank 1, so enter() only records.
+struct TwoRankSlots final : detail::HostTransport {
+  int me = 0;
+  const void* ins[2] = {};
+  void* outs[2] = {};
+  float eager[2][8] = {};
+  int entered = 0, left = 0;
+  uint64_t left_early = 0;
+  int rank() const override { return me; }
+  int size() const override { return 2; }
+  void enter(const detail::Op&, const void* in, void* out, size_t eager_bytes) override {
+    REQUIRE(in == ins[me]);
+    REQUIRE(eager_bytes <= sizeof(eager[me]));
+    outs[me] = out;
+    ++entered;
+  }
+  const void* peer_in(int j) const override { return ins[j]; }
+  void* peer_out(int j) const override { return outs[j]; }
+  const void* peer_eager(int j, uint64_t) const override { return eager[j]; }
+  void leave(uint64_t, const detail::Op&) override { ++left; }
+  void leave_early(uint64_t seq) override { left_early = seq; }
+};
+
+}  // namespace
+
+TEST_CASE("algorithms: eager and flat run over any HostTransport, the slots' interface", "[unit]") {
+  Tensor in[2] = {host_tensor(8, DType::f32), host_tensor(8, DType::f32)};
+  Tensor out[2] = {host_tensor(8, DType::f32), host_tensor(8, DType::f32)};
+  TwoRankSlots t;
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 8; ++i) static_cast<float*>(in[r].data_ptr())[i] = float(i + 100 * r);
+    std::memcpy(t.eager[r], in[r].data_ptr(), sizeof(t.eager[r]));
+    t.ins[r] = in[r].data_ptr();
+    t.outs[r] = out[r].data_ptr();
+  }
+  auto call = [&](int r) {
+    CommCall c;
+    c.op = CommOp::AllReduce;
+    c.count = 8;
+    c.in = in[r];
+    c.out = out[r];
+    c.seq = 7;
+    return c;
+  };
+  const detail::Op op;
+  auto check_sums = [&] {
+    for (int r = 0; r < 2; ++r)
+      for (int i = 0; i < 8; ++i)
+        CHECK(static_cast<const float*>(out[r].data_ptr())[i] == float(2 * i + 100));
+  };
+  SECTION("flat: rank 0 reduces the first cache line's slice into both outputs, rank 1 the rest") {
+    for (int r = 0; r < 2; ++r) {
+      t.me = r;
+      detail::flat_all_reduce(t, call(r), op);
+    }
+    check_sums();
+    CHECK(t.entered == 2);
+    CHECK(t.left == 2);
+    CHECK(t.left_early == 0);
+  }
+  SECTION("eager: each rank reduces both eager copies into its own output and leaves early") {
+    for (int r = 0; r < 2; ++r) {
+      t.me = r;
+      detail::eager_all_reduce(t, call(r), op);
+    }
+    check_sums();
+    CHECK(t.entered == 2);
+    CHECK(t.left == 0);
+    CHECK(t.left_early == 7);
   }
 }

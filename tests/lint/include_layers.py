@@ -33,6 +33,10 @@ FLOORS = {
     "tools/cli": {"dist", "kernels", "collectives", "runtime"},
     "bench": {"tools/cli", "plan", "train", "model", "dist", "kernels", "collectives", "runtime",
               "backends/cuda"},
+    # `meshrt plan`: above bench/ (--calibrate runs the block and collective benchmarks' engines,
+    # --compare reads a sweep), beside tools/.
+    "plan/command": {"tools/cli", "bench", "plan", "train", "model", "dist", "kernels",
+                     "collectives", "runtime"},
     "tools": {"tools/cli", "bench", "plan", "train", "model", "dist", "kernels", "collectives",
               "runtime"},
 }

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "dist/context_parallel.h"
 #include "kernels/ops.h"
 #include "runtime/error.h"
 #include "tests/mesh/harness.h"
+#include "train/token_data.h"
 
 using namespace meshrt;
 using meshrt::test::run_ranks;
@@ -174,4 +177,191 @@ TEST_CASE("cp attention refuses a shard of odd length", "[cp][multirank]") {
         cp_attention_fwd(comm, ctx, CpComm::Ring, q, q, q, q, lse, 1.f),
         Catch::Contains("cp_attention_fwd: q f32[1, 1, 3, 4]") && Catch::Contains("even length"));
   });
+}
+
+// ---- packed documents ---------------------------------------------------------------------------
+
+namespace {
+
+// Document ids [batch, seq] from each row's document lengths.
+std::vector<int32_t> doc_ids(const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<int32_t> ids;
+  for (const auto& row : lengths)
+    for (size_t d = 0; d < row.size(); ++d) ids.insert(ids.end(), row[d], static_cast<int32_t>(d));
+  return ids;
+}
+
+Tensor id_tensor(int64_t b, int64_t seq, const std::vector<int32_t>& ids) {
+  return Tensor::from_host_data(ids.data(), {b, seq}, DType::i32);
+}
+
+// cp = 1: doc-masked attention over the whole sequence (one block at offset 0).
+std::vector<Vals> doc_reference(const Problem& p, const std::vector<Vals>& qkvg,
+                                const std::vector<int32_t>& ids, float scale, bool causal) {
+  Context ctx(Device::cpu(), ContextOptions{});
+  Stream& s = ctx.compute_stream();
+  const Shape f = p.full();
+  Tensor q = host_tensor(ctx, f, qkvg[0]), k = host_tensor(ctx, f, qkvg[1]),
+         v = host_tensor(ctx, f, qkvg[2]), g = host_tensor(ctx, f, qkvg[3]);
+  Tensor out = ctx.empty(f, DType::f32), lse = ctx.empty({p.b, p.h, p.seq}, DType::f32);
+  Tensor dq = ctx.empty(f, DType::f32), dk = ctx.empty(f, DType::f32),
+         dv = ctx.empty(f, DType::f32);
+  Tensor d = id_tensor(p.b, p.seq, ids);
+  ops::attention_block_fwd(ctx, s, q, k, v, out, lse, scale, causal, 0, 0, d, d);
+  ops::attention_block_bwd(ctx, s, q, k, v, out, g, lse, dq, dk, dv, scale, causal, 0, 0, d, d);
+  return {values(ctx, out), values(ctx, lse), values(ctx, dq), values(ctx, dk), values(ctx, dv)};
+}
+
+}  // namespace
+
+TEST_CASE("doc-masked cp attention equals cp = 1's", "[cp][multirank][docmask]") {
+  const int cp = GENERATE(1, 2, 4);
+  const CpComm how = GENERATE(CpComm::Ring, CpComm::AllGather);
+  const bool causal = GENERATE(true, false);
+  const bool balanced = GENERATE(false, true);  // the standard pairing of chunks, or balanced's
+  CAPTURE(cp, cp_comm_name(how), causal, balanced);
+  Problem p;
+  p.b = 2;
+  p.seq = 40;  // chunks of 20, 10 or 5 tokens
+  // Odd lengths, boundaries inside chunks (3, 14, 15, 17 at every cp), a 1-token document; at
+  // cp = 4 some chunk pairs share no document (skipped).
+  const std::vector<int32_t> ids = doc_ids({{3, 11, 1, 25}, {17, 23}});
+  std::vector<int64_t> work = cp_chunk_work(p.seq, cp, {0, 3, 14, 15});
+  const std::vector<int64_t> work1 = cp_chunk_work(p.seq, cp, {0, 17});
+  for (size_t c = 0; c < work.size(); ++c) work[c] += work1[c];
+  // At cp = 4 the balanced layout pairs chunks {0, 7}, {1, 5}, {2, 4}, {3, 6}.
+  const CpLayout l = balanced ? CpLayout::balanced(p.seq, cp, work) : CpLayout::make(p.seq, cp);
+  if (balanced && cp == 4) REQUIRE(l.chunks(1) == std::array<int64_t, 2>{1, 5});
+  const float scale = 0.6f;
+  const size_t n = static_cast<size_t>(p.full().numel());
+  std::vector<Vals> in;
+  for (uint32_t i = 0; i < 4; ++i) in.push_back(random_vals(n, 17 + i));
+  const std::vector<Vals> ref = doc_reference(p, in, ids, scale, causal);
+  run_ranks(cp, [&](int r, Communicator& comm, Context& ctx) {
+    Stream& s = ctx.compute_stream();
+    const Shape local{p.b, p.h, l.local_seq(), p.d};
+    std::vector<Tensor> sh;  // q, k, v, dout shards
+    for (const Vals& x : in) {
+      Tensor t = ctx.empty(local, DType::f32);
+      cp_shard(l, r, host_tensor(ctx, p.full(), x), 2, t, s);
+      sh.push_back(t);
+    }
+    Tensor out = ctx.empty(local, DType::f32),
+           lse = ctx.empty({p.b, p.h, l.local_seq()}, DType::f32);
+    Tensor dq = ctx.empty(local, DType::f32), dk = ctx.empty(local, DType::f32),
+           dv = ctx.empty(local, DType::f32);
+    const Tensor d = id_tensor(p.b, p.seq, ids);
+    cp_attention_fwd(comm, ctx, how, sh[0], sh[1], sh[2], out, lse, scale, causal, d, &l);
+    cp_attention_bwd(comm, ctx, how, sh[0], sh[1], sh[2], out, sh[3], lse, dq, dk, dv, scale,
+                     causal, d, &l);
+    const Tensor* got[] = {&out, &lse, &dq, &dk, &dv};
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) {
+      const Vals g = values(ctx, *got[i]);
+      const int64_t dd = i == 1 ? 1 : p.d;
+      Vals want;
+      for (int64_t bh = 0; bh < p.b * p.h; ++bh)
+        for (int64_t j = 0; j < l.local_seq(); ++j)
+          for (int64_t e = 0; e < dd; ++e)
+            want.push_back(ref[static_cast<size_t>(i)]
+                              [static_cast<size_t>((bh * p.seq + l.global_pos(r, j)) * dd + e)]);
+      const double err = rel(g, want);
+      std::lock_guard<std::mutex> lk(meshrt::test::catch_mutex());
+      INFO("rank " << r << " " << names[i] << " relative error " << err);
+      REQUIRE(err < 1e-5);
+    }
+  });
+}
+
+TEST_CASE("doc-masked cp attention refuses bad document ids, naming them",
+          "[cp][multirank][docmask]") {
+  run_ranks(2, [&](int, Communicator& comm, Context& ctx) {
+    Tensor q = ctx.zeros({1, 1, 4, 2}, DType::f32), lse = ctx.empty({1, 1, 4}, DType::f32);
+    Tensor out = ctx.empty({1, 1, 4, 2}, DType::f32);
+    const Tensor down = id_tensor(1, 8, {0, 0, 1, 1, 2, 1, 3, 3});
+    const Tensor shortd = id_tensor(1, 7, {0, 0, 1, 1, 2, 2, 3});
+    std::lock_guard<std::mutex> lk(meshrt::test::catch_mutex());
+    REQUIRE_THROWS_WITH(
+        cp_attention_fwd(comm, ctx, CpComm::Ring, q, q, q, out, lse, 1.f, true, down),
+        Catch::Contains("cp_attention_fwd: doc_ids[0, 5] = 1 follows doc_ids[0, 4] = 2") &&
+            Catch::Contains("non-decreasing"));
+    REQUIRE_THROWS_WITH(cp_attention_bwd(comm, ctx, CpComm::AllGather, q, q, q, out, q, lse, q, q,
+                                         q, 1.f, true, shortd),
+                        Catch::Contains("cp_attention_bwd: doc_ids i32[1, 7]") &&
+                            Catch::Contains("must be contiguous i32 [1, 8] on the host"));
+    const CpLayout other = CpLayout::make(16, 2);
+    REQUIRE_THROWS_WITH(
+        cp_attention_fwd(comm, ctx, CpComm::Ring, q, q, q, out, lse, 1.f, true, {}, &other),
+        Catch::Contains("cp_attention_fwd: the layout (sequence 16, cp=2) does not hold this "
+                        "call's shards") &&
+            Catch::Contains("4 tokens per rank"));
+  });
+}
+
+TEST_CASE("packed documents: causal work per chunk and rank, and the balanced pairing",
+          "[cp][docmask]") {
+  // seq 8, cp 2 (chunks of 2), documents [0, 5) and [5, 8): each row sees its position in its
+  // document + 1 keys: 1 2 | 3 4 | 5 1 | 2 3.
+  const std::vector<int64_t> w = cp_chunk_work(8, 2, {0, 5});
+  REQUIRE(w == std::vector<int64_t>{3, 7, 6, 5});
+  REQUIRE(cp_chunk_work(8, 2, {5}) == w);  // position 0 starts a document anyway
+  const CpLayout standard = CpLayout::make(8, 2);
+  REQUIRE(cp_rank_work(standard, w) == std::vector<int64_t>{8, 13});
+  REQUIRE(cp_imbalance(cp_rank_work(standard, w)) == Approx(13.0 / 10.5));
+  const CpLayout b = CpLayout::balanced(8, 2, w);
+  REQUIRE(b.chunks(0) == std::array<int64_t, 2>{0, 1});
+  REQUIRE(b.chunks(1) == std::array<int64_t, 2>{2, 3});
+  REQUIRE(cp_rank_work(b, w) == std::vector<int64_t>{10, 11});
+  REQUIRE(cp_imbalance(cp_rank_work(b, w)) == Approx(11.0 / 10.5));
+  REQUIRE(b.global_pos(0, 2) == 2);  // rank 0's second chunk is chunk 1
+  // One document: the causal work grows along the sequence and balanced is the standard pairing.
+  const std::vector<int64_t> one = cp_chunk_work(16, 2, {0});
+  REQUIRE(one == std::vector<int64_t>{10, 26, 42, 58});
+  REQUIRE(CpLayout::balanced(16, 2, one).chunks(0) == standard.chunks(0));
+  REQUIRE(cp_imbalance(cp_rank_work(standard, one)) == 1.0);
+  REQUIRE(cp_imbalance({0, 0}) == 1.0);
+  REQUIRE_THROWS_WITH(cp_chunk_work(8, 2, {0, 5, 5}),
+                      Catch::Contains("document start 5 (entry 2) must be in [0, 8) and after "
+                                      "the previous start 5"));
+  REQUIRE_THROWS_WITH(cp_chunk_work(8, 2, {8}), Catch::Contains("document start 8 (entry 0)"));
+  REQUIRE_THROWS_WITH(cp_chunk_work(10, 2, {0}), Catch::Contains("not divisible by 2 x cp = 4"));
+  REQUIRE_THROWS_WITH(CpLayout::balanced(8, 2, {1, 2}),
+                      Catch::Contains("2 chunk works for cp=2, which cuts the sequence into 4"));
+}
+
+// The figures of docs/training.md's packed-documents balance table (not run by ctest): the causal
+// work per cp rank of real packed batches, MESHRT_TEST_CP_BALANCE_DATA a raw u16 token file whose
+// documents end with token MESHRT_TEST_CP_BALANCE_EOT.
+TEST_CASE("cp balance of real packed batches (report)", "[.][cp_balance]") {
+  const char* path = std::getenv("MESHRT_TEST_CP_BALANCE_DATA");
+  const char* eot_s = std::getenv("MESHRT_TEST_CP_BALANCE_EOT");
+  INFO("set MESHRT_TEST_CP_BALANCE_DATA (and MESHRT_TEST_CP_BALANCE_EOT): docs/training.md");
+  REQUIRE(path != nullptr);
+  const auto file = TokenFile::open(path, TokenDType::U16);
+  const int64_t eot = file->end_of_text(eot_s != nullptr ? std::atoll(eot_s) : -1);
+  Context ctx(Device::cpu(), ContextOptions{});
+  const int64_t batch = 8;
+  std::printf("%8s %4s %6s %12s %12s\n", "seq", "cp", "docs", "standard", "balanced");
+  for (int64_t seq : {4096, 16384, 65536}) {
+    Tensor ids, targets;  // [seq, batch] i64
+    make_token_batch(ctx, *file, 1, kTrainTokenStream, 0, batch, seq, &ids, &targets);
+    const int64_t* t = ids.data<int64_t>();
+    for (int cp : {2, 4, 8}) {
+      std::vector<int64_t> work(static_cast<size_t>(2 * cp), 0);
+      size_t docs = 0;
+      for (int64_t j = 0; j < batch; ++j) {
+        std::vector<int64_t> row(static_cast<size_t>(seq));
+        for (int64_t i = 0; i < seq; ++i) row[static_cast<size_t>(i)] = t[i * batch + j];
+        const std::vector<int64_t> starts = document_starts(row.data(), seq, eot);
+        docs += starts.size();
+        const std::vector<int64_t> w = cp_chunk_work(seq, cp, starts);
+        for (size_t c = 0; c < w.size(); ++c) work[c] += w[c];
+      }
+      const double std_imb = cp_imbalance(cp_rank_work(CpLayout::make(seq, cp), work));
+      const double bal_imb = cp_imbalance(cp_rank_work(CpLayout::balanced(seq, cp, work), work));
+      std::printf("%8lld %4d %6zu %12.4f %12.4f\n", static_cast<long long>(seq), cp, docs, std_imb,
+                  bal_imb);
+      REQUIRE(bal_imb <= std_imb);
+    }
+  }
 }

@@ -426,3 +426,31 @@ TEST_CASE("the memory estimate counts weights, states and activations", "[data][
   c.micro_batches = 4;
   CHECK(estimate_train_memory(c, 2).activations == Approx(m.activations / 4).epsilon(0.01));
 }
+
+TEST_CASE("document boundaries from the end-of-text token", "[data][unit][docmask]") {
+  // A document ends with (and includes) its end-of-text token; one at the window's end starts
+  // nothing.
+  const std::vector<int64_t> w = {5, 9, 1, 9, 9, 2};
+  CHECK(document_starts(w.data(), 6, 9) == std::vector<int64_t>{0, 2, 4, 5});
+  CHECK(document_ids(w.data(), 6, 9) == std::vector<int32_t>{0, 0, 1, 1, 2, 3});
+  CHECK(document_starts(w.data(), 2, 9) == std::vector<int64_t>{0});
+  CHECK(document_ids(w.data(), 6, 7) == std::vector<int32_t>(6, 0));
+  // The id: explicit (present in the file), or the format's (llm.c u16: GPT-2's 50256).
+  const std::vector<uint16_t> raw = {3, 50256, 4, 9, 4};
+  auto f = TokenFile::open(write_file("eot.bin", raw_bytes(raw)), TokenDType::U16);
+  CHECK(f->end_of_text(9) == 9);
+  CHECK(error_of([&] { f->end_of_text(7); }) ==
+        "--data " + (scratch() / "eot.bin").string() +
+            ": the end-of-text token 7 never occurs in the file (5 tokens, the largest 50256), so "
+            "it would hold one document; give the id that ends its documents");
+  CHECK_THAT(error_of([&] { f->end_of_text(-1); }),
+             Catch::Contains("(raw u16) has no end-of-text token of its own (only llm.c's u16 "
+                             "files do: 50256); give the id that ends each document"));
+  std::vector<int32_t> hdr(256, 0);
+  hdr[0] = 20240520;
+  hdr[1] = 1;
+  hdr[2] = 5;
+  auto fl =
+      TokenFile::open(write_file("eot-llmc.bin", raw_bytes(hdr) + raw_bytes(raw)), TokenDType::U32);
+  CHECK(fl->end_of_text(-1) == 50256);
+}

@@ -17,10 +17,10 @@
 
 #include "bench/block/block_bench.h"
 #include "bench/block/flops.h"
-#include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
 #include "model/block_desc.h"
 #include "model/model_spec.h"
+#include "plan/command/plan_command.h"
 #include "plan/cost_model.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -870,7 +870,12 @@ TEST_CASE("plan: the command checks its options and prints the table and the JSO
   o.global_batch = 3;
   o.cluster = "h100-sxm:8";
   std::ostringstream err;
+  // seq 128 takes cp = 8 with dp = 1, which any global batch divides by; seq 130 takes no cp > 1
+  // (130 is not a multiple of 2 x 2), so dp is 8, 4 or 2.
+  CHECK(run_plan(o, err) == 0);
+  o.model = "hidden=256,heads=4,ffn=1024,layers=2,seq=130";
   CHECK_THROWS_WITH(run_plan(o, err), Catch::Contains("must divide by dp"));
+  o.model = "hidden=256,heads=4,ffn=1024,layers=2,seq=128";
   o.global_batch = 16;
   o.calibrate_path = "x.json";
   o.compare_path = "y.json";
@@ -919,4 +924,109 @@ TEST_CASE("plan: one model description, the runtime's collectives and the optimi
   m.dtype = DType::f32;
   const Memory mem = memory_per_device(m, PlanConfig{});
   CHECK(mem.optimizer == static_cast<double>(m.params()) * 8);
+}
+
+TEST_CASE("plan: context parallel: the K/V exchange, the memory and the causal balance",
+          "[unit][cp]") {
+  // The causal work of each cp rank: CpLayout's chunks i and 2cp-1-i balance it exactly; a
+  // contiguous layout of seq 8 over cp=2 gives rank 0 tokens 0-3 (1+2+3+4 = 10 key pairs) and
+  // rank 1 tokens 4-7 (5+6+7+8 = 26): max / mean = 26 / 18.
+  CHECK(causal_imbalance(8, 2) == 1.0);
+  CHECK(causal_imbalance(131072, 16) == 1.0);
+  CHECK(causal_imbalance(8, 2, /*balanced=*/false) == Approx(26.0 / 18));
+  CHECK(causal_imbalance(8, 1, false) == 1.0);
+  const ModelSpec m = small();  // hidden 256, seq 128, 2 layers, f32
+  PlanConfig c = cfg(1, 1, false);
+  c.cp = 2;
+  // One layer's K and V shard: micro-batch 2 x seq 128 / cp 2 tokens x hidden 256 x 4 bytes x 2.
+  const double kv = 2.0 * (2 * 128 / 2) * 256 * 4;
+  const ClusterSpec fast = ideal(1e-3, 1);  // a ring step's transfer < its attention compute
+  const Prediction ring = predict(m, fast, c);
+  // Ring, per layer: cp-1 K/V steps forward; backward cp-1 K/V and cp dK/dV steps.
+  CHECK(ring.cp_count == 2 * (1 + 1 + 2));
+  CHECK(ring.cp_bytes == 2 * 4 * kv);
+  CHECK(ring.cp_comm_s > 0);
+  // Every transfer hidden under the attention of the block held but each layer's last: the dK/dV
+  // of the last step, back to its owner (kv bytes at 1 GB/s).
+  CHECK(ring.cp_exposed_s == Approx(2 * kv / 1e9));
+  CHECK(ring.tp_count == 0);
+  CHECK(ring.cp_imbalance == 1.0);
+  c.cp_comm = CpComm::AllGather;
+  const Prediction ag = predict(m, fast, c);
+  // All-gather, per layer: every rank's K/V forward, again in the backward, and the
+  // reduce-scatter of dK/dV: exposed whole.
+  CHECK(ag.cp_count == 2 * 3);
+  CHECK(ag.cp_bytes == 2 * 3 * 2 * kv);
+  CHECK(ag.cp_exposed_s == Approx(ag.cp_comm_s));
+  CHECK(ag.step_s > ring.step_s);
+  // On a slow link the ring's transfers outlast the attention: exposed, but less than all of it.
+  const Prediction slow = predict(m, ideal(1e-3, 1e-3), [&] {
+    PlanConfig r = c;
+    r.cp_comm = CpComm::Ring;
+    return r;
+  }());
+  CHECK(slow.cp_exposed_s > 0);
+  CHECK(slow.cp_exposed_s < slow.cp_comm_s);
+  // Activations hold seq / cp tokens: cp = 2 needs about half of cp = 1's.
+  c.cp_comm = CpComm::Ring;
+  const Memory m2 = memory_per_device(m, c);
+  c.cp = 1;
+  const Memory m1 = memory_per_device(m, c);
+  CHECK(m2.activations < 0.6 * m1.activations);
+  CHECK(m2.weights == m1.weights);
+  // The gradients are reduced, and ZeRO shards, over dp x cp.
+  c.dp = 2;
+  c.cp = 2;
+  c.zero = 1;
+  c.optimizer = true;
+  for (const Collective& d : dp_collectives(m, c)) CHECK(d.group == 4);
+  const double params = static_cast<double>(m.params());
+  CHECK(memory_per_device(m, c).optimizer == Approx(std::ceil(params / 4) * 8));
+  // Labels, and the layout's rule refused with the values.
+  CHECK(config_label(c) == "dp=2,cp=2,tp=1 ring sp=- mb=2 x1 bucket=25MiB zero=1");
+  c.cp = 3;
+  CHECK_THROWS_WITH(predict(m, fast, c),
+                    Catch::Contains("sequence length 128 is not divisible by 2 x cp = 6 (cp=3)"));
+}
+
+TEST_CASE("plan: a 128K-token model on h100-sxm:8x4 fits only with cp", "[unit][cp]") {
+  // Llama-3-8B's shape at a 128K context: no dp x tp layout (cp = 1) fits in 80 GB; the planner
+  // picks a cp layout, and the table shows cp and its exchange.
+  PlanOptions o;
+  o.model = "hidden=4096,heads=32,ffn=14336,layers=32,seq=131072,vocab=128256";
+  o.cluster = "h100-sxm:8x4";
+  o.global_batch = 16;
+  ModelSpec m = parse_model_spec(o.model);
+  m.dtype = DType::bf16;
+  const ClusterSpec cl = load_cluster(o.cluster, "bf16");
+  const auto all = plan_all(m, cl, o.global_batch, {25}, Overlap::Async);
+  REQUIRE(!all.empty());
+  bool cp1 = false, cp_fits = false;
+  for (const Prediction& p : all) {
+    if (p.cfg.cp == 1) {
+      cp1 = true;
+      CHECK_FALSE(p.fits);
+    }
+    cp_fits = cp_fits || (p.cfg.cp > 1 && p.fits);
+  }
+  CHECK(cp1);
+  CHECK(cp_fits);
+  REQUIRE(all.front().fits);
+  CHECK(all.front().cfg.cp > 1);
+  std::ostringstream out;
+  o.json_path = "plan-test-128k.json";
+  CHECK(run_plan(o, out) == 0);
+  std::ifstream jf(o.json_path);
+  const json j = json::parse(jf);
+  std::remove(o.json_path.c_str());
+  const json& first = j.at("configs").at(0);
+  CHECK(first.at("best") == true);
+  CHECK(first.at("cp") == all.front().cfg.cp);
+  CHECK(first.at("cp_comm") == cp_comm_name(all.front().cfg.cp_comm));
+  CHECK(first.at("cp_imbalance") == 1.0);
+  CHECK(first.at("cp_exposed_ms").get<double>() <= first.at("cp_comm_ms").get<double>());
+  const std::string best = "  best " + mesh_label(all.front().cfg);
+  CHECK(out.str().find(best) != std::string::npos);
+  CHECK(out.str().find(cp_comm_name(all.front().cfg.cp_comm)) != std::string::npos);
+  CHECK(out.str().find(config_label(all.front().cfg) + " wins by ") != std::string::npos);
 }

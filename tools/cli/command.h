@@ -49,9 +49,9 @@ struct Entry {
   std::function<std::unique_ptr<Command>()> make;
 };
 
-// Every registered benchmark's entries in registration order (bench/ subfolders alphabetically,
-// each in the order its <name>_commands() returns them). Generated from the meshrt_benchmark()
-// lines of bench/*/CMakeLists.txt.
+// Every registered benchmark's entries, by benchmark name (each in the order its
+// <name>_commands() returns them). Generated from the meshrt_benchmark() lines of
+// bench/*/CMakeLists.txt and plan/command/CMakeLists.txt (`meshrt plan`).
 const std::vector<Entry>& registry();
 
 // `--fault SPEC`: validates the spec and sets MESHRT_FAULT (collectives/fault.h) before the

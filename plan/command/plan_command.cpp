@@ -1,4 +1,4 @@
-#include "bench/plan/plan_bench.h"
+#include "plan/command/plan_command.h"
 
 #include <nlohmann/json.hpp>
 
@@ -47,7 +47,9 @@ json model_json(const ModelSpec& m) {
 json prediction_json(const Prediction& p) {
   const PlanConfig& c = p.cfg;
   return {{"dp", c.dp},
+          {"cp", c.cp},
           {"tp", c.tp},
+          {"cp_comm", c.cp > 1 ? cp_comm_name(c.cp_comm) : "none"},
           {"sp", c.sp && c.tp > 1},
           {"micro_batch", c.micro_batch},
           {"accum", c.accum},
@@ -66,6 +68,10 @@ json prediction_json(const Prediction& p) {
           {"dp_bytes_per_step", p.dp_bytes},
           {"dp_collectives_per_step", p.dp_count},
           {"dp_inter_node", p.inter_node_dp},
+          {"cp_comm_ms", p.cp_comm_s * 1e3},
+          {"cp_exposed_ms", p.cp_exposed_s * 1e3},
+          {"cp_bytes_per_step", p.cp_bytes},
+          {"cp_imbalance", p.cp_imbalance},
           {"tokens_per_s", p.tokens_per_s},
           {"mfu", p.mfu},
           {"memory",
@@ -121,36 +127,40 @@ int run_table(const PlanOptions& o, std::ostream& out) {
       return a.tokens_per_s > b.tokens_per_s;
     });
   }
-  MESHRT_CHECK(!all.empty(), "no layout of " << cl.world() << " devices reaches --global-batch "
-                                             << o.global_batch
-                                             << " with this model: the batch must divide by "
-                                             << "dp (try a multiple of " << cl.world() << ")");
+  MESHRT_CHECK(!all.empty(), "no layout of "
+                                 << cl.world() << " devices reaches --global-batch "
+                                 << o.global_batch << " with this model: the batch must divide by "
+                                 << "dp = devices / (cp x tp) (try a multiple of " << cl.world()
+                                 << ")");
   out << "meshrt plan: " << params_text(m.params()) << " parameters (hidden " << m.hidden
       << ", heads " << m.heads << ", ffn " << m.ffn << ", layers " << m.layers << ", seq " << m.seq
       << ", vocab " << m.vocab << ", " << dtype_name(m.dtype) << ") on " << cl.name << " ("
       << cl.world() << " x " << cl.device << ", " << cl.peak_tflops << " TFLOP/s, " << cl.memory_gib
       << " GiB), global batch " << o.global_batch << " sequences\n";
-  out << "per step and device; mb = micro-batch per dp replica x accumulation steps; "
-         "sorted by tokens/s, layouts that do not fit last\n\n";
+  out << "per step and device; mb = micro-batch per dp replica x accumulation steps; cp = the "
+         "K/V exchange of context parallelism (cp ranks share each sequence); sorted by tokens/s, "
+         "layouts that do not fit last\n\n";
   char line[400];
-  std::snprintf(line, sizeof line, "%6s %-12s %4s %9s %7s %10s %10s %9s %9s %11s %6s %9s  %s\n", "",
-                "mesh", "sp", "mb", "bucket", "step ms", "compute", "tp exp", "dp exp", "tokens/s",
-                "MFU", "mem GiB", "fits");
+  std::snprintf(line, sizeof line,
+                "%6s %-16s %9s %4s %9s %7s %10s %10s %9s %9s %9s %11s %6s %9s  %s\n", "", "mesh",
+                "cp", "sp", "mb", "bucket", "step ms", "compute", "tp exp", "dp exp", "cp exp",
+                "tokens/s", "MFU", "mem GiB", "fits");
   out << line;
   const size_t shown = o.top > 0 ? std::min(all.size(), static_cast<size_t>(o.top)) : all.size();
   for (size_t i = 0; i < shown; ++i) {
     const Prediction& p = all[i];
     const PlanConfig& c = p.cfg;
-    const std::string mesh = "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp);
+    const std::string mesh = plan::mesh_label(c);
     const std::string mb = std::to_string(c.micro_batch) + "x" + std::to_string(c.accum);
     const std::string fits = p.fits ? "yes" : "no, over by " + gib(p.overflow_bytes) + " GiB";
-    std::snprintf(line, sizeof line,
-                  "%6s %-12s %4s %9s %7s %10.1f %10.1f %9.1f %9.1f %11.0f %5.1f%% %9s  %s\n",
-                  i == 0 && p.fits ? "best" : "", mesh.c_str(),
-                  c.tp > 1 ? (c.sp ? "on" : "off") : "-", mb.c_str(),
-                  c.dp > 1 ? fmt("%g", c.bucket_mb).c_str() : "-", p.step_s * 1e3,
-                  p.compute_s * 1e3, p.tp_exposed_s * 1e3, p.dp_exposed_s * 1e3, p.tokens_per_s,
-                  100 * p.mfu, gib(p.mem.total()).c_str(), fits.c_str());
+    std::snprintf(
+        line, sizeof line,
+        "%6s %-16s %9s %4s %9s %7s %10.1f %10.1f %9.1f %9.1f %9.1f %11.0f %5.1f%% %9s  %s\n",
+        i == 0 && p.fits ? "best" : "", mesh.c_str(), c.cp > 1 ? cp_comm_name(c.cp_comm) : "-",
+        c.tp > 1 ? (c.sp ? "on" : "off") : "-", mb.c_str(),
+        c.dp * c.cp > 1 ? fmt("%g", c.bucket_mb).c_str() : "-", p.step_s * 1e3, p.compute_s * 1e3,
+        p.tp_exposed_s * 1e3, p.dp_exposed_s * 1e3, p.cp_exposed_s * 1e3, p.tokens_per_s,
+        100 * p.mfu, gib(p.mem.total()).c_str(), fits.c_str());
     out << line;
   }
   if (shown < all.size()) out << "(" << all.size() - shown << " more; --top 0 shows all)\n";

@@ -44,8 +44,9 @@ def main():
                  "--dtype", "bf16", "--recompute", "--top", "1", "--json", out],
                 check=True, stdout=subprocess.DEVNULL)
             plan = json.load(open(out))
-        # Megatron (2021) ran without sequence parallelism, at the published tp.
-        cands = [c for c in plan["configs"] if c["tp"] == tp and not c["sp"] and c["fits"]]
+        # Megatron (2021) ran without sequence or context parallelism, at the published tp.
+        cands = [c for c in plan["configs"]
+                 if c["tp"] == tp and c.get("cp", 1) == 1 and not c["sp"] and c["fits"]]
         if not cands:
             print(f"| {params}B | {tp} x {gpus // tp} | {batch} | {tflops} | {t_pub:.2f} | "
                   "does not fit | | |")

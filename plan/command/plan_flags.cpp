@@ -1,6 +1,6 @@
 // `meshrt plan`: the planner's flags and checks.
-#include "bench/plan/plan_bench.h"
 #include "bench/sweep/sweep.h"
+#include "plan/command/plan_command.h"
 #include "runtime/error.h"
 #include "tools/cli/cli_checks.h"
 #include "tools/cli/command.h"

@@ -16,11 +16,11 @@
 #include "bench/block/plan.h"
 #include "bench/collective/collective_bench.h"
 #include "bench/common/stats.h"
-#include "bench/plan/plan_bench.h"
 #include "dist/device_mesh.h"
 #include "dist/parallel.h"
 #include "kernels/ops.h"
 #include "model/block_desc.h"
+#include "plan/command/plan_command.h"
 #include "runtime/error.h"
 
 namespace meshrt {

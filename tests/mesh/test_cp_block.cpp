@@ -150,6 +150,55 @@ TEST_CASE("a cp block equals the same mesh without cp (cp 2 and 4, ring and allg
   }
 }
 
+TEST_CASE("ZeRO 2 at cp=2 shards the cp=1 gradient over dp x cp", "[cp][multirank]") {
+  const Result ref = run_cp_block("tp=1", 1, CpComm::Ring, false);
+  Result got;
+  std::mutex mu;
+  run_ranks(2, [&](int r, Communicator& world, Context& ctx) {
+    DeviceMesh mesh(ctx, world, "cp=2");
+    CommScheduler sched(mesh, kTpDim, Overlap::Async);
+    Stream& s = ctx.compute_stream();
+    TransformerBlock block(mesh, sched, TpOptions{}, cp_config(), "b", 0);
+    std::vector<Param*> params = block.params();
+    DpOptions o;
+    o.zero = 2;
+    GradSync sync(mesh, params, o);
+    Tensor x_full = ctx.empty({kSeq, kBatch, 32}, DType::f32);
+    x_full.init_philox_({77, 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+    Tensor dout_full = ctx.empty({kSeq, kBatch, 32}, DType::f32);
+    dout_full.init_philox_({77, 2, PhiloxInit::Dist::Normal, 0.f, 1.f}, s);
+    RankRows rr{CpLayout::make(kSeq, 2), r};
+    rr.rows = rr.layout.local_seq();
+    block.forward(local_rows(ctx, rr, x_full));
+    sync.prepare_grads(params);
+    block.backward(local_rows(ctx, rr, dout_full));
+    sync.mark_ready(params, &sched);
+    sync.finish();
+    sync.wait_all();
+    Result mine;
+    for (int b = 0; b < sync.num_buckets(); ++b) {
+      // Each rank holds padded / 2 elements of the bucket: gathered, the whole reduced bucket.
+      REQUIRE(sync.grad_shard(b).numel() * 2 == sync.padded_numel(b));
+      Tensor all = ctx.empty({sync.padded_numel(b)}, DType::f32);
+      mesh.group(kDpCpDim).all_gather(sync.grad_shard(b), all, s);
+      s.synchronize();
+      const std::vector<double> v = all.to_vector();
+      for (int i = 0; i < static_cast<int>(sync.bucket(b).size()); ++i) {
+        const Param* p = sync.bucket(b)[static_cast<size_t>(i)];
+        const auto at = v.begin() + sync.bucket_offset(b, i);
+        mine["grad:" + p->name] = std::vector<double>(at, at + p->full_shape.numel());
+      }
+    }
+    ctx.synchronize();
+    std::lock_guard<std::mutex> lk(mu);
+    if (r == 0) got = std::move(mine);
+  });
+  Result ref_grads;
+  for (const auto& [name, v] : ref)
+    if (name.rfind("grad:", 0) == 0) ref_grads[name] = v;
+  compare(got, ref_grads);
+}
+
 TEST_CASE("the mesh flattens dp x cp into the gradient group", "[cp][multirank]") {
   run_ranks(4, [&](int r, Communicator& world, Context& ctx) {
     DeviceMesh mesh(ctx, world, "dp=2,cp=2");

@@ -758,6 +758,10 @@ meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh_t mesh,
     f.choice("qkv_layout", c.qkv_layout, 2, "meshrt_qkv_layout_t",
              "MESHRT_QKV_LAYOUT_PER_HEAD (0) or MESHRT_QKV_LAYOUT_BLOCKED (1)");
     const int tp = m->mesh->size(kTpDim);
+    CAPI_CHECK(m->mesh->size(kCpDim) == 1, MESHRT_ERROR_INVALID_ARGUMENT,
+               "mesh " << m->mesh->str() << " has cp=" << m->mesh->size(kCpDim)
+                       << ": the C API's attention block does not run context parallelism yet; "
+                          "create it on a mesh with cp=1");
     try {
       validate_block(b, tp, obj->opt, 0, /*attention=*/true,
                      BlockFieldNames::for_config_struct(f.config));

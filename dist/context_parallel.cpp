@@ -165,6 +165,27 @@ CpComm parse_cp_comm(std::string_view s) {
 
 namespace {
 
+thread_local const std::function<void(const Event&)>* t_exchange_wait = nullptr;
+
+// The compute stream `cs` waits for an exchange (through the CpWaitScope's function if any).
+void wait_exchange(Stream& cs, const Event& e) {
+  if (t_exchange_wait && e.valid())
+    (*t_exchange_wait)(e);
+  else
+    cs.wait(e);
+}
+
+}  // namespace
+
+CpWaitScope::CpWaitScope(std::function<void(const Event&)> wait)
+    : wait_(std::move(wait)), prev_(t_exchange_wait) {
+  t_exchange_wait = &wait_;
+}
+
+CpWaitScope::~CpWaitScope() { t_exchange_wait = prev_; }
+
+namespace {
+
 // A rank's two chunks as halves of one contiguous tensor: [2, batch, heads, chunk(, head_dim)],
 // so that each chunk is a contiguous operand of the attention ops.
 Tensor to_halves(Context& ctx, Stream& s, const Tensor& x) {
@@ -324,10 +345,12 @@ void ring_fwd(CpRun& run, const Tensor& k, const Tensor& v, FwdState& st) {
   Stream& rs = run.ctx.stream("cp.recv");
   Tensor buf[2] = {pack_kv(run.ctx, run.cs(), k, v), {}};
   if (P > 1) buf[1] = run.ctx.empty(buf[0].shape(), buf[0].dtype());
-  Event ready = run.cs().record(), send_prev, compute_prev;
+  // compute_prev starts at the buffers' allocation: the first receive must not write them before
+  // the compute stream is done with what the allocator reused for them.
+  Event ready = run.cs().record(), send_prev, compute_prev = ready;
   for (int s = 0; s < P; ++s) {
     const Tensor& cur = buf[s % 2];
-    if (s > 0) run.cs().wait(ready);
+    if (s > 0) wait_exchange(run.cs(), ready);
     Event send_ev, recv_ev;
     if (s + 1 < P) {
       send_ev = run.comm.send(cur, next, ss, {ready});
@@ -338,10 +361,10 @@ void ring_fwd(CpRun& run, const Tensor& k, const Tensor& v, FwdState& st) {
     }
     attend_fwd(run, (r - s + P) % P, cur, st);
     compute_prev = run.cs().record();
-    send_prev = send_ev;
+    if (send_ev.valid()) send_prev = send_ev;  // the last send: waited for at the end
     ready = recv_ev;
   }
-  if (send_prev.valid()) run.cs().wait(send_prev);
+  if (send_prev.valid()) wait_exchange(run.cs(), send_prev);
 }
 
 // Ring backward: K/V travel as in the forward; the dK/dV accumulated for the shard held travel
@@ -359,12 +382,13 @@ Tensor ring_bwd(CpRun& run, const Tensor& k, const Tensor& v, BwdState& st) {
     kv[1] = run.ctx.empty(kv[0].shape(), kv[0].dtype());
     dkv[1] = run.ctx.empty(kv[0].shape(), kv[0].dtype());
   }
-  Event kv_ready = run.cs().record(), dkv_ready, kv_send_prev, dkv_send_prev, compute_prev;
+  Event kv_ready = run.cs().record(), dkv_ready, kv_send_prev, dkv_send_prev,
+        compute_prev = kv_ready;  // as in ring_fwd: the first receives wait for the allocation
   for (int s = 0; s < P; ++s) {
     const Tensor &cur = kv[s % 2], &dcur = dkv[s % 2];
     if (s > 0) {
-      run.cs().wait(kv_ready);
-      run.cs().wait(dkv_ready);
+      wait_exchange(run.cs(), kv_ready);
+      wait_exchange(run.cs(), dkv_ready);
     }
     Event kv_send, kv_recv;
     if (s + 1 < P) {
@@ -385,13 +409,13 @@ Tensor ring_bwd(CpRun& run, const Tensor& k, const Tensor& v, BwdState& st) {
       dkv_send_prev = dkv_send;
     }
     compute_prev = computed;
-    kv_send_prev = kv_send;
+    if (kv_send.valid()) kv_send_prev = kv_send;  // the last K/V send: waited for at the end
     kv_ready = kv_recv;
   }
   if (P == 1) return dkv[0];
-  run.cs().wait(dkv_ready);
-  run.cs().wait(dkv_send_prev);
-  if (kv_send_prev.valid()) run.cs().wait(kv_send_prev);
+  wait_exchange(run.cs(), dkv_ready);
+  wait_exchange(run.cs(), dkv_send_prev);
+  if (kv_send_prev.valid()) wait_exchange(run.cs(), kv_send_prev);
   return dkv[P % 2];
 }
 
@@ -402,7 +426,7 @@ Tensor gather_kv(CpRun& run, const Tensor& k, const Tensor& v) {
   for (int d = 0; d < mine.ndim(); ++d) dims.push_back(mine.size(d));
   Tensor all = run.ctx.empty(Shape(dims), mine.dtype());
   Stream& rs = run.ctx.stream("cp.recv");
-  run.cs().wait(run.comm.all_gather(flat(mine), flat(all), rs, {run.cs().record()}));
+  wait_exchange(run.cs(), run.comm.all_gather(flat(mine), flat(all), rs, {run.cs().record()}));
   return all;
 }
 
@@ -493,7 +517,7 @@ void cp_attention_bwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& 
       attend_bwd(run, src, all.select(0, src), dall.select(0, src), st);
     mine = ctx.empty(all.select(0, 0).shape(), all.dtype());
     Stream& rs = ctx.stream("cp.recv");
-    s.wait(cp.reduce_scatter(flat(dall), flat(mine), ReduceOp::Sum, rs, {s.record()}));
+    wait_exchange(s, cp.reduce_scatter(flat(dall), flat(mine), ReduceOp::Sum, rs, {s.record()}));
   }
   from_halves(s, st.dqh, dq);
   from_halves(s, mine.select(0, 0), dk);

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,6 +81,21 @@ enum class CpComm : uint8_t { Ring, AllGather };
 const char* cp_comm_name(CpComm c);  // "ring" | "allgather"
 // Parses ring|allgather; throws naming the value and the accepted ones otherwise.
 CpComm parse_cp_comm(std::string_view s);
+
+// While one lives, the compute stream's waits for the K/V exchanges of the cp attention this
+// thread issues go through `wait` (which must make the compute stream wait for the event, e.g.
+// CommScheduler::wait, timing it as exposed communication) instead of Stream::wait.
+class CpWaitScope {
+ public:
+  explicit CpWaitScope(std::function<void(const Event&)> wait);
+  ~CpWaitScope();
+  CpWaitScope(const CpWaitScope&) = delete;
+  CpWaitScope& operator=(const CpWaitScope&) = delete;
+
+ private:
+  std::function<void(const Event&)> wait_;
+  const std::function<void(const Event&)>* prev_;
+};
 
 // Attention over a sequence sharded with CpLayout over the communicator `cp` (every rank calls
 // it, in the same order). q, k, v, out: this rank's shard [batch, heads, 2 x chunk, head_dim]

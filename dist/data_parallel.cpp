@@ -40,7 +40,7 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
                    std::vector<std::vector<Param*>> pieces)
     : mesh_(mesh),
       opts_(opts),
-      dp_(mesh, kDpDim, opts.overlap),
+      dp_(mesh, mesh.grad_dim(), opts.overlap),
       params_(std::move(params)),
       sets_(grad_sets) {
   MESHRT_CHECK(opts.bucket_mb > 0,
@@ -51,6 +51,9 @@ GradSync::GradSync(DeviceMesh& mesh, std::vector<Param*> params, DpOptions opts,
                "data parallel: --deterministic reduces one gradient set in f32 (got "
                    << grad_sets << " sets" << (opts.bf16_comm ? ", --bf16-grads" : "")
                    << "); use --grad-sync sync without --bf16-grads");
+  MESHRT_CHECK(!opts.deterministic || mesh.size(kCpDim) == 1,
+               "data parallel: --deterministic sums each sequence's gradient whole, and cp="
+                   << mesh.size(kCpDim) << " splits the sequences over ranks; drop one of them");
   MESHRT_CHECK(opts.zero == 0 || grad_sets == 1, "data parallel: --zero "
                                                      << opts.zero << " keeps one gradient set, not "
                                                      << grad_sets << " (use --grad-sync sync)");
@@ -352,6 +355,16 @@ void GradSync::prepare_grads(const std::vector<Param*>& ps) {
   }
 }
 
+ReduceOp GradSync::grad_op(const Tensor& flat) {
+  // Under cp the ranks of a cp group hold partial sums over their tokens of one replica's
+  // gradient: summed over cp, averaged over dp (scaled by 1 / dp first, then summed).
+  const int cp = mesh_.size(kCpDim);
+  if (cp == 1) return ReduceOp::Avg;
+  if (dp_.size() > cp)
+    ops::scale(mesh_.ctx(), dp_.compute(), flat, flat, 1.f / static_cast<float>(dp_.size() / cp));
+  return ReduceOp::Sum;
+}
+
 void GradSync::launch(Bucket& b) {
   const size_t s = static_cast<size_t>(active_);
   if (b.launched[s]) return;
@@ -366,11 +379,12 @@ void GradSync::launch(Bucket& b) {
     return;
   }
   Context& ctx = mesh_.ctx();
+  const ReduceOp op = grad_op(b.flat[s]);
   if (!b.comm_buf.empty()) {
     ops::cast(ctx, dp_.compute(), b.flat[s], b.comm_buf[s]);
-    b.done[s] = dp_.all_reduce(b.comm_buf[s], "dp.grad.bucket", ReduceOp::Avg);
+    b.done[s] = dp_.all_reduce(b.comm_buf[s], "dp.grad.bucket", op);
   } else {
-    b.done[s] = dp_.all_reduce(b.flat[s], "dp.grad.bucket", ReduceOp::Avg);
+    b.done[s] = dp_.all_reduce(b.flat[s], "dp.grad.bucket", op);
   }
 }
 
@@ -379,15 +393,14 @@ void GradSync::launch_reduce_scatter(Bucket& b, size_t s) {
   const int64_t n = b.padded / dp_.size();
   if (!b.flat[s].defined()) allocate_full(b, s);  // no backward wrote it: zero gradients
   // The averaged shard; the full bucket (held by the collective until it is done) is freed.
+  const ReduceOp op = grad_op(b.flat[s]);
   if (!b.comm_buf.empty()) {
     ops::cast(ctx, dp_.compute(), b.flat[s], b.comm_buf[s]);
     b.comm_stage = ctx.empty({n}, DType::bf16);
-    b.done[s] =
-        dp_.reduce_scatter(b.comm_buf[s], b.comm_stage, "dp.grad.reduce_scatter", ReduceOp::Avg);
+    b.done[s] = dp_.reduce_scatter(b.comm_buf[s], b.comm_stage, "dp.grad.reduce_scatter", op);
     b.comm_buf[s] = Tensor();
   } else {
-    b.done[s] =
-        dp_.reduce_scatter(b.flat[s], b.grad_shard[s], "dp.grad.reduce_scatter", ReduceOp::Avg);
+    b.done[s] = dp_.reduce_scatter(b.flat[s], b.grad_shard[s], "dp.grad.reduce_scatter", op);
   }
   b.flat[s] = Tensor();
   for (Param* p : b.params) p->grad = Tensor();

@@ -1,4 +1,5 @@
-// Data parallelism over a mesh's dp dim (kDpDim): gradients packed into buckets (in the reverse of
+// Data parallelism over a mesh's dp dim (kDpDim; with a cp dim, dp x cp: DeviceMesh::grad_dim,
+// gradients summed over cp and averaged over dp): gradients packed into buckets (in the reverse of
 // forward order, the order backward produces them), each all-reduced (average) on the dp stream
 // as soon as its last gradient is final, overlapping the rest of backward.
 //
@@ -195,6 +196,9 @@ class MESHRT_API GradSync {
     Tensor param_shard;  // stage 3: this rank's shard of the parameters (values: when gathered)
   };
   void launch(Bucket& b);
+  // The reduction of a bucket's gradients `flat` over the gradient group: average over dp; with
+  // a cp dim, scales `flat` by 1 / dp (on the compute stream) and returns Sum.
+  ReduceOp grad_op(const Tensor& flat);
   // Zero-fills the gradients of `ps` still marked unwritten by a first-write zero_grad (on the
   // compute stream) and clears the marks.
   void zero_unwritten(const std::vector<Param*>& ps);

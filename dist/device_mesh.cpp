@@ -101,6 +101,20 @@ DeviceMesh::DeviceMesh(Context& ctx, Communicator& world, const std::vector<Mesh
                  "DeviceMesh: split for dim " << dims_[static_cast<size_t>(i)].name
                                               << " gave a group of the wrong size");
   }
+  if (has_dim(kCpDim)) {
+    // dp x cp flattened: the colour zeroes both coordinates, the key runs dp-major.
+    MESHRT_CHECK(!has_dim(kDpCpDim), "DeviceMesh "
+                                         << str() << ": '" << kDpCpDim
+                                         << "' names dp and cp flattened; rename the dim");
+    std::vector<int> c = coords_;
+    c[static_cast<size_t>(dim_index(kCpDim))] = 0;
+    if (has_dim(kDpDim)) c[static_cast<size_t>(dim_index(kDpDim))] = 0;
+    dp_cp_size_ = size(kDpDim) * size(kCpDim);
+    dp_cp_coord_ = coord(kDpDim) * size(kCpDim) + coord(kCpDim);
+    dp_cp_ = world.split(rank_of(c), dp_cp_coord_, world.name() + "/" + std::string(kDpCpDim));
+    MESHRT_CHECK(dp_cp_ && dp_cp_->size() == dp_cp_size_,
+                 "DeviceMesh: split for " << kDpCpDim << " gave a group of the wrong size");
+  }
 }
 
 DeviceMesh::~DeviceMesh() = default;
@@ -118,10 +132,12 @@ int DeviceMesh::dim_index(std::string_view name) const {
 }
 
 int DeviceMesh::size(std::string_view name) const {
+  if (name == kDpCpDim && !has_dim(name)) return dp_cp_ ? dp_cp_size_ : size(kDpDim);
   return has_dim(name) ? dims_[static_cast<size_t>(dim_index(name))].size : 1;
 }
 
 int DeviceMesh::coord(std::string_view name) const {
+  if (name == kDpCpDim && !has_dim(name)) return dp_cp_ ? dp_cp_coord_ : coord(kDpDim);
   return has_dim(name) ? coords_[static_cast<size_t>(dim_index(name))] : 0;
 }
 
@@ -139,11 +155,16 @@ int DeviceMesh::rank_of(const std::vector<int>& coords) const {
 }
 
 Communicator& DeviceMesh::group(std::string_view name) const {
+  if (name == kDpCpDim && !has_dim(name)) return dp_cp_ ? *dp_cp_ : group(kDpDim);
   return *groups_[static_cast<size_t>(dim_index(name))];
 }
 
 Stream& DeviceMesh::stream(std::string_view name) const {
-  dim_index(name);
+  if (name == kDpCpDim && !has_dim(name)) {
+    if (!dp_cp_) return stream(kDpDim);
+  } else {
+    dim_index(name);
+  }
   return ctx_.stream("comm." + std::string(name));
 }
 

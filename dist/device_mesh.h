@@ -14,9 +14,16 @@
 namespace meshrt {
 
 // The mesh dims meshrt's layers use, named once: tensor parallel (the innermost dim, so a tp group
-// is consecutive ranks) and data parallel.
+// is consecutive ranks), data parallel and context parallel (the sequence sharded through the
+// whole block, dist/context_parallel.h).
 inline constexpr std::string_view kTpDim = "tp";
 inline constexpr std::string_view kDpDim = "dp";
+inline constexpr std::string_view kCpDim = "cp";
+// dp and cp flattened into one group (a mesh with a cp dim has it; without one it is dp): the cp
+// ranks hold different tokens of the same sequences, so gradients reduce over dp x cp and ZeRO
+// shards over it (dist/data_parallel.h). Not a dim of the spec: size(), coord(), group() and
+// stream() take its name.
+inline constexpr std::string_view kDpCpDim = "dp_cp";
 
 struct MESHRT_API MeshDim {
   std::string name;
@@ -46,6 +53,8 @@ class MESHRT_API DeviceMesh {
   int ndim() const { return static_cast<int>(dims_.size()); }
   const std::vector<MeshDim>& dims() const { return dims_; }
   bool has_dim(std::string_view name) const;
+  // The group gradients reduce over: kDpCpDim when the mesh has a cp dim, else kDpDim.
+  std::string_view grad_dim() const { return has_dim(kCpDim) ? kDpCpDim : kDpDim; }
   // Index of a named dim; throws listing the mesh's dims.
   int dim_index(std::string_view name) const;
   // Size of a named dim; 1 when the mesh has no such dim (a dp-only mesh has tp size 1).
@@ -67,6 +76,9 @@ class MESHRT_API DeviceMesh {
   std::vector<MeshDim> dims_;
   std::vector<int> coords_;
   std::vector<std::unique_ptr<Communicator>> groups_;
+  // kDpCpDim's group (meshes with a cp dim), its size and this rank's coordinate in it.
+  std::unique_ptr<Communicator> dp_cp_;
+  int dp_cp_size_ = 1, dp_cp_coord_ = 0;
 };
 
 }  // namespace meshrt

@@ -55,7 +55,18 @@ void validate_block_styles(const BlockConfig& cfg, bool attention) {
 }  // namespace
 
 void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_t seq,
-                    bool attention, const BlockFieldNames& n) {
+                    bool attention, const BlockFieldNames& n, int cp) {
+  MESHRT_CHECK(cp >= 1, "block: cp=" << cp << " must be >= 1");
+  if (seq > 0 && cp > 1) {
+    MESHRT_CHECK(seq % (2 * static_cast<int64_t>(cp)) == 0,
+                 "block: " << n.seq.name << " " << seq << " does not divide by 2 x cp = " << 2 * cp
+                           << " (cp=" << cp
+                           << "): context parallelism cuts it into 2 x cp equal chunks, rank i "
+                              "holding chunks i and 2cp-1-i; change "
+                           << n.seq.change << " or the mesh's cp");
+    seq /= cp;  // a cp rank's tokens, which tp shards under sequence parallel
+  }
+  const char* cp_part = cp > 1 ? " (a cp rank's share of the sequence)" : "";
   MESHRT_CHECK(cfg.hidden > 0 && cfg.ffn > 0 && (!attention || cfg.heads > 0),
                "block: " << n.hidden.name << "=" << cfg.hidden << ", " << n.ffn.name << "="
                          << cfg.ffn << ", " << n.heads.name << "=" << cfg.heads
@@ -76,13 +87,14 @@ void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt, int64_
                                                 << " do not divide by tp=" << tp << "; change "
                                                 << n.heads.change << " or the mesh");
   if (seq > 0 && opt.sequence_parallel && tp > 1) {
-    MESHRT_CHECK(seq % tp == 0, "block: " << n.seq.name << " " << seq << " does not divide by tp="
-                                          << tp << " under sequence parallel; change "
-                                          << n.seq.change << " or " << n.drop_sp);
+    MESHRT_CHECK(seq % tp == 0, "block: " << n.seq.name << " " << seq << cp_part
+                                          << " does not divide by tp=" << tp
+                                          << " under sequence parallel; change " << n.seq.change
+                                          << " or " << n.drop_sp);
     if (opt.overlap == Overlap::Chunked)
-      MESHRT_CHECK(
-          seq % (static_cast<int64_t>(tp) * tp) == 0,
-          "block: chunked overlap needs seq divisible by tp^2=" << tp * tp << "; seq is " << seq);
+      MESHRT_CHECK(seq % (static_cast<int64_t>(tp) * tp) == 0,
+                   "block: chunked overlap needs seq" << cp_part << " divisible by tp^2=" << tp * tp
+                                                      << "; seq is " << seq);
   }
   validate_block_styles(cfg, attention);
 }
@@ -249,8 +261,8 @@ Tensor MlpBlock::backward(const Tensor& dout) {
 
 AttentionBlock::AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt,
                                const BlockConfig& cfg, std::string name, uint64_t id)
-    : norm((validate_block(cfg, tp.size(), opt), mesh), tp, opt, cfg.norm, name + ".norm", id,
-           cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
+    : norm((validate_block(cfg, tp.size(), opt, 0, true, {}, mesh.size(kCpDim)), mesh), tp, opt,
+           cfg.norm, name + ".norm", id, cfg.hidden, cfg.dtype, cfg.eps, cfg.param_noise, cfg.seed),
       qkv(mesh, tp, opt, lin(cfg, name, id + 2, desc(PieceKind::Attention, cfg, 0)),
           linear_style(desc(PieceKind::Attention, cfg, 0), sp(opt, tp))),
       proj(mesh, tp, opt, lin(cfg, name, id + 4, desc(PieceKind::Attention, cfg, 1)),
@@ -260,6 +272,7 @@ AttentionBlock::AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOpti
       cfg_(cfg) {
   heads_local_ = cfg.heads / tp.size();
   head_dim_ = cfg.hidden / cfg.heads;
+  cp_ = mesh.size(kCpDim);
 }
 
 void AttentionBlock::collect(std::vector<Param*>& out) {
@@ -294,8 +307,12 @@ void AttentionBlock::forward_into(const Tensor& x, const Tensor& out) {
   v_.copy_(sbhd_to_bhsd(v5.select(3, 2)), cs);
   o_ = ctx.empty({b, hl, s, d}, x.dtype());
   lse_ = ctx.empty({b, hl, s}, DType::f32);
-  ops::attention_fwd(ctx, cs, q_, k_, v_, o_, lse_, 1.f / std::sqrt(static_cast<float>(d)),
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  if (cp_ > 1)
+    cp_attention_fwd(mesh_.group(kCpDim), ctx, cfg_.cp_comm, q_, k_, v_, o_, lse_, scale,
                      cfg_.causal);
+  else
+    ops::attention_fwd(ctx, cs, q_, k_, v_, o_, lse_, scale, cfg_.causal);
   Tensor attn = ctx.empty({s, b, hl * d}, x.dtype());
   sbhd_to_bhsd(attn.view({s, b, hl, d})).copy_(o_, cs);
   Tensor y = proj.forward(attn);
@@ -311,8 +328,12 @@ Tensor AttentionBlock::backward(const Tensor& dout) {
   dO.copy_(sbhd_to_bhsd(dattn.view({s, b, hl, d})), cs);
   Tensor dq = ctx.empty(q_.shape(), q_.dtype()), dk = ctx.empty(k_.shape(), k_.dtype()),
          dv = ctx.empty(v_.shape(), v_.dtype());
-  ops::attention_bwd(ctx, cs, q_, k_, v_, o_, dO, lse_, dq, dk, dv,
-                     1.f / std::sqrt(static_cast<float>(d)), cfg_.causal);
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  if (cp_ > 1)
+    cp_attention_bwd(mesh_.group(kCpDim), ctx, cfg_.cp_comm, q_, k_, v_, o_, dO, lse_, dq, dk, dv,
+                     scale, cfg_.causal);
+  else
+    ops::attention_bwd(ctx, cs, q_, k_, v_, o_, dO, lse_, dq, dk, dv, scale, cfg_.causal);
   Tensor dqkv = ctx.empty({s, b, hl, 3, d}, dattn.dtype());
   sbhd_to_bhsd(dqkv.select(3, 0)).copy_(dq, cs);
   sbhd_to_bhsd(dqkv.select(3, 1)).copy_(dk, cs);

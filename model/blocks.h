@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "dist/context_parallel.h"
 #include "kernels/ops.h"
 #include "meshrt/export.h"
 #include "model/block_desc.h"
@@ -32,6 +33,9 @@ struct MESHRT_API BlockConfig {
   uint64_t seed = 1;
   // Attention: each position attends to itself and earlier ones only (false: to every position).
   bool causal = true;
+  // Under context parallelism (a cp dim on the mesh, size > 1) how the attention exchanges K/V
+  // between the cp ranks (--cp-comm ring | allgather; dist/context_parallel.h).
+  CpComm cp_comm = CpComm::Ring;
   // Each linear's style by its name within the layer ("attn.qkv", "mlp.fc1": dist/style_plan.h).
   // The blocks run a colwise linear then a rowwise one in each piece (validate_block checks).
   StylePlan styles = default_style_plan();
@@ -64,13 +68,15 @@ struct MESHRT_API BlockFieldNames {
 };
 
 // Rejects shapes that cannot be sharded, before any collective runs: hidden % tp, ffn >= tp (an
-// ffn that tp does not divide is sharded unevenly), and (seq > 0) seq % tp under sequence parallel
-// (seq % tp^2 for chunked overlap); with attention also heads % tp and hidden % heads; and that
+// ffn that tp does not divide is sharded unevenly), and (seq > 0) seq % (2 x cp) under context
+// parallelism (cp > 1: the causal load-balance layout's 2 x cp chunks) and a cp rank's
+// seq / cp % tp under sequence parallel (% tp^2 for chunked overlap); with attention also
+// heads % tp and hidden % heads; and that
 // cfg.styles gives each piece's linears the styles the blocks run (colwise, rowwise). Messages
 // name the values and what to change, in the words of `names`.
 MESHRT_API void validate_block(const BlockConfig& cfg, int tp, const TpOptions& opt,
                                int64_t seq = 0, bool attention = true,
-                               const BlockFieldNames& names = {});
+                               const BlockFieldNames& names = {}, int cp = 1);
 
 // LayerNorm / RMSNorm over hidden in the sequence-parallel style: weights replicated over tp;
 // under sequence parallel it runs on the sequence shard and its weight gradients are summed over
@@ -134,7 +140,10 @@ class MESHRT_API MlpBlock : public Block {
 
 // x + proj(attention(qkv(norm(x)))), causal unless cfg.causal is false: fused QKV colwise with
 // heads split over tp (weight columns laid out per head as [q | k | v] so a column shard is whole
-// heads), out-proj rowwise.
+// heads), out-proj rowwise. On a mesh with a cp dim of size > 1 every activation is the rank's
+// CpLayout shard of the sequence (chunks i and 2cp-1-i, then sharded over tp under sequence
+// parallel) and the attention exchanges K/V over the cp group (cp_attention_fwd / _bwd,
+// cfg.cp_comm); the weight gradients are this rank's tokens' part (GradSync sums them over cp).
 class MESHRT_API AttentionBlock : public Block {
  public:
   AttentionBlock(DeviceMesh& mesh, CommScheduler& tp, const TpOptions& opt, const BlockConfig& cfg,
@@ -153,6 +162,7 @@ class MESHRT_API AttentionBlock : public Block {
   CommScheduler& tp_;
   BlockConfig cfg_;
   int64_t heads_local_, head_dim_;
+  int cp_ = 1;  // the mesh's cp size
   Tensor q_, k_, v_, o_, lse_;
 };
 

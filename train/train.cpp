@@ -264,6 +264,11 @@ void validate_train(const TrainConfig& cfg, int world_size) {
       dp = d.size;
     else if (d.name == kTpDim)
       tp = d.size;
+    else if (d.name == kCpDim)
+      MESHRT_CHECK(d.size == 1, "train: --mesh " << default_mesh(cfg, world_size)
+                                                 << " has cp=" << d.size
+                                                 << ": train does not run context parallelism "
+                                                    "yet (meshrt bench block does); use cp=1");
     else
       MESHRT_FAIL("train: mesh dim '" << d.name << "' is not supported; use " << kDpDim << " and "
                                       << kTpDim);

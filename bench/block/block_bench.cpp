@@ -37,6 +37,10 @@ enum Field : int {
   kDpExposedNs,
   kDpBytes,
   kDpCount,
+  kCpCommNs,
+  kCpExposedNs,
+  kCpBytes,
+  kCpCount,
   kFields
 };
 enum Extra : int { kPeakBytes = 0, kReservedBytes, kCalibFlops, kMarkers, kDeviceIndex, kExtras };
@@ -45,8 +49,9 @@ int64_t ns(double ms) { return static_cast<int64_t>(std::llround(ms * 1e6)); }
 
 void pack(const StepFigures& f, std::vector<int64_t>& out) {
   const int64_t v[kFields] = {
-      ns(f.step_ms), ns(f.issue_cpu_ms), ns(f.tp.comm_ms),    ns(f.tp.exposed_ms), f.tp.bytes,
-      f.tp.count,    ns(f.dp.comm_ms),   ns(f.dp.exposed_ms), f.dp.bytes,          f.dp.count};
+      ns(f.step_ms),    ns(f.issue_cpu_ms),  ns(f.tp.comm_ms),    ns(f.tp.exposed_ms), f.tp.bytes,
+      f.tp.count,       ns(f.dp.comm_ms),    ns(f.dp.exposed_ms), f.dp.bytes,          f.dp.count,
+      ns(f.cp.comm_ms), ns(f.cp.exposed_ms), f.cp.bytes,          f.cp.count};
   out.insert(out.end(), v, v + kFields);
 }
 
@@ -65,6 +70,8 @@ std::vector<RankFigures> unpack(const std::vector<int64_t>& all, int world, int 
               v[kTpBytes], v[kTpCount]};
       f.dp = {static_cast<double>(v[kDpCommNs]) * 1e-6, static_cast<double>(v[kDpExposedNs]) * 1e-6,
               v[kDpBytes], v[kDpCount]};
+      f.cp = {static_cast<double>(v[kCpCommNs]) * 1e-6, static_cast<double>(v[kCpExposedNs]) * 1e-6,
+              v[kCpBytes], v[kCpCount]};
       rf.steps.push_back(f);
     }
     rf.peak_bytes = v[kPeakBytes];
@@ -162,13 +169,25 @@ struct BlockInputs {
 
 BlockInputs block_inputs(Context& ctx, const DeviceMesh& mesh, const BlockPlan& p, uint64_t seed) {
   Stream& cs = ctx.compute_stream();
-  const int64_t s_loc = p.sp ? p.seq / p.tp : p.seq;
+  // The rank's tokens: its cp shard (CpLayout: chunks i and 2cp-1-i), of which tp rank t holds
+  // the t-th contiguous part under SP; rows [lo, lo + s_loc) of the cp shard.
+  const CpLayout cl = CpLayout::make(p.seq, p.cp);
+  const int64_t s_loc = p.sp ? cl.local_seq() / p.tp : cl.local_seq();
+  const int64_t lo = p.sp ? mesh.coord(kTpDim) * s_loc : 0, n = cl.chunk();
   const Shape full{p.seq, p.batch * p.dp, p.cfg.hidden};
-  const Shape off{p.sp ? mesh.coord(kTpDim) * s_loc : 0, mesh.coord(kDpDim) * p.batch, 0};
   BlockInputs in{ctx.empty({s_loc, p.batch, p.cfg.hidden}, p.cfg.dtype),
                  ctx.empty({s_loc, p.batch, p.cfg.hidden}, p.cfg.dtype)};
-  in.x.init_philox_({seed, 1u << 20, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
-  in.dout.init_philox_({seed, (1u << 20) + 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
+  const auto chunks = cl.chunks(mesh.coord(kCpDim));
+  for (int64_t j = 0; j < 2; ++j) {  // the part of each chunk in [lo, lo + s_loc)
+    const int64_t a = std::max(lo, j * n), b = std::min(lo + s_loc, (j + 1) * n);
+    if (a >= b) continue;
+    const Shape off{chunks[static_cast<size_t>(j)] * n + (a - j * n), mesh.coord(kDpDim) * p.batch,
+                    0};
+    in.x.narrow(0, a - lo, b - a)
+        .init_philox_({seed, 1u << 20, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
+    in.dout.narrow(0, a - lo, b - a)
+        .init_philox_({seed, (1u << 20) + 1, PhiloxInit::Dist::Normal, 0.f, 1.f}, full, off, cs);
+  }
   return in;
 }
 
@@ -240,6 +259,40 @@ int dump_rank(const BlockPlan& p, const BlockBenchOptions& o, const DeviceMesh& 
   return dump_safetensors(o.dump_path, mesh, entries, md);
 }
 
+// What a step runs on: the stack, its gradient sync and the hooks around its pieces.
+struct StepRunner {
+  BlockStack& stack;
+  GradSync& sync;
+  const StackHooks& hooks;
+};
+
+// One step's work: zero_grad, forward, backward and the dp gradient sync (or --deterministic's
+// sequence-by-sequence passes).
+void step_work(const BlockPlan& p, const BlockBenchOptions& o, Context& ctx, TraceRecorder& rec,
+               const StepRunner& r, const BlockInputs& in, Tensor* out, Tensor* dx) {
+  Stream& cs = ctx.compute_stream();
+  if (!o.fwd_only) {
+    // A new step: no bucket counted or launched yet (else buckets would only launch at
+    // finish() from the second step on), gradients zeroed.
+    r.sync.set_active(0);
+    const int h = rec.begin(cs, "zero_grad");
+    r.sync.zero_grad(/*first_write=*/true);  // the stack's backward and finish() run before reads
+    rec.end(h);
+  }
+  if (o.deterministic) {
+    deterministic_grains(ctx, p, o.deterministic_grain, r.stack, r.sync, r.hooks, in, out, dx);
+  } else {
+    *out = r.stack.forward(in.x, r.hooks);
+  }
+  if (!o.fwd_only && !o.deterministic) {
+    *dx = r.stack.backward(in.dout, r.hooks);
+    r.sync.finish();
+    const int h = rec.begin(cs, "dp.grad_wait");
+    r.sync.wait_all();
+    rec.end(h);
+  }
+}
+
 struct RankOutput {
   std::vector<int64_t> all;  // world x (steps * kFields + kExtras)
   std::vector<std::string> traces;
@@ -258,9 +311,13 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   Stream& cs = ctx.compute_stream();
   TraceRecorder rec(rp.rank, cs);
   const bool tracing = !o.trace_path.empty();
+  // Under cp the wrapper also times the cp group's sends and receives on their streams.
+  StreamTimes cp_stream("/" + std::string(kCpDim));
   std::unique_ptr<TracingCommunicator> traced;
-  if (tracing) traced = std::make_unique<TracingCommunicator>(raw_world, &rec);
-  Communicator& world = tracing ? *traced : raw_world;
+  if (tracing || p.cp > 1)
+    traced =
+        std::make_unique<TracingCommunicator>(raw_world, &rec, p.cp > 1 ? &cp_stream : nullptr);
+  Communicator& world = traced ? *traced : raw_world;
 
   // Calibration GEMM before anything else is resident (all ranks at once).
   // It runs again after the timed steps and the faster of the two counts: on a shared machine
@@ -272,6 +329,9 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
   DeviceMesh mesh(ctx, world, p.mesh);
   const TpOptions topt{p.sp, p.overlap};
   CommScheduler tp(mesh, kTpDim, p.overlap);
+  // The compute stream's waits for the cp attention's exchanges, timed as exposed.
+  CommScheduler cp(mesh, kCpDim, Overlap::Async);
+  CpWaitScope cp_waits([&cp](const Event& e) { cp.wait(e); });
   BlockStack stack(mesh, tp, topt, p.cfg, p.kind, p.layers);
   const std::vector<Param*> params = stack.params();
   if (o.deterministic) ops::set_deterministic_gemm(ctx, true);
@@ -316,39 +376,24 @@ RankOutput run_rank(const BlockPlan& p, const BlockBenchOptions& o, const RankPl
     raw_world.barrier(cs);
     cs.synchronize();
     tp.reset_times();
+    cp.reset_times();
+    cp_stream.reset();
     sync.scheduler().reset_times();
     rec.set_enabled(tracing && timed);
     const auto t0 = Clock::now();
     const double c0 = thread_cpu_ms();
     rec.begin_step(step - p.warmup, 1000.0 * ms_since(origin, t0));
     const int hs = piece("step " + std::to_string(step - p.warmup), p.step_flops / w);
-    if (!o.fwd_only) {
-      // A new step: no bucket counted or launched yet (else buckets would only launch at
-      // finish() from the second step on), gradients zeroed.
-      sync.set_active(0);
-      const int h = rec.begin(cs, "zero_grad");
-      sync.zero_grad(/*first_write=*/true);  // the stack's backward and finish() run before reads
-      rec.end(h);
-    }
-    if (o.deterministic) {
-      deterministic_grains(ctx, p, o.deterministic_grain, stack, sync, hooks, in, &out, &dx);
-    } else {
-      out = stack.forward(x, hooks);
-    }
-    if (!o.fwd_only && !o.deterministic) {
-      dx = stack.backward(dout, hooks);
-      sync.finish();
-      const int h = rec.begin(cs, "dp.grad_wait");
-      sync.wait_all();
-      rec.end(h);
-    }
+    step_work(p, o, ctx, rec, {stack, sync, hooks}, in, &out, &dx);
     rec.end(hs);
     const double c1 = thread_cpu_ms();
     ctx.synchronize();
     const auto t1 = Clock::now();
     rec.end_step();
     if (!timed) continue;
-    pack({ms_since(t0, t1), c1 - c0, tp.times(), sync.scheduler().times()}, mine);
+    CommTimes cpt = cp_stream.times();
+    cpt.exposed_ms = cp.times().exposed_ms;
+    pack({ms_since(t0, t1), c1 - c0, tp.times(), sync.scheduler().times(), cpt}, mine);
   }
   rec.set_enabled(false);
   const AllocatorStats as = ctx.allocator().stats();

@@ -16,7 +16,8 @@ struct BlockBenchOptions {
   // Empty: what this machine has (cuda:all when CUDA works, else cpu:N host ranks); under
   // mpirun: the device kind per process ("cpu" or "cuda").
   std::string devices;
-  std::string mesh;              // "dp=2,tp=2"; empty: tp=<world size>
+  std::string mesh;              // "dp=2,cp=2,tp=2"; empty: tp=<world size>
+  std::string cp_comm = "ring";  // --cp-comm: the cp attention's K/V exchange (ring | allgather)
   std::string backend = "auto";  // --backend: the collective backend (as bench collective's)
   int sp = -1;                   // sequence parallel: -1 auto (on when tp > 1), 0 off, 1 on
   // Zero / empty: the default for the device (CPU: 1 x 512 tokens, hidden 1024, 16 heads, f32;
@@ -58,7 +59,7 @@ struct BlockBenchOptions {
 struct BlockBenchResult {
   bool valid = false;
   std::string mesh;  // "dp=1,tp=2"
-  int dp = 1, tp = 1, world = 1;
+  int dp = 1, tp = 1, world = 1, cp = 1;
   bool sp = false;
   int64_t batch = 0, seq = 0, hidden = 0;
   std::string dtype;
@@ -68,6 +69,9 @@ struct BlockBenchResult {
   double peak_tflops_per_rank = 0;
   std::string peak_label;
   double tp_comm_ms = 0, tp_exposed_ms = 0, dp_comm_ms = 0, dp_exposed_ms = 0, compute_ms = 0;
+  // cp > 1: the cp attention's K/V exchange on the cp streams, the compute stream's waits for it
+  // (exposed) and the cp attention itself on the compute stream (its kernels and those waits).
+  double cp_comm_ms = 0, cp_exposed_ms = 0, cp_attn_ms = 0;
   int64_t peak_bytes = 0;
   double overhead_fraction = 0;
   std::string json;  // everything, as --json writes it

@@ -22,9 +22,14 @@ class BlockCommand : public Command {
                  "else cpu:<cores, at most 8>")
         ->check(cli::kNonEmpty);
     c.add_option("--mesh", o_.mesh,
-                 "Mesh over the ranks, dims dp and tp, e.g. dp=2,tp=2 "
-                 "(default tp=<world size>)")
+                 "Mesh over the ranks, dims dp, cp and tp, e.g. dp=2,tp=2 or cp=2,tp=2 "
+                 "(default tp=<world size>; cp: context parallel, the sequence sharded through "
+                 "the block, --seq divisible by 2 x cp)")
         ->check(cli::kNonEmpty);
+    c.add_option("--cp-comm", o_.cp_comm,
+                 "cp attention's K/V exchange: ring (send/recv overlapped with attention) | "
+                 "allgather (gathered once per layer)")
+        ->capture_default_str();
     add_backend_flag(c, o_.backend);
     c.add_flag("--sp", sp_, "Sequence parallel (default: on when tp > 1)");
     c.add_flag("--no-sp", no_sp_, "No sequence parallel")->excludes("--sp");

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "bench/common/stats.h"
+#include "dist/context_parallel.h"
 #include "plan/cost_model.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -70,6 +71,11 @@ void check_options(const BlockBenchOptions& o) {
                "computes none and --dump would hold the last sequence's activations only; drop "
                "one of them");
   MESHRT_CHECK(o.peak_tflops >= 0, "--peak-tflops " << o.peak_tflops << " must be >= 0");
+  try {
+    parse_cp_comm(o.cp_comm);
+  } catch (const Error& e) {
+    MESHRT_FAIL("--cp-comm: " << e.message());
+  }
   if (!o.dtype.empty()) {
     const DType dt = parse_dtype(o.dtype);
     MESHRT_CHECK(is_floating(dt), "--dtype " << o.dtype << ": use f32, bf16 or f16");
@@ -92,6 +98,23 @@ void check_options(const BlockBenchOptions& o) {
                                     "only, so a forward-only run gets no prediction; drop "
                                     "--plan-cluster or --fwd-only");
   if (!o.plan_cluster.empty()) (void)plan::load_cluster(o.plan_cluster, "", "--plan-cluster");
+}
+
+// Context parallelism (p.cp > 1): the layout rule and the options that cannot run with it yet.
+void check_cp(const BlockBenchOptions& o, const BlockPlan& p) {
+  if (p.cp == 1) return;
+  MESHRT_CHECK(p.seq % (2 * static_cast<int64_t>(p.cp)) == 0,
+               "--seq " << p.seq << " does not divide by 2 x cp = " << 2 * p.cp << " (--mesh "
+                        << p.mesh
+                        << "): context parallelism cuts the sequence into 2 x cp equal chunks, "
+                           "rank i holding chunks i and 2cp-1-i; change --seq or cp");
+  MESHRT_CHECK(!o.deterministic, "--deterministic with cp=" << p.cp << " (--mesh " << p.mesh
+                                                            << "): its fixed-order sum takes "
+                                                               "whole sequences; drop one of them");
+  MESHRT_CHECK(o.dump_path.empty(),
+               "--dump with cp=" << p.cp << " (--mesh " << p.mesh
+                                 << "): a cp rank holds chunks of the sequence, and the dump "
+                                    "writes whole tensors in sequence order; dump at cp=1");
 }
 
 void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
@@ -129,7 +152,7 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
   p.steps = o.steps > 0 ? o.steps : (c ? 20 : 10);
   p.warmup = o.warmup >= 0 ? o.warmup : (c ? 5 : 2);
 
-  // Mesh: dp and tp only; tp = world unless given.
+  // Mesh: dp, cp and tp; tp = world unless given.
   if (o.mesh.empty()) {
     p.mesh = kTpDim;
     p.mesh += "=" + std::to_string(p.world);
@@ -138,13 +161,16 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
   }
   std::vector<MeshDim> dims = parse_mesh_spec(p.mesh, p.world);
   for (const MeshDim& d : dims) {
-    MESHRT_CHECK(d.name == kDpDim || d.name == kTpDim,
+    MESHRT_CHECK(d.name == kDpDim || d.name == kTpDim || d.name == kCpDim,
                  "--mesh " << p.mesh << ": dim '" << d.name
                            << "' is not one the block benchmark uses; name the dims " << kDpDim
-                           << " and " << kTpDim << " (e.g. " << kDpDim << "=2," << kTpDim << "=4)");
+                           << ", " << kCpDim << " and " << kTpDim << " (e.g. " << kDpDim << "=2,"
+                           << kCpDim << "=2," << kTpDim << "=2)");
   }
-  for (const MeshDim& d : dims) (d.name == kDpDim ? p.dp : p.tp) = d.size;
-  cli::check_zero_has_dp(o.zero, p.dp, p.mesh);
+  for (const MeshDim& d : dims) (d.name == kDpDim ? p.dp : d.name == kCpDim ? p.cp : p.tp) = d.size;
+  p.cfg.cp_comm = parse_cp_comm(o.cp_comm);
+  check_cp(o, p);
+  cli::check_zero_has_dp(o.zero, p.dp * p.cp, p.mesh);
   p.sp_requested = o.sp == 1 || (o.sp == -1 && p.tp > 1);
   p.sp = p.sp_requested && p.tp > 1;
   MESHRT_CHECK(!(p.overlap == Overlap::Chunked && p.tp > 1 && !p.sp),
@@ -152,24 +178,26 @@ void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {
                "needs sequence parallelism: add --sp or use --overlap async");
   if (p.sp) {
     const char* why_sp = o.sp == 1 ? "--sp" : "sequence parallel (on by default when tp > 1)";
-    MESHRT_CHECK(p.seq % p.tp == 0, "--seq " << p.seq << " does not divide by tp=" << p.tp
-                                             << " under " << why_sp
-                                             << "; change --seq or pass --no-sp");
-    MESHRT_CHECK(p.overlap != Overlap::Chunked || p.seq % (p.tp * p.tp) == 0,
-                 "--overlap chunked needs --seq divisible by tp^2=" << p.tp * p.tp << "; --seq is "
-                                                                    << p.seq
-                                                                    << ": change --seq or use "
-                                                                       "--overlap async");
+    const int64_t s = p.seq / p.cp;  // a cp rank's tokens (all of them at cp=1)
+    const std::string what = p.cp > 1
+                                 ? "--seq " + std::to_string(p.seq) +
+                                       " / cp=" + std::to_string(p.cp) + " = " + std::to_string(s)
+                                 : "--seq " + std::to_string(p.seq);
+    MESHRT_CHECK(s % p.tp == 0, what << " does not divide by tp=" << p.tp << " under " << why_sp
+                                     << "; change --seq or pass --no-sp");
+    MESHRT_CHECK(p.overlap != Overlap::Chunked || s % (p.tp * p.tp) == 0,
+                 "--overlap chunked needs " << what << " divisible by tp^2=" << p.tp * p.tp
+                                            << ": change --seq or use --overlap async");
   }
   TpOptions topt{p.sp, p.overlap};
   // An MLP has no heads: its validation skips them.
-  validate_block(p.cfg, p.tp, topt, p.seq, p.kind != LayerKind::Mlp);
+  validate_block(p.cfg, p.tp, topt, p.seq, p.kind != LayerKind::Mlp, {}, p.cp);
 
   // Memory: refuse what cannot fit on the host instead of swapping or being killed.
   if (!p.cuda) {
     const double es = static_cast<double>(dtype_size(p.cfg.dtype));
     const double h = static_cast<double>(p.cfg.hidden), f = static_cast<double>(p.cfg.ffn);
-    const double tok = static_cast<double>(p.batch) * static_cast<double>(p.seq);
+    const double tok = static_cast<double>(p.batch) * static_cast<double>(p.seq) / p.cp;
     const double params = p.layers * (4 * h * h + 2 * h * f) / p.tp;
     const double acts = p.layers * tok * (12 * h / p.tp + 3 * f / p.tp + 6 * h);
     int local = static_cast<int>(p.launch->local().size());

@@ -17,7 +17,7 @@ struct BlockPlan {
   std::unique_ptr<Launch> launch;
   std::string devices;
   bool cuda = false;
-  int world = 1, dp = 1, tp = 1;
+  int world = 1, dp = 1, tp = 1, cp = 1;
   std::string mesh;
   bool sp = false;
   bool sp_requested = false;

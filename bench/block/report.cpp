@@ -51,6 +51,7 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
                             const BlockBenchResult& res, const std::string& gpu_name) {
   using nlohmann::json;
   if (o.fwd_only) return json{{"note", "forward-only runs are not modelled"}};
+  if (p.cp > 1) return json{{"note", "the planner does not model this run's cp yet"}};
   const ModelSpec m = model_spec(p.cfg, p.kind, p.layers, p.seq);
   plan::PlanConfig c;
   c.dp = p.dp;
@@ -107,8 +108,8 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
 // The figures of one run, reduced over ranks: per step (a step is done when its slowest rank
 // is; communication and compute are means over ranks) and per rank (medians over steps).
 struct BlockSummary {
-  std::vector<double> step_ms, issue_ms, tpc, tpe, dpc, dpe, comp;  // per step
-  json ranks = json::array();                                       // per rank, for --json
+  std::vector<double> step_ms, issue_ms, tpc, tpe, dpc, dpe, cpc, cpe, comp;  // per step
+  json ranks = json::array();                       // per rank, for --json
   double slow = 0, fast = 0, cslow = 0, cfast = 0;  // step and compute medians of the extremes
   int slow_rank = 0, fast_rank = 0;
   double markers_per_step = 0;
@@ -122,7 +123,8 @@ const StepFigures& br_at(const std::vector<RankFigures>& figures, int rank, int 
 
 void br_step_series(const BlockPlan& p, const std::vector<RankFigures>& figures, BlockSummary& s) {
   const int W = p.world;
-  for (std::vector<double>* v : {&s.step_ms, &s.issue_ms, &s.tpc, &s.tpe, &s.dpc, &s.dpe, &s.comp})
+  for (std::vector<double>* v :
+       {&s.step_ms, &s.issue_ms, &s.tpc, &s.tpe, &s.dpc, &s.dpe, &s.cpc, &s.cpe, &s.comp})
     v->assign(static_cast<size_t>(p.steps), 0.0);
   for (int st = 0; st < p.steps; ++st) {
     const auto i = static_cast<size_t>(st);
@@ -135,6 +137,8 @@ void br_step_series(const BlockPlan& p, const std::vector<RankFigures>& figures,
       s.tpe[i] += f.tp.exposed_ms / W;
       s.dpc[i] += f.dp.comm_ms / W;
       s.dpe[i] += f.dp.exposed_ms / W;
+      s.cpc[i] += f.cp.comm_ms / W;
+      s.cpe[i] += f.cp.exposed_ms / W;
       s.comp[i] += f.compute_ms() / W;
     }
     s.step_ms[i] = mx;  // a step is done when its slowest rank is
@@ -183,6 +187,7 @@ void br_fill_result(const BlockPlan& p, const std::vector<RankFigures>& figures,
   res.mesh = p.mesh;
   res.dp = p.dp;
   res.tp = p.tp;
+  res.cp = p.cp;
   res.world = p.world;
   res.sp = p.sp;
   res.batch = p.batch;
@@ -198,6 +203,8 @@ void br_fill_result(const BlockPlan& p, const std::vector<RankFigures>& figures,
   res.tp_exposed_ms = median(s.tpe);
   res.dp_comm_ms = median(s.dpc);
   res.dp_exposed_ms = median(s.dpe);
+  res.cp_comm_ms = median(s.cpc);
+  res.cp_exposed_ms = median(s.cpe);
   res.compute_ms = median(s.comp);
   for (int r = 0; r < p.world; ++r)
     res.peak_bytes = std::max(res.peak_bytes, figures[static_cast<size_t>(r)].peak_bytes);
@@ -260,6 +267,8 @@ json br_config_json(const BlockPlan& p, const BlockBenchOptions& o, const std::s
           {"mesh", p.mesh},
           {std::string(kDpDim), p.dp},
           {std::string(kTpDim), p.tp},
+          {std::string(kCpDim), p.cp},
+          {"cp_comm", cp_comm_name(p.cfg.cp_comm)},
           {"sp", p.sp},
           {"overlap", overlap_name(p.overlap)},
           {"batch_per_replica", p.batch},
@@ -346,7 +355,8 @@ json br_json(const BlockPlan& p, const BlockBenchOptions& o,
   j["compute_ms_median"] = res.compute_ms;
   const StepFigures& first = br_at(figures, 0, 0);
   j["comm"] = {{std::string(kTpDim), br_comm_json(s.tpc, s.tpe, first.tp, p.tp)},
-               {std::string(kDpDim), br_comm_json(s.dpc, s.dpe, first.dp, p.dp)}};
+               {std::string(kDpDim), br_comm_json(s.dpc, s.dpe, first.dp, p.dp * p.cp)},
+               {std::string(kCpDim), br_comm_json(s.cpc, s.cpe, first.cp, p.cp)}};
   // Host streams queue work. With the host pool's stream-ordered reuse (the default) queued
   // tasks hold blocks as CUDA kernels do, and the peak is the program's; with
   // MESHRT_HOST_STREAM_REUSE=0 every queued task holds its tensors until it ran
@@ -400,9 +410,10 @@ void br_print_heading(const BlockPlan& p, const BlockBenchOptions& o, std::ostre
      << ", seq " << p.seq << ", batch " << p.batch << (p.dp > 1 ? " per dp replica" : "") << ", "
      << dtype_name(p.cfg.dtype) << "\n";
   os << "mesh " << p.mesh << " (sp " << (p.sp ? "on" : (p.tp == 1 ? "n/a at tp=1" : "off"))
-     << ", overlap " << overlap_name(p.overlap) << (p.dp > 1 ? ", dp bucket " : "")
-     << (p.dp > 1 ? fmt("%g", o.bucket_mb) + " MiB" : "") << ") on " << p.launch->describe()
-     << ", devices " << p.devices << "\n";
+     << ", overlap " << overlap_name(p.overlap)
+     << (p.cp > 1 ? std::string(", cp exchange ") + cp_comm_name(p.cfg.cp_comm) : "")
+     << (p.dp > 1 ? ", dp bucket " : "") << (p.dp > 1 ? fmt("%g", o.bucket_mb) + " MiB" : "")
+     << ") on " << p.launch->describe() << ", devices " << p.devices << "\n";
   os << "warmup " << p.warmup << ", timed steps " << p.steps << ", "
      << (o.fwd_only ? "forward only" : "forward + backward")
      << (o.deterministic ? ", deterministic (" + std::to_string(o.deterministic_grain) +
@@ -458,7 +469,10 @@ void br_print(const BlockPlan& p, const BlockBenchOptions& o,
              " ms per step (step minus exposed communication, mean over ranks)");
   const StepFigures& first = br_at(figures, 0, 0);
   br_comm_row(os, kTpDim, p.tp, res.tp_comm_ms, res.tp_exposed_ms, first.tp);
-  br_comm_row(os, kDpDim, p.dp, res.dp_comm_ms, res.dp_exposed_ms, first.dp);
+  if (p.cp > 1) br_comm_row(os, kCpDim, p.cp, res.cp_comm_ms, res.cp_exposed_ms, first.cp);
+  // Under cp the gradients reduce over dp x cp (DeviceMesh::grad_dim).
+  br_comm_row(os, p.cp > 1 ? kDpCpDim : kDpDim, p.dp * p.cp, res.dp_comm_ms, res.dp_exposed_ms,
+              first.dp);
   br_row(os, "memory",
          "peak " + human_bytes(static_cast<double>(res.peak_bytes)) +
              " allocated per rank (max over ranks)");

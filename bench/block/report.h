@@ -14,8 +14,9 @@ namespace meshrt {
 struct StepFigures {
   double step_ms = 0;       // wall time from the step's barrier to its streams drained
   double issue_cpu_ms = 0;  // CPU time of the issuing thread
-  CommTimes tp, dp;         // communication per mesh dim
-  double compute_ms() const { return step_ms - tp.exposed_ms - dp.exposed_ms; }
+  CommTimes tp, dp;         // communication per mesh dim (dp: the gradient group, dp x cp)
+  CommTimes cp;             // the cp attention's K/V exchange (cp > 1)
+  double compute_ms() const { return step_ms - tp.exposed_ms - dp.exposed_ms - cp.exposed_ms; }
 };
 
 // One rank's run.

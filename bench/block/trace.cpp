@@ -153,8 +153,15 @@ namespace {
 // Forwards every call to `inner` (which opens the profiler range), bracketed by a trace slice.
 class TracingImpl final : public CommImpl {
  public:
-  TracingImpl(std::unique_ptr<Communicator> owned, Communicator& inner, TraceRecorder* rec)
-      : owned_(std::move(owned)), inner_(&inner), rec_(rec) {}
+  TracingImpl(std::unique_ptr<Communicator> owned, Communicator& inner, TraceRecorder* rec,
+              StreamTimes* times)
+      : owned_(std::move(owned)), inner_(&inner), rec_(rec), times_(times) {
+    const std::string& n = inner.name();
+    if (times_ && (n.size() < times_->suffix.size() ||
+                   n.compare(n.size() - times_->suffix.size(), n.npos, times_->suffix) != 0))
+      times_ = nullptr;  // another group: forwarded untimed (its splits may still match)
+    split_times_ = times;
+  }
 
   std::string_view backend() const override { return inner_->backend(); }
   bool aborted() const override { return inner_->aborted(); }
@@ -170,6 +177,7 @@ class TracingImpl final : public CommImpl {
            << "\",\"count\":" << call.count << ",\"bytes\":" << call.bytes();
       h = rec_->begin_slice(stream, comm_op_name(call.op), args.str());
     }
+    const Event t0 = times_ ? stream.record_timed() : Event();
     switch (call.op) {
       case CommOp::AllReduce:
         inner_->all_reduce(call.in, call.out, call.redop, stream);
@@ -198,6 +206,7 @@ class TracingImpl final : public CommImpl {
       case CommOp::Split:
         MESHRT_FAIL("tracing communicator: split is not issued on a stream");
     }
+    if (times_) times_->add(t0, stream.record_timed(), static_cast<int64_t>(call.bytes()));
     if (h >= 0) rec_->end(h);
   }
 
@@ -205,7 +214,7 @@ class TracingImpl final : public CommImpl {
                                       uint64_t) override {
     std::unique_ptr<Communicator> c = inner_->split(color, key, name);
     if (!c) return nullptr;
-    return std::make_unique<TracingCommunicator>(std::move(c), rec_);
+    return std::make_unique<TracingCommunicator>(std::move(c), rec_, split_times_);
   }
 
   void wait_issued(uint64_t, const std::unordered_map<int, uint64_t>&,
@@ -217,20 +226,51 @@ class TracingImpl final : public CommImpl {
   std::unique_ptr<Communicator> owned_;
   Communicator* inner_;
   TraceRecorder* rec_;
+  StreamTimes* times_;        // this group's, when its name matches
+  StreamTimes* split_times_;  // passed on to splits
 };
 
 }  // namespace
 
-TracingCommunicator::TracingCommunicator(Communicator& inner, TraceRecorder* rec)
-    : TracingCommunicator(inner, nullptr, rec) {}
+TracingCommunicator::TracingCommunicator(Communicator& inner, TraceRecorder* rec,
+                                         StreamTimes* times)
+    : TracingCommunicator(inner, nullptr, rec, times) {}
 
 // `owned` is a reference so that nothing moves it before `inner` is bound to its object.
-TracingCommunicator::TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec)
-    : TracingCommunicator(*inner, std::move(inner), rec) {}
+TracingCommunicator::TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec,
+                                         StreamTimes* times)
+    : TracingCommunicator(*inner, std::move(inner), rec, times) {}
 
 TracingCommunicator::TracingCommunicator(Communicator& inner, std::unique_ptr<Communicator>&& owned,
-                                         TraceRecorder* rec)
+                                         TraceRecorder* rec, StreamTimes* times)
     : Communicator(inner.rank(), inner.size(), inner.name(), inner.device(), inner.config(),
-                   std::make_unique<TracingImpl>(std::move(owned), inner, rec)) {}
+                   std::make_unique<TracingImpl>(std::move(owned), inner, rec, times)) {}
+
+void StreamTimes::add(Event start, Event stop, int64_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  pending_.emplace_back(std::move(start), std::move(stop));
+  t_.bytes += bytes;
+  t_.count++;
+}
+
+CommTimes StreamTimes::times() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [a, b] : pending_) {
+    try {
+      b.synchronize();
+      t_.comm_ms += b.elapsed_ms(a);
+    } catch (...) {
+      // a failed call reports its error where its result is waited for
+    }
+  }
+  pending_.clear();
+  return t_;
+}
+
+void StreamTimes::reset() {
+  std::lock_guard<std::mutex> lk(mu_);
+  pending_.clear();
+  t_ = CommTimes{};
+}
 
 }  // namespace meshrt

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "dist/parallel.h"
 #include "runtime/stream.h"
 
 namespace meshrt {
@@ -68,18 +69,38 @@ class TraceRecorder {
   int64_t markers_ = 0;
 };
 
+// The time a group's calls ran on their streams, as CommScheduler's comm_ms (events recorded on
+// the stream around each call; host: exact), with their bytes and count.
+class StreamTimes {
+ public:
+  explicit StreamTimes(std::string suffix) : suffix(std::move(suffix)) {}
+  const std::string suffix;  // of the group names timed: "/cp"
+  void add(Event start, Event stop, int64_t bytes);
+  // Totals since reset() (blocks until the timed calls completed: call after synchronising).
+  CommTimes times();
+  void reset();
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<Event, Event>> pending_;
+  CommTimes t_;
+};
+
 // A Communicator that forwards every call to another one and records each collective as a trace
 // slice on the stream it runs on (name = op, args = group, dtype, element count and bytes).
 // Splits return wrapped communicators, so a DeviceMesh built over a wrapped world traces its tp
 // and dp groups too. Costs two extra stream markers per collective while the recorder is enabled.
+// With `times`, the calls of the groups whose name ends in times->suffix (the cp group's sends
+// and receives, which no CommScheduler issues) are also timed on their streams.
 class TracingCommunicator final : public Communicator {
  public:
-  TracingCommunicator(Communicator& inner, TraceRecorder* rec);
-  TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec);
+  TracingCommunicator(Communicator& inner, TraceRecorder* rec, StreamTimes* times = nullptr);
+  TracingCommunicator(std::unique_ptr<Communicator> inner, TraceRecorder* rec,
+                      StreamTimes* times = nullptr);
 
  private:
   TracingCommunicator(Communicator& inner, std::unique_ptr<Communicator>&& owned,
-                      TraceRecorder* rec);
+                      TraceRecorder* rec, StreamTimes* times);
 };
 
 }  // namespace meshrt

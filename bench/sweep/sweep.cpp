@@ -115,7 +115,8 @@ void check_sweep_options(const SweepOptions& o) {
                "--sp-modes " << o.sp << ": use both, on or off");
   MESHRT_CHECK(o.base.mesh.empty(),
                "sweep: --mesh is swept; leave it out (every dp x tp "
-               "factorisation of the devices runs)");
+               "factorisation of the devices runs; cp is not swept yet: time a cp mesh with "
+               "meshrt bench block --mesh dp=D,cp=C,tp=T)");
   // chunked splits the sequence collectives: without them no tp layout would run.
   MESHRT_CHECK(!(o.base.overlap == "chunked" && o.sp == "off"),
                "sweep: --overlap chunked runs only with sequence parallelism, which --sp-modes "

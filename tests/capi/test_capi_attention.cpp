@@ -432,6 +432,16 @@ TEST_CASE("capi: bad attention configs and shards case by case", "[capi]") {
            MESHRT_ERROR_INVALID_USAGE, {"attn"});
     CAPI_THROW_UNLESS_OK(meshrt_attn_destroy(attn));
     expect(meshrt_attn_destroy(attn), MESHRT_ERROR_INVALID_USAGE, {"destroyed already"});
+    // A cp mesh: the spec and its dim are accepted; the attention block refuses it.
+    meshrt_mesh_t cpm = nullptr;
+    CAPI_THROW_UNLESS_OK(meshrt_mesh_create(&cpm, comm, "cp=2"));
+    int cp_size = 0, cp_coord = -1;
+    CAPI_THROW_UNLESS_OK(meshrt_mesh_dim(cpm, "cp", &cp_size, &cp_coord));
+    RANK_EXPECT(cp_size == 2 && cp_coord == r, "the cp dim: size 2, coordinate = rank");
+    c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
+    expect(meshrt_attn_create(&attn, cpm, &c), MESHRT_ERROR_INVALID_ARGUMENT,
+           {"mesh cp=2 has cp=2", "does not run context parallelism yet"});
+    CAPI_THROW_UNLESS_OK(meshrt_mesh_destroy(cpm));
     CAPI_THROW_UNLESS_OK(meshrt_mesh_destroy(mesh));
   });
 }

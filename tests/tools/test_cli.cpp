@@ -95,7 +95,7 @@ TEST_CASE("bad flags and impossible configurations exit non-zero saying what to 
       {"train --save-every 2", "--save-every requires --save"},
       {"train --keep 2", "--keep requires --save"},
       {"bench block --devices cpu:2 --mesh dp=2,tp=2", "make the sizes multiply to 2"},
-      {"bench block --devices cpu:2 --mesh pp=2", "name the dims dp and tp"},
+      {"bench block --devices cpu:2 --mesh pp=2", "name the dims dp, cp and tp"},
       {"bench block --devices cpu:2 --mesh tp=two", "not an integer >= 1"},
       {"bench block --devices cpu:2 --hidden 250 --heads 4", "does not divide by heads"},
       {"bench block --devices cpu:2 --hidden 384 --heads 3", "heads 3 do not divide by tp=2"},

@@ -1,0 +1,83 @@
+// `--mesh ...,cp=C` at the command line: bench block runs it (and reports the cp exchange), the
+// layouts and options it cannot run are refused naming the values, and the commands that do not
+// run context parallelism yet say so.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/common/files.h"
+
+namespace {
+
+using meshrt::test::Run;
+
+std::filesystem::path cp_scratch() {
+  static const std::filesystem::path d = meshrt::test::scratch_dir("cp-cli");
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+Run cp_cli(const std::string& args) {
+  return meshrt::test::run_program(MESHRT_CLI_BIN, args, cp_scratch());
+}
+
+void expect_refusal(const std::string& args, const std::string& message) {
+  INFO("meshrt " << args);
+  const Run r = cp_cli(args);
+  INFO("stderr: " << r.err);
+  CHECK_FALSE(r.signaled);
+  CHECK(r.rc == 1);
+  CHECK(r.err.find(message) != std::string::npos);
+  CHECK(r.err.find("terminate called") == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("cp meshes that cannot run are refused naming the values and the option", "[unit]") {
+  const std::string bb = "bench block --devices cpu:2 --hidden 32 --heads 2 --steps 1 ";
+  expect_refusal(bb + "--mesh cp=2 --seq 18",
+                 "--seq 18 does not divide by 2 x cp = 4 (--mesh cp=2): context parallelism "
+                 "cuts the sequence into 2 x cp equal chunks");
+  expect_refusal(bb + "--mesh cp=2 --seq 16 --cp-comm tree",
+                 "--cp-comm: cp exchange 'tree' must be ring or allgather");
+  expect_refusal(bb + "--mesh cp=2 --seq 16 --deterministic",
+                 "--deterministic with cp=2 (--mesh cp=2)");
+  expect_refusal(bb + "--mesh cp=2 --seq 16 --dump x.safetensors", "--dump with cp=2");
+  // 20 tokens over cp=2 leave 10 per cp rank; under SP tp=4 does not divide them.
+  expect_refusal(
+      "bench block --devices cpu:8 --hidden 32 --heads 4 --steps 1 --mesh cp=2,tp=4 "
+      "--seq 20",
+      "--seq 20 / cp=2 = 10 does not divide by tp=4 under sequence parallel");
+  expect_refusal("train --devices cpu:2 --mesh cp=2 --steps 1",
+                 "train does not run context parallelism yet");
+  expect_refusal("sweep --mesh cp=2", "cp is not swept yet");
+}
+
+TEST_CASE("bench block --mesh cp=2 runs and reports the cp exchange", "[multirank]") {
+  for (const char* how : {"ring", "allgather"}) {
+    INFO(how);
+    const std::string json = (cp_scratch() / (std::string("cp-") + how + ".json")).string();
+    const Run r = cp_cli(
+        std::string("bench block --devices cpu:2 --mesh cp=2 --seq 32 --hidden 32 --heads 2 ") +
+        "--steps 2 --warmup 1 --no-calibrate --cp-comm " + how + " --json " + json);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find(std::string("cp exchange ") + how) != std::string::npos);
+    CHECK(r.out.find("comm cp") != std::string::npos);
+    std::ifstream in(json);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    CHECK(j["config"]["cp"] == 2);
+    CHECK(j["config"]["cp_comm"] == how);
+    const nlohmann::json& c = j["comm"]["cp"];
+    CHECK(c["size"] == 2);
+    // Forward and backward exchange K/V (and dK/dV): bytes move every step.
+    CHECK(c["bytes_per_step_per_rank"].get<double>() > 0);
+    CHECK(c["comm_ms_median"].get<double>() > 0);
+    CHECK(c["exposed_ms_median"].get<double>() >= 0);
+  }
+}

@@ -7,6 +7,7 @@
 
 #include "coll_test_util.h"
 #include "collectives/communicator.h"
+#include "runtime/stream.h"
 
 namespace meshrt::test {
 
@@ -170,6 +171,25 @@ inline int64_t run_matrix(Communicator& comm, Stream& s, const std::vector<int64
     }
   }
   return ops;
+}
+
+// Every rank sends to the next and receives from the previous, on their own streams, counts 0, 5
+// and 200001 of i32: the ring's received values checked exactly.
+inline void check_ring_send_recv(Communicator& w, Failures& f) {
+  const int n = w.size(), r = w.rank();
+  auto ss = make_host_stream("send");
+  auto sr = make_host_stream("recv");
+  for (int64_t count : {int64_t{0}, int64_t{5}, int64_t{200001}}) {
+    Tensor out = host_tensor(count, DType::i32), in = host_tensor(count, DType::i32);
+    fill_pattern(out, static_cast<uint64_t>(count), r);
+    Event es = w.send(out, (r + 1) % n, *ss);
+    Event er = w.recv(in, (r + n - 1) % n, *sr);
+    es.synchronize();
+    er.synchronize();
+    check_values(f, "ring count " + std::to_string(count), in, 0, count, [&](int64_t i) {
+      return pattern(static_cast<uint64_t>(count), (r + n - 1) % n, i);
+    });
+  }
 }
 
 }  // namespace meshrt::test

@@ -49,19 +49,7 @@ void split_and_ring(Communicator& w, Stream& s, Failures& f) {
   half->all_reduce(a, ReduceOp::Sum, s).synchronize();
   check_values(f, "half all_reduce", a, 0, a.numel(),
                [&](int64_t i) { return reduced(DType::f32, ReduceOp::Sum, 70, half->size(), i); });
-  auto ss = make_host_stream("send");
-  auto sr = make_host_stream("recv");
-  for (int64_t count : {int64_t{0}, int64_t{5}, int64_t{200001}}) {
-    Tensor out = host_tensor(count, DType::i32), in = host_tensor(count, DType::i32);
-    fill_pattern(out, static_cast<uint64_t>(count), r);
-    Event es = w.send(out, (r + 1) % n, *ss);
-    Event er = w.recv(in, (r + n - 1) % n, *sr);
-    es.synchronize();
-    er.synchronize();
-    check_values(f, "ring count " + std::to_string(count), in, 0, count, [&](int64_t i) {
-      return pattern(static_cast<uint64_t>(count), (r + n - 1) % n, i);
-    });
-  }
+  check_ring_send_recv(w, f);
   w.barrier(s).synchronize();
 }
 

@@ -57,6 +57,26 @@ struct Problem {
   Shape full() const { return {b, h, seq, d}; }
 };
 
+// Rank r's out, lse, dq, dk and dv (in its local order) against its rows of the whole-sequence
+// reference `ref` (the same five), within 1e-5 relative.
+void require_rank_rows(Context& ctx, const Problem& p, const CpLayout& l, int r,
+                       const std::vector<Vals>& ref, const std::vector<const Tensor*>& got) {
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  for (size_t i = 0; i < got.size(); ++i) {
+    const Vals g = values(ctx, *got[i]);
+    const int64_t d = i == 1 ? 1 : p.d;
+    Vals want;
+    for (int64_t bh = 0; bh < p.b * p.h; ++bh)
+      for (int64_t j = 0; j < l.local_seq(); ++j)
+        for (int64_t e = 0; e < d; ++e)
+          want.push_back(ref[i][static_cast<size_t>((bh * p.seq + l.global_pos(r, j)) * d + e)]);
+    const double err = rel(g, want);
+    std::lock_guard<std::mutex> lk(meshrt::test::catch_mutex());
+    INFO("rank " << r << " " << names[i] << " relative error " << err);
+    REQUIRE(err < 1e-5);
+  }
+}
+
 // Whole-sequence attention: out, lse, dq, dk, dv.
 std::vector<Vals> reference(const Problem& p, const std::vector<Vals>& qkvg, float scale,
                             bool causal) {
@@ -149,23 +169,7 @@ TEST_CASE("cp attention equals attention over the whole sequence", "[cp][multira
     cp_attention_fwd(comm, ctx, how, sh[0], sh[1], sh[2], out, lse, scale, causal);
     cp_attention_bwd(comm, ctx, how, sh[0], sh[1], sh[2], out, sh[3], lse, dq, dk, dv, scale,
                      causal);
-    // This rank's rows of the reference, in its local order.
-    const Tensor* got[] = {&out, &lse, &dq, &dk, &dv};
-    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
-    for (int i = 0; i < 5; ++i) {
-      const Vals g = values(ctx, *got[i]);
-      const int64_t d = i == 1 ? 1 : p.d;
-      Vals want;
-      for (int64_t bh = 0; bh < p.b * p.h; ++bh)
-        for (int64_t j = 0; j < l.local_seq(); ++j)
-          for (int64_t e = 0; e < d; ++e)
-            want.push_back(ref[static_cast<size_t>(i)]
-                              [static_cast<size_t>((bh * p.seq + l.global_pos(r, j)) * d + e)]);
-      const double err = rel(g, want);
-      std::lock_guard<std::mutex> lk(meshrt::test::catch_mutex());
-      INFO("rank " << r << " " << names[i] << " relative error " << err);
-      REQUIRE(err < 1e-5);
-    }
+    require_rank_rows(ctx, p, l, r, ref, {&out, &lse, &dq, &dk, &dv});
   });
 }
 
@@ -254,22 +258,7 @@ TEST_CASE("doc-masked cp attention equals cp = 1's", "[cp][multirank][docmask]")
     cp_attention_fwd(comm, ctx, how, sh[0], sh[1], sh[2], out, lse, scale, causal, d, &l);
     cp_attention_bwd(comm, ctx, how, sh[0], sh[1], sh[2], out, sh[3], lse, dq, dk, dv, scale,
                      causal, d, &l);
-    const Tensor* got[] = {&out, &lse, &dq, &dk, &dv};
-    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
-    for (int i = 0; i < 5; ++i) {
-      const Vals g = values(ctx, *got[i]);
-      const int64_t dd = i == 1 ? 1 : p.d;
-      Vals want;
-      for (int64_t bh = 0; bh < p.b * p.h; ++bh)
-        for (int64_t j = 0; j < l.local_seq(); ++j)
-          for (int64_t e = 0; e < dd; ++e)
-            want.push_back(ref[static_cast<size_t>(i)]
-                              [static_cast<size_t>((bh * p.seq + l.global_pos(r, j)) * dd + e)]);
-      const double err = rel(g, want);
-      std::lock_guard<std::mutex> lk(meshrt::test::catch_mutex());
-      INFO("rank " << r << " " << names[i] << " relative error " << err);
-      REQUIRE(err < 1e-5);
-    }
+    require_rank_rows(ctx, p, l, r, ref, {&out, &lse, &dq, &dk, &dv});
   });
 }
 

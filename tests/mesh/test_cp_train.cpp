@@ -36,8 +36,9 @@ TrainConfig cp_cfg(const std::string& mesh, int steps = 20) {
 }
 
 // The tolerance of every comparison here: relative, over the whole curve (f32 sums in another
-// order: cp attention merges partial softmaxes by their LSE, gradients are summed over cp).
-constexpr double kTol = 1e-4;
+// order: cp attention merges partial softmaxes by their LSE, gradients are summed over cp). This
+// machine measures 1.1e-7 for every layout here.
+constexpr double kTol = 1e-5;
 
 }  // namespace
 
@@ -60,7 +61,7 @@ TEST_CASE("train at cp=2 gives the cp=1 loss curve on every dp x cp x tp layout"
     }
 }
 
-TEST_CASE("ZeRO 1 and 2 over dp x cp give the cp=1 loss curve, clipped by the global norm",
+TEST_CASE("ZeRO 1, 2 and 3 over dp x cp give the cp=1 loss curve, clipped by the global norm",
           "[cp][train][zero][multirank]") {
   // SGD (which clipping changes, unlike AdamW) with a clip below the gradient norm: the norm of
   // ZeRO 2's shards must be summed over dp x cp.
@@ -70,7 +71,7 @@ TEST_CASE("ZeRO 1 and 2 over dp x cp give the cp=1 loss curve, clipped by the gl
   base.optim.clip_norm = 0.05f;
   const auto ref = test::train_losses(1, base);
   REQUIRE(ref.size() == 8);
-  for (int zero : {1, 2}) {
+  for (int zero : {1, 2, 3}) {
     INFO("--zero " << zero << " --mesh dp=2,cp=2");
     TrainConfig c = base;
     c.mesh = "dp=2,cp=2";

@@ -67,9 +67,9 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       app.add_subcommand(
           "train",
           "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
-          "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line "
-          "per step. SIGINT / SIGTERM / SIGHUP stop after the current step (exit status 128 + "
-          "signal)"),
+          "parallel) on synthetic tokens or a token file (--data) over a dp x cp x tp mesh; "
+          "one line per step. SIGINT / SIGTERM / SIGHUP stop after the current step (exit status "
+          "128 + signal)"),
       o);
 }
 

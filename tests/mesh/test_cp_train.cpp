@@ -84,20 +84,28 @@ TEST_CASE("a run saved at cp=2 resumes at cp=1 and one saved at cp=1 resumes at 
           "[cp][train][checkpoint][multirank]") {
   const auto full = test::train_losses(1, cp_cfg("dp=1"));
   REQUIRE(full.size() == 20);
-  for (auto [save_w, save_m, resume_w, resume_m] :
-       std::vector<std::tuple<int, std::string, int, std::string>>{{2, "cp=2", 1, "dp=1"},
-                                                                   {1, "dp=1", 2, "cp=2"}}) {
-    INFO("saved at --mesh " << save_m << ", resumed at --mesh " << resume_m);
-    const std::string root = test::scratch_dir("cp-resume-" + save_m).string();
-    TrainConfig s = cp_cfg(save_m, 10);
+  struct Case {
+    int save_world;
+    std::string save_mesh;
+    int zero;  // of the saved run (ZeRO over dp x cp: its state is gathered into the checkpoint)
+    int resume_world;
+    std::string resume_mesh;
+  };
+  for (const Case& k : std::vector<Case>{
+           {2, "cp=2", 0, 1, "dp=1"}, {1, "dp=1", 0, 2, "cp=2"}, {4, "dp=2,cp=2", 2, 1, "dp=1"}}) {
+    INFO("saved at --mesh " << k.save_mesh << " --zero " << k.zero << ", resumed at --mesh "
+                            << k.resume_mesh);
+    const std::string root =
+        test::scratch_dir("cp-resume-" + k.save_mesh + "-" + std::to_string(k.zero)).string();
+    TrainConfig s = cp_cfg(k.save_mesh, 10);
+    s.dp.zero = k.zero;
     s.checkpoint.save = root;
-    s.checkpoint.overwrite = true;
-    const auto first = test::train_losses(save_w, s);
+    const auto first = test::train_losses(k.save_world, s);
     REQUIRE(first.size() == 10);
     CHECK(rel_err(first, {full.begin(), full.begin() + 10}) < kTol);
-    TrainConfig r = cp_cfg(resume_m, 20);
+    TrainConfig r = cp_cfg(k.resume_mesh, 20);
     r.checkpoint.resume = root;
-    const auto rest = test::train_losses(resume_w, r);
+    const auto rest = test::train_losses(k.resume_world, r);
     REQUIRE(rest.size() == 10);
     CHECK(rel_err(rest, {full.begin() + 10, full.end()}) < kTol);
   }

@@ -3,6 +3,10 @@
 // changes cp; what train does not run with cp is refused naming the option.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +14,7 @@
 #include "runtime/error.h"
 #include "tests/common/files.h"
 #include "tests/mesh/harness.h"
+#include "train/token_data.h"
 #include "train/train.h"
 
 using namespace meshrt;
@@ -59,6 +64,39 @@ TEST_CASE("train at cp=2 gives the cp=1 loss curve on every dp x cp x tp layout"
       c.tp.sequence_parallel = sp;
       CHECK(rel_err(test::train_losses(w, c), ref) < kTol);
     }
+}
+
+TEST_CASE("train at cp=2 on a token file gives the cp=1 train and validation losses",
+          "[cp][train][multirank]") {
+  const std::string path = (test::scratch_dir("cp-tokens") / "tokens.u16").string();
+  {
+    std::vector<uint16_t> t(4096);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>((i * 37 + i / 7) % 64);
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+  }
+  const auto file = TokenFile::open(path, TokenDType::U16);
+  auto run = [&](int world, const std::string& mesh) {
+    TrainConfig c = cp_cfg(mesh, 4);
+    c.data = file;
+    c.val_data = file;
+    c.eval_every = 2;
+    std::vector<double> out;
+    std::mutex mu;
+    test::run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
+      auto st = train(c, ctx, w, nullptr);
+      if (r != 0) return;
+      std::lock_guard<std::mutex> lk(mu);
+      for (auto& s : st) {
+        out.push_back(s.loss);
+        if (!std::isnan(s.val_loss)) out.push_back(s.val_loss);
+      }
+    });
+    return out;
+  };
+  const auto ref = run(1, "dp=1");
+  REQUIRE(ref.size() == 6);  // 4 train losses, 2 validations
+  CHECK(rel_err(run(4, "dp=2,cp=2"), ref) < kTol);
 }
 
 TEST_CASE("ZeRO 1, 2 and 3 over dp x cp give the cp=1 loss curve, clipped by the global norm",

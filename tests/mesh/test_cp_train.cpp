@@ -16,6 +16,7 @@
 #include "tests/mesh/harness.h"
 #include "train/token_data.h"
 #include "train/train.h"
+#include "train/train_guard.h"
 
 using namespace meshrt;
 using meshrt::test::rel_err;
@@ -173,4 +174,21 @@ TEST_CASE("train refuses what it does not run with cp, naming the option and val
                                       "parallelism"));
   c = cp_cfg("dp=2,cp=2,pp=1");
   REQUIRE_THROWS_WITH(validate_train(c, 4), Catch::Contains("use dp, cp and tp"));
+}
+
+TEST_CASE("the memory estimate shards ZeRO over dp x cp and a cp rank's tokens are seq / cp",
+          "[cp][train][unit]") {
+  // dp=4 x cp=2 holds what dp=8 holds: ZeRO shards over 8 ranks, and each rank keeps
+  // batch / 4 x seq / 2 = batch / 8 x seq tokens' activations (the attention scores: its
+  // seq / cp queries over the whole sequence).
+  TrainConfig c = cp_cfg("dp=4,cp=2");
+  c.batch = 8;
+  c.dp.zero = 3;
+  TrainConfig d = c;
+  d.mesh = "dp=8";
+  const TrainMemory a = estimate_train_memory(c, 8), b = estimate_train_memory(d, 8);
+  CHECK(a.weights == b.weights);
+  CHECK(a.grads == b.grads);
+  CHECK(a.optimizer == b.optimizer);
+  CHECK(a.activations == b.activations);
 }

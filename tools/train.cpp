@@ -67,9 +67,9 @@ CLI::App* add_train_command(CLI::App& app, TrainCliOptions& o) {
       app.add_subcommand(
           "train",
           "Train the small decoder model (embedding, N transformer blocks, LM head with loss "
-          "parallel) on synthetic tokens or a token file (--data) over a dp x tp mesh; one line "
-          "per step. SIGINT / SIGTERM / SIGHUP stop after the current step (exit status 128 + "
-          "signal)"),
+          "parallel) on synthetic tokens or a token file (--data) over a dp x cp x tp mesh; "
+          "one line per step. SIGINT / SIGTERM / SIGHUP stop after the current step (exit status "
+          "128 + signal)"),
       o);
 }
 
@@ -221,8 +221,14 @@ CLI::App* add_train_flags(CLI::App* c, TrainCliOptions& o) {
     for (const CLI::Option* opt : c->get_options())
       if (opt->count() > 0) o.given.insert(opt->get_name());
   });
-  c->add_option("--mesh", o.mesh, "Mesh, e.g. dp=2,tp=2 (default dp=<world size>)")
+  c->add_option("--mesh", o.mesh,
+                "Mesh, dims dp, cp and tp, e.g. dp=2,tp=2 or dp=2,cp=2 (default dp=<world size>; "
+                "cp: context parallel, --seq divisible by 2 x cp)")
       ->check(kNonEmpty);
+  c->add_option("--cp-comm", o.cp_comm,
+                "cp attention's K/V exchange: ring (send/recv overlapped with attention) | "
+                "allgather (gathered once per layer)")
+      ->capture_default_str();
   bench::add_fault_flag(*c);
   bench::add_backend_flag(*c, o.backend);
   c->add_flag("--sp", o.sp, "Sequence parallel in the tp blocks");
@@ -345,12 +351,16 @@ std::string tc_num(double v) {
 void check_mesh_flags(const TrainCliOptions& o, const TrainConfig& cfg, int world) {
   const std::string spec =
       cfg.mesh.empty() ? std::string(kDpDim) + "=" + std::to_string(world) : cfg.mesh;
-  int dp = 1, tp = 1;
+  int dp = 1, tp = 1, cp = 1;
   for (const MeshDim& d : parse_mesh_spec(spec, world)) {
     if (d.name == kDpDim) dp = d.size;
     if (d.name == kTpDim) tp = d.size;
+    if (d.name == kCpDim) cp = d.size;
   }
   const std::string mesh = "--mesh " + spec + (cfg.mesh.empty() ? " (the default)" : "");
+  refuse_ignored(o, "--cp-comm", o.cp_comm, cp == 1,
+                 "it picks how context parallelism exchanges K/V and " + mesh +
+                     " has cp=1; drop --cp-comm or give a mesh with cp > 1 (e.g. --mesh cp=2)");
   const std::string more_tp =
       " or give a mesh with tp > 1 (e.g. --mesh tp=" + std::to_string(world > 1 ? world : 2) + ")";
   const std::string more_dp =
@@ -415,6 +425,11 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
   c.model.vocab = m.vocab;
   c.mesh = o.mesh;
   c.tp.sequence_parallel = o.sp;
+  try {
+    c.model.block.cp_comm = parse_cp_comm(o.cp_comm);
+  } catch (const Error& e) {
+    MESHRT_FAIL("--cp-comm: " << e.message());
+  }
   c.tp.overlap = parse_overlap(o.overlap);
   c.batch = o.batch;
   c.seq = m.seq;

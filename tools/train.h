@@ -22,6 +22,7 @@ struct TrainCliOptions {
   std::string backend = "auto";  // --backend: the collective backend (bench collective's flag)
   std::string mesh;              // default dp=<world>
   bool sp = false;
+  std::string cp_comm = "ring";  // --cp-comm: cp attention's K/V exchange (ring | allgather)
   int64_t batch = 8, seq = 64, hidden = 256, heads = 8, ffn = 0, vocab = 512;
   int layers = 2, steps = 20, micro_batches = 1, staleness = 1, sync_every = 4;
   uint64_t seed = 1;

@@ -336,7 +336,7 @@ double Optimizer::norm_of(const std::vector<Tensor>& grads) {
 // same tensors, chunks and order as grad_norm() at stages 0 and 1, so the same bits on any dp.
 double Optimizer::grad_norm_gathered() {
   Context& ctx = mesh_.ctx();
-  CommScheduler dp(mesh_, kDpDim, Overlap::None);
+  CommScheduler dp(mesh_, mesh_.grad_dim(), Overlap::None);
   std::vector<Tensor> grads(params_.size());
   for (int b = 0; b < zero_->num_buckets(); ++b) {
     Tensor full = ctx.empty({zero_->padded_numel(b)}, DType::f32);
@@ -383,7 +383,7 @@ double Optimizer::grad_norm_sharded() {
       const bool sharded = pc.param->sharded_on(mesh_, kTpDim) && mesh_.size(kTpDim) > 1;
       ops::sum_squares(ctx, cs, pc.grad, sharded ? acc_sharded : acc_repl);
     }
-  CommScheduler dp(mesh_, kDpDim, Overlap::None);
+  CommScheduler dp(mesh_, mesh_.grad_dim(), Overlap::None);
   dp.all_reduce(acc_sharded, "grad_norm");
   dp.all_reduce(acc_repl, "grad_norm");
   return norm_from_squares(acc_sharded, acc_repl);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "dist/context_parallel.h"
 #include "kernels/deterministic.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
@@ -47,13 +48,23 @@ std::string default_mesh(const TrainConfig& cfg, int world_size) {
 }
 
 // Samples from the token file when there is one, else the synthetic walk; both keyed by the global
-// sample index only.
-void make_batch(const TrainConfig& cfg, Context& ctx, const TokenFile* file, uint64_t stream,
-                int64_t first, int64_t n, Tensor* ids, Tensor* targets) {
+// sample index only. Under cp (a cp dim of size > 1), ids and targets are this cp rank's CpLayout
+// shard of the sequences (chunks i and 2cp-1-i; the model has no position input: the causal mask
+// of cp attention is on global positions).
+void make_batch(const TrainConfig& cfg, Context& ctx, const DeviceMesh& mesh, const TokenFile* file,
+                uint64_t stream, int64_t first, int64_t n, Tensor* ids, Tensor* targets) {
   if (file != nullptr)
     make_token_batch(ctx, *file, cfg.seed, stream, first, n, cfg.seq, ids, targets);
   else
     make_synthetic_batch(ctx, cfg.seed, first, n, cfg.seq, cfg.model.vocab, ids, targets);
+  const int cp = mesh.size(kCpDim);
+  if (cp == 1) return;
+  const CpLayout layout = CpLayout::make(cfg.seq, cp);
+  for (Tensor* t : {ids, targets}) {
+    Tensor shard = ctx.empty({layout.local_seq(), n}, t->dtype());
+    cp_shard(layout, mesh.coord(kCpDim), *t, 0, shard, ctx.compute_stream());
+    *t = shard;
+  }
 }
 
 int local_stop_request(const TrainConfig& cfg) {
@@ -78,7 +89,7 @@ double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, Devic
     for (int mb = 0; mb < cfg.micro_batches; ++mb) {
       Tensor ids, targets;
       const int64_t first = b * cfg.batch + mesh.coord(kDpDim) * local + mb * micro;
-      make_batch(cfg, ctx, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
+      make_batch(cfg, ctx, mesh, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
       ops::add(ctx, cs, sum, model.forward(ids, targets, &sync, /*backward_follows=*/false), sum,
                1.f, w);
     }
@@ -146,6 +157,22 @@ void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, De
          << (std::isnan(st->val_loss) ? std::fabs(st->val_loss) : st->val_loss) << "\n";
     print_line(*log, line.str());
   }
+}
+
+// What train does not run under cp > 1 (before anything is communicated).
+void validate_train_cp(const TrainConfig& cfg, const std::string& mesh, int cp) {
+  if (cp == 1) return;
+  MESHRT_CHECK(!cfg.deterministic,
+               "train: --deterministic is not supported with context parallelism (--mesh "
+                   << mesh << ", cp=" << cp
+                   << "): its fixed-order sum does not split sequences over ranks; drop "
+                      "--deterministic or use cp=1");
+  MESHRT_CHECK(cfg.grad_sync == GradSyncMode::Sync,
+               "train: --grad-sync " << grad_sync_name(cfg.grad_sync)
+                                     << " is not supported with context parallelism (--mesh "
+                                     << mesh << ", cp=" << cp
+                                     << "): the cp ranks of a replica must apply the same summed "
+                                        "gradient each step; use --grad-sync sync or cp=1");
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -218,10 +245,12 @@ Tensor forward_backward(const TrainConfig& cfg, Context& ctx, DeviceMesh& mesh, 
     Tensor ids, targets;
     const int64_t first =
         static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
-    make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
+    make_batch(cfg, ctx, mesh, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
     Tensor loss = model.forward(ids, targets, &sync);
     ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
-    model.backward(grad_scale, &sync);
+    // The loss is the mean over this rank's tokens; GradSync sums the weight gradients over cp,
+    // so each cp rank contributes 1 / cp of the replica's mean.
+    model.backward(grad_scale / static_cast<float>(mesh.size(kCpDim)), &sync);
   }
   return loss_sum;
 }
@@ -258,21 +287,19 @@ LrSchedule train_lr_schedule(const TrainConfig& cfg) {
 
 void validate_train(const TrainConfig& cfg, int world_size) {
   auto dims = parse_mesh_spec(default_mesh(cfg, world_size), world_size);
-  int dp = 1, tp = 1;
+  int dp = 1, tp = 1, cp = 1;
   for (auto& d : dims) {
     if (d.name == kDpDim)
       dp = d.size;
     else if (d.name == kTpDim)
       tp = d.size;
     else if (d.name == kCpDim)
-      MESHRT_CHECK(d.size == 1, "train: --mesh " << default_mesh(cfg, world_size)
-                                                 << " has cp=" << d.size
-                                                 << ": train does not run context parallelism "
-                                                    "yet (meshrt bench block does); use cp=1");
+      cp = d.size;
     else
-      MESHRT_FAIL("train: mesh dim '" << d.name << "' is not supported; use " << kDpDim << " and "
-                                      << kTpDim);
+      MESHRT_FAIL("train: mesh dim '" << d.name << "' is not supported; use " << kDpDim << ", "
+                                      << kCpDim << " and " << kTpDim);
   }
+  validate_train_cp(cfg, default_mesh(cfg, world_size), cp);
   MESHRT_CHECK(cfg.steps >= 1, "train: --steps " << cfg.steps << " must be >= 1");
   MESHRT_CHECK(std::isfinite(cfg.optim.lr) && cfg.optim.lr >= 0,
                "train: --lr " << cfg.optim.lr << " must be finite and >= 0");
@@ -329,7 +356,7 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                "train: --peak-tflops " << cfg.peak_tflops << " must be finite and >= 0");
   if (cfg.data) cfg.data->check(cfg.model.vocab, cfg.seq);
   if (cfg.val_data) cfg.val_data->check(cfg.model.vocab, cfg.seq);
-  validate_block(cfg.model.block, tp, cfg.tp, cfg.seq);
+  validate_block(cfg.model.block, tp, cfg.tp, cfg.seq, true, {}, cp);
   validate_checkpointing(cfg);
   check_checkpoint_fault_env(world_size);
 }
@@ -363,10 +390,11 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   const int first_step = resume_training(cfg, mesh, model.params(), opt, log, &skipped_total);
 
   const BatchFn batch_of = [&](int64_t first, int64_t n, Tensor* ids, Tensor* targets) {
-    make_batch(cfg, ctx, cfg.data.get(), kTrainTokenStream, first, n, ids, targets);
+    make_batch(cfg, ctx, mesh, cfg.data.get(), kTrainTokenStream, first, n, ids, targets);
   };
   const LrSchedule schedule = train_lr_schedule(cfg);
-  CommScheduler dp_loss(mesh, kDpDim, Overlap::None);
+  // The loss averages over dp x cp (every cp rank holds as many tokens).
+  CommScheduler dp_loss(mesh, mesh.grad_dim(), Overlap::None);
   TrainMetrics metrics(cfg, ctx, world, first_step, train_step_flops(cfg));
   std::vector<StepStats> out;
   for (int step = first_step; step < cfg.steps; ++step) {

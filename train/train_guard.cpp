@@ -9,10 +9,13 @@
 namespace meshrt {
 
 TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
-  int dp = 1, tp = 1;
+  int dp = 1, tp = 1, cp = 1;
   const std::string spec =
       cfg.mesh.empty() ? std::string(kDpDim) + "=" + std::to_string(world_size) : cfg.mesh;
-  for (const MeshDim& d : parse_mesh_spec(spec, world_size)) (d.name == kTpDim ? tp : dp) = d.size;
+  for (const MeshDim& d : parse_mesh_spec(spec, world_size))
+    (d.name == kTpDim ? tp : d.name == kCpDim ? cp : dp) = d.size;
+  // ZeRO shards over dp x cp (GradSync's group); a cp rank holds seq / cp of each sequence.
+  const int shards = dp * cp;
   const BlockConfig& b = cfg.model.block;
   const double h = static_cast<double>(b.hidden), f = static_cast<double>(b.ffn);
   const double v = static_cast<double>(cfg.model.vocab), L = cfg.model.layers;
@@ -28,15 +31,16 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
   // at most three full buckets during backward), 3 also of the parameters (and the full buffers
   // of at most GradSync::kMaxGatheredPieces pieces: the embedding or head, or a layer's larger
   // piece).
-  if (cfg.dp.zero >= 1) m.optimizer /= dp;
+  if (cfg.dp.zero >= 1) m.optimizer /= shards;
   if (cfg.dp.zero >= 2) {
     const double bucket = cfg.dp.bucket_mb * 1024.0 * 1024.0 / es;  // elements
-    m.grads = (params / dp + std::min(params, 3 * bucket)) * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
+    m.grads =
+        (params / shards + std::min(params, 3 * bucket)) * (es + (cfg.dp.bf16_comm ? 2.0 : 0.0));
   }
-  if (cfg.dp.zero == 3 && dp > 1) {
+  if (cfg.dp.zero == 3 && shards > 1) {
     const double piece =
         std::max({v * h / tp + 2 * h, 4 * h * h / tp + 5 * h, 2 * h * f / tp + 4 * h});
-    m.weights = (params / dp + std::min(params, GradSync::kMaxGatheredPieces * piece)) * es;
+    m.weights = (params / shards + std::min(params, GradSync::kMaxGatheredPieces * piece)) * es;
   }
   // --deterministic (docs/training.md): the grains' stack of whole-gradient partial sums (at
   // most 2 log2(grains per rank) + 2 nodes: FixedOrderStack) and the reduction's all-to-all
@@ -54,9 +58,10 @@ TrainMemory estimate_train_memory(const TrainConfig& cfg, int world_size) {
   const double micro =
       static_cast<double>(cfg.deterministic ? std::max<int64_t>(1, cfg.deterministic_grain)
                                             : cfg.batch / dp / std::max(1, cfg.micro_batches));
-  const double tok = micro * static_cast<double>(cfg.seq);
+  const double local_seq = static_cast<double>(cfg.seq) / cp;
+  const double tok = micro * local_seq;
   const double per_layer = tok * (12 * h / tp + 3 * f / tp + 6 * h) +
-                           micro * static_cast<double>(b.heads) / tp * cfg.seq * cfg.seq;
+                           micro * static_cast<double>(b.heads) / tp * local_seq * cfg.seq;
   m.activations = (L * per_layer + 3 * tok * v / tp) * std::max(es, 4.0) * 1.5;
   return m;
 }

@@ -53,8 +53,12 @@ TEST_CASE("cp meshes that cannot run are refused naming the values and the optio
       "bench block --devices cpu:8 --hidden 32 --heads 4 --steps 1 --mesh cp=2,tp=4 "
       "--seq 20",
       "--seq 20 / cp=2 = 10 does not divide by tp=4 under sequence parallel");
-  expect_refusal("train --devices cpu:2 --mesh cp=2 --steps 1",
-                 "train does not run context parallelism yet");
+  expect_refusal("train --devices cpu:2 --mesh cp=2 --steps 1 --deterministic",
+                 "train: --deterministic is not supported with context parallelism (--mesh cp=2, "
+                 "cp=2)");
+  expect_refusal("train --devices cpu:2 --mesh dp=2 --steps 1 --cp-comm ring",
+                 "--cp-comm ring would be ignored: it picks how context parallelism exchanges K/V "
+                 "and --mesh dp=2 has cp=1");
   expect_refusal("sweep --mesh cp=2", "cp is not swept yet");
 }
 

@@ -1,7 +1,7 @@
 // Context parallelism (cp), the core: the causal load-balance layout of a sequence over cp ranks,
 // and attention whose sequence is sharded over a cp communicator (ring or all-gather exchange of
-// K/V, partial results merged by their log-sum-exp). Not wired into the mesh, blocks, train or
-// the CLI yet (docs/training.md, "Context parallelism (core)").
+// K/V, partial results merged by their log-sum-exp). The mesh's cp dim (DeviceMesh kCpDim), the
+// attention block, bench block and train use it (docs/training.md, "Context parallelism").
 #pragma once
 
 #include <array>

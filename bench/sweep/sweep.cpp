@@ -278,19 +278,20 @@ void sweep_print_table(const SweepOptions& o, const BlockBenchOptions& base, int
   os << "\n";
   os << "batch = micro-batch per dp replica; tokens/s over all replicas; sorted by tokens/s\n\n";
   char line[512];
-  std::snprintf(line, sizeof(line), "  %-4s %-12s %-4s %6s %10s %10s %9s %7s %10s %10s %10s\n", "",
-                "mesh", "sp", "batch", "step ms", "tokens/s", "TFLOP/s", "MFU", "tp exp ms",
+  int mw = 12;  // the mesh column: wider for cp meshes ("dp=1,cp=2,tp=1")
+  for (const auto& oc : ok) mw = std::max(mw, static_cast<int>(oc.r.mesh.size()));
+  std::snprintf(line, sizeof(line), "  %-4s %-*s %-4s %6s %10s %10s %9s %7s %10s %10s %10s\n", "",
+                mw, "mesh", "sp", "batch", "step ms", "tokens/s", "TFLOP/s", "MFU", "tp exp ms",
                 "dp exp ms", "peak MiB");
   os << line;
   for (size_t i = 0; i < ok.size(); ++i) {
     const auto& r = ok[i].r;
-    std::snprintf(line, sizeof(line),
-                  "  %-4s %-12s %-4s %6lld %10.2f %10.0f %9.3f %7s %10.2f %10.2f %10.1f\n",
-                  i == 0 ? "best" : "", r.mesh.c_str(), r.tp == 1 ? "-" : (r.sp ? "on" : "off"),
-                  static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.tflops,
-                  r.mfu >= 0 ? (bench::fmt("%.1f", 100 * r.mfu) + "%").c_str() : "n/a",
-                  r.tp_exposed_ms, r.dp_exposed_ms,
-                  static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0));
+    std::snprintf(
+        line, sizeof(line), "  %-4s %-*s %-4s %6lld %10.2f %10.0f %9.3f %7s %10.2f %10.2f %10.1f\n",
+        i == 0 ? "best" : "", mw, r.mesh.c_str(), r.tp == 1 ? "-" : (r.sp ? "on" : "off"),
+        static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.tflops,
+        r.mfu >= 0 ? (bench::fmt("%.1f", 100 * r.mfu) + "%").c_str() : "n/a", r.tp_exposed_ms,
+        r.dp_exposed_ms, static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0));
     os << line;
   }
   for (const auto& s : skipped)

@@ -364,6 +364,14 @@ void block_forward(BlockObj& m, meshrt_tensor_t x, meshrt_tensor_t y, meshrt_str
                             << "] (sequence-first"
                             << (m.opt.sequence_parallel ? ", this rank's sequence shard" : "")
                             << ")");
+  const int cp = m.mesh->mesh->size(kCpDim);
+  const int64_t shard = m.opt.sequence_parallel ? xs[0] * m.sched->size() : xs[0];
+  CAPI_CHECK(cp == 1 || shard % 2 == 0, MESHRT_ERROR_INVALID_ARGUMENT,
+             "x has shape " << xs.str() << ": on mesh " << m.mesh->mesh->str()
+                            << " it is this rank's cp shard of " << shard
+                            << " tokens (chunks i and 2cp-1-i of the sequence's 2 x cp = " << 2 * cp
+                            << " equal chunks), which must be even: the sequence (" << shard * cp
+                            << " tokens) must divide by 2 x cp = " << 2 * cp);
   const Tensor xt = block_tensor(m, x, "x", xs, false);
   const Tensor yt = block_tensor(m, y, "y", xs, true);
   CAPI_CHECK(xt.data_ptr() != yt.data_ptr(), MESHRT_ERROR_INVALID_ARGUMENT,
@@ -731,12 +739,13 @@ meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh_t mesh,
     *attn = nullptr;
     auto m = find_mesh(mesh);
     using C = meshrt_attn_config_t;
-    const std::array<size_t, 10> ends{
+    const std::array<size_t, 11> ends{
         CAPI_FIELD_END(C, hidden),        CAPI_FIELD_END(C, heads),
         CAPI_FIELD_END(C, dtype),         CAPI_FIELD_END(C, norm),
         CAPI_FIELD_END(C, eps),           CAPI_FIELD_END(C, bias),
         CAPI_FIELD_END(C, causal),        CAPI_FIELD_END(C, sequence_parallel),
-        CAPI_FIELD_END(C, weight_layout), CAPI_FIELD_END(C, qkv_layout)};
+        CAPI_FIELD_END(C, weight_layout), CAPI_FIELD_END(C, qkv_layout),
+        CAPI_FIELD_END(C, cp_comm)};
     const C c = read_config(config, C MESHRT_ATTN_CONFIG_INITIALIZER, "attn",
                             "MESHRT_ATTN_CONFIG_INITIALIZER", ends);
     const ConfigFields f{"meshrt_attn_config"};
@@ -757,14 +766,13 @@ meshrt_status_t meshrt_attn_create(meshrt_attn_t* attn, meshrt_mesh_t mesh,
     b.causal = f.flag("causal", c.causal, "1 (causal) or 0 (every position)");
     f.choice("qkv_layout", c.qkv_layout, 2, "meshrt_qkv_layout_t",
              "MESHRT_QKV_LAYOUT_PER_HEAD (0) or MESHRT_QKV_LAYOUT_BLOCKED (1)");
+    f.choice("cp_comm", c.cp_comm, 2, "meshrt_cp_comm_t",
+             "MESHRT_CP_COMM_RING (0) or MESHRT_CP_COMM_ALLGATHER (1)");
+    b.cp_comm = c.cp_comm == MESHRT_CP_COMM_ALLGATHER ? CpComm::AllGather : CpComm::Ring;
     const int tp = m->mesh->size(kTpDim);
-    CAPI_CHECK(m->mesh->size(kCpDim) == 1, MESHRT_ERROR_INVALID_ARGUMENT,
-               "mesh " << m->mesh->str() << " has cp=" << m->mesh->size(kCpDim)
-                       << ": the C API's attention block does not run context parallelism yet; "
-                          "create it on a mesh with cp=1");
     try {
       validate_block(b, tp, obj->opt, 0, /*attention=*/true,
-                     BlockFieldNames::for_config_struct(f.config));
+                     BlockFieldNames::for_config_struct(f.config), m->mesh->size(kCpDim));
     } catch (const Error& e) {
       fail(MESHRT_ERROR_INVALID_ARGUMENT, e.message());
     }

@@ -35,9 +35,9 @@ struct Config {
   int dp = 1, tp = 1;
   bool sp = false;
   int64_t batch = 1;
+  int cp = 1;
   std::string label() const {
-    return "dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp) + (sp ? " sp" : "") + " b" +
-           std::to_string(batch);
+    return sweep_mesh(dp, cp, tp) + (sp ? " sp" : "") + " b" + std::to_string(batch);
   }
 };
 
@@ -107,16 +107,23 @@ std::vector<std::pair<int, int>> mesh_factorisations(int world) {
   return f;
 }
 
+std::string sweep_mesh(int dp, int cp, int tp) {
+  return "dp=" + std::to_string(dp) + (cp > 1 ? ",cp=" + std::to_string(cp) : "") +
+         ",tp=" + std::to_string(tp);
+}
+
 void check_sweep_options(const SweepOptions& o) {
   MESHRT_CHECK(!o.batches.empty(), "--batches is empty; give sizes like 1,2,4");
   MESHRT_CHECK(o.repeats >= 1, "--repeats " << o.repeats << " must be >= 1");
   for (int64_t b : o.batches) MESHRT_CHECK(b >= 1, "--batches: " << b << " must be >= 1");
+  MESHRT_CHECK(!o.cps.empty(), "--cp is empty; give cp sizes like 1,2");
+  for (int64_t c : o.cps)
+    MESHRT_CHECK(c >= 1 && c <= 1 << 20, "--cp: " << c << " must be in [1, 1048576]");
   MESHRT_CHECK(o.sp == "both" || o.sp == "on" || o.sp == "off",
                "--sp-modes " << o.sp << ": use both, on or off");
   MESHRT_CHECK(o.base.mesh.empty(),
-               "sweep: --mesh is swept; leave it out (every dp x tp "
-               "factorisation of the devices runs; cp is not swept yet: time a cp mesh with "
-               "meshrt bench block --mesh dp=D,cp=C,tp=T)");
+               "sweep: --mesh is swept; leave it out (every dp x tp factorisation of the "
+               "devices runs, for each cp of --cp: e.g. --cp 1,2)");
   // chunked splits the sequence collectives: without them no tp layout would run.
   MESHRT_CHECK(!(o.base.overlap == "chunked" && o.sp == "off"),
                "sweep: --overlap chunked runs only with sequence parallelism, which --sp-modes "
@@ -147,17 +154,22 @@ BlockBenchOptions sweep_base_options(const SweepOptions& o, int* world) {
 // sequence parallelism) and every --batch.
 std::vector<Config> sweep_configs(const SweepOptions& o, int world) {
   std::vector<Config> cfgs;
-  for (auto [dp, tp] : mesh_factorisations(world)) {
-    std::vector<bool> sps;
-    if (tp == 1)
-      sps = {false};
-    else if (o.sp == "both")
-      sps = {false, true};
-    else
-      sps = {o.sp == "on"};
-    for (bool sp : sps)
-      for (int64_t b : o.batches) cfgs.push_back({dp, tp, sp, b});
-  }
+  for (int64_t c : o.cps)
+    MESHRT_CHECK(world % c == 0, "sweep: --cp " << c << " does not divide the " << world
+                                                << " ranks of --devices; give cp sizes that do");
+  for (int64_t cp64 : o.cps)
+    for (auto [dp, tp] : mesh_factorisations(world / static_cast<int>(cp64))) {
+      const int cp = static_cast<int>(cp64);
+      std::vector<bool> sps;
+      if (tp == 1)
+        sps = {false};
+      else if (o.sp == "both")
+        sps = {false, true};
+      else
+        sps = {o.sp == "on"};
+      for (bool sp : sps)
+        for (int64_t b : o.batches) cfgs.push_back({dp, tp, sp, b, cp});
+    }
   return cfgs;
 }
 
@@ -198,7 +210,7 @@ SweepRuns sweep_run_all(const SweepOptions& o, const BlockBenchOptions& base,
       if (o.progress && sr.printer)
         sweep_progress(c, rep, R, sr.done, total, bench::ms_since(t0, Clock::now()) / 1e3, tty);
       BlockBenchOptions bo = base;
-      bo.mesh = "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp);
+      bo.mesh = sweep_mesh(c.dp, c.cp, c.tp);
       bo.sp = c.sp ? 1 : 0;
       bo.batch = c.batch;
       try {
@@ -266,19 +278,20 @@ void sweep_print_table(const SweepOptions& o, const BlockBenchOptions& base, int
   os << "\n";
   os << "batch = micro-batch per dp replica; tokens/s over all replicas; sorted by tokens/s\n\n";
   char line[512];
-  std::snprintf(line, sizeof(line), "  %-4s %-12s %-4s %6s %10s %10s %9s %7s %10s %10s %10s\n", "",
-                "mesh", "sp", "batch", "step ms", "tokens/s", "TFLOP/s", "MFU", "tp exp ms",
+  int mw = 12;  // the mesh column: wider for cp meshes ("dp=1,cp=2,tp=1")
+  for (const auto& oc : ok) mw = std::max(mw, static_cast<int>(oc.r.mesh.size()));
+  std::snprintf(line, sizeof(line), "  %-4s %-*s %-4s %6s %10s %10s %9s %7s %10s %10s %10s\n", "",
+                mw, "mesh", "sp", "batch", "step ms", "tokens/s", "TFLOP/s", "MFU", "tp exp ms",
                 "dp exp ms", "peak MiB");
   os << line;
   for (size_t i = 0; i < ok.size(); ++i) {
     const auto& r = ok[i].r;
-    std::snprintf(line, sizeof(line),
-                  "  %-4s %-12s %-4s %6lld %10.2f %10.0f %9.3f %7s %10.2f %10.2f %10.1f\n",
-                  i == 0 ? "best" : "", r.mesh.c_str(), r.tp == 1 ? "-" : (r.sp ? "on" : "off"),
-                  static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.tflops,
-                  r.mfu >= 0 ? (bench::fmt("%.1f", 100 * r.mfu) + "%").c_str() : "n/a",
-                  r.tp_exposed_ms, r.dp_exposed_ms,
-                  static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0));
+    std::snprintf(
+        line, sizeof(line), "  %-4s %-*s %-4s %6lld %10.2f %10.0f %9.3f %7s %10.2f %10.2f %10.1f\n",
+        i == 0 ? "best" : "", mw, r.mesh.c_str(), r.tp == 1 ? "-" : (r.sp ? "on" : "off"),
+        static_cast<long long>(r.batch), r.step_ms, r.tokens_per_s, r.tflops,
+        r.mfu >= 0 ? (bench::fmt("%.1f", 100 * r.mfu) + "%").c_str() : "n/a", r.tp_exposed_ms,
+        r.dp_exposed_ms, static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0));
     os << line;
   }
   for (const auto& s : skipped)

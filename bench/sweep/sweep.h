@@ -15,6 +15,7 @@ struct SweepOptions {
   // to 5 timed after 1 warm-up (fewer than a single bench, there are many runs).
   BlockBenchOptions base;
   std::vector<int64_t> batches = {1, 2, 4};  // micro-batch per dp replica
+  std::vector<int64_t> cps = {1};            // cp sizes swept (--cp; base.cp_comm passes through)
   std::string sp = "both";                   // both | on | off (tp = 1 runs once either way)
   int repeats = 1;  // runs per configuration, round-robin; the median-step run is reported
   std::string json_path;
@@ -27,6 +28,8 @@ std::vector<int64_t> parse_int_list(const std::string& s, const char* flag);
 
 // Every (dp, tp) with dp * tp == world, tp outermost-last, in increasing tp.
 std::vector<std::pair<int, int>> mesh_factorisations(int world);
+// The --mesh of a run: "dp=D,tp=T", or "dp=D,cp=C,tp=T" when cp > 1.
+std::string sweep_mesh(int dp, int cp, int tp);
 
 // Checks the options that need no run (batches, repeats, sp modes, no --mesh, output folders);
 // throws meshrt::Error saying what to change. run_sweep checks them too.

@@ -24,6 +24,13 @@ class SweepCommand : public Command {
     c.add_option("--mesh", o.mesh, "")->group("");
     c.add_option("--batches", batches_, "Micro-batch sizes per dp replica, comma-separated")
         ->capture_default_str();
+    c.add_option("--cp", cps_,
+                 "Context-parallel sizes to sweep, comma-separated (each divides "
+                 "the ranks; dp x tp factorise the rest)")
+        ->capture_default_str();
+    c.add_option("--cp-comm", o.cp_comm, "K/V exchange of the cp > 1 runs: ring | allgather")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"ring", "allgather"}));
     c.add_option("--sp-modes", s_.sp, "Sequence parallel runs for tp > 1: both | on | off")
         ->capture_default_str()
         ->check(CLI::IsMember({"both", "on", "off"}));
@@ -63,6 +70,7 @@ class SweepCommand : public Command {
 
   void validate() override {
     s_.batches = parse_int_list(batches_, "--batches");
+    s_.cps = parse_int_list(cps_, "--cp");
     s_.progress = !no_progress_;
     check_sweep_options(s_);
   }
@@ -76,6 +84,7 @@ class SweepCommand : public Command {
  private:
   SweepOptions s_;
   std::string batches_ = "1,2,4";
+  std::string cps_ = "1";
   bool no_progress_ = false;
 };
 

@@ -559,6 +559,19 @@ typedef enum meshrt_qkv_layout {
   MESHRT_QKV_LAYOUT_BLOCKED = 1
 } meshrt_qkv_layout_t;
 
+/* Context parallelism: on a mesh with a cp dim of size cp > 1 every activation of the attention
+ * block (x, y, dy, dx) is this rank's cp shard of the sequence. The seq tokens are cut into 2 cp
+ * chunks of c = seq / (2 cp) tokens; cp rank i (meshrt_mesh_dim(mesh, "cp", ...)'s coord) holds
+ * chunk i then chunk 2 cp - 1 - i: its local row j is global position i c + j for j < c and
+ * (2 cp - 1 - i) c + (j - c) for j >= c (so every rank does the same causal work). Under sequence
+ * parallel tp rank t then holds rows [t (seq / cp) / tp, (t + 1) (seq / cp) / tp) of that shard.
+ * seq must divide by 2 cp. The weight gradients are this rank's tokens' part: sum them over cp
+ * (as over dp, e.g. meshrt_all_reduce on meshrt_mesh_comm(mesh, "cp", ...)). */
+typedef enum meshrt_cp_comm {
+  MESHRT_CP_COMM_RING = 0,     /* K/V blocks pass around the cp ring, overlapped (the default) */
+  MESHRT_CP_COMM_ALLGATHER = 1 /* K/V gathered once per forward (and dK/dV reduce-scattered) */
+} meshrt_cp_comm_t;
+
 typedef struct meshrt_attn_config {
   size_t size;           /* sizeof(meshrt_attn_config_t) */
   int64_t hidden;        /* model width */
@@ -571,12 +584,14 @@ typedef struct meshrt_attn_config {
   int sequence_parallel; /* 1: activations are sequence shards over tp (Megatron SP) */
   int weight_layout;     /* meshrt_weight_layout_t of the qkv / proj weights and their gradients */
   int qkv_layout;        /* meshrt_qkv_layout_t of the qkv weight, its bias and their gradients */
+  int cp_comm; /* meshrt_cp_comm_t: the K/V exchange on a mesh with cp > 1 (a config from an
+                * older header, whose size ends at qkv_layout, gets MESHRT_CP_COMM_RING) */
 } meshrt_attn_config_t;
 
 #define MESHRT_ATTN_CONFIG_INITIALIZER                                                             \
   {                                                                                                \
     sizeof(meshrt_attn_config_t), 1024, 16, {kDLFloat, 32, 1}, MESHRT_NORM_LAYERNORM, 1e-5f, 1, 1, \
-        0, MESHRT_WEIGHT_LAYOUT_IN_OUT, MESHRT_QKV_LAYOUT_PER_HEAD                                 \
+        0, MESHRT_WEIGHT_LAYOUT_IN_OUT, MESHRT_QKV_LAYOUT_PER_HEAD, MESHRT_CP_COMM_RING            \
   }
 
 /* The block's parameter tensors (this rank's shards); NULL where the config has none, as for the

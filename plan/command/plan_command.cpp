@@ -255,6 +255,10 @@ void read_sweep_config(const SweepFields& c, SweepRun& s) {
   s.m.kind = named("kind", [](const std::string& v) { return parse_layer_kind(v); });
   s.pc.dp = static_cast<int>(c.integer("dp", 1, 1 << 20));
   s.pc.tp = static_cast<int>(c.integer("tp", 1, 1 << 20));
+  // The cp of the run and its K/V exchange (absent in sweeps before cp: 1, ring).
+  s.pc.cp = c.has("cp") ? static_cast<int>(c.integer("cp", 1, 1 << 20)) : 1;
+  if (c.has("cp_comm"))
+    s.pc.cp_comm = named("cp_comm", [](const std::string& v) { return parse_cp_comm(v); });
   s.pc.sp = c.boolean("sp");
   s.pc.micro_batch = c.integer("batch_per_replica", 1, kBig);
   s.global_batch = static_cast<double>(c.integer("global_batch", 1, kBig));
@@ -337,9 +341,10 @@ CompareRow compare_row(const SweepRun& r, size_t i, const std::string& path,
                        const std::string& cluster) {
   MESHRT_CHECK(!r.fwd_only, "--compare " << path << ": forward-only sweeps are not modelled");
   const ClusterSpec cl = plan::load_cluster(cluster, dtype_name(r.m.dtype));
-  MESHRT_CHECK(r.pc.dp * r.pc.tp <= cl.world(), "--compare: the sweep ran "
-                                                    << r.pc.dp * r.pc.tp << " ranks, cluster "
-                                                    << cl.name << " has " << cl.world());
+  const int ranks = r.pc.dp * r.pc.cp * r.pc.tp;
+  MESHRT_CHECK(ranks <= cl.world(), "--compare: the sweep ran " << ranks << " ranks, cluster "
+                                                                << cl.name << " has "
+                                                                << cl.world());
   Prediction p;
   try {
     p = plan::predict(r.m, cl, r.pc);

@@ -3,10 +3,15 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -281,6 +286,52 @@ inline void norm_row_backward(const std::vector<double>& dout, const std::vector
   }
   if (!layernorm) mdn = 0;
   for (size_t k = 0; k < h; ++k) dx[k] = rstd * (dn[k] - mdn - n[k] * mdnn);
+}
+
+// ---- 2 forked processes (the file / TCP rendezvous tests, attention under cp on shm) ----
+
+inline std::string fresh_dir(const char* tag) {
+  auto d = std::filesystem::temp_directory_path() /
+           (std::string("meshrt-capi-") + tag + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// Runs body in a forked child that never returns to Catch; the parent gets its pid. Both ranks
+// are forked from this (single) thread: a fork while another thread of the parent holds a lock
+// (the allocator's, a sanitizer's) leaves that lock held forever in the child.
+inline pid_t spawn_child(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int rc = 100;
+    try {
+      rc = body();
+    } catch (...) {
+      rc = 101;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  return pid;
+}
+
+// The child's exit code; 200 when it did not exit normally, 201 when fork failed.
+inline int wait_child(pid_t pid) {
+  if (pid < 0) return 201;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 200;
+}
+
+// Runs both ranks of a 2-process world as children; returns their exit codes.
+inline std::pair<int, int> run_two_ranks(const std::function<int(int)>& rank_body) {
+  const pid_t p1 = spawn_child([&] { return rank_body(1); });
+  const pid_t p0 = spawn_child([&] { return rank_body(0); });
+  const int rc0 = wait_child(p0);
+  return {rc0, wait_child(p1)};
 }
 
 }  // namespace capi_test

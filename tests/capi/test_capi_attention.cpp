@@ -2,8 +2,11 @@
 // ([in, out] / [out, in]) and fused-QKV order (per-head [q|k|v] / blocked [Q|K|V]), causal or not,
 // with and without sequence parallel, the output, the input gradient and this rank's weight
 // gradients (in the declared layout) equal a double-precision loop over the full weights; the
-// MLP and attention blocks in bf16 and f16 too; bad inputs get a status naming what to change.
+// MLP and attention blocks in bf16 and f16 too; on a cp mesh (threads and 2 shm processes, ring
+// and allgather) the rank's CpLayout shard against the same loop over the whole sequence; bad
+// inputs get a status naming what to change.
 #include <cmath>
+#include <cstddef>
 #include <string>
 
 #include "capi_test_util.h"
@@ -234,14 +237,21 @@ meshrt_attn_params_t attn_params(meshrt_tensor_t gamma, meshrt_tensor_t beta, me
 
 // One rank: binds its shards, runs forward + backward twice (gradients add up) and compares
 // everything with the reference.
+// Under a cp dim the rank's activations are its cp shard (chunks i and 2cp-1-i of 2 cp) and its
+// weight gradients its tokens' part, summed over cp (all_reduce on the mesh's cp communicator)
+// before the comparison.
 void run_rank(meshrt_comm_t comm, const char* spec, const AttnDims& d, const AttnVariant& var,
-              bool sp, Layout lay, DLDataType dt, double tol) {
+              bool sp, Layout lay, DLDataType dt, double tol, int cp_comm = MESHRT_CP_COMM_RING) {
   meshrt_mesh_t mesh = nullptr;
   CAPI_THROW_UNLESS_OK(meshrt_mesh_create(&mesh, comm, spec));
-  int tp = 0, tr = 0, dpc = 0;
+  int tp = 0, tr = 0, dpc = 0, cp = 0, cr = 0;
   CAPI_THROW_UNLESS_OK(meshrt_mesh_dim(mesh, "tp", &tp, &tr));
   CAPI_THROW_UNLESS_OK(meshrt_mesh_dim(mesh, "dp", nullptr, &dpc));
-  const meshrt_attn_config_t cfg = attn_config(d, var, sp, lay, dt);
+  CAPI_THROW_UNLESS_OK(meshrt_mesh_dim(mesh, "cp", &cp, &cr));
+  meshrt_comm_t cpc = nullptr;
+  if (cp > 1) CAPI_THROW_UNLESS_OK(meshrt_mesh_comm(mesh, "cp", &cpc));
+  meshrt_attn_config_t cfg = attn_config(d, var, sp, lay, dt);
+  cfg.cp_comm = cp_comm;
   meshrt_attn_t attn = nullptr;
   CAPI_THROW_UNLESS_OK(meshrt_attn_create(&attn, mesh, &cfg));
   const int64_t H = d.hidden, D = d.head_dim(), hl = d.heads / tp, h0 = tr * hl;
@@ -276,9 +286,26 @@ void run_rank(meshrt_comm_t comm, const char* spec, const AttnDims& d, const Att
     x[i] = val(100 + static_cast<uint64_t>(dpc), static_cast<int64_t>(i), 1.5);
     dout[i] = val(200 + static_cast<uint64_t>(dpc), static_cast<int64_t>(i), 1.0);
   }
-  const int64_t sl = sp ? d.seq / tp : d.seq, s0 = sp ? tr * sl : 0;
+  // The cp shard's global positions (docs/capi.md): chunk cr, then chunk 2cp-1-cr; then its
+  // rows [s0, s0 + sl) under sequence parallel.
+  const int64_t c = d.seq / (2 * cp), sl = sp ? d.seq / cp / tp : d.seq / cp, s0 = sp ? tr * sl : 0;
   auto local = [&](const std::vector<double>& v) {
-    return std::vector<double>(v.begin() + s0 * d.batch * H, v.begin() + (s0 + sl) * d.batch * H);
+    std::vector<double> out;
+    for (int64_t j = s0; j < s0 + sl; ++j) {
+      const int64_t pos = j < c ? cr * c + j : (2 * cp - 1 - cr) * c + (j - c);
+      out.insert(out.end(), v.begin() + pos * d.batch * H, v.begin() + (pos + 1) * d.batch * H);
+    }
+    return out;
+  };
+  // A weight gradient summed over cp (the engine's all-reduce; itself when cp = 1).
+  auto cp_sum = [&](const Mat& g, const std::vector<int64_t>& shape) {
+    if (cp == 1) return g.values();
+    Mat sum(shape, dt);
+    meshrt_event_t ev = nullptr;
+    CAPI_THROW_UNLESS_OK(meshrt_all_reduce(cpc, g.h, sum.h, MESHRT_SUM, nullptr, &ev));
+    CAPI_THROW_UNLESS_OK(meshrt_event_synchronize(ev));
+    CAPI_THROW_UNLESS_OK(meshrt_event_destroy(ev));
+    return sum.values();
   };
   Mat xt({sl, d.batch, H}, dt), yt({sl, d.batch, H}, dt), dyt({sl, d.batch, H}, dt),
       dxt({sl, d.batch, H}, dt);
@@ -294,7 +321,8 @@ void run_rank(meshrt_comm_t comm, const char* spec, const AttnDims& d, const Att
                             (blk ? " [Q|K|V]" : " [q|k|v]") + (var.causal ? " causal" : " full") +
                             (var.layernorm ? " layernorm" : " rmsnorm") +
                             (var.bias ? " bias" : " no-bias") + " tp rank " + std::to_string(tr) +
-                            " dp " + std::to_string(dpc);
+                            " dp " + std::to_string(dpc) + " cp " + std::to_string(cr) +
+                            (cp_comm == MESHRT_CP_COMM_ALLGATHER ? " allgather" : " ring");
   for (int step = 1; step <= 2; ++step) {
     meshrt_event_t ev = nullptr;
     CAPI_THROW_UNLESS_OK(meshrt_attn_forward(attn, xt.h, yt.h, nullptr, &ev));
@@ -306,17 +334,17 @@ void run_rank(meshrt_comm_t comm, const char* spec, const AttnDims& d, const Att
     CAPI_THROW_UNLESS_OK(meshrt_event_destroy(ev));
     expect_close(dxt.values(), local(dx), "dx", where, tol);
     const double k = step;
-    expect_close(ggam.values(), scaled(rg.gamma, k), "norm_weight grad", where, tol);
+    expect_close(cp_sum(ggam, {H}), scaled(rg.gamma, k), "norm_weight grad", where, tol);
     if (var.layernorm)
-      expect_close(gbeta.values(), scaled(rg.beta, k), "norm_bias grad", where, tol);
-    expect_close(gwq.values(), scaled(qkv_shard(rg.wqkv, H, H, h0, hl, D, blk, oi), k),
+      expect_close(cp_sum(gbeta, {H}), scaled(rg.beta, k), "norm_bias grad", where, tol);
+    expect_close(cp_sum(gwq, sq), scaled(qkv_shard(rg.wqkv, H, H, h0, hl, D, blk, oi), k),
                  "qkv_weight grad", where, tol);
-    expect_close(gwp.values(), scaled(proj_shard(rg.wp, H, op, np, oi), k), "proj_weight grad",
+    expect_close(cp_sum(gwp, sp_), scaled(proj_shard(rg.wp, H, op, np, oi), k), "proj_weight grad",
                  where, tol);
     if (var.bias) {
-      expect_close(gbq.values(), scaled(qkv_shard(rg.bqkv, 1, H, h0, hl, D, blk, false), k),
+      expect_close(cp_sum(gbq, {nq}), scaled(qkv_shard(rg.bqkv, 1, H, h0, hl, D, blk, false), k),
                    "qkv_bias grad", where, tol);
-      expect_close(gbp.values(), scaled(rg.bp, k), "proj_bias grad", where, tol);
+      expect_close(cp_sum(gbp, {H}), scaled(rg.bp, k), "proj_bias grad", where, tol);
     }
   }
   CAPI_THROW_UNLESS_OK(meshrt_attn_destroy(attn));
@@ -358,6 +386,63 @@ TEST_CASE("capi: attention on 4 tp ranks, one head each", "[capi][multirank]") {
              Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_BLOCKED}, dl_dtype(kDLFloat, 32),
              1e-4);
   });
+}
+
+TEST_CASE("capi: attention on a cp mesh takes the CpLayout shard and equals the double loop",
+          "[capi][multirank]") {
+  // cp=2 alone and with tp=2 (sequence parallel on and off), both K/V exchanges, causal and not:
+  // y and dx on each rank's chunks i and 2cp-1-i, and the weight gradients summed over cp, equal
+  // the unsharded block's (a double loop over the full sequence).
+  struct Case {
+    int n;
+    const char* spec;
+    bool sp;
+  };
+  const AttnDims dims{16, 2, 16, 4};
+  for (Case c : {Case{2, "cp=2", false}, Case{4, "cp=2,tp=2", false}, Case{4, "cp=2,tp=2", true}})
+    for (int how : {MESHRT_CP_COMM_RING, MESHRT_CP_COMM_ALLGATHER})
+      for (AttnVariant v : {AttnVariant{true, true, true}, AttnVariant{false, false, false}}) {
+        INFO(c.spec << (c.sp ? " sp" : "") << " cp_comm " << how << " causal " << v.causal);
+        World w(c.n);
+        run_ranks(c.n, [&](int r) {
+          run_rank(w.comms[static_cast<size_t>(r)], c.spec, dims, v, c.sp,
+                   Layout{MESHRT_WEIGHT_LAYOUT_OUT_IN, MESHRT_QKV_LAYOUT_BLOCKED},
+                   dl_dtype(kDLFloat, 32), 1e-4, how);
+        });
+      }
+}
+
+TEST_CASE("capi: attention on cp=2 over 2 shm processes equals the double loop", "[capi][file]") {
+  // The same check with the cp ranks as 2 forked processes (file rendezvous, shm backend).
+  for (int how : {MESHRT_CP_COMM_RING, MESHRT_CP_COMM_ALLGATHER}) {
+    const std::string dir = fresh_dir(how == MESHRT_CP_COMM_RING ? "cp-ring" : "cp-allgather");
+    const auto [rc0, rc1] = run_two_ranks([&](int rank) {
+      init_api();
+      const meshrt_comm_config_t cfg = test_config(60);
+      meshrt_comm_t comm = nullptr;
+      if (meshrt_comm_init_file(&comm, dir.c_str(), 2, rank, &cfg) != MESHRT_SUCCESS) {
+        std::printf("rank %d: init: %s\n", rank, meshrt_last_error());
+        return 1;
+      }
+      const char* backend = nullptr;
+      if (meshrt_comm_backend(comm, &backend) != MESHRT_SUCCESS || std::string(backend) != "shm") {
+        std::printf("rank %d: backend %s, expected shm\n", rank, backend ? backend : "?");
+        return 2;
+      }
+      try {
+        run_rank(comm, "cp=2", AttnDims{16, 2, 16, 4}, AttnVariant{}, false, Layout{},
+                 dl_dtype(kDLFloat, 32), 1e-4, how);
+      } catch (const std::exception& e) {
+        std::printf("rank %d: %s\n", rank, e.what());
+        return 3;
+      }
+      return meshrt_comm_destroy(comm) == MESHRT_SUCCESS ? 0 : 4;
+    });
+    INFO("cp_comm " << how);
+    CHECK(rc0 == 0);
+    CHECK(rc1 == 0);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST_CASE("capi: attention in bf16 and f16 stays within 16-bit rounding of the double loop",
@@ -432,15 +517,27 @@ TEST_CASE("capi: bad attention configs and shards case by case", "[capi]") {
            MESHRT_ERROR_INVALID_USAGE, {"attn"});
     CAPI_THROW_UNLESS_OK(meshrt_attn_destroy(attn));
     expect(meshrt_attn_destroy(attn), MESHRT_ERROR_INVALID_USAGE, {"destroyed already"});
-    // A cp mesh: the spec and its dim are accepted; the attention block refuses it.
+    // A cp mesh: cp_comm out of range is refused; a config of the older size (ending at
+    // qkv_layout) gets the ring; an odd cp shard (3 rows: a sequence of 6) is refused at forward.
     meshrt_mesh_t cpm = nullptr;
     CAPI_THROW_UNLESS_OK(meshrt_mesh_create(&cpm, comm, "cp=2"));
     int cp_size = 0, cp_coord = -1;
     CAPI_THROW_UNLESS_OK(meshrt_mesh_dim(cpm, "cp", &cp_size, &cp_coord));
     RANK_EXPECT(cp_size == 2 && cp_coord == r, "the cp dim: size 2, coordinate = rank");
     c = attn_config(d, AttnVariant{}, false, Layout{}, f32);
+    c.cp_comm = 2;
     expect(meshrt_attn_create(&attn, cpm, &c), MESHRT_ERROR_INVALID_ARGUMENT,
-           {"mesh cp=2 has cp=2", "does not run context parallelism yet"});
+           {"meshrt_attn_config.cp_comm is 2", "MESHRT_CP_COMM_ALLGATHER (1)"});
+    c.size = offsetof(meshrt_attn_config_t, qkv_layout) + sizeof(int);
+    CAPI_THROW_UNLESS_OK(meshrt_attn_create(&attn, cpm, &c));
+    Mat cwq({16, 48}, f32), cbq({48}, f32), cwp({16, 16}, f32), x3({3, 2, 16}, f32),
+        y3({3, 2, 16}, f32);
+    p = attn_params(gamma.h, beta.h, cwq.h, cbq.h, cwp.h, bp.h);
+    CAPI_THROW_UNLESS_OK(meshrt_attn_bind_weights(attn, &p));
+    expect(meshrt_attn_forward(attn, x3.h, y3.h, nullptr, nullptr), MESHRT_ERROR_INVALID_ARGUMENT,
+           {"x has shape [3, 2, 16]", "cp shard of 3 tokens",
+            "the sequence (6 tokens) must divide by 2 x cp = 4"});
+    CAPI_THROW_UNLESS_OK(meshrt_attn_destroy(attn));
     CAPI_THROW_UNLESS_OK(meshrt_mesh_destroy(cpm));
     CAPI_THROW_UNLESS_OK(meshrt_mesh_destroy(mesh));
   });

@@ -19,50 +19,6 @@ using meshrt::test::unused_port;
 
 namespace {
 
-std::string fresh_dir(const char* tag) {
-  auto d = std::filesystem::temp_directory_path() /
-           (std::string("meshrt-capi-") + tag + "-" + std::to_string(getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
-
-// Runs body in a forked child that never returns to Catch; the parent gets its pid. Both ranks
-// are forked from this (single) thread: a fork while another thread of the parent holds a lock
-// (the allocator's, a sanitizer's) leaves that lock held forever in the child.
-pid_t spawn_child(const std::function<int()>& body) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    int rc = 100;
-    try {
-      rc = body();
-    } catch (...) {
-      rc = 101;
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  return pid;
-}
-
-// The child's exit code; 200 when it did not exit normally, 201 when fork failed.
-int wait_child(pid_t pid) {
-  if (pid < 0) return 201;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 200;
-}
-
-// Runs both ranks of a 2-process world as children; returns their exit codes.
-std::pair<int, int> run_two_ranks(const std::function<int(int)>& rank_body) {
-  const pid_t p1 = spawn_child([&] { return rank_body(1); });
-  const pid_t p0 = spawn_child([&] { return rank_body(0); });
-  const int rc0 = wait_child(p0);
-  return {rc0, wait_child(p1)};
-}
-
 // A rank of a 2-process CPU file world: the shm backend serves it (also under an MPI launcher's
 // variables, issue 25 item 12: OMPI_COMM_WORLD_SIZE=2 used to make it refuse, saying that no MPI
 // launcher started the process); an all-reduce sums both ranks.

@@ -59,7 +59,7 @@ TEST_CASE("cp meshes that cannot run are refused naming the values and the optio
   expect_refusal("train --devices cpu:2 --mesh dp=2 --steps 1 --cp-comm ring",
                  "--cp-comm ring would be ignored: it picks how context parallelism exchanges K/V "
                  "and --mesh dp=2 has cp=1");
-  expect_refusal("sweep --mesh cp=2", "cp is not swept yet");
+  expect_refusal("sweep --devices cpu:2 --cp 1,3", "sweep: --cp 3 does not divide the 2 ranks");
 }
 
 TEST_CASE("bench block --mesh cp=2 runs and reports the cp exchange", "[multirank]") {
@@ -84,4 +84,28 @@ TEST_CASE("bench block --mesh cp=2 runs and reports the cp exchange", "[multiran
     CHECK(c["comm_ms_median"].get<double>() > 0);
     CHECK(c["exposed_ms_median"].get<double>() >= 0);
   }
+}
+
+TEST_CASE("sweep --cp 1,2 runs and reports cp=1 and cp=2 meshes", "[multirank]") {
+  const std::string json = (cp_scratch() / "sweep-cp.json").string();
+  const Run r = cp_cli(
+      "sweep --devices cpu:2 --cp 1,2 --cp-comm allgather --kind attn --seq 16 --hidden 32 "
+      "--heads 2 --batches 1 --sp-modes on --steps 1 --warmup 0 --no-progress --json " +
+      json);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  for (const char* mesh : {"dp=2,tp=1", "dp=1,tp=2", "dp=1,cp=2,tp=1"}) {
+    INFO(mesh);
+    CHECK(r.out.find(mesh) != std::string::npos);
+  }
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  int cp2 = 0;
+  for (const nlohmann::json& run : j["results"])
+    if (run["config"]["cp"] == 2) {
+      ++cp2;
+      CHECK(run["config"]["cp_comm"] == "allgather");
+    }
+  CHECK(cp2 == 1);
+  CHECK(j["results"].size() == 3);
 }

@@ -266,6 +266,7 @@ struct SharedOption {
 const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("devices", devices),
     MESHRT_SHARED("mesh", mesh),
+    MESHRT_SHARED("cp-comm", cp_comm),
     MESHRT_SHARED("backend", backend),
     MESHRT_SHARED("sp", sp),
     MESHRT_SHARED("batch", batch),

@@ -57,6 +57,27 @@ struct Problem {
   Shape full() const { return {b, h, seq, d}; }
 };
 
+// Rank r's q, k, v and dout shards (`sh`, cut from the whole-sequence `in`) and its outputs.
+struct RankTensors {
+  std::vector<Tensor> sh;
+  Tensor out, lse, dq, dk, dv;
+};
+RankTensors rank_tensors(Context& ctx, const Problem& p, const CpLayout& l, int r,
+                         const std::vector<Vals>& in) {
+  const Shape local{p.b, p.h, l.local_seq(), p.d};
+  RankTensors t;
+  for (const Vals& x : in) {
+    Tensor shard = ctx.empty(local, DType::f32);
+    cp_shard(l, r, host_tensor(ctx, p.full(), x), 2, shard, ctx.compute_stream());
+    t.sh.push_back(shard);
+  }
+  t.out = ctx.empty(local, DType::f32);
+  t.lse = ctx.empty({p.b, p.h, l.local_seq()}, DType::f32);
+  t.dq = ctx.empty(local, DType::f32);
+  t.dk = ctx.empty(local, DType::f32);
+  t.dv = ctx.empty(local, DType::f32);
+  return t;
+}
 // Rank r's out, lse, dq, dk and dv (in its local order) against its rows of the whole-sequence
 // reference `ref` (the same five), within 1e-5 relative.
 void require_rank_rows(Context& ctx, const Problem& p, const CpLayout& l, int r,
@@ -154,18 +175,9 @@ TEST_CASE("cp attention equals attention over the whole sequence", "[cp][multira
   for (uint32_t i = 0; i < 4; ++i) in.push_back(random_vals(n, 7 + i));
   const std::vector<Vals> ref = reference(p, in, scale, causal);
   run_ranks(cp, [&](int r, Communicator& comm, Context& ctx) {
-    Stream& s = ctx.compute_stream();
-    const Shape local{p.b, p.h, l.local_seq(), p.d};
-    std::vector<Tensor> sh;  // q, k, v, dout shards
-    for (const Vals& x : in) {
-      Tensor t = ctx.empty(local, DType::f32);
-      cp_shard(l, r, host_tensor(ctx, p.full(), x), 2, t, s);
-      sh.push_back(t);
-    }
-    Tensor out = ctx.empty(local, DType::f32),
-           lse = ctx.empty({p.b, p.h, l.local_seq()}, DType::f32);
-    Tensor dq = ctx.empty(local, DType::f32), dk = ctx.empty(local, DType::f32),
-           dv = ctx.empty(local, DType::f32);
+    RankTensors t = rank_tensors(ctx, p, l, r, in);
+    std::vector<Tensor>& sh = t.sh;
+    Tensor &out = t.out, &lse = t.lse, &dq = t.dq, &dk = t.dk, &dv = t.dv;
     cp_attention_fwd(comm, ctx, how, sh[0], sh[1], sh[2], out, lse, scale, causal);
     cp_attention_bwd(comm, ctx, how, sh[0], sh[1], sh[2], out, sh[3], lse, dq, dk, dv, scale,
                      causal);
@@ -242,18 +254,9 @@ TEST_CASE("doc-masked cp attention equals cp = 1's", "[cp][multirank][docmask]")
   for (uint32_t i = 0; i < 4; ++i) in.push_back(random_vals(n, 17 + i));
   const std::vector<Vals> ref = doc_reference(p, in, ids, scale, causal);
   run_ranks(cp, [&](int r, Communicator& comm, Context& ctx) {
-    Stream& s = ctx.compute_stream();
-    const Shape local{p.b, p.h, l.local_seq(), p.d};
-    std::vector<Tensor> sh;  // q, k, v, dout shards
-    for (const Vals& x : in) {
-      Tensor t = ctx.empty(local, DType::f32);
-      cp_shard(l, r, host_tensor(ctx, p.full(), x), 2, t, s);
-      sh.push_back(t);
-    }
-    Tensor out = ctx.empty(local, DType::f32),
-           lse = ctx.empty({p.b, p.h, l.local_seq()}, DType::f32);
-    Tensor dq = ctx.empty(local, DType::f32), dk = ctx.empty(local, DType::f32),
-           dv = ctx.empty(local, DType::f32);
+    RankTensors t = rank_tensors(ctx, p, l, r, in);
+    std::vector<Tensor>& sh = t.sh;
+    Tensor &out = t.out, &lse = t.lse, &dq = t.dq, &dk = t.dk, &dv = t.dv;
     const Tensor d = id_tensor(p.b, p.seq, ids);
     cp_attention_fwd(comm, ctx, how, sh[0], sh[1], sh[2], out, lse, scale, causal, d, &l);
     cp_attention_bwd(comm, ctx, how, sh[0], sh[1], sh[2], out, sh[3], lse, dq, dk, dv, scale,

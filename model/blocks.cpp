@@ -286,6 +286,20 @@ namespace {
 Tensor sbhd_to_bhsd(const Tensor& t) { return t.transpose(0, 1).transpose(1, 2); }
 }  // namespace
 
+void AttentionBlock::check_docs(int64_t batch, int64_t local_seq) const {
+  const PackedDocs* d = fwd_docs_.get();
+  if (d == nullptr) return;
+  const int64_t seq = local_seq * cp_;
+  const Tensor& t = cp_ > 1 ? d->ids : d->device_ids;
+  MESHRT_CHECK(t.ndim() == 2 && t.size(0) == batch && t.size(1) == seq,
+               "attention block: document ids " << t.str() << " must be [" << batch << ", " << seq
+                                                << "] (batch, the whole sequence)");
+  MESHRT_CHECK(cp_ == 1 || (d->layout.cp == cp_ && d->layout.seq == seq),
+               "attention block: the documents' cp layout (seq "
+                   << d->layout.seq << ", cp " << d->layout.cp << ") is not the "
+                   << "batch's (seq " << seq << ", cp " << cp_ << ")");
+}
+
 Tensor AttentionBlock::forward(const Tensor& x) {
   Tensor out = mesh_.ctx().empty(x.shape(), x.dtype());
   forward_into(x, out);
@@ -308,9 +322,16 @@ void AttentionBlock::forward_into(const Tensor& x, const Tensor& out) {
   o_ = ctx.empty({b, hl, s, d}, x.dtype());
   lse_ = ctx.empty({b, hl, s}, DType::f32);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  fwd_docs_ = docs_;
+  check_docs(b, s);
+  const Tensor none;
+  const PackedDocs* docs = fwd_docs_.get();
   if (cp_ > 1)
     cp_attention_fwd(mesh_.group(kCpDim), ctx, cfg_.cp_comm, q_, k_, v_, o_, lse_, scale,
-                     cfg_.causal);
+                     cfg_.causal, docs ? docs->ids : none, docs ? &docs->layout : nullptr);
+  else if (docs)
+    ops::attention_block_fwd(ctx, cs, q_, k_, v_, o_, lse_, scale, cfg_.causal, 0, 0,
+                             docs->device_ids, docs->device_ids);
   else
     ops::attention_fwd(ctx, cs, q_, k_, v_, o_, lse_, scale, cfg_.causal);
   Tensor attn = ctx.empty({s, b, hl * d}, x.dtype());
@@ -329,9 +350,14 @@ Tensor AttentionBlock::backward(const Tensor& dout) {
   Tensor dq = ctx.empty(q_.shape(), q_.dtype()), dk = ctx.empty(k_.shape(), k_.dtype()),
          dv = ctx.empty(v_.shape(), v_.dtype());
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const Tensor none;
+  const PackedDocs* docs = fwd_docs_.get();
   if (cp_ > 1)
     cp_attention_bwd(mesh_.group(kCpDim), ctx, cfg_.cp_comm, q_, k_, v_, o_, dO, lse_, dq, dk, dv,
-                     scale, cfg_.causal);
+                     scale, cfg_.causal, docs ? docs->ids : none, docs ? &docs->layout : nullptr);
+  else if (docs)
+    ops::attention_block_bwd(ctx, cs, q_, k_, v_, o_, dO, lse_, dq, dk, dv, scale, cfg_.causal, 0,
+                             0, docs->device_ids, docs->device_ids);
   else
     ops::attention_bwd(ctx, cs, q_, k_, v_, o_, dO, lse_, dq, dk, dv, scale, cfg_.causal);
   Tensor dqkv = ctx.empty({s, b, hl, 3, d}, dattn.dtype());
@@ -339,6 +365,7 @@ Tensor AttentionBlock::backward(const Tensor& dout) {
   sbhd_to_bhsd(dqkv.select(3, 1)).copy_(dk, cs);
   sbhd_to_bhsd(dqkv.select(3, 2)).copy_(dv, cs);
   q_ = k_ = v_ = o_ = lse_ = Tensor();
+  fwd_docs_.reset();
   InputGrad dln = qkv.backward(dqkv.view({s, b, hl * 3 * d}));
   tp_.wait(dln.ready);
   Tensor dx = norm.backward(dln.dx);

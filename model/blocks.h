@@ -4,6 +4,7 @@
 // contiguous sequence shard [seq / tp, batch, hidden].
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "dist/context_parallel.h"
@@ -100,9 +101,24 @@ class MESHRT_API Norm {
   Tensor x_, mean_, rstd_;
 };
 
+// The packed documents of a batch (train --doc-mask): attention stays inside each document
+// (causal within it, nothing across documents), under any cp.
+struct PackedDocs {
+  // i32 [batch, seq] on the host: the document id of every position of each whole sequence,
+  // non-decreasing along a row (train/token_data.h document_ids); every cp rank holds the same.
+  Tensor ids;
+  // cp = 1: ids on the context's device (attention_block_fwd's q_doc and k_doc).
+  Tensor device_ids;
+  // cp > 1: the layout the batch was sharded with (CpLayout::balanced over its documents' work).
+  CpLayout layout;
+};
+
 class MESHRT_API Block {
  public:
   virtual ~Block() = default;
+  // The documents of the batch the next forward runs (null: none, attention is causal over the
+  // whole sequence); that forward's backward uses the same. Only attention reads them.
+  virtual void set_documents(std::shared_ptr<const PackedDocs> /*docs*/) {}
   virtual Tensor forward(const Tensor& x) = 0;
   // forward, writing the output into out (x's shape and dtype, contiguous, not aliasing x)
   // instead of a new tensor: the residual add is the last op and writes it directly.
@@ -152,6 +168,7 @@ class MESHRT_API AttentionBlock : public Block {
   void forward_into(const Tensor& x, const Tensor& out) override;
   Tensor backward(const Tensor& dout) override;
   void collect(std::vector<Param*>& out) override;
+  void set_documents(std::shared_ptr<const PackedDocs> docs) override { docs_ = std::move(docs); }
 
   Norm norm;
   Linear qkv;   // colwise
@@ -163,7 +180,10 @@ class MESHRT_API AttentionBlock : public Block {
   BlockConfig cfg_;
   int64_t heads_local_, head_dim_;
   int cp_ = 1;  // the mesh's cp size
+  // Refuses documents whose shape is not [batch, the whole sequence] or whose layout is not cp's.
+  void check_docs(int64_t batch, int64_t local_seq) const;
   Tensor q_, k_, v_, o_, lse_;
+  std::shared_ptr<const PackedDocs> docs_, fwd_docs_;  // set; the last forward's (for backward)
 };
 
 // Attention block then MLP block.
@@ -175,6 +195,9 @@ class MESHRT_API TransformerBlock : public Block {
   void forward_into(const Tensor& x, const Tensor& out) override;
   Tensor backward(const Tensor& dout) override;
   void collect(std::vector<Param*>& out) override;
+  void set_documents(std::shared_ptr<const PackedDocs> docs) override {
+    attn.set_documents(std::move(docs));
+  }
 
   AttentionBlock attn;
   MlpBlock mlp;

@@ -31,6 +31,9 @@ class DecoderModel {
   // differentiating (stage 3: gathering each stack piece's parameters again, the previous
   // piece's prefetched; the embedding's backward reads no parameters, so it gathers none).
   void backward(float grad_scale, GradSync* sync);
+  // The packed documents of the batch the next forward runs (null: none): its attention stays
+  // inside each document (model/blocks.h PackedDocs; train --doc-mask).
+  void set_documents(const std::shared_ptr<const PackedDocs>& docs) { stack_.set_documents(docs); }
   // Every parameter, in forward order.
   std::vector<Param*> params();
   // The parameters by piece, in forward order: the embedding, each stack piece, the LM head (the

@@ -69,6 +69,10 @@ Tensor BlockStack::backward(const Tensor& dout, const StackHooks& hooks) {
   return d;
 }
 
+void BlockStack::set_documents(const std::shared_ptr<const PackedDocs>& docs) {
+  for (auto& b : blocks_) b->set_documents(docs);
+}
+
 std::vector<Param*> BlockStack::params() const {
   std::vector<Param*> out;
   for (const StackPiece& p : pieces_) out.insert(out.end(), p.params.begin(), p.params.end());

@@ -46,6 +46,8 @@ class BlockStack {
              LayerKind kind, int layers, const std::string& prefix = "layers");
   Tensor forward(const Tensor& x, const StackHooks& hooks = {});
   Tensor backward(const Tensor& dout, const StackHooks& hooks = {});
+  // The packed documents of the batch the next forward runs (Block::set_documents), every block's.
+  void set_documents(const std::shared_ptr<const PackedDocs>& docs);
   // Every parameter, in forward order.
   std::vector<Param*> params() const;
   const std::vector<StackPiece>& pieces() const { return pieces_; }

@@ -198,6 +198,14 @@ void add_data_flags(CLI::App* c, TrainCliOptions& o) {
       ->check(kNonEmpty);
   c->add_option("--data-dtype", o.data_dtype, "Element type of raw token files: u16 | u32")
       ->capture_default_str();
+  c->add_flag("--doc-mask", o.doc_mask,
+              "Packed documents: attention stays inside each document (causal within it), under "
+              "any cp; a document ends with --eot-token (default: the token file's own, 50256 "
+              "in llm.c's GPT-2 files)");
+  c->add_option("--eot-token", o.eot_token,
+                "The token id that ends each document under --doc-mask (needed for synthetic "
+                "tokens and for token files without an end-of-text token of their own)")
+      ->check(cli::int_at_least(0, o.eot_token));
   c->add_option("--eval-every", o.eval_every,
                 "Validation loss every N steps (0: after the last step); needs --val-data")
       ->capture_default_str()
@@ -267,6 +275,8 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("devices", devices),
     MESHRT_SHARED("mesh", mesh),
     MESHRT_SHARED("cp-comm", cp_comm),
+    MESHRT_SHARED("doc-mask", doc_mask),
+    MESHRT_SHARED("eot-token", eot_token),
     MESHRT_SHARED("backend", backend),
     MESHRT_SHARED("sp", sp),
     MESHRT_SHARED("batch", batch),
@@ -387,6 +397,9 @@ void check_train_flags(const TrainCliOptions& o) {
   refuse_ignored(o, "--data-dtype", o.data_dtype, o.data.empty(),
                  "it is the element type of a raw --data / --val-data token file, and this run "
                  "trains on synthetic tokens; drop --data-dtype or give --data FILE");
+  refuse_ignored(o, "--eot-token", std::to_string(o.eot_token), !o.doc_mask,
+                 "it is the token that ends each document under --doc-mask; add --doc-mask or "
+                 "drop --eot-token");
   refuse_ignored(o, "--deterministic-grain", std::to_string(o.deterministic_grain),
                  !o.deterministic,
                  "it sizes the grains of --deterministic; add --deterministic or drop it");
@@ -476,6 +489,16 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
                "--val-data " << o.val_data << " needs --data FILE to train on");
   if (!o.data.empty()) c.data = TokenFile::open(o.data, raw, "--data");
   if (!o.val_data.empty()) c.val_data = TokenFile::open(o.val_data, raw, "--val-data");
+  if (o.doc_mask) {
+    MESHRT_CHECK(c.data || o.eot_token >= 0,
+                 "--doc-mask on synthetic tokens needs --eot-token ID (the synthetic walk has no "
+                 "end-of-text token of its own), or give --data FILE");
+    try {
+      c.doc_eot = c.data ? c.data->end_of_text(o.eot_token) : o.eot_token;
+    } catch (const Error& e) {
+      MESHRT_FAIL("--doc-mask: " << e.message() << " (--eot-token ID)");
+    }
+  }
   c.stop_requested = [] { return StopSignals::received(); };
   return c;
 }

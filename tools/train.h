@@ -40,6 +40,10 @@ struct TrainCliOptions {
   bool resume_other_data = false;  // --resume-other-data: resume on another token stream
   // Real data and validation (train/token_data.h), non-finite steps.
   std::string data, val_data, data_dtype = "u16";
+  // --doc-mask: attention within each packed document; --eot-token: the id ending each (-1: the
+  // token file's own).
+  bool doc_mask = false;
+  int64_t eot_token = -1;
   int eval_every = 0, eval_batches = 4;
   bool skip_nonfinite = false;
   bool mem_stats = false;

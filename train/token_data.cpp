@@ -337,6 +337,37 @@ std::vector<int32_t> document_ids(const int64_t* tokens, int64_t n, int64_t eot)
   return ids;
 }
 
+std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, int64_t eot, int cp) {
+  MESHRT_CHECK(ids.ndim() == 2 && ids.dtype() == DType::i64 && ids.is_contiguous() && cp >= 1,
+               "packed documents: ids " << ids.str() << " must be contiguous [seq, batch] i64 (cp "
+                                        << cp << ")");
+  const int64_t seq = ids.size(0), n = ids.size(1);
+  Tensor host = ids;
+  if (!ids.device().is_cpu()) {
+    host = ids.to(ctx.host_allocator(), ctx.compute_stream());
+    ctx.compute_stream().synchronize();
+  }
+  const int64_t* p = host.data<int64_t>();
+  auto docs = std::make_shared<PackedDocs>();
+  docs->ids = Tensor::empty({n, seq}, DType::i32, ctx.host_allocator());
+  std::vector<int64_t> row(static_cast<size_t>(seq)), work(static_cast<size_t>(2 * cp), 0);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < seq; ++i) row[static_cast<size_t>(i)] = p[i * n + j];
+    const std::vector<int32_t> d = document_ids(row.data(), seq, eot);
+    std::copy(d.begin(), d.end(), docs->ids.data<int32_t>() + j * seq);
+    if (cp == 1) continue;
+    const std::vector<int64_t> w = cp_chunk_work(seq, cp, document_starts(row.data(), seq, eot));
+    for (size_t c = 0; c < w.size(); ++c) work[c] += w[c];
+  }
+  if (cp > 1)
+    docs->layout = CpLayout::balanced(seq, cp, work);
+  else if (ctx.device().is_cpu())
+    docs->device_ids = docs->ids;
+  else
+    docs->device_ids = docs->ids.to(ctx.allocator_ptr(), ctx.compute_stream());
+  return docs;
+}
+
 void TokenFile::check(int64_t vocab, int64_t seq) const {
   if (max_token_ >= vocab) {
     int64_t i = -1, t = 0;

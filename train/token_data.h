@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/blocks.h"
 #include "runtime/context.h"
 
 namespace meshrt {
@@ -94,6 +95,13 @@ void make_token_batch(Context& ctx, const TokenFile& file, uint64_t seed, uint64
 // position (0, 1, ...: non-decreasing, the doc_ids of doc-masked attention).
 std::vector<int64_t> document_starts(const int64_t* tokens, int64_t n, int64_t eot);
 std::vector<int32_t> document_ids(const int64_t* tokens, int64_t n, int64_t eot);
+
+// The packed documents of a batch: ids [seq, n] i64 (make_token_batch's, on any device: read
+// back to the host) whose documents end with `eot`, as PackedDocs (model/blocks.h): the document
+// ids [n, seq] on the host (and, cp = 1, on ctx's device) and, cp > 1, the layout that balances
+// the causal work of the batch's documents over the cp ranks (CpLayout::balanced; seq must
+// divide by 2 x cp). Every cp rank of a replica builds the same from the same batch.
+std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, int64_t eot, int cp);
 
 // Streams of make_token_batch: training and validation draw independently.
 inline constexpr uint64_t kTrainTokenStream = 0x7a11;

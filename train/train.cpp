@@ -50,16 +50,21 @@ std::string default_mesh(const TrainConfig& cfg, int world_size) {
 // Samples from the token file when there is one, else the synthetic walk; both keyed by the global
 // sample index only. Under cp (a cp dim of size > 1), ids and targets are this cp rank's CpLayout
 // shard of the sequences (chunks i and 2cp-1-i; the model has no position input: the causal mask
-// of cp attention is on global positions).
-void make_batch(const TrainConfig& cfg, Context& ctx, const DeviceMesh& mesh, const TokenFile* file,
-                uint64_t stream, int64_t first, int64_t n, Tensor* ids, Tensor* targets) {
+// of cp attention is on global positions). --doc-mask: the batch's documents go to the model's
+// attention, and under cp the shards follow their balanced layout.
+void make_batch(const TrainConfig& cfg, Context& ctx, const DeviceMesh& mesh, DecoderModel& model,
+                const TokenFile* file, uint64_t stream, int64_t first, int64_t n, Tensor* ids,
+                Tensor* targets) {
   if (file != nullptr)
     make_token_batch(ctx, *file, cfg.seed, stream, first, n, cfg.seq, ids, targets);
   else
     make_synthetic_batch(ctx, cfg.seed, first, n, cfg.seq, cfg.model.vocab, ids, targets);
   const int cp = mesh.size(kCpDim);
+  std::shared_ptr<const PackedDocs> docs;
+  if (cfg.doc_eot >= 0) docs = packed_documents(ctx, *ids, cfg.doc_eot, cp);
+  model.set_documents(docs);
   if (cp == 1) return;
-  const CpLayout layout = CpLayout::make(cfg.seq, cp);
+  const CpLayout layout = docs ? docs->layout : CpLayout::make(cfg.seq, cp);
   for (Tensor* t : {ids, targets}) {
     Tensor shard = ctx.empty({layout.local_seq(), n}, t->dtype());
     cp_shard(layout, mesh.coord(kCpDim), *t, 0, shard, ctx.compute_stream());
@@ -89,7 +94,8 @@ double evaluate(const TrainConfig& cfg, Context& ctx, Communicator& world, Devic
     for (int mb = 0; mb < cfg.micro_batches; ++mb) {
       Tensor ids, targets;
       const int64_t first = b * cfg.batch + mesh.coord(kDpDim) * local + mb * micro;
-      make_batch(cfg, ctx, mesh, cfg.val_data.get(), kValTokenStream, first, micro, &ids, &targets);
+      make_batch(cfg, ctx, mesh, model, cfg.val_data.get(), kValTokenStream, first, micro, &ids,
+                 &targets);
       ops::add(ctx, cs, sum, model.forward(ids, targets, &sync, /*backward_follows=*/false), sum,
                1.f, w);
     }
@@ -245,7 +251,8 @@ Tensor forward_backward(const TrainConfig& cfg, Context& ctx, DeviceMesh& mesh, 
     Tensor ids, targets;
     const int64_t first =
         static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
-    make_batch(cfg, ctx, mesh, cfg.data.get(), kTrainTokenStream, first, micro, &ids, &targets);
+    make_batch(cfg, ctx, mesh, model, cfg.data.get(), kTrainTokenStream, first, micro, &ids,
+               &targets);
     Tensor loss = model.forward(ids, targets, &sync);
     ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
     // The loss is the mean over this rank's tokens; GradSync sums the weight gradients over cp,
@@ -354,6 +361,11 @@ void validate_train(const TrainConfig& cfg, int world_size) {
                "train: --straggler-steps " << cfg.straggler_steps << " must be >= 1");
   MESHRT_CHECK(std::isfinite(cfg.peak_tflops) && cfg.peak_tflops >= 0,
                "train: --peak-tflops " << cfg.peak_tflops << " must be finite and >= 0");
+  MESHRT_CHECK(cfg.doc_eot < cfg.model.vocab, "train: --doc-mask's end-of-text token "
+                                                  << cfg.doc_eot << " is >= --vocab "
+                                                  << cfg.model.vocab
+                                                  << ": no token could end a document; "
+                                                     "give an id below --vocab");
   if (cfg.data) cfg.data->check(cfg.model.vocab, cfg.seq);
   if (cfg.val_data) cfg.val_data->check(cfg.model.vocab, cfg.seq);
   validate_block(cfg.model.block, tp, cfg.tp, cfg.seq, true, {}, cp);
@@ -390,7 +402,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
   const int first_step = resume_training(cfg, mesh, model.params(), opt, log, &skipped_total);
 
   const BatchFn batch_of = [&](int64_t first, int64_t n, Tensor* ids, Tensor* targets) {
-    make_batch(cfg, ctx, mesh, cfg.data.get(), kTrainTokenStream, first, n, ids, targets);
+    make_batch(cfg, ctx, mesh, model, cfg.data.get(), kTrainTokenStream, first, n, ids, targets);
   };
   const LrSchedule schedule = train_lr_schedule(cfg);
   // The loss averages over dp x cp (every cp rank holds as many tokens).

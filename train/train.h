@@ -56,6 +56,10 @@ struct TrainConfig {
   // Real data (train/token_data.h) instead of the synthetic walk; with val_data, a validation
   // loss over eval_batches global batches every eval_every steps (0: after the last step only).
   std::shared_ptr<const TokenFile> data, val_data;
+  // --doc-mask (docs/training.md, "Packed documents"): >= 0, the token that ends each document of
+  // the packed sequences (included in it); attention then stays inside each document, causal
+  // within it, under any cp. -1: one causal mask over the whole sequence.
+  int64_t doc_eot = -1;
   int eval_every = 0;
   int eval_batches = 4;
   // A non-finite loss or gradient stops the run (NonFiniteError) unless skipped: no update.

@@ -3,6 +3,7 @@
 // run context parallelism yet say so.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -108,4 +109,33 @@ TEST_CASE("sweep --cp 1,2 runs and reports cp=1 and cp=2 meshes", "[multirank]")
     }
   CHECK(cp2 == 1);
   CHECK(j["results"].size() == 3);
+}
+
+TEST_CASE("train --doc-mask refuses what cannot mark documents, naming the flag and the values",
+          "[unit]") {
+  const std::string path = (cp_scratch() / "docs.u16").string();
+  {
+    const uint16_t t[] = {1, 2, 0, 3, 4, 5, 0, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2};
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(t), sizeof(t));
+  }
+  const std::string tr = "train --devices cpu:1 --steps 1 --seq 8 --batch 2 ";
+  expect_refusal(tr + "--doc-mask",
+                 "--doc-mask on synthetic tokens needs --eot-token ID (the synthetic walk has no "
+                 "end-of-text token of its own)");
+  expect_refusal(tr + "--eot-token 3",
+                 "--eot-token 3 would be ignored: it is the token that ends each document under "
+                 "--doc-mask");
+  expect_refusal(tr + "--vocab 8 --doc-mask --data " + path,
+                 "--doc-mask: --data " + path + " (raw u16) has no end-of-text token of its own");
+  expect_refusal(tr + "--vocab 8 --doc-mask --eot-token 9 --data " + path,
+                 "the end-of-text token 9 never occurs in the file (20 tokens, the largest 7)");
+  expect_refusal(tr + "--doc-mask --eot-token 600",
+                 "--doc-mask's end-of-text token 600 is >= --vocab 512");
+  expect_refusal("train --devices cpu:2 --mesh cp=2 --steps 1 --seq 18 --doc-mask --eot-token 5",
+                 "sequence 18 does not divide by 2 x cp = 4 (cp=2)");
+  // And one that runs: the packed file at cp=1, documents of 3, 4, 3 and 8 tokens.
+  const meshrt::test::Run ok = cp_cli(tr + "--vocab 8 --doc-mask --eot-token 0 --data " + path);
+  INFO(ok.out << ok.err);
+  CHECK(ok.rc == 0);
+  CHECK(ok.out.find("step 1 loss") != std::string::npos);
 }

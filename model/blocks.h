@@ -109,8 +109,10 @@ struct PackedDocs {
   Tensor ids;
   // cp = 1: ids on the context's device (attention_block_fwd's q_doc and k_doc).
   Tensor device_ids;
-  // cp > 1: the layout the batch was sharded with (CpLayout::balanced over its documents' work).
+  // cp > 1: the layout the batch was sharded with (CpLayout::balanced over its documents' work),
+  // and the causal work's max / mean over the cp ranks under it and under the standard layout.
   CpLayout layout;
+  double imbalance = 1, standard_imbalance = 1;
 };
 
 class MESHRT_API Block {

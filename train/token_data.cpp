@@ -359,9 +359,11 @@ std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, in
     const std::vector<int64_t> w = cp_chunk_work(seq, cp, document_starts(row.data(), seq, eot));
     for (size_t c = 0; c < w.size(); ++c) work[c] += w[c];
   }
-  if (cp > 1)
+  if (cp > 1) {
     docs->layout = CpLayout::balanced(seq, cp, work);
-  else if (ctx.device().is_cpu())
+    docs->imbalance = cp_imbalance(cp_rank_work(docs->layout, work));
+    docs->standard_imbalance = cp_imbalance(cp_rank_work(CpLayout::make(seq, cp), work));
+  } else if (ctx.device().is_cpu())
     docs->device_ids = docs->ids;
   else
     docs->device_ids = docs->ids.to(ctx.allocator_ptr(), ctx.compute_stream());

@@ -100,7 +100,8 @@ std::vector<int32_t> document_ids(const int64_t* tokens, int64_t n, int64_t eot)
 // back to the host) whose documents end with `eot`, as PackedDocs (model/blocks.h): the document
 // ids [n, seq] on the host (and, cp = 1, on ctx's device) and, cp > 1, the layout that balances
 // the causal work of the batch's documents over the cp ranks (CpLayout::balanced; seq must
-// divide by 2 x cp). Every cp rank of a replica builds the same from the same batch.
+// divide by 2 x cp) with its imbalance and the standard layout's. Every cp rank of a replica
+// builds the same from the same batch.
 std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, int64_t eot, int cp);
 
 // Streams of make_token_batch: training and validation draw independently.

@@ -52,9 +52,11 @@ std::string default_mesh(const TrainConfig& cfg, int world_size) {
 // shard of the sequences (chunks i and 2cp-1-i; the model has no position input: the causal mask
 // of cp attention is on global positions). --doc-mask: the batch's documents go to the model's
 // attention, and under cp the shards follow their balanced layout.
-void make_batch(const TrainConfig& cfg, Context& ctx, const DeviceMesh& mesh, DecoderModel& model,
-                const TokenFile* file, uint64_t stream, int64_t first, int64_t n, Tensor* ids,
-                Tensor* targets) {
+// Returns the batch's documents (null without --doc-mask).
+std::shared_ptr<const PackedDocs> make_batch(const TrainConfig& cfg, Context& ctx,
+                                             const DeviceMesh& mesh, DecoderModel& model,
+                                             const TokenFile* file, uint64_t stream, int64_t first,
+                                             int64_t n, Tensor* ids, Tensor* targets) {
   if (file != nullptr)
     make_token_batch(ctx, *file, cfg.seed, stream, first, n, cfg.seq, ids, targets);
   else
@@ -63,13 +65,14 @@ void make_batch(const TrainConfig& cfg, Context& ctx, const DeviceMesh& mesh, De
   std::shared_ptr<const PackedDocs> docs;
   if (cfg.doc_eot >= 0) docs = packed_documents(ctx, *ids, cfg.doc_eot, cp);
   model.set_documents(docs);
-  if (cp == 1) return;
+  if (cp == 1) return docs;
   const CpLayout layout = docs ? docs->layout : CpLayout::make(cfg.seq, cp);
   for (Tensor* t : {ids, targets}) {
     Tensor shard = ctx.empty({layout.local_seq(), n}, t->dtype());
     cp_shard(layout, mesh.coord(kCpDim), *t, 0, shard, ctx.compute_stream());
     *t = shard;
   }
+  return docs;
 }
 
 int local_stop_request(const TrainConfig& cfg) {
@@ -115,6 +118,9 @@ void print_step_line(const TrainConfig& cfg, Context& ctx, const StepStats& st, 
        << st.step_ms << " ms  dp comm " << st.dp_comm_ms << " ms (exposed " << st.dp_exposed_ms
        << " ms)  tp comm " << st.tp_comm_ms << " ms (exposed " << st.tp_exposed_ms << " ms)"
        << (st.skipped ? "  skipped: non-finite" : "");
+  if (st.cp_imbalance > 0)
+    line << std::setprecision(3) << "  cp work max/mean " << st.cp_imbalance << " (standard "
+         << st.cp_standard_imbalance << ")";
   if (cfg.dp.zero > 0) {
     auto mib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
     line << std::setprecision(3) << "  dp MiB all-reduce " << mib(st.dp_all_reduce_bytes)
@@ -236,9 +242,10 @@ void set_comm_times(const TrainConfig& cfg, const CommTimes& d, const CommTimes&
 }
 
 // One step's micro-batches: forward and backward, the last one launching the buckets'
-// reductions. Returns this rank's mean loss (the dp average is taken after the update).
+// reductions. Returns this rank's mean loss (the dp average is taken after the update). With
+// --doc-mask under cp, st's cp imbalances are the micro-batches' means.
 Tensor forward_backward(const TrainConfig& cfg, Context& ctx, DeviceMesh& mesh, DecoderModel& model,
-                        GradSync& sync, int step) {
+                        GradSync& sync, int step, StepStats* st) {
   Stream& cs = ctx.compute_stream();
   const int64_t local_batch = cfg.batch / mesh.size(kDpDim),
                 micro = local_batch / cfg.micro_batches;
@@ -251,8 +258,12 @@ Tensor forward_backward(const TrainConfig& cfg, Context& ctx, DeviceMesh& mesh, 
     Tensor ids, targets;
     const int64_t first =
         static_cast<int64_t>(step) * cfg.batch + mesh.coord(kDpDim) * local_batch + mb * micro;
-    make_batch(cfg, ctx, mesh, model, cfg.data.get(), kTrainTokenStream, first, micro, &ids,
-               &targets);
+    const auto docs = make_batch(cfg, ctx, mesh, model, cfg.data.get(), kTrainTokenStream, first,
+                                 micro, &ids, &targets);
+    if (docs && mesh.size(kCpDim) > 1) {
+      st->cp_imbalance += docs->imbalance / cfg.micro_batches;
+      st->cp_standard_imbalance += docs->standard_imbalance / cfg.micro_batches;
+    }
     Tensor loss = model.forward(ids, targets, &sync);
     ops::add(ctx, cs, loss_sum, loss, loss_sum, 1.f, grad_scale);
     // The loss is the mean over this rank's tokens; GradSync sums the weight gradients over cp,
@@ -422,11 +433,12 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     Tensor sumsq = ctx.zeros({1, 1}, DType::f32);
     const bool probe = cfg.grad_sync == GradSyncMode::Sync && !cfg.deterministic;
     sync.set_sumsq_probe(probe ? sumsq : Tensor());
+    StepStats work;  // what the step's batches say (the cp work balance)
     // --deterministic: the loss is the global batch's already, the gradients reduced.
     Tensor loss_sum = cfg.deterministic
                           ? deterministic_step(ctx, mesh, model, sync, cfg.batch,
                                                cfg.deterministic_grain, step, batch_of)
-                          : forward_backward(cfg, ctx, mesh, model, sync, step);
+                          : forward_backward(cfg, ctx, mesh, model, sync, step, &work);
     if (cfg.deterministic) sync.sum_squares_reduced(sumsq);
     // --- guard: the gradients about to be applied, the loss and the stop request, agreed by
     // every rank before any parameter changes ---
@@ -458,7 +470,7 @@ std::vector<StepStats> train(const TrainConfig& cfg, Context& ctx, Communicator&
     if (!cfg.deterministic) dp_loss.all_reduce(loss_sum, "loss", ReduceOp::Avg);
     Tensor lh = loss_sum.to(ctx.host_allocator(), cs);
     ctx.synchronize();
-    StepStats st;
+    StepStats st = work;
     st.step = step + 1;
     st.loss = lh.item(0);
     st.lr = cfg.grad_sync == GradSyncMode::Async && cfg.staleness > 0

@@ -116,7 +116,11 @@ struct StepStats {
   // train_state_digest after this step (TrainConfig::digest_steps); 0 when not computed.
   uint64_t state_digest = 0;
   double grad_norm = -1;  // the optimizer's last_grad_norm() (-1: not measured)
-  bool skipped = false;   // non-finite and skip_nonfinite: no update this step
+  // --doc-mask under cp: the causal attention work's max / mean over the cp ranks of rank 0's
+  // replica under the balanced layout the loader used, and under the standard one (mean over
+  // the micro-batches); 0 otherwise.
+  double cp_imbalance = 0, cp_standard_imbalance = 0;
+  bool skipped = false;  // non-finite and skip_nonfinite: no update this step
   // Skipped steps so far in the run, this one included (a resumed run continues its checkpoint's
   // count).
   int skipped_steps = 0;

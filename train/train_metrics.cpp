@@ -194,6 +194,10 @@ void TrainMetrics::write(const StepStats& st, const std::vector<double>& r, doub
   const double tflops = step_s > 0 ? model_flops_ / step_s / 1e12 : 0.0;
   j["model_tflops_per_s"] = tflops;
   if (cfg_.peak_tflops > 0) j["mfu"] = tflops / (cfg_.peak_tflops * n);
+  if (st.cp_imbalance > 0) {
+    j["cp_imbalance"] = st.cp_imbalance;
+    j["cp_standard_imbalance"] = st.cp_standard_imbalance;
+  }
   // Ranks over the threshold for --straggler-steps steps in a row at this step: the slowest.
   int slow = -1;
   for (int i = 0; i < n; ++i)

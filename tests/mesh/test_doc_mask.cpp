@@ -216,6 +216,21 @@ TEST_CASE("train --doc-mask at cp 2 and 4 gives the cp=1 doc-masked loss curve",
     }
   });
   CHECK(moved > 0);
+  // Each step reports the balance the loader reached (rank 0's replica): never worse than the
+  // standard layout's, better where the layout moved.
+  std::vector<StepStats> stats;
+  test::run_ranks(2, [&](int r, Communicator& w, Context& ctx) {
+    auto st = train(doc_cfg("cp=2", file), ctx, w, nullptr);
+    if (r == 0) stats = st;
+  });
+  REQUIRE(stats.size() == 20);
+  int better = 0;
+  for (const StepStats& st : stats) {
+    CHECK(st.cp_imbalance >= 1.0);
+    CHECK(st.cp_imbalance <= st.cp_standard_imbalance);
+    better += st.cp_imbalance < st.cp_standard_imbalance;
+  }
+  CHECK(better == moved);
   const auto ref = test::train_losses(1, doc_cfg("dp=1", file));
   REQUIRE(ref.size() == 20);
   REQUIRE(ref.back() < ref.front());  // it learns

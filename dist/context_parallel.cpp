@@ -13,50 +13,93 @@ namespace meshrt {
 
 // ---- layout -------------------------------------------------------------------------------------
 
-CpLayout CpLayout::make(int64_t seq, int cp) {
+CpLayout CpLayout::make(int64_t seq, int cp, int parts) {
   MESHRT_CHECK(cp >= 1, "context parallelism: cp=" << cp << " must be >= 1");
-  MESHRT_CHECK(seq >= 1 && seq % (2 * static_cast<int64_t>(cp)) == 0,
+  MESHRT_CHECK(parts >= 2 && parts % 2 == 0,
+               "context parallelism: " << parts
+                                       << " chunks per rank: it must be an even number >= 2 (the "
+                                          "causal zigzag gives each rank chunks in pairs)");
+  const int64_t nc = static_cast<int64_t>(parts) * cp;
+  MESHRT_CHECK(seq >= 1 && seq % nc == 0,
                "context parallelism: sequence length "
-                   << seq << " is not divisible by 2 x cp = " << 2 * static_cast<int64_t>(cp)
-                   << " (cp=" << cp
-                   << "): the causal load-balance layout cuts "
-                      "the sequence into 2 x cp equal chunks "
-                      "(rank i holds chunks i and 2cp-1-i); use "
-                      "a sequence length that is a multiple of "
-                   << 2 * static_cast<int64_t>(cp) << " or another cp");
-  return CpLayout{seq, cp};
+                   << seq << " is not divisible by " << (parts == 2 ? "2" : std::to_string(parts))
+                   << " x cp = " << nc << " (cp=" << cp
+                   << "): the causal load-balance layout cuts the sequence into "
+                   << (parts == 2 ? "2" : std::to_string(parts))
+                   << " x cp equal chunks (rank i holds chunks i and 2cp-1-i"
+                   << (parts == 2 ? "" : " of each run of 2 x cp")
+                   << "); use a sequence length that is a multiple of " << nc << " or another cp");
+  return CpLayout{seq, cp, parts};
 }
 
-std::array<int64_t, 2> CpLayout::chunks(int rank) const {
+std::vector<int64_t> CpLayout::chunks(int rank) const {
   MESHRT_CHECK(rank >= 0 && rank < cp,
                "context parallelism: rank " << rank << " is outside cp=" << cp);
-  if (!pairs.empty()) return pairs[static_cast<size_t>(rank)];
-  return {rank, 2 * static_cast<int64_t>(cp) - 1 - rank};
+  if (!assign.empty()) return assign[static_cast<size_t>(rank)];
+  std::vector<int64_t> c;
+  const int64_t run = 2 * static_cast<int64_t>(cp);
+  for (int64_t j = 0; j < parts / 2; ++j) {
+    c.push_back(j * run + rank);
+    c.push_back(j * run + run - 1 - rank);
+  }
+  return c;
 }
 
-CpLayout CpLayout::balanced(int64_t seq, int cp, const std::vector<int64_t>& chunk_work) {
-  CpLayout l = make(seq, cp);
-  const int64_t nc = 2 * static_cast<int64_t>(cp);
+namespace {
+// Longest processing time first with `parts` chunks per rank: `order` (chunks by ascending work)
+// taken heaviest first, each to the rank with the least work that still has room (ties: the
+// lower rank).
+std::vector<std::vector<int64_t>> lpt_assign(int cp, int parts, const std::vector<int64_t>& order,
+                                             const std::vector<int64_t>& work) {
+  std::vector<std::vector<int64_t>> a(static_cast<size_t>(cp));
+  std::vector<int64_t> load(static_cast<size_t>(cp), 0);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    size_t best = a.size();
+    for (size_t r = 0; r < a.size(); ++r)
+      if (static_cast<int>(a[r].size()) < parts && (best == a.size() || load[r] < load[best]))
+        best = r;
+    a[best].push_back(*it);
+    load[best] += work[static_cast<size_t>(*it)];
+  }
+  return a;
+}
+}  // namespace
+
+CpLayout CpLayout::balanced(int64_t seq, int cp, const std::vector<int64_t>& chunk_work,
+                            int parts) {
+  CpLayout l = make(seq, cp, parts);
+  const int64_t nc = l.num_chunks();
   MESHRT_CHECK(static_cast<int64_t>(chunk_work.size()) == nc,
                "CpLayout::balanced: " << chunk_work.size() << " chunk works for cp=" << cp
-                                      << ", which cuts the sequence into " << nc << " chunks");
+                                      << " and " << parts << " chunks per rank, which cut the "
+                                      << "sequence into " << nc << " chunks");
   std::vector<int64_t> order(static_cast<size_t>(nc));
   for (int64_t c = 0; c < nc; ++c) order[static_cast<size_t>(c)] = c;
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
     return chunk_work[static_cast<size_t>(a)] < chunk_work[static_cast<size_t>(b)];
   });
-  for (int64_t i = 0; i < cp; ++i) {
-    const int64_t a = order[static_cast<size_t>(i)], b = order[static_cast<size_t>(nc - 1 - i)];
-    l.pairs.push_back({std::min(a, b), std::max(a, b)});
+  if (parts == 2) {
+    for (int64_t i = 0; i < cp; ++i)
+      l.assign.push_back({order[static_cast<size_t>(i)], order[static_cast<size_t>(nc - 1 - i)]});
+  } else {
+    l.assign = lpt_assign(cp, parts, order, chunk_work);
   }
-  std::sort(l.pairs.begin(), l.pairs.end());
+  for (auto& a : l.assign) std::sort(a.begin(), a.end());
+  std::sort(l.assign.begin(), l.assign.end());
+  // LPT is a heuristic: where it is no better than the standard zigzag, keep that.
+  auto heaviest = [&](const CpLayout& x) {
+    const std::vector<int64_t> w = cp_rank_work(x, chunk_work);
+    return *std::max_element(w.begin(), w.end());
+  };
+  if (parts > 2 && heaviest(l) >= heaviest(make(seq, cp, parts))) l.assign.clear();
   return l;
 }
 
 // ---- packed documents: causal attention work per rank ------------------------------------------
 
-std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_t>& doc_starts) {
-  const CpLayout l = CpLayout::make(seq, cp);
+std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_t>& doc_starts,
+                                   int parts) {
+  const CpLayout l = CpLayout::make(seq, cp, parts);
   for (size_t i = 0; i < doc_starts.size(); ++i)
     MESHRT_CHECK(
         doc_starts[i] >= 0 && doc_starts[i] < seq && (i == 0 || doc_starts[i] > doc_starts[i - 1]),
@@ -64,7 +107,7 @@ std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_
             << doc_starts[i] << " (entry " << i << ") must be in [0, " << seq
             << ") and after the previous start"
             << (i > 0 ? " " + std::to_string(doc_starts[i - 1]) : std::string()));
-  std::vector<int64_t> work(static_cast<size_t>(2 * cp), 0);
+  std::vector<int64_t> work(static_cast<size_t>(l.num_chunks()), 0);
   size_t next = 0;
   int64_t start = 0;  // the current document's first position
   for (int64_t p = 0; p < seq; ++p) {
@@ -75,8 +118,9 @@ std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_
 }
 
 std::vector<int64_t> cp_rank_work(const CpLayout& layout, const std::vector<int64_t>& chunk_work) {
-  MESHRT_CHECK(static_cast<int64_t>(chunk_work.size()) == 2 * static_cast<int64_t>(layout.cp),
-               "cp_rank_work: " << chunk_work.size() << " chunk works for cp=" << layout.cp);
+  MESHRT_CHECK(static_cast<int64_t>(chunk_work.size()) == layout.num_chunks(),
+               "cp_rank_work: " << chunk_work.size() << " chunk works for cp=" << layout.cp
+                                << " and " << layout.parts << " chunks per rank");
   std::vector<int64_t> w(static_cast<size_t>(layout.cp), 0);
   for (int r = 0; r < layout.cp; ++r)
     for (int64_t c : layout.chunks(r))
@@ -123,8 +167,9 @@ void cp_shard(const CpLayout& layout, int rank, const Tensor& full, int seq_dim,
   check_seq_dim("cp_shard", layout, full, seq_dim, shard);
   const auto c = layout.chunks(rank);
   const int64_t n = layout.chunk();
-  for (int64_t j = 0; j < 2; ++j)
-    shard.narrow(seq_dim, j * n, n).copy_(full.narrow(seq_dim, c[j] * n, n), stream);
+  for (size_t j = 0; j < c.size(); ++j)
+    shard.narrow(seq_dim, static_cast<int64_t>(j) * n, n)
+        .copy_(full.narrow(seq_dim, c[j] * n, n), stream);
 }
 
 void cp_unshard(const CpLayout& layout, int rank, const Tensor& shard, int seq_dim,
@@ -132,8 +177,9 @@ void cp_unshard(const CpLayout& layout, int rank, const Tensor& shard, int seq_d
   check_seq_dim("cp_unshard", layout, full, seq_dim, shard);
   const auto c = layout.chunks(rank);
   const int64_t n = layout.chunk();
-  for (int64_t j = 0; j < 2; ++j)
-    full.narrow(seq_dim, c[j] * n, n).copy_(shard.narrow(seq_dim, j * n, n), stream);
+  for (size_t j = 0; j < c.size(); ++j)
+    full.narrow(seq_dim, c[j] * n, n)
+        .copy_(shard.narrow(seq_dim, static_cast<int64_t>(j) * n, n), stream);
 }
 
 void cp_gather(Communicator& cp, const CpLayout& layout, const Tensor& shard, int seq_dim,
@@ -186,28 +232,28 @@ CpWaitScope::~CpWaitScope() { t_exchange_wait = prev_; }
 
 namespace {
 
-// A rank's two chunks as halves of one contiguous tensor: [2, batch, heads, chunk(, head_dim)],
-// so that each chunk is a contiguous operand of the attention ops.
-Tensor to_halves(Context& ctx, Stream& s, const Tensor& x) {
-  const int64_t c = x.size(2) / 2;
-  std::vector<int64_t> dims{2};
+// A rank's `parts` chunks as one contiguous tensor [parts, batch, heads, chunk(, head_dim)], so
+// that each chunk is a contiguous operand of the attention ops.
+Tensor to_parts(Context& ctx, Stream& s, const Tensor& x, int64_t parts) {
+  const int64_t c = x.size(2) / parts;
+  std::vector<int64_t> dims{parts};
   for (int d = 0; d < x.ndim(); ++d) dims.push_back(d == 2 ? c : x.size(d));
   Tensor h = ctx.empty(Shape(dims), x.dtype());
-  for (int64_t j = 0; j < 2; ++j) h.select(0, j).copy_(x.narrow(2, j * c, c), s);
+  for (int64_t j = 0; j < parts; ++j) h.select(0, j).copy_(x.narrow(2, j * c, c), s);
   return h;
 }
 
-void from_halves(Stream& s, const Tensor& h, const Tensor& x) {
-  const int64_t c = x.size(2) / 2;
-  for (int64_t j = 0; j < 2; ++j) x.narrow(2, j * c, c).copy_(h.select(0, j), s);
+void from_parts(Stream& s, const Tensor& h, const Tensor& x) {
+  const int64_t parts = h.size(0), c = x.size(2) / parts;
+  for (int64_t j = 0; j < parts; ++j) x.narrow(2, j * c, c).copy_(h.select(0, j), s);
 }
 
-// K and V of a shard in one tensor [2 (k, v), 2 (halves), batch, heads, chunk, head_dim]: what
-// one send, receive or gather entry carries.
-Tensor pack_kv(Context& ctx, Stream& s, const Tensor& k, const Tensor& v) {
-  const int64_t c = k.size(2) / 2;
-  Tensor p = ctx.empty({2, 2, k.size(0), k.size(1), c, k.size(3)}, k.dtype());
-  for (int64_t j = 0; j < 2; ++j) {
+// K and V of a shard in one tensor [2 (k, v), parts, batch, heads, chunk, head_dim]: what one
+// send, receive or gather entry carries.
+Tensor pack_kv(Context& ctx, Stream& s, const Tensor& k, const Tensor& v, int64_t parts) {
+  const int64_t c = k.size(2) / parts;
+  Tensor p = ctx.empty({2, parts, k.size(0), k.size(1), c, k.size(3)}, k.dtype());
+  for (int64_t j = 0; j < parts; ++j) {
     p.select(0, 0).select(0, j).copy_(k.narrow(2, j * c, c), s);
     p.select(0, 1).select(0, j).copy_(v.narrow(2, j * c, c), s);
   }
@@ -218,8 +264,8 @@ Tensor flat(const Tensor& t) { return t.view({t.numel()}); }
 
 // The document ids of doc-masked cp attention, cut into the layout's chunks.
 struct CpDocs {
-  Tensor chunks;                     // i32 [2cp, batch, chunk]: chunk c's ids, contiguous
-  std::vector<int32_t> first, last;  // [2cp x batch]: chunk c's first and last id in row b
+  Tensor chunks;                     // i32 [chunks, batch, chunk]: chunk c's ids, contiguous
+  std::vector<int32_t> first, last;  // [chunks x batch]: chunk c's first and last id in row b
   int64_t batch = 0;
   bool defined() const { return chunks.defined(); }
   Tensor of(int64_t chunk) const { return defined() ? chunks.select(0, chunk) : Tensor(); }
@@ -252,7 +298,7 @@ CpDocs cut_docs(const char* op, const CpLayout& L, const Tensor& ids, int64_t ba
                       << " follows doc_ids[" << b << ", " << i - 1 << "] = " << p[b * L.seq + i - 1]
                       << ": document ids must be non-decreasing along the sequence (each "
                          "document one run of positions)");
-  const int64_t nc = 2 * static_cast<int64_t>(L.cp), n = L.chunk();
+  const int64_t nc = L.num_chunks(), n = L.chunk();
   std::vector<int32_t> buf(static_cast<size_t>(nc * batch * n));
   d.first.resize(static_cast<size_t>(nc * batch));
   d.last.resize(d.first.size());
@@ -286,7 +332,7 @@ struct CpRun {
 };
 
 struct FwdState {
-  Tensor qh, oh, lh;  // query, output and lse halves
+  Tensor qh, oh, lh;  // query, output and lse parts (one per chunk)
   Tensor po, pl;      // one block's partial
 };
 
@@ -294,8 +340,8 @@ struct FwdState {
 void attend_fwd(CpRun& run, int src, const Tensor& kv, FwdState& st) {
   const auto qc = run.layout.chunks(run.rank()), kc = run.layout.chunks(src);
   const int64_t n = run.layout.chunk();
-  for (int64_t a = 0; a < 2; ++a)
-    for (int64_t b = 0; b < 2; ++b) {
+  for (size_t a = 0; a < qc.size(); ++a)
+    for (size_t b = 0; b < kc.size(); ++b) {
       if (!run.sees(qc[a], kc[b])) continue;
       ops::attention_block_fwd(run.ctx, run.cs(), st.qh.select(0, a), kv.select(0, 0).select(0, b),
                                kv.select(0, 1).select(0, b), st.po, st.pl, run.scale, run.causal,
@@ -305,8 +351,8 @@ void attend_fwd(CpRun& run, int src, const Tensor& kv, FwdState& st) {
 }
 
 struct BwdState {
-  Tensor qh, oh, gh, lh;  // query, output, output-gradient and lse halves
-  Tensor dqh;             // accumulated dq halves
+  Tensor qh, oh, gh, lh;  // query, output, output-gradient and lse parts
+  Tensor dqh;             // accumulated dq parts
   Tensor pdq, pdk, pdv;   // one block's gradients
 };
 
@@ -317,8 +363,8 @@ void attend_bwd(CpRun& run, int src, const Tensor& kv, const Tensor& dkv, BwdSta
   const int64_t n = run.layout.chunk();
   Context& ctx = run.ctx;
   Stream& s = run.cs();
-  for (int64_t a = 0; a < 2; ++a)
-    for (int64_t b = 0; b < 2; ++b) {
+  for (size_t a = 0; a < qc.size(); ++a)
+    for (size_t b = 0; b < kc.size(); ++b) {
       if (!run.sees(qc[a], kc[b])) continue;
       const Tensor dqa = st.dqh.select(0, a), dkb = dkv.select(0, 0).select(0, b),
                    dvb = dkv.select(0, 1).select(0, b);
@@ -343,7 +389,7 @@ void ring_fwd(CpRun& run, const Tensor& k, const Tensor& v, FwdState& st) {
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   Stream& ss = run.ctx.stream("cp.send");
   Stream& rs = run.ctx.stream("cp.recv");
-  Tensor buf[2] = {pack_kv(run.ctx, run.cs(), k, v), {}};
+  Tensor buf[2] = {pack_kv(run.ctx, run.cs(), k, v, run.layout.parts), {}};
   if (P > 1) buf[1] = run.ctx.empty(buf[0].shape(), buf[0].dtype());
   // compute_prev starts at the buffers' allocation: the first receive must not write them before
   // the compute stream is done with what the allocator reused for them.
@@ -375,7 +421,7 @@ Tensor ring_bwd(CpRun& run, const Tensor& k, const Tensor& v, BwdState& st) {
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   Stream& ss = run.ctx.stream("cp.send");
   Stream& rs = run.ctx.stream("cp.recv");
-  Tensor kv[2] = {pack_kv(run.ctx, run.cs(), k, v), {}};
+  Tensor kv[2] = {pack_kv(run.ctx, run.cs(), k, v, run.layout.parts), {}};
   Tensor dkv[2] = {run.ctx.empty(kv[0].shape(), kv[0].dtype()), {}};
   ops::fill(run.ctx, run.cs(), dkv[0], 0.0);
   if (P > 1) {
@@ -419,9 +465,9 @@ Tensor ring_bwd(CpRun& run, const Tensor& k, const Tensor& v, BwdState& st) {
   return dkv[P % 2];
 }
 
-// Every rank's packed K/V: [P, 2, 2, batch, heads, chunk, head_dim].
+// Every rank's packed K/V: [P, 2, parts, batch, heads, chunk, head_dim].
 Tensor gather_kv(CpRun& run, const Tensor& k, const Tensor& v) {
-  Tensor mine = pack_kv(run.ctx, run.cs(), k, v);
+  Tensor mine = pack_kv(run.ctx, run.cs(), k, v, run.layout.parts);
   std::vector<int64_t> dims{run.comm.size()};
   for (int d = 0; d < mine.ndim(); ++d) dims.push_back(mine.size(d));
   Tensor all = run.ctx.empty(Shape(dims), mine.dtype());
@@ -434,8 +480,8 @@ void check_cp_attention(const char* op, Communicator& cp, const Tensor& q, const
                         const Tensor& v, const Tensor& out, const Tensor& lse) {
   MESHRT_CHECK(q.ndim() == 4 && q.size(2) % 2 == 0,
                op << ": q " << q.str()
-                  << " must be this rank's shard [batch, heads, 2 x chunk, head_dim] (its two "
-                     "chunks of the causal load-balance layout, so an even length)");
+                  << " must be this rank's shard [batch, heads, parts x chunk, head_dim] (its "
+                     "chunks of the causal load-balance layout, in pairs: an even length)");
   for (const Tensor* t : {&k, &v, &out})
     MESHRT_CHECK(t->shape() == q.shape() && t->dtype() == q.dtype(),
                  op << ": k, v and out must be shaped like q " << q.str() << ", got " << t->str());
@@ -465,11 +511,12 @@ void cp_attention_fwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& 
   check_cp_attention("cp_attention_fwd", cp, q, k, v, out, lse);
   CpRun run{cp, ctx, layout_of("cp_attention_fwd", cp, q, given), softmax_scale, causal, {}};
   run.docs = cut_docs("cp_attention_fwd", run.layout, doc_ids, q.size(0), ctx.device());
+  const int64_t parts = run.layout.parts;
   Stream& s = run.cs();
   FwdState st;
-  st.qh = to_halves(ctx, s, q);
+  st.qh = to_parts(ctx, s, q, parts);
   st.oh = ctx.empty(st.qh.shape(), q.dtype());
-  st.lh = ctx.empty({2, q.size(0), q.size(1), q.size(2) / 2}, DType::f32);
+  st.lh = ctx.empty({parts, q.size(0), q.size(1), q.size(2) / parts}, DType::f32);
   st.po = ctx.empty(st.qh.select(0, 0).shape(), q.dtype());
   st.pl = ctx.empty(st.lh.select(0, 0).shape(), DType::f32);
   ops::fill(ctx, s, st.oh, 0.0);
@@ -480,8 +527,8 @@ void cp_attention_fwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& 
     Tensor all = gather_kv(run, k, v);
     for (int src = 0; src < cp.size(); ++src) attend_fwd(run, src, all.select(0, src), st);
   }
-  from_halves(s, st.oh, out);
-  from_halves(s, st.lh, lse);
+  from_parts(s, st.oh, out);
+  from_parts(s, st.lh, lse);
 }
 
 void cp_attention_bwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
@@ -495,12 +542,13 @@ void cp_attention_bwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& 
                      << q.str() << ", got " << t->str());
   CpRun run{cp, ctx, layout_of("cp_attention_bwd", cp, q, given), softmax_scale, causal, {}};
   run.docs = cut_docs("cp_attention_bwd", run.layout, doc_ids, q.size(0), ctx.device());
+  const int64_t parts = run.layout.parts;
   Stream& s = run.cs();
   BwdState st;
-  st.qh = to_halves(ctx, s, q);
-  st.oh = to_halves(ctx, s, out);
-  st.gh = to_halves(ctx, s, dout);
-  st.lh = to_halves(ctx, s, lse);
+  st.qh = to_parts(ctx, s, q, parts);
+  st.oh = to_parts(ctx, s, out, parts);
+  st.gh = to_parts(ctx, s, dout, parts);
+  st.lh = to_parts(ctx, s, lse, parts);
   st.dqh = ctx.empty(st.qh.shape(), q.dtype());
   ops::fill(ctx, s, st.dqh, 0.0);
   st.pdq = ctx.empty(st.qh.select(0, 0).shape(), q.dtype());
@@ -519,9 +567,9 @@ void cp_attention_bwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& 
     Stream& rs = ctx.stream("cp.recv");
     wait_exchange(s, cp.reduce_scatter(flat(dall), flat(mine), ReduceOp::Sum, rs, {s.record()}));
   }
-  from_halves(s, st.dqh, dq);
-  from_halves(s, mine.select(0, 0), dk);
-  from_halves(s, mine.select(0, 1), dv);
+  from_parts(s, st.dqh, dq);
+  from_parts(s, mine.select(0, 0), dk);
+  from_parts(s, mine.select(0, 1), dv);
 }
 
 }  // namespace meshrt

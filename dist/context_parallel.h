@@ -20,45 +20,54 @@ namespace meshrt {
 
 // The causal load-balance layout: a sequence of `seq` tokens is cut into 2 x cp equal chunks and
 // rank i holds chunks i and 2cp-1-i (in that order), so every rank does the same attention work
-// under the causal mask. Needs seq divisible by 2 x cp. A balanced layout (CpLayout::balanced,
-// for packed documents) gives each rank another pair of the chunks: `pairs`, empty for the
-// standard one.
+// under the causal mask. Needs seq divisible by 2 x cp. Finer: `parts` chunks per rank (an even
+// number; parts x cp chunks in all), the standard layout repeating that zigzag over each run of
+// 2 x cp chunks. A balanced layout (CpLayout::balanced, for packed documents) gives each rank
+// another set of the chunks: `assign`, empty for the standard one.
 struct CpLayout {
   int64_t seq = 0;
   int cp = 1;
-  std::vector<std::array<int64_t, 2>> pairs = {};  // [cp]: rank i's chunks; empty: {i, 2cp-1-i}
+  int parts = 2;                                  // chunks per rank
+  std::vector<std::vector<int64_t>> assign = {};  // [cp][parts]: rank i's chunks; empty: standard
 
-  // Validates: throws meshrt::Error naming seq and cp, and the rule, unless cp >= 1, seq >= 1
-  // and seq % (2 x cp) == 0.
-  static CpLayout make(int64_t seq, int cp);
-  // The layout of the same 2 x cp chunks whose pairing best balances `chunk_work` (cp_chunk_work,
-  // summed over a batch's rows): the chunks sorted by work, the k-th lightest paired with the
-  // k-th heaviest (the pairing that minimises the heaviest rank's work), each pair in position
-  // order, ranks in order of their first chunk. With the causal work of one document (or
-  // documents longer than the sequence) this is the standard pairing. Every rank must build it
-  // from the same work (the whole batch's documents), and shard, gather and cp attention with it.
-  static CpLayout balanced(int64_t seq, int cp, const std::vector<int64_t>& chunk_work);
-  // Tokens per chunk: seq / (2 x cp). A rank holds 2 x chunk() = seq / cp tokens.
-  int64_t chunk() const { return seq / (2 * cp); }
+  // Validates: throws meshrt::Error naming seq, cp, parts and the rule, unless cp >= 1,
+  // parts >= 2 and even, seq >= 1 and seq % (parts x cp) == 0.
+  static CpLayout make(int64_t seq, int cp, int parts = 2);
+  // The layout of the same parts x cp chunks that best balances `chunk_work` (cp_chunk_work,
+  // summed over a batch's rows). parts = 2: the chunks sorted by work, the k-th lightest paired
+  // with the k-th heaviest (the pairing that minimises the heaviest rank's work); more parts:
+  // the heaviest chunk first to the lightest rank with room (longest processing time first,
+  // `parts` chunks each), or the standard layout where that is no better. Each rank's chunks in
+  // position order, ranks in order of their first chunk. With the causal work of one document (or
+  // documents longer than the sequence) and parts = 2 this is the standard pairing. Every rank must
+  // build it from the same work (the whole batch's documents), and shard, gather and cp attention
+  // with it.
+  static CpLayout balanced(int64_t seq, int cp, const std::vector<int64_t>& chunk_work,
+                           int parts = 2);
+  // Tokens per chunk: seq / (parts x cp). A rank holds parts x chunk() = seq / cp tokens.
+  int64_t chunk() const { return seq / (static_cast<int64_t>(parts) * cp); }
+  int64_t num_chunks() const { return static_cast<int64_t>(parts) * cp; }
   int64_t local_seq() const { return seq / cp; }
-  // The global chunk indices rank `rank` holds, in its local order: {rank, 2cp-1-rank}.
-  std::array<int64_t, 2> chunks(int rank) const;
+  // The global chunk indices rank `rank` holds, in its local order: {rank, 2cp-1-rank, ...}.
+  std::vector<int64_t> chunks(int rank) const;
   // The global position of rank `rank`'s local token `local`.
   int64_t global_pos(int rank, int64_t local) const;
 };
 
 // ---- packed documents: causal attention work per rank ----
 // The work of a query row is the number of keys it sees: its position in its document + 1
-// under the causal document mask. cp_chunk_work sums it over each of the 2 x cp chunks of a
+// under the causal document mask. cp_chunk_work sums it over each of the parts x cp chunks of a
 // sequence of `seq` tokens whose documents start at `doc_starts` (strictly increasing, in
 // [0, seq); position 0 always starts one, listed or not). Refused, naming the values, otherwise.
-std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_t>& doc_starts);
-// Each rank's work under `layout` (the sum of its chunks' work): [cp].
+std::vector<int64_t> cp_chunk_work(int64_t seq, int cp, const std::vector<int64_t>& doc_starts,
+                                   int parts = 2);
+// Each rank's work under `layout` (the sum of its chunks' work; layout.num_chunks() entries):
+// [cp].
 std::vector<int64_t> cp_rank_work(const CpLayout& layout, const std::vector<int64_t>& chunk_work);
 // max / mean of the ranks' work (1 = balanced; 1 for no work at all).
 double cp_imbalance(const std::vector<int64_t>& rank_work);
 
-// Copies rank `rank`'s shard of `full` (its two chunks along dim `seq_dim`, which must have
+// Copies rank `rank`'s shard of `full` (its chunks along dim `seq_dim`, which must have
 // layout.seq entries) into `shard` (full's shape with layout.local_seq() along seq_dim).
 // Enqueued on `stream`.
 void cp_shard(const CpLayout& layout, int rank, const Tensor& full, int seq_dim,
@@ -98,18 +107,18 @@ class CpWaitScope {
 };
 
 // Attention over a sequence sharded with CpLayout over the communicator `cp` (every rank calls
-// it, in the same order). q, k, v, out: this rank's shard [batch, heads, 2 x chunk, head_dim]
-// (its chunks i and 2cp-1-i); lse f32 [batch, heads, 2 x chunk]. out and lse are this rank's rows
-// of attention_fwd over the whole sequence (causal: on global positions). Work is enqueued on
-// ctx's compute stream and its "cp.send" / "cp.recv" side streams; results are ready when the
-// compute stream reaches that point.
-// Packed documents: doc_ids, i32 [batch, seq] on the host, is the document id of every position
-// of the whole sequence (the same on every rank; non-decreasing along each row, each document
-// one run of positions, any length, boundaries anywhere). Attention then stays inside each
-// document (causal within it), and K/V chunks that share no document with a query chunk are
-// skipped. It is read when the call is made (write it before: the data loader's ids). Undefined
-// (the default): no document mask. Refused, naming the values, when its shape or order is wrong.
-// layout: the one the shards were cut with (CpLayout::balanced's); nullptr: the standard one.
+// it, in the same order). q, k, v, out: this rank's shard [batch, heads, parts x chunk, head_dim]
+// (its chunks: i and 2cp-1-i in the standard layout); lse f32 [batch, heads, parts x chunk]. out
+// and lse are this rank's rows of attention_fwd over the whole sequence (causal: on global
+// positions). Work is enqueued on ctx's compute stream and its "cp.send" / "cp.recv" side streams;
+// results are ready when the compute stream reaches that point. Packed documents: doc_ids, i32
+// [batch, seq] on the host, is the document id of every position of the whole sequence (the same on
+// every rank; non-decreasing along each row, each document one run of positions, any length,
+// boundaries anywhere). Attention then stays inside each document (causal within it), and K/V
+// chunks that share no document with a query chunk are skipped. It is read when the call is made
+// (write it before: the data loader's ids). Undefined (the default): no document mask. Refused,
+// naming the values, when its shape or order is wrong. layout: the one the shards were cut with
+// (CpLayout::balanced's); nullptr: the standard one.
 void cp_attention_fwd(Communicator& cp, Context& ctx, CpComm how, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, const Tensor& lse, float softmax_scale,
                       bool causal = true, const Tensor& doc_ids = {},

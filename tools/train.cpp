@@ -206,6 +206,11 @@ void add_data_flags(CLI::App* c, TrainCliOptions& o) {
                 "The token id that ends each document under --doc-mask (needed for synthetic "
                 "tokens and for token files without an end-of-text token of their own)")
       ->check(cli::int_at_least(0, o.eot_token));
+  c->add_option("--cp-chunks", o.cp_chunks,
+                "Chunks per cp rank of --doc-mask's balanced layout (even; --seq divisible by "
+                "it x cp): finer chunks balance packed documents' attention work better")
+      ->capture_default_str()
+      ->check(cli::int_at_least(2, o.cp_chunks));
   c->add_option("--eval-every", o.eval_every,
                 "Validation loss every N steps (0: after the last step); needs --val-data")
       ->capture_default_str()
@@ -277,6 +282,7 @@ const SharedOption kSharedOptions[] = {
     MESHRT_SHARED("cp-comm", cp_comm),
     MESHRT_SHARED("doc-mask", doc_mask),
     MESHRT_SHARED("eot-token", eot_token),
+    MESHRT_SHARED("cp-chunks", cp_chunks),
     MESHRT_SHARED("backend", backend),
     MESHRT_SHARED("sp", sp),
     MESHRT_SHARED("batch", batch),
@@ -489,6 +495,7 @@ TrainConfig train_config(const TrainCliOptions& o, GradSyncMode mode) {
                "--val-data " << o.val_data << " needs --data FILE to train on");
   if (!o.data.empty()) c.data = TokenFile::open(o.data, raw, "--data");
   if (!o.val_data.empty()) c.val_data = TokenFile::open(o.val_data, raw, "--val-data");
+  c.cp_chunks = o.cp_chunks;
   if (o.doc_mask) {
     MESHRT_CHECK(c.data || o.eot_token >= 0,
                  "--doc-mask on synthetic tokens needs --eot-token ID (the synthetic walk has no "

@@ -44,6 +44,7 @@ struct TrainCliOptions {
   // token file's own).
   bool doc_mask = false;
   int64_t eot_token = -1;
+  int cp_chunks = 2;  // --cp-chunks: chunks per cp rank of --doc-mask's balanced layout
   int eval_every = 0, eval_batches = 4;
   bool skip_nonfinite = false;
   bool mem_stats = false;

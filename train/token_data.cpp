@@ -337,7 +337,8 @@ std::vector<int32_t> document_ids(const int64_t* tokens, int64_t n, int64_t eot)
   return ids;
 }
 
-std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, int64_t eot, int cp) {
+std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, int64_t eot, int cp,
+                                             int parts) {
   MESHRT_CHECK(ids.ndim() == 2 && ids.dtype() == DType::i64 && ids.is_contiguous() && cp >= 1,
                "packed documents: ids " << ids.str() << " must be contiguous [seq, batch] i64 (cp "
                                         << cp << ")");
@@ -350,19 +351,21 @@ std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, in
   const int64_t* p = host.data<int64_t>();
   auto docs = std::make_shared<PackedDocs>();
   docs->ids = Tensor::empty({n, seq}, DType::i32, ctx.host_allocator());
-  std::vector<int64_t> row(static_cast<size_t>(seq)), work(static_cast<size_t>(2 * cp), 0);
+  std::vector<int64_t> row(static_cast<size_t>(seq)),
+      work(static_cast<size_t>(parts) * static_cast<size_t>(cp), 0);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < seq; ++i) row[static_cast<size_t>(i)] = p[i * n + j];
     const std::vector<int32_t> d = document_ids(row.data(), seq, eot);
     std::copy(d.begin(), d.end(), docs->ids.data<int32_t>() + j * seq);
     if (cp == 1) continue;
-    const std::vector<int64_t> w = cp_chunk_work(seq, cp, document_starts(row.data(), seq, eot));
+    const std::vector<int64_t> w =
+        cp_chunk_work(seq, cp, document_starts(row.data(), seq, eot), parts);
     for (size_t c = 0; c < w.size(); ++c) work[c] += w[c];
   }
   if (cp > 1) {
-    docs->layout = CpLayout::balanced(seq, cp, work);
+    docs->layout = CpLayout::balanced(seq, cp, work, parts);
     docs->imbalance = cp_imbalance(cp_rank_work(docs->layout, work));
-    docs->standard_imbalance = cp_imbalance(cp_rank_work(CpLayout::make(seq, cp), work));
+    docs->standard_imbalance = cp_imbalance(cp_rank_work(CpLayout::make(seq, cp, parts), work));
   } else if (ctx.device().is_cpu())
     docs->device_ids = docs->ids;
   else

@@ -99,10 +99,11 @@ std::vector<int32_t> document_ids(const int64_t* tokens, int64_t n, int64_t eot)
 // The packed documents of a batch: ids [seq, n] i64 (make_token_batch's, on any device: read
 // back to the host) whose documents end with `eot`, as PackedDocs (model/blocks.h): the document
 // ids [n, seq] on the host (and, cp = 1, on ctx's device) and, cp > 1, the layout that balances
-// the causal work of the batch's documents over the cp ranks (CpLayout::balanced; seq must
-// divide by 2 x cp) with its imbalance and the standard layout's. Every cp rank of a replica
-// builds the same from the same batch.
-std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, int64_t eot, int cp);
+// the causal work of the batch's documents over the cp ranks in `parts` chunks each
+// (CpLayout::balanced; seq must divide by parts x cp) with its imbalance and the standard
+// layout's. Every cp rank of a replica builds the same from the same batch.
+std::shared_ptr<PackedDocs> packed_documents(Context& ctx, const Tensor& ids, int64_t eot, int cp,
+                                             int parts = 2);
 
 // Streams of make_token_batch: training and validation draw independently.
 inline constexpr uint64_t kTrainTokenStream = 0x7a11;

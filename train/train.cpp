@@ -63,7 +63,7 @@ std::shared_ptr<const PackedDocs> make_batch(const TrainConfig& cfg, Context& ct
     make_synthetic_batch(ctx, cfg.seed, first, n, cfg.seq, cfg.model.vocab, ids, targets);
   const int cp = mesh.size(kCpDim);
   std::shared_ptr<const PackedDocs> docs;
-  if (cfg.doc_eot >= 0) docs = packed_documents(ctx, *ids, cfg.doc_eot, cp);
+  if (cfg.doc_eot >= 0) docs = packed_documents(ctx, *ids, cfg.doc_eot, cp, cfg.cp_chunks);
   model.set_documents(docs);
   if (cp == 1) return docs;
   const CpLayout layout = docs ? docs->layout : CpLayout::make(cfg.seq, cp);
@@ -173,7 +173,20 @@ void validate_step(const TrainConfig& cfg, Context& ctx, Communicator& world, De
 
 // What train does not run under cp > 1 (before anything is communicated).
 void validate_train_cp(const TrainConfig& cfg, const std::string& mesh, int cp) {
+  MESHRT_CHECK(cfg.cp_chunks == 2 || (cp > 1 && cfg.doc_eot >= 0),
+               "train: --cp-chunks " << cfg.cp_chunks << " sets the chunks per cp rank of "
+                                     << "--doc-mask's balanced layout; it needs --doc-mask and a "
+                                        "mesh with cp > 1 (--mesh "
+                                     << mesh << ")");
   if (cp == 1) return;
+  if (cfg.cp_chunks != 2) {
+    try {
+      CpLayout::make(cfg.seq, cp, cfg.cp_chunks);
+    } catch (const Error& e) {
+      MESHRT_FAIL("train: --cp-chunks " << cfg.cp_chunks << " with --seq " << cfg.seq << ": "
+                                        << e.message());
+    }
+  }
   MESHRT_CHECK(!cfg.deterministic,
                "train: --deterministic is not supported with context parallelism (--mesh "
                    << mesh << ", cp=" << cp

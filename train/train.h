@@ -60,6 +60,9 @@ struct TrainConfig {
   // the packed sequences (included in it); attention then stays inside each document, causal
   // within it, under any cp. -1: one causal mask over the whole sequence.
   int64_t doc_eot = -1;
+  // --cp-chunks: with doc_eot under cp, the chunks per cp rank of the balanced layout (even;
+  // seq divisible by cp_chunks x cp): finer chunks balance packed documents better.
+  int cp_chunks = 2;
   int eval_every = 0;
   int eval_batches = 4;
   // A non-finite loss or gradient stops the run (NonFiniteError) unless skipped: no update.

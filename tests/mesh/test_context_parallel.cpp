@@ -120,8 +120,8 @@ TEST_CASE("cp layout: rank i holds chunks i and 2cp-1-i", "[cp]") {
   const CpLayout l = CpLayout::make(24, 3);
   REQUIRE(l.chunk() == 4);
   REQUIRE(l.local_seq() == 8);
-  REQUIRE(l.chunks(0) == std::array<int64_t, 2>{0, 5});
-  REQUIRE(l.chunks(2) == std::array<int64_t, 2>{2, 3});
+  REQUIRE(l.chunks(0) == std::vector<int64_t>{0, 5});
+  REQUIRE(l.chunks(2) == std::vector<int64_t>{2, 3});
   REQUIRE(l.global_pos(1, 0) == 4);
   REQUIRE(l.global_pos(1, 3) == 7);
   REQUIRE(l.global_pos(1, 4) == 16);
@@ -247,7 +247,7 @@ TEST_CASE("doc-masked cp attention equals cp = 1's", "[cp][multirank][docmask]")
   for (size_t c = 0; c < work.size(); ++c) work[c] += work1[c];
   // At cp = 4 the balanced layout pairs chunks {0, 7}, {1, 5}, {2, 4}, {3, 6}.
   const CpLayout l = balanced ? CpLayout::balanced(p.seq, cp, work) : CpLayout::make(p.seq, cp);
-  if (balanced && cp == 4) REQUIRE(l.chunks(1) == std::array<int64_t, 2>{1, 5});
+  if (balanced && cp == 4) REQUIRE(l.chunks(1) == std::vector<int64_t>{1, 5});
   const float scale = 0.6f;
   const size_t n = static_cast<size_t>(p.full().numel());
   std::vector<Vals> in;
@@ -263,6 +263,69 @@ TEST_CASE("doc-masked cp attention equals cp = 1's", "[cp][multirank][docmask]")
                      causal, d, &l);
     require_rank_rows(ctx, p, l, r, ref, {&out, &lse, &dq, &dk, &dv});
   });
+}
+
+TEST_CASE("cp attention over 4 chunks per rank equals cp = 1's", "[cp][multirank][docmask]") {
+  const int cp = GENERATE(2, 3);
+  const CpComm how = GENERATE(CpComm::Ring, CpComm::AllGather);
+  const bool masked = GENERATE(false, true);
+  const bool balanced = GENERATE(false, true);
+  CAPTURE(cp, cp_comm_name(how), masked, balanced);
+  Problem p;
+  p.b = 2;
+  p.seq = 48;  // 4 x cp chunks of 6 or 4 tokens
+  const std::vector<int32_t> ids =
+      masked ? doc_ids({{3, 11, 1, 33}, {17, 31}}) : std::vector<int32_t>(96, 0);
+  std::vector<int64_t> work = cp_chunk_work(p.seq, cp, {0, 3, 14, 15}, 4);
+  const std::vector<int64_t> work1 = cp_chunk_work(p.seq, cp, {0, 17}, 4);
+  for (size_t c = 0; c < work.size(); ++c) work[c] += work1[c];
+  const CpLayout l =
+      balanced ? CpLayout::balanced(p.seq, cp, work, 4) : CpLayout::make(p.seq, cp, 4);
+  if (!balanced && cp == 2) REQUIRE(l.chunks(1) == std::vector<int64_t>{1, 2, 5, 6});
+  const float scale = 0.6f;
+  const size_t n = static_cast<size_t>(p.full().numel());
+  std::vector<Vals> in;
+  for (uint32_t i = 0; i < 4; ++i) in.push_back(random_vals(n, 29 + i));
+  const std::vector<Vals> ref = doc_reference(p, in, ids, scale, true);
+  run_ranks(cp, [&](int r, Communicator& comm, Context& ctx) {
+    RankTensors t = rank_tensors(ctx, p, l, r, in);
+    std::vector<Tensor>& sh = t.sh;
+    const Tensor d = masked ? id_tensor(p.b, p.seq, ids) : Tensor();
+    cp_attention_fwd(comm, ctx, how, sh[0], sh[1], sh[2], t.out, t.lse, scale, true, d, &l);
+    cp_attention_bwd(comm, ctx, how, sh[0], sh[1], sh[2], t.out, sh[3], t.lse, t.dq, t.dk, t.dv,
+                     scale, true, d, &l);
+    require_rank_rows(ctx, p, l, r, ref, {&t.out, &t.lse, &t.dq, &t.dk, &t.dv});
+  });
+}
+
+TEST_CASE("cp layouts of 4 chunks per rank: the zigzag per run, and LPT balance", "[cp]") {
+  const CpLayout l = CpLayout::make(24, 3, 4);
+  REQUIRE(l.chunk() == 2);
+  REQUIRE(l.num_chunks() == 12);
+  REQUIRE(l.chunks(0) == std::vector<int64_t>{0, 5, 6, 11});
+  REQUIRE(l.chunks(2) == std::vector<int64_t>{2, 3, 8, 9});
+  REQUIRE(l.global_pos(1, 5) == 15);  // rank 1: chunks {1, 4, 7, 10}; local 5 is chunk 7, token 1
+  REQUIRE_THROWS_WITH(CpLayout::make(24, 3, 3), Catch::Contains("3 chunks per rank: it must be an "
+                                                                "even number >= 2"));
+  REQUIRE_THROWS_WITH(CpLayout::make(20, 3, 4),
+                      Catch::Contains("sequence length 20 is not divisible by 4 x cp = 12 (cp=3)"));
+  // One document of 16 tokens, cp 2, 4 chunks per rank (of 2 tokens): works 3 7 11 ... 31. The
+  // standard zigzag gives {0, 3, 4, 7} 3+15+19+31 = 68 and {1, 2, 5, 6} 7+11+23+27 = 68.
+  const std::vector<int64_t> one = cp_chunk_work(16, 2, {0}, 4);
+  REQUIRE(one == std::vector<int64_t>{3, 7, 11, 15, 19, 23, 27, 31});
+  REQUIRE(cp_rank_work(CpLayout::make(16, 2, 4), one) == std::vector<int64_t>{68, 68});
+  // Heavy chunks 1 and 2, both on rank 1 in the zigzag ({0, 3, 4, 7} 4, {1, 2, 5, 6} 20): LPT
+  // puts a 9 on each rank, 12 and 12.
+  const std::vector<int64_t> mid{1, 9, 9, 1, 1, 1, 1, 1};
+  REQUIRE(cp_rank_work(CpLayout::make(16, 2, 4), mid) == std::vector<int64_t>{4, 20});
+  const CpLayout b = CpLayout::balanced(16, 2, mid, 4);
+  REQUIRE(cp_rank_work(b, mid) == std::vector<int64_t>{12, 12});
+  REQUIRE(b.chunks(0) == std::vector<int64_t>{0, 1, 4, 6});
+  REQUIRE(b.chunks(1) == std::vector<int64_t>{2, 3, 5, 7});
+  // Where LPT is no better than the zigzag (one document), the zigzag stays.
+  REQUIRE(CpLayout::balanced(16, 2, one, 4).assign.empty());
+  REQUIRE_THROWS_WITH(CpLayout::balanced(16, 2, one, 2),
+                      Catch::Contains("8 chunk works for cp=2 and 2 chunks per rank"));
 }
 
 TEST_CASE("doc-masked cp attention refuses bad document ids, naming them",
@@ -301,8 +364,8 @@ TEST_CASE("packed documents: causal work per chunk and rank, and the balanced pa
   REQUIRE(cp_rank_work(standard, w) == std::vector<int64_t>{8, 13});
   REQUIRE(cp_imbalance(cp_rank_work(standard, w)) == Approx(13.0 / 10.5));
   const CpLayout b = CpLayout::balanced(8, 2, w);
-  REQUIRE(b.chunks(0) == std::array<int64_t, 2>{0, 1});
-  REQUIRE(b.chunks(1) == std::array<int64_t, 2>{2, 3});
+  REQUIRE(b.chunks(0) == std::vector<int64_t>{0, 1});
+  REQUIRE(b.chunks(1) == std::vector<int64_t>{2, 3});
   REQUIRE(cp_rank_work(b, w) == std::vector<int64_t>{10, 11});
   REQUIRE(cp_imbalance(cp_rank_work(b, w)) == Approx(11.0 / 10.5));
   REQUIRE(b.global_pos(0, 2) == 2);  // rank 0's second chunk is chunk 1
@@ -317,8 +380,10 @@ TEST_CASE("packed documents: causal work per chunk and rank, and the balanced pa
                                       "the previous start 5"));
   REQUIRE_THROWS_WITH(cp_chunk_work(8, 2, {8}), Catch::Contains("document start 8 (entry 0)"));
   REQUIRE_THROWS_WITH(cp_chunk_work(10, 2, {0}), Catch::Contains("not divisible by 2 x cp = 4"));
-  REQUIRE_THROWS_WITH(CpLayout::balanced(8, 2, {1, 2}),
-                      Catch::Contains("2 chunk works for cp=2, which cuts the sequence into 4"));
+  REQUIRE_THROWS_WITH(
+      CpLayout::balanced(8, 2, {1, 2}),
+      Catch::Contains("2 chunk works for cp=2 and 2 chunks per rank, which cut the sequence "
+                      "into 4 chunks"));
 }
 
 // The figures of docs/training.md's packed-documents balance table (not run by ctest): the causal
@@ -333,27 +398,22 @@ TEST_CASE("cp balance of real packed batches (report)", "[.][cp_balance]") {
   const int64_t eot = file->end_of_text(eot_s != nullptr ? std::atoll(eot_s) : -1);
   Context ctx(Device::cpu(), ContextOptions{});
   const int64_t batch = 8;
-  std::printf("%8s %4s %6s %12s %12s\n", "seq", "cp", "docs", "standard", "balanced");
+  std::printf("%8s %4s %6s %10s %10s %10s %10s\n", "seq", "cp", "docs", "standard", "2/rank",
+              "4/rank", "8/rank");
   for (int64_t seq : {4096, 16384, 65536}) {
     Tensor ids, targets;  // [seq, batch] i64
     make_token_batch(ctx, *file, 1, kTrainTokenStream, 0, batch, seq, &ids, &targets);
-    const int64_t* t = ids.data<int64_t>();
     for (int cp : {2, 4, 8}) {
-      std::vector<int64_t> work(static_cast<size_t>(2 * cp), 0);
-      size_t docs = 0;
-      for (int64_t j = 0; j < batch; ++j) {
-        std::vector<int64_t> row(static_cast<size_t>(seq));
-        for (int64_t i = 0; i < seq; ++i) row[static_cast<size_t>(i)] = t[i * batch + j];
-        const std::vector<int64_t> starts = document_starts(row.data(), seq, eot);
-        docs += starts.size();
-        const std::vector<int64_t> w = cp_chunk_work(seq, cp, starts);
-        for (size_t c = 0; c < w.size(); ++c) work[c] += w[c];
-      }
-      const double std_imb = cp_imbalance(cp_rank_work(CpLayout::make(seq, cp), work));
-      const double bal_imb = cp_imbalance(cp_rank_work(CpLayout::balanced(seq, cp, work), work));
-      std::printf("%8lld %4d %6zu %12.4f %12.4f\n", static_cast<long long>(seq), cp, docs, std_imb,
-                  bal_imb);
-      REQUIRE(bal_imb <= std_imb);
+      // The balanced layout at 2, 4 and 8 chunks per rank (train --cp-chunks) against the
+      // standard layout of 2.
+      std::vector<std::shared_ptr<PackedDocs>> d;
+      for (int parts : {2, 4, 8}) d.push_back(packed_documents(ctx, ids, eot, cp, parts));
+      int64_t docs = 0;
+      for (int64_t j = 0; j < batch; ++j) docs += d[0]->ids.data<int32_t>()[j * seq + seq - 1] + 1;
+      std::printf("%8lld %4d %6lld %10.4f %10.4f %10.4f %10.4f\n", static_cast<long long>(seq), cp,
+                  static_cast<long long>(docs), d[0]->standard_imbalance, d[0]->imbalance,
+                  d[1]->imbalance, d[2]->imbalance);
+      for (const auto& x : d) REQUIRE(x->imbalance <= x->standard_imbalance);
     }
   }
 }

@@ -183,16 +183,16 @@ TEST_CASE("packed documents: ids per row, and a balanced cp layout for the batch
     // cp=2: chunk works {3, 7, 6, 5} + {3, 3, 7, 11} = {6, 10, 13, 16}; balanced pairs the
     // lightest with the heaviest: {0, 3} and {1, 2} (the standard pairing, here), 22 and 23.
     auto two = packed_documents(ctx, ids, kEot, 2);
-    CHECK(two->layout.chunks(0) == std::array<int64_t, 2>{0, 3});
-    CHECK(two->layout.chunks(1) == std::array<int64_t, 2>{1, 2});
+    CHECK(two->layout.chunks(0) == std::vector<int64_t>{0, 3});
+    CHECK(two->layout.chunks(1) == std::vector<int64_t>{1, 2});
     // One row with its heavy work in the middle: documents [0, 4) [4, 6) [6, 7) [7, 8), chunk
     // works {3, 7, 3, 2}. Standard: {0, 3} 5 and {1, 2} 10; balanced: {0, 2} 6 and {1, 3} 9.
     host_batch(ctx, {{1, 2, 3, kEot, 1, kEot, kEot, 5, 9}}, &ids, &targets);
     const std::vector<int64_t> work{3, 7, 3, 2};
     REQUIRE(cp_chunk_work(8, 2, {0, 4, 6, 7}) == work);
     auto mid = packed_documents(ctx, ids, kEot, 2);
-    CHECK(mid->layout.chunks(0) == std::array<int64_t, 2>{0, 2});
-    CHECK(mid->layout.chunks(1) == std::array<int64_t, 2>{1, 3});
+    CHECK(mid->layout.chunks(0) == std::vector<int64_t>{0, 2});
+    CHECK(mid->layout.chunks(1) == std::vector<int64_t>{1, 3});
     CHECK(cp_imbalance(cp_rank_work(mid->layout, work)) == Approx(9.0 / 7.5));
     CHECK(cp_imbalance(cp_rank_work(CpLayout::make(8, 2), work)) == Approx(10.0 / 7.5));
     REQUIRE_THROWS_WITH(packed_documents(ctx, ids, kEot, 3),
@@ -237,17 +237,26 @@ TEST_CASE("train --doc-mask at cp 2 and 4 gives the cp=1 doc-masked loss curve",
   TrainConfig unmasked = doc_cfg("dp=1", file);
   unmasked.doc_eot = -1;
   CHECK(rel_err(test::train_losses(1, unmasked), ref) > 1e-3);  // the mask changes the run
+  struct Layout {
+    int world;
+    std::string mesh;
+    bool sp;
+    int chunks;  // per cp rank
+  };
   for (CpComm how : {CpComm::Ring, CpComm::AllGather})
-    for (auto [w, m, sp] :
-         std::vector<std::tuple<int, std::string, bool>>{{2, "cp=2", false},
-                                                         {4, "cp=4", false},
-                                                         {4, "cp=2,tp=2", true},
-                                                         {4, "dp=2,cp=2", false}}) {
-      INFO("mesh " << m << (sp ? " --sp" : "") << " --cp-comm " << cp_comm_name(how));
-      TrainConfig c = doc_cfg(m, file);
+    for (const Layout& l : std::vector<Layout>{{2, "cp=2", false, 2},
+                                               {4, "cp=4", false, 2},
+                                               {4, "cp=2,tp=2", true, 2},
+                                               {4, "dp=2,cp=2", false, 2},
+                                               {2, "cp=2", false, 4},
+                                               {4, "cp=4", false, 4}}) {
+      INFO("mesh " << l.mesh << (l.sp ? " --sp" : "") << " --cp-comm " << cp_comm_name(how)
+                   << " --cp-chunks " << l.chunks);
+      TrainConfig c = doc_cfg(l.mesh, file);
       c.model.block.cp_comm = how;
-      c.tp.sequence_parallel = sp;
-      CHECK(rel_err(test::train_losses(w, c), ref) < kDocTol);
+      c.tp.sequence_parallel = l.sp;
+      c.cp_chunks = l.chunks;
+      CHECK(rel_err(test::train_losses(l.world, c), ref) < kDocTol);
     }
 }
 
@@ -275,9 +284,26 @@ TEST_CASE("train --doc-mask --deterministic gives the same bits on dp 1 and 2",
   CHECK(run(2, "dp=2") == one);
 }
 
-TEST_CASE("train refuses a --doc-mask token outside the vocabulary", "[docmask][train][unit]") {
+TEST_CASE("train refuses a --doc-mask token outside the vocabulary and bad --cp-chunks",
+          "[docmask][train][unit]") {
   TrainConfig c = doc_cfg("dp=1", nullptr);
   c.doc_eot = kVocab;
   REQUIRE_THROWS_WITH(validate_train(c, 1),
                       Catch::Contains("--doc-mask's end-of-text token 64 is >= --vocab 64"));
+  c = doc_cfg("dp=1", nullptr);
+  c.cp_chunks = 4;
+  REQUIRE_THROWS_WITH(validate_train(c, 1),
+                      Catch::Contains("--cp-chunks 4 sets the chunks per cp rank of --doc-mask's "
+                                      "balanced layout; it needs --doc-mask and a mesh with cp > 1 "
+                                      "(--mesh dp=1)"));
+  c = doc_cfg("cp=2", nullptr);
+  c.cp_chunks = 3;
+  REQUIRE_THROWS_WITH(validate_train(c, 2),
+                      Catch::Contains("--cp-chunks 3 with --seq 16: context parallelism: 3 chunks "
+                                      "per rank: it must be an even number"));
+  c.cp_chunks = 6;
+  REQUIRE_THROWS_WITH(validate_train(c, 2),
+                      Catch::Contains("sequence length 16 is not divisible by 6 x cp = 12"));
+  c.cp_chunks = 8;
+  REQUIRE_NOTHROW(validate_train(c, 2));
 }

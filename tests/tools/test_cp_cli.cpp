@@ -133,6 +133,14 @@ TEST_CASE("train --doc-mask refuses what cannot mark documents, naming the flag 
                  "--doc-mask's end-of-text token 600 is >= --vocab 512");
   expect_refusal("train --devices cpu:2 --mesh cp=2 --steps 1 --seq 18 --doc-mask --eot-token 5",
                  "sequence 18 does not divide by 2 x cp = 4 (cp=2)");
+  expect_refusal("train --devices cpu:2 --mesh cp=2 --steps 1 --seq 8 --cp-chunks 4",
+                 "--cp-chunks 4 sets the chunks per cp rank of --doc-mask's balanced layout; it "
+                 "needs --doc-mask");
+  expect_refusal(
+      "train --devices cpu:2 --mesh cp=2 --steps 1 --seq 12 --doc-mask --eot-token 5 "
+      "--cp-chunks 4",
+      "--cp-chunks 4 with --seq 12: context parallelism: sequence length 12 is not "
+      "divisible by 4 x cp = 8");
   // And one that runs: the packed file at cp=1, documents of 3, 4, 3 and 8 tokens.
   const meshrt::test::Run ok = cp_cli(tr + "--vocab 8 --doc-mask --eot-token 0 --data " + path);
   INFO(ok.out << ok.err);

@@ -22,7 +22,9 @@
 #include "coll_matrix.h"
 #include "coll_test_util.h"
 #include "collectives/bootstrap.h"
+#include "collectives/tcp_comm.h"
 #include "runtime/stream.h"
+#include "tests/common/env.h"
 #include "tests/common/files.h"
 #include "tests/common/net.h"
 
@@ -253,6 +255,115 @@ TEST_CASE("tcp: a SIGKILLed peer of hier over tcp fails every other rank naming 
     const size_t at = out.find(" after ");
     REQUIRE(at != std::string::npos);
     CHECK(std::strtod(out.c_str() + at + 7, nullptr) < kKillTimeout);
+  }
+}
+
+namespace {
+
+using detail::choose_socket_address;
+using detail::NetInterface;
+
+// A Debian-style host: its name resolves to 127.0.1.1 on lo; docker's bridge before the NIC.
+const std::vector<NetInterface> kHost = {
+    {"lo", "127.0.0.1", true, true},
+    {"lo", "127.0.1.1", true, true},
+    {"docker0", "172.17.0.1", true, false},
+    {"eth0", "192.0.2.2", true, false},
+    {"ib0", "10.0.0.5", true, false},
+    {"eth1", "10.9.0.1", false, false},
+    {"wlan0", "", true, false},
+};
+
+std::string picked(const std::vector<NetInterface>& ifs, const std::string& ifname,
+                   const std::string& rendezvous = "") {
+  const detail::SocketAddress a = choose_socket_address(ifs, ifname, rendezvous);
+  return a.interface + " " + a.address + (a.loopback_only ? " loopback only" : "");
+}
+
+std::string refusal(const std::vector<NetInterface>& ifs, const std::string& ifname) {
+  try {
+    (void)choose_socket_address(ifs, ifname, "");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("tcp: the published address is a non-loopback interface's, or MESHRT_SOCKET_IFNAME's",
+          "[unit]") {
+  // Unset: the first interface up with an IPv4 address, neither loopback nor docker's.
+  CHECK(picked(kHost, "") == "eth0 192.0.2.2");
+  // A TCP rendezvous tells the address it was reached from: its interface, even loopback (then
+  // every rank is on this machine).
+  CHECK(picked(kHost, "", "10.0.0.5") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "", "127.0.0.1") == "lo 127.0.0.1 loopback only");
+  // Nothing but docker's and loopback: docker's; nothing but loopback (or a NIC that is down):
+  // loopback, said so.
+  CHECK(picked({kHost[0], kHost[2]}, "") == "docker0 172.17.0.1");
+  CHECK(picked({kHost[0], kHost[5], kHost[6]}, "") == "lo 127.0.0.1 loopback only");
+  CHECK(picked({}, "") == " 127.0.0.1 loopback only");
+  // Set: prefixes, exact names, exclusions; the rendezvous' interface among those it names.
+  CHECK(picked(kHost, "ib") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "eth,ib") == "eth0 192.0.2.2");
+  CHECK(picked(kHost, "eth,ib", "10.0.0.5") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "=ib0") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "^docker,eth") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "^eth,ib,wlan") == "docker0 172.17.0.1");
+  CHECK(picked(kHost, "lo") == "lo 127.0.0.1 loopback only");
+  CHECK(picked(kHost, "docker0", "192.0.2.2") == "docker0 172.17.0.1");
+}
+
+TEST_CASE("tcp: MESHRT_SOCKET_IFNAME naming no usable interface is refused, listing them",
+          "[unit]") {
+  const std::string list =
+      "this host's interfaces: lo (127.0.0.1, 127.0.1.1), docker0 (172.17.0.1), eth0 "
+      "(192.0.2.2), ib0 (10.0.0.5), eth1 (down, 10.9.0.1), wlan0 (no IPv4). Name one of those "
+      "that has an IPv4 address, or unset it (docs/environment.md)";
+  CHECK(refusal(kHost, "eth5") ==
+        "MESHRT_SOCKET_IFNAME='eth5': no interface named by it is up with an IPv4 address; " +
+            list);
+  // Down, or without an IPv4 address: named, but not usable.
+  CHECK(refusal(kHost, "eth1") ==
+        "MESHRT_SOCKET_IFNAME='eth1': no interface named by it is up with an IPv4 address; " +
+            list);
+  CHECK(refusal(kHost, "=wlan0") ==
+        "MESHRT_SOCKET_IFNAME='=wlan0': no interface named by it is up with an IPv4 address; " +
+            list);
+  CHECK(refusal(kHost, "=eth") ==
+        "MESHRT_SOCKET_IFNAME='=eth': no interface named by it is up with an IPv4 address; " +
+            list);
+  CHECK(refusal(kHost, "^lo,docker,eth,ib") ==
+        "MESHRT_SOCKET_IFNAME='^lo,docker,eth,ib': no interface outside it is up with an IPv4 "
+        "address; " +
+            list);
+  CHECK(refusal({}, "eth0") ==
+        "MESHRT_SOCKET_IFNAME='eth0': no interface named by it is up with an IPv4 address; "
+        "this host's interfaces: none. Name one of those that has an IPv4 address, or unset it "
+        "(docs/environment.md)");
+  const std::string form =
+      "': an empty interface name (form: interface name prefixes separated by commas, '=name' "
+      "for an exact name, '^' before the list to exclude those; docs/environment.md)";
+  for (const char* bad : {"eth0,", ",eth0", "^", "eth0,=", "eth0,,ib0"})
+    CHECK(refusal(kHost, bad) == "MESHRT_SOCKET_IFNAME='" + std::string(bad) + form);
+  // This machine lists its loopback, up.
+  bool lo = false;
+  for (const NetInterface& i : detail::host_interfaces())
+    lo = lo || (i.loopback && i.up && i.ipv4 == "127.0.0.1");
+  CHECK(lo);
+}
+
+TEST_CASE("tcp: every rank refuses a MESHRT_SOCKET_IFNAME no interface matches", "[multirank]") {
+  ScopedEnv env("MESHRT_SOCKET_IFNAME", "nosuchif0");
+  const Ranks rs = spawn_ranks("matrix", "tcp", 2, {});
+  for (size_t r = 0; r < rs.out.size(); ++r) {
+    INFO("rank " << r << ":\n" << rs.out[r]);
+    CHECK(rs.status[r] == 2);
+    CHECK_THAT(rs.out[r], Catch::Contains("TCP FAIL: MESHRT_SOCKET_IFNAME='nosuchif0': no "
+                                          "interface named by it is up with an IPv4 address; "
+                                          "this host's interfaces: ") &&
+                              Catch::Contains("lo (127.0.0.1"));
   }
 }
 

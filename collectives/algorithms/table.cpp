@@ -30,6 +30,14 @@ const Algorithm two_level{"two_level",
                           "the node's shm collective, MPI or TCP across the nodes on the node's "
                           "share, the node's shm collective (hier)"};
 const Algorithm native{"native", "the library's own choice (MPI, NCCL)"};
+const Algorithm socket_ring{"socket_ring",
+                            "ring reduce-scatter and / or ring all-gather over the peers' "
+                            "sockets: an all-reduce moves 2 (n-1)/n of the data per rank (tcp)"};
+const Algorithm pairwise{"pairwise",
+                         "in step k every rank sends to rank + k while it receives from rank - k "
+                         "(tcp)"};
+const Algorithm linear{"linear",
+                       "the root sends the whole buffer to every other rank in turn (tcp)"};
 }  // namespace algos
 
 namespace {
@@ -100,6 +108,10 @@ const std::vector<AlgoRow>& algo_table() {
       // two nodes or more: two levels where they are exact, flat MPI for the rest.
       {"hier", kAllReduce | kAllGather | kReduceScatter, &algos::two_level, kAnySize, false, 2},
       {"hier", kTableOps, &algos::flat},
+      // tcp: rings over the sockets, pairwise all-to-all.
+      {"tcp", kAllReduce | kAllGather | kReduceScatter, &algos::socket_ring},
+      {"tcp", kBroadcast, &algos::linear},
+      {"tcp", kAllToAll, &algos::pairwise},
       {"mpi", kTableOps, &algos::native},
       {"nccl", kTableOps, &algos::native},
       // Composed algorithms, on every backend; MESHRT_ALGO only.

@@ -27,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
@@ -48,6 +49,8 @@ constexpr char kHello[] = "meshrt-tcp-v1";
 enum Channel : int { kColl = 0, kP2P = 1, kControl = 2, kChannels = 3 };
 constexpr int64_t kP2PMagic = 0x6d7368746370326bLL;
 constexpr int kPollMs = 100;
+// The pipelined ring broadcast's chunk.
+constexpr size_t kRingChunk = size_t{256} << 10;
 
 std::string sys_text(int e) { return std::strerror(e); }
 
@@ -262,7 +265,8 @@ class TcpEngine final : public detail::OrderedEngine {
       : OrderedEngine(rank, static_cast<int>(members.size()), std::move(name), cfg),
         dom_(std::move(d)),
         members_(std::move(members)),
-        token_(std::move(token)) {
+        token_(std::move(token)),
+        plan_(detail::AlgoWorld{"tcp", size(), 1}, config().algo) {
     std::array<int, kChannels> none;
     none.fill(-1);
     links_.assign(members_.size(), none);
@@ -307,6 +311,7 @@ class TcpEngine final : public detail::OrderedEngine {
   std::shared_ptr<TcpDomain> dom_;
   std::vector<int> members_;  // group rank -> world rank
   std::string token_;         // names this group's connections at the listeners
+  detail::AlgoPlan plan_;     // which broadcast runs each call (collectives/algorithms/)
   Links links_;
 
   int fd(int ch, int peer) const {
@@ -535,17 +540,69 @@ class TcpEngine final : public detail::OrderedEngine {
     ring_gather(out, off, op);
   }
 
-  // Linear: the root sends the whole buffer to each other rank in turn.
+  // The root's buffer on every rank, by the algorithm the table picks for its size: a binomial
+  // tree (log2 n steps of the whole buffer) for small ones, a pipelined ring for large ones
+  // (the root sends it once), or linear where MESHRT_ALGO forces it.
   void broadcast(const CommCall& c, const Op& op) override {
     const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-    void* out = c.out.data_ptr();
-    if (rank() != c.root) {
-      exchange(kColl, -1, nullptr, 0, c.root, out, bytes, op);
+    char* out = static_cast<char*>(c.out.data_ptr());
+    if (rank() == c.root && !c.in_place && bytes > 0) std::memcpy(out, c.in.data_ptr(), bytes);
+    if (bytes == 0 || size() <= 1) return;
+    const detail::Algorithm* a = plan_.pick(CommOp::Broadcast, c.bytes());
+    if (a == &detail::algos::linear) {
+      broadcast_linear(out, bytes, c.root, op);
+    } else if (a == &detail::algos::binomial) {
+      broadcast_binomial(out, bytes, c.root, op);
+    } else {
+      broadcast_ring(out, bytes, c.root, op);
+    }
+  }
+
+  // The root sends the whole buffer to each other rank in turn.
+  void broadcast_linear(char* out, size_t bytes, int root, const Op& op) {
+    if (rank() != root) {
+      exchange(kColl, -1, nullptr, 0, root, out, bytes, op);
       return;
     }
-    if (!c.in_place && bytes > 0) std::memcpy(out, c.in.data_ptr(), bytes);
     for (int p = 0; p < size(); ++p)
       if (p != rank()) exchange(kColl, p, out, bytes, -1, nullptr, 0, op);
+  }
+
+  // Over ranks relative to the root (v = rank - root mod n): v receives from v - m, m its lowest
+  // set bit, then sends to v + m' for every m' < m, largest first.
+  void broadcast_binomial(char* out, size_t bytes, int root, const Op& op) {
+    const int n = size(), v = (rank() - root + n) % n;
+    int m = 1;
+    for (; m < n; m <<= 1) {
+      if ((v & m) != 0) {
+        exchange(kColl, -1, nullptr, 0, (v - m + root) % n, out, bytes, op);
+        break;
+      }
+    }
+    for (m >>= 1; m > 0; m >>= 1)
+      if (v + m < n) exchange(kColl, (v + m + root) % n, out, bytes, -1, nullptr, 0, op);
+  }
+
+  // Along the ring from the root, in chunks: each rank between receives chunk k from its left
+  // while it passes chunk k - 1 to its right, so every link carries the buffer once, at once.
+  void broadcast_ring(char* out, size_t bytes, int root, const Op& op) {
+    const int n = size(), v = (rank() - root + n) % n;
+    if (v == 0) {
+      exchange(kColl, right(), out, bytes, -1, nullptr, 0, op);
+      return;
+    }
+    if (v == n - 1) {
+      exchange(kColl, -1, nullptr, 0, left(), out, bytes, op);
+      return;
+    }
+    const size_t chunks = (bytes + kRingChunk - 1) / kRingChunk;
+    auto len = [&](size_t k) { return std::min(kRingChunk, bytes - k * kRingChunk); };
+    for (size_t k = 0; k <= chunks; ++k) {
+      const bool pass = k > 0, take = k < chunks;
+      exchange(kColl, pass ? right() : -1, pass ? out + (k - 1) * kRingChunk : nullptr,
+               pass ? len(k - 1) : 0, take ? left() : -1, take ? out + k * kRingChunk : nullptr,
+               take ? len(k) : 0, op);
+    }
   }
 
   // Pairwise: in step k each rank sends to rank + k and receives from rank - k.

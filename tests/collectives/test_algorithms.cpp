@@ -63,6 +63,12 @@ TEST_CASE("algorithms: the table's defaults are the engines' former thresholds",
   CHECK(pick({"mpi", 4, 1}, CommOp::AllReduce, 64 << 20) == "native");
   CHECK(pick({"tcp", 4, 1}, CommOp::AllReduce, 8) == "socket_ring");
   CHECK(pick({"tcp", 4, 1}, CommOp::AllToAll, 64 << 20) == "pairwise");
+  // tcp's broadcast: the tree up to 256 KiB, the pipelined ring beyond; linear only forced.
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, 256 << 10) == "binomial");
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, (256 << 10) + 1) == "ring_pipeline");
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, 8, "broadcast:linear") == "linear");
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, 64 << 20, "broadcast:binomial") == "binomial");
+  CHECK(pick({"host", 4, 1}, CommOp::Broadcast, 8, "broadcast:linear") == "flat");
   CHECK(pick({"nccl", 8, 1}, CommOp::AllGather, 8) == "native");
   // Composed algorithms are never a default.
   CHECK_FALSE(AlgoPlan(host, "").any_composed());
@@ -106,8 +112,9 @@ TEST_CASE("algorithms: a bad MESHRT_ALGO is refused naming the value and the val
         "docs/environment.md)");
   CHECK_THAT(refusal("rign"),
              Catch::StartsWith("MESHRT_ALGO='rign': unknown algorithm 'rign'; "
-                               "use eager, fixed_order, flat, linear, native, one_step, "
-                               "pairwise, ring, socket_ring, staged, two_level or zero_copy"));
+                               "use binomial, eager, fixed_order, flat, linear, native, "
+                               "one_step, pairwise, ring, ring_pipeline, socket_ring, staged, "
+                               "two_level or zero_copy"));
   CHECK_THAT(refusal("allreduce:flat,gather:ring"),
              Catch::StartsWith("MESHRT_ALGO='allreduce:flat,gather:ring': unknown op 'gather'; "
                                "use all_reduce, all_gather, reduce_scatter, broadcast or "
@@ -140,12 +147,12 @@ TEST_CASE("algorithms: meshrt info's table, op x size, for one backend", "[unit]
         "  mpi (4 ranks, 1 node): native for every op and size\n");
   CHECK(detail::algo_table_text({"tcp", 4, 1}, "") ==
         "  tcp (4 ranks, 1 node)\n"
-        "    op \\ bytes      8 B         4 KiB       256 KiB     64 MiB\n"
-        "    all_reduce      socket_ring socket_ring socket_ring socket_ring\n"
-        "    all_gather      socket_ring socket_ring socket_ring socket_ring\n"
-        "    reduce_scatter  socket_ring socket_ring socket_ring socket_ring\n"
-        "    broadcast       linear      linear      linear      linear\n"
-        "    all_to_all      pairwise    pairwise    pairwise    pairwise\n");
+        "    op \\ bytes      8 B           4 KiB         256 KiB       64 MiB\n"
+        "    all_reduce      socket_ring   socket_ring   socket_ring   socket_ring\n"
+        "    all_gather      socket_ring   socket_ring   socket_ring   socket_ring\n"
+        "    reduce_scatter  socket_ring   socket_ring   socket_ring   socket_ring\n"
+        "    broadcast       binomial      binomial      binomial      ring_pipeline\n"
+        "    all_to_all      pairwise      pairwise      pairwise      pairwise\n");
   // A longer name widens the columns.
   CHECK(detail::algo_table_text({"host", 2, 1}, "all_reduce:fixed_order") ==
         "  host (2 ranks, 1 node)\n"

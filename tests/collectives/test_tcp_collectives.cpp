@@ -112,6 +112,48 @@ int kill_main(Communicator& w, Stream& s, int rank) {
   return 1;
 }
 
+// Broadcasts of 0, 1, 37, 65537 and 3 MiB + 5 bytes (odd; under and over the tree / ring
+// threshold, the ring's last chunk partial) from every root, in place and out of place: every
+// rank's bytes equal the root's. Prints one line per failure, then "BCAST OK rank r: N".
+int bcast_main(Communicator& w, Stream& s, int rank) {
+  int64_t ok = 0, bad = 0;
+  auto expected = [](int64_t n, int root, int64_t i) {
+    return static_cast<uint8_t>((i * 131 + root * 17 + n) % 251);
+  };
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{65537}, (int64_t{3} << 20) + 5}) {
+    for (int root = 0; root < w.size(); ++root) {
+      for (bool in_place : {true, false}) {
+        Tensor in = host_tensor(n, DType::u8), out = host_tensor(n, DType::u8);
+        auto* ip = static_cast<uint8_t*>(in.data_ptr());
+        auto* op = static_cast<uint8_t*>(out.data_ptr());
+        for (int64_t i = 0; i < n; ++i) {
+          ip[i] = rank == root ? expected(n, root, i) : 0xAB;
+          op[i] = 0xCD;
+        }
+        if (in_place) {
+          w.broadcast(in, root, s).synchronize();
+        } else {
+          w.broadcast(in, out, root, s).synchronize();
+        }
+        const uint8_t* got = in_place ? ip : op;
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n; ++i) wrong += got[i] != expected(n, root, i);
+        if (wrong == 0) {
+          ++ok;
+        } else {
+          ++bad;
+          std::printf("BCAST WRONG rank %d: %lld of %lld bytes from root %d (%s)\n", rank,
+                      static_cast<long long>(wrong), static_cast<long long>(n), root,
+                      in_place ? "in place" : "out of place");
+        }
+      }
+    }
+  }
+  std::printf("BCAST %s rank %d: %lld right, %lld wrong\n", bad == 0 ? "OK" : "FAIL", rank,
+              static_cast<long long>(ok), static_cast<long long>(bad));
+  return bad == 0 ? 0 : 1;
+}
+
 // A rank process: torchrun's variables, bootstrap (backend "auto" or `backend`), then `mode`.
 int tcp_rank_main(const std::string& mode, const std::string& backend, int rank, int world,
                   int port) {
@@ -126,6 +168,7 @@ int tcp_rank_main(const std::string& mode, const std::string& backend, int rank,
   std::unique_ptr<Communicator> w = launch->world(0);
   auto s = make_host_stream("comm");
   if (mode == "kill") return kill_main(*w, *s, rank);
+  if (mode == "bcast") return bcast_main(*w, *s, rank);
   Failures f;
   const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001}, f, 7 + world);
   split_and_ring(*w, *s, f);
@@ -255,6 +298,25 @@ TEST_CASE("tcp: a SIGKILLed peer of hier over tcp fails every other rank naming 
     const size_t at = out.find(" after ");
     REQUIRE(at != std::string::npos);
     CHECK(std::strtod(out.c_str() + at + 7, nullptr) < kKillTimeout);
+  }
+}
+
+TEST_CASE("tcp: broadcasts of odd sizes from every root equal the root's bytes (3, 4 ranks)",
+          "[multirank]") {
+  // The table's choice (tree up to 256 KiB, ring beyond), then each algorithm at every size.
+  for (const char* algo : {"", "broadcast:ring_pipeline", "broadcast:binomial"}) {
+    for (int n : {3, 4}) {
+      ScopedEnv env("MESHRT_ALGO", algo);
+      const Ranks rs = spawn_ranks("bcast", "tcp", n, {});
+      for (int r = 0; r < n; ++r) {
+        INFO("MESHRT_ALGO='" << algo << "', rank " << r << " of " << n << ":\n"
+                             << rs.out[static_cast<size_t>(r)]);
+        CHECK(rs.status[static_cast<size_t>(r)] == 0);
+        CHECK_THAT(rs.out[static_cast<size_t>(r)],
+                   Catch::Contains("BCAST OK rank " + std::to_string(r) + ": " +
+                                   std::to_string(5 * n * 2) + " right, 0 wrong"));
+      }
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 // per pair of ranks: one for collectives, one for send / recv). It needs no MPI: the ranks find
 // each other through the launch's rendezvous (collectives/bootstrap_transport.h), e.g. torch's
 // store or MASTER_ADDR / MASTER_PORT. Collectives are ring reduce-scatter / all-gather (so
-// all-reduce moves 2 (n-1)/n of the data per rank), pairwise all-to-all and a linear broadcast.
+// all-reduce moves 2 (n-1)/n of the data per rank), pairwise all-to-all and a broadcast down a
+// binomial tree (small) or along a pipelined ring (large): collectives/algorithms/table.cpp.
 // The two-level backend (hier) uses it between nodes when MPI did not start the processes.
 #pragma once
 

@@ -3,7 +3,8 @@
 // which meet through MESHRT_RENDEZVOUS=tcp://127.0.0.1:<port>. MESHRT_NODE_ID simulates nodes.
 // Every op x dtype x in place / out of place against exact values on hier over 2 simulated
 // nodes (equal and unequal) and on a flat tcp world; split groups and send / recv; a SIGKILLed
-// peer named by every other rank within the timeout.
+// peer named by every other rank within the timeout; broadcasts of odd sizes from every root
+// under each broadcast algorithm; the published address's choice and MESHRT_SOCKET_IFNAME.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 

@@ -864,12 +864,11 @@ std::unique_ptr<Communicator> make_tcp_world_communicator(BootstrapTransport& tr
   const std::string ifname = env_or("MESHRT_SOCKET_IFNAME");
   const detail::SocketAddress at =
       detail::choose_socket_address(detail::host_interfaces(), ifname, tr.local_address());
-  if (at.loopback_only && tr.local_address().empty()) {
-    MESHRT_LOG_WARN("tcp backend: rank " << tr.rank() << " publishes the loopback address "
-                                         << at.address
-                                         << " (no other interface is up with an IPv4 address"
-                                         << (ifname.empty() ? "" : " under MESHRT_SOCKET_IFNAME")
-                                         << "): its peers must run on this machine");
+  if (at.loopback_only && ifname.empty() && tr.local_address().empty()) {
+    MESHRT_LOG_WARN("tcp backend: rank "
+                    << tr.rank() << " publishes the loopback address " << at.address
+                    << " (no other interface is up with an IPv4 address): its peers must run on "
+                       "this machine");
   }
   const std::string& host = at.address;
   const auto [fd, port] = listen_any();

@@ -6,7 +6,8 @@
 #include "collectives/tcp_comm.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -26,11 +27,13 @@
 #include <tuple>
 #include <vector>
 
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/backend_registry.h"
 #include "collectives/bootstrap_transport.h"
 #include "collectives/comm_detail.h"
 #include "collectives/host_reduce.h"
 #include "collectives/ordered_comm.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -46,6 +49,8 @@ constexpr char kHello[] = "meshrt-tcp-v1";
 enum Channel : int { kColl = 0, kP2P = 1, kControl = 2, kChannels = 3 };
 constexpr int64_t kP2PMagic = 0x6d7368746370326bLL;
 constexpr int kPollMs = 100;
+// The pipelined ring broadcast's chunk.
+constexpr size_t kRingChunk = size_t{256} << 10;
 
 std::string sys_text(int e) { return std::strerror(e); }
 
@@ -60,22 +65,6 @@ void set_nodelay(int fd) {
   const int one = 1;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
     throw CommError("tcp: setsockopt(TCP_NODELAY) failed: " + sys_text(errno));
-}
-
-// This host's IPv4 address from its name (the fallback when the rendezvous cannot tell).
-std::string host_address() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(name, nullptr, &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
-  char text[INET_ADDRSTRLEN] = {};
-  const bool ok = inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(res->ai_addr)->sin_addr,
-                            text, sizeof(text)) != nullptr;
-  freeaddrinfo(res);
-  return ok ? text : "127.0.0.1";
 }
 
 // Sends or receives all `n` bytes on a non-blocking socket before `dl`; false when the time ran
@@ -276,7 +265,8 @@ class TcpEngine final : public detail::OrderedEngine {
       : OrderedEngine(rank, static_cast<int>(members.size()), std::move(name), cfg),
         dom_(std::move(d)),
         members_(std::move(members)),
-        token_(std::move(token)) {
+        token_(std::move(token)),
+        plan_(detail::AlgoWorld{"tcp", size(), 1}, config().algo) {
     std::array<int, kChannels> none;
     none.fill(-1);
     links_.assign(members_.size(), none);
@@ -321,6 +311,7 @@ class TcpEngine final : public detail::OrderedEngine {
   std::shared_ptr<TcpDomain> dom_;
   std::vector<int> members_;  // group rank -> world rank
   std::string token_;         // names this group's connections at the listeners
+  detail::AlgoPlan plan_;     // which broadcast runs each call (collectives/algorithms/)
   Links links_;
 
   int fd(int ch, int peer) const {
@@ -549,17 +540,69 @@ class TcpEngine final : public detail::OrderedEngine {
     ring_gather(out, off, op);
   }
 
-  // Linear: the root sends the whole buffer to each other rank in turn.
+  // The root's buffer on every rank, by the algorithm the table picks for its size: a binomial
+  // tree (log2 n steps of the whole buffer) for small ones, a pipelined ring for large ones
+  // (the root sends it once), or linear where MESHRT_ALGO forces it.
   void broadcast(const CommCall& c, const Op& op) override {
     const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
-    void* out = c.out.data_ptr();
-    if (rank() != c.root) {
-      exchange(kColl, -1, nullptr, 0, c.root, out, bytes, op);
+    char* out = static_cast<char*>(c.out.data_ptr());
+    if (rank() == c.root && !c.in_place && bytes > 0) std::memcpy(out, c.in.data_ptr(), bytes);
+    if (bytes == 0 || size() <= 1) return;
+    const detail::Algorithm* a = plan_.pick(CommOp::Broadcast, c.bytes());
+    if (a == &detail::algos::linear) {
+      broadcast_linear(out, bytes, c.root, op);
+    } else if (a == &detail::algos::binomial) {
+      broadcast_binomial(out, bytes, c.root, op);
+    } else {
+      broadcast_ring(out, bytes, c.root, op);
+    }
+  }
+
+  // The root sends the whole buffer to each other rank in turn.
+  void broadcast_linear(char* out, size_t bytes, int root, const Op& op) {
+    if (rank() != root) {
+      exchange(kColl, -1, nullptr, 0, root, out, bytes, op);
       return;
     }
-    if (!c.in_place && bytes > 0) std::memcpy(out, c.in.data_ptr(), bytes);
     for (int p = 0; p < size(); ++p)
       if (p != rank()) exchange(kColl, p, out, bytes, -1, nullptr, 0, op);
+  }
+
+  // Over ranks relative to the root (v = rank - root mod n): v receives from v - m, m its lowest
+  // set bit, then sends to v + m' for every m' < m, largest first.
+  void broadcast_binomial(char* out, size_t bytes, int root, const Op& op) {
+    const int n = size(), v = (rank() - root + n) % n;
+    int m = 1;
+    for (; m < n; m <<= 1) {
+      if ((v & m) != 0) {
+        exchange(kColl, -1, nullptr, 0, (v - m + root) % n, out, bytes, op);
+        break;
+      }
+    }
+    for (m >>= 1; m > 0; m >>= 1)
+      if (v + m < n) exchange(kColl, (v + m + root) % n, out, bytes, -1, nullptr, 0, op);
+  }
+
+  // Along the ring from the root, in chunks: each rank between receives chunk k from its left
+  // while it passes chunk k - 1 to its right, so every link carries the buffer once, at once.
+  void broadcast_ring(char* out, size_t bytes, int root, const Op& op) {
+    const int n = size(), v = (rank() - root + n) % n;
+    if (v == 0) {
+      exchange(kColl, right(), out, bytes, -1, nullptr, 0, op);
+      return;
+    }
+    if (v == n - 1) {
+      exchange(kColl, -1, nullptr, 0, left(), out, bytes, op);
+      return;
+    }
+    const size_t chunks = (bytes + kRingChunk - 1) / kRingChunk;
+    auto len = [&](size_t k) { return std::min(kRingChunk, bytes - k * kRingChunk); };
+    for (size_t k = 0; k <= chunks; ++k) {
+      const bool pass = k > 0, take = k < chunks;
+      exchange(kColl, pass ? right() : -1, pass ? out + (k - 1) * kRingChunk : nullptr,
+               pass ? len(k - 1) : 0, take ? left() : -1, take ? out + k * kRingChunk : nullptr,
+               take ? len(k) : 0, op);
+    }
   }
 
   // Pairwise: in step k each rank sends to rank + k and receives from rank - k.
@@ -691,11 +734,144 @@ WorldFactory tcp_prepare(const WorldPlan& plan) {
 
 }  // namespace
 
+namespace detail {
+
+std::vector<NetInterface> host_interfaces() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0)
+    throw CommError("tcp: cannot list this host's network interfaces (getifaddrs): " +
+                    sys_text(errno));
+  std::vector<NetInterface> out;
+  std::set<std::string> with_ipv4;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_name == nullptr) continue;
+    NetInterface i{a->ifa_name, "", (a->ifa_flags & IFF_UP) != 0,
+                   (a->ifa_flags & IFF_LOOPBACK) != 0};
+    char text[INET_ADDRSTRLEN] = {};
+    if (a->ifa_addr != nullptr && a->ifa_addr->sa_family == AF_INET &&
+        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                  sizeof(text)) != nullptr) {
+      i.ipv4 = text;
+      with_ipv4.insert(i.name);
+    }
+    out.push_back(std::move(i));
+  }
+  freeifaddrs(list);
+  // One entry per IPv4 address, and one (without) for an interface that has none.
+  std::vector<NetInterface> kept;
+  std::set<std::string> listed;
+  for (NetInterface& i : out) {
+    if (!i.ipv4.empty() || (!with_ipv4.count(i.name) && listed.insert(i.name).second))
+      kept.push_back(std::move(i));
+  }
+  return kept;
+}
+
+namespace {
+
+// MESHRT_SOCKET_IFNAME's entries: (exact, name or prefix); `exclude` for a leading '^'.
+std::vector<std::pair<bool, std::string>> parse_ifname(const std::string& spec, bool* exclude) {
+  *exclude = !spec.empty() && spec[0] == '^';
+  const std::string list = spec.substr(*exclude ? 1 : 0);
+  std::vector<std::pair<bool, std::string>> items;
+  for (size_t at = 0;;) {
+    const size_t comma = list.find(',', at);
+    std::string item = list.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const bool exact = !item.empty() && item[0] == '=';
+    if (exact) item.erase(0, 1);
+    if (item.empty()) {
+      throw Error("MESHRT_SOCKET_IFNAME='" + spec +
+                  "': an empty interface name (form: interface name prefixes separated by "
+                  "commas, '=name' for an exact name, '^' before the list to exclude those; "
+                  "docs/environment.md)");
+    }
+    items.emplace_back(exact, item);
+    if (comma == std::string::npos) return items;
+    at = comma + 1;
+  }
+}
+
+bool named_by(const std::vector<std::pair<bool, std::string>>& items, const std::string& name) {
+  for (const auto& [exact, v] : items)
+    if (exact ? name == v : name.compare(0, v.size(), v) == 0) return true;
+  return false;
+}
+
+// "lo (127.0.0.1), eth0 (10.0.0.2, 10.0.0.3), ib0 (down, no IPv4)"
+std::string interface_list(const std::vector<NetInterface>& ifs) {
+  std::vector<std::string> names;
+  std::map<std::string, std::string> what;
+  for (const NetInterface& i : ifs) {
+    std::string& w = what[i.name];
+    if (w.empty() && std::find(names.begin(), names.end(), i.name) == names.end()) {
+      names.push_back(i.name);
+      if (!i.up) w = "down";
+    }
+    if (!i.ipv4.empty()) w += (w.empty() ? "" : ", ") + i.ipv4;
+  }
+  std::string out;
+  for (const std::string& n : names) {
+    std::string w = what[n];
+    if (w.empty() || w == "down") w += std::string(w.empty() ? "" : ", ") + "no IPv4";
+    out += (out.empty() ? "" : ", ") + n + " (" + w + ")";
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+SocketAddress choose_socket_address(const std::vector<NetInterface>& ifs, const std::string& ifname,
+                                    const std::string& rendezvous) {
+  const bool set = !ifname.empty();
+  if (!set && !rendezvous.empty()) {  // the interface its peers already reached it on
+    SocketAddress a{rendezvous, "", rendezvous.compare(0, 4, "127.") == 0};
+    for (const NetInterface& i : ifs)
+      if (i.ipv4 == rendezvous) a.interface = i.name;
+    return a;
+  }
+  bool exclude = false;
+  const auto items = parse_ifname(set ? ifname : "^docker,lo", &exclude);
+  std::vector<const NetInterface*> ok;
+  for (const NetInterface& i : ifs)
+    if (i.up && !i.ipv4.empty() && named_by(items, i.name) != exclude && (set || !i.loopback))
+      ok.push_back(&i);
+  if (ok.empty() && set) {
+    throw Error("MESHRT_SOCKET_IFNAME='" + ifname + "': no interface " +
+                (exclude ? "outside" : "named by") +
+                " it is up with an IPv4 address; this host's interfaces: " + interface_list(ifs) +
+                ". Name one of those that has an IPv4 address, or unset it (docs/environment.md)");
+  }
+  if (ok.empty()) {  // no interface but docker's or loopback: any up one, loopback last
+    for (const NetInterface& i : ifs)
+      if (i.up && !i.ipv4.empty() && !i.loopback) ok.push_back(&i);
+    for (const NetInterface& i : ifs)
+      if (i.up && !i.ipv4.empty() && i.loopback) ok.push_back(&i);
+  }
+  if (ok.empty()) return {"127.0.0.1", "", true};
+  const NetInterface* pick = nullptr;
+  for (const NetInterface* i : ok)
+    if (!rendezvous.empty() && i->ipv4 == rendezvous) pick = i;
+  for (const NetInterface* i : ok)
+    if (pick == nullptr && !i->loopback) pick = i;
+  if (pick == nullptr) pick = ok.front();
+  return {pick->ipv4, pick->name, pick->loopback};
+}
+
+}  // namespace detail
+
 std::unique_ptr<Communicator> make_tcp_world_communicator(BootstrapTransport& tr,
                                                           CommConfig config) {
+  const std::string ifname = env_or("MESHRT_SOCKET_IFNAME");
+  const detail::SocketAddress at =
+      detail::choose_socket_address(detail::host_interfaces(), ifname, tr.local_address());
+  if (at.loopback_only && ifname.empty() && tr.local_address().empty()) {
+    MESHRT_LOG_WARN("tcp backend: rank "
+                    << tr.rank() << " publishes the loopback address " << at.address
+                    << " (no other interface is up with an IPv4 address): its peers must run on "
+                       "this machine");
+  }
+  const std::string& host = at.address;
   const auto [fd, port] = listen_any();
-  std::string host = tr.local_address();
-  if (host.empty()) host = host_address();
   const std::string mine =
       host + ":" + std::to_string(port) + " " + (tr.rank() == 0 ? job_token() : std::string("-"));
   std::vector<std::string> answers;
@@ -722,8 +898,10 @@ std::unique_ptr<Communicator> make_tcp_world_communicator(BootstrapTransport& tr
   for (int j = 0; j < tr.size(); ++j) world[static_cast<size_t>(j)] = j;
   auto e = std::make_shared<TcpEngine>(dom, std::move(world), tr.rank(), "world", "w", config);
   e->connect(Deadline::after(config.timeout_s > 0 ? config.timeout_s : 1e9));
-  MESHRT_LOG_DEBUG("tcp backend: rank " << tr.rank() << " of " << tr.size() << " listens on "
-                                        << host << ":" << port);
+  MESHRT_LOG_DEBUG("tcp backend: rank "
+                   << tr.rank() << " of " << tr.size() << " listens on " << host << ":" << port
+                   << " (" << (at.interface.empty() ? "the rendezvous' address" : at.interface)
+                   << ")");
   return detail::make_ordered_communicator(std::move(e), Device::cpu(0));
 }
 

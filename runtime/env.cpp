@@ -91,6 +91,8 @@ const std::vector<Variable>& table() {
       text("MESHRT_LIBRARY"),
       text("MESHRT_COMM_TIMEOUT"),
       text("MESHRT_RENDEZVOUS"),
+      // The tcp backend's interface (collectives/tcp_comm.cpp); nodes may name theirs apart.
+      text("MESHRT_SOCKET_IFNAME"),
       text("MESHRT_RUN_ID"),
       text("MESHRT_FAULT"),
       // Collective algorithms forced over the table's (collectives/algorithms/): which run.

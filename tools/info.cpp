@@ -60,6 +60,7 @@ void print_algorithms(std::ostream& os, int ranks) {
   os << detail::algo_table_text({"host", ranks, 1}, forced);
   os << detail::algo_table_text({"shm", ranks, 1}, forced);
   os << detail::algo_table_text({"mpi", ranks, 1}, forced);
+  os << detail::algo_table_text({"tcp", ranks, 1}, forced);
   os << detail::algo_table_text({"hier", 2 * ranks, 2}, forced);
   if (std::string(MESHRT_BUILD_CUDA) == "ON")
     os << detail::algo_table_text({"nccl", ranks, 1}, forced);

@@ -3,10 +3,11 @@
 //
 // Transports move bytes: the host backend's slots (threads), the shm backend's segment, MPI,
 // NCCL. An algorithm runs on top of one. Two kinds:
-//  - an engine's own algorithm (eager, flat, one_step, staged, zero_copy, two_level, native) runs
-//    over its backend's transport (threads and shm: a file of this folder written over the
-//    engine's transport interface, host_transport.h / shm_transport.h); the engine asks its
-//    AlgoPlan which one to run and calls it;
+//  - an engine's own algorithm (eager, flat, one_step, staged, zero_copy, two_level, native, and
+//    tcp's socket_ring, pairwise, binomial, ring_pipeline, linear) runs over its backend's
+//    transport (threads and shm: a file of this folder written over the engine's transport
+//    interface, host_transport.h / shm_transport.h; tcp: its sockets, in tcp_comm.cpp); the engine
+//    asks its AlgoPlan which one to run and calls it;
 //  - a composed algorithm (ring, ...) is one file of this folder that issues the collective as
 //    calls of the communicator's own primitives (send / recv, all_to_all, all_gather, ...), so it
 //    runs on every backend, NCCL included: the Communicator runs it instead of the backend.
@@ -28,7 +29,7 @@ namespace meshrt::detail {
 
 // The world a communicator spans, as the table reads it.
 struct AlgoWorld {
-  std::string_view backend;  // "host", "shm", "mpi", "hier", "nccl"
+  std::string_view backend;  // "host", "shm", "mpi", "tcp", "hier", "nccl"
   int ranks = 1;
   int nodes = 1;
 };
@@ -53,7 +54,10 @@ struct Algorithm {
 // node's and the inter-node communicators; mpi and nccl are native).
 namespace algos {
 extern const Algorithm eager, flat, one_step, staged, zero_copy, two_level, native;
-}
+// tcp (tcp_comm.cpp, over its sockets): socket_ring (all-reduce, all-gather, reduce-scatter),
+// pairwise (all-to-all), binomial, ring_pipeline and linear (broadcast).
+extern const Algorithm socket_ring, pairwise, binomial, ring_pipeline, linear;
+}  // namespace algos
 
 constexpr int64_t kAnySize = INT64_MAX;
 

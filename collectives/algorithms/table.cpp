@@ -30,6 +30,20 @@ const Algorithm two_level{"two_level",
                           "the node's shm collective, MPI or TCP across the nodes on the node's "
                           "share, the node's shm collective (hier)"};
 const Algorithm native{"native", "the library's own choice (MPI, NCCL)"};
+const Algorithm socket_ring{"socket_ring",
+                            "ring reduce-scatter and / or ring all-gather over the peers' "
+                            "sockets: an all-reduce moves 2 (n-1)/n of the data per rank (tcp)"};
+const Algorithm pairwise{"pairwise",
+                         "in step k every rank sends to rank + k while it receives from rank - k "
+                         "(tcp)"};
+const Algorithm linear{"linear",
+                       "the root sends the whole buffer to every other rank in turn (tcp)"};
+const Algorithm binomial{"binomial",
+                         "a binomial tree from the root: log2(n) steps of the whole buffer (tcp)"};
+const Algorithm ring_pipeline{"ring_pipeline",
+                              "256 KiB chunks along the ring from the root, each rank passing one "
+                              "on while it receives the next: the root sends the buffer once "
+                              "(tcp)"};
 }  // namespace algos
 
 namespace {
@@ -43,6 +57,9 @@ constexpr uint32_t kAllToAll = op_bit(CommOp::AllToAll);
 // The engine's copying path below this many bytes summed over the ranks (shm_comm.cpp's
 // one-step all-reduce; reduce-scatter and all-gather skip the two extra steps of mapping).
 constexpr int64_t kShmSmallBytes = int64_t{8} << 10;
+
+// tcp's broadcast: a binomial tree up to this many bytes, the pipelined ring beyond.
+constexpr int64_t kTcpSmallBroadcast = int64_t{256} << 10;
 
 bool backend_matches(const AlgoRow& r, std::string_view backend) {
   return std::string_view(r.backend) == "*" || r.backend == backend;
@@ -100,6 +117,13 @@ const std::vector<AlgoRow>& algo_table() {
       // two nodes or more: two levels where they are exact, flat MPI for the rest.
       {"hier", kAllReduce | kAllGather | kReduceScatter, &algos::two_level, kAnySize, false, 2},
       {"hier", kTableOps, &algos::flat},
+      // tcp: rings over the sockets, pairwise all-to-all; small broadcasts down a tree, large
+      // ones along the ring (linear, the former one, only forced).
+      {"tcp", kAllReduce | kAllGather | kReduceScatter, &algos::socket_ring},
+      {"tcp", kBroadcast, &algos::binomial, kTcpSmallBroadcast},
+      {"tcp", kBroadcast, &algos::ring_pipeline},
+      {"tcp", kBroadcast, &algos::linear, kAnySize, false, 1, true},
+      {"tcp", kAllToAll, &algos::pairwise},
       {"mpi", kTableOps, &algos::native},
       {"nccl", kTableOps, &algos::native},
       // Composed algorithms, on every backend; MESHRT_ALGO only.

@@ -61,6 +61,14 @@ TEST_CASE("algorithms: the table's defaults are the engines' former thresholds",
   CHECK(pick({"hier", 4, 2}, CommOp::AllGather, 64 << 20) == "two_level");
   CHECK(pick({"hier", 4, 2}, CommOp::Broadcast, 8) == "flat");
   CHECK(pick({"mpi", 4, 1}, CommOp::AllReduce, 64 << 20) == "native");
+  CHECK(pick({"tcp", 4, 1}, CommOp::AllReduce, 8) == "socket_ring");
+  CHECK(pick({"tcp", 4, 1}, CommOp::AllToAll, 64 << 20) == "pairwise");
+  // tcp's broadcast: the tree up to 256 KiB, the pipelined ring beyond; linear only forced.
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, 256 << 10) == "binomial");
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, (256 << 10) + 1) == "ring_pipeline");
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, 8, "broadcast:linear") == "linear");
+  CHECK(pick({"tcp", 4, 1}, CommOp::Broadcast, 64 << 20, "broadcast:binomial") == "binomial");
+  CHECK(pick({"host", 4, 1}, CommOp::Broadcast, 8, "broadcast:linear") == "flat");
   CHECK(pick({"nccl", 8, 1}, CommOp::AllGather, 8) == "native");
   // Composed algorithms are never a default.
   CHECK_FALSE(AlgoPlan(host, "").any_composed());
@@ -83,7 +91,7 @@ TEST_CASE("algorithms: MESHRT_ALGO forces an algorithm where the backend offers 
   CHECK(pick(host, CommOp::AllReduce, 64 << 20, "staged") == "flat");
   CHECK(pick({"mpi", 2, 1}, CommOp::AllReduce, 8, "eager") == "native");
   // The ring is composed: on every backend, NCCL included, for all_gather only.
-  for (const char* b : {"host", "shm", "mpi", "hier", "nccl"}) {
+  for (const char* b : {"host", "shm", "mpi", "tcp", "hier", "nccl"}) {
     const AlgoPlan p({b, 4, 1}, "all_gather:ring");
     CHECK(p.pick(CommOp::AllGather, 64 << 20)->name == std::string("ring"));
     CHECK(p.pick(CommOp::AllGather, 64 << 20)->run != nullptr);
@@ -97,15 +105,15 @@ TEST_CASE("algorithms: MESHRT_ALGO forces an algorithm where the backend offers 
 TEST_CASE("algorithms: a bad MESHRT_ALGO is refused naming the value and the valid names",
           "[unit]") {
   CHECK(refusal("") == "");
-  CHECK(
-      refusal("all_reduce:ring") ==
-      "MESHRT_ALGO='all_reduce:ring': 'ring' is not an algorithm of all_reduce; use eager, "
-      "fixed_order, flat, native, one_step, staged, two_level or zero_copy (form: op:algorithm[,op:"
-      "algorithm...], or one algorithm for every op that has it; docs/environment.md)");
+  CHECK(refusal("all_reduce:ring") ==
+        "MESHRT_ALGO='all_reduce:ring': 'ring' is not an algorithm of all_reduce; use eager, "
+        "fixed_order, flat, native, one_step, socket_ring, staged, two_level or zero_copy (form: "
+        "op:algorithm[,op:algorithm...], or one algorithm for every op that has it; "
+        "docs/environment.md)");
   CHECK_THAT(refusal("rign"),
              Catch::StartsWith("MESHRT_ALGO='rign': unknown algorithm 'rign'; "
-                               "use eager, fixed_order, flat, native, one_step, ring, "
-                               "staged, "
+                               "use binomial, eager, fixed_order, flat, linear, native, "
+                               "one_step, pairwise, ring, ring_pipeline, socket_ring, staged, "
                                "two_level or zero_copy"));
   CHECK_THAT(refusal("allreduce:flat,gather:ring"),
              Catch::StartsWith("MESHRT_ALGO='allreduce:flat,gather:ring': unknown op 'gather'; "
@@ -121,8 +129,8 @@ TEST_CASE("algorithms: a bad MESHRT_ALGO is refused naming the value and the val
   } catch (const Error& e) {
     CHECK_THAT(std::string(e.what()),
                Catch::StartsWith("MESHRT_ALGO='all_gather:eager': 'eager' is not an algorithm "
-                                 "of all_gather; use flat, native, ring, staged, two_level or "
-                                 "zero_copy"));
+                                 "of all_gather; use flat, native, ring, socket_ring, staged, "
+                                 "two_level or zero_copy"));
   }
 }
 
@@ -137,6 +145,14 @@ TEST_CASE("algorithms: meshrt info's table, op x size, for one backend", "[unit]
         "    all_to_all      flat       flat       flat       flat\n");
   CHECK(detail::algo_table_text({"mpi", 4, 1}, "") ==
         "  mpi (4 ranks, 1 node): native for every op and size\n");
+  CHECK(detail::algo_table_text({"tcp", 4, 1}, "") ==
+        "  tcp (4 ranks, 1 node)\n"
+        "    op \\ bytes      8 B           4 KiB         256 KiB       64 MiB\n"
+        "    all_reduce      socket_ring   socket_ring   socket_ring   socket_ring\n"
+        "    all_gather      socket_ring   socket_ring   socket_ring   socket_ring\n"
+        "    reduce_scatter  socket_ring   socket_ring   socket_ring   socket_ring\n"
+        "    broadcast       binomial      binomial      binomial      ring_pipeline\n"
+        "    all_to_all      pairwise      pairwise      pairwise      pairwise\n");
   // A longer name widens the columns.
   CHECK(detail::algo_table_text({"host", 2, 1}, "all_reduce:fixed_order") ==
         "  host (2 ranks, 1 node)\n"

@@ -3,7 +3,8 @@
 // which meet through MESHRT_RENDEZVOUS=tcp://127.0.0.1:<port>. MESHRT_NODE_ID simulates nodes.
 // Every op x dtype x in place / out of place against exact values on hier over 2 simulated
 // nodes (equal and unequal) and on a flat tcp world; split groups and send / recv; a SIGKILLed
-// peer named by every other rank within the timeout.
+// peer named by every other rank within the timeout; broadcasts of odd sizes from every root
+// under each broadcast algorithm; the published address's choice and MESHRT_SOCKET_IFNAME.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -22,7 +23,9 @@
 #include "coll_matrix.h"
 #include "coll_test_util.h"
 #include "collectives/bootstrap.h"
+#include "collectives/tcp_comm.h"
 #include "runtime/stream.h"
+#include "tests/common/env.h"
 #include "tests/common/files.h"
 #include "tests/common/net.h"
 
@@ -110,6 +113,48 @@ int kill_main(Communicator& w, Stream& s, int rank) {
   return 1;
 }
 
+// Broadcasts of 0, 1, 37, 65537 and 3 MiB + 5 bytes (odd; under and over the tree / ring
+// threshold, the ring's last chunk partial) from every root, in place and out of place: every
+// rank's bytes equal the root's. Prints one line per failure, then "BCAST OK rank r: N".
+int bcast_main(Communicator& w, Stream& s, int rank) {
+  int64_t ok = 0, bad = 0;
+  auto expected = [](int64_t n, int root, int64_t i) {
+    return static_cast<uint8_t>((i * 131 + root * 17 + n) % 251);
+  };
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{65537}, (int64_t{3} << 20) + 5}) {
+    for (int root = 0; root < w.size(); ++root) {
+      for (bool in_place : {true, false}) {
+        Tensor in = host_tensor(n, DType::u8), out = host_tensor(n, DType::u8);
+        auto* ip = static_cast<uint8_t*>(in.data_ptr());
+        auto* op = static_cast<uint8_t*>(out.data_ptr());
+        for (int64_t i = 0; i < n; ++i) {
+          ip[i] = rank == root ? expected(n, root, i) : 0xAB;
+          op[i] = 0xCD;
+        }
+        if (in_place) {
+          w.broadcast(in, root, s).synchronize();
+        } else {
+          w.broadcast(in, out, root, s).synchronize();
+        }
+        const uint8_t* got = in_place ? ip : op;
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n; ++i) wrong += got[i] != expected(n, root, i);
+        if (wrong == 0) {
+          ++ok;
+        } else {
+          ++bad;
+          std::printf("BCAST WRONG rank %d: %lld of %lld bytes from root %d (%s)\n", rank,
+                      static_cast<long long>(wrong), static_cast<long long>(n), root,
+                      in_place ? "in place" : "out of place");
+        }
+      }
+    }
+  }
+  std::printf("BCAST %s rank %d: %lld right, %lld wrong\n", bad == 0 ? "OK" : "FAIL", rank,
+              static_cast<long long>(ok), static_cast<long long>(bad));
+  return bad == 0 ? 0 : 1;
+}
+
 // A rank process: torchrun's variables, bootstrap (backend "auto" or `backend`), then `mode`.
 int tcp_rank_main(const std::string& mode, const std::string& backend, int rank, int world,
                   int port) {
@@ -124,6 +169,7 @@ int tcp_rank_main(const std::string& mode, const std::string& backend, int rank,
   std::unique_ptr<Communicator> w = launch->world(0);
   auto s = make_host_stream("comm");
   if (mode == "kill") return kill_main(*w, *s, rank);
+  if (mode == "bcast") return bcast_main(*w, *s, rank);
   Failures f;
   const int64_t ops = run_matrix(*w, *s, {0, 1, 37, 20001}, f, 7 + world);
   split_and_ring(*w, *s, f);
@@ -253,6 +299,134 @@ TEST_CASE("tcp: a SIGKILLed peer of hier over tcp fails every other rank naming 
     const size_t at = out.find(" after ");
     REQUIRE(at != std::string::npos);
     CHECK(std::strtod(out.c_str() + at + 7, nullptr) < kKillTimeout);
+  }
+}
+
+TEST_CASE("tcp: broadcasts of odd sizes from every root equal the root's bytes (3, 4 ranks)",
+          "[multirank]") {
+  // The table's choice (tree up to 256 KiB, ring beyond), then each algorithm at every size.
+  for (const char* algo : {"", "broadcast:ring_pipeline", "broadcast:binomial"}) {
+    for (int n : {3, 4}) {
+      ScopedEnv env("MESHRT_ALGO", algo);
+      const Ranks rs = spawn_ranks("bcast", "tcp", n, {});
+      for (int r = 0; r < n; ++r) {
+        INFO("MESHRT_ALGO='" << algo << "', rank " << r << " of " << n << ":\n"
+                             << rs.out[static_cast<size_t>(r)]);
+        CHECK(rs.status[static_cast<size_t>(r)] == 0);
+        CHECK_THAT(rs.out[static_cast<size_t>(r)],
+                   Catch::Contains("BCAST OK rank " + std::to_string(r) + ": " +
+                                   std::to_string(5 * n * 2) + " right, 0 wrong"));
+      }
+    }
+  }
+}
+
+namespace {
+
+using detail::choose_socket_address;
+using detail::NetInterface;
+
+// A Debian-style host: its name resolves to 127.0.1.1 on lo; docker's bridge before the NIC.
+const std::vector<NetInterface> kHost = {
+    {"lo", "127.0.0.1", true, true},
+    {"lo", "127.0.1.1", true, true},
+    {"docker0", "172.17.0.1", true, false},
+    {"eth0", "192.0.2.2", true, false},
+    {"ib0", "10.0.0.5", true, false},
+    {"eth1", "10.9.0.1", false, false},
+    {"wlan0", "", true, false},
+};
+
+std::string picked(const std::vector<NetInterface>& ifs, const std::string& ifname,
+                   const std::string& rendezvous = "") {
+  const detail::SocketAddress a = choose_socket_address(ifs, ifname, rendezvous);
+  return a.interface + " " + a.address + (a.loopback_only ? " loopback only" : "");
+}
+
+std::string refusal(const std::vector<NetInterface>& ifs, const std::string& ifname) {
+  try {
+    (void)choose_socket_address(ifs, ifname, "");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("tcp: the published address is a non-loopback interface's, or MESHRT_SOCKET_IFNAME's",
+          "[unit]") {
+  // Unset: the first interface up with an IPv4 address, neither loopback nor docker's.
+  CHECK(picked(kHost, "") == "eth0 192.0.2.2");
+  // A TCP rendezvous tells the address it was reached from: its interface, even loopback (then
+  // every rank is on this machine).
+  CHECK(picked(kHost, "", "10.0.0.5") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "", "127.0.0.1") == "lo 127.0.0.1 loopback only");
+  // Nothing but docker's and loopback: docker's; nothing but loopback (or a NIC that is down):
+  // loopback, said so.
+  CHECK(picked({kHost[0], kHost[2]}, "") == "docker0 172.17.0.1");
+  CHECK(picked({kHost[0], kHost[5], kHost[6]}, "") == "lo 127.0.0.1 loopback only");
+  CHECK(picked({}, "") == " 127.0.0.1 loopback only");
+  // Set: prefixes, exact names, exclusions; the rendezvous' interface among those it names.
+  CHECK(picked(kHost, "ib") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "eth,ib") == "eth0 192.0.2.2");
+  CHECK(picked(kHost, "eth,ib", "10.0.0.5") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "=ib0") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "^docker,eth") == "ib0 10.0.0.5");
+  CHECK(picked(kHost, "^eth,ib,wlan") == "docker0 172.17.0.1");
+  CHECK(picked(kHost, "lo") == "lo 127.0.0.1 loopback only");
+  CHECK(picked(kHost, "docker0", "192.0.2.2") == "docker0 172.17.0.1");
+}
+
+TEST_CASE("tcp: MESHRT_SOCKET_IFNAME naming no usable interface is refused, listing them",
+          "[unit]") {
+  const std::string list =
+      "this host's interfaces: lo (127.0.0.1, 127.0.1.1), docker0 (172.17.0.1), eth0 "
+      "(192.0.2.2), ib0 (10.0.0.5), eth1 (down, 10.9.0.1), wlan0 (no IPv4). Name one of those "
+      "that has an IPv4 address, or unset it (docs/environment.md)";
+  CHECK(refusal(kHost, "eth5") ==
+        "MESHRT_SOCKET_IFNAME='eth5': no interface named by it is up with an IPv4 address; " +
+            list);
+  // Down, or without an IPv4 address: named, but not usable.
+  CHECK(refusal(kHost, "eth1") ==
+        "MESHRT_SOCKET_IFNAME='eth1': no interface named by it is up with an IPv4 address; " +
+            list);
+  CHECK(refusal(kHost, "=wlan0") ==
+        "MESHRT_SOCKET_IFNAME='=wlan0': no interface named by it is up with an IPv4 address; " +
+            list);
+  CHECK(refusal(kHost, "=eth") ==
+        "MESHRT_SOCKET_IFNAME='=eth': no interface named by it is up with an IPv4 address; " +
+            list);
+  CHECK(refusal(kHost, "^lo,docker,eth,ib") ==
+        "MESHRT_SOCKET_IFNAME='^lo,docker,eth,ib': no interface outside it is up with an IPv4 "
+        "address; " +
+            list);
+  CHECK(refusal({}, "eth0") ==
+        "MESHRT_SOCKET_IFNAME='eth0': no interface named by it is up with an IPv4 address; "
+        "this host's interfaces: none. Name one of those that has an IPv4 address, or unset it "
+        "(docs/environment.md)");
+  const std::string form =
+      "': an empty interface name (form: interface name prefixes separated by commas, '=name' "
+      "for an exact name, '^' before the list to exclude those; docs/environment.md)";
+  for (const char* bad : {"eth0,", ",eth0", "^", "eth0,=", "eth0,,ib0"})
+    CHECK(refusal(kHost, bad) == "MESHRT_SOCKET_IFNAME='" + std::string(bad) + form);
+  // This machine lists its loopback, up.
+  bool lo = false;
+  for (const NetInterface& i : detail::host_interfaces())
+    lo = lo || (i.loopback && i.up && i.ipv4 == "127.0.0.1");
+  CHECK(lo);
+}
+
+TEST_CASE("tcp: every rank refuses a MESHRT_SOCKET_IFNAME no interface matches", "[multirank]") {
+  ScopedEnv env("MESHRT_SOCKET_IFNAME", "nosuchif0");
+  const Ranks rs = spawn_ranks("matrix", "tcp", 2, {});
+  for (size_t r = 0; r < rs.out.size(); ++r) {
+    INFO("rank " << r << ":\n" << rs.out[r]);
+    CHECK(rs.status[r] == 2);
+    CHECK_THAT(rs.out[r], Catch::Contains("TCP FAIL: MESHRT_SOCKET_IFNAME='nosuchif0': no "
+                                          "interface named by it is up with an IPv4 address; "
+                                          "this host's interfaces: ") &&
+                              Catch::Contains("lo (127.0.0.1"));
   }
 }
 

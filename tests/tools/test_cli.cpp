@@ -371,6 +371,9 @@ TEST_CASE("info shows the collective algorithm table, and MESHRT_ALGO's choices"
                                             "+zero_copy\n")));
   CHECK(std::regex_search(
       r.out, std::regex("\n  mpi \\([0-9]+ ranks, 1 node\\): native for every op and size\n")));
+  CHECK(std::regex_search(r.out, std::regex("\n  tcp \\([0-9]+ ranks, 1 node\\)\n.*\n    "
+                                            "all_reduce +socket_ring +socket_ring +socket_ring "
+                                            "+socket_ring\n")));
   CHECK(std::regex_search(r.out, std::regex("\n  hier \\([0-9]+ ranks, 2 nodes\\)\n")));
   {
     test::ScopedEnv env("MESHRT_ALGO", "all_reduce:flat,all_gather:ring");
@@ -388,7 +391,7 @@ TEST_CASE("info shows the collective algorithm table, and MESHRT_ALGO's choices"
   CHECK_THAT(b.err,
              Catch::Contains("meshrt: error: MESHRT_ALGO='all_reduce:rign': 'rign' is not "
                              "an algorithm of all_reduce; use eager, fixed_order, flat, native, "
-                             "one_step, staged, two_level or zero_copy"));
+                             "one_step, socket_ring, staged, two_level or zero_copy"));
 }
 
 TEST_CASE("info names the devices, why CUDA is unavailable, and every library's version",

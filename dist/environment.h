@@ -11,6 +11,7 @@
 
 #include "collectives/bootstrap.h"
 #include "collectives/communicator.h"
+#include "collectives/tcp_comm.h"
 #include "kernels/backend.h"
 #include "runtime/env.h"
 
@@ -20,7 +21,8 @@ namespace meshrt {
 // could not be returned (a stream's worker thread, an exit handler): the table's switches, choices
 // and whole numbers and MESHRT_LOG_LEVEL (runtime/env.h's check_environment), then the free-form
 // ones through their own readers: MESHRT_COMM_TIMEOUT, MESHRT_FAULT, MESHRT_ALGO and
-// MESHRT_FLIGHT_DIR (CommConfig::from_env), MESHRT_RENDEZVOUS and MESHRT_HOST_ISA. Throws
+// MESHRT_FLIGHT_DIR (CommConfig::from_env), MESHRT_RENDEZVOUS, MESHRT_SOCKET_IFNAME (against this
+// host's interfaces) and MESHRT_HOST_ISA. Throws
 // meshrt::Error naming the variable, its value and what is accepted; warns once about MESHRT_ names
 // it does not know. (MESHRT_BACKEND_PATH and MESHRT_RUN_ID take any value.)
 inline void validate_environment() {
@@ -32,6 +34,8 @@ inline void validate_environment() {
     int port = 0;
     (void)rendezvous_tcp_from_env(&host, &port);  // a tcp:// address without host or port
   }
+  if (const std::string ifname = env_or("MESHRT_SOCKET_IFNAME"); !ifname.empty())
+    (void)detail::choose_socket_address(detail::host_interfaces(), ifname, "");
   // Parsed on every check (the variant itself is decided once per process, on first use).
   (void)kernels::host::parse_host_isa_cap(env_or("MESHRT_HOST_ISA").c_str());
 }

@@ -283,6 +283,9 @@ TEST_CASE("environment switches with unknown values are refused before anything 
              "RANK=1 is set but WORLD_SIZE is not: a process started as one rank needs "
              "both"},
         Case{"WORLD_SIZE=2", "WORLD_SIZE=2 is set but RANK is not"},
+        Case{"MESHRT_SOCKET_IFNAME=nosuchif0",
+             "MESHRT_SOCKET_IFNAME='nosuchif0': no interface named by it is up with an IPv4 "
+             "address; this host's interfaces: "},
         Case{"MESHRT_HOST_ISA=sse4",
              "MESHRT_HOST_ISA=sse4 is not an instruction set of the host "
              "kernels; use auto, baseline"}}) {

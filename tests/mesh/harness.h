@@ -56,16 +56,39 @@ inline double rel_err(const std::vector<double>& got, const std::vector<double>&
   return md / mr;
 }
 
-// Runs train(cfg) on `world` thread ranks and returns rank 0's per-step losses.
-inline std::vector<double> train_losses(int world, const TrainConfig& cfg) {
-  std::vector<double> out;
+// A small model for the tests: init_std 0.1, and biases and norm gains drawn with param_noise so
+// every parameter matters.
+inline ModelConfig small_model_config(int64_t hidden, int64_t heads, int64_t ffn, int layers,
+                                      int64_t vocab, uint64_t seed = 1, float param_noise = 0.1f) {
+  ModelConfig m;
+  m.block.hidden = hidden;
+  m.block.heads = heads;
+  m.block.ffn = ffn;
+  m.block.init_std = 0.1f;
+  m.block.param_noise = param_noise;
+  m.block.seed = seed;
+  m.layers = layers;
+  m.vocab = vocab;
+  return m;
+}
+
+// Runs train(cfg) on `world` thread ranks and returns rank 0's steps.
+inline std::vector<StepStats> train_stats(int world, const TrainConfig& cfg) {
+  std::vector<StepStats> out;
   std::mutex mu;
   run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
     auto st = train(cfg, ctx, w, nullptr);
     if (r != 0) return;
     std::lock_guard<std::mutex> lk(mu);
-    for (auto& s : st) out.push_back(s.loss);
+    out = std::move(st);
   });
+  return out;
+}
+
+// Rank 0's per-step losses of train_stats.
+inline std::vector<double> train_losses(int world, const TrainConfig& cfg) {
+  std::vector<double> out;
+  for (const StepStats& s : train_stats(world, cfg)) out.push_back(s.loss);
   return out;
 }
 

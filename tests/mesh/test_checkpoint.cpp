@@ -44,16 +44,7 @@ std::string scratch(const std::string& name) {
 
 // hidden and heads divide by 4; ffn (90) and vocab (130) do not: tp=4 shards them unevenly.
 ModelConfig small_model(uint64_t seed = 5) {
-  ModelConfig m;
-  m.block.hidden = 32;
-  m.block.ffn = 90;
-  m.block.heads = 4;
-  m.block.init_std = 0.1f;
-  m.block.param_noise = 0.1f;
-  m.block.seed = seed;
-  m.layers = 1;
-  m.vocab = 130;
-  return m;
+  return test::small_model_config(32, 4, 90, 1, 130, seed);
 }
 
 struct Layout {

@@ -26,13 +26,7 @@ namespace {
 // Tiny and cheap: 20 steps of 4 sequences of 16 tokens (2 x cp = 4 chunks of 4 at cp=2).
 TrainConfig cp_cfg(const std::string& mesh, int steps = 20) {
   TrainConfig c;
-  c.model.block.hidden = 32;
-  c.model.block.ffn = 64;
-  c.model.block.heads = 4;
-  c.model.block.init_std = 0.1f;
-  c.model.block.param_noise = 0.1f;
-  c.model.layers = 1;
-  c.model.vocab = 64;
+  c.model = test::small_model_config(32, 4, 64, 1, 64);
   c.mesh = mesh;
   c.batch = 4;
   c.seq = 16;
@@ -83,16 +77,10 @@ TEST_CASE("train at cp=2 on a token file gives the cp=1 train and validation los
     c.val_data = file;
     c.eval_every = 2;
     std::vector<double> out;
-    std::mutex mu;
-    test::run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
-      auto st = train(c, ctx, w, nullptr);
-      if (r != 0) return;
-      std::lock_guard<std::mutex> lk(mu);
-      for (auto& s : st) {
-        out.push_back(s.loss);
-        if (!std::isnan(s.val_loss)) out.push_back(s.val_loss);
-      }
-    });
+    for (const StepStats& s : test::train_stats(world, c)) {
+      out.push_back(s.loss);
+      if (!std::isnan(s.val_loss)) out.push_back(s.val_loss);
+    }
     return out;
   };
   const auto ref = run(1, "dp=1");

@@ -21,18 +21,7 @@ using meshrt::test::run_ranks;
 
 namespace {
 
-ModelConfig tiny_model() {
-  ModelConfig m;
-  m.block.hidden = 32;
-  m.block.ffn = 64;
-  m.block.heads = 4;
-  m.block.init_std = 0.1f;
-  m.block.param_noise = 0.1f;
-  m.block.seed = 5;
-  m.layers = 2;
-  m.vocab = 64;
-  return m;
-}
+ModelConfig tiny_model() { return test::small_model_config(32, 4, 64, 2, 64, 5); }
 
 using Grads = std::map<std::string, std::vector<double>>;
 

@@ -29,17 +29,7 @@ namespace {
 constexpr int64_t kVocab = 64;
 constexpr int64_t kEot = 0;
 
-ModelConfig doc_model() {
-  ModelConfig m;
-  m.block.hidden = 32;
-  m.block.ffn = 64;
-  m.block.heads = 4;
-  m.block.init_std = 0.1f;
-  m.block.param_noise = 0.1f;
-  m.layers = 2;
-  m.vocab = kVocab;
-  return m;
-}
+ModelConfig doc_model() { return test::small_model_config(32, 4, 64, 2, kVocab); }
 
 // ids [seq, n] and targets (ids shifted by one, the last from `next`) on the host.
 void host_batch(Context& ctx, const std::vector<std::vector<int64_t>>& rows, Tensor* ids,
@@ -218,11 +208,7 @@ TEST_CASE("train --doc-mask at cp 2 and 4 gives the cp=1 doc-masked loss curve",
   CHECK(moved > 0);
   // Each step reports the balance the loader reached (rank 0's replica): never worse than the
   // standard layout's, better where the layout moved.
-  std::vector<StepStats> stats;
-  test::run_ranks(2, [&](int r, Communicator& w, Context& ctx) {
-    auto st = train(doc_cfg("cp=2", file), ctx, w, nullptr);
-    if (r == 0) stats = st;
-  });
+  const std::vector<StepStats> stats = test::train_stats(2, doc_cfg("cp=2", file));
   REQUIRE(stats.size() == 20);
   int better = 0;
   for (const StepStats& st : stats) {
@@ -269,14 +255,9 @@ TEST_CASE("train --doc-mask --deterministic gives the same bits on dp 1 and 2",
     c.deterministic = true;
     c.digest_steps = {6};
     std::vector<double> out;
-    std::mutex mu;
-    test::run_ranks(world, [&](int r, Communicator& w, Context& ctx) {
-      auto st = train(c, ctx, w, nullptr);
-      if (r != 0) return;
-      std::lock_guard<std::mutex> lk(mu);
-      for (const StepStats& s : st) out.push_back(s.loss);
-      out.push_back(static_cast<double>(st.back().state_digest));
-    });
+    const std::vector<StepStats> st = test::train_stats(world, c);
+    for (const StepStats& s : st) out.push_back(s.loss);
+    if (!st.empty()) out.push_back(static_cast<double>(st.back().state_digest));
     return out;
   };
   const auto one = run(1, "dp=1");

@@ -67,17 +67,7 @@ std::vector<uint16_t> text_tokens(int64_t n) {
   return t;
 }
 
-ModelConfig byte_model() {
-  ModelConfig m;
-  m.block.hidden = 32;
-  m.block.ffn = 64;
-  m.block.heads = 4;
-  m.block.init_std = 0.1f;
-  m.block.seed = 5;
-  m.layers = 2;
-  m.vocab = 256;
-  return m;
-}
+ModelConfig byte_model() { return test::small_model_config(32, 4, 64, 2, 256, 5, 0.f); }
 
 std::string error_of(const std::function<void()>& fn) {
   try {

@@ -26,18 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Sizes that dp = 2 and 4 do not divide: ffn 74, vocab 61, biases of 36 and 74.
-ModelConfig zero_model() {
-  ModelConfig m;
-  m.block.hidden = 36;
-  m.block.heads = 6;
-  m.block.ffn = 74;
-  m.block.init_std = 0.1f;
-  m.block.param_noise = 0.1f;
-  m.block.seed = 5;
-  m.layers = 2;
-  m.vocab = 61;
-  return m;
-}
+ModelConfig zero_model() { return test::small_model_config(36, 6, 74, 2, 61, 5); }
 
 TrainConfig zero_cfg(const std::string& mesh, int zero, OptimizerKind opt = OptimizerKind::AdamW) {
   TrainConfig cfg;

@@ -10,7 +10,9 @@
 # With CP_BENCH_FLAGS="--plan-cluster FILE" (a `meshrt plan --calibrate` file) a second table
 # puts the planner's prediction of each run (its "plan" JSON) beside the measurement.
 # Usage: bench/block/compare_cp.sh MESHRT "SEQS" [repeats] [runs]
-#   SEQS: e.g. "4096 8192"; runs: a subset of "t1 t2 ring allgather tp2 cptp" (default all).
+#   SEQS: e.g. "4096 8192"; runs: a subset of "t1 t2 ring allgather tp2 cptp" (default all), or
+#   t1pair: two one-thread cp=1 runs at the same time (the slower one's step), the speed a rank
+#   gets while another runs beside it, as in a cp=2 run.
 # CP_BENCH_KEEP=<folder>: keep the runs' JSON files there.
 set -eu
 bin=$1
@@ -35,12 +37,17 @@ while [ "$i" -le "$reps" ]; do
       j="$out/$r.$seq.$i.json"
       case $r in
         t1) MESHRT_HOST_THREADS=1 "$bin" bench block --devices cpu:1 --mesh tp=1 $c --json "$j" ;;
+        t1pair)  # two one-thread cp=1 runs at once: what each core gives a rank beside another
+          MESHRT_HOST_THREADS=1 "$bin" bench block --devices cpu:1 --mesh tp=1 $c --json "$j.b" &
+          pair=$!
+          MESHRT_HOST_THREADS=1 "$bin" bench block --devices cpu:1 --mesh tp=1 $c --json "$j"
+          wait $pair ;;
         t2) "$bin" bench block --devices cpu:1 --mesh tp=1 $c --json "$j" ;;
         ring) "$bin" bench block --devices cpu:2 --mesh cp=2 --cp-comm ring $c --json "$j" ;;
         allgather) "$bin" bench block --devices cpu:2 --mesh cp=2 --cp-comm allgather $c --json "$j" ;;
         tp2) "$bin" bench block --devices cpu:2 --mesh tp=2 $c --json "$j" ;;
         cptp) "$bin" bench block --devices cpu:4 --mesh cp=2,tp=2 --cp-comm ring $c --json "$j" ;;
-        *) echo "unknown run $r (t1 t2 ring allgather tp2 cptp)" >&2; exit 2 ;;
+        *) echo "unknown run $r (t1 t1pair t2 ring allgather tp2 cptp)" >&2; exit 2 ;;
       esac >/dev/null
       echo "  $r: $(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["step_ms"]["median"]), "ms")' "$j")" >&2
     done
@@ -51,11 +58,17 @@ python3 - "$out" "$reps" "$seqs" "$runs" <<'PY'
 import json, os, statistics, sys
 d, reps, seqs, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
 names = {"t1": "tp=1 (cpu:1, MESHRT_HOST_THREADS=1)", "t2": "tp=1 (cpu:1, 2 threads)",
+         "t1pair": "tp=1 (cpu:1, MESHRT_HOST_THREADS=1, two runs at once)",
          "ring": "cp=2 ring (cpu:2)", "allgather": "cp=2 allgather (cpu:2)",
          "tp2": "tp=2 (cpu:2)", "cptp": "cp=2,tp=2 ring (cpu:4)"}
 def load(r, seq):
-    return [json.load(open(p)) for p in (f"{d}/{r}.{seq}.{i}.json" for i in range(1, reps + 1))
-            if os.path.exists(p)]
+    out = []
+    for i in range(1, reps + 1):
+        p = f"{d}/{r}.{seq}.{i}.json"
+        if os.path.exists(p):  # t1pair: the slower of the two runs
+            out.append(max([json.load(open(q)) for q in (p, p + ".b") if os.path.exists(q)],
+                           key=lambda j: j["step_ms"]["median"]))
+    return out
 def med(js, f):
     return statistics.median(f(j) for j in js)
 print(f"median over {reps} alternating repetition(s) of each run's median step")
@@ -89,7 +102,9 @@ for seq in seqs:
                 cells[7] += f" ({f['mem'] / fig['tp2']['mem']:.2f}x of tp=2)"
             elif r != "cptp" and base_mem:
                 cells[7] += f" ({f['mem'] / base_mem:.2f}x)"
-        if r == "t1":
+        if r in ("ring", "allgather") and "t1pair" in fig:
+            cells[3] += f" ({f['step'] / (fig['t1pair']['step'] / 2):.2f}x of two at once / cp)"
+        if r in ("t1", "t1pair"):
             cells[7] = "-"
         print("| " + " | ".join(cells) + " |")
 rows = []

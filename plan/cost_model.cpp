@@ -825,17 +825,17 @@ class MemBlock {
 
  private:
   // What cp's attention allocates while it runs and frees on return, as
-  // dist/context_parallel.cpp's cp_attention_fwd / _bwd do: the query, output (and output
-  // gradient, dq) halves and log-sum-exp, one block's partial results, and the exchange's
-  // buffers. ring: two packed K/V shards (and two dK/dV travelling with them in the backward).
-  // allgather: this rank's packed shard while every rank's K/V is gathered, then in the backward
-  // their gradients and this rank's reduce-scattered dK/dV.
+  // dist/context_parallel.cpp's cp_attention_fwd / _bwd do with CpLayout's 2 chunks per rank:
+  // the query, output (and output gradient, dq) and log-sum-exp cut into chunks, one chunk's
+  // partial results, and the exchange's buffers. ring: two packed K/V shards (and two dK/dV
+  // travelling with them in the backward). allgather: this rank's packed shard while every rank's
+  // K/V is gathered, then in the backward their gradients and this rank's reduce-scattered dK/dV.
   void cp_buffers(bool bwd) {
     if (s_.cp == 1) return;
     const double lse = s_.T * heads_ / s_.tp * 4, kv = 2 * Q(), all = s_.cp * kv;
     std::vector<int> ids;
     const auto keep = [&](double bytes) { ids.push_back(w_.alloc(bytes)); };
-    for (int i = 0; i < (bwd ? 3 : 2); ++i) keep(Q());  // q, o (, dout) halves
+    for (int i = 0; i < (bwd ? 3 : 2); ++i) keep(Q());  // q, o (, dout) in chunks
     keep(lse);
     if (bwd) {
       keep(Q());                                  // dq, accumulated

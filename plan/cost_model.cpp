@@ -824,16 +824,38 @@ class MemBlock {
   }
 
  private:
-  // cp's exchange buffers while the attention runs (dist/context_parallel.cpp): the ring's two
-  // K/V buffers (and two for the dK/dV travelling with them in the backward), or every rank's
-  // K/V (and their gradients).
+  // What cp's attention allocates while it runs and frees on return, as
+  // dist/context_parallel.cpp's cp_attention_fwd / _bwd do with CpLayout's 2 chunks per rank:
+  // the query, output (and output gradient, dq) and log-sum-exp cut into chunks, one chunk's
+  // partial results, and the exchange's buffers. ring: two packed K/V shards (and two dK/dV
+  // travelling with them in the backward). allgather: this rank's packed shard while every rank's
+  // K/V is gathered, then in the backward their gradients and this rank's reduce-scattered dK/dV.
   void cp_buffers(bool bwd) {
     if (s_.cp == 1) return;
-    const double kv = 2 * Q(), n = s_.cp_comm == CpComm::Ring ? 2 : s_.cp;
-    int in = w_.alloc(n * kv);
-    int grads = bwd ? w_.alloc(n * kv) : -1;
-    w_.free(grads);
-    w_.free(in);
+    const double lse = s_.T * heads_ / s_.tp * 4, kv = 2 * Q(), all = s_.cp * kv;
+    std::vector<int> ids;
+    const auto keep = [&](double bytes) { ids.push_back(w_.alloc(bytes)); };
+    for (int i = 0; i < (bwd ? 3 : 2); ++i) keep(Q());  // q, o (, dout) in chunks
+    keep(lse);
+    if (bwd) {
+      keep(Q());                                  // dq, accumulated
+      for (int i = 0; i < 3; ++i) keep(Q() / 2);  // one block's dq, dk, dv
+    } else {
+      keep(Q() / 2);  // one block's output
+      keep(lse / 2);  // and its lse
+    }
+    if (s_.cp_comm == CpComm::Ring) {
+      for (int i = 0; i < (bwd ? 4 : 2); ++i) keep(kv);  // K/V (and dK/dV) double buffers
+    } else {
+      int mine = w_.alloc(kv);
+      keep(all);
+      w_.free(mine);  // gather_kv's packed shard, dropped once gathered
+      if (bwd) {
+        keep(all);  // every rank's dK/dV
+        keep(kv);   // this rank's, reduce-scattered
+      }
+    }
+    for (int& id : ids) w_.free(id);
   }
   int norm_bwd(int& st, int& input) {
     const int dx = w_.alloc(Al());

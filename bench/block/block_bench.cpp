@@ -8,6 +8,7 @@
 #include "bench/block/report.h"
 #include "bench/block/trace.h"
 #include "bench/common/stats.h"
+#include "dist/context_parallel.h"
 #include "dist/data_parallel.h"
 #include "kernels/deterministic.h"
 #include "kernels/ops.h"
@@ -153,12 +154,35 @@ double calibrate_flops(Context& ctx, Communicator& world, const BlockPlan& p) {
   return std::max(sq, blk);
 }
 
+// An activation's placements: a batch shard over dp, a sequence shard over tp under SP; cp's
+// activations are dumped from cp_full_sequence's tensors, whole along the sequence.
 std::vector<Placement> activation_placements(const DeviceMesh& mesh, bool sp) {
+  const bool cp = mesh.size(kCpDim) > 1;
   std::vector<Placement> pl;
-  for (const MeshDim& d : mesh.dims())
-    pl.push_back(d.name == kDpDim ? Placement::shard(1)
-                                  : (sp ? Placement::shard(0) : Placement::replicate()));
+  for (const MeshDim& d : mesh.dims()) {
+    if (d.name == kDpDim)
+      pl.push_back(Placement::shard(1));
+    else
+      pl.push_back(sp && !cp && d.name == kTpDim ? Placement::shard(0) : Placement::replicate());
+  }
   return pl;
+}
+
+// A cp rank's activation [s_loc, batch, hidden] (its part of the rank's two chunks under SP) as
+// the replica's whole sequence [seq, batch, hidden]: gathered over tp (SP), then over cp in
+// CpLayout's order.
+Tensor cp_full_sequence(const BlockPlan& p, const DeviceMesh& mesh, const Tensor& t) {
+  Context& ctx = mesh.ctx();
+  Stream& cs = ctx.compute_stream();
+  Tensor shard = t.contiguous(cs);
+  if (p.sp) {
+    Tensor all = ctx.empty({p.tp * t.size(0), t.size(1), t.size(2)}, t.dtype());
+    cs.wait(mesh.group(kTpDim).all_gather(shard, all, cs, {cs.record()}));
+    shard = all;
+  }
+  Tensor full = ctx.empty({p.seq, t.size(1), t.size(2)}, t.dtype());
+  cp_gather(mesh.group(kCpDim), CpLayout::make(p.seq, p.cp), shard, 0, full, ctx, cs);
+  return full;
 }
 
 // This replica's batch slice (and sequence shard under SP) of one global input and output
@@ -237,7 +261,8 @@ struct BlockTensors {
 // forward-only), as global tensors; returns the number of tensors written.
 int dump_rank(const BlockPlan& p, const BlockBenchOptions& o, const DeviceMesh& mesh,
               const std::vector<Param*>& params, const BlockTensors& t) {
-  const Tensor &x = t.x, &out = t.out, &dout = t.dout, &dx = t.dx;
+  const auto whole = [&](const Tensor& a) { return p.cp > 1 ? cp_full_sequence(p, mesh, a) : a; };
+  const Tensor x = whole(t.x), out = whole(t.out), dout = whole(t.dout), dx = whole(t.dx);
   std::vector<DumpEntry> entries;
   const auto apl = activation_placements(mesh, p.sp);
   entries.push_back({"input", x, apl});

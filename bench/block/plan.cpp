@@ -111,10 +111,6 @@ void check_cp(const BlockBenchOptions& o, const BlockPlan& p) {
   MESHRT_CHECK(!o.deterministic, "--deterministic with cp=" << p.cp << " (--mesh " << p.mesh
                                                             << "): its fixed-order sum takes "
                                                                "whole sequences; drop one of them");
-  MESHRT_CHECK(o.dump_path.empty(),
-               "--dump with cp=" << p.cp << " (--mesh " << p.mesh
-                                 << "): a cp rank holds chunks of the sequence, and the dump "
-                                    "writes whole tensors in sequence order; dump at cp=1");
 }
 
 void resolve_and_check(const BlockBenchOptions& o, BlockPlan& p) {

@@ -51,11 +51,12 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
                             const BlockBenchResult& res, const std::string& gpu_name) {
   using nlohmann::json;
   if (o.fwd_only) return json{{"note", "forward-only runs are not modelled"}};
-  if (p.cp > 1) return json{{"note", "the planner does not model this run's cp yet"}};
   const ModelSpec m = model_spec(p.cfg, p.kind, p.layers, p.seq);
   plan::PlanConfig c;
   c.dp = p.dp;
   c.tp = p.tp;
+  c.cp = p.cp;
+  c.cp_comm = p.cfg.cp_comm;
   c.sp = p.sp;
   c.micro_batch = p.batch;
   c.bucket_mb = o.bucket_mb;
@@ -86,6 +87,9 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
     }
     if (cl.devices_per_node < p.tp) cl.devices_per_node = p.world;
     const plan::Prediction pr = plan::predict(m, cl, c);
+    // The model counts a ring step once (a send, as many bytes arriving); the run times and
+    // counts the send and the receive, each on its stream (comm.cp): predicted alike.
+    const int ring_calls = p.cp > 1 && c.cp_comm == CpComm::Ring ? 2 : 1;
     return json{{"cluster", source},
                 {"predicted",
                  {{"step_ms", pr.step_s * 1e3},
@@ -98,6 +102,11 @@ nlohmann::json planner_json(const BlockPlan& p, const BlockBenchOptions& o,
                   {"tp_collectives_per_step_per_rank", pr.tp_count},
                   {"dp_bytes_per_step_per_rank", pr.dp_bytes},
                   {"dp_collectives_per_step_per_rank", pr.dp_count},
+                  {"cp_comm_ms", pr.cp_comm_s * 1e3 * ring_calls},
+                  {"cp_exposed_ms", pr.cp_exposed_s * 1e3},
+                  // As the run counts them (comm.cp): the ring's sends and their receives.
+                  {"cp_bytes_per_step_per_rank", pr.cp_bytes * ring_calls},
+                  {"cp_collectives_per_step_per_rank", pr.cp_count * ring_calls},
                   {"memory_bytes", pr.mem.total()}}},
                 {"step_error", res.step_ms > 0 ? pr.step_s * 1e3 / res.step_ms - 1 : 0.0}};
   } catch (const Error& e) {
@@ -460,8 +469,10 @@ void br_print(const BlockPlan& p, const BlockBenchOptions& o,
            "predicts " + fmt("%.2f", pr["step_ms"].get<double>()) + " ms (" +
                fmt("%+.1f", 100 * j["plan"]["step_error"].get<double>()) +
                "% of measured), tp exposed " + fmt("%.2f", pr["tp_exposed_ms"].get<double>()) +
-               " ms, dp exposed " + fmt("%.2f", pr["dp_exposed_ms"].get<double>()) + " ms  (" +
-               j["plan"]["cluster"].get<std::string>() + ")");
+               " ms, dp exposed " + fmt("%.2f", pr["dp_exposed_ms"].get<double>()) + " ms" +
+               (p.cp > 1 ? ", cp exposed " + fmt("%.2f", pr["cp_exposed_ms"].get<double>()) + " ms"
+                         : std::string()) +
+               "  (" + j["plan"]["cluster"].get<std::string>() + ")");
   } else
     br_row(os, "MFU", "n/a (no peak known: pass --peak-tflops)");
   br_row(os, "compute",

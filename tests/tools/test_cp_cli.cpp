@@ -3,6 +3,8 @@
 // run context parallelism yet say so.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/allocator.h"
+#include "runtime/safetensors.h"
 #include "tests/common/files.h"
 
 namespace {
@@ -48,7 +52,6 @@ TEST_CASE("cp meshes that cannot run are refused naming the values and the optio
                  "--cp-comm: cp exchange 'tree' must be ring or allgather");
   expect_refusal(bb + "--mesh cp=2 --seq 16 --deterministic",
                  "--deterministic with cp=2 (--mesh cp=2)");
-  expect_refusal(bb + "--mesh cp=2 --seq 16 --dump x.safetensors", "--dump with cp=2");
   // 20 tokens over cp=2 leave 10 per cp rank; under SP tp=4 does not divide them.
   expect_refusal(
       "bench block --devices cpu:8 --hidden 32 --heads 4 --steps 1 --mesh cp=2,tp=4 "
@@ -84,6 +87,40 @@ TEST_CASE("bench block --mesh cp=2 runs and reports the cp exchange", "[multiran
     CHECK(c["bytes_per_step_per_rank"].get<double>() > 0);
     CHECK(c["comm_ms_median"].get<double>() > 0);
     CHECK(c["exposed_ms_median"].get<double>() >= 0);
+  }
+}
+
+TEST_CASE("bench block --dump under cp writes cp=1's whole tensors", "[multirank][dump]") {
+  // Each cp rank holds chunks i and 2cp-1-i of the sequence (and under SP its tp part of them):
+  // the dump gathers them back into sequence order, so it holds cp=1's tensors.
+  const std::string shape =
+      "bench block --hidden 32 --heads 2 --seq 32 --steps 1 --warmup 0 --no-calibrate --seed 3 ";
+  const auto dump = [&](const std::string& name, const std::string& launch) {
+    const std::filesystem::path f = cp_scratch() / (name + ".safetensors");
+    const Run r = cp_cli(shape + launch + " --dump " + f.string());
+    INFO(launch << ": " << r.err);
+    REQUIRE(r.rc == 0);
+    return meshrt::load_safetensors(f.string(), meshrt::make_host_caching_allocator());
+  };
+  const meshrt::SafetensorsFile ref = dump("cp1", "--devices cpu:1 --mesh tp=1");
+  REQUIRE(ref.at("output").shape() == meshrt::Shape({32, 1, 32}));
+  for (const char* launch :
+       {"--devices cpu:2 --mesh cp=2 --cp-comm ring",
+        "--devices cpu:2 --mesh cp=2 --cp-comm allgather", "--devices cpu:4 --mesh cp=2,tp=2"}) {
+    INFO(launch);
+    const meshrt::SafetensorsFile got = dump("cp2", launch);
+    REQUIRE(got.tensors.size() == ref.tensors.size());
+    for (const auto& [name, t] : ref.tensors) {
+      INFO(name);
+      REQUIRE(got.at(name).shape() == t.shape());
+      const std::vector<double> a = got.at(name).to_vector(), b = t.to_vector();
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        err = std::max(err, std::abs(a[i] - b[i]));
+        norm = std::max(norm, std::abs(b[i]));
+      }
+      CHECK(err <= 2e-5 * std::max(norm, 1.0));
+    }
   }
 }
 

@@ -606,6 +606,50 @@ TEST_CASE("plan: predicted memory is the program-order peak of a real run", "[mu
   set_host_launch_blocking(-1);
 }
 
+TEST_CASE("plan: bench block's prediction of a cp run: its exchange and memory",
+          "[multirank][cp]") {
+  // `bench block --mesh cp=...` carries the planner's prediction of its own cp layout (it had
+  // only a note before): the K/V exchange's calls and bytes as the run counts them (the ring's
+  // sends and receives), and with launch-blocking streams the memory within 1% of the peak.
+  const ModelSpec m = model(64, 2, 256, 64, 1);
+  struct Case {
+    const char* mesh;
+    const char* comm;
+    int devices;
+  };
+  set_host_launch_blocking(1);
+  for (const Case& k :
+       {Case{"cp=2", "ring", 2}, Case{"cp=2", "allgather", 2}, Case{"cp=2,tp=2", "ring", 4}}) {
+    INFO(k.mesh << " " << k.comm);
+    BlockBenchOptions o = block_options(m, k.mesh, false, "async", 1);
+    o.devices = "cpu:" + std::to_string(k.devices);
+    o.cp_comm = k.comm;
+    std::ostringstream out;
+    const BlockBenchResult r = run_block_bench_result(o, out);
+    REQUIRE(r.valid);
+    const json j = json::parse(r.json);
+    REQUIRE(j["plan"].contains("predicted"));
+    const json& pr = j["plan"]["predicted"];
+    const json& cp = j["comm"]["cp"];
+    // One layer, micro-batch 2 x seq 64 / cp 2 tokens x hidden 64 / tp x 4 bytes, K and V.
+    const double kv = 2.0 * (2 * 64 / 2) * 64 * 4 / (k.devices / 2);
+    const bool ring = std::string(k.comm) == "ring";
+    // ring: 1 forward and 3 backward steps, each a send and a receive; allgather: the K/V
+    // gathered twice (cp x kv each) and dK/dV reduce-scattered.
+    CHECK(pr["cp_collectives_per_step_per_rank"].get<double>() == (ring ? 8 : 3));
+    CHECK(pr["cp_bytes_per_step_per_rank"].get<double>() == (ring ? 8 * kv : 3 * 2 * kv));
+    CHECK(pr["cp_collectives_per_step_per_rank"].get<double>() ==
+          cp["collectives_per_step_per_rank"].get<double>());
+    CHECK(pr["cp_bytes_per_step_per_rank"].get<double>() ==
+          cp["bytes_per_step_per_rank"].get<double>());
+    CHECK(pr["dp_bytes_per_step_per_rank"].get<double>() ==
+          j["comm"]["dp"]["bytes_per_step_per_rank"].get<double>());
+    const double mem = pr["memory_bytes"].get<double>();
+    CHECK(static_cast<double>(r.peak_bytes) == Approx(mem).epsilon(0.01));
+  }
+  set_host_launch_blocking(-1);
+}
+
 TEST_CASE("plan: --compare on a small real sweep: collectives, bytes and memory agree",
           "[multirank]") {
   // The comparison of bench/results/plan-vs-sweep.md in small: a real `meshrt sweep` on two host

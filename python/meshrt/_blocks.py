@@ -10,6 +10,7 @@ _NORMS = {"layernorm": 0, "rmsnorm": 1}
 _GELUS = {"tanh": 0, "erf": 1}
 _LAYOUTS = {"in_out": 0, "out_in": 1}
 _QKV = {"per_head": 0, "blocked": 1}
+_CP_COMM = {"ring": 0, "allgather": 1}
 _PARAMS = ("norm_weight", "norm_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 _ATTN_PARAMS = ("norm_weight", "norm_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
 
@@ -34,7 +35,7 @@ class _AttnConfig(C.Structure):  # meshrt_attn_config_t, API version 1
     _fields_ = [("size", C.c_size_t), ("hidden", C.c_int64), ("heads", C.c_int64),
                 ("dtype", _DLDataType), ("norm", C.c_int), ("eps", C.c_float), ("bias", C.c_int),
                 ("causal", C.c_int), ("sequence_parallel", C.c_int), ("weight_layout", C.c_int),
-                ("qkv_layout", C.c_int)]
+                ("qkv_layout", C.c_int), ("cp_comm", C.c_int)]
 
 
 class Mesh:
@@ -164,15 +165,19 @@ class Mlp(_Block):
 
 
 class Attn(_Block):
-    """meshrt's tensor-parallel attention block (norm, qkv, attention, proj, residual)."""
+    """meshrt's tensor-parallel attention block (norm, qkv, attention, proj, residual). On a mesh
+    with a cp dim (``Mesh(comm, "cp=2")``) each rank passes its causal load-balance shard of the
+    sequence (chunks r and 2cp-1-r of 2 x cp) and ``cp_comm`` ("ring" or "allgather") picks how
+    the ranks exchange K/V."""
     _kind = "attn"
     _names = _ATTN_PARAMS
 
     def __init__(self, mesh, hidden, heads, dtype="float32", norm="layernorm", eps=1e-5,
                  bias=True, causal=True, sequence_parallel=False, weight_layout="in_out",
-                 qkv_layout="per_head"):
+                 qkv_layout="per_head", cp_comm="ring"):
         cfg = _AttnConfig(C.sizeof(_AttnConfig), hidden, heads, _dtype(dtype),
                           _choice(_NORMS, norm, "norm"), eps, int(bias), int(causal),
                           int(sequence_parallel), _choice(_LAYOUTS, weight_layout, "weight_layout"),
-                          _choice(_QKV, qkv_layout, "qkv_layout"))
+                          _choice(_QKV, qkv_layout, "qkv_layout"),
+                          _choice(_CP_COMM, cp_comm, "cp_comm"))
         super().__init__(mesh, cfg)

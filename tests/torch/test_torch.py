@@ -181,3 +181,73 @@ def test_cuda_tensors_on_current_stream():
     for ln in oks:
         if n > 1:
             assert "send of CUDA tensors is not supported by meshrt.torch" in ln, ln
+
+
+def test_attn_block_on_a_cp_mesh_equals_the_whole_sequence():
+    """meshrt.Attn on a cp=2 mesh of 2 thread ranks, each passing its causal load-balance shard
+    (chunks r and 3-r of 4): the output and the input gradient, put back in order, equal one
+    rank's block over the whole sequence, for cp_comm "ring" and "allgather"; another cp_comm is
+    refused naming the choices."""
+    import threading
+
+    import torch
+
+    import meshrt
+
+    hidden, heads, seq, batch = 16, 2, 8, 2
+    g = torch.Generator().manual_seed(3)
+    w = {"norm_weight": 1 + 0.3 * torch.randn(hidden, generator=g),
+         "norm_bias": 0.3 * torch.randn(hidden, generator=g),
+         "qkv_weight": 0.3 * torch.randn(hidden, 3 * hidden, generator=g),
+         "qkv_bias": 0.3 * torch.randn(3 * hidden, generator=g),
+         "proj_weight": 0.3 * torch.randn(hidden, hidden, generator=g),
+         "proj_bias": 0.3 * torch.randn(hidden, generator=g)}
+    x = torch.randn(seq, batch, hidden, generator=g)
+    dy = torch.randn(seq, batch, hidden, generator=g)
+    n = seq // 4
+
+    def rows(r):  # rank r's positions: chunks r and 3 - r
+        return torch.cat([torch.arange(c * n, (c + 1) * n) for c in (r, 3 - r)])
+
+    def block(comm, spec, xs, dys, **kw):
+        mesh = meshrt.Mesh(comm, spec)
+        attn = meshrt.Attn(mesh, hidden, heads, **kw)
+        attn.bind_weights(**w)
+        y, dx = torch.empty_like(xs), torch.empty_like(xs)
+        grads = {k: torch.zeros_like(v) for k, v in w.items()}
+        attn.forward(xs, y)
+        attn.backward(dys, dx, **grads)
+        attn.destroy()
+        mesh.destroy()
+        return y, dx
+
+    (one,) = meshrt.Comm.init_threads(1, timeout_s=60)
+    want_y, want_dx = block(one, "dp=1", x, dy)
+    with pytest.raises(ValueError, match=r"cp_comm 'p2p' is not one of \['allgather', 'ring'\]"):
+        meshrt.Attn(meshrt.Mesh(one, "dp=1"), hidden, heads, cp_comm="p2p")
+    one.destroy()
+    for how in ("ring", "allgather"):
+        comms = meshrt.Comm.init_threads(2, timeout_s=60)
+        got, errors = {}, []
+
+        def rank_main(r):
+            try:
+                idx = rows(r)
+                got[r] = block(comms[r], "cp=2", x[idx].contiguous(), dy[idx].contiguous(),
+                               cp_comm=how)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(f"rank {r}: {e}")
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in comms:
+            c.destroy()
+        assert not errors, errors
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        for r in range(2):
+            y[rows(r)], dx[rows(r)] = got[r]
+        assert (y - want_y).abs().max().item() < 1e-5, how
+        assert (dx - want_dx).abs().max().item() < 1e-5, how

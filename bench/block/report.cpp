@@ -462,7 +462,10 @@ void br_print(const BlockPlan& p, const BlockBenchOptions& o,
              "; causal attention counted at half (the kernel skips masked tiles)");
   br_row(os, "TFLOP/s",
          fmt("%.3f", res.tflops) + " model total, " + fmt("%.3f", res.tflops / W) + " per rank");
-  if (res.mfu >= 0) br_row(os, "MFU", fmt("%.1f", 100 * res.mfu) + "% of " + res.peak_label);
+  if (res.mfu >= 0)
+    br_row(os, "MFU", fmt("%.1f", 100 * res.mfu) + "% of " + res.peak_label);
+  else
+    br_row(os, "MFU", "n/a (no peak known: pass --peak-tflops)");
   if (j["plan"].contains("predicted")) {
     const json& pr = j["plan"]["predicted"];
     br_row(os, "planner",
@@ -473,8 +476,7 @@ void br_print(const BlockPlan& p, const BlockBenchOptions& o,
                (p.cp > 1 ? ", cp exposed " + fmt("%.2f", pr["cp_exposed_ms"].get<double>()) + " ms"
                          : std::string()) +
                "  (" + j["plan"]["cluster"].get<std::string>() + ")");
-  } else
-    br_row(os, "MFU", "n/a (no peak known: pass --peak-tflops)");
+  }
   br_row(os, "compute",
          fmt("%.2f", res.compute_ms) +
              " ms per step (step minus exposed communication, mean over ranks)");

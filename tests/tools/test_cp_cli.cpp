@@ -77,6 +77,12 @@ TEST_CASE("bench block --mesh cp=2 runs and reports the cp exchange", "[multiran
     REQUIRE(r.rc == 0);
     CHECK(r.out.find(std::string("cp exchange ") + how) != std::string::npos);
     CHECK(r.out.find("comm cp") != std::string::npos);
+    // With the planner's line (it predicts cp runs) and no peak known: one MFU line, "n/a".
+    CHECK(r.out.find("  planner ") != std::string::npos);
+    const size_t mfu = r.out.find("  MFU ");
+    CHECK(mfu != std::string::npos);
+    CHECK(r.out.find("  MFU ", mfu + 1) == std::string::npos);
+    CHECK(r.out.find("n/a (no peak known: pass --peak-tflops)") != std::string::npos);
     std::ifstream in(json);
     const nlohmann::json j = nlohmann::json::parse(in);
     CHECK(j["config"]["cp"] == 2);

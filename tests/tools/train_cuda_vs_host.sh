@@ -24,14 +24,6 @@ for extra in "" "--doc-mask --eot-token 3"; do
     "$meshrt" $args $extra --devices $dev >"$work/$dev.txt" 2>&1 || { cat "$work/$dev.txt"; exit 1; }
   done
   echo "== train $extra"
-  python3 - "$work/cpu:1.txt" "$work/cuda:0.txt" <<'PY'
-import re, sys
-def losses(p):
-    return [float(m.group(1)) for m in re.finditer(r"^step \d+ loss ([0-9.]+)", open(p).read(), re.M)]
-host, gpu = losses(sys.argv[1]), losses(sys.argv[2])
-print("cpu:1 ", host, "\ncuda:0", gpu)
-assert len(host) == 5 and len(gpu) == 5, (host, gpu)
-assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(host, gpu)), (host, gpu)
-PY
+  python3 "$(dirname "$0")/same_losses.py" "$work/cpu:1.txt" "$work/cuda:0.txt" 5 1e-4
 done
 echo OK

@@ -37,14 +37,6 @@ for how in ring allgather; do
   for p in $pids; do wait "$p" || rc=$?; done
   echo "== $how: rank 0"; cat "$work/out0.txt" "$work/err0.txt" "$work/err1.txt"
   [ "$rc" = 0 ] || { echo "FAIL: a rank exited $rc"; exit 1; }
-  python3 - "$work/ref.txt" "$work/out0.txt" <<'PY'
-import re, sys
-def losses(p):
-    return [float(m.group(1)) for m in re.finditer(r"^step \d+ loss ([0-9.]+)", open(p).read(), re.M)]
-ref, got = losses(sys.argv[1]), losses(sys.argv[2])
-print("cp=1:", ref, "\ncp=2:", got)
-assert len(ref) == 5 and len(got) == 5, (ref, got)
-assert all(abs(a - b) <= 2e-6 * max(1.0, abs(a)) for a, b in zip(ref, got)), (ref, got)
-PY
+  python3 "$(dirname "$0")/same_losses.py" "$work/ref.txt" "$work/out0.txt" 5 2e-6
 done
 echo OK
